@@ -1,0 +1,31 @@
+# Two commands a newcomer runs: `make demo` (the main job) and `make test`.
+# Each creates its own virtualenv; DEPS picks the dependency set (newest | debian12).
+PYTHON ?= python3
+DEPS ?= newest
+VENV ?= .venv
+STAMP := $(VENV)/.deps-$(DEPS)
+
+.PHONY: demo test bench deb clean
+
+$(STAMP): requirements/$(DEPS).txt
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements/$(DEPS).txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . || \
+	  $(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/caldera demo
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q tests
+
+bench: $(STAMP)
+	$(VENV)/bin/python bench/run_all.py
+
+deb:
+	packaging/build-deb.sh
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,5 @@
+import sys
+
+from caldera.cli import main
+
+sys.exit(main())

@@ -1,0 +1,115 @@
+"""Durable files: atomic writes, JSON state, and the agent's exclusive lock.
+
+A crash leaves the old file or the new one, never a torn one: write a temp file
+in the same directory, fsync it, os.replace() it, fsync the directory.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def atomic_write_bytes(path, data: bytes, mode: int = 0o600) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path, obj, mode: int = 0o600) -> None:
+    data = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+    atomic_write_bytes(path, data, mode)
+
+
+def read_json(path, default=None):
+    """The parsed file, or `default` when it does not exist. A corrupt file raises ValueError."""
+    try:
+        with open(path, "rb") as fh:
+            return json.loads(fh.read())
+    except FileNotFoundError:
+        return default
+
+
+def fsync_dir(path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ensure_dir(path, mode: int = 0o700) -> Path:
+    path = Path(path)
+    path.mkdir(mode=mode, parents=True, exist_ok=True)
+    return path
+
+
+class StateLock:
+    """An exclusive flock on `<state-dir>/lock`, naming its holder (pid and role).
+
+    ClawManager keeps one session per instance: a second process registering
+    for the same agent would log the first one out, so only the holder talks
+    to the control plane. The kernel drops the lock when the holder dies.
+    """
+
+    def __init__(self, state_dir, role: str):
+        self.path = Path(state_dir) / "lock"
+        self.role = role
+        self._fd: int | None = None
+
+    def acquire(self, blocking: bool = False) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return False
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {self.role}\n".encode())
+        self._fd = fd
+        return True
+
+    def holder(self) -> str | None:
+        """'<pid> <role>' of whoever holds the lock, or None when it is free."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                return os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()

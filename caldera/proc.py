@@ -1,0 +1,168 @@
+"""Run one subprocess the way every caller here must: argv (never a shell), its
+own process group, a timeout, TERM -> grace -> KILL to the whole group, and
+capped output.
+
+One thread does it all with a selector over stdout and stderr, so a call costs
+no extra threads; the cancel event is looked at every POLL seconds.
+"""
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+POLL = 0.05
+DRAIN_AFTER_EXIT = 0.5  # grandchildren holding the pipes open get this long
+STDERR_CAP = 64 * 1024
+
+
+@dataclass
+class ProcResult:
+    argv: list
+    returncode: int | None = None  # None: killed by us, or never started
+    stdout: bytes = b""
+    stderr: bytes = b""
+    timed_out: bool = False
+    overflowed: bool = False  # stdout passed its cap (head mode): the process was killed
+    cancelled: bool = False
+    spawn_error: str | None = None  # the process could not be started
+    duration: float = 0.0
+    signal: int | None = None  # the signal that ended it, if any
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not (self.timed_out or self.overflowed or self.cancelled)
+
+    def failure(self) -> str | None:
+        """A short reason why this run is a failure, or None if it exited on its own."""
+        if self.spawn_error:
+            return f"could not start: {self.spawn_error}"
+        if self.timed_out:
+            return f"timed out after {self.duration:.1f} s"
+        if self.overflowed:
+            return "output over the size limit"
+        if self.cancelled:
+            return "cancelled"
+        if self.signal:
+            return f"killed by signal {self.signal}"
+        return None
+
+
+class _Buffer:
+    """Bytes read from one pipe, capped: keep the head (and flag overflow) or the tail."""
+
+    def __init__(self, cap: int, keep_tail: bool):
+        self.cap, self.keep_tail = cap, keep_tail
+        self.data = bytearray()
+        self.overflowed = False
+
+    def add(self, chunk: bytes) -> None:
+        self.data += chunk
+        if len(self.data) > self.cap:
+            self.overflowed = True
+            if self.keep_tail:
+                del self.data[: len(self.data) - self.cap]
+            else:
+                del self.data[self.cap :]
+
+
+def kill_group(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM the process group, give it `grace` seconds, then SIGKILL it."""
+    _signal_group(proc, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(proc, signal.SIGKILL)
+    proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is already gone
+
+
+def run(
+    argv: list,
+    *,
+    env: dict,
+    timeout: float,
+    stdout_cap: int,
+    cwd: str | None = None,
+    stderr_cap: int = STDERR_CAP,
+    keep_tail: bool = False,
+    cancel: threading.Event | None = None,
+    grace: float = 2.0,
+) -> ProcResult:
+    """Run argv to completion within `timeout` seconds; never raises for the child's failures."""
+    result = ProcResult(argv=list(argv))
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )
+    except OSError as exc:
+        result.spawn_error = f"{argv[0]}: {exc.strerror or exc}"
+        return result
+    out, err = _Buffer(stdout_cap, keep_tail), _Buffer(stderr_cap, True)
+    try:
+        _pump(proc, out, err, result, started + timeout, cancel)
+    finally:
+        if proc.poll() is None or result.timed_out or result.overflowed or result.cancelled:
+            kill_group(proc, grace)
+        else:
+            _signal_group(proc, signal.SIGKILL)  # stragglers left in the group
+        proc.stdout.close()
+        proc.stderr.close()
+    result.duration = time.monotonic() - started
+    result.stdout, result.stderr = bytes(out.data), bytes(err.data)
+    rc = proc.returncode
+    if result.timed_out or result.overflowed or result.cancelled:
+        result.returncode = None
+    elif rc is not None and rc < 0:
+        result.signal, result.returncode = -rc, None
+    else:
+        result.returncode = rc
+    return result
+
+
+def _pump(proc, out: _Buffer, err: _Buffer, result: ProcResult, deadline: float, cancel) -> None:
+    """Read both pipes until EOF, the deadline, an overflow or a cancel."""
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, out)
+    sel.register(proc.stderr, selectors.EVENT_READ, err)
+    exited_at = None
+    try:
+        while sel.get_map():
+            now = time.monotonic()
+            if now >= deadline:
+                result.timed_out = True
+                return
+            if cancel is not None and cancel.is_set():
+                result.cancelled = True
+                return
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+            if exited_at is not None and now - exited_at > DRAIN_AFTER_EXIT:
+                return
+            for key, _ in sel.select(min(POLL, deadline - now)):
+                chunk = os.read(key.fileobj.fileno(), 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                key.data.add(chunk)
+                if key.data is out and out.overflowed and not out.keep_tail:
+                    result.overflowed = True
+                    return
+        proc.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        result.timed_out = True
+    finally:
+        sel.close()
