@@ -1,0 +1,90 @@
+"""What an adapter call came to, and the plain-Python contract checks on its stdout.
+
+These checks give the verdict the published schemas give (tests hold them
+together); they are plain Python so a local verb never imports jsonschema.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+# Answer.kind
+DONE, REFUSED, UNSUPPORTED, FAILED = "done", "refused", "unsupported", "failed"
+MESSAGE_MAX = 1000
+HELD_MAX_ITEMS = 50
+
+
+class ContractError(ValueError):
+    """An answer breaks the adapter contract; the message says how."""
+
+
+@dataclass
+class Answer:
+    verb: str
+    kind: str  # done | refused | unsupported | failed
+    message: str | None = None
+    held: list = field(default_factory=list)
+    data: dict | None = None  # the parsed JSON object, for JSON verbs
+    text: str | None = None  # log NAME: the tail, decoded
+    truncated: bool = False  # log NAME: more than the kept tail was printed
+    reason: str | None = None  # why it failed (kind == failed)
+    returncode: int | None = None
+    duration: float = 0.0
+    stderr: str = ""  # the tail, for diagnostics only (never shown to Caldera)
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == DONE
+
+    def payload(self) -> dict:
+        """The CLI's `--json` object and a command's finish result: {ok, message, held}."""
+        return {"ok": self.ok, "message": self.message, "held": list(self.held)}
+
+
+def parse_object(stdout: bytes, verb: str) -> dict:
+    """Exactly one JSON object and nothing else (whitespace aside), or ContractError."""
+    try:
+        text = stdout.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ContractError(f"{verb}: stdout is not UTF-8") from None
+    if not text.strip():
+        raise ContractError(f"{verb}: printed nothing; one JSON object was expected")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ContractError(f"{verb}: stdout must hold exactly one JSON object ({describe_stdout(text, exc)})") from None
+    if not isinstance(value, dict):
+        raise ContractError(f"{verb}: printed a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def describe_stdout(text: str, exc: json.JSONDecodeError) -> str:
+    """Name the usual breach: two objects, or diagnostics around the JSON."""
+    if exc.msg == "Extra data":
+        rest = text[exc.pos:].lstrip()
+        if rest.startswith("{"):
+            return "it printed more than one JSON object"
+        return f"text after the JSON object: {rest[:60]!r}"
+    if "{" in text and not text.lstrip().startswith("{"):
+        return f"text before the JSON object: {text.lstrip()[:60]!r}; diagnostics belong on stderr"
+    return f"not JSON: {exc.msg} at character {exc.pos}"
+
+
+def check_answer_body(body: dict, verb: str) -> tuple[str | None, list]:
+    """(message, held) of a pause/resume/run-now/settings-set answer; ContractError if malformed."""
+    message, held = body.get("message"), body.get("held", [])
+    if message is not None and not isinstance(message, str):
+        raise ContractError(f"{verb}: 'message' must be a string")
+    if not isinstance(held, list) or not all(isinstance(h, str) for h in held):
+        raise ContractError(f"{verb}: 'held' must be a list of strings")
+    message = message[:MESSAGE_MAX] if message else message
+    return message, [h[:MESSAGE_MAX] for h in held[:HELD_MAX_ITEMS]]
+
+
+def with_held(message: str | None, held: list) -> str:
+    """The message a person reads: each held item it does not already name, as "Held: …"."""
+    text = (message or "").strip()
+    for item in held:
+        if item and item not in text:
+            text = f"{text} Held: {item}." if text else f"Held: {item}."
+    return text

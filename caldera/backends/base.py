@@ -1,0 +1,141 @@
+"""The backend adapter contract of seed 003, the run request and policy, and the
+registry of backend profiles.
+
+    resolve_profile(profile) -> capability
+    prepare(run, command, secret_projection) -> context
+    start_turn(context) -> events (through the context's EventSink)
+    interrupt(context, command)
+    finalize(context) -> terminal status
+    redact(value) -> redacted value
+
+`run_turn` drives one turn through the contract and guarantees exactly one
+terminal_status, failures before anything was spawned included.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+
+from caldera.backends import failures as fk
+from caldera.backends.events import EVENT_TYPES
+
+DEFAULT_PROFILE = "codex"
+# profile name -> "module:Class"; the class is imported only when a run needs it.
+PROFILES = {"codex": "caldera.backends.codex:CodexBackend"}
+SANDBOXES = ("read-only", "workspace-write")
+APPROVALS = ("never", "on-request")
+
+
+@dataclass(frozen=True)
+class Policy:
+    timeout_seconds: int
+    sandbox: str = "workspace-write"
+    approval: str = "never"
+    network: bool = False
+
+    def as_dict(self) -> dict:
+        return {"timeout_seconds": self.timeout_seconds, "sandbox": self.sandbox,
+                "approval": self.approval, "network": self.network}
+
+
+@dataclass
+class RunRequest:
+    run_id: str
+    prompt: str
+    workspace: str
+    policy: Policy
+    backend_profile: str = DEFAULT_PROFILE
+    model: str | None = None
+
+
+@dataclass
+class Environment:
+    """What a backend may use from the runtime: no daemon needed (tests, `caldera turn`)."""
+    redactor: object
+    logs_dir: str
+    runs_dir: str
+    secrets_dir: str | None = None
+    credentials_dir: str | None = None
+    env: dict = field(default_factory=dict)  # agent.env merged over os.environ
+
+
+class Backend:
+    """The seed-003 contract. A backend instance serves many runs; state lives in contexts."""
+
+    name = ""
+
+    def resolve_profile(self, profile: str) -> dict:
+        raise NotImplementedError
+
+    def prepare(self, run: RunRequest, command: dict | None, environment: Environment, sink):
+        raise NotImplementedError
+
+    def start_turn(self, context) -> None:
+        raise NotImplementedError
+
+    def interrupt(self, context, command: dict | None = None) -> bool:
+        raise NotImplementedError
+
+    def finalize(self, context) -> dict:
+        raise NotImplementedError
+
+    def redact(self, context, value):
+        return context.redactor(value)
+
+
+def get_backend(profile: str) -> Backend:
+    target = PROFILES.get(profile or DEFAULT_PROFILE)
+    if target is None:
+        raise ValueError(f"unknown backend profile {profile!r} (known: {', '.join(PROFILES)})")
+    module, cls = target.split(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+def capabilities(env: dict | None = None) -> list[str]:
+    """Capability strings for `register.capabilities` (cheap: no process is started)."""
+    env = os.environ if env is None else env
+    caps = ["agent.run", "agent.interrupt"]
+    for name in PROFILES:
+        caps.append(f"backend.{name}")
+    from caldera.backends.codex_config import gateway_settings
+
+    if gateway_settings(env) is not None:
+        caps.append("llm.gateway")
+    return caps
+
+
+def describe(env: dict | None = None, probe: bool = False) -> dict:
+    """`caldera backends --json`: every profile's capability record."""
+    env = os.environ if env is None else env
+    return {"default": DEFAULT_PROFILE, "capabilities": capabilities(env),
+            "backends": [get_backend(name).resolve_profile(name, env=env, probe=probe)
+                         for name in PROFILES],
+            "event_types": list(EVENT_TYPES), "failure_kinds": list(fk.FAILURE_KINDS)}
+
+
+def run_turn(backend: Backend, run: RunRequest, command, environment: Environment, sink) -> dict:
+    """prepare -> start_turn -> finalize; returns the terminal event's data."""
+    context = None
+    try:
+        context = backend.prepare(run, command, environment, sink)
+        backend.start_turn(context)
+    except fk.BackendFailure as exc:
+        _fail(sink, exc.kind, exc.message)
+    except Exception as exc:
+        # A bug in the adapter: the run still ends with its terminal event, and the error propagates.
+        _fail(sink, fk.BACKEND_FAILED, f"internal error: {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        if context is not None:
+            backend.finalize(context)
+    if not sink.done:  # a bug path: never leave a run without its terminal event
+        sink.emit("terminal_status", {"status": "failed", "failure_kind": fk.BACKEND_FAILED,
+                                      "message": "the backend ended without a terminal status"})
+    return sink.terminal["data"]
+
+
+def _fail(sink, kind: str, message: str) -> None:
+    if not sink.done:
+        sink.emit("error", {"failure_kind": kind, "message": message})
+        sink.emit("terminal_status", {"status": "failed", "failure_kind": kind, "message": message})

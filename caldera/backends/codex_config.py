@@ -1,0 +1,321 @@
+"""The private CODEX_HOME of one run, built from the secret projection plus the
+runtime's enforced settings (SPEC section 10, codex-notes sections 3, 6 and 7).
+
+Projection (`<secrets>/codex/`): `config.toml` (provider, model), optional
+`auth.json`, and `env/NAME` files whose contents become Codex's environment
+variable NAME. Under systemd's `$CREDENTIALS_DIRECTORY` the same files are
+either in a `codex/` subdirectory or flat, named as `LoadCredential=codex:DIR`
+names them: `codex_config.toml`, `codex_auth.json`, `codex_env_NAME`.
+
+Nothing read here is ever printed: values go to the Redactor, the files go only
+into the run's 0700 CODEX_HOME.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from caldera.backends.failures import BACKEND_FAILED, SECRET_UNAVAILABLE, BackendFailure
+from caldera.fsutil import atomic_write_bytes
+
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+GATEWAY_PROVIDER = "caldera-gateway"
+GATEWAY_KEY_ENV = "CALDERA_GATEWAY_API_KEY"
+DEFAULT_REQUEST_MAX_RETRIES = 1
+DEFAULT_STREAM_MAX_RETRIES = 2
+MAX_SECRET_FILE_BYTES = 1024 * 1024
+_SECRETISH_KEY = re.compile(r"(?i)(token|secret|password|passwd|api[_-]?key|bearer|credential)")
+_GATEWAY_VARS = {
+    "base_url": ("CLAWMANAGER_LLM_BASE_URL", "OPENAI_BASE_URL"),
+    "api_key": ("CLAWMANAGER_LLM_API_KEY", "OPENAI_API_KEY"),
+    "model": ("CLAWMANAGER_LLM_MODEL", "OPENAI_MODEL"),
+}
+
+
+@dataclass
+class ProviderPlan:
+    """What a run needs to start Codex: config, environment, secrets to mask."""
+    config: dict
+    env: dict = field(default_factory=dict)  # NAME -> value for Codex's environment
+    auth_json: bytes | None = None
+    secret_values: list = field(default_factory=list)
+    source: str = "projection"  # or "gateway"
+    provider: str = "openai"
+    model: str | None = None
+    base_url: str | None = None
+
+
+# ---------------------------------------------------------------- projection
+
+class Projection:
+    """Read-only view of the projected files of one backend."""
+
+    def __init__(self, root: Path | None, flat: Path | None = None, label: str = "secrets/codex"):
+        self.root, self.flat, self.label = root, flat, label
+
+    @classmethod
+    def locate(cls, secrets_dir=None, credentials_dir=None) -> "Projection":
+        if secrets_dir and Path(secrets_dir, "codex").is_dir():
+            return cls(Path(secrets_dir, "codex"), label=f"{secrets_dir}/codex")
+        if credentials_dir:
+            cred = Path(credentials_dir)
+            if (cred / "codex").is_dir():
+                return cls(cred / "codex", label="$CREDENTIALS_DIRECTORY/codex")
+            if cred.is_dir():
+                return cls(None, flat=cred, label="$CREDENTIALS_DIRECTORY")
+        return cls(None, label=f"{secrets_dir or 'secrets'}/codex")
+
+    def _path(self, name: str) -> Path | None:
+        if self.root is not None:
+            return self.root / name
+        if self.flat is not None:
+            return self.flat / ("codex_" + name.replace("/", "_"))
+        return None
+
+    def read(self, name: str) -> bytes | None:
+        """The file's bytes, None when absent; secret-unavailable when present but unreadable."""
+        path = self._path(name)
+        if path is None:
+            return None
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read(MAX_SECRET_FILE_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise BackendFailure(SECRET_UNAVAILABLE, f"{self.label}/{name}: cannot read ({exc.strerror})")
+        if len(data) > MAX_SECRET_FILE_BYTES:
+            raise BackendFailure(SECRET_UNAVAILABLE, f"{self.label}/{name}: larger than 1 MiB")
+        return data
+
+    def env_names(self) -> list[str]:
+        if self.root is not None:
+            try:
+                entries = os.listdir(self.root / "env")
+            except FileNotFoundError:
+                return []
+            except OSError as exc:
+                raise BackendFailure(SECRET_UNAVAILABLE, f"{self.label}/env: cannot list ({exc.strerror})")
+            return sorted(n for n in entries if ENV_NAME_RE.match(n))
+        if self.flat is not None:
+            return sorted(n[len("codex_env_"):] for n in os.listdir(self.flat)
+                          if n.startswith("codex_env_") and ENV_NAME_RE.match(n[len("codex_env_"):]))
+        return []
+
+
+def _env_value(raw: bytes, label: str) -> str:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BackendFailure(SECRET_UNAVAILABLE, f"{label}: not UTF-8")
+    text = text.rstrip("\r\n")  # files usually end in a newline; the value does not
+    if "\0" in text:
+        raise BackendFailure(SECRET_UNAVAILABLE, f"{label}: holds a NUL byte")
+    return text
+
+
+# ---------------------------------------------------------------- plan
+
+def plan_provider(projection: Projection, environ: dict, model: str | None = None) -> ProviderPlan:
+    """The provider plan from the projection, else from the AI gateway variables."""
+    import tomllib
+
+    raw_config = projection.read("config.toml")
+    auth_json = projection.read("auth.json")
+    env = {name: _env_value(projection.read(f"env/{name}") or b"", f"{projection.label}/env/{name}")
+           for name in projection.env_names()}
+    if raw_config is None and auth_json is None and not env:
+        gateway = gateway_settings(environ)
+        if gateway is None:
+            raise BackendFailure(SECRET_UNAVAILABLE, (
+                f"no Codex provider configuration: {projection.label}/config.toml is missing "
+                "and no AI gateway (CLAWMANAGER_LLM_BASE_URL/CLAWMANAGER_LLM_API_KEY) is configured"))
+        return _gateway_plan(gateway, model)
+    try:
+        config = tomllib.loads(raw_config.decode("utf-8")) if raw_config else {}
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        # tomllib's message gives line and column only, never the content.
+        raise BackendFailure(BACKEND_FAILED, f"{projection.label}/config.toml is not valid TOML: {exc}")
+    secrets = list(env.values()) + _secretish_values(config)
+    if auth_json is not None:
+        secrets += _json_strings(auth_json)
+    plan = ProviderPlan(config=config, env=env, auth_json=auth_json, secret_values=secrets,
+                        provider=str(config.get("model_provider") or "openai"),
+                        model=model or config.get("model"))
+    _check_required(plan, projection)
+    provider = config.get("model_providers", {}).get(plan.provider)
+    if isinstance(provider, dict):
+        plan.base_url = provider.get("base_url")
+    return plan
+
+
+def gateway_settings(environ: dict) -> dict | None:
+    found = {}
+    for key, names in _GATEWAY_VARS.items():
+        found[key] = next((environ[n] for n in names if environ.get(n)), None)
+    if not (found["base_url"] and found["api_key"]):
+        return None
+    return found
+
+
+def _gateway_plan(gateway: dict, model: str | None) -> ProviderPlan:
+    provider = {"name": "AI gateway", "base_url": gateway["base_url"], "env_key": GATEWAY_KEY_ENV,
+                "wire_api": "responses"}
+    config = {"model_provider": GATEWAY_PROVIDER, "model_providers": {GATEWAY_PROVIDER: provider}}
+    model = model or gateway.get("model")
+    if model:
+        config["model"] = model
+    return ProviderPlan(config=config, env={GATEWAY_KEY_ENV: gateway["api_key"]},
+                        secret_values=[gateway["api_key"]], source="gateway",
+                        provider=GATEWAY_PROVIDER, model=model, base_url=gateway["base_url"])
+
+
+def _check_required(plan: ProviderPlan, projection: Projection) -> None:
+    """Every secret the selected provider needs must be in the projection, before spawn."""
+    providers = plan.config.get("model_providers") or {}
+    provider = providers.get(plan.provider)
+    if provider is None:
+        if plan.provider == "openai" and plan.auth_json is None and "OPENAI_API_KEY" not in plan.env:
+            raise BackendFailure(SECRET_UNAVAILABLE, (
+                f"the openai provider needs {projection.label}/auth.json or "
+                f"{projection.label}/env/OPENAI_API_KEY; neither is there"))
+        return
+    if not isinstance(provider, dict):
+        raise BackendFailure(BACKEND_FAILED, f"config.toml: model_providers.{plan.provider} is not a table")
+    needed = [provider.get("env_key")] + list((provider.get("env_http_headers") or {}).values())
+    for name in needed:
+        if isinstance(name, str) and name and name not in plan.env:
+            raise BackendFailure(SECRET_UNAVAILABLE, (
+                f"provider {plan.provider!r} needs {name}, but {projection.label}/env/{name} is missing"))
+    for name in needed:
+        if isinstance(name, str) and name in plan.env and not plan.env[name]:
+            raise BackendFailure(SECRET_UNAVAILABLE, f"{projection.label}/env/{name} is empty")
+    auth = provider.get("auth")
+    if isinstance(auth, dict):
+        # A failing auth command is silent on the protocol (codex-notes 3b): check its files here.
+        for arg in auth.get("args") or []:
+            if isinstance(arg, str) and arg.startswith("/") and not os.access(arg, os.R_OK):
+                raise BackendFailure(SECRET_UNAVAILABLE, f"provider {plan.provider!r} auth reads {arg}: not readable")
+
+
+def _secretish_values(config, key: str = "") -> list:
+    """String values under secret-looking keys (experimental_bearer_token, http_headers …)."""
+    out = []
+    if isinstance(config, dict):
+        for k, v in config.items():
+            if k in ("http_headers",) and isinstance(v, dict):
+                out += [x for x in v.values() if isinstance(x, str)]
+            else:
+                out += _secretish_values(v, str(k))
+    elif isinstance(config, list):
+        for v in config:
+            out += _secretish_values(v, key)
+    elif isinstance(config, str) and _SECRETISH_KEY.search(key):
+        out.append(config)
+    return out
+
+
+def _json_strings(raw: bytes) -> list:
+    """Every string value in auth.json (the whole file is sensitive)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return [raw.decode("utf-8", "replace").strip()]
+    out = []
+    stack = [doc]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            out.append(item)
+    return out
+
+
+# ---------------------------------------------------------------- enforced settings
+
+def enforce(plan: ProviderPlan, *, network: bool, request_retries: int, stream_retries: int) -> dict:
+    """The config Codex gets: the projection's, with the runtime's settings on top."""
+    config = json.loads(json.dumps(plan.config, default=str))  # deep copy; dates become strings
+    config.pop("profile", None)  # a profile could re-select another provider; the plan chose one
+    config["model_provider"] = plan.provider
+    if plan.model:
+        config["model"] = plan.model
+    config.setdefault("analytics", {})["enabled"] = False
+    features = config.setdefault("features", {})
+    for key in ("plugins", "remote_plugin", "apps", "tool_suggest", "unbounded_connection_retries"):
+        features[key] = False
+    sep = config.setdefault("shell_environment_policy", {})
+    exclude = [x for x in sep.get("exclude") or [] if isinstance(x, str)]
+    sep["exclude"] = sorted(set(exclude) | set(plan.env))
+    sep.pop("set", None)  # `set` could hand a value straight to the agent's commands
+    config.setdefault("sandbox_workspace_write", {})["network_access"] = bool(network)
+    provider = (config.get("model_providers") or {}).get(plan.provider)
+    if isinstance(provider, dict):
+        provider["request_max_retries"] = _bounded(provider.get("request_max_retries"), request_retries)
+        provider["stream_max_retries"] = _bounded(provider.get("stream_max_retries"), stream_retries)
+    return config
+
+
+def _bounded(value, cap: int) -> int:
+    return min(value, cap) if isinstance(value, int) and value >= 0 else cap
+
+
+def write_codex_home(home: Path, plan: ProviderPlan, config: dict) -> None:
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(home, 0o700)
+    atomic_write_bytes(home / "config.toml", dump_toml(config).encode("utf-8"), mode=0o600)
+    if plan.auth_json is not None:
+        atomic_write_bytes(home / "auth.json", plan.auth_json, mode=0o600)
+
+
+def is_private_dir(path: Path) -> bool:
+    st = os.stat(path)
+    return stat.S_ISDIR(st.st_mode) and not st.st_mode & (stat.S_IRWXG | stat.S_IRWXO)
+
+
+# ---------------------------------------------------------------- TOML writer
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _key(key: str) -> str:
+    return key if _BARE_KEY.match(key) else json.dumps(key, ensure_ascii=False)
+
+
+def _value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # JSON string escapes are TOML basic-string escapes
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_key(str(k))} = {_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def dump_toml(doc: dict, prefix: str = "") -> str:
+    """TOML for a tomllib-shaped dict: scalars first, then one [table] per nested dict."""
+    lines, tables = [], []
+    for key, value in doc.items():
+        if isinstance(value, dict):
+            tables.append((key, value))
+        else:
+            lines.append(f"{_key(str(key))} = {_value(value)}")
+    out = "\n".join(lines) + ("\n" if lines else "")
+    for key, value in tables:
+        name = f"{prefix}.{_key(str(key))}" if prefix else _key(str(key))
+        out += f"\n[{name}]\n" + dump_toml(value, name)
+    return out

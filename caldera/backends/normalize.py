@@ -1,0 +1,209 @@
+"""Codex app-server notifications -> the standard events (SPEC section 10).
+
+Rules taken from what Codex 0.169.0 sends (codex-notes sections 4 and 9):
+- `error{willRetry:true}` is progress (a `backend_status` "retrying"), never terminal;
+  only `turn/completed` (or the process dying) ends a turn.
+- Command output comes from `item/completed.aggregatedOutput`: the deltas can miss
+  the first chunk. Deltas are kept (capped) only to close an interrupted command.
+- `turn/diff/updated` repeats the full diff; the latest one is sent once, capped, at the end.
+- On interrupt, in-flight items never complete: they are closed here at the end.
+"""
+from __future__ import annotations
+
+from caldera.backends import failures as fk
+from caldera.backends.events import DIFF_CAP_BYTES, cut_utf8
+
+ASSISTANT_MAX_PARTS = 8  # 64 KiB of assistant text in events; the rest is in the run log
+OUTPUT_MAX_PARTS = 4  # 32 KiB of one command's output
+DELTA_KEEP_BYTES = 32 * 1024
+TURN_STATUSES = {"completed": "completed", "interrupted": "cancelled", "failed": "failed"}
+_TOOL_ITEMS = {"commandExecution": "command", "fileChange": "file_change", "mcpToolCall": "mcp",
+               "dynamicToolCall": "dynamic", "webSearch": "web_search", "collabAgentToolCall": "agent",
+               "imageView": "image_view"}
+
+
+class Normalizer:
+    def __init__(self, sink):
+        self.sink = sink
+        self.open_items: dict[str, dict] = {}
+        self.deltas: dict[str, list] = {}
+        self.diff: str | None = None
+        self.usage: dict | None = None
+        self.error_emitted = False
+        self.last_error: dict | None = None
+        self.retries = 0
+        self._handlers = {
+            "configWarning": self._config_warning,
+            "warning": self._warning,
+            "turn/started": self._turn_started,
+            "item/started": self._item_started,
+            "item/completed": self._item_completed,
+            "item/commandExecution/outputDelta": self._output_delta,
+            "turn/diff/updated": self._diff,
+            "thread/tokenUsage/updated": self._usage,
+            "error": self._error,
+        }
+
+    # -- notifications ------------------------------------------------------
+
+    def notification(self, method: str, params) -> None:
+        handler = self._handlers.get(method)
+        if handler is not None:
+            handler(params if isinstance(params, dict) else {})
+
+    def _config_warning(self, p):
+        self.sink.emit("backend_status", {"phase": "warning", "message": str(p.get("summary") or "")})
+
+    def _warning(self, p):
+        self.sink.emit("backend_status", {"phase": "warning", "message": str(p.get("message") or "")})
+
+    def _turn_started(self, p):
+        turn = p.get("turn") or {}
+        self.sink.emit("backend_status", {"phase": "turn_started", "turn_id": turn.get("id")})
+
+    def _item_started(self, p):
+        item = p.get("item")
+        if not isinstance(item, dict) or not item.get("id"):
+            return
+        kind = item.get("type")
+        if kind in _TOOL_ITEMS or kind == "agentMessage":
+            self.open_items[item["id"]] = item
+        if kind in _TOOL_ITEMS:
+            self.sink.emit("tool_call", self._tool_summary(item, "started"))
+
+    def _item_completed(self, p):
+        item = p.get("item")
+        if not isinstance(item, dict):
+            return
+        self.open_items.pop(item.get("id"), None)
+        self.deltas.pop(item.get("id"), None)
+        kind = item.get("type")
+        if kind == "agentMessage":
+            self.sink.text_events("assistant_message", {"item_id": item.get("id")}, "text",
+                                  str(item.get("text") or ""), ASSISTANT_MAX_PARTS)
+        elif kind == "commandExecution":
+            self._command_output(item, str(item.get("status") or "completed"),
+                                 str(item.get("aggregatedOutput") or ""))
+        elif kind in _TOOL_ITEMS:
+            self.sink.emit("tool_call", self._tool_summary(item, str(item.get("status") or "completed")))
+
+    def _output_delta(self, p):
+        item_id = p.get("itemId")
+        if item_id not in self.open_items:
+            return
+        parts = self.deltas.setdefault(item_id, [0])
+        delta = str(p.get("delta") or "")
+        if parts[0] < DELTA_KEEP_BYTES:
+            parts.append(delta)
+            parts[0] += len(delta)
+
+    def _diff(self, p):
+        if isinstance(p.get("diff"), str):
+            self.diff = p["diff"]
+
+    def _usage(self, p):
+        usage = p.get("tokenUsage")
+        if isinstance(usage, dict) and isinstance(usage.get("total"), dict):
+            self.usage = usage["total"]
+
+    def _error(self, p):
+        error = p.get("error") if isinstance(p.get("error"), dict) else {"message": str(p.get("error"))}
+        kind = fk.classify_turn_error(error)
+        if p.get("willRetry"):
+            self.retries += 1
+            attempt, most = fk.retry_attempt(error.get("message"))
+            self.sink.emit("backend_status", {
+                "phase": "retrying", "attempt": attempt or self.retries, "max_attempts": most,
+                "message": str(error.get("message") or ""), "cause": kind,
+                "details": error.get("additionalDetails")})
+            return
+        self.last_error = error
+        self.emit_error(kind, error)
+
+    # -- summaries ----------------------------------------------------------
+
+    def _tool_summary(self, item: dict, status: str) -> dict:
+        kind = item.get("type")
+        data = {"item_id": item.get("id"), "tool": _TOOL_ITEMS.get(kind, kind), "status": status}
+        if kind == "commandExecution":
+            data.update(command=_short(item.get("command")), cwd=item.get("cwd"))
+        elif kind == "fileChange":
+            data["changes"] = [{"path": c.get("path"), "kind": (c.get("kind") or {}).get("type")}
+                               for c in (item.get("changes") or [])[:50] if isinstance(c, dict)]
+        elif kind in ("mcpToolCall", "dynamicToolCall"):
+            data.update(server=item.get("server"), name=item.get("tool"),
+                        arguments=_short(item.get("arguments")))
+        elif kind == "webSearch":
+            data["query"] = _short(item.get("query"))
+        return data
+
+    def _command_output(self, item: dict, status: str, output: str) -> None:
+        base = {"item_id": item.get("id"), "command": _short(item.get("command")), "status": status,
+                "exit_code": item.get("exitCode"), "duration_ms": item.get("durationMs")}
+        self.sink.text_events("command_output", base, "output", output, OUTPUT_MAX_PARTS)
+
+    def emit_error(self, kind: str, error: dict | None, message: str | None = None) -> None:
+        error = error or {}
+        data = {"failure_kind": kind, "message": message or str(error.get("message") or kind)}
+        if error.get("codexErrorInfo") is not None:
+            data["codex_error_info"] = error["codexErrorInfo"]
+        if error.get("additionalDetails"):
+            data["details"] = _short(error["additionalDetails"])
+        self.error_emitted = True
+        self.sink.emit("error", data)
+
+    # -- the end ------------------------------------------------------------
+
+    def outcome(self, params) -> tuple[str, str | None, str | None]:
+        """(status, failure_kind, message) from `turn/completed`; BackendFailure if it is malformed."""
+        turn = params.get("turn") if isinstance(params, dict) else None
+        status = turn.get("status") if isinstance(turn, dict) else None
+        if status not in TURN_STATUSES:
+            raise fk.BackendFailure(fk.BACKEND_RESPONSE_INVALID,
+                                    f"turn/completed without a valid turn.status (got {status!r})")
+        if status == "completed":
+            return "completed", None, None
+        if status == "interrupted":
+            return "cancelled", fk.CANCELLED, "the turn was interrupted"
+        error = turn.get("error") if isinstance(turn.get("error"), dict) else self.last_error
+        message = str((error or {}).get("message") or "the turn failed")
+        return "failed", fk.classify_turn_error(error), message
+
+    def finish(self, status: str, kind: str | None, message: str | None, extra: dict | None = None) -> None:
+        """Close open items, send the latest diff, the error if not yet sent, then terminal_status."""
+        for item_id, item in list(self.open_items.items()):
+            if item.get("type") == "commandExecution":
+                kept = "".join(self.deltas.get(item_id, [0])[1:])
+                self._command_output(item, "incomplete", kept)
+            elif item.get("type") in _TOOL_ITEMS:
+                self.sink.emit("tool_call", self._tool_summary(item, "incomplete"))
+        self.open_items.clear()
+        if self.diff:
+            text = self.sink.redactor.text(self.diff)
+            capped, cut = cut_utf8(text, DIFF_CAP_BYTES)
+            data = {"diff": capped, "bytes": len(text.encode("utf-8"))}
+            if cut:
+                data["truncated"] = True
+            self.sink.emit("diff", data)
+        if status == "failed" and not self.error_emitted:
+            self.emit_error(kind or fk.BACKEND_FAILED, self.last_error if kind is None else None, message)
+        data = {"status": status, "failure_kind": kind if status != "completed" else None}
+        if message and status != "completed":
+            data["message"] = message
+        if self.usage:
+            data["usage"] = {k: v for k, v in self.usage.items() if isinstance(v, int)}
+        data.update(extra or {})
+        self.sink.emit("terminal_status", data)
+
+
+def _short(value, limit: int = 2048):
+    """A summary field: strings (or lists joined) cut to 2 KiB."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        value = " ".join(str(v) for v in value)
+    elif not isinstance(value, str):
+        import json
+        value = json.dumps(value, ensure_ascii=False, default=str)
+    text, cut = cut_utf8(value, limit)
+    return text + "…" if cut else text

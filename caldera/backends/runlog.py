@@ -1,0 +1,66 @@
+"""The run log `logs/run-<run_id>.log`: the whole raw transcript of a run, redacted.
+
+One line per record: `<utc ts> <channel> <text>`, channels `c2s` (sent to the
+backend), `s2c` (received), `stderr`, `event` (a normalised event as JSON),
+`note` (the runtime's own remarks). Everything passes through the Redactor
+first. The file is 0600 and capped (LOG_CAP_BYTES); past the cap one line says
+so and the rest of the transcript is dropped (the events still flow).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from pathlib import Path
+
+from caldera.backends.events import utc_ts
+
+LOG_CAP_BYTES = 64 * 1024 * 1024
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def log_path(logs_dir, run_id: str) -> Path:
+    if not RUN_ID_RE.match(run_id or ""):
+        raise ValueError(f"run_id {run_id!r}: use 1-128 letters, digits, '.', '_' or '-'")
+    return Path(logs_dir) / f"run-{run_id}.log"
+
+
+class RunLog:
+    def __init__(self, path, redactor, cap: int = LOG_CAP_BYTES):
+        self.path = Path(path)
+        self.redactor = redactor
+        self.cap = cap
+        self.size = 0
+        self.full = False
+        self._lock = threading.Lock()
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._fh = os.fdopen(fd, "w", encoding="utf-8", errors="replace", buffering=1 << 16)
+
+    def write(self, channel: str, text: str) -> None:
+        line = f"{utc_ts()} {channel} {self.redactor.text(text.rstrip(chr(10)))}\n"
+        with self._lock:
+            if self.full or self._fh.closed:
+                return
+            size = len(line)  # characters: close enough to bytes for a cap
+            if self.size + size > self.cap:
+                self.full = True
+                self._fh.write(f"{utc_ts()} note run log reached {self.cap} bytes; transcript cut here\n")
+                return
+            self.size += size
+            self._fh.write(line)
+
+    def event(self, event: dict) -> None:
+        # Events are redacted already; the second pass costs little and keeps one rule.
+        self.write("event", json.dumps(event, ensure_ascii=False, separators=(",", ":")))
+
+    def note(self, text: str) -> None:
+        self.write("note", text)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._fh.closed:
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+                self._fh.close()

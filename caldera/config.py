@@ -1,0 +1,304 @@
+"""Which agent, where its files are, and its settings (SPEC sections 2 and 3).
+
+Settings are read from the process environment, then `agent.env`, then
+`secrets.env` (later wins), the same files systemd's EnvironmentFile= reads.
+Every CALDERA_* variable also answers to its ClawManager name; when both are
+set the CALDERA_* one wins. A bad value is a ConfigError naming the variable.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import stat
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from caldera.errors import ConfigError
+
+MANIFEST_NAME = "caldera.agent.yaml"
+STATE_SUBDIR_IN_INSTANCE = "caldera-agent"
+
+# CALDERA name -> ClawManager alias (None: no alias)
+ALIASES = {
+    "CALDERA_AGENT_ENABLED": "CLAWMANAGER_AGENT_ENABLED",
+    "CALDERA_BASE_URL": "CLAWMANAGER_AGENT_BASE_URL",
+    "CALDERA_TOKEN": "CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN",
+    "CALDERA_INSTANCE_ID": "CLAWMANAGER_AGENT_INSTANCE_ID",
+    "CALDERA_PROTOCOL_VERSION": "CLAWMANAGER_AGENT_PROTOCOL_VERSION",
+    "CALDERA_PERSISTENT_DIR": "CLAWMANAGER_AGENT_PERSISTENT_DIR",
+    "CALDERA_DISK_LIMIT_BYTES": "CLAWMANAGER_AGENT_DISK_LIMIT_BYTES",
+    "CALDERA_RUNTIME_TYPE": None,
+    "CALDERA_CA_BUNDLE": None,
+    "CALDERA_LOG_LEVEL": None,
+    "CALDERA_REPORT_INTERVAL_SECONDS": None,
+}
+LOG_LEVELS = ("debug", "info", "warning", "error")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_RUNTIME_TYPE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+_ENV_LINE_RE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+
+
+@dataclass(frozen=True)
+class AgentPaths:
+    name: str
+    config_dir: Path  # holds the manifest, agent.env, secrets.env, secrets/
+    manifest_path: Path
+    state_dir: Path
+
+    @property
+    def agent_env(self) -> Path:
+        return self.config_dir / "agent.env"
+
+    @property
+    def secrets_env(self) -> Path:
+        return self.config_dir / "secrets.env"
+
+    @property
+    def secrets_dir(self) -> Path:
+        return self.config_dir / "secrets"
+
+
+@dataclass(frozen=True)
+class Settings:
+    enabled: bool
+    base_url: str | None
+    bootstrap_token: str | None
+    instance_id: int | None
+    protocol_version: str
+    persistent_dir: Path
+    disk_limit_bytes: int | None
+    runtime_type: str
+    ca_bundle: str | None
+    log_level: str
+    report_interval: float
+    env: dict = field(default_factory=dict, repr=False)  # the merged KEY=VALUEs
+    secret_values: tuple = field(default=(), repr=False)  # for the Redactor
+
+    @property
+    def agent_id(self) -> str:
+        return f"{self.runtime_type}-{self.instance_id}-main"
+
+
+# ---------------------------------------------------------------- paths
+
+def config_root(environ=os.environ) -> Path:
+    return Path(environ.get("CALDERA_CONFIG_DIR") or "/etc/caldera")
+
+
+def state_root(environ=os.environ) -> Path:
+    return Path(environ.get("CALDERA_STATE_DIR") or "/var/lib/caldera")
+
+
+def installed_agents(environ=os.environ) -> list[str]:
+    agents = config_root(environ) / "agents"
+    try:
+        return sorted(p.name for p in agents.iterdir() if (p / MANIFEST_NAME).is_file())
+    except FileNotFoundError:
+        return []
+
+
+def agent_from_args(args, environ=os.environ) -> AgentPaths:
+    """The agent a command acts on: --manifest, --agent, CALDERA_AGENT, or the only one installed."""
+    manifest = getattr(args, "manifest", None)
+    state_dir = getattr(args, "state_dir", None)
+    if manifest:
+        path = Path(manifest).resolve()
+        if not path.is_file():
+            raise ConfigError(f"--manifest: no such file: {manifest}")
+        name = manifest_name(path)
+        state = Path(state_dir).resolve() if state_dir else Path.cwd() / ".caldera-state" / name
+        return AgentPaths(name, path.parent, path, state)
+    name = getattr(args, "agent", None) or environ.get("CALDERA_AGENT")
+    if not name:
+        found = installed_agents(environ)
+        if len(found) != 1:
+            where = config_root(environ) / "agents"
+            listing = ", ".join(found) if found else "none"
+            raise ConfigError(f"pick an agent with --agent NAME (installed in {where}: {listing})")
+        name = found[0]
+    if not _NAME_RE.match(name):
+        raise ConfigError(f"agent name {name!r}: use letters, digits, '.', '_' or '-'")
+    config_dir = config_root(environ) / "agents" / name
+    if not (config_dir / MANIFEST_NAME).is_file():
+        found = ", ".join(installed_agents(environ)) or "none"
+        raise ConfigError(f"no agent {name!r} is installed (installed: {found})")
+    if state_dir:
+        state = Path(state_dir).resolve()
+    elif not environ.get("CALDERA_STATE_DIR") and _instance_persistent_dir(config_dir, environ):
+        state = Path(_instance_persistent_dir(config_dir, environ)) / STATE_SUBDIR_IN_INSTANCE
+    else:
+        state = state_root(environ) / name
+    return AgentPaths(name, config_dir, config_dir / MANIFEST_NAME, state)
+
+
+def _instance_persistent_dir(config_dir: Path, environ) -> str | None:
+    # Inside a ClawManager instance the platform injects the persistent dir.
+    return environ.get("CALDERA_PERSISTENT_DIR") or environ.get("CLAWMANAGER_AGENT_PERSISTENT_DIR")
+
+
+def manifest_name(path: Path) -> str:
+    """The manifest's `name:` read without a YAML parser (cheap), else its directory's name."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                m = re.match(r"^name:\s*['\"]?([A-Za-z0-9][A-Za-z0-9_.-]{0,63})['\"]?\s*(#.*)?$", line)
+                if m:
+                    return m.group(1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read manifest {path}: {exc.strerror}") from exc
+    return path.parent.name
+
+
+# ---------------------------------------------------------------- env files
+
+def read_env_file(path: Path, secret: bool = False) -> dict:
+    """KEY=VALUE lines as systemd's EnvironmentFile= reads them; {} when absent."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return {}
+    if secret and st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(
+            f"{path} is readable by group or others (mode {stat.S_IMODE(st.st_mode):o}): "
+            f"run chmod 600 {path}")
+    values = {}
+    with open(path, encoding="utf-8") as fh:
+        for number, raw in enumerate(fh, 1):
+            line = raw.strip()
+            if not line or line.startswith(("#", ";")):
+                continue
+            m = _ENV_LINE_RE.match(line)
+            if not m:
+                raise ConfigError(f"{path}:{number}: not a KEY=VALUE line")
+            key, value = m.group(1), m.group(2).strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+                value = value[1:-1]
+            values[key] = value
+    return values
+
+
+def merged_env(paths: AgentPaths, environ=os.environ) -> tuple[dict, dict]:
+    """(everything merged, just secrets.env)."""
+    secrets = read_env_file(paths.secrets_env, secret=True)
+    merged = dict(environ)
+    merged.update(read_env_file(paths.agent_env))
+    merged.update(secrets)
+    return merged, secrets
+
+
+def lookup(env: dict, name: str) -> str | None:
+    value = env.get(name)
+    alias = ALIASES.get(name)
+    if (value is None or value == "") and alias:
+        value = env.get(alias)
+    return value if value not in (None, "") else None
+
+
+def _var(name: str) -> str:
+    alias = ALIASES.get(name)
+    return f"{name} (or {alias})" if alias else name
+
+
+# ---------------------------------------------------------------- settings
+
+def load_settings(paths: AgentPaths, environ=os.environ) -> Settings:
+    env, secrets = merged_env(paths, environ)
+    enabled = _parse_bool(env, "CALDERA_AGENT_ENABLED")
+    base_url = _parse_url(env) if (enabled or lookup(env, "CALDERA_BASE_URL")) else None
+    token = lookup(env, "CALDERA_TOKEN")
+    instance_id = _parse_int(env, "CALDERA_INSTANCE_ID", minimum=1)
+    if enabled:
+        for var, value in (("CALDERA_BASE_URL", base_url), ("CALDERA_TOKEN", token),
+                           ("CALDERA_INSTANCE_ID", instance_id)):
+            if value is None:
+                raise ConfigError(f"{_var(var)} is required when the agent is enabled")
+    protocol = lookup(env, "CALDERA_PROTOCOL_VERSION") or "v1"
+    if protocol != "v1":
+        raise ConfigError(f"{_var('CALDERA_PROTOCOL_VERSION')}={protocol!r}: only v1 is spoken")
+    runtime_type = lookup(env, "CALDERA_RUNTIME_TYPE") or "caldera"
+    if not _RUNTIME_TYPE_RE.match(runtime_type):
+        raise ConfigError(f"CALDERA_RUNTIME_TYPE={runtime_type!r}: lowercase letters, digits, '_' or '-', at most 32")
+    log_level = (lookup(env, "CALDERA_LOG_LEVEL") or "info").lower()
+    if log_level not in LOG_LEVELS:
+        raise ConfigError(f"CALDERA_LOG_LEVEL={log_level!r}: one of {', '.join(LOG_LEVELS)}")
+    ca_bundle = lookup(env, "CALDERA_CA_BUNDLE")
+    if ca_bundle and not os.path.isfile(ca_bundle):
+        raise ConfigError(f"CALDERA_CA_BUNDLE: no such file: {ca_bundle}")
+    report_interval = _parse_float(env, "CALDERA_REPORT_INTERVAL_SECONDS", 5.0, minimum=2.0)
+    persistent = lookup(env, "CALDERA_PERSISTENT_DIR")
+    secret_values = tuple(v for v in (token, *secrets.values()) if v)
+    return Settings(
+        enabled=enabled, base_url=base_url, bootstrap_token=token, instance_id=instance_id,
+        protocol_version=protocol, persistent_dir=Path(persistent) if persistent else paths.state_dir,
+        disk_limit_bytes=_parse_int(env, "CALDERA_DISK_LIMIT_BYTES", minimum=0),
+        runtime_type=runtime_type, ca_bundle=ca_bundle, log_level=log_level,
+        report_interval=report_interval, env=env, secret_values=secret_values,
+    )
+
+
+def _parse_bool(env, name) -> bool:
+    raw = lookup(env, name)
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"{_var(name)}={raw!r}: use true or false")
+
+
+def _parse_int(env, name, minimum=None) -> int | None:
+    raw = lookup(env, name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{_var(name)}={raw!r}: not a whole number") from None
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{_var(name)}={raw!r}: must be at least {minimum}")
+    return value
+
+
+def _parse_float(env, name, default, minimum) -> float:
+    raw = lookup(env, name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: not a number") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={raw!r}: must be at least {minimum:g}")
+    return value
+
+
+def _parse_url(env) -> str:
+    raw = lookup(env, "CALDERA_BASE_URL")
+    if raw is None:
+        raise ConfigError(f"{_var('CALDERA_BASE_URL')} is required when the agent is enabled")
+    url = raw.strip().rstrip("/")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{_var('CALDERA_BASE_URL')}: not an http(s) URL")
+    if parts.username or parts.password:
+        raise ConfigError(f"{_var('CALDERA_BASE_URL')}: must not carry credentials")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"{_var('CALDERA_BASE_URL')}: must not carry a query or fragment")
+    if parts.path.rstrip("/").endswith("/api/v1/agent"):
+        raise ConfigError(f"{_var('CALDERA_BASE_URL')}: give the API root, without /api/v1/agent")
+    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+        raise ConfigError(f"{_var('CALDERA_BASE_URL')}: https:// is required unless the host is loopback")
+    return url
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

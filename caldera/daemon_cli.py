@@ -1,0 +1,28 @@
+"""`caldera run [--agent NAME | --manifest PATH --state-dir DIR]`"""
+from __future__ import annotations
+
+from caldera.cli import add_agent_flags
+
+
+def configure(parser) -> None:
+    add_agent_flags(parser)
+
+
+def open_runtime(args, role: str):
+    """Paths, settings, logging and the Runtime, for the commands that talk to the control plane."""
+    from caldera import logsetup
+    from caldera.config import agent_from_args, load_settings
+    from caldera.runtime import build_runtime
+
+    paths = agent_from_args(args)
+    settings = load_settings(paths)
+    runtime = build_runtime(paths, settings)
+    logsetup.setup(settings.log_level, runtime.redactor)
+    return runtime
+
+
+def main(args) -> int:
+    from caldera import daemon
+
+    runtime = open_runtime(args, "daemon")
+    return daemon.run(runtime)

@@ -1,0 +1,114 @@
+import os
+
+import pytest
+
+from caldera.config import agent_from_args, load_settings
+from caldera.errors import ConfigError
+from core_helpers import BOOT, Args, install_agent
+
+
+def test_settings_merge_env_then_agent_env_then_secrets(caldera_env, monkeypatch):
+    install_agent(caldera_env, extra_env="CALDERA_RUNTIME_TYPE=fromfile\n")
+    monkeypatch.setenv("CALDERA_RUNTIME_TYPE", "fromenv")
+    monkeypatch.setenv("CALDERA_TOKEN", "from-process-env")
+    settings = load_settings(agent_from_args(Args(agent="demo")))
+    assert settings.runtime_type == "fromfile"  # agent.env beats the process environment
+    assert settings.bootstrap_token == BOOT  # secrets.env beats both
+    assert settings.instance_id == 7 and settings.enabled
+    assert settings.agent_id == "fromfile-7-main"
+    assert BOOT in settings.secret_values
+
+
+def test_clawmanager_aliases_are_read(caldera_env, monkeypatch):
+    config = install_agent(caldera_env)
+    (config / "agent.env").write_text("")
+    (config / "secrets.env").write_text("")
+    monkeypatch.setenv("CLAWMANAGER_AGENT_ENABLED", "true")
+    monkeypatch.setenv("CLAWMANAGER_AGENT_BASE_URL", "https://cm.example.test/")
+    monkeypatch.setenv("CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN", "cm-boot-token")
+    monkeypatch.setenv("CLAWMANAGER_AGENT_INSTANCE_ID", "42")
+    monkeypatch.setenv("CLAWMANAGER_AGENT_DISK_LIMIT_BYTES", "1000")
+    settings = load_settings(agent_from_args(Args(agent="demo")))
+    assert settings.base_url == "https://cm.example.test"
+    assert settings.bootstrap_token == "cm-boot-token"
+    assert settings.instance_id == 42 and settings.disk_limit_bytes == 1000
+
+
+@pytest.mark.parametrize("line, variable", [
+    ("CALDERA_INSTANCE_ID=abc", "CALDERA_INSTANCE_ID"),
+    ("CALDERA_AGENT_ENABLED=maybe", "CALDERA_AGENT_ENABLED"),
+    ("CALDERA_BASE_URL=http://cm.example.test", "https://"),
+    ("CALDERA_BASE_URL=https://cm.example.test/api/v1/agent", "without /api/v1/agent"),
+    ("CALDERA_PROTOCOL_VERSION=v2", "CALDERA_PROTOCOL_VERSION"),
+    ("CALDERA_LOG_LEVEL=loud", "CALDERA_LOG_LEVEL"),
+    ("CALDERA_REPORT_INTERVAL_SECONDS=1", "CALDERA_REPORT_INTERVAL_SECONDS"),
+])
+def test_bad_values_name_the_variable(caldera_env, line, variable):
+    config = install_agent(caldera_env)
+    with open(config / "agent.env", "a") as fh:
+        fh.write(line + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(agent_from_args(Args(agent="demo")))
+    assert variable in str(err.value)
+
+
+def test_url_with_credentials_is_refused_without_echoing_them(caldera_env):
+    config = install_agent(caldera_env)
+    with open(config / "agent.env", "a") as fh:
+        fh.write("CALDERA_BASE_URL=https://user:hunter22@cm.example.test\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(agent_from_args(Args(agent="demo")))
+    assert "credentials" in str(err.value) and "hunter22" not in str(err.value)
+
+
+def test_readable_secrets_env_is_refused(caldera_env):
+    config = install_agent(caldera_env)
+    os.chmod(config / "secrets.env", 0o640)
+    with pytest.raises(ConfigError) as err:
+        load_settings(agent_from_args(Args(agent="demo")))
+    assert "secrets.env" in str(err.value) and "chmod 600" in str(err.value)
+
+
+def test_enabled_requires_token_and_names_both_spellings(caldera_env):
+    config = install_agent(caldera_env)
+    (config / "secrets.env").write_text("")
+    with pytest.raises(ConfigError) as err:
+        load_settings(agent_from_args(Args(agent="demo")))
+    assert "CALDERA_TOKEN (or CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN)" in str(err.value)
+
+
+def test_agent_selection(caldera_env, monkeypatch, tmp_path):
+    with pytest.raises(ConfigError, match="none"):
+        agent_from_args(Args())
+    install_agent(caldera_env, name="one")
+    assert agent_from_args(Args()).name == "one"  # the only one installed
+    install_agent(caldera_env, name="two")
+    with pytest.raises(ConfigError, match="one, two"):
+        agent_from_args(Args())
+    monkeypatch.setenv("CALDERA_AGENT", "two")
+    paths = agent_from_args(Args())
+    assert paths.name == "two" and paths.state_dir == tmp_path / "var" / "two"
+    with pytest.raises(ConfigError, match="no agent 'three'"):
+        agent_from_args(Args(agent="three"))
+
+
+def test_manifest_flag_and_clawmanager_persistent_dir(caldera_env, monkeypatch, tmp_path):
+    manifest = tmp_path / "elsewhere" / "caldera.agent.yaml"
+    manifest.parent.mkdir()
+    manifest.write_text("name: roaming\nruntime:\n  type: adapter\n")
+    monkeypatch.chdir(tmp_path)
+    paths = agent_from_args(Args(manifest=str(manifest)))
+    assert paths.name == "roaming" and paths.state_dir == tmp_path / ".caldera-state" / "roaming"
+    assert paths.agent_env == manifest.parent / "agent.env"
+    install_agent(caldera_env, name="inst")
+    monkeypatch.delenv("CALDERA_STATE_DIR")
+    monkeypatch.setenv("CLAWMANAGER_AGENT_PERSISTENT_DIR", str(tmp_path / "config"))
+    assert agent_from_args(Args(agent="inst")).state_dir == tmp_path / "config" / "caldera-agent"
+
+
+def test_env_file_syntax_error_names_file_and_line(caldera_env):
+    config = install_agent(caldera_env)
+    with open(config / "agent.env", "a") as fh:
+        fh.write("this is not an assignment\n")
+    with pytest.raises(ConfigError, match=r"agent.env:4: not a KEY=VALUE line"):
+        load_settings(agent_from_args(Args(agent="demo")))
