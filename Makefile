@@ -18,8 +18,10 @@ $(STAMP): requirements/$(DEPS).txt
 demo: $(STAMP)
 	$(VENV)/bin/caldera demo
 
+# pytest exits 5 when it collected no test: that is a failure here, said plainly.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q tests
+	@$(VENV)/bin/python -m pytest -q -ra tests; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no test" >&2; fi; exit $$rc
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/run_all.py

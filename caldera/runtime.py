@@ -82,10 +82,10 @@ class Runtime:
         self.ticks[loop] = time.monotonic()
 
     def capabilities(self) -> list[str]:
-        from caldera.backends import capabilities as backend_capabilities
+        import caldera.backends as backends  # TODO(integration): backends.capabilities is the contract
 
-        return BASE_CAPABILITIES + [c for c in backend_capabilities(self.settings)
-                                    if c not in BASE_CAPABILITIES]
+        extra = backends.capabilities(self.settings) if hasattr(backends, "capabilities") else []
+        return BASE_CAPABILITIES + [c for c in extra if c not in BASE_CAPABILITIES]
 
     def agent_section(self) -> dict:
         """The agent's part of a report (adapter status etc.); cached for heartbeats."""

@@ -114,11 +114,18 @@ def describe(env: dict | None = None, probe: bool = False) -> dict:
             "event_types": list(EVENT_TYPES), "failure_kinds": list(fk.FAILURE_KINDS)}
 
 
-def run_turn(backend: Backend, run: RunRequest, command, environment: Environment, sink) -> dict:
-    """prepare -> start_turn -> finalize; returns the terminal event's data."""
+def run_turn(backend: Backend, run: RunRequest, command, environment: Environment, sink,
+             on_prepared=None) -> dict:
+    """prepare -> start_turn -> finalize; returns the terminal event's data.
+
+    `on_prepared(context)` is called once the context exists (before any process), so that
+    an interrupt can reach the run.
+    """
     context = None
     try:
         context = backend.prepare(run, command, environment, sink)
+        if on_prepared is not None:
+            on_prepared(context)
         backend.start_turn(context)
     except fk.BackendFailure as exc:
         _fail(sink, exc.kind, exc.message)

@@ -1,0 +1,579 @@
+"""The Codex backend: the native `codex app-server`, JSON-RPC over stdio.
+
+One run = one process in its own process group with a private CODEX_HOME (0700)
+built by `codex_config`. A reader thread turns stdout lines into messages (a
+response goes to the request waiting for it, everything else into the inbox the
+turn loop reads); another keeps a bounded, redacted stderr tail. The turn loop
+answers approval requests from the policy (declined: there is no approver in a
+control-plane run, and the policy is never widened), normalises notifications,
+and interrupts on `agent_interrupt`, on cancel and on the policy's deadline
+(then kills after a grace: backend-timeout).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from caldera import __version__
+from caldera.backends import codex_config, failures as fk
+from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest
+from caldera.backends.events import EVENT_TYPES
+from caldera.backends.normalize import Normalizer
+
+LINE_CAP = 32 * 1024 * 1024  # one stdout line (a huge aggregatedOutput stays well below)
+STDERR_KEEP = 64 * 1024
+REQUEST_TIMEOUT = 30.0  # initialize / thread/start / turn/start
+INTERRUPT_GRACE = 5.0  # after turn/interrupt on cancel, before the kill
+TIMEOUT_GRACE = 2.0  # after turn/interrupt on the policy deadline, before the kill
+CLOSE_GRACE = 2.0  # after closing stdin (codex exits in <= 0.06 s)
+POLL = 0.05
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+TRIPLES = {"x86_64": ("codex-linux-x64", "x86_64-unknown-linux-musl"),
+           "aarch64": ("codex-linux-arm64", "aarch64-unknown-linux-musl")}
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_EOF = ("eof", None)
+
+
+# ---------------------------------------------------------------- the binary
+
+def find_binary(env: dict) -> str | None:
+    """CALDERA_CODEX_BIN, else `codex` on PATH (the npm wrapper resolved to its native binary)."""
+    explicit = env.get("CALDERA_CODEX_BIN")
+    if explicit:
+        return explicit
+    found = shutil.which("codex", path=env.get("PATH") or DEFAULT_PATH)
+    return native_for(found) if found else None
+
+
+def native_for(path: str) -> str:
+    """The native binary inside the npm package when `path` is its Node wrapper (bin/codex.js)."""
+    real = os.path.realpath(path)
+    if not real.endswith(".js"):
+        return path
+    package = Path(real).parent.parent  # node_modules/@openai/codex
+    pkg, triple = TRIPLES.get(os.uname().machine, TRIPLES["x86_64"])
+    for base in (package / "node_modules" / "@openai", package.parent):
+        candidate = base / pkg / "vendor" / triple / "bin" / "codex"
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
+    return path
+
+
+# ---------------------------------------------------------------- JSON-RPC over stdio
+
+class _Slot:
+    __slots__ = ("event", "message")
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.message = None
+
+
+class Dispatcher:
+    """Turns stdout lines into messages. Separate from the process so that it can be benchmarked."""
+
+    def __init__(self, inbox: queue.Queue, runlog):
+        self.inbox = inbox
+        self.runlog = runlog
+        self.pending: dict = {}
+        self.lock = threading.Lock()
+
+    def line(self, raw: bytes) -> None:
+        text = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if not text.strip():
+            return
+        if self.runlog is not None:
+            self.runlog.write("s2c", text)
+        try:
+            msg = json.loads(text)
+        except ValueError:
+            self.inbox.put(("fatal", fk.BackendFailure(
+                fk.BACKEND_JSON_PARSE_ERROR, f"backend stdout line is not JSON: {text[:200]!r}")))
+            return
+        if not isinstance(msg, dict):
+            self.inbox.put(("fatal", fk.BackendFailure(
+                fk.BACKEND_PROTOCOL_ERROR, f"backend sent a JSON {type(msg).__name__}, not an object")))
+        elif "method" in msg:
+            self.inbox.put(("request" if "id" in msg else "notification", msg))
+        elif "id" in msg:
+            with self.lock:
+                slot = self.pending.pop(msg["id"], None)
+            if slot is None:
+                if self.runlog is not None:
+                    self.runlog.note(f"response to unknown request id {msg['id']!r}")
+                return
+            slot.message = msg
+            slot.event.set()
+        else:
+            self.inbox.put(("fatal", fk.BackendFailure(
+                fk.BACKEND_PROTOCOL_ERROR, "backend message has neither method nor id")))
+
+    def expect(self, request_id) -> _Slot:
+        slot = _Slot()
+        with self.lock:
+            self.pending[request_id] = slot
+        return slot
+
+    def fail_all(self) -> None:
+        with self.lock:
+            slots, self.pending = list(self.pending.values()), {}
+        for slot in slots:
+            slot.event.set()  # message stays None: the process is gone
+
+
+def pump_stdout(stream, dispatcher: Dispatcher) -> None:
+    """Reader thread body: every stdout line to the dispatcher, then EOF."""
+    try:
+        while True:
+            raw = stream.readline(LINE_CAP)
+            if not raw:
+                break
+            if not raw.endswith(b"\n") and len(raw) >= LINE_CAP:
+                dispatcher.inbox.put(("fatal", fk.BackendFailure(
+                    fk.BACKEND_PROTOCOL_ERROR, f"backend stdout line longer than {LINE_CAP} bytes")))
+                break
+            dispatcher.line(raw)
+    except (OSError, ValueError) as exc:  # the pipe was closed under us at shutdown
+        if dispatcher.runlog is not None:
+            dispatcher.runlog.note(f"stdout reader stopped: {exc}")
+    finally:
+        dispatcher.fail_all()
+        dispatcher.inbox.put(_EOF)
+
+
+def pump_stderr(stream, tail: collections.deque, runlog) -> None:
+    """Reader thread body: stderr lines, ANSI stripped, into the run log and a bounded tail."""
+    size = 0
+    try:
+        for raw in iter(lambda: stream.readline(8192), b""):
+            text = _ANSI.sub("", raw.decode("utf-8", "replace")).rstrip()
+            if not text:
+                continue
+            if runlog is not None:
+                runlog.write("stderr", text)
+            tail.append(text)
+            size += len(text)
+            while size > STDERR_KEEP and tail:
+                size -= len(tail.popleft())
+    except (OSError, ValueError) as exc:
+        if runlog is not None:
+            runlog.note(f"stderr reader stopped: {exc}")
+
+
+class AppServer:
+    """One `codex app-server` process and its JSON-RPC channel."""
+
+    def __init__(self, argv: list, env: dict, cwd: str, runlog, redactor):
+        self.argv, self.env, self.cwd = argv, env, cwd
+        self.runlog, self.redactor = runlog, redactor
+        self.inbox: queue.Queue = queue.Queue()
+        self.dispatcher = Dispatcher(self.inbox, runlog)
+        self.stderr_tail: collections.deque = collections.deque()
+        self.proc: subprocess.Popen | None = None
+        self.threads: list[threading.Thread] = []
+        self._next_id = 1
+        self._write_lock = threading.Lock()
+
+    def start(self) -> None:
+        try:
+            self.proc = subprocess.Popen(
+                self.argv, cwd=self.cwd, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+        except OSError as exc:
+            raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED,
+                                    f"cannot start {self.argv[0]}: {exc.strerror or exc}") from None
+        for name, target, args in (
+                ("codex-stdout", pump_stdout, (self.proc.stdout, self.dispatcher)),
+                ("codex-stderr", pump_stderr, (self.proc.stderr, self.stderr_tail, self.runlog))):
+            thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def send(self, message: dict) -> bool:
+        line = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+        self.runlog.write("c2s", line)
+        with self._write_lock:
+            try:
+                self.proc.stdin.write(line.encode("utf-8") + b"\n")
+                self.proc.stdin.flush()
+                return True
+            except (BrokenPipeError, ValueError, OSError):
+                return False  # the process is gone; the reader reports EOF
+
+    def call(self, method: str, params) -> tuple[int, _Slot]:
+        request_id = self._next_id
+        self._next_id += 1
+        slot = self.dispatcher.expect(request_id)
+        if not self.send({"method": method, "id": request_id, "params": params}):
+            slot.event.set()
+        return request_id, slot
+
+    def notify(self, method: str, params=None) -> None:
+        message = {"method": method}
+        if params is not None:
+            message["params"] = params
+        self.send(message)
+
+    def respond(self, request_id, result=None, error=None) -> None:
+        message = {"id": request_id}
+        if error is not None:
+            message["error"] = error
+        else:
+            message["result"] = result if result is not None else {}
+        self.send(message)
+
+    def returncode(self, wait: float = 0.0) -> int | None:
+        try:
+            return self.proc.wait(timeout=wait) if wait else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stderr_summary(self, lines: int = 3, limit: int = 500) -> str:
+        text = " | ".join(list(self.stderr_tail)[-lines:])
+        return self.redactor.text(text[-limit:])
+
+    def close(self, grace: float = CLOSE_GRACE) -> int | None:
+        """Close stdin (codex exits at once), then TERM -> KILL the whole group if needed."""
+        if self.proc is None:
+            return None
+        try:
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # already gone
+        if self.returncode(grace) is None:
+            self.kill()
+        _signal_group(self.proc.pid, signal.SIGKILL)  # agent commands left in the group
+        for thread in self.threads:
+            thread.join(timeout=2.0)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            stream.close()
+        return self.proc.returncode
+
+    def kill(self, grace: float = 1.0) -> None:
+        _signal_group(self.proc.pid, signal.SIGTERM)
+        if self.returncode(grace) is None:
+            _signal_group(self.proc.pid, signal.SIGKILL)
+            self.returncode(2.0)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is already gone
+
+
+# ---------------------------------------------------------------- the backend
+
+class _Stop(Exception):
+    """Cancel or deadline reached while waiting for a response (before the turn loop)."""
+
+
+@dataclass
+class CodexContext:
+    run: RunRequest
+    environment: Environment
+    sink: object
+    normalizer: Normalizer
+    binary: str
+    run_dir: Path
+    plan: codex_config.ProviderPlan
+    deadline: float  # time.monotonic() of the policy timeout
+    cancel: threading.Event | None = None  # the command's cancel (timeout or operator)
+    cancel_is_timeout: object = None  # callable: was the cancel the command's own deadline?
+    interrupt_event: threading.Event = field(default_factory=threading.Event)
+    server: AppServer | None = None
+    thread_id: str | None = None
+    turn_id: str | None = None
+    reason: str | None = None  # "cancelled" | "timeout" once we stop the turn
+    stop_sent_at: float | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def redactor(self):
+        return self.environment.redactor
+
+
+class CodexBackend(Backend):
+    name = "codex"
+
+    def resolve_profile(self, profile: str = "codex", env: dict | None = None, probe: bool = False) -> dict:
+        env = os.environ if env is None else env
+        binary = find_binary(env)
+        info = {"name": "codex", "default": True, "transport": "codex app-server (JSON-RPC over stdio)",
+                "binary": binary, "available": bool(binary and os.access(binary, os.X_OK)),
+                "sandboxes": list(SANDBOXES), "approvals": list(APPROVALS), "network": True,
+                "interrupt": True, "events": list(EVENT_TYPES), "failure_kinds": list(fk.FAILURE_KINDS),
+                "llm_gateway": codex_config.gateway_settings(env) is not None}
+        if probe and info["available"]:
+            info["version"] = _version(binary)
+        return info
+
+    def prepare(self, run: RunRequest, command, environment: Environment, sink) -> CodexContext:
+        """Everything that can fail before a process exists: binary, projection, CODEX_HOME."""
+        redactor = environment.redactor
+        projection = codex_config.Projection.locate(environment.secrets_dir, environment.credentials_dir)
+        plan = codex_config.plan_provider(projection, environment.env, run.model)
+        for value in plan.secret_values:
+            redactor.add(value)
+        binary = find_binary(environment.env)
+        sink.emit("backend_status", {
+            "phase": "starting", "backend": "codex", "profile": run.backend_profile, "binary": binary,
+            "provider": plan.provider, "model": plan.model, "base_url": plan.base_url,
+            "provider_source": plan.source, "policy": run.policy.as_dict()})
+        if not binary:
+            raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED,
+                                    "no Codex binary: set CALDERA_CODEX_BIN or put codex on PATH")
+        if not os.path.isdir(run.workspace):
+            raise fk.BackendFailure(fk.BACKEND_FAILED, f"workspace {run.workspace} is not a directory")
+        run_dir = Path(environment.runs_dir) / run.run_id
+        context = CodexContext(run=run, environment=environment, sink=sink, normalizer=Normalizer(sink),
+                               binary=binary, run_dir=run_dir, plan=plan,
+                               deadline=time.monotonic() + run.policy.timeout_seconds)
+        config = codex_config.enforce(
+            plan, network=run.policy.network,
+            request_retries=_int_setting(environment.env, "CALDERA_CODEX_REQUEST_MAX_RETRIES",
+                                         codex_config.DEFAULT_REQUEST_MAX_RETRIES),
+            stream_retries=_int_setting(environment.env, "CALDERA_CODEX_STREAM_MAX_RETRIES",
+                                        codex_config.DEFAULT_STREAM_MAX_RETRIES))
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            os.chmod(run_dir, 0o700)
+            codex_config.write_codex_home(run_dir / "codex-home", plan, config)
+            (run_dir / "home").mkdir(mode=0o700, exist_ok=True)
+        except OSError as exc:
+            shutil.rmtree(run_dir, ignore_errors=True)  # it may hold a partial auth.json
+            raise fk.BackendFailure(fk.BACKEND_FAILED, f"cannot prepare the run directory: {exc}") from None
+        return context
+
+    def _process_env(self, context: CodexContext) -> dict:
+        # Only what Codex needs: nothing of the runtime's own environment (its tokens) leaks in.
+        env = {"PATH": context.environment.env.get("PATH") or DEFAULT_PATH,
+               "HOME": str(context.run_dir / "home"), "LANG": "C.UTF-8",
+               "CODEX_HOME": str(context.run_dir / "codex-home")}
+        if context.environment.env.get("TZ"):
+            env["TZ"] = context.environment.env["TZ"]
+        env.update(context.plan.env)
+        return env
+
+    def start_turn(self, context: CodexContext) -> None:
+        server = AppServer([context.binary, "app-server"], self._process_env(context),
+                           context.run.workspace, context.sink.runlog, context.redactor)
+        context.server = server
+        server.start()
+        try:
+            self._handshake(context)
+        except _Stop:
+            self._end_stopped(context)
+            return
+        self._loop(context)
+
+    def _handshake(self, context: CodexContext) -> None:
+        server, sink, run = context.server, context.sink, context.run
+        init = self._request(context, "initialize", {
+            "clientInfo": {"name": "caldera", "title": "caldera", "version": __version__},
+            "capabilities": None}, before_init=True)
+        sink.emit("backend_status", {"phase": "ready", "user_agent": init.get("userAgent"),
+                                     "platform": init.get("platformOs")})
+        server.notify("initialized")
+        params = {"cwd": run.workspace, "approvalPolicy": run.policy.approval,
+                  "sandbox": run.policy.sandbox, "ephemeral": True, "modelProvider": context.plan.provider}
+        if context.plan.model:
+            params["model"] = context.plan.model
+        started = self._request(context, "thread/start", params)
+        thread = started.get("thread")
+        if not isinstance(thread, dict) or not isinstance(thread.get("id"), str):
+            raise fk.BackendFailure(fk.BACKEND_RESPONSE_INVALID, "thread/start result has no thread.id")
+        context.thread_id = thread["id"]
+        sink.emit("backend_status", {
+            "phase": "thread_started", "thread_id": context.thread_id, "model": started.get("model"),
+            "model_provider": started.get("modelProvider"), "sandbox": run.policy.sandbox,
+            "approval": run.policy.approval, "network": run.policy.network, "cwd": run.workspace})
+        turn = self._request(context, "turn/start", {
+            "threadId": context.thread_id,
+            "input": [{"type": "text", "text": run.prompt, "text_elements": []}]}).get("turn")
+        if not isinstance(turn, dict) or not isinstance(turn.get("id"), str):
+            raise fk.BackendFailure(fk.BACKEND_RESPONSE_INVALID, "turn/start result has no turn.id")
+        context.turn_id = turn["id"]
+
+    def _request(self, context: CodexContext, method: str, params, before_init: bool = False) -> dict:
+        """Send a request and wait for its result; notifications queue up meanwhile."""
+        server = context.server
+        _, slot = server.call(method, params)
+        limit = time.monotonic() + REQUEST_TIMEOUT
+        while not slot.event.wait(POLL):
+            if self._stop_reason(context):
+                raise _Stop()
+            if time.monotonic() >= limit:
+                raise fk.BackendFailure(fk.BACKEND_FAILED, f"no answer to {method} within {REQUEST_TIMEOUT:.0f} s")
+        msg = slot.message
+        if msg is None:  # the process went away
+            self._raise_fatal_if_any(context)
+            rc = server.returncode(wait=2.0)
+            kind = fk.BACKEND_SPAWN_FAILED if before_init else fk.BACKEND_FAILED
+            raise fk.BackendFailure(kind, f"codex app-server exited (rc {rc}) before answering {method}: "
+                                          f"{server.stderr_summary() or 'no stderr'}")
+        if "error" in msg:
+            error = msg["error"] if isinstance(msg["error"], dict) else {"message": str(msg["error"])}
+            raise fk.BackendFailure(fk.BACKEND_FAILED, f"{method} failed: {error.get('message')}")
+        if "result" not in msg or not isinstance(msg["result"], dict):
+            raise fk.BackendFailure(fk.BACKEND_RESPONSE_INVALID, f"{method} response has no result object")
+        return msg["result"]
+
+    def _raise_fatal_if_any(self, context: CodexContext) -> None:
+        """A parse/protocol failure the reader queued explains an early EOF better than the EOF."""
+        pending = []
+        while True:
+            try:
+                item = context.server.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item[0] == "fatal":
+                raise item[1]
+            pending.append(item)
+        for item in pending:
+            context.server.inbox.put(item)
+
+    def _stop_reason(self, context: CodexContext) -> str | None:
+        if context.interrupt_event.is_set():
+            return "cancelled"
+        if context.cancel is not None and context.cancel.is_set():
+            is_timeout = context.cancel_is_timeout() if context.cancel_is_timeout else False
+            return "timeout" if is_timeout else "cancelled"
+        if time.monotonic() >= context.deadline:
+            return "timeout"
+        return None
+
+    def _loop(self, context: CodexContext) -> None:
+        server, norm = context.server, context.normalizer
+        while True:
+            if context.reason is None:
+                context.reason = self._stop_reason(context)
+                if context.reason:
+                    self._send_interrupt(context)
+            elif time.monotonic() - context.stop_sent_at > self._grace(context):
+                server.runlog.note("no turn/completed after turn/interrupt: killing the backend")
+                server.kill()
+                return self._end_stopped(context)
+            try:
+                kind, msg = server.inbox.get(timeout=POLL)
+            except queue.Empty:
+                continue
+            if kind == "notification":
+                if msg.get("method") == "turn/completed":
+                    return self._completed(context, msg.get("params"))
+                norm.notification(msg.get("method"), msg.get("params"))
+            elif kind == "request":
+                self._answer(context, msg)
+            elif kind == "fatal":
+                server.kill()
+                return norm.finish("failed", msg.kind, msg.message, self._extra(context))
+            elif kind == "eof":
+                if context.reason:
+                    return self._end_stopped(context)
+                rc = server.returncode(wait=2.0)
+                return norm.finish("failed", fk.BACKEND_FAILED,
+                                   f"codex app-server exited (rc {rc}) before the turn completed",
+                                   self._extra(context))
+
+    def _grace(self, context: CodexContext) -> float:
+        return TIMEOUT_GRACE if context.reason == "timeout" else INTERRUPT_GRACE
+
+    def _send_interrupt(self, context: CodexContext) -> None:
+        context.stop_sent_at = time.monotonic()
+        context.sink.emit("backend_status", {"phase": "interrupting", "reason": context.reason})
+        if context.thread_id and context.turn_id:
+            context.server.call("turn/interrupt", {"threadId": context.thread_id, "turnId": context.turn_id})
+
+    def _completed(self, context: CodexContext, params) -> None:
+        norm = context.normalizer
+        turn = (params or {}).get("turn") if isinstance(params, dict) else None
+        if isinstance(turn, dict) and context.turn_id and turn.get("id") not in (None, context.turn_id):
+            context.server.runlog.note(f"turn/completed for another turn {turn.get('id')!r}")
+        try:
+            status, kind, message = norm.outcome(params)
+        except fk.BackendFailure as exc:
+            return norm.finish("failed", exc.kind, exc.message, self._extra(context))
+        if status == "cancelled" and context.reason == "timeout":
+            status, kind, message = "failed", fk.BACKEND_TIMEOUT, self._timeout_message(context)
+        norm.finish(status, kind, message, self._extra(context))
+
+    def _end_stopped(self, context: CodexContext) -> None:
+        reason = context.reason or self._stop_reason(context) or "cancelled"
+        if reason == "timeout":
+            context.normalizer.finish("failed", fk.BACKEND_TIMEOUT, self._timeout_message(context),
+                                      self._extra(context))
+        else:
+            context.normalizer.finish("cancelled", fk.CANCELLED, "the run was cancelled", self._extra(context))
+
+    def _timeout_message(self, context: CodexContext) -> str:
+        return f"the run passed its timeout of {context.run.policy.timeout_seconds} s"
+
+    def _extra(self, context: CodexContext) -> dict:
+        return {"duration_ms": int((time.monotonic() - context.started) * 1000)}
+
+    def _answer(self, context: CodexContext, msg: dict) -> None:
+        """Server-to-client requests: approvals are declined (the policy is never widened), the rest refused."""
+        method, params = msg.get("method"), msg.get("params") or {}
+        if method in ("item/commandExecution/requestApproval", "item/fileChange/requestApproval"):
+            context.server.respond(msg["id"], {"decision": "decline"})
+        elif method in ("execCommandApproval", "applyPatchApproval"):
+            context.server.respond(msg["id"], {"decision": "denied"})
+        else:
+            context.server.respond(msg["id"], error={"code": -32601, "message": f"caldera does not support {method}"})
+        context.sink.emit("tool_call", {
+            "item_id": params.get("itemId"), "tool": "approval", "status": "declined", "request": method,
+            "command": params.get("command") if isinstance(params.get("command"), str) else None,
+            "reason": "the execution policy allows no approvals in unattended runs"})
+
+    def interrupt(self, context: CodexContext, command=None) -> bool:
+        """Ask the turn loop to interrupt (turn/interrupt, then kill after the grace)."""
+        already = context.interrupt_event.is_set()
+        context.interrupt_event.set()
+        return not already
+
+    def finalize(self, context: CodexContext) -> dict:
+        try:
+            if context.server is not None and context.server.proc is not None:
+                rc = context.server.close()
+                context.sink.runlog.note(f"codex app-server ended, rc {rc}")
+        finally:
+            shutil.rmtree(context.run_dir, ignore_errors=False, onerror=_note_rmtree(context))
+        return context.sink.terminal["data"] if context.sink.terminal else {}
+
+
+def _note_rmtree(context):
+    def onerror(func, path, exc_info):
+        context.sink.runlog.note(f"could not remove {path}: {exc_info[1]}")
+    return onerror
+
+
+def _int_setting(env: dict, name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise fk.BackendFailure(fk.BACKEND_FAILED, f"{name}={raw!r}: not an integer") from None
+    if value < 0:
+        raise fk.BackendFailure(fk.BACKEND_FAILED, f"{name}={raw!r}: must be 0 or more")
+    return value
+
+
+def _version(binary: str) -> str | None:
+    from caldera import proc
+
+    result = proc.run([binary, "--version"], env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"},
+                      timeout=10, stdout_cap=4096)
+    return result.stdout.decode("utf-8", "replace").strip() or None if result.ok else None

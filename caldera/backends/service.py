@@ -1,0 +1,219 @@
+"""One run, end to end, for both `agent_run` and `caldera turn`: the policy check
+(workspace under the configured roots, never wider than the caps), the run log,
+the event sink and its listeners, the backend contract, and the finish result.
+
+Policy caps come from agent.env (SPEC section 10, docs/backends.md):
+
+| variable | default | meaning |
+| --- | --- | --- |
+| CALDERA_WORKSPACE_ROOTS | (none: every agent_run refused) | colon-separated directories |
+| CALDERA_RUN_MAX_TIMEOUT_SECONDS | 3600 | largest timeout_seconds a run may ask for |
+| CALDERA_RUN_MAX_SANDBOX | workspace-write | read-only or workspace-write |
+| CALDERA_RUN_ALLOW_NETWORK | false | whether network: true may be asked for |
+| CALDERA_RUN_ALLOW_APPROVAL | false | whether approval: on-request may be asked for |
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+from caldera.backends import base, events, runlog as runlog_mod
+
+DEFAULT_TIMEOUT_SECONDS = 600
+DEFAULT_MAX_TIMEOUT_SECONDS = 3600
+FINISH_MARGIN = 5.0  # seconds kept back from the command's deadline to end the run cleanly
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+class Refused(Exception):
+    """The request is wider than the agent's configured policy, or otherwise not allowed."""
+
+
+# ---------------------------------------------------------------- policy
+
+def _flag(env: dict, name: str) -> bool:
+    raw = str(env.get(name) or "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise Refused(f"{name}={env.get(name)!r} in agent.env is not a boolean")
+
+
+def caps(env: dict) -> dict:
+    try:
+        max_timeout = int(env.get("CALDERA_RUN_MAX_TIMEOUT_SECONDS") or DEFAULT_MAX_TIMEOUT_SECONDS)
+    except ValueError:
+        raise Refused("CALDERA_RUN_MAX_TIMEOUT_SECONDS in agent.env is not an integer") from None
+    sandbox = env.get("CALDERA_RUN_MAX_SANDBOX") or "workspace-write"
+    if sandbox not in base.SANDBOXES:
+        raise Refused(f"CALDERA_RUN_MAX_SANDBOX={sandbox!r}: one of {', '.join(base.SANDBOXES)}")
+    return {"max_timeout_seconds": max_timeout, "max_sandbox": sandbox,
+            "allow_network": _flag(env, "CALDERA_RUN_ALLOW_NETWORK"),
+            "allow_approval": _flag(env, "CALDERA_RUN_ALLOW_APPROVAL")}
+
+
+def policy_from_request(requested: dict | None, env: dict) -> base.Policy:
+    """The run's policy: the request within the caps. A wider request is refused, not narrowed."""
+    requested = requested or {}
+    limits = caps(env)
+    timeout = requested.get("timeout_seconds", min(DEFAULT_TIMEOUT_SECONDS, limits["max_timeout_seconds"]))
+    if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 1:
+        raise Refused(f"execution_policy.timeout_seconds={timeout!r}: a whole number of seconds, at least 1")
+    if timeout > limits["max_timeout_seconds"]:
+        raise Refused(f"execution_policy.timeout_seconds={timeout} exceeds this agent's limit of "
+                      f"{limits['max_timeout_seconds']} s")
+    sandbox = requested.get("sandbox", limits["max_sandbox"])
+    if sandbox not in base.SANDBOXES:
+        raise Refused(f"execution_policy.sandbox={sandbox!r}: one of {', '.join(base.SANDBOXES)}")
+    if base.SANDBOXES.index(sandbox) > base.SANDBOXES.index(limits["max_sandbox"]):
+        raise Refused(f"execution_policy.sandbox={sandbox} is wider than this agent allows ({limits['max_sandbox']})")
+    approval = requested.get("approval", "never")
+    if approval not in base.APPROVALS:
+        raise Refused(f"execution_policy.approval={approval!r}: one of {', '.join(base.APPROVALS)}")
+    if approval != "never" and not limits["allow_approval"]:
+        raise Refused("execution_policy.approval=on-request is not allowed on this agent")
+    network = requested.get("network", False)
+    if not isinstance(network, bool):
+        raise Refused(f"execution_policy.network={network!r}: true or false")
+    if network and not limits["allow_network"]:
+        raise Refused("execution_policy.network=true is not allowed on this agent")
+    return base.Policy(timeout_seconds=timeout, sandbox=sandbox, approval=approval, network=network)
+
+
+def workspace_roots(env: dict) -> list[Path]:
+    raw = env.get("CALDERA_WORKSPACE_ROOTS") or ""
+    return [Path(os.path.realpath(p)) for p in raw.split(":") if p.strip()]
+
+
+def check_workspace(workspace: str, roots: list[Path] | None) -> str:
+    """The workspace's real path; Refused unless it is a directory under one of `roots`.
+
+    `roots=None` skips the roots check (the local `caldera turn`, where the person at the
+    host picks the directory).
+    """
+    if not isinstance(workspace, str) or not workspace.startswith("/"):
+        raise Refused(f"workspace {workspace!r}: an absolute path is required")
+    real = Path(os.path.realpath(workspace))
+    if roots is not None:
+        if not roots:
+            raise Refused("no workspace roots are configured (CALDERA_WORKSPACE_ROOTS in agent.env)")
+        if not any(real == root or root in real.parents for root in roots):
+            raise Refused(f"workspace {workspace} is not under the configured workspace roots")
+    if not real.is_dir():
+        raise Refused(f"workspace {workspace} is not a directory")
+    return str(real)
+
+
+# ---------------------------------------------------------------- active runs
+
+class ActiveRuns:
+    """run_id -> handle, so that agent_interrupt reaches a running agent_run."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._runs: dict[str, "RunHandle"] = {}
+
+    def add(self, handle: "RunHandle") -> None:
+        with self._lock:
+            if handle.run_id in self._runs:
+                raise Refused(f"run {handle.run_id} is already running")
+            self._runs[handle.run_id] = handle
+
+    def remove(self, run_id: str) -> None:
+        with self._lock:
+            self._runs.pop(run_id, None)
+
+    def get(self, run_id: str) -> "RunHandle | None":
+        with self._lock:
+            return self._runs.get(run_id)
+
+
+def active_runs(runtime) -> ActiveRuns:
+    """The runtime's registry (created on first use; dict.setdefault is atomic)."""
+    registry = getattr(runtime, "backend_runs", None)
+    if registry is None:
+        registry = runtime.__dict__.setdefault("backend_runs", ActiveRuns())
+    return registry
+
+
+class RunHandle:
+    def __init__(self, run_id: str, backend):
+        self.run_id = run_id
+        self.backend = backend
+        self.context = None
+        self.interrupted = False
+        self._lock = threading.Lock()
+
+    def prepared(self, context) -> None:
+        with self._lock:
+            self.context = context
+            early = self.interrupted
+        if early:
+            self.backend.interrupt(context)
+
+    def interrupt(self, command=None) -> None:
+        with self._lock:
+            self.interrupted = True
+            context = self.context
+        if context is not None:
+            self.backend.interrupt(context, command)
+
+
+# ---------------------------------------------------------------- one run
+
+def execute(request: dict, environment: base.Environment, *, roots, listeners=(), cancel=None,
+            deadline: float | None = None, registry: ActiveRuns | None = None) -> dict:
+    """Run one turn described by an agent_run-shaped `request`; return the finish result.
+
+    Never raises for the run's own failures: they are in the result (status, failure_kind)
+    and in the events, which always end with one terminal_status.
+    """
+    run_id = request["run_id"]
+    log = runlog_mod.RunLog(runlog_mod.log_path(environment.logs_dir, run_id), environment.redactor)
+    sink = events.EventSink(run_id, environment.redactor, log, listeners)
+    try:
+        log.note(f"run {run_id} requested: backend {request.get('backend_profile') or base.DEFAULT_PROFILE}")
+        _run(request, environment, sink, roots, cancel, deadline, registry)
+    finally:
+        log.close()
+    terminal = sink.terminal["data"]
+    return {"run_id": run_id, "status": terminal["status"], "failure_kind": terminal.get("failure_kind"),
+            "message": terminal.get("message"), "events_total": sink.total, "events": list(sink.last),
+            "log": str(log.path)}
+
+
+def _run(request, environment, sink, roots, cancel, deadline, registry) -> None:
+    try:
+        workspace = check_workspace(request.get("workspace"), roots)
+        policy = policy_from_request(request.get("execution_policy"), environment.env)
+        backend = base.get_backend(request.get("backend_profile") or base.DEFAULT_PROFILE)
+    except (Refused, ValueError) as exc:
+        sink.emit("terminal_status", {"status": "blocked", "failure_kind": None, "message": str(exc)})
+        return
+    if deadline is not None:  # end cleanly before the command's own deadline cancels us
+        room = int(deadline - time.monotonic() - FINISH_MARGIN)
+        if room < policy.timeout_seconds:
+            policy = base.Policy(max(1, room), policy.sandbox, policy.approval, policy.network)
+    run = base.RunRequest(run_id=request["run_id"], prompt=request["prompt"], workspace=workspace,
+                          policy=policy, backend_profile=backend.name, model=request.get("model"))
+    handle = RunHandle(run.run_id, backend)
+    if registry is not None:
+        try:
+            registry.add(handle)
+        except Refused as exc:
+            sink.emit("terminal_status", {"status": "blocked", "failure_kind": None, "message": str(exc)})
+            return
+    try:
+        def prepared(context):
+            context.cancel = cancel
+            context.cancel_is_timeout = (lambda: deadline is not None and time.monotonic() >= deadline - 1.0)
+            handle.prepared(context)
+
+        base.run_turn(backend, run, None, environment, sink, on_prepared=prepared)
+    finally:
+        if registry is not None:
+            registry.remove(run.run_id)

@@ -1,0 +1,6 @@
+"""The embedded reference control plane: protocol v1 as ClawManager's server speaks it (SPEC section 12).
+
+`server.PlaneServer` serves it on a thread, `store.Store` keeps it in sqlite,
+`api` holds the endpoint handlers, `page` the status page, `cli` the
+`caldera plane` verbs. docs/plane.md is the reference.
+"""
