@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 # (9223372036854771712 with 4 KiB pages) and other page sizes round differently.
 UNLIMITED = 1 << 60
 DEFAULT_CFS_PERIOD_US = 100_000
+READ_SIZE = 65536
 
 # v1 controllers the sampler uses; "cpu" and "cpuacct" are often co-mounted.
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids", "blkio")
@@ -43,17 +44,46 @@ def read_text(path: str) -> str | None:
     except OSError as exc:
         raise FigureError(f"cannot read {path}: {exc.strerror}") from exc
     try:
-        chunks = []
-        while True:  # procfs files may come in several reads
-            chunk = os.read(fd, 65536)
-            if not chunk:
+        chunks = [os.read(fd, READ_SIZE)]
+        # procfs/cgroupfs fill the buffer up to the last whole line that fits, so a read
+        # well short of the buffer is the end; saving the read that returns b"" is ~15 %
+        # of a sample. Longer files (a big /proc/net/dev) are read on to the end.
+        while len(chunks[-1]) >= READ_SIZE // 2:
+            chunks.append(os.read(fd, READ_SIZE))
+            if not chunks[-1]:
                 break
-            chunks.append(chunk)
     except OSError as exc:
         raise FigureError(f"cannot read {path}: {exc.strerror}") from exc
     finally:
         os.close(fd)
     return b"".join(chunks).decode("ascii", "replace")
+
+
+class CachedReader:
+    """read_text that remembers which cgroup files are absent (cpu.max at v2's root,
+    pids.max where no limit is set): they only appear when a controller is enabled, so
+    they are looked for again every `recheck` samples, or at once after `forget()`."""
+
+    def __init__(self, recheck: int = 60):
+        self.recheck = recheck
+        self._absent: set = set()
+        self._reads = 0
+
+    def tick(self) -> None:
+        self._reads += 1
+        if self._reads % self.recheck == 0:
+            self._absent.clear()
+
+    def forget(self) -> None:
+        self._absent.clear()
+
+    def __call__(self, path: str) -> str | None:
+        if path in self._absent:
+            return None
+        text = read_text(path)
+        if text is None:
+            self._absent.add(path)
+        return text
 
 
 def parse_int(path: str, text: str) -> int:
@@ -118,12 +148,6 @@ class Layout:
         if self.unified is not None and V2_NAME.get(name, name) in self.unified_controllers:
             return self.unified
         return None
-
-    @property
-    def version(self) -> str:
-        if self.v1:
-            return "v1+v2" if self.unified_controllers else "v1"
-        return "v2" if self.unified is not None else "none"
 
 
 def parse_proc_cgroup(text: str) -> dict[str, str]:
@@ -214,21 +238,22 @@ def discover(cgroup_root: str, proc_cgroup: str, mountinfo: str | None) -> Layou
 
 
 # --- figures -------------------------------------------------------------------
+# Each takes `read` (read_text or a CachedReader): a file that is absent reads None.
 
 
-def quota_cores(h: Hierarchy) -> float | None:
+def quota_cores(h: Hierarchy, read=read_text) -> float | None:
     """The tightest CPU quota from the group up, in cores; None when there is none."""
     best = None
     for level in h.levels:
-        cores = _v2_quota(level) if h.version == 2 else _v1_quota(level)
+        cores = _v2_quota(level, read) if h.version == 2 else _v1_quota(level, read)
         if cores is not None and (best is None or cores < best):
             best = cores
     return best
 
 
-def _v2_quota(level: str) -> float | None:
-    path = os.path.join(level, "cpu.max")
-    text = read_text(path)
+def _v2_quota(level: str, read) -> float | None:
+    path = f"{level}/cpu.max"
+    text = read(path)
     if text is None:
         return None
     parts = text.split()
@@ -244,29 +269,29 @@ def _v2_quota(level: str) -> float | None:
     return quota / period
 
 
-def _v1_quota(level: str) -> float | None:
-    qpath = os.path.join(level, "cpu.cfs_quota_us")
-    qtext = read_text(qpath)
+def _v1_quota(level: str, read) -> float | None:
+    qpath = f"{level}/cpu.cfs_quota_us"
+    qtext = read(qpath)
     if qtext is None:
         return None
     quota = parse_int(qpath, qtext)
     if quota < 0:  # -1: no quota
         return None
-    ppath = os.path.join(level, "cpu.cfs_period_us")
-    ptext = read_text(ppath)
+    ppath = f"{level}/cpu.cfs_period_us"
+    ptext = read(ppath)
     period = parse_int(ppath, ptext) if ptext is not None else DEFAULT_CFS_PERIOD_US
     if quota == 0 or period <= 0:
         raise FigureError(f"cannot parse {qpath}: quota {quota}, period {period}")
     return quota / period
 
 
-def cpuset_count(h: Hierarchy) -> int | None:
+def cpuset_count(h: Hierarchy, read=read_text) -> int | None:
     """CPUs in the effective cpuset of the nearest level that has one."""
     names = ("cpuset.cpus.effective",) if h.version == 2 else ("cpuset.effective_cpus", "cpuset.cpus")
     for level in h.levels:
         for name in names:
-            path = os.path.join(level, name)
-            text = read_text(path)
+            path = f"{level}/{name}"
+            text = read(path)
             if text is not None and text.strip():
                 return count_cpu_list(path, text)
     return None
@@ -279,50 +304,71 @@ class Memory:
     working_set: int | None  # usage - inactive_file, floored at 0
 
 
-def memory(h: Hierarchy) -> Memory:
+def memory(h: Hierarchy, read=read_text) -> Memory:
     limit_name, usage_name = ("memory.max", "memory.current") if h.version == 2 else (
         "memory.limit_in_bytes", "memory.usage_in_bytes")
     limit, at = None, h.group
     for level in h.levels:
-        path = os.path.join(level, limit_name)
-        text = read_text(path)
-        if text is None or text.strip() == "max":
+        path = f"{level}/{limit_name}"
+        text = read(path)
+        if text is None or text.startswith("max"):
             continue
         value = parse_int(path, text)
         if value < UNLIMITED and (limit is None or value < limit):
             limit, at = value, level
-    path = os.path.join(at, usage_name)
-    text = read_text(path)
+    path = f"{at}/{usage_name}"
+    text = read(path)
     if text is None:
         return Memory(limit, None, None)
     usage = parse_int(path, text)
-    return Memory(limit, usage, max(0, usage - _inactive_file(h.version, at)))
+    return Memory(limit, usage, max(0, usage - _inactive_file(h.version, at, read)))
 
 
-def _inactive_file(version: int, level: str) -> int:
-    path = os.path.join(level, "memory.stat")
-    text = read_text(path)
+def _inactive_file(version: int, level: str, read) -> int:
+    path = f"{level}/memory.stat"
+    text = read(path)
     if text is None:
         return 0
-    stat = parse_keyed(path, text)
-    if version == 1:  # usage_in_bytes is hierarchical, so is total_inactive_file
-        return stat.get("total_inactive_file", stat.get("inactive_file", 0))
-    return stat.get("inactive_file", 0)
+    # v1's usage_in_bytes is hierarchical, and so is total_inactive_file (v2's stats all are)
+    keys = ("total_inactive_file", "inactive_file") if version == 1 else ("inactive_file",)
+    for key in keys:
+        value = stat_value(path, text, key)
+        if value is not None:
+            return value
+    return 0
 
 
-def cpu_stat(layout: Layout) -> dict[str, int]:
+def stat_value(path: str, text: str, key: str) -> int | None:
+    """One `key value` line of a stat file, without parsing the other forty."""
+    prefix = key + " "
+    if text.startswith(prefix):
+        at = 0
+    else:
+        at = text.find("\n" + prefix)  # the newline keeps "inactive_file" from "total_inactive_file"
+        if at < 0:
+            return None
+        at += 1
+    end = text.find("\n", at)
+    line = text[at:] if end < 0 else text[at:end]
+    try:
+        return int(line.split()[1])
+    except (ValueError, IndexError):
+        raise FigureError(f"cannot parse {path}: {line[:40]!r}") from None
+
+
+def cpu_stat(layout: Layout, read=read_text) -> dict[str, int]:
     """CPU time and throttling of the group, in microseconds (extras)."""
     out: dict[str, int] = {}
     v1 = layout.v1
     if "cpuacct" in v1 or "cpu" in v1:
         if "cpuacct" in v1:
-            path = os.path.join(v1["cpuacct"].group, "cpuacct.usage")
-            text = read_text(path)
+            path = f"{v1['cpuacct'].group}/cpuacct.usage"
+            text = read(path)
             if text is not None:
                 out["usage_usec"] = parse_int(path, text) // 1000
         if "cpu" in v1:
-            path = os.path.join(v1["cpu"].group, "cpu.stat")
-            text = read_text(path)
+            path = f"{v1['cpu'].group}/cpu.stat"
+            text = read(path)
             if text is not None:
                 stat = parse_keyed(path, text)
                 _copy(stat, out, ("nr_periods", "nr_throttled"))
@@ -330,8 +376,8 @@ def cpu_stat(layout: Layout) -> dict[str, int]:
                     out["throttled_usec"] = stat["throttled_time"] // 1000
         return out
     if layout.unified is not None:  # v2's cpu.stat exists with or without the cpu controller
-        path = os.path.join(layout.unified.group, "cpu.stat")
-        text = read_text(path)
+        path = f"{layout.unified.group}/cpu.stat"
+        text = read(path)
         if text is not None:
             stat = parse_keyed(path, text)
             _copy(stat, out, ("usage_usec", "user_usec", "system_usec", "nr_periods",
@@ -339,26 +385,26 @@ def cpu_stat(layout: Layout) -> dict[str, int]:
     return out
 
 
-def pids(h: Hierarchy) -> dict[str, int]:
+def pids(h: Hierarchy, read=read_text) -> dict[str, int]:
     out = {}
-    path = os.path.join(h.group, "pids.current")
-    text = read_text(path)
+    path = f"{h.group}/pids.current"
+    text = read(path)
     if text is not None:
         out["pids_current"] = parse_int(path, text)
     for level in h.levels:  # the tightest pids.max, like the other limits
-        path = os.path.join(level, "pids.max")
-        text = read_text(path)
-        if text is not None and text.strip() != "max":
+        path = f"{level}/pids.max"
+        text = read(path)
+        if text is not None and not text.startswith("max"):
             value = parse_int(path, text)
             out["pids_max"] = min(value, out.get("pids_max", value))
     return out
 
 
-def io_bytes(h: Hierarchy) -> dict[str, int]:
+def io_bytes(h: Hierarchy, read=read_text) -> dict[str, int]:
     """Bytes read and written by the group on all block devices (extras)."""
     if h.version == 2:
-        path = os.path.join(h.group, "io.stat")
-        text = read_text(path)
+        path = f"{h.group}/io.stat"
+        text = read(path)
         if text is None:
             return {}
         rd = wr = 0
@@ -374,8 +420,8 @@ def io_bytes(h: Hierarchy) -> dict[str, int]:
         return {"io_read_bytes": rd, "io_write_bytes": wr}
     for name in ("blkio.throttle.io_service_bytes_recursive", "blkio.throttle.io_service_bytes",
                  "blkio.io_service_bytes_recursive"):
-        path = os.path.join(h.group, name)
-        text = read_text(path)
+        path = f"{h.group}/{name}"
+        text = read(path)
         if text is not None:
             return _v1_io(path, text)
     return {}

@@ -12,7 +12,7 @@ import importlib
 import sys
 
 from caldera import __version__
-from caldera.errors import EXIT_USAGE, UsageError
+from caldera.errors import EXIT_FAILED, EXIT_USAGE, UsageError
 
 # name -> (module, one-line help). Order is the order `caldera --help` lists.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -93,5 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"caldera {argv[0]}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:  # a file or directory problem: say which, without a traceback
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"caldera {argv[0]}:{where}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return 130

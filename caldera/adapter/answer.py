@@ -31,6 +31,7 @@ class Answer:
     returncode: int | None = None
     duration: float = 0.0
     stderr: str = ""  # the tail, for diagnostics only (never shown to Caldera)
+    stdout: bytes = field(default=b"", repr=False)  # as printed (capped), for `caldera check`
 
     @property
     def ok(self) -> bool:

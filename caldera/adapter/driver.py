@@ -23,7 +23,8 @@ from caldera.manifest import CONTROLS, load_manifest
 log = logging.getLogger("caldera.adapter")
 WAIT_SLACK = invoke.GRACE_SECONDS + 1.0  # TERM -> grace -> KILL, and the pool's hand-over
 SETTINGS_TTL = 60.0  # seconds a `settings get` answer is used for reports
-VERSION_MAX = 50  # ClawManager's openclaw_version column
+VERSION_MAX = 50
+BACKGROUND_WAIT = 1.0  # ClawManager's openclaw_version column
 
 
 def open_driver(paths, manifest, *, pool, redactor) -> "Driver":
@@ -166,6 +167,11 @@ class Driver:
             self._settings_future = self._submit(verbs.fetch_settings, self.manifest)
 
     def _collect_background(self) -> None:
+        pending = [f for f in (self._health_future, self._settings_future) if f is not None]
+        if pending:
+            # Started with the status call, they are usually done with it; a short wait
+            # lets the first report carry them, and never adds more than a second.
+            cf.wait(pending, timeout=BACKGROUND_WAIT)
         future = self._health_future
         if future is not None and future.done():
             self._health_entry = _result_or_failure(future, health.NAME)

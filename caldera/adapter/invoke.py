@@ -67,9 +67,12 @@ def timeout_for(manifest, verb: Verb) -> float:
 
 
 def call(manifest, verb_name: str, args=(), *, cancel: threading.Event | None = None,
-         environ=os.environ) -> Answer:
-    """Run one verb and interpret it; never raises for the adapter's failures."""
-    verb = VERBS[verb_name]
+         environ=os.environ, verb: Verb | None = None) -> Answer:
+    """Run one verb and interpret it; never raises for the adapter's failures.
+
+    verb: a Verb not in VERBS (`caldera check` probes an unknown verb with it).
+    """
+    verb = verb or VERBS[verb_name]
     argv = [*manifest.command, *verb.words, *args]
     answer = Answer(verb=verb_name, kind=FAILED)
     if not manifest.workdir.is_dir():
@@ -85,6 +88,7 @@ def call(manifest, verb_name: str, args=(), *, cancel: threading.Event | None = 
 def interpret(verb_name: str, verb: Verb, result: proc.ProcResult, answer: Answer) -> Answer:
     answer.returncode, answer.duration = result.returncode, result.duration
     answer.stderr = result.stderr.decode("utf-8", "replace")
+    answer.stdout = result.stdout
     failure = result.failure()
     if failure:
         answer.kind, answer.reason = FAILED, f"{verb_name}: {failure}"

@@ -49,7 +49,7 @@ def manifest_bytes_for_install(text, config_dir: Path) -> tuple[bytes, dict]:
         import yaml
 
         rel = Path("bundle") / workdir
-        doc["runtime"]["workdir"] = rel.as_posix().rstrip("/.") or "bundle"
+        doc["runtime"]["workdir"] = rel.as_posix()
         header = b"# Installed by caldera: runtime.workdir rebased into the bundle.\n"
         raw = header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode()
     return raw, doc

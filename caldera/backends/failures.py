@@ -78,15 +78,16 @@ def classify_turn_error(error) -> str:
     """failureKind for a Codex TurnError `{message, codexErrorInfo, additionalDetails}`."""
     if not isinstance(error, dict):
         return BACKEND_FAILED
-    info = error.get("codexErrorInfo")
+    raw_info = error.get("codexErrorInfo")
     text = " ".join(str(error.get(k) or "") for k in ("message", "additionalDetails"))
-    status = http_status(info)
+    status = http_status(raw_info)
+    info = raw_info if isinstance(raw_info, str) else None  # object variants carry only the status
     if info in _AUTH_INFO or status in (401, 403):
         return PROVIDER_AUTH_FAILED
     if info in _RATE_INFO or status == 429:
         return PROVIDER_RATE_LIMITED
     if (info in _UNAVAILABLE_INFO or (status is not None and 500 <= status <= 599)
-            or _has_null_connection_failure(info)):
+            or _has_null_connection_failure(raw_info)):
         return PROVIDER_UNAVAILABLE
     if status is None:
         # No status: only the text tells (cut streams, idle timeouts arrive as "other").

@@ -29,6 +29,7 @@ class ConnectionStatus:
     def ok(self, data: dict) -> None:
         if self.failing:
             log.info("control plane reachable again")
+            self.runtime.outbox.wakeup.set()  # deliver what waited, without sitting out the backoff
         self.failing, self.last_ok = False, time.monotonic()
         self.runtime.state.set("connection", {"last_heartbeat_ok_at": now_iso(), "last_error": None,
                                               "last_error_at": None, "auth_blocked": None,
@@ -67,12 +68,11 @@ def heartbeat_loop(runtime) -> None:
     wake = runtime.heartbeat_wakeup
     while not runtime.stop.is_set():
         runtime.tick("heartbeat")
-        info = runtime.auth.info
-        interval = info.heartbeat_interval if info else DEFAULT_INTERVAL
         try:
             status.ok(send_heartbeat(runtime))
             backoff.reset()
-            delay = interval
+            info = runtime.auth.info  # read after the call: the first one registers
+            delay = info.heartbeat_interval if info else DEFAULT_INTERVAL
         except Exception as exc:  # noqa: BLE001 -- every failure is logged and retried
             status.error(exc)
             delay = backoff.next_delay(_retry_after(exc))

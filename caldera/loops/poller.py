@@ -30,14 +30,17 @@ def fetch_one(runtime) -> dict | None:
     return command
 
 
+def _interval(runtime) -> float:
+    info = runtime.auth.info  # None until the first call registers
+    return info.poll_interval if info else DEFAULT_INTERVAL
+
+
 def poll_loop(runtime, lanes) -> None:
     backoff = Backoff()
     while not runtime.stop.is_set() and not runtime.draining.is_set():
         runtime.tick("poller")
-        info = runtime.auth.info
-        interval = info.poll_interval if info else DEFAULT_INTERVAL
         if not lanes.ready():
-            wait_any(runtime.stop, runtime.poll_wakeup, interval)
+            wait_any(runtime.stop, runtime.poll_wakeup, _interval(runtime))
             continue
         try:
             command = fetch_one(runtime)
@@ -50,4 +53,4 @@ def poll_loop(runtime, lanes) -> None:
         if command is not None:
             lanes.submit(command)
             continue  # there may be more: ask again as soon as the lane is free
-        wait_any(runtime.stop, runtime.poll_wakeup, interval)
+        wait_any(runtime.stop, runtime.poll_wakeup, _interval(runtime))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import re
 
 from caldera import schemas
 
@@ -58,7 +59,7 @@ def parse_time(value, field: str) -> float | None:
     text = value.replace("Z", "+00:00").replace("z", "+00:00")
     if "." in text:  # Python keeps microseconds; Go sends up to nanoseconds
         head, _, rest = text.partition(".")
-        digits = "".join(c for c in rest if c.isdigit())
+        digits = re.match(r"[0-9]*", rest).group(0)
         text = f"{head}.{digits[:6].ljust(6, '0')}{rest[len(digits):]}"
     try:
         when = dt.datetime.fromisoformat(text)

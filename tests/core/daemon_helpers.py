@@ -55,7 +55,8 @@ class Daemon:
         self._stderr.close()
 
     def log(self) -> str:
-        self._stderr.flush()
+        if not self._stderr.closed:
+            self._stderr.flush()
         return self.stderr_path.read_text(errors="replace")
 
 

@@ -112,7 +112,7 @@ def test_kill9_with_queued_finishes_delivers_all_runs_none_twice(caldera_env, pl
     wait_for(lambda: outbox.is_dir() and len([n for n in os.listdir(outbox) if "finish" in n]) == 3,
              timeout=20, what="three finishes queued")
     daemon.kill9()
-    plane.inject("POST", r"/commands/\d+/finish$", 503, count=0)  # the outage is over
+    plane.clear_faults()  # the outage is over
     daemon = Daemon()
     try:
         wait_for(lambda: all(commands(plane)[i]["status"] == "succeeded" for i in ids), timeout=20,
@@ -151,3 +151,37 @@ def test_report_once_beside_the_daemon_exits_0_without_registering(caldera_env, 
         assert count(plane, "POST", "/api/v1/agent/register") == registers
     finally:
         daemon.stop()
+
+
+def test_outage_agent_keeps_running_and_recovers(caldera_env, plane):
+    install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
+    daemon = Daemon()
+    try:
+        wait_for(lambda: plane.store.heartbeats(INSTANCE), what="first heartbeat")
+        cid = plane.store.enqueue(INSTANCE, "collect_system_info", {})
+        plane.inject("*", r"/commands/\d+/finish$|/heartbeat$|/state/report$", 503, count=100_000)
+        wait_for(lambda: commands(plane)[cid]["status"] == "running", what="command started before the outage bites")
+        stop = __import__("threading").Event()
+        stop.wait(4)
+        assert daemon.proc.poll() is None  # the runtime never gives up on the agent
+        failures = plane.count("POST", r"/heartbeat$", status=503)
+        assert 1 <= failures <= 4  # backing off (1, 2, 5 s ...), not hammering at 1 s
+        heartbeats_before = len(plane.store.heartbeats(INSTANCE))
+        plane.clear_faults()
+        wait_for(lambda: commands(plane)[cid]["status"] == "succeeded", timeout=20, what="finish after outage")
+        wait_for(lambda: len(plane.store.heartbeats(INSTANCE)) > heartbeats_before, timeout=20,
+                 what="heartbeats after outage")
+    finally:
+        assert daemon.stop() == 0
+    assert "last successful was" in daemon.log()
+
+
+def test_sigterm_drains_and_second_signal_cancels(caldera_env, plane):
+    install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
+    daemon = Daemon()
+    try:
+        wait_for(lambda: plane.store.heartbeats(INSTANCE), what="first heartbeat")
+    finally:
+        daemon.signal(signal.SIGTERM)
+        assert daemon.proc.wait(30) == 0
+    assert "stopped" in daemon.log()

@@ -97,7 +97,7 @@ def test_nothing_there_at_all_still_gives_a_sample(tmp_path):
 
 
 def test_a_bug_in_one_group_does_not_escape(tmp_path, monkeypatch):
-    def broken(h):
+    def broken(*args):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(cgroups, "memory", broken)
@@ -163,3 +163,14 @@ def test_reasons_are_logged_once_per_appearance(tmp_path, caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert messages == [f"system figures degraded: cpu: no {root}/proc/loadavg",
                         "system figures readable again"]
+
+
+def test_cgroup_files_not_mounted_means_host_figures_and_degraded(tmp_path):
+    # a container without /sys/fs/cgroup: its limits cannot be seen, so say so
+    root = copy_case(tmp_path, "v1_limits")
+    shutil.rmtree(os.path.join(root, "sys/fs/cgroup"))
+    s = sampler_for(root).sample()
+    assert s.system_info["memory"]["source"] == "meminfo"
+    assert s.system_info["cpu"]["cores"] == 8
+    assert s.reasons == [f"cgroup: no cgroup hierarchy of {root}/proc/self/cgroup under "
+                         f"{root}/sys/fs/cgroup: host figures only"]

@@ -148,4 +148,36 @@ def test_layout_prefers_v1_controllers_and_knows_empty_unified():
     assert layout.for_controller("memory").group == "/u"
     assert layout.for_controller("blkio").group == "/u"  # v2 calls it io
     assert layout.for_controller("pids") is None
-    assert layout.version == "v1+v2"
+
+
+def test_read_text_reads_long_files_to_the_end(tmp_path):
+    # more than the 64 KiB first read: a /proc/net/dev with a thousand interfaces
+    text = "".join(f"line {i:06d} {'x' * 100}\n" for i in range(2000))
+    (tmp_path / "big").write_text(text)
+    assert cgroups.read_text(str(tmp_path / "big")) == text
+    assert cgroups.read_text(str(tmp_path / "absent")) is None
+
+
+def test_stat_value_finds_the_whole_key_only():
+    text = "total_inactive_file 7\ninactive_file 3\nactive_file 9"
+    assert cgroups.stat_value("s", text, "inactive_file") == 3
+    assert cgroups.stat_value("s", text, "total_inactive_file") == 7
+    assert cgroups.stat_value("s", text, "active_file") == 9
+    assert cgroups.stat_value("s", "inactive_file 1\n", "inactive_file") == 1
+    assert cgroups.stat_value("s", text, "anon") is None
+    with pytest.raises(FigureError, match="cannot parse s: 'anon x'"):
+        cgroups.stat_value("s", "anon x\n", "anon")
+
+
+def test_absent_cgroup_files_are_looked_for_again_every_sixty_samples(tmp_path):
+    # a controller enabled later makes cpu.max appear: noticed within CPU_COUNT_EVERY samples
+    from caldera.sampler import CPU_COUNT_EVERY
+
+    root = copy_case(tmp_path, "v2_one_number")
+    os.unlink(os.path.join(root, "sys/fs/cgroup/app/cpu.max"))
+    sampler = sampler_for(root)
+    assert sampler.sample().system_info["cpu"]["cores"] == 8
+    write(root, "sys/fs/cgroup/app/cpu.max", "150000 100000\n")
+    seen = [sampler.sample().system_info["cpu"]["cores"] for _ in range(CPU_COUNT_EVERY)]
+    assert seen[0] == 8 and seen[-1] == 1.5
+    assert seen.index(1.5) == CPU_COUNT_EVERY - 1

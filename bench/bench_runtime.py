@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Runtime core benchmark (issue 2), measured in one run on this machine:
+
+1. idle `caldera run` at default intervals against the embedded plane: RSS (VmRSS) at the end,
+   CPU time over the window as a percentage of one core. Targets: RSS <= 35 MB, CPU <= 0.5 %.
+2. `caldera report --once` CPU time (user+sys, median of N) against the floor of its own
+   dependencies, `python -c "import requests, jsonschema, yaml"`. Target: <= 1.3x.
+
+Usage: bench/bench_runtime.py [--seconds 60] [--runs 5]
+"""
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from caldera.plane.server import PlaneServer  # noqa: E402
+
+TOKEN = "bench-bootstrap-token-1234"
+
+
+def child_cpu(argv, env) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def proc_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def proc_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def install(tmp: Path, url: str) -> dict:
+    config = tmp / "etc" / "agents" / "bench"
+    config.mkdir(parents=True)
+    example = ROOT / "examples" / "task-agent"
+    manifest = (example / "caldera.agent.yaml").read_text()
+    (config / "caldera.agent.yaml").write_text(manifest.replace("workdir: .", f"workdir: {example}"))
+    (config / "agent.env").write_text(f"CALDERA_AGENT_ENABLED=true\nCALDERA_BASE_URL={url}\nCALDERA_INSTANCE_ID=1\n")
+    (config / "secrets.env").write_text(f"CALDERA_TOKEN={TOKEN}\n")
+    (config / "secrets.env").chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CALDERA_", "CLAWMANAGER_"))}
+    env.update(CALDERA_CONFIG_DIR=str(tmp / "etc"), CALDERA_STATE_DIR=str(tmp / "var"), PYTHONPATH=str(ROOT))
+    return env
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        plane = PlaneServer(str(tmp / "plane.db"), tokens={TOKEN: 1}).start()
+        try:
+            env = install(tmp, plane.url)
+            idle(env, args.seconds)
+            report_once(env, args.runs)
+        finally:
+            plane.stop()
+    return 0
+
+
+def idle(env, seconds: float) -> None:
+    daemon = subprocess.Popen([sys.executable, "-m", "caldera", "run", "--agent", "bench"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait = threading.Event()
+    wait.wait(5)  # start-up, register, first reports: not idle yet
+    cpu0 = proc_cpu(daemon.pid)
+    wait.wait(seconds)
+    cpu = proc_cpu(daemon.pid) - cpu0
+    rss = proc_rss_mb(daemon.pid)
+    daemon.terminate()
+    daemon.wait(60)
+    percent = cpu / seconds * 100
+    print(f"idle caldera run over {seconds:g} s: RSS {rss:.1f} MB (target <= 35: {'ok' if rss <= 35 else 'MISSED'}), "
+          f"CPU {percent:.2f} % of a core (target <= 0.5: {'ok' if percent <= 0.5 else 'MISSED'})")
+
+
+def report_once(env, runs: int) -> None:
+    floor_argv = [sys.executable, "-c", "import requests, jsonschema, yaml"]
+    once_argv = [sys.executable, "-m", "caldera", "report", "--once", "--agent", "bench"]
+    child_cpu(once_argv, env)  # first run registers and warms the page cache
+    floors, onces = [], []
+    for _ in range(runs):  # interleaved, so drift hits both alike
+        floors.append(child_cpu(floor_argv, env))
+        onces.append(child_cpu(once_argv, env))
+    floor, once = statistics.median(floors), statistics.median(onces)
+    ratio = once / floor
+    print(f"report --once CPU {once * 1000:.0f} ms vs import floor {floor * 1000:.0f} ms: "
+          f"ratio {ratio:.2f} (target <= 1.3: {'ok' if ratio <= 1.3 else 'MISSED'})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Run events to the control plane in batches: `POST /api/v1/agent/runs/{run_id}/events`
+(a caldera extension). A plane without the route answers 404 (`client.NotFound`):
+posting stops for the run and the events stay in the run log and the finish result.
+Other errors keep the batch (bounded) for the next attempt; nothing here blocks the run.
+"""
+from __future__ import annotations
+
+import threading
+
+BATCH = 100
+INTERVAL = 1.0
+MAX_PENDING = 2000
+
+
+def post_events_loop(client, run_id: str, pending: list, lock: threading.Lock, stop: threading.Event,
+                     note) -> None:
+    """Thread body: every INTERVAL (or when stopped) send what is pending, BATCH at a time."""
+    from caldera.client import ApiError, NotFound
+
+    while True:
+        stopping = stop.wait(INTERVAL)
+        while True:
+            with lock:
+                batch = pending[:BATCH]
+            if not batch:
+                break
+            try:
+                client.post_run_events(run_id, {"run_id": run_id, "events": batch})
+            except NotFound:
+                note("the control plane has no run-events endpoint: events stay in the run log")
+                return
+            except ApiError as exc:
+                note(f"posting run events failed: {exc}")
+                break
+            with lock:
+                del pending[:len(batch)]
+        if stopping:
+            return
+
+
+class EventPoster:
+    """A sink listener plus its thread; `close()` flushes once more and joins."""
+
+    def __init__(self, client, run_id: str, note):
+        self.pending: list = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.dropped = 0
+        self.thread = threading.Thread(target=post_events_loop, name=f"run-events-{run_id}", daemon=True,
+                                       args=(client, run_id, self.pending, self.lock, self.stop, note))
+        self.thread.start()
+
+    def __call__(self, event: dict) -> None:
+        with self.lock:
+            self.pending.append(event)
+            if len(self.pending) > MAX_PENDING:  # the plane is away: keep the newest
+                del self.pending[0]
+                self.dropped += 1
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.stop.set()
+        self.thread.join(timeout)

@@ -1,0 +1,290 @@
+"""`PlaneServer`: the plane on a stdlib ThreadingHTTPServer (HTTP/1.1 keep-alive), for
+`caldera plane serve`, the demo and integration tests.
+
+Tests can inject faults: `inject()` answers the next matching requests with a
+status of choice (ClawManager's error envelope, or a given body), `drop()`
+closes the connection without an answer. `requests` records every request as
+(method, path, status); a dropped one has status 0.
+"""
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import re
+import socket
+import threading
+import time
+import urllib.parse
+
+from caldera.plane import api
+from caldera.plane.store import Store
+
+log = logging.getLogger("caldera.plane")
+
+JSON_BODY_CAP = 16 * 1024 * 1024
+UPLOAD_BODY_CAP = 256 * 1024 * 1024
+IDLE_TIMEOUT = 300  # seconds a keep-alive connection may stay silent
+
+
+class _Fault:
+    def __init__(self, method, path_regex, count, status=None, retry_after=None, body=None):
+        self.method = method.upper()
+        self.pattern = re.compile(path_regex)
+        self.left = count
+        self.status, self.retry_after, self.body = status, retry_after, body
+
+    def matches(self, method: str, path: str) -> bool:
+        return self.left > 0 and self.method in ("*", method) and bool(self.pattern.search(path))
+
+
+class _BadRequest(Exception):
+    pass
+
+
+class PlaneServer:
+    """The control plane on `host:port` (port 0: a free one). `start()` serves on a thread."""
+
+    def __init__(self, db_path, host: str = "127.0.0.1", port: int = 0, tokens=None,
+                 heartbeat_interval: int = 15, poll_interval: int = 5, session_ttl: float = 86400,
+                 clock=time.time, collect_skill_packages: bool = True):
+        self.store = Store(db_path, clock=clock, session_ttl=session_ttl)
+        for token, instance_id in (tokens if tokens is not None else {"boot-secret-token": 1}).items():
+            self.store.add_instance(instance_id, token)
+        self.plane = api.Plane(self.store, heartbeat_interval, poll_interval, collect_skill_packages)
+        self.requests: list[tuple[str, str, int]] = []
+        self._faults: list[_Fault] = []
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self._httpd = _HTTPServer((host, port), _make_handler(self))
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    def start(self) -> "PlaneServer":
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="plane-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve on the calling thread until `stop()` (from another thread or a signal handler)."""
+        self._httpd.serve_forever(poll_interval=0.2)
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:  # wake handler threads parked on idle keep-alive connections
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.store.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # ---- fault injection ----------------------------------------------------------
+
+    def inject(self, method: str, path_regex: str, status: int, count: int = 1, retry_after=None,
+               body=None) -> None:
+        """Answer the next `count` requests matching (method or "*", regex searched in the path)."""
+        with self._lock:
+            self._faults.append(_Fault(method, path_regex, count, status, retry_after, body))
+
+    def drop(self, method: str, path_regex: str, count: int = 1) -> None:
+        """Close the connection of the next `count` matching requests without answering."""
+        with self._lock:
+            self._faults.append(_Fault(method, path_regex, count))
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def _take_fault(self, method: str, path: str) -> _Fault | None:
+        with self._lock:
+            for fault in self._faults:
+                if fault.matches(method, path):
+                    fault.left -= 1
+                    return fault
+        return None
+
+    def _record(self, method: str, path: str, status: int) -> None:
+        with self._lock:
+            self.requests.append((method, path, status))
+
+    def count(self, method: str, path_regex: str, status: int | None = None) -> int:
+        """How many recorded requests match (a convenience over `requests`)."""
+        pattern = re.compile(path_regex)
+        with self._lock:
+            return sum(1 for m, p, s in self.requests
+                       if m == method and pattern.search(p) and (status is None or s == status))
+
+    # ---- one request ------------------------------------------------------------------
+
+    def handle(self, req: api.Request) -> api.Response | None:
+        """The answer to `req`; None means: drop the connection."""
+        fault = self._take_fault(req.method, req.path)
+        if fault is not None:
+            return None if fault.status is None else _fault_response(fault)
+        if req.path == "/" or req.path.startswith("/plane/"):
+            from caldera.plane import page
+
+            return page.handle(self.plane, req)
+        found = api.route(req.method, req.path)
+        if found is None and req.path.endswith("/") and api.route(req.method, req.path.rstrip("/")):
+            # gin's RedirectTrailingSlash: 301 for GET, 307 for other methods
+            return api.Response(301 if req.method == "GET" else 307, b"",
+                                headers={"Location": req.path.rstrip("/")})
+        return api.dispatch(self.plane, req)
+
+
+def _fault_response(fault: _Fault) -> api.Response:
+    headers = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else {}
+    if fault.body is None:
+        resp = api.error(fault.status, f"injected fault ({fault.status})")
+    elif isinstance(fault.body, (bytes, str)):
+        data = fault.body.encode() if isinstance(fault.body, str) else fault.body
+        resp = api.Response(fault.status, data)
+    else:
+        resp = api.Response(fault.status, json.dumps(fault.body).encode())
+    resp.headers.update(headers)
+    return resp
+
+
+class _HTTPServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256
+
+
+def _make_handler(plane_server: PlaneServer):
+    class Handler(_Handler):
+        server_ref = plane_server
+
+    return Handler
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "caldera-plane"
+    sys_version = ""
+    timeout = IDLE_TIMEOUT
+    server_ref: PlaneServer
+
+    def setup(self):
+        super().setup()
+        with self.server_ref._lock:
+            self.server_ref._conns.add(self.connection)
+
+    def finish(self):
+        with self.server_ref._lock:
+            self.server_ref._conns.discard(self.connection)
+        try:
+            super().finish()
+        except OSError:
+            pass
+
+    def log_message(self, fmt, *args):  # the stdlib prints to stderr; keep it at debug
+        log.debug("%s %s", self.address_string(), fmt % args)
+
+    def do_GET(self):
+        self._serve()
+
+    def do_POST(self):
+        self._serve()
+
+    def do_PUT(self):
+        self._serve()
+
+    def do_DELETE(self):
+        self._serve()
+
+    def do_PATCH(self):
+        self._serve()
+
+    def _serve(self):
+        url = urllib.parse.urlsplit(self.path)
+        try:
+            body = self._read_body(url.path)
+        except _BadRequest as exc:
+            self.close_connection = True
+            self._send(api.error(400, str(exc)))
+            self.server_ref._record(self.command, url.path, 400)
+            return
+        req = api.Request(self.command, url.path, {k.lower(): v for k, v in self.headers.items()}, body,
+                          self.client_address[0], query=dict(urllib.parse.parse_qsl(url.query)))
+        try:
+            resp = self.server_ref.handle(req)
+        except Exception as exc:  # noqa: BLE001 -- gin's recovery middleware: 500 with the reason
+            log.exception("plane: %s %s failed", self.command, url.path)
+            resp = api.error(500, f"Internal server error: {exc}")
+        if resp is None:
+            self.server_ref._record(self.command, url.path, 0)
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
+        self._send(resp)
+        self.server_ref._record(self.command, url.path, resp.status)
+
+    def _read_body(self, path: str) -> bytes:
+        cap = UPLOAD_BODY_CAP if path.endswith("/skills/upload") else JSON_BODY_CAP
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return self._read_chunked(cap)  # HTTP/1.1: chunked wins over Content-Length
+        length = self.headers.get("Content-Length")
+        if not length:
+            return b""
+        if not length.isdigit():
+            raise _BadRequest(f"bad Content-Length {length!r}")
+        if int(length) > cap:
+            raise _BadRequest(f"request body over {cap} bytes")
+        return self.rfile.read(int(length))
+
+    def _read_chunked(self, cap: int) -> bytes:
+        parts, size = [], 0
+        while True:
+            line = self.rfile.readline(1024).strip()
+            try:
+                n = int(line.split(b";")[0], 16)
+            except ValueError:
+                raise _BadRequest(f"bad chunk size {line[:40]!r}") from None
+            if n == 0:
+                while self.rfile.readline(1024).strip():  # trailers
+                    pass
+                return b"".join(parts)
+            size += n
+            if size > cap:
+                raise _BadRequest(f"request body over {cap} bytes")
+            parts.append(self.rfile.read(n))
+            self.rfile.readline(8)
+
+    def _send(self, resp: api.Response) -> None:
+        try:
+            self.send_response(resp.status)
+            if resp.body or resp.status != 404:
+                self.send_header("Content-Type", resp.content_type)
+            self.send_header("Content-Length", str(len(resp.body)))
+            for key, value in resp.headers.items():
+                self.send_header(key, value)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(resp.body)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True

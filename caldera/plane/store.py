@@ -1,0 +1,614 @@
+"""The plane's state in sqlite3 (WAL): instances, agent sessions, reports, commands, skills.
+
+One connection, one lock: the HTTP threads and the operator calls of one
+process share it, and a write is a short `BEGIN IMMEDIATE` transaction. The
+operator CLI opens the same file from another process; WAL lets it read while
+the server writes, and `busy_timeout` makes writers wait for each other.
+
+ClawManager keeps its rows in MySQL; the column limits that make its server
+answer 500 (strict mode) are checked here and raised as `ColumnTooLong`.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import secrets
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+ONLINE_SECONDS, STALE_SECONDS = 45, 120
+REPORTS_KEPT, HEARTBEATS_KEPT = 100, 200
+DEFAULT_TIMEOUT, COLLECT_PACKAGE_TIMEOUT = 300, 600
+TERMINAL = ("succeeded", "failed")
+SKIP_START = ("running",) + TERMINAL
+
+# MySQL VARCHAR sizes of ClawManager's tables (clawmanager-notes section 1.7).
+COLUMN_LIMITS = {
+    "agent_id": 255, "agent_version": 50, "openclaw_status": 30, "openclaw_version": 100,
+    "command_type": 50, "name": 255, "skill_key": 120, "source_type": 40, "install_path": 1024,
+    "content_md5": 128,
+}
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS instances (
+  id INTEGER PRIMARY KEY, bootstrap_token TEXT NOT NULL UNIQUE,
+  desired_power_state TEXT NOT NULL DEFAULT 'running', desired_config_revision_id INTEGER);
+CREATE TABLE IF NOT EXISTS agents (
+  instance_id INTEGER PRIMARY KEY, agent_id TEXT NOT NULL, agent_version TEXT,
+  protocol_version TEXT, capabilities TEXT, host_info TEXT, session_token TEXT UNIQUE,
+  session_expires_at REAL, registered_at REAL, last_heartbeat_at REAL, last_reported_at REAL,
+  last_seen_ip TEXT, registrations INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS runtime_status (
+  instance_id INTEGER PRIMARY KEY, openclaw_status TEXT, openclaw_pid INTEGER,
+  openclaw_version TEXT, current_config_revision_id INTEGER, summary TEXT, system_info TEXT,
+  health TEXT, last_reported_at REAL);
+CREATE TABLE IF NOT EXISTS heartbeats (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, instance_id INTEGER NOT NULL, received_at REAL, body TEXT);
+CREATE INDEX IF NOT EXISTS heartbeats_instance ON heartbeats (instance_id, id);
+CREATE TABLE IF NOT EXISTS reports (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, instance_id INTEGER NOT NULL, received_at REAL, body TEXT);
+CREATE INDEX IF NOT EXISTS reports_instance ON reports (instance_id, id);
+CREATE TABLE IF NOT EXISTS commands (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, instance_id INTEGER NOT NULL, command_type TEXT NOT NULL,
+  payload TEXT NOT NULL, status TEXT NOT NULL, idempotency_key TEXT NOT NULL,
+  timeout_seconds INTEGER NOT NULL, issued_at REAL NOT NULL, agent_id TEXT, dispatched_at REAL,
+  started_at REAL, finished_at REAL, result TEXT, error_message TEXT,
+  start_count INTEGER NOT NULL DEFAULT 0, finish_count INTEGER NOT NULL DEFAULT 0,
+  UNIQUE (instance_id, idempotency_key));
+CREATE INDEX IF NOT EXISTS commands_pending ON commands (instance_id, status, issued_at, id);
+CREATE TABLE IF NOT EXISTS inventories (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, instance_id INTEGER NOT NULL, received_at REAL, body TEXT);
+CREATE TABLE IF NOT EXISTS instance_skills (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, instance_id INTEGER NOT NULL, skill_key TEXT NOT NULL,
+  name TEXT, content_md5 TEXT, install_path TEXT, source_type TEXT, skill_version TEXT,
+  status TEXT NOT NULL, updated_at REAL, UNIQUE (instance_id, skill_key));
+CREATE TABLE IF NOT EXISTS blobs (content_md5 TEXT PRIMARY KEY, version_id INTEGER);
+CREATE TABLE IF NOT EXISTS skill_versions (
+  id INTEGER PRIMARY KEY, filename TEXT NOT NULL, data BLOB NOT NULL, created_at REAL);
+CREATE TABLE IF NOT EXISTS uploads (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, instance_id INTEGER NOT NULL, received_at REAL,
+  filename TEXT, fields TEXT, top_dir TEXT, content_md5 TEXT, size INTEGER, version_id INTEGER);
+CREATE TABLE IF NOT EXISTS config_revisions (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, instance_id INTEGER NOT NULL, revision_no INTEGER NOT NULL,
+  content TEXT NOT NULL, checksum TEXT NOT NULL, published_at REAL);
+CREATE TABLE IF NOT EXISTS run_events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, instance_id INTEGER NOT NULL,
+  seq INTEGER, received_at REAL, event TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS run_events_run ON run_events (run_id, id);
+"""
+
+
+class StoreError(Exception):
+    """Base of the errors the API maps to ClawManager's answers."""
+
+
+class ColumnTooLong(StoreError):
+    """A value longer than ClawManager's column: its server answers 500."""
+
+    def __init__(self, column: str):
+        super().__init__(f"Error 1406 (22001): Data too long for column '{column}' at row 1")
+        self.column = column
+
+
+class NotFound(StoreError):
+    pass
+
+
+def _check_len(column: str, value) -> None:
+    if isinstance(value, str) and len(value) > COLUMN_LIMITS[column]:
+        raise ColumnTooLong(column)
+
+
+def _dumps(value) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def _loads(text):
+    return None if text is None else json.loads(text)
+
+
+def presence(last_seen: float | None, now: float) -> str:
+    """ClawManager's deriveAgentStatus: online <= 45 s, stale <= 120 s, offline beyond."""
+    if last_seen is None:
+        return "offline"
+    age = now - last_seen
+    if age <= ONLINE_SECONDS:
+        return "online"
+    return "stale" if age <= STALE_SECONDS else "offline"
+
+
+def skill_key(identifier: str, content_md5: str) -> str:
+    """ClawManager's sanitised key: lowercase [a-z0-9], -_ . and space as '-', collapsed."""
+    key = re.sub(r"[-_ .]", "-", (identifier or "").lower())
+    key = re.sub(r"[^a-z0-9-]", "", key)
+    key = re.sub(r"-+", "-", key).strip("-")
+    return key or content_md5[:16]
+
+
+def version_number(version_id) -> int:
+    """`ver_<n>` or `<n>`, as the download route scans it; anything else is ValueError."""
+    text = str(version_id).strip()
+    text = text[4:] if text.startswith("ver_") else text
+    if not text.isdigit():
+        raise ValueError(f"invalid skill version {version_id!r}: expected ver_<n> or <n>")
+    return int(text)
+
+
+class Store:
+    """The plane's database. `clock` (Unix seconds) is replaceable for presence/expiry tests."""
+
+    def __init__(self, path, clock=time.time, session_ttl: float = 86400):
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self.clock = clock
+        self.session_ttl = session_ttl
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                                   timeout=10)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=10000")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextlib.contextmanager
+    def _tx(self):
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _read(self, sql: str, args=()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # ---- instances and sessions -------------------------------------------------
+
+    def add_instance(self, instance_id: int, bootstrap_token: str) -> None:
+        """An instance and its bootstrap token (reusable for the instance's life, as ClawManager)."""
+        if not isinstance(instance_id, int) or instance_id < 1:
+            raise ValueError(f"instance id must be an integer >= 1, not {instance_id!r}")
+        if not bootstrap_token or not bootstrap_token.strip():
+            raise ValueError("a bootstrap token must not be empty")
+        with self._tx() as db:
+            row = db.execute("SELECT id FROM instances WHERE bootstrap_token=?", (bootstrap_token,)).fetchone()
+            if row and row["id"] != instance_id:
+                raise ValueError(f"bootstrap token already belongs to instance {row['id']}")
+            db.execute("INSERT INTO instances (id, bootstrap_token) VALUES (?, ?) "
+                       "ON CONFLICT (id) DO UPDATE SET bootstrap_token=excluded.bootstrap_token",
+                       (instance_id, bootstrap_token))
+
+    def instances(self) -> list[int]:
+        return [r["id"] for r in self._read("SELECT id FROM instances ORDER BY id")]
+
+    def instance_for_token(self, bootstrap_token: str) -> int | None:
+        rows = self._read("SELECT id FROM instances WHERE bootstrap_token=?", (bootstrap_token,))
+        return rows[0]["id"] if rows else None
+
+    def register(self, instance_id: int, body: dict, ip: str | None) -> dict:
+        """One agent row per instance: a new session token replaces (and invalidates) the old."""
+        agent_id = body["agent_id"].strip()
+        _check_len("agent_id", agent_id)
+        _check_len("agent_version", body["agent_version"])
+        now = self.clock()
+        token = "agt_sess_" + secrets.token_hex(24)
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO agents (instance_id, agent_id, agent_version, protocol_version, capabilities,"
+                " host_info, session_token, session_expires_at, registered_at, last_heartbeat_at,"
+                " last_seen_ip, registrations) VALUES (?,?,?,?,?,?,?,?,?,?,?,1)"
+                " ON CONFLICT (instance_id) DO UPDATE SET agent_id=excluded.agent_id,"
+                " agent_version=excluded.agent_version, protocol_version=excluded.protocol_version,"
+                " capabilities=excluded.capabilities, host_info=excluded.host_info,"
+                " session_token=excluded.session_token, session_expires_at=excluded.session_expires_at,"
+                " registered_at=excluded.registered_at, last_heartbeat_at=excluded.last_heartbeat_at,"
+                " last_seen_ip=excluded.last_seen_ip, registrations=registrations+1",
+                (instance_id, agent_id, body["agent_version"], body["protocol_version"].strip(),
+                 _dumps(body.get("capabilities")), _dumps(body.get("host_info")), token,
+                 now + self.session_ttl, now, now, ip))
+            db.execute("INSERT OR IGNORE INTO runtime_status (instance_id) VALUES (?)", (instance_id,))
+        return {"session_token": token, "session_expires_at": now + self.session_ttl, "server_time": now}
+
+    def session(self, token: str) -> dict | None:
+        """The live session of `token` ({instance_id, agent_id}), or None (unknown or expired)."""
+        rows = self._read("SELECT instance_id, agent_id, session_expires_at FROM agents WHERE session_token=?",
+                          (token,))
+        if not rows or rows[0]["session_expires_at"] < self.clock():
+            return None
+        return {"instance_id": rows[0]["instance_id"], "agent_id": rows[0]["agent_id"]}
+
+    def expire_session(self, instance_id: int) -> None:
+        """Test helper: make the instance's session expired now."""
+        with self._tx() as db:
+            db.execute("UPDATE agents SET session_expires_at=? WHERE instance_id=?",
+                       (self.clock() - 1, instance_id))
+
+    # ---- heartbeat and state report ----------------------------------------------
+
+    def heartbeat(self, instance_id: int, body: dict) -> dict:
+        status = (body.get("openclaw_status") or "").strip()
+        _check_len("openclaw_status", body.get("openclaw_status") if status else None)
+        summary = body.get("summary")
+        now = self.clock()
+        with self._tx() as db:
+            db.execute("UPDATE agents SET last_heartbeat_at=?, last_reported_at=?, session_expires_at=?"
+                       " WHERE instance_id=?", (now, now, now + self.session_ttl, instance_id))
+            sets, args = ["current_config_revision_id=?", "last_reported_at=?"], \
+                [body.get("current_config_revision_id"), now]
+            if status:
+                sets.append("openclaw_status=?")
+                args.append(body["openclaw_status"])
+            if summary is not None:
+                sets.append("summary=?")
+                args.append(_dumps(summary))
+                pid = summary.get("openclaw_pid")
+                if isinstance(pid, (int, float)) and not isinstance(pid, bool):
+                    sets.append("openclaw_pid=?")
+                    args.append(int(pid))
+            db.execute(f"UPDATE runtime_status SET {', '.join(sets)} WHERE instance_id=?", (*args, instance_id))
+            self._append(db, "heartbeats", instance_id, now, body, HEARTBEATS_KEPT)
+            pending = db.execute("SELECT 1 FROM commands WHERE instance_id=? AND status='pending' LIMIT 1",
+                                 (instance_id,)).fetchone() is not None
+            inst = db.execute("SELECT desired_power_state, desired_config_revision_id FROM instances WHERE id=?",
+                              (instance_id,)).fetchone()
+        answer = {"server_time": now, "has_pending_command": pending,
+                  "desired_power_state": inst["desired_power_state"]}
+        if inst["desired_config_revision_id"] is not None:
+            answer["desired_config_revision_id"] = inst["desired_config_revision_id"]
+        return answer
+
+    @staticmethod
+    def _append(db, table: str, instance_id: int, now: float, body: dict, keep: int) -> None:
+        db.execute(f"INSERT INTO {table} (instance_id, received_at, body) VALUES (?,?,?)",
+                   (instance_id, now, _dumps(body)))
+        db.execute(f"DELETE FROM {table} WHERE instance_id=? AND id <= "
+                   f"(SELECT id FROM {table} WHERE instance_id=? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                   (instance_id, instance_id, keep))
+
+    def state_report(self, instance_id: int, body: dict, reported_at: float | None) -> None:
+        runtime = body.get("runtime") or {}
+        status = (runtime.get("openclaw_status") or "").strip()
+        version = (runtime.get("openclaw_version") or "").strip()
+        _check_len("openclaw_status", runtime.get("openclaw_status") if status else None)
+        _check_len("openclaw_version", runtime.get("openclaw_version") if version else None)
+        now = self.clock()
+        seen = reported_at if reported_at is not None else now
+        with self._tx() as db:
+            # ClawManager takes the agent's reported_at as its last heartbeat (skew shows as stale).
+            db.execute("UPDATE agents SET last_heartbeat_at=?, last_reported_at=? WHERE instance_id=?",
+                       (seen, seen, instance_id))
+            sets = ["openclaw_pid=?", "current_config_revision_id=?", "system_info=?", "health=?",
+                    "last_reported_at=?"]
+            args = [runtime.get("openclaw_pid"), runtime.get("current_config_revision_id"),
+                    _dumps(body.get("system_info")), _dumps(body.get("health")), seen]
+            if status:
+                sets.append("openclaw_status=?")
+                args.append(runtime["openclaw_status"])
+            if version:
+                sets.append("openclaw_version=?")
+                args.append(runtime["openclaw_version"])
+            db.execute(f"UPDATE runtime_status SET {', '.join(sets)} WHERE instance_id=?", (*args, instance_id))
+            self._append(db, "reports", instance_id, now, body, REPORTS_KEPT)
+
+    # ---- commands ----------------------------------------------------------------
+
+    def enqueue(self, instance_id: int, command_type: str, payload=None, timeout_seconds=None,
+                idempotency_key=None) -> int:
+        """Queue a command (status pending); the same idempotency key returns the existing id."""
+        if not isinstance(command_type, str) or not command_type.strip():
+            raise ValueError("command type must be a non-empty string")
+        _check_len("command_type", command_type)
+        payload = {} if payload is None else payload
+        if not isinstance(payload, dict):
+            raise ValueError("payload must be a JSON object")
+        if timeout_seconds is None or timeout_seconds <= 0:
+            timeout_seconds = COLLECT_PACKAGE_TIMEOUT if command_type == "collect_skill_package" else DEFAULT_TIMEOUT
+        key = idempotency_key or f"{command_type}-{instance_id}-{secrets.token_hex(8)}"
+        with self._tx() as db:
+            if not db.execute("SELECT 1 FROM instances WHERE id=?", (instance_id,)).fetchone():
+                raise ValueError(f"there is no instance {instance_id}")
+            return self._enqueue(db, instance_id, command_type, payload, int(timeout_seconds), key)
+
+    def _enqueue(self, db, instance_id, command_type, payload, timeout_seconds, key) -> int:
+        row = db.execute("SELECT id FROM commands WHERE instance_id=? AND idempotency_key=?",
+                         (instance_id, key)).fetchone()
+        if row:
+            return row["id"]
+        cur = db.execute("INSERT INTO commands (instance_id, command_type, payload, status, idempotency_key,"
+                         " timeout_seconds, issued_at) VALUES (?,?,?,?,?,?,?)",
+                         (instance_id, command_type, _dumps(payload), "pending", key, timeout_seconds,
+                          self.clock()))
+        revision = payload.get("revision_id")
+        if command_type == "apply_config_revision" and isinstance(revision, int) and not isinstance(revision, bool):
+            db.execute("UPDATE instances SET desired_config_revision_id=? WHERE id=?", (revision, instance_id))
+        if command_type in ("start_openclaw", "restart_openclaw", "stop_openclaw"):
+            state = "stopped" if command_type == "stop_openclaw" else "running"
+            db.execute("UPDATE instances SET desired_power_state=? WHERE id=?", (state, instance_id))
+        return cur.lastrowid
+
+    def next_command(self, instance_id: int, agent_id: str) -> dict | None:
+        """The oldest pending command, now dispatched: it is never handed out again."""
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM commands WHERE instance_id=? AND status='pending'"
+                             " ORDER BY issued_at, id LIMIT 1", (instance_id,)).fetchone()
+            if row is None:
+                return None
+            db.execute("UPDATE commands SET status='dispatched', agent_id=?, dispatched_at=? WHERE id=?",
+                       (agent_id, self.clock(), row["id"]))
+        return {"id": row["id"], "command_type": row["command_type"], "payload": _loads(row["payload"]),
+                "issued_at": row["issued_at"], "timeout_seconds": row["timeout_seconds"],
+                "idempotency_key": row["idempotency_key"]}
+
+    def command(self, instance_id: int, command_id: int) -> dict:
+        rows = self._read("SELECT * FROM commands WHERE id=? AND instance_id=?", (command_id, instance_id))
+        if not rows:
+            raise NotFound("instance command not found")
+        return _command_dict(rows[0])
+
+    def start_command(self, instance_id: int, command_id: int, started_at: float | None) -> None:
+        """pending/dispatched -> running; a running or finished command is left as it is."""
+        with self._tx() as db:
+            row = db.execute("SELECT status FROM commands WHERE id=? AND instance_id=?",
+                             (command_id, instance_id)).fetchone()
+            if row is None:
+                raise NotFound("instance command not found")
+            db.execute("UPDATE commands SET start_count=start_count+1 WHERE id=?", (command_id,))
+            if row["status"] not in SKIP_START:
+                db.execute("UPDATE commands SET status='running', started_at=? WHERE id=?",
+                           (started_at if started_at is not None else self.clock(), command_id))
+
+    def finish_command(self, instance_id: int, command_id: int, status: str, result, error_message,
+                       finished_at: float | None) -> None:
+        """Any non-terminal state -> succeeded|failed; a second finish changes nothing."""
+        with self._tx() as db:
+            row = db.execute("SELECT status FROM commands WHERE id=? AND instance_id=?",
+                             (command_id, instance_id)).fetchone()
+            if row is None:
+                raise NotFound("instance command not found")
+            db.execute("UPDATE commands SET finish_count=finish_count+1 WHERE id=?", (command_id,))
+            if row["status"] in TERMINAL:
+                return
+            message = error_message if error_message and error_message.strip() else None
+            db.execute("UPDATE commands SET status=?, result=?, error_message=?, finished_at=? WHERE id=?",
+                       (status, _dumps(result), message,
+                        finished_at if finished_at is not None else self.clock(), command_id))
+
+    def commands(self, instance_id: int) -> list[dict]:
+        rows = self._read("SELECT * FROM commands WHERE instance_id=? ORDER BY id", (instance_id,))
+        return [_command_dict(r) for r in rows]
+
+    def recent_commands(self, limit: int = 20) -> list[dict]:
+        rows = self._read("SELECT * FROM commands ORDER BY id DESC LIMIT ?", (limit,))
+        return [_command_dict(r) for r in rows]
+
+    # ---- reads for operators and tests ---------------------------------------------
+
+    def reports(self, instance_id: int, last: bool = False):
+        """The kept state reports (oldest first) as {received_at, body}; with last=True the newest or None."""
+        return self._history("reports", instance_id, last)
+
+    def latest_reports(self, instance_id: int, count: int = 2) -> list[dict]:
+        """The newest `count` reports, newest first (the page's network rates need two)."""
+        rows = self._read("SELECT received_at, body FROM reports WHERE instance_id=? ORDER BY id DESC LIMIT ?",
+                          (instance_id, count))
+        return [{"received_at": r["received_at"], "body": _loads(r["body"])} for r in rows]
+
+    def heartbeats(self, instance_id: int, last: bool = False):
+        return self._history("heartbeats", instance_id, last)
+
+    def _history(self, table: str, instance_id: int, last: bool):
+        order = "DESC LIMIT 1" if last else "ASC"
+        rows = self._read(f"SELECT received_at, body FROM {table} WHERE instance_id=? ORDER BY id {order}",
+                          (instance_id,))
+        items = [{"received_at": r["received_at"], "body": _loads(r["body"])} for r in rows]
+        if last:
+            return items[0] if items else None
+        return items
+
+    def agents(self) -> list[dict]:
+        """Every instance with its agent (if registered), presence and runtime figures."""
+        now = self.clock()
+        rows = self._read("SELECT i.id AS instance_id, i.desired_power_state, i.desired_config_revision_id,"
+                          " a.agent_id, a.agent_version, a.protocol_version, a.capabilities, a.host_info,"
+                          " a.registered_at, a.last_heartbeat_at, a.last_reported_at, a.last_seen_ip,"
+                          " a.registrations, a.session_expires_at, r.openclaw_status, r.openclaw_pid,"
+                          " r.openclaw_version, r.current_config_revision_id, r.summary"
+                          " FROM instances i LEFT JOIN agents a ON a.instance_id=i.id"
+                          " LEFT JOIN runtime_status r ON r.instance_id=i.id ORDER BY i.id")
+        out = []
+        for r in rows:
+            item = dict(r)
+            for key in ("capabilities", "host_info", "summary"):
+                item[key] = _loads(item[key])
+            item["last_seen"] = item["last_heartbeat_at"]
+            item["presence"] = presence(item["last_heartbeat_at"], now)
+            item["versions"] = {"agent_version": item["agent_version"],
+                                "protocol_version": item["protocol_version"],
+                                "openclaw_version": item["openclaw_version"]}
+            out.append(item)
+        return out
+
+    def runtime(self, instance_id: int) -> dict | None:
+        rows = self._read("SELECT * FROM runtime_status WHERE instance_id=?", (instance_id,))
+        if not rows:
+            return None
+        item = dict(rows[0])
+        for key in ("summary", "system_info", "health"):
+            item[key] = _loads(item[key])
+        return item
+
+    # ---- skills ------------------------------------------------------------------
+
+    def skills_inventory(self, instance_id: int, body: dict, collect_packages: bool = True) -> None:
+        """Upsert the reported skills; a full report marks every unlisted skill removed.
+
+        Like ClawManager, a content hash the plane has no package for queues one
+        `collect_skill_package` per instance and hash (its idempotency key).
+        """
+        full = (body.get("mode") or "").strip().lower() != "incremental"
+        records = [s for s in body["skills"] if (s.get("content_md5") or "").strip()]
+        for rec in records:
+            _check_len("name", rec.get("identifier"))
+            _check_len("skill_key", skill_key(rec.get("identifier") or "", rec["content_md5"]))
+            _check_len("source_type", rec.get("source"))
+            _check_len("install_path", rec.get("install_path"))
+            _check_len("content_md5", rec["content_md5"])
+        now = self.clock()
+        with self._tx() as db:
+            seen = [self._upsert_skill(db, instance_id, rec, now, collect_packages) for rec in records]
+            if full:
+                marks = ",".join("?" * len(seen))
+                cond = f" AND skill_key NOT IN ({marks})" if seen else ""
+                db.execute(f"UPDATE instance_skills SET status='removed', updated_at=? WHERE instance_id=?{cond}",
+                           (now, instance_id, *seen))
+            db.execute("INSERT INTO inventories (instance_id, received_at, body) VALUES (?,?,?)",
+                       (instance_id, now, _dumps(body)))
+
+    def _upsert_skill(self, db, instance_id: int, rec: dict, now: float, collect: bool) -> str:
+        md5 = rec["content_md5"].strip()
+        key = skill_key(rec.get("identifier") or "", md5)
+        source = rec.get("source") or "discovered_in_instance"
+        db.execute("INSERT INTO instance_skills (instance_id, skill_key, name, content_md5, install_path,"
+                   " source_type, skill_version, status, updated_at) VALUES (?,?,?,?,?,?,?,'active',?)"
+                   " ON CONFLICT (instance_id, skill_key) DO UPDATE SET name=excluded.name,"
+                   " content_md5=excluded.content_md5, install_path=excluded.install_path,"
+                   " source_type=excluded.source_type, skill_version=excluded.skill_version,"
+                   " status='active', updated_at=excluded.updated_at",
+                   (instance_id, key, rec.get("identifier") or key, md5, rec.get("install_path"), source,
+                    rec.get("skill_version"), now))
+        blob = db.execute("SELECT version_id FROM blobs WHERE content_md5=?", (md5,)).fetchone()
+        if blob is None:
+            db.execute("INSERT INTO blobs (content_md5, version_id) VALUES (?, NULL)", (md5,))
+        if collect and (blob is None or blob["version_id"] is None):
+            skill_id = db.execute("SELECT id FROM instance_skills WHERE instance_id=? AND skill_key=?",
+                                  (instance_id, key)).fetchone()["id"]
+            payload = {"skill_id": f"skill_{skill_id}", "skill_version": rec.get("skill_version") or "",
+                       "identifier": rec.get("identifier") or key, "content_md5": md5, "source": source}
+            self._enqueue(db, instance_id, "collect_skill_package", payload, COLLECT_PACKAGE_TIMEOUT,
+                          f"collect-skill-package-{instance_id}-{md5}")
+        return key
+
+    def inventory(self, instance_id: int) -> dict | None:
+        """The newest inventory report as received, with `skills_state`: every skill the plane knows."""
+        rows = self._read("SELECT received_at, body FROM inventories WHERE instance_id=? ORDER BY id DESC LIMIT 1",
+                          (instance_id,))
+        if not rows:
+            return None
+        doc = _loads(rows[0]["body"])
+        doc["received_at"] = rows[0]["received_at"]
+        doc["skills_state"] = self.skills(instance_id)
+        return doc
+
+    def inventories(self, instance_id: int) -> list[dict]:
+        rows = self._read("SELECT received_at, body FROM inventories WHERE instance_id=? ORDER BY id",
+                          (instance_id,))
+        return [{"received_at": r["received_at"], "body": _loads(r["body"])} for r in rows]
+
+    def skills(self, instance_id: int) -> list[dict]:
+        rows = self._read("SELECT skill_key, name, content_md5, install_path, source_type, skill_version,"
+                          " status, updated_at FROM instance_skills WHERE instance_id=? ORDER BY skill_key",
+                          (instance_id,))
+        return [dict(r) for r in rows]
+
+    def add_upload(self, instance_id: int, filename: str, fields: dict, top_dir: str, content_md5: str,
+                   data: bytes) -> dict:
+        """Keep an uploaded package; it becomes a downloadable skill version."""
+        now = self.clock()
+        with self._tx() as db:
+            version = db.execute("INSERT INTO skill_versions (filename, data, created_at) VALUES (?,?,?)",
+                                 (f"{top_dir}.zip", data, now)).lastrowid
+            db.execute("INSERT INTO blobs (content_md5, version_id) VALUES (?, ?) ON CONFLICT (content_md5)"
+                       " DO UPDATE SET version_id=excluded.version_id", (content_md5, version))
+            upload = db.execute("INSERT INTO uploads (instance_id, received_at, filename, fields, top_dir,"
+                                " content_md5, size, version_id) VALUES (?,?,?,?,?,?,?,?)",
+                                (instance_id, now, filename, _dumps(fields), top_dir, content_md5, len(data),
+                                 version)).lastrowid
+        return {"upload_id": upload, "version_id": version, "content_md5": content_md5, "top_dir": top_dir}
+
+    def uploads(self, instance_id: int) -> list[dict]:
+        rows = self._read("SELECT u.*, v.data FROM uploads u LEFT JOIN skill_versions v ON v.id=u.version_id"
+                          " WHERE u.instance_id=? ORDER BY u.id", (instance_id,))
+        out = []
+        for r in rows:
+            item = dict(r)
+            item["fields"] = _loads(item["fields"])
+            item["skill_version"] = f"ver_{item['version_id']}"
+            out.append(item)
+        return out
+
+    def add_skill_version(self, version_id, zip_bytes: bytes, filename: str | None = None) -> int:
+        """A package `GET skills/versions/ver_<n>/download` serves. Returns n."""
+        number = version_number(version_id)
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO skill_versions (id, filename, data, created_at) VALUES (?,?,?,?)",
+                       (number, filename or f"skill-{number}.zip", zip_bytes, self.clock()))
+        return number
+
+    def skill_version(self, number: int) -> tuple[str, bytes] | None:
+        rows = self._read("SELECT filename, data FROM skill_versions WHERE id=?", (number,))
+        return (rows[0]["filename"], bytes(rows[0]["data"])) if rows else None
+
+    # ---- config revisions ----------------------------------------------------------
+
+    def add_config_revision(self, instance_id: int, content: dict) -> int:
+        """Publish a revision; checksum is sha256 over the compact JSON exactly as served."""
+        text = compact_json(content)
+        checksum = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+        with self._tx() as db:
+            if not db.execute("SELECT 1 FROM instances WHERE id=?", (instance_id,)).fetchone():
+                raise ValueError(f"there is no instance {instance_id}")
+            number = db.execute("SELECT COALESCE(MAX(revision_no), 0) + 1 FROM config_revisions WHERE instance_id=?",
+                                (instance_id,)).fetchone()[0]
+            return db.execute("INSERT INTO config_revisions (instance_id, revision_no, content, checksum,"
+                              " published_at) VALUES (?,?,?,?,?)",
+                              (instance_id, number, text, checksum, self.clock())).lastrowid
+
+    def config_revision(self, revision_id: int) -> dict | None:
+        rows = self._read("SELECT * FROM config_revisions WHERE id=?", (revision_id,))
+        return dict(rows[0]) if rows else None
+
+    def set_desired_revision(self, instance_id: int, revision_id: int | None) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE instances SET desired_config_revision_id=? WHERE id=?", (revision_id, instance_id))
+
+    # ---- run events (caldera extension) ----------------------------------------------
+
+    def add_run_events(self, instance_id: int, run_id: str, events: list[dict]) -> int:
+        now = self.clock()
+        with self._tx() as db:
+            db.executemany("INSERT INTO run_events (run_id, instance_id, seq, received_at, event) VALUES (?,?,?,?,?)",
+                           [(run_id, instance_id, e.get("seq"), now, _dumps(e)) for e in events])
+        return len(events)
+
+    def run_events(self, run_id: str) -> list[dict]:
+        rows = self._read("SELECT event FROM run_events WHERE run_id=? ORDER BY id", (run_id,))
+        return [_loads(r["event"]) for r in rows]
+
+
+def compact_json(content) -> str:
+    """Go json.Marshal's bytes for a decoded value: compact, keys sorted, <>& escaped."""
+    text = json.dumps(content, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    for char, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+                          ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(char, escaped)
+    return text
+
+
+def _command_dict(row: sqlite3.Row) -> dict:
+    item = dict(row)
+    item["payload"] = _loads(item["payload"])
+    item["result"] = _loads(item["result"])
+    return item

@@ -1,0 +1,3 @@
+"""Skills (SPEC section 9): content_md5, the inventory of the skill roots, archive
+checks, install/update/remove/disable/quarantine, packaging for upload, the
+watcher loop and `caldera skills`. Decisions where SPEC is silent: docs/skills.md."""

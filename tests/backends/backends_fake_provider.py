@@ -1,0 +1,147 @@
+"""A fake OpenAI-compatible Responses-API provider on 127.0.0.1 for the real-Codex tests.
+
+`FakeProvider(script)` answers the n-th `POST /v1/responses` with `script[n]` (the last
+entry repeats). Entries:
+    {"text": "..."}                               an assistant message, streamed as SSE
+    {"call": "exec_command", "args": {...}}       a function call
+    {"custom": "apply_patch", "input": "..."}     a custom (freeform) tool call
+    {"status": 503, "body": {...}, "headers": {}} an HTTP error
+    {"cut": True}                                 headers + one event, then the connection drops
+    {"stall": 30}                                 headers, then silence for N seconds
+Every request is recorded (path, headers, body text) for the leak checks.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def _sse(kind: str, payload: dict) -> bytes:
+    payload = dict(payload, type=kind)
+    return f"event: {kind}\ndata: {json.dumps(payload)}\n\n".encode()
+
+
+def _usage() -> dict:
+    return {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 5,
+            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 15}
+
+
+def response_events(entry: dict, n: int) -> list[bytes]:
+    rid = f"resp_{n}"
+    out = [_sse("response.created", {"response": {"id": rid}})]
+    if "text" in entry:
+        item = {"type": "message", "role": "assistant", "id": f"msg_{n}",
+                "content": [{"type": "output_text", "text": entry["text"], "annotations": []}]}
+        out.append(_sse("response.output_item.added", {"output_index": 0, "item": dict(item, content=[])}))
+        text = entry["text"]
+        for i in range(0, len(text), 16):
+            out.append(_sse("response.output_text.delta", {"item_id": f"msg_{n}", "output_index": 0,
+                                                           "content_index": 0, "delta": text[i:i + 16]}))
+        out.append(_sse("response.output_item.done", {"output_index": 0, "item": item}))
+    elif "call" in entry:
+        item = {"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}", "name": entry["call"],
+                "arguments": json.dumps(entry.get("args", {}))}
+        out.append(_sse("response.output_item.done", {"output_index": 0, "item": item}))
+    elif "custom" in entry:
+        item = {"type": "custom_tool_call", "id": f"ctc_{n}", "call_id": f"call_{n}", "name": entry["custom"],
+                "input": entry["input"]}
+        out.append(_sse("response.output_item.done", {"output_index": 0, "item": item}))
+    out.append(_sse("response.completed", {"response": {"id": rid, "usage": _usage()}}))
+    return out
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def do_GET(self):
+        self.server.provider.record(self, b"")
+        body = json.dumps({"object": "list", "data": []}).encode()
+        self.send_response(404 if "/models" not in self.path else 200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        entry, n = self.server.provider.record(self, body)
+        if "status" in entry:
+            return self._error(entry)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        if entry.get("cut") or entry.get("stall"):
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(_sse("response.created", {"response": {"id": f"resp_{n}"}}))
+            self.wfile.flush()
+            if entry.get("stall"):
+                self.server.provider.stop.wait(entry["stall"])
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
+        payload = b"".join(response_events(entry, n))
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def _error(self, entry):
+        body = json.dumps(entry.get("body") or {"error": {"message": f"HTTP {entry['status']}"}}).encode()
+        self.send_response(entry["status"])
+        self.send_header("Content-Type", "application/json")
+        for k, v in (entry.get("headers") or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class FakeProvider:
+    def __init__(self, script: list[dict]):
+        self.script = list(script)
+        self.requests: list[dict] = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.provider = self
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                       daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def record(self, handler, body: bytes):
+        with self.lock:
+            posts = [r for r in self.requests if r["method"] == "POST"]
+            n = len(posts)
+            self.requests.append({"method": handler.command, "path": handler.path,
+                                  "headers": {k.lower(): v for k, v in handler.headers.items()},
+                                  "body": body.decode("utf-8", "replace"), "at": time.monotonic()})
+        if handler.command != "POST":
+            return {}, n
+        return self.script[min(n, len(self.script) - 1)], n
+
+    @property
+    def posts(self) -> list[dict]:
+        return [r for r in self.requests if r["method"] == "POST"]
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -1,0 +1,205 @@
+"""T3: real turns of the real Codex CLI (`codex app-server`, 0.169.0) against the fake
+Responses provider on 127.0.0.1. `.ci/run` installs Codex and sets CALDERA_CODEX_BIN;
+without it these tests skip, unless CALDERA_REQUIRE_CODEX=1 makes that a failure.
+
+A canary key is planted in the projection; it must appear nowhere: events, run log,
+finish result, CLI stdout/stderr, requests the model received (so the agent's own
+commands never saw it), and nothing may be left in the run directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from backends_fake_provider import FakeProvider
+from backends_helpers import (CANARY, KEY_ENV, environment, everything_text, execute, of_type, request,
+                              types, workspace, write_projection)
+from caldera.backends import failures as fk
+from caldera.backends import service
+
+CODEX_BIN = os.environ.get("CALDERA_CODEX_BIN")
+
+
+def _require():
+    if CODEX_BIN and os.access(CODEX_BIN, os.X_OK):
+        return
+    reason = f"the real Codex binary is not available (CALDERA_CODEX_BIN={CODEX_BIN!r}); run .ci/install-codex.sh"
+    if os.environ.get("CALDERA_REQUIRE_CODEX") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(autouse=True)
+def _codex_present():
+    _require()
+
+
+def real_run(tmp_path, script, secrets_kw=None, **policy):
+    with FakeProvider(script) as provider:
+        sec = write_projection(tmp_path, base_url=provider.url, **(secrets_kw or {}))
+        env = environment(tmp_path, CODEX_BIN, sec)
+        result, events = execute(request(workspace(tmp_path), **policy), env)
+    return result, events, env, provider
+
+
+def assert_no_leak(result, events, env, provider=None):
+    text = everything_text(result, events, env)
+    assert CANARY not in text
+    assert not Path(env.runs_dir, result["run_id"]).exists()  # CODEX_HOME removed after the run
+    if provider is not None:
+        for req in provider.requests:
+            assert CANARY not in req["body"]
+
+
+def terminal(events):
+    assert types(events).count("terminal_status") == 1 and events[-1]["type"] == "terminal_status"
+    return events[-1]["data"]
+
+
+def test_text_turn(tmp_path):
+    result, events, env, provider = real_run(tmp_path, [{"text": "Hello from the fake model."}])
+    assert terminal(events)["status"] == "completed", events
+    assert [m["text"] for m in of_type(events, "assistant_message")] == ["Hello from the fake model."]
+    status = of_type(events, "backend_status")
+    assert {"starting", "ready", "thread_started", "turn_started"} <= {s["phase"] for s in status}
+    assert next(s for s in status if s["phase"] == "thread_started")["model"] == "gpt-5.5"
+    # The key was really used (as a bearer token to the provider) and still leaked nowhere.
+    assert provider.posts[0]["headers"].get("authorization") == f"Bearer {CANARY}"
+    assert result["status"] == "completed" and result["events_total"] == len(events)
+    assert_no_leak(result, events, env, provider)
+
+
+def test_tool_turn_command_output_diff_and_no_key_for_the_agents_commands(tmp_path):
+    (workspace(tmp_path) / "README.md").write_text("hello\n")
+    script = [
+        {"call": "exec_command", "args": {"cmd": f"echo key=${KEY_ENV}; env; echo hello; echo oops >&2"}},
+        {"custom": "apply_patch", "input": "*** Begin Patch\n*** Update File: README.md\n@@\n-hello\n+hello world\n"
+                                           "*** Add File: NEW.txt\n+new file\n*** End Patch\n"},
+        {"text": "done"}]
+    result, events, env, provider = real_run(tmp_path, script)
+    assert terminal(events)["status"] == "completed", events
+    output = of_type(events, "command_output")
+    assert len(output) == 1 and output[0]["exit_code"] == 0
+    assert "key=\n" in output[0]["output"] and "hello" in output[0]["output"]  # the variable was empty
+    assert KEY_ENV not in output[0]["output"]  # not even its name is in the agent's environment
+    diff = of_type(events, "diff")
+    assert len(diff) == 1 and "+hello world" in diff[0]["diff"] and "NEW.txt" in diff[0]["diff"]
+    assert (workspace(tmp_path) / "README.md").read_text() == "hello world\n"
+    tools = [t["tool"] for t in of_type(events, "tool_call")]
+    assert "command" in tools and "file_change" in tools
+    assert len(provider.posts) == 3
+    assert_no_leak(result, events, env, provider)
+
+
+@pytest.mark.parametrize("entry,kind", [
+    ({"status": 401, "body": {"error": {"message": f"Incorrect API key provided: {CANARY}"}}}, fk.PROVIDER_AUTH_FAILED),
+    ({"status": 429, "body": {"error": {"message": "Rate limit reached", "type": "rate_limit_exceeded"}}},
+     fk.PROVIDER_RATE_LIMITED),
+    ({"status": 503, "body": {"error": {"message": "Service Unavailable"}}}, fk.PROVIDER_UNAVAILABLE),
+    ({"cut": True}, fk.PROVIDER_UNAVAILABLE),
+], ids=["401", "429", "503", "cut-stream"])
+def test_provider_failures(tmp_path, entry, kind):
+    result, events, env, provider = real_run(tmp_path, [entry])
+    data = terminal(events)
+    assert data["status"] == "failed" and data["failure_kind"] == kind, events
+    assert [e["failure_kind"] for e in of_type(events, "error")] == [kind]
+    assert len(provider.posts) == 1  # retries are bounded (0 here): one request
+    assert_no_leak(result, events, env, provider)  # the 401 body echoed the key: redacted
+
+
+def test_503_with_stream_retries_is_progress_then_provider_unavailable(tmp_path):
+    with FakeProvider([{"status": 503}]) as provider:
+        sec = write_projection(tmp_path, base_url=provider.url)
+        env = environment(tmp_path, CODEX_BIN, sec, CALDERA_CODEX_STREAM_MAX_RETRIES="1")
+        result, events = execute(request(workspace(tmp_path)), env)
+    data = terminal(events)
+    assert data["failure_kind"] == fk.PROVIDER_UNAVAILABLE, events
+    retries = [s for s in of_type(events, "backend_status") if s["phase"] == "retrying"]
+    assert retries and retries[0]["cause"] == fk.PROVIDER_UNAVAILABLE and retries[0]["max_attempts"] == 1
+    assert len(provider.posts) == 2
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_connection_refused_fails_fast_without_endless_reconnect(tmp_path):
+    sec = write_projection(tmp_path, base_url=f"http://127.0.0.1:{_closed_port()}/v1")
+    env = environment(tmp_path, CODEX_BIN, sec)
+    result, events = execute(request(workspace(tmp_path), timeout_seconds=60), env)
+    data = terminal(events)
+    # Not backend-timeout: Codex gave up by itself (unbounded_connection_retries = false).
+    assert data["failure_kind"] == fk.PROVIDER_UNAVAILABLE, events
+    assert data["duration_ms"] < 60000
+    assert_no_leak(result, events, env)
+
+
+def test_missing_key_file_is_secret_unavailable_and_nothing_is_sent(tmp_path):
+    result, events, env, provider = real_run(tmp_path, [{"text": "never"}], secrets_kw={"key": None})
+    assert terminal(events)["failure_kind"] == fk.SECRET_UNAVAILABLE
+    assert provider.requests == []
+
+
+def test_interrupt_during_a_stalled_stream_is_cancelled(tmp_path):
+    with FakeProvider([{"stall": 30}]) as provider:
+        sec = write_projection(tmp_path, base_url=provider.url)
+        env = environment(tmp_path, CODEX_BIN, sec)
+        registry = service.ActiveRuns()
+        seen = []
+        started = threading.Event()
+
+        def listen(event):
+            seen.append(event)
+            if event["data"].get("phase") == "turn_started":
+                started.set()
+
+        box = {}
+        thread = threading.Thread(target=lambda: box.update(result=service.execute(
+            request(workspace(tmp_path)), env, roots=None, listeners=[listen], registry=registry)))
+        thread.start()
+        assert started.wait(30)
+        provider.stop.wait(0.3)  # let the request reach the provider
+        registry.get("run-1").interrupt()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert terminal(seen)["status"] == "cancelled" and terminal(seen)["failure_kind"] == fk.CANCELLED
+    assert box["result"]["status"] == "cancelled"
+
+
+def test_bad_binary_path_is_spawn_failed(tmp_path):
+    env = environment(tmp_path, str(Path(CODEX_BIN).parent / "no-such-codex"), write_projection(tmp_path))
+    result, events = execute(request(workspace(tmp_path)), env)
+    assert terminal(events)["failure_kind"] == fk.BACKEND_SPAWN_FAILED
+
+
+def test_cli_turn_json_lines_and_no_leak_on_stdout_or_stderr(tmp_path):
+    (workspace(tmp_path) / "README.md").write_text("x\n")
+    script = [{"call": "exec_command", "args": {"cmd": f"echo $FAKE_PROVIDER_API_KEY; env"}},
+              {"text": f"I will not say {CANARY}"}]
+    with FakeProvider(script) as provider:
+        sec = write_projection(tmp_path, base_url=provider.url)
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CALDERA_CODEX_BIN": CODEX_BIN,
+               "CALDERA_CONFIG_DIR": str(tmp_path / "no-config"), "CALDERA_STATE_DIR": str(tmp_path / "no-state"),
+               "CALDERA_CODEX_REQUEST_MAX_RETRIES": "0", "CALDERA_CODEX_STREAM_MAX_RETRIES": "0"}
+        proc = subprocess.run(
+            [sys.executable, "-m", "caldera", "turn", "--workspace", str(workspace(tmp_path)), "--secrets", str(sec),
+             "--state-dir", str(tmp_path / "state"), "--json", "Run env"],
+            env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert events[-1]["type"] == "terminal_status" and events[-1]["data"]["status"] == "completed"
+    assert of_type(events, "assistant_message")[0]["text"] == "I will not say [REDACTED]"
+    assert CANARY not in proc.stdout and CANARY not in proc.stderr
+    logs = list((tmp_path / "state" / "logs").glob("run-*.log"))
+    assert len(logs) == 1 and CANARY not in logs[0].read_text()
+    for req in provider.requests:
+        assert CANARY not in req["body"]
