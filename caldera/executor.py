@@ -106,6 +106,9 @@ def _send_start(runtime, command: dict):
 
 def run_handler(runtime, command: dict, cancel: threading.Event | None = None):
     """(status, result, error_message); the handler runs in its own thread under the timeout."""
+    from caldera.client import ApiError
+    from caldera.session import AuthBlocked
+
     ctype = str(command.get("command_type") or "")
     payload = command.get("payload")
     payload = {} if payload is None else payload
@@ -124,6 +127,8 @@ def run_handler(runtime, command: dict, cancel: threading.Event | None = None):
             outcome["result"] = handler(ctx, payload)
         except CommandError as exc:
             outcome["error"], outcome["result"] = str(exc), exc.result
+        except (ApiError, AuthBlocked) as exc:  # the plane failed a call the handler needed
+            outcome["error"] = f"control plane: {exc}"
         except Exception as exc:  # a bug in a handler must still finish the command
             log.exception("command %s (%s) crashed", command.get("id"), ctype)
             outcome["error"] = f"internal error: {type(exc).__name__}: {exc}"
