@@ -28,7 +28,9 @@ TOKEN = "bench-bootstrap-token-1234"
 
 def child_cpu(argv, env) -> float:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{argv} failed ({done.returncode}): {done.stderr[-2000:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 

@@ -79,23 +79,28 @@ def _report(runtime, deadline: float) -> int:
     timer.daemon = True
     timer.start()
     try:
+        section = runtime.agent_section()  # once: the heartbeat and the report both carry it
         status.ok(send_heartbeat(runtime))
-        send_report(runtime)
+        send_report(runtime, section)
     except Exception as exc:  # noqa: BLE001 -- said on stderr, exit 1, outbox kept
         status.error(exc)
         print(f"caldera report: not delivered: {runtime.redactor(str(exc))}", file=sys.stderr)
         return 1
     try:
+        ran = 0
         for command in recover(runtime):
             execute(runtime, command, cancel)
+            ran += 1
         flush(runtime, deadline=deadline)
         while time.monotonic() < deadline:
             command = fetch_one(runtime)
             if command is None:
                 break
             execute(runtime, command, cancel)
+            ran += 1
             flush(runtime, deadline=deadline)
-        send_report(runtime)
+        if ran:  # commands changed the state: report it once more (else the first report stands)
+            send_report(runtime)
     except Exception as exc:  # noqa: BLE001 -- the report itself was delivered
         log.warning("after the report: %s (kept for the next run: %d in the outbox)",
                     runtime.redactor(str(exc)), runtime.outbox.depth())

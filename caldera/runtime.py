@@ -126,7 +126,7 @@ def _load_manifest(paths: AgentPaths):
         return None
     from caldera.manifest import load_manifest
 
-    return load_manifest(paths.manifest_path)
+    return load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
 
 
 def _build_client(runtime: Runtime, transport_session):

@@ -40,9 +40,10 @@ def _validator(name: str):
 
     with open(schema_dir() / name, encoding="utf-8") as fh:
         schema = json.load(fh)
-    cls = jsonschema.validators.validator_for(schema)
-    cls.check_schema(schema)
-    return cls(schema)
+    # The schemas are checked against their metaschema by the test suite
+    # (tests/core/test_core_schemas.py); check_schema here would cost more
+    # than the validation itself on every start.
+    return jsonschema.validators.validator_for(schema)(schema)
 
 
 def validate(name: str, document) -> None:

@@ -14,14 +14,15 @@ log = logging.getLogger("caldera.reporter")
 MIN_SPACING = 2.0
 
 
-def build_report(runtime) -> dict:
-    section = runtime.agent_section()
+def build_report(runtime, section: dict | None = None) -> dict:
+    """A full state report; `section` is the agent's part when the caller already has it."""
+    section = section or runtime.agent_section()
     runtime.last_sample = runtime.sample()
     return state_report_body(runtime, section, runtime.last_sample)
 
 
-def send_report(runtime) -> None:
-    runtime.client.state_report(build_report(runtime))
+def send_report(runtime, section: dict | None = None) -> None:
+    runtime.client.state_report(build_report(runtime, section))
 
 
 def report_loop(runtime) -> None:
