@@ -58,7 +58,8 @@ def _agent_status(paths) -> dict | None:
     from caldera.adapter.driver import adapter_status
     from caldera.manifest import load_manifest
 
-    manifest = load_manifest(paths.manifest_path)
+    cache = paths.state_dir / "cache"
+    manifest = load_manifest(paths.manifest_path, cache_dir=cache if cache.is_dir() else None)
     if getattr(manifest, "runtime_type", None) != "adapter":
         return None
     return adapter_status(paths, manifest)
