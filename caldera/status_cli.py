@@ -58,8 +58,7 @@ def _agent_status(paths) -> dict | None:
     from caldera.adapter.driver import adapter_status
     from caldera.manifest import load_manifest
 
-    cache = paths.state_dir / "cache"
-    manifest = load_manifest(paths.manifest_path, cache_dir=cache if cache.is_dir() else None)
+    manifest = load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
     if getattr(manifest, "runtime_type", None) != "adapter":
         return None
     return adapter_status(paths, manifest)
