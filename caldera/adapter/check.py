@@ -181,8 +181,9 @@ def check_settings_set(manifest, report: Report, originals: dict, bounds: dict) 
         check = f"settings set ({label})"
         if answer.kind == REFUSED:
             _refusal_ok(check, answer, report)
-        elif answer.kind == DONE:
-            report.breach(check, wrong)
+        elif answer.kind == DONE or answer.returncode == 0:
+            # Exit 0 is the breach, whatever it printed (a failure text on stdout is a second one).
+            report.breach(check, wrong + (f" ({answer.reason})" if answer.kind == FAILED else ""))
             if key is not None:
                 _restore(manifest, report, key, originals.get(key))
         else:

@@ -310,7 +310,8 @@ class Store:
         """Queue a command (status pending); the same idempotency key returns the existing id."""
         if not isinstance(command_type, str) or not command_type.strip():
             raise ValueError("command type must be a non-empty string")
-        _check_len("command_type", command_type)
+        if len(command_type) > COLUMN_LIMITS["command_type"]:
+            raise ValueError(f"command type is longer than {COLUMN_LIMITS['command_type']} characters")
         payload = {} if payload is None else payload
         if not isinstance(payload, dict):
             raise ValueError("payload must be a JSON object")

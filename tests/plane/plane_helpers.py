@@ -84,3 +84,29 @@ def skill_zip(entries: dict[str, bytes]) -> bytes:
         for name, data in entries.items():
             archive.writestr(name, data)
     return buf.getvalue()
+
+
+# ---- fixtures (imported by the test modules: test-file basenames stay unique) ----
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def plane(tmp_path, clock):
+    from caldera.plane.server import PlaneServer
+
+    server = PlaneServer(tmp_path / "plane.db", tokens={BOOT: 1, "other-token": 2}, clock=clock).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def agent(plane):
+    a = Agent(plane.url)
+    assert a.register().status_code == 200
+    return a
