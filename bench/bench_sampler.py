@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import statistics
 import sys
@@ -33,11 +34,8 @@ TARGET_US = 1000.0
 
 def ensure_psutil(argv) -> None:
     """Import psutil; else re-run this script in the bench venv, installing psutil there."""
-    try:
-        import psutil  # noqa: F401
+    if importlib.util.find_spec("psutil") is not None:
         return
-    except ImportError:
-        pass
     python = os.path.join(VENV, "bin", "python")
     if os.path.realpath(sys.prefix) != os.path.realpath(VENV):
         if not os.path.exists(python):

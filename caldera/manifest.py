@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from caldera.errors import ConfigError
@@ -33,21 +32,24 @@ TIMEOUT_MIN, TIMEOUT_MAX = 1, 120
 MAX_SETTINGS = 100
 
 
-@dataclass(frozen=True)
 class Manifest:
-    path: Path
-    doc: dict = field(repr=False)  # the checked document as parsed
-    name: str
-    version: str | None
-    runtime_type: str  # adapter | process
-    command: tuple  # argv; command[0] made absolute when it is a relative path
-    workdir: Path  # absolute; a relative workdir is relative to the manifest's directory
-    timeout_seconds: int | None
-    settings_schema: tuple  # tuple of dicts, in manifest order
-    settings_defaults: dict
-    controls: tuple | None  # None: the manifest names no controls (all allowed)
-    health: dict | None
-    account: bool
+    """The checked manifest (a plain class: `dataclasses` imports `inspect`, ~8 ms a local verb
+    would pay). Treat it as read-only; a changed file gives a new Manifest."""
+
+    __slots__ = ("path", "doc", "name", "version", "runtime_type", "command", "workdir", "timeout_seconds",
+                 "settings_schema", "settings_defaults", "controls", "health", "account")
+
+    def __init__(self, **fields):
+        # path: Path; doc: the checked document; command: argv tuple (command[0] made absolute when
+        # relative); workdir: absolute Path (a relative one is relative to the manifest's directory);
+        # settings_schema: tuple of dicts; controls: tuple, or None when the manifest names none.
+        for name in self.__slots__:
+            setattr(self, name, fields.pop(name))
+        if fields:
+            raise TypeError(f"unknown Manifest fields: {', '.join(fields)}")
+
+    def __repr__(self) -> str:
+        return f"Manifest({self.name!r}, {self.runtime_type}, {str(self.path)!r})"
 
     def setting(self, key: str) -> dict | None:
         for item in self.settings_schema:

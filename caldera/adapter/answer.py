@@ -6,7 +6,6 @@ together); they are plain Python so a local verb never imports jsonschema.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 # Answer.kind
 DONE, REFUSED, UNSUPPORTED, FAILED = "done", "refused", "unsupported", "failed"
@@ -18,20 +17,27 @@ class ContractError(ValueError):
     """An answer breaks the adapter contract; the message says how."""
 
 
-@dataclass
 class Answer:
-    verb: str
-    kind: str  # done | refused | unsupported | failed
-    message: str | None = None
-    held: list = field(default_factory=list)
-    data: dict | None = None  # the parsed JSON object, for JSON verbs
-    text: str | None = None  # log NAME: the tail, decoded
-    truncated: bool = False  # log NAME: more than the kept tail was printed
-    reason: str | None = None  # why it failed (kind == failed)
-    returncode: int | None = None
-    duration: float = 0.0
-    stderr: str = ""  # the tail, for diagnostics only (never shown to Caldera)
-    stdout: bytes = field(default=b"", repr=False)  # as printed (capped), for `caldera check`
+    """One verb's outcome. A plain class, not a dataclass: `dataclasses` imports `inspect`
+    (about 8 ms), and a local verb must start fast."""
+
+    __slots__ = ("verb", "kind", "message", "held", "data", "text", "truncated", "reason",
+                 "returncode", "duration", "stderr", "stdout")
+
+    def __init__(self, verb: str, kind: str, message: str | None = None, held=None, data=None, reason=None):
+        self.verb, self.kind, self.message = verb, kind, message  # kind: done|refused|unsupported|failed
+        self.held = list(held or [])
+        self.data: dict | None = data  # the parsed JSON object, for JSON verbs
+        self.text: str | None = None  # log NAME: the tail, decoded
+        self.truncated = False  # log NAME: more than the kept tail was printed
+        self.reason: str | None = reason  # why it failed (kind == failed)
+        self.returncode: int | None = None
+        self.duration = 0.0
+        self.stderr = ""  # the tail, for diagnostics only (never shown to Caldera)
+        self.stdout = b""  # as printed (capped), for `caldera check`
+
+    def __repr__(self) -> str:
+        return f"Answer({self.verb!r}, {self.kind!r}, message={self.message!r}, reason={self.reason!r})"
 
     @property
     def ok(self) -> bool:

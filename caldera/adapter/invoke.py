@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import pwd
 import threading
-from dataclasses import dataclass
 
 from caldera import proc
 from caldera.adapter.answer import (DONE, FAILED, MESSAGE_MAX, REFUSED, UNSUPPORTED, Answer,
@@ -24,12 +23,16 @@ GRACE_SECONDS = 2.0
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
-@dataclass(frozen=True)
 class Verb:
-    words: tuple  # what follows the command
-    timeout: float  # seconds, unless runtime.timeout_seconds replaces it
-    stdout_cap: int
-    mode: str  # json: one JSON object | answer: empty or one {message, held} | text: a log tail
+    """How one verb is called (a plain class: see Answer on dataclasses)."""
+
+    __slots__ = ("words", "timeout", "stdout_cap", "mode")
+
+    def __init__(self, words: tuple, timeout: float, stdout_cap: int, mode: str):
+        self.words = words  # what follows the command
+        self.timeout = timeout  # seconds, unless runtime.timeout_seconds replaces it
+        self.stdout_cap = stdout_cap
+        self.mode = mode  # json: one JSON object | answer: empty or one {message, held} | text: a log tail
 
 
 VERBS = {

@@ -203,7 +203,7 @@ def test_live_addresses_match_iproute2(observed):
     want = {}
     for line in out.splitlines():
         f = line.split()
-        name, family, addr = f[1].split("@")[0], f[2], f[3].split("/")[0]
+        name, addr = f[1].split("@")[0], f[3].split("/")[0]
         scope = f[f.index("scope") + 1]
         if name != "lo" and scope in ("global", "site") and "tentative" not in f \
                 and "dadfailed" not in f:

@@ -1,0 +1,348 @@
+"""The inventory of the skill roots: one record per skill, `content_md5` included.
+
+Roots, in order: `<state-dir>/skills/` (managed: installs go here), every
+directory in `CALDERA_SKILL_DIRS` (colon-separated absolute paths,
+discovered), then `<state-dir>/skills-disabled/` (reported with
+`metadata.status: disabled`). The cheap change check is a stat signature of
+each skill's files; only a skill whose signature changed is hashed again.
+The cache lives in `<state-dir>/cache/skills-inventory.json`.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from caldera.skills import md5
+
+SKILL_DIRS_VAR = "CALDERA_SKILL_DIRS"
+MANAGED, DISCOVERED, DISABLED = "managed", "discovered", "disabled"
+INSTALL_RECORD = ".caldera-install.json"
+DISABLED_RECORD = ".caldera-disabled.json"
+LOCK_NAME = ".caldera-lock"
+MARKERS = ("SKILL.md", "skill.json", "manifest.json")
+SOURCE_PLATFORM, SOURCE_DISCOVERED = "injected_by_clawmanager", "discovered_in_instance"
+SKILL_TYPE = "agent-skill"
+DEFAULT_VERSION = "0.0.0"
+CACHE_NAME = "skills-inventory.json"
+META_CAP = 64 * 1024
+# ClawManager's columns (clawmanager-notes 1.7): over them the whole inventory is a 500.
+MAX_NAME, MAX_KEY, MAX_PATH, MAX_FIELD = 255, 120, 1024, 255
+
+
+@dataclass(frozen=True)
+class Root:
+    path: Path
+    kind: str  # managed | discovered | disabled
+
+
+@dataclass
+class Scan:
+    records: list = field(default_factory=list)  # the inventory records, in root order
+    complete: bool = True  # every skill root read without an I/O error
+    problems: list = field(default_factory=list)  # human sentences
+    hashed: int = 0  # skills whose content was hashed in this scan
+
+    @property
+    def active(self) -> list:
+        return [r for r in self.records if r["metadata"].get("status") == "active"]
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def managed_root(state_dir) -> Path:
+    return Path(state_dir) / "skills"
+
+
+def disabled_root(state_dir) -> Path:
+    return Path(state_dir) / "skills-disabled"
+
+
+def quarantine_root(state_dir) -> Path:
+    return Path(state_dir) / "quarantine"
+
+
+def roots(state_dir, env: dict | None) -> tuple[list[Root], list[str]]:
+    """(the roots, problems with CALDERA_SKILL_DIRS entries)."""
+    out, problems = [Root(managed_root(state_dir), MANAGED)], []
+    for entry in ((env or {}).get(SKILL_DIRS_VAR) or "").split(":"):
+        entry = entry.strip()
+        if not entry:
+            continue
+        if not os.path.isabs(entry):
+            problems.append(f"{SKILL_DIRS_VAR}: {entry!r} is not an absolute path; left out")
+            continue
+        path = Path(os.path.normpath(entry))
+        if all(r.path != path for r in out):
+            out.append(Root(path, DISCOVERED))
+    out.append(Root(disabled_root(state_dir), DISABLED))
+    return out, problems
+
+
+def skill_key(identifier: str) -> str:
+    """ClawManager's sanitised key (its `skill_key` column)."""
+    key = re.sub(r"[-_ .]", "-", identifier.lower())
+    key = re.sub(r"[^a-z0-9-]", "", key)
+    return re.sub(r"-+", "-", key).strip("-")
+
+
+def _is_dir(entry) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
+
+
+def _has_marker(path: Path) -> bool:
+    return any(os.path.isfile(path / m) and not os.path.islink(path / m) for m in MARKERS)
+
+
+def skill_dirs(root: Root) -> list[Path]:
+    """The skills of one root. A discovered root may hold "category" folders: a
+    child without a marker file whose own children have one (Hermes layout)."""
+    try:
+        with os.scandir(root.path) as it:
+            children = sorted((e for e in it if not e.name.startswith(".") and _is_dir(e)), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise md5.ScanError(exc.errno, f"cannot read skill root: {exc.strerror}", str(root.path)) from None
+    out = []
+    for child in children:
+        path = Path(child.path)
+        if root.kind == DISCOVERED and not _has_marker(path):
+            inner = [Path(e.path) for e in sorted(os.scandir(path), key=lambda e: e.name)
+                     if not e.name.startswith(".") and _is_dir(e) and _has_marker(Path(e.path))]
+            if inner:
+                out.extend(inner)
+                continue
+        out.append(path)
+    return out
+
+
+def _read_small(path: Path) -> str | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read(META_CAP).decode("utf-8", "replace")
+
+
+def front_matter(text: str) -> dict:
+    """`key: value` lines of a SKILL.md front matter (no YAML parser: a quick CLI verb reads it)."""
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return {}
+    out = {}
+    for line in lines[1:]:
+        if line.strip() == "---":
+            return out
+        match = re.match(r"^([A-Za-z_][\w-]*)\s*:\s*(.*)$", line)
+        if match:
+            out[match.group(1)] = match.group(2).strip().strip("'\"")
+    return {}  # never closed: not front matter
+
+
+def skill_metadata(path: Path) -> dict:
+    """id/name/version/description from skill.json, manifest.json or SKILL.md front matter."""
+    meta = {}
+    for name in ("skill.json", "manifest.json"):
+        text = _read_small(path / name)
+        if text:
+            try:
+                doc = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                meta.update({k: str(doc[k]) for k in ("id", "name", "version", "description")
+                             if isinstance(doc.get(k), (str, int, float)) and k not in meta})
+    text = _read_small(path / "SKILL.md")
+    if text:
+        for k, v in front_matter(text).items():
+            if k in ("id", "name", "version", "description") and k not in meta and v:
+                meta[k] = v
+    return meta
+
+
+def read_record(path: Path, name: str) -> dict:
+    text = _read_small(path / name)
+    try:
+        doc = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def signature(files: list, path: Path) -> str:
+    sha = hashlib.sha1()
+    for f in files:
+        sha.update(f"{f.rel}\0{f.size}\0{f.mtime_ns}\0{f.ctime_ns}\0{f.ino}\n".encode("utf-8"))
+    for extra in (INSTALL_RECORD, DISABLED_RECORD):
+        try:
+            st = os.lstat(path / extra)
+            sha.update(f"{extra}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\n".encode())
+        except FileNotFoundError:
+            pass
+    return sha.hexdigest()
+
+
+def _cut(value, limit: int = MAX_FIELD):
+    return value[:limit] if isinstance(value, str) else value
+
+
+def build_record(path: Path, root: Root, files: list, content_md5: str, runtime_type: str) -> dict:
+    meta = skill_metadata(path)
+    installed = read_record(path, INSTALL_RECORD)
+    identifier = path.name
+    skill_id = str(installed.get("skill_id") or meta.get("id") or meta.get("name") or identifier)
+    version = str(installed.get("skill_version") or meta.get("version") or DEFAULT_VERSION)
+    source = SOURCE_PLATFORM if re.fullmatch(r"skill_\d+", str(installed.get("skill_id") or "")) else SOURCE_DISCOVERED
+    metadata = {"runtime_type": runtime_type, "root": root.kind,
+                "status": "disabled" if root.kind == DISABLED else "active"}
+    for key in ("name", "description"):
+        if meta.get(key):
+            metadata[key] = _cut(meta[key], 500)
+    if root.kind == DISABLED:
+        metadata["disabled_from"] = read_record(path, DISABLED_RECORD).get("origin")
+    return {"skill_id": _cut(skill_id), "skill_version": _cut(version), "identifier": identifier,
+            "install_path": str(path), "content_md5": content_md5, "source": source, "type": SKILL_TYPE,
+            "size_bytes": sum(f.size for f in files), "file_count": len(files),
+            "collected_at": now_iso(), "metadata": metadata}
+
+
+def _column_problem(path: Path) -> str | None:
+    if len(path.name) > MAX_NAME or len(skill_key(path.name)) > MAX_KEY:
+        return f"{path}: the name is too long for the control plane (key over {MAX_KEY} characters); left out"
+    if not skill_key(path.name):
+        return f"{path}: the name has no letter or digit the control plane can key on; left out"
+    if len(str(path)) > MAX_PATH:
+        return f"{path}: the path is over {MAX_PATH} characters; left out"
+    return None
+
+
+class Inventory:
+    """Scans the roots; remembers each skill's signature and record between scans."""
+
+    def __init__(self, state_dir, env: dict | None = None, runtime_type: str = "caldera",
+                 *, persist: bool = True):
+        self.state_dir, self.env, self.runtime_type = Path(state_dir), env or {}, runtime_type
+        self.persist = persist
+        self.cache_path = self.state_dir / "cache" / CACHE_NAME
+        self._cache = self._load_cache()
+
+    def _load_cache(self) -> dict:
+        try:
+            with open(self.cache_path, "rb") as fh:
+                doc = json.loads(fh.read())
+        except (OSError, ValueError):
+            return {}  # no cache, an unreadable one (another user's), or a hand-edited one: rehash
+        return doc.get("entries", {}) if isinstance(doc, dict) and doc.get("version") == 1 else {}
+
+    def _save_cache(self, entries: dict) -> None:
+        if not self.persist:
+            return
+        from caldera.fsutil import atomic_write_json, ensure_dir
+
+        try:
+            ensure_dir(self.cache_path.parent)
+            atomic_write_json(self.cache_path, {"version": 1, "entries": entries})
+        except OSError:
+            pass  # the cache only saves work; a read-only state dir must not fail a scan
+
+    def scan(self) -> Scan:
+        result = Scan()
+        all_roots, result.problems = roots(self.state_dir, self.env)
+        entries, seen = {}, {}
+        with shared_lock(self.state_dir):
+            for root in all_roots:
+                try:
+                    paths = skill_dirs(root)
+                except md5.ScanError as exc:
+                    result.complete = False
+                    result.problems.append(f"{exc.filename}: {exc.strerror}")
+                    continue
+                for path in paths:
+                    self._scan_one(path, root, result, entries, seen)
+        self._cache = entries
+        self._save_cache(entries)
+        return result
+
+    def _scan_one(self, path: Path, root: Root, result: Scan, entries: dict, seen: dict) -> None:
+        problem = _column_problem(path)
+        if problem:
+            result.problems.append(problem)
+            return
+        if path.name in seen:
+            result.problems.append(f"{path}: shadowed by {seen[path.name]} (same identifier); left out")
+            return
+        try:
+            files = md5.collect_files(path)
+            sig = signature(files, path)
+            cached = self._cache.get(str(path))
+            if cached and cached.get("sig") == sig and cached.get("root") == root.kind:
+                record = cached["record"]
+            else:
+                record = build_record(path, root, files, md5.content_md5_files(files), self.runtime_type)
+                result.hashed += 1
+        except md5.SkillNameError as exc:
+            result.problems.append(f"{path}: refused: {exc}; left out")
+            return
+        except md5.ScanError as exc:
+            result.complete = False
+            result.problems.append(f"{exc.filename}: {exc.strerror}")
+            return
+        seen[path.name] = str(path)
+        entries[str(path)] = {"sig": sig, "root": root.kind, "record": record}
+        result.records.append(record)
+
+
+def body(agent_id: str, scan: Scan, trigger: str) -> dict:
+    """The POST skills/inventory body. `full` only after a complete scan: ClawManager
+    removes every skill a full report leaves out."""
+    return {"agent_id": agent_id, "reported_at": now_iso(),
+            "mode": "full" if scan.complete else "incremental", "trigger": trigger, "skills": scan.records}
+
+
+def digest_of(records: list) -> str:
+    """What the control plane would see, without the collection times."""
+    slim = [{k: v for k, v in r.items() if k != "collected_at"} for r in records]
+    return hashlib.sha1(json.dumps(slim, sort_keys=True).encode()).hexdigest()
+
+
+@contextmanager
+def _flock(state_dir, kind: int):
+    root = managed_root(state_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        yield  # another user's state dir (caldera skills as a person): read without the lock
+        return
+    try:
+        fcntl.flock(fd, kind)
+        yield
+    finally:
+        os.close(fd)
+
+
+def shared_lock(state_dir):
+    """Scans share; a swap/removal excludes them, so a scan never sees a half-moved skill."""
+    return _flock(state_dir, fcntl.LOCK_SH)
+
+
+def exclusive_lock(state_dir):
+    return _flock(state_dir, fcntl.LOCK_EX)
+
+
+def monotonic() -> float:
+    return time.monotonic()
