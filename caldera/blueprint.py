@@ -73,7 +73,7 @@ def install(source, *, name=None, environ=os.environ, systemd_dir=SYSTEMD_DIR, r
         root = _find_root(tree)
         manifest = _load(root)
         name = name or manifest.name
-        if not config._NAME_RE.match(name):
+        if not config.valid_agent_name(name):
             raise ConfigError(f"--name {name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
         agents = config.config_root(environ) / "agents"
         config_dir = agents / name

@@ -74,9 +74,8 @@ def build_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
 
 def _takes_name(module) -> bool:
     # A module serving several sub-commands (pause, resume, …) takes the name too.
-    import inspect
-
-    return len(inspect.signature(module.configure).parameters) == 2
+    # (co_argcount, not inspect.signature: inspect costs a quick verb ~8 ms to import.)
+    return module.configure.__code__.co_argcount == 2
 
 
 def main(argv: list[str] | None = None) -> int:

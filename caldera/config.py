@@ -7,12 +7,9 @@ set the CALDERA_* one wins. A bad value is a ConfigError naming the variable.
 """
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import stat
-import urllib.parse
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from caldera.errors import ConfigError
@@ -35,17 +32,34 @@ ALIASES = {
     "CALDERA_REPORT_INTERVAL_SECONDS": None,
 }
 LOG_LEVELS = ("debug", "info", "warning", "error")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_RUNTIME_TYPE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
-_ENV_LINE_RE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+# Patterns as strings: `re` compiles (and caches) them on first use, so a quick
+# verb that never reads an env file does not pay for compiling them at import.
+_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+_RUNTIME_TYPE_RE = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+_ENV_LINE_RE = r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$"
 
 
-@dataclass(frozen=True)
 class AgentPaths:
-    name: str
-    config_dir: Path  # holds the manifest, agent.env, secrets.env, secrets/
-    manifest_path: Path
-    state_dir: Path
+    """Where one agent's files are. (Plain classes, not dataclasses: `dataclasses`
+    imports `inspect`, which a person typing `caldera pause` should not wait for.)"""
+
+    __slots__ = ("name", "config_dir", "manifest_path", "state_dir")
+
+    def __init__(self, name: str, config_dir: Path, manifest_path: Path, state_dir: Path):
+        self.name = name
+        self.config_dir = config_dir  # holds the manifest, agent.env, secrets.env, secrets/
+        self.manifest_path = manifest_path
+        self.state_dir = state_dir
+
+    def __eq__(self, other):
+        return isinstance(other, AgentPaths) and all(
+            getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    def __hash__(self):
+        return hash(tuple(getattr(self, k) for k in self.__slots__))
+
+    def __repr__(self):
+        return f"AgentPaths(name={self.name!r}, config_dir={str(self.config_dir)!r}, state_dir={str(self.state_dir)!r})"
 
     @property
     def agent_env(self) -> Path:
@@ -60,21 +74,31 @@ class AgentPaths:
         return self.config_dir / "secrets"
 
 
-@dataclass(frozen=True)
 class Settings:
-    enabled: bool
-    base_url: str | None
-    bootstrap_token: str | None
-    instance_id: int | None
-    protocol_version: str
-    persistent_dir: Path
-    disk_limit_bytes: int | None
-    runtime_type: str
-    ca_bundle: str | None
-    log_level: str
-    report_interval: float
-    env: dict = field(default_factory=dict, repr=False)  # the merged KEY=VALUEs
-    secret_values: tuple = field(default=(), repr=False)  # for the Redactor
+    """The agent's validated settings (SPEC section 3); `env` is the merged KEY=VALUEs and
+    `secret_values` every value the Redactor must mask. Its repr shows no value of either."""
+
+    FIELDS = ("enabled", "base_url", "bootstrap_token", "instance_id", "protocol_version", "persistent_dir",
+              "disk_limit_bytes", "runtime_type", "ca_bundle", "log_level", "report_interval", "env",
+              "secret_values")
+    __slots__ = FIELDS
+
+    def __init__(self, **values):
+        missing = set(self.FIELDS) - set(values) - {"env", "secret_values"}
+        unknown = set(values) - set(self.FIELDS)
+        if missing or unknown:
+            raise TypeError(f"Settings: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        values.setdefault("env", {})
+        values.setdefault("secret_values", ())
+        for key, value in values.items():
+            object.__setattr__(self, key, value)
+
+    def __setattr__(self, key, value):
+        raise AttributeError("Settings are read-only")
+
+    def __repr__(self):
+        shown = ("enabled", "base_url", "instance_id", "runtime_type", "log_level")
+        return "Settings(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in shown) + ", ...)"
 
     @property
     def agent_id(self) -> str:
@@ -82,6 +106,10 @@ class Settings:
 
 
 # ---------------------------------------------------------------- paths
+
+def valid_agent_name(name: str) -> bool:
+    return bool(re.match(_NAME_RE, name))
+
 
 def config_root(environ=os.environ) -> Path:
     return Path(environ.get("CALDERA_CONFIG_DIR") or "/etc/caldera")
@@ -118,7 +146,7 @@ def agent_from_args(args, environ=os.environ) -> AgentPaths:
             listing = ", ".join(found) if found else "none"
             raise ConfigError(f"pick an agent with --agent NAME (installed in {where}: {listing})")
         name = found[0]
-    if not _NAME_RE.match(name):
+    if not re.match(_NAME_RE, name):
         raise ConfigError(f"agent name {name!r}: use letters, digits, '.', '_' or '-'")
     config_dir = config_root(environ) / "agents" / name
     if not (config_dir / MANIFEST_NAME).is_file():
@@ -169,7 +197,7 @@ def read_env_file(path: Path, secret: bool = False) -> dict:
             line = raw.strip()
             if not line or line.startswith(("#", ";")):
                 continue
-            m = _ENV_LINE_RE.match(line)
+            m = re.match(_ENV_LINE_RE, line)
             if not m:
                 raise ConfigError(f"{path}:{number}: not a KEY=VALUE line")
             key, value = m.group(1), m.group(2).strip()
@@ -218,7 +246,7 @@ def load_settings(paths: AgentPaths, environ=os.environ) -> Settings:
     if protocol != "v1":
         raise ConfigError(f"{_var('CALDERA_PROTOCOL_VERSION')}={protocol!r}: only v1 is spoken")
     runtime_type = lookup(env, "CALDERA_RUNTIME_TYPE") or "caldera"
-    if not _RUNTIME_TYPE_RE.match(runtime_type):
+    if not re.match(_RUNTIME_TYPE_RE, runtime_type):
         raise ConfigError(f"CALDERA_RUNTIME_TYPE={runtime_type!r}: lowercase letters, digits, '_' or '-', at most 32")
     log_level = (lookup(env, "CALDERA_LOG_LEVEL") or "info").lower()
     if log_level not in LOG_LEVELS:
@@ -277,6 +305,8 @@ def _parse_float(env, name, default, minimum) -> float:
 
 
 def _parse_url(env) -> str:
+    import urllib.parse
+
     raw = lookup(env, "CALDERA_BASE_URL")
     if raw is None:
         raise ConfigError(f"{_var('CALDERA_BASE_URL')} is required when the agent is enabled")
@@ -296,6 +326,8 @@ def _parse_url(env) -> str:
 
 
 def _is_loopback(host: str) -> bool:
+    import ipaddress
+
     if host == "localhost":
         return True
     try:

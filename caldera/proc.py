@@ -13,25 +13,34 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
 
 POLL = 0.05
 DRAIN_AFTER_EXIT = 0.5  # grandchildren holding the pipes open get this long
 STDERR_CAP = 64 * 1024
 
 
-@dataclass
 class ProcResult:
-    argv: list
-    returncode: int | None = None  # None: killed by us, or never started
-    stdout: bytes = b""
-    stderr: bytes = b""
-    timed_out: bool = False
-    overflowed: bool = False  # stdout passed its cap (head mode): the process was killed
-    cancelled: bool = False
-    spawn_error: str | None = None  # the process could not be started
-    duration: float = 0.0
-    signal: int | None = None  # the signal that ended it, if any
+    """How one run ended. returncode None: killed by us, or never started."""
+
+    def __init__(self, argv: list, **fields):
+        self.argv = list(argv)
+        self.returncode: int | None = None
+        self.stdout = b""
+        self.stderr = b""
+        self.timed_out = False
+        self.overflowed = False  # stdout passed its cap (head mode): the process was killed
+        self.cancelled = False
+        self.spawn_error: str | None = None  # the process could not be started
+        self.duration = 0.0
+        self.signal: int | None = None  # the signal that ended it, if any
+        for key, value in fields.items():
+            if not hasattr(self, key):
+                raise TypeError(f"ProcResult has no field {key!r}")
+            setattr(self, key, value)
+
+    def __repr__(self):
+        return (f"ProcResult(argv={self.argv!r}, returncode={self.returncode}, timed_out={self.timed_out}, "
+                f"overflowed={self.overflowed}, cancelled={self.cancelled}, spawn_error={self.spawn_error!r})")
 
     @property
     def ok(self) -> bool:
@@ -101,7 +110,7 @@ def run(
     grace: float = 2.0,
 ) -> ProcResult:
     """Run argv to completion within `timeout` seconds; never raises for the child's failures."""
-    result = ProcResult(argv=list(argv))
+    result = ProcResult(argv)
     started = time.monotonic()
     try:
         proc = subprocess.Popen(

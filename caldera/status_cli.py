@@ -64,14 +64,28 @@ def _agent_status(paths) -> dict | None:
     return adapter_status(paths, manifest)
 
 
+def _redactor(paths):
+    """Masks secrets.env's values where this user may read them, and every credential shape."""
+    from caldera.config import read_env_file
+    from caldera.errors import ConfigError
+    from caldera.redact import Redactor
+
+    try:
+        values = read_env_file(paths.secrets_env, secret=True).values()
+    except (OSError, ConfigError):
+        values = ()  # an operator without rights to secrets.env: the shapes are still masked
+    return Redactor(values)
+
+
 def main(args) -> int:
     from caldera.config import agent_from_args
     from caldera.fsutil import StateLock
     from caldera.outbox import outbox_depth
 
     paths = agent_from_args(args)
-    agent = _agent_status(paths)
-    conn = connection_info(paths)
+    redact = _redactor(paths)
+    agent = redact(_agent_status(paths))
+    conn = redact(connection_info(paths))
     holder = StateLock(paths.state_dir, "status").holder() if paths.state_dir.is_dir() else None
     conn["daemon"] = holder
     outbox = {"items": outbox_depth(paths.state_dir)}

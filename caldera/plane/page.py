@@ -137,7 +137,7 @@ def _bar(name: str, fraction: float, label: str, cls: str = "") -> str:
     level = cls or ("bad" if pct >= 90 else "warn" if pct >= 75 else "")
     return (f'<div class="bar-row" data-bar="{_e(name)}"><span>{_e(name)}</span>'
             f'<div class="bar" title="{pct:.0f}%"><div class="fill {level}" style="width:{pct:.1f}%"></div></div>'
-            f'<span class="num">{pct:.0f}% &middot; {_e(label)}</span></div>')
+            f'<span class="num">{pct:.0f}%{" &middot; " + _e(label) if label else ""}</span></div>')
 
 
 def _agent_card(store, agent: dict, now: float) -> str:

@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import re
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -183,17 +182,17 @@ def read_record(path: Path, name: str) -> dict:
     return doc if isinstance(doc, dict) else {}
 
 
-def signature(files: list, path: Path) -> str:
-    sha = hashlib.sha1()
-    for f in files:
-        sha.update(f"{f.rel}\0{f.size}\0{f.mtime_ns}\0{f.ctime_ns}\0{f.ino}\n".encode("utf-8"))
+def signature(path: Path) -> str:
+    """The skill's stat signature (its files, and caldera's hidden records, which
+    carry skill_id/skill_version/disabled_from)."""
+    sig = md5.stat_signature(path)
     for extra in (INSTALL_RECORD, DISABLED_RECORD):
         try:
             st = os.lstat(path / extra)
-            sha.update(f"{extra}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\n".encode())
+            sig += f"|{extra}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
         except FileNotFoundError:
             pass
-    return sha.hexdigest()
+    return sig
 
 
 def _cut(value, limit: int = MAX_FIELD):
@@ -273,8 +272,9 @@ class Inventory:
                     continue
                 for path in paths:
                     self._scan_one(path, root, result, entries, seen)
+        if entries != self._cache:  # unchanged: no write (and no fsync) at all
+            self._save_cache(entries)
         self._cache = entries
-        self._save_cache(entries)
         return result
 
     def _scan_one(self, path: Path, root: Root, result: Scan, entries: dict, seen: dict) -> None:
@@ -286,12 +286,14 @@ class Inventory:
             result.problems.append(f"{path}: shadowed by {seen[path.name]} (same identifier); left out")
             return
         try:
-            files = md5.collect_files(path)
-            sig = signature(files, path)
+            sig = signature(path)
             cached = self._cache.get(str(path))
             if cached and cached.get("sig") == sig and cached.get("root") == root.kind:
                 record = cached["record"]
             else:
+                files = md5.collect_files(path)
+                if not files:
+                    return  # an empty (or hidden-only) directory is not a skill: nothing to fingerprint
                 record = build_record(path, root, files, md5.content_md5_files(files), self.runtime_type)
                 result.hashed += 1
         except md5.SkillNameError as exc:
@@ -343,6 +345,3 @@ def shared_lock(state_dir):
 def exclusive_lock(state_dir):
     return _flock(state_dir, fcntl.LOCK_EX)
 
-
-def monotonic() -> float:
-    return time.monotonic()

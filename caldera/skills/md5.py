@@ -91,6 +91,32 @@ def _walk(directory: str, prefix: str, out: list) -> None:
         # symlinks, fifos, sockets, devices: skipped, never followed
 
 
+def stat_signature(root) -> str:
+    """The cheap change check: sha1 over (path, size, mtime, ctime, inode) of the same
+    files collect_files() would list, without building them or checking names.
+    Any content change moves mtime/ctime; any add, remove or rename moves the list."""
+    sha = hashlib.sha1()
+    stack = [(os.fspath(root), "")]
+    while stack:
+        directory, prefix = stack.pop()
+        try:
+            with os.scandir(directory) as it:
+                for entry in it:
+                    name = entry.name
+                    if name[0] == ".":
+                        continue
+                    st = entry.stat(follow_symlinks=False)
+                    mode = st.st_mode
+                    if stat.S_ISDIR(mode):
+                        stack.append((entry.path, f"{prefix}{name}/"))
+                    elif stat.S_ISREG(mode):
+                        sha.update(f"{prefix}{name}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0"
+                                   f"{st.st_ino}\n".encode("utf-8", "surrogateescape"))
+        except OSError as exc:
+            raise ScanError(exc.errno, f"cannot read: {exc.strerror}", exc.filename or directory) from None
+    return sha.hexdigest()
+
+
 def parent_dirs(rel: str) -> list[str]:
     parts = rel.split("/")[:-1]
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]

@@ -1,0 +1,198 @@
+"""Benchmarks of the Codex backend (printed as numbers and ratios measured in one run).
+
+1. Normalisation throughput: a 100,000-line app-server stream (built from the message
+   shapes of a recorded real tool turn: deltas, items, diffs, usage) through the whole
+   path a run uses: Dispatcher (parse, route) -> Normalizer -> EventSink (redaction,
+   caps) -> RunLog (redacted transcript on disk). Target >= 50,000 lines/s, memory flat.
+2. Overhead on a real minimal turn against the local fake provider: caldera's
+   `service.execute` vs a bare script driving `codex app-server` itself (both with a
+   fresh CODEX_HOME each time). Target <= 1.15x. Needs CALDERA_CODEX_BIN.
+
+Usage: python bench/bench_codex.py [--lines N] [--turns N]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "backends"))
+
+from caldera.backends.codex import Dispatcher  # noqa: E402
+from caldera.backends.events import EventSink  # noqa: E402
+from caldera.backends.normalize import Normalizer  # noqa: E402
+from caldera.backends.runlog import RunLog  # noqa: E402
+from caldera.redact import Redactor  # noqa: E402
+
+CANARY = "sk-fake-LEAKCANARY-0123456789abcdef"
+
+
+def stream(lines: int):
+    """Lines shaped like a real turn's transcript, repeated with fresh ids."""
+    t, u = "01a237bf-2cae-7923-9fd1-144d1d7663fa", "01a237bf-2cc4-7943-bde8-159400cf9fa3"
+    n = 0
+    cycle = 0
+    while n < lines:
+        cycle += 1
+        c, m = f"call_{cycle}", f"msg_{cycle}"
+        block = [
+            {"method": "item/started", "params": {"item": {"type": "commandExecution", "id": c,
+                                                           "command": "/bin/bash -lc 'make test'", "cwd": "/w",
+                                                           "status": "inProgress"}, "threadId": t, "turnId": u}},
+            *({"method": "item/commandExecution/outputDelta",
+               "params": {"threadId": t, "turnId": u, "itemId": c, "delta": f"line {i} of test output ok\n"}}
+              for i in range(20)),
+            {"method": "item/completed", "params": {"item": {"type": "commandExecution", "id": c, "status": "completed",
+                                                             "command": "/bin/bash -lc 'make test'", "exitCode": 0,
+                                                             "aggregatedOutput": "ok\n" * 40, "durationMs": 12},
+                                                    "threadId": t, "turnId": u}},
+            {"method": "turn/diff/updated", "params": {"threadId": t, "turnId": u,
+                                                       "diff": "diff --git a/x b/x\n-old\n+new\n" * 10}},
+            {"method": "item/started", "params": {"item": {"type": "agentMessage", "id": m, "text": ""}}},
+            *({"method": "item/agentMessage/delta",
+               "params": {"threadId": t, "turnId": u, "itemId": m, "delta": "Hello from the fake "}} for _ in range(25)),
+            {"method": "item/completed", "params": {"item": {"type": "agentMessage", "id": m,
+                                                             "text": "Hello from the fake model. " * 20}}},
+            {"method": "thread/tokenUsage/updated", "params": {"tokenUsage": {"total": {"totalTokens": 15}}}},
+            {"method": "account/rateLimits/updated", "params": {"rateLimits": {"limitId": "codex"}}},
+        ]
+        for msg in block:
+            msg["emittedAtMs"] = 1796231601650
+            yield (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+            n += 1
+            if n >= lines:
+                return
+
+
+def bench_normalise(lines: int) -> dict:
+    data = list(stream(lines))
+    tmp = Path(tempfile.mkdtemp())
+    redactor = Redactor([CANARY, "another-secret-value-42", "gw-key-0123456789"])
+    log = RunLog(tmp / "run-bench.log", redactor)
+    sink = EventSink("bench", redactor, log)
+    norm = Normalizer(sink)
+    inbox: queue.Queue = queue.Queue()
+    dispatcher = Dispatcher(inbox, log)
+    rss = []
+    started = time.perf_counter()
+    for index, raw in enumerate(data):
+        dispatcher.line(raw)
+        while True:
+            try:
+                kind, msg = inbox.get_nowait()
+            except queue.Empty:
+                break
+            norm.notification(msg.get("method"), msg.get("params"))
+        if index % 20000 == 0:
+            rss.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    elapsed = time.perf_counter() - started
+    rss.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    log.close()
+    return {"lines": lines, "seconds": round(elapsed, 3), "lines_per_s": int(lines / elapsed),
+            "events": sink.total, "log_bytes": (tmp / "run-bench.log").stat().st_size,
+            "max_rss_kib_first_to_last": [rss[1] if len(rss) > 1 else rss[0], rss[-1]]}
+
+
+# ---------------------------------------------------------------- overhead
+
+def _bare_turn(binary: str, base_url: str, key: str, ws: str) -> float:
+    """Spawn -> initialize -> thread/start -> turn/start -> turn/completed -> exit, nothing else."""
+    started = time.perf_counter()
+    home = tempfile.mkdtemp()
+    Path(home, "config.toml").write_text(
+        f'model = "gpt-5.5"\nmodel_provider = "fake"\n[model_providers.fake]\nname = "F"\nbase_url = "{base_url}"\n'
+        f'env_key = "K"\nwire_api = "responses"\nrequest_max_retries = 0\nstream_max_retries = 0\n'
+        '[features]\nunbounded_connection_retries = false\nplugins = false\nremote_plugin = false\n'
+        'apps = false\ntool_suggest = false\n[analytics]\nenabled = false\n')
+    proc = subprocess.Popen([binary, "app-server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, cwd=ws,
+                            env={"PATH": os.environ["PATH"], "HOME": home, "CODEX_HOME": home, "K": key,
+                                 "LANG": "C.UTF-8"})
+
+    def send(obj):
+        proc.stdin.write((json.dumps(obj) + "\n").encode())
+        proc.stdin.flush()
+
+    def until(pred):
+        for line in proc.stdout:
+            msg = json.loads(line)
+            if pred(msg):
+                return msg
+        raise RuntimeError("codex exited")
+
+    send({"method": "initialize", "id": 1, "params": {"clientInfo": {"name": "bare", "title": "b", "version": "1"},
+                                                      "capabilities": None}})
+    until(lambda m: m.get("id") == 1)
+    send({"method": "initialized"})
+    send({"method": "thread/start", "id": 2, "params": {"cwd": ws, "approvalPolicy": "never",
+                                                        "sandbox": "workspace-write", "ephemeral": True}})
+    thread = until(lambda m: m.get("id") == 2)["result"]["thread"]["id"]
+    send({"method": "turn/start", "id": 3, "params": {"threadId": thread, "input": [
+        {"type": "text", "text": "hi", "text_elements": []}]}})
+    until(lambda m: m.get("method") == "turn/completed")
+    proc.stdin.close()
+    proc.wait(10)
+    return time.perf_counter() - started
+
+
+def _caldera_turn(binary: str, base_url: str, key: str, tmp: Path, n: int) -> float:
+    from backends_helpers import environment, execute, request, write_projection
+
+    started = time.perf_counter()
+    root = tmp / f"c{n}"
+    root.mkdir()
+    sec = write_projection(root, base_url=base_url, key=key)
+    env = environment(root, binary, sec)
+    result, _ = execute(request(tmp / "ws", run_id=f"b{n}"), env)
+    assert result["status"] == "completed", result
+    return time.perf_counter() - started
+
+
+def bench_overhead(turns: int) -> dict | None:
+    binary = os.environ.get("CALDERA_CODEX_BIN")
+    if not binary:
+        return None
+    from backends_fake_provider import FakeProvider
+
+    tmp = Path(tempfile.mkdtemp())
+    (tmp / "ws").mkdir()
+    bare, ours = [], []
+    with FakeProvider([{"text": "Hello from the fake model."}]) as provider:
+        _bare_turn(binary, provider.url, CANARY, str(tmp / "ws"))  # warm the page cache
+        for n in range(turns):  # interleaved, so drift hits both alike
+            bare.append(_bare_turn(binary, provider.url, CANARY, str(tmp / "ws")))
+            ours.append(_caldera_turn(binary, provider.url, CANARY, tmp, n))
+    b, o = statistics.median(bare), statistics.median(ours)
+    return {"turns": turns, "bare_median_s": round(b, 3), "caldera_median_s": round(o, 3), "ratio": round(o / b, 3)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lines", type=int, default=100000)
+    parser.add_argument("--turns", type=int, default=7)
+    args = parser.parse_args()
+    norm = bench_normalise(args.lines)
+    print(f"normalise: {norm['lines']} lines in {norm['seconds']} s = {norm['lines_per_s']} lines/s "
+          f"(target >= 50000: {norm['lines_per_s'] / 50000:.2f}x of target); events {norm['events']}, "
+          f"run log {norm['log_bytes']} bytes; max RSS KiB after 20k lines vs at the end {norm['max_rss_kib_first_to_last']}")
+    over = bench_overhead(args.turns)
+    if over is None:
+        print("overhead: skipped (set CALDERA_CODEX_BIN)")
+    else:
+        print(f"overhead: bare codex turn {over['bare_median_s']} s, caldera turn {over['caldera_median_s']} s, "
+              f"ratio {over['ratio']} (target <= 1.15), median of {over['turns']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""What the plane saw of one instance, as text (for `caldera demo` and people at a terminal)."""
+from __future__ import annotations
+
+import json
+
+from caldera.plane.page import figures, human_age, human_bytes
+
+BAR_WIDTH = 24
+
+
+def bar(fraction: float) -> str:
+    fraction = max(0.0, min(1.0, fraction))
+    filled = round(fraction * BAR_WIDTH)
+    return "[" + "#" * filled + "." * (BAR_WIDTH - filled) + f"] {fraction * 100:3.0f}%"
+
+
+def render(store, instance_id: int, command_ids=None) -> str:
+    now = store.clock()
+    agent = next((a for a in store.agents() if a["instance_id"] == instance_id), None)
+    if agent is None:
+        return f"the plane has no instance {instance_id}"
+    seen = human_age(now - agent["last_seen"]) if agent["last_seen"] else "never"
+    lines = [f"What the plane saw of instance {instance_id}:",
+             f"  agent     {agent['agent_id'] or '(not registered)'}  {agent['presence']} (last seen {seen}), "
+             f"{agent['agent_version'] or '-'}, status {agent['openclaw_status'] or 'unknown'}"]
+    last = store.reports(instance_id, last=True)
+    body = last["body"] if last else {}
+    figs = figures(body.get("system_info"))
+    for key, title in (("cpu", "CPU"), ("memory", "memory"), ("disk", "disk")):
+        if key in figs:
+            lines.append(f"  {title:<9} {bar(figs[key][0])}  {figs[key][1]}")
+    net = figs.get("network")
+    if net:
+        lines.append(f"  {'network':<9} rx {human_bytes(net['rx_bytes'])}, tx {human_bytes(net['tx_bytes'])} "
+                     f"({', '.join(map(str, net['interfaces'])) or 'no interfaces'})")
+    lines.extend(_agent_status(body.get("agent_status")))
+    lines.extend(_commands(store, instance_id, command_ids))
+    return "\n".join(lines)
+
+
+def _agent_status(status) -> list[str]:
+    if not isinstance(status, dict):
+        return ["  adapter   (no status reported)"]
+    state = status.get("state") if isinstance(status.get("state"), dict) else {}
+    out = [f"  adapter   {state.get('level', '?')}: {state.get('label') or ''}".rstrip()]
+    for gauge in status.get("gauges") or []:
+        if isinstance(gauge, dict) and isinstance(gauge.get("used"), (int, float)):
+            out.append(f"  {str(gauge.get('name') or 'gauge')[:9]:<9} {bar(float(gauge['used']))}  "
+                       f"{gauge.get('label') or ''}".rstrip())
+    held = status.get("held") or []
+    if held:
+        out.append(f"  held      {'; '.join(map(str, held))}")
+    return out
+
+
+def _commands(store, instance_id: int, command_ids) -> list[str]:
+    commands = store.commands(instance_id)
+    if command_ids is not None:
+        wanted = set(command_ids)
+        commands = [c for c in commands if c["id"] in wanted]
+    if not commands:
+        return ["  commands  none"]
+    out = ["  commands:"]
+    for c in commands:
+        outcome = c["error_message"] or _short(c["result"])
+        out.append(f"    #{c['id']:<4} {c['command_type']:<20} {c['status']:<10} {outcome}")
+    return out
+
+
+def _short(result, limit: int = 100) -> str:
+    if result is None:
+        return ""
+    if isinstance(result, dict) and isinstance(result.get("message"), str):
+        return result["message"][:limit]
+    text = json.dumps(result, sort_keys=True, separators=(",", ":"))
+    return text if len(text) <= limit else text[:limit - 1] + "…"

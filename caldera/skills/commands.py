@@ -1,0 +1,236 @@
+"""Skill commands (SPEC sections 8 and 9): handler(ctx, payload) -> result.
+
+Each mutating command re-inventories and queues a full inventory itself (when
+the scan is complete), so the control plane sees the change even without the
+watcher (`caldera report --once`). Every one is idempotent: a skill that is
+already gone, disabled or quarantined is a success that says so.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from caldera.errors import CommandError
+from caldera.skills import inventory, publish, store
+from caldera.skills.inventory import DISABLED, DISCOVERED, MANAGED
+
+log = logging.getLogger("caldera.skills")
+RISK_ACTIONS = {"disable": "disable", "quarantine": "quarantine", "remove": "remove", "uninstall": "remove"}
+
+
+def _state_dir(ctx) -> Path:
+    return Path(ctx.runtime.paths.state_dir)
+
+
+def _env(ctx) -> dict:
+    return getattr(ctx.runtime.settings, "env", None) or {}
+
+
+def _client(ctx):
+    client = getattr(ctx.runtime, "client", None)
+    if client is None:
+        raise CommandError(f"{ctx.command_type}: the agent is not connected to a control plane")
+    return client
+
+
+def _resync(ctx, trigger: str) -> dict:
+    scan, body = publish.scan_and_send(ctx.runtime, trigger)
+    return {"inventory_mode": body["mode"], "skill_count": len(scan.active)}
+
+
+# ------------------------------------------------------------------ inventory
+
+def sync_skill_inventory(ctx, payload: dict) -> dict:
+    trigger = payload.get("trigger") or ctx.command_type
+    scan, body = publish.scan_and_send(ctx.runtime, str(trigger))
+    result = {"mode": body["mode"], "skills": len(body["skills"]), "active": len(scan.active),
+              "problems": scan.problems[:20]}
+    if not scan.complete:
+        raise CommandError("the skill scan was incomplete, so no full inventory was sent (an incremental one "
+                           "was): " + "; ".join(scan.problems)[:800], result=result)
+    return result
+
+
+refresh_skill_inventory = sync_skill_inventory
+
+
+# ------------------------------------------------------------------ package
+
+def _locate_for_package(ctx, payload: dict) -> Path:
+    """content_md5 first, then identifier, then skill_id (the platform echoes what we reported)."""
+    scan = publish.scanner(ctx.runtime).scan()
+    wanted = (payload.get("content_md5") or "").strip().lower()
+    records = scan.records
+    for key, value in (("content_md5", wanted), ("identifier", payload.get("identifier")),
+                       ("skill_id", payload.get("skill_id"))):
+        if value:
+            for record in records:
+                if record.get(key) == value:
+                    return Path(record["install_path"])
+    named = ", ".join(f"{k}={payload.get(k)!r}" for k in ("content_md5", "identifier", "skill_id") if payload.get(k))
+    raise CommandError(f"no skill in the inventory matches {named or 'the payload (it names no skill)'}")
+
+
+def collect_skill_package(ctx, payload: dict) -> dict:
+    from caldera.skills import package
+
+    client = _client(ctx)
+    skill = _locate_for_package(ctx, payload)
+    cache = _state_dir(ctx) / "cache"
+    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        zip_path, content_md5, count = package.build(skill, cache)
+    except (package.PackageError, inventory.md5.SkillNameError) as exc:
+        raise CommandError(f"cannot package {skill.name}: {exc}") from None
+    try:
+        wanted = (payload.get("content_md5") or "").strip().lower()
+        if wanted and wanted != content_md5:
+            ctx.runtime.inventory_changed()
+            raise CommandError(f"{skill.name} changed since it was reported: its content_md5 is now {content_md5}, "
+                               f"not {wanted}; a fresh inventory is on its way")
+        fields = {"agent_id": ctx.runtime.agent_id, "skill_id": payload.get("skill_id") or skill.name,
+                  "skill_version": payload.get("skill_version") or "", "identifier": skill.name,
+                  "content_md5": content_md5, "source": payload.get("source") or inventory.SOURCE_DISCOVERED}
+        size = zip_path.stat().st_size
+        answer = client.upload_skill({k: str(v) for k, v in fields.items()}, zip_path, filename=f"{skill.name}.zip")
+    finally:
+        zip_path.unlink(missing_ok=True)
+    keep = ("id", "external_skill_id", "skill_key", "status", "scan_status", "risk_level", "content_md5")
+    uploaded = {k: answer.get(k) for k in keep if k in answer} if isinstance(answer, dict) else {}
+    return {"identifier": skill.name, "install_path": str(skill), "content_md5": content_md5,
+            "file_count": count, "zip_bytes": size, "uploaded": uploaded}
+
+
+# ------------------------------------------------------------------ install / update
+
+def _download(ctx, version: str, dest: Path) -> int:
+    from caldera.client import ApiError
+
+    try:
+        return _client(ctx).download_skill(version, dest, cap=store.DOWNLOAD_CAP)
+    except ApiError as exc:
+        raise CommandError(f"downloading skill version {version} failed: {exc}") from None
+
+
+def _install(ctx, payload: dict, update: bool) -> dict:
+    version = payload.get("skill_version") or payload.get("skill_version_id")
+    if version in (None, ""):
+        raise CommandError(f"{ctx.command_type}: the payload needs skill_version (e.g. ver_12)")
+    version = str(version)
+    expected = payload.get("content_md5") or payload.get("content_hash") or payload.get("md5")
+    if expected and not store.valid_md5(expected):
+        raise CommandError(f"content_md5 {expected!r} is not 32 hex digits")
+    state_dir, name = _state_dir(ctx), store.payload_name(payload)
+    found = store.find(state_dir, _env(ctx), payload, kinds=(MANAGED, DISCOVERED)) if (update and name) else None
+    root = found[0].parent if found else inventory.managed_root(state_dir)
+    staging = store.stage(root)
+    try:
+        _download(ctx, version, staging / "download.zip")
+        skill, content_md5 = store.unpack(staging / "download.zip", staging, expected)
+        name = name or store.check_name(skill.name, "the archive's top-level directory")
+        skill_id = store.platform_id(payload.get("skill_id")) or name
+        store.write_install_record(skill, {"skill_id": skill_id, "skill_version": version, "target_name": name,
+                                           "content_md5": content_md5, "installed_at": inventory.now_iso()})
+        target = root / name
+        with inventory.exclusive_lock(state_dir):
+            replaced = store.swap_in(skill, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("skill %s %s (%s, %s)", name, "updated" if replaced else "installed", version, content_md5)
+    result = {"install_path": str(target), "skill_id": skill_id, "skill_version": version,
+              "content_md5": content_md5, "target_name": name, "replaced": replaced}
+    result.update(_resync(ctx, ctx.command_type))
+    return result
+
+
+def install_skill(ctx, payload: dict) -> dict:
+    return _install(ctx, payload, update=False)
+
+
+def update_skill(ctx, payload: dict) -> dict:
+    return _install(ctx, payload, update=True)
+
+
+# ------------------------------------------------------------------ remove / disable / quarantine
+
+def _target(ctx, payload: dict, kinds=(MANAGED, DISCOVERED, DISABLED)):
+    return store.find(_state_dir(ctx), _env(ctx), payload, kinds=kinds)
+
+
+def _named(payload: dict) -> str:
+    return store.payload_name(payload) or store.platform_id(payload.get("skill_id")) or "?"
+
+
+def remove_skill(ctx, payload: dict) -> dict:
+    found = _target(ctx, payload)
+    if found is None:
+        result = {"target_name": _named(payload), "removed": False, "already_absent": True}
+    else:
+        path, _ = found
+        trash = path.with_name(f"{store.STAGING_PREFIX}rm-{path.name}")
+        with inventory.exclusive_lock(_state_dir(ctx)):
+            store.move(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        result = {"target_name": path.name, "install_path": str(path), "removed": True}
+    result.update(_resync(ctx, ctx.command_type))
+    return result
+
+
+uninstall_skill = remove_skill
+
+
+def disable_skill(ctx, payload: dict) -> dict:
+    state_dir = _state_dir(ctx)
+    found = _target(ctx, payload)
+    if found is None:
+        raise CommandError(f"there is no skill {_named(payload)!r} to disable")
+    path, root = found
+    if root.kind == DISABLED:
+        result = {"target_name": path.name, "install_path": str(path), "disabled": True, "already_disabled": True}
+    else:
+        dest = inventory.disabled_root(state_dir) / path.name
+        if dest.exists():
+            raise CommandError(f"{dest} exists already (an older disabled copy); remove it first")
+        with inventory.exclusive_lock(state_dir):
+            store.move(path, dest)
+        store.atomic_write_json(dest / inventory.DISABLED_RECORD,
+                                {"origin": str(path), "disabled_at": inventory.now_iso()}, mode=0o644)
+        result = {"target_name": path.name, "install_path": str(dest), "disabled": True, "disabled_from": str(path)}
+    result.update(_resync(ctx, ctx.command_type))
+    return result
+
+
+def quarantine_skill(ctx, payload: dict) -> dict:
+    state_dir = _state_dir(ctx)
+    found = _target(ctx, payload)
+    if found is None:
+        name = _named(payload)
+        held = sorted(p.name for p in inventory.quarantine_root(state_dir).glob(f"{name}-*")) \
+            if inventory.quarantine_root(state_dir).is_dir() else []
+        if not held:
+            raise CommandError(f"there is no skill {name!r} to quarantine")
+        result = {"target_name": name, "quarantined": True, "already_quarantined": True,
+                  "quarantine_path": str(inventory.quarantine_root(state_dir) / held[-1])}
+    else:
+        path, _ = found
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        dest = inventory.quarantine_root(state_dir) / f"{path.name}-{stamp}"
+        store.ensure_dir(dest.parent)
+        with inventory.exclusive_lock(state_dir):
+            store.move(path, dest)
+        store.defang(dest)
+        result = {"target_name": path.name, "quarantined": True, "quarantine_path": str(dest), "from": str(path)}
+    result.update(_resync(ctx, ctx.command_type))
+    return result
+
+
+def handle_skill_risk(ctx, payload: dict) -> dict:
+    action = payload.get("action") or payload.get("risk_action")
+    if action not in RISK_ACTIONS:
+        raise CommandError(f"handle_skill_risk: action must be one of disable, quarantine, remove (got {action!r})")
+    handler = {"disable": disable_skill, "quarantine": quarantine_skill, "remove": remove_skill}[RISK_ACTIONS[action]]
+    result = handler(ctx, payload)
+    result["action"] = RISK_ACTIONS[action]
+    return result

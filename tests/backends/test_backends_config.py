@@ -1,0 +1,124 @@
+"""Projection reading, provider plans, enforced settings and the TOML writer."""
+import os
+import tomllib
+
+import pytest
+
+from backends_helpers import CANARY, KEY_ENV, write_projection
+from caldera.backends import codex_config as cc
+from caldera.backends import failures as fk
+
+
+def plan_for(tmp_path, environ=None, **kw):
+    sec = write_projection(tmp_path, **kw)
+    return cc.plan_provider(cc.Projection.locate(sec), environ or {})
+
+
+def test_plan_reads_config_env_files_and_secret_values(tmp_path):
+    plan = plan_for(tmp_path, provider_extra='experimental_bearer_token = "tok-abcdefgh"\n'
+                                             '[model_providers.fake.http_headers]\nX-Key = "hdr-secret-1"\n')
+    assert plan.provider == "fake" and plan.model == "gpt-5.5" and plan.env == {KEY_ENV: CANARY}
+    assert plan.base_url == "http://127.0.0.1:9/v1"
+    assert {CANARY, "tok-abcdefgh", "hdr-secret-1"} <= set(plan.secret_values)
+    assert "gpt-5.5" not in plan.secret_values  # model and URL may be shown
+
+
+def test_missing_env_key_file_is_secret_unavailable(tmp_path):
+    with pytest.raises(fk.BackendFailure) as exc:
+        plan_for(tmp_path, key=None)
+    assert exc.value.kind == fk.SECRET_UNAVAILABLE and KEY_ENV in exc.value.message
+
+
+def test_empty_env_key_file_is_secret_unavailable(tmp_path):
+    with pytest.raises(fk.BackendFailure) as exc:
+        plan_for(tmp_path, key="")
+    assert exc.value.kind == fk.SECRET_UNAVAILABLE and "empty" in exc.value.message
+
+
+def test_unreadable_file_is_secret_unavailable(tmp_path):
+    sec = write_projection(tmp_path)
+    (sec / "codex" / "env" / KEY_ENV).unlink()
+    (sec / "codex" / "env" / KEY_ENV).mkdir()  # a directory cannot be read as a file, even by root
+    with pytest.raises(fk.BackendFailure) as exc:
+        cc.plan_provider(cc.Projection.locate(sec), {})
+    assert exc.value.kind == fk.SECRET_UNAVAILABLE and "cannot read" in exc.value.message
+
+
+def test_auth_command_file_is_checked_before_spawn(tmp_path):
+    extra = f'[model_providers.fake.auth]\ncommand = "cat"\nargs = ["{tmp_path}/gone"]\n'
+    with pytest.raises(fk.BackendFailure) as exc:
+        plan_for(tmp_path, provider_extra=extra)
+    assert exc.value.kind == fk.SECRET_UNAVAILABLE and "not readable" in exc.value.message
+
+
+def test_invalid_toml_is_backend_failed_without_content(tmp_path):
+    sec = write_projection(tmp_path)
+    (sec / "codex" / "config.toml").write_text(f'model = gpt-5.5 {CANARY}\n')
+    with pytest.raises(fk.BackendFailure) as exc:
+        cc.plan_provider(cc.Projection.locate(sec), {})
+    assert exc.value.kind == fk.BACKEND_FAILED and "line 1" in exc.value.message
+    assert CANARY not in exc.value.message
+
+
+def test_openai_provider_needs_auth_json_or_key(tmp_path):
+    codex = tmp_path / "secrets" / "codex"
+    codex.mkdir(parents=True)
+    (codex / "config.toml").write_text('model = "gpt-5.5"\n')
+    with pytest.raises(fk.BackendFailure) as exc:
+        cc.plan_provider(cc.Projection.locate(tmp_path / "secrets"), {})
+    assert exc.value.kind == fk.SECRET_UNAVAILABLE
+    (codex / "auth.json").write_text('{"auth_mode":"apikey","OPENAI_API_KEY":"sk-authjson-secret-123"}')
+    plan = cc.plan_provider(cc.Projection.locate(tmp_path / "secrets"), {})
+    assert "sk-authjson-secret-123" in plan.secret_values and plan.auth_json
+
+
+def test_gateway_from_environment_when_no_projection(tmp_path):
+    environ = {"CLAWMANAGER_LLM_BASE_URL": "http://gw.local/v1", "CLAWMANAGER_LLM_API_KEY": "gw-key-123456",
+               "OPENAI_MODEL": "gpt-5.5"}
+    plan = cc.plan_provider(cc.Projection.locate(tmp_path / "none"), environ)
+    assert plan.source == "gateway" and plan.provider == cc.GATEWAY_PROVIDER and plan.model == "gpt-5.5"
+    assert plan.env == {cc.GATEWAY_KEY_ENV: "gw-key-123456"} and plan.secret_values == ["gw-key-123456"]
+    provider = plan.config["model_providers"][cc.GATEWAY_PROVIDER]
+    assert provider["wire_api"] == "responses" and provider["env_key"] == cc.GATEWAY_KEY_ENV
+    assert "gw-key-123456" not in cc.dump_toml(plan.config)  # the key goes by environment only
+
+
+def test_credentials_directory_flat_names(tmp_path):
+    cred = tmp_path / "cred"
+    cred.mkdir()
+    (cred / "codex_config.toml").write_text(
+        'model_provider = "p"\n[model_providers.p]\nbase_url = "http://x/v1"\nenv_key = "K"\n')
+    (cred / "codex_env_K").write_text("flat-secret-value\n")
+    plan = cc.plan_provider(cc.Projection.locate(None, str(cred)), {})
+    assert plan.env == {"K": "flat-secret-value"}
+
+
+def test_enforce_adds_runtime_settings_and_bounds_retries(tmp_path):
+    plan = plan_for(tmp_path, extra_toml='profile = "other"\n[shell_environment_policy]\nexclude = ["AWS_*"]\n'
+                                         'set = { LEAK = "x" }\n',
+                    provider_extra="request_max_retries = 9\nstream_max_retries = 0\n")
+    config = cc.enforce(plan, network=False, request_retries=1, stream_retries=2)
+    back = tomllib.loads(cc.dump_toml(config))
+    assert back["shell_environment_policy"] == {"exclude": ["AWS_*", KEY_ENV]}
+    assert back["features"] == {"plugins": False, "remote_plugin": False, "apps": False, "tool_suggest": False,
+                                "unbounded_connection_retries": False}
+    assert back["analytics"] == {"enabled": False}
+    assert back["sandbox_workspace_write"] == {"network_access": False}
+    assert back["model_providers"]["fake"]["request_max_retries"] == 1  # 9 bounded to 1
+    assert back["model_providers"]["fake"]["stream_max_retries"] == 0  # lower stays lower
+    assert "profile" not in back
+
+
+def test_toml_writer_round_trips_awkward_values():
+    doc = {"a": 'quote " back \\ nl \n tab \t é', "n": 3, "f": 1.5, "b": True, "list": [1, "x", {"k": "v"}],
+           "t": {"dotted.key": {"deep": []}, "x y": "z"}}
+    assert tomllib.loads(cc.dump_toml(doc)) == doc
+
+
+def test_write_codex_home_is_private(tmp_path):
+    plan = plan_for(tmp_path)
+    home = tmp_path / "home"
+    cc.write_codex_home(home, plan, cc.enforce(plan, network=True, request_retries=0, stream_retries=0))
+    assert cc.is_private_dir(home)
+    assert oct(os.stat(home / "config.toml").st_mode & 0o777) == "0o600"
+    assert CANARY not in (home / "config.toml").read_text()

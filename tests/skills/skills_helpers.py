@@ -1,0 +1,168 @@
+"""A small Runtime for skill and revision handlers: real outbox and state file,
+the real control-plane client (faked on the wire with `responses`)."""
+import hashlib
+import io
+import os
+import stat
+import threading
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from caldera.commands import CommandContext
+from caldera.outbox import Outbox
+from caldera.redact import Redactor
+from caldera.statefile import StateFile
+
+BASE = "http://127.0.0.1:9"
+API = BASE + "/api/v1/agent"
+
+
+class FakeAuth:
+    bootstrap_token = "boot-token-for-tests-1234"
+
+    def token(self):
+        return "agt_sess_test_token_1234"
+
+    def renew(self, token):
+        return token
+
+    def forbidden(self, exc):
+        pass
+
+
+@dataclass
+class Paths:
+    state_dir: Path
+    config_dir: Path
+    name: str = "demo"
+
+    @property
+    def manifest_path(self):
+        return self.config_dir / "caldera.agent.yaml"
+
+    @property
+    def agent_env(self):
+        return self.config_dir / "agent.env"
+
+    @property
+    def secrets_env(self):
+        return self.config_dir / "secrets.env"
+
+
+@dataclass
+class Settings:
+    env: dict = field(default_factory=dict)
+    runtime_type: str = "caldera"
+    agent_id: str = "caldera-7-main"
+
+
+class FakeRuntime:
+    def __init__(self, tmp: Path, env=None, client=True, driver=None):
+        self.paths = Paths(tmp / "state", tmp / "config")
+        self.paths.state_dir.mkdir(parents=True, exist_ok=True)
+        self.paths.config_dir.mkdir(parents=True, exist_ok=True)
+        self.settings = Settings(env=dict(env or {}))
+        self.outbox = Outbox(self.paths.state_dir / "outbox")
+        self.state = StateFile(self.paths.state_dir / "state.json")
+        self.redactor = Redactor()
+        self.driver = driver
+        self.manifest = None
+        self.skill_count = None
+        self.stop = threading.Event()
+        self.inventory_wakeup = threading.Event()
+        self.reports = 0
+        self.client = None
+        if client:
+            from caldera.client import ControlPlaneClient, Transport
+
+            self.client = ControlPlaneClient(Transport(BASE), FakeAuth())
+
+    @property
+    def agent_id(self):
+        return self.settings.agent_id
+
+    def report_now(self):
+        self.reports += 1
+
+    def inventory_changed(self):
+        self.inventory_wakeup.set()
+
+    def tick(self, name):
+        pass
+
+    def inventories(self):
+        return [item["body"] for _, item in self.outbox.items() if item["kind"] == "inventory"]
+
+
+def ctx(runtime, command_type):
+    return CommandContext(command={"id": 1, "command_type": command_type}, runtime=runtime)
+
+
+def run(runtime, command_type, payload):
+    """Validate the payload like the executor does, then call the handler."""
+    from caldera import commands, schemas
+
+    schemas.validate(commands.schema_name(command_type), payload)
+    return commands.resolve(command_type)(ctx(runtime, command_type), payload)
+
+
+def write_tree(root: Path, files: dict) -> Path:
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return root
+
+
+def hand_md5(entries) -> str:
+    """MD5 of an explicitly written stream: entries are ("dir", path) or ("file", path, bytes)."""
+    stream = b""
+    for entry in entries:
+        if entry[0] == "dir":
+            stream += entry[1].encode() + b"\ndir\n"
+        else:
+            stream += entry[1].encode() + b"\nfile\n" + entry[2] + b"\n"
+    return hashlib.md5(stream).hexdigest()
+
+
+def zip_bytes(members, *, compression=zipfile.ZIP_DEFLATED) -> bytes:
+    """members: (name, bytes) or (name, bytes, unix_mode) or a ZipInfo-ready tuple."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=compression) as zf:
+        for member in members:
+            name, data = member[0], member[1]
+            info = zipfile.ZipInfo(name)
+            info.compress_type = compression
+            mode = member[2] if len(member) > 2 else (stat.S_IFDIR | 0o755 if name.endswith("/") else stat.S_IFREG | 0o644)
+            info.external_attr = mode << 16
+            info.create_system = 3
+            zf.writestr(info, data)
+    return buf.getvalue()
+
+
+def snapshot(root: Path) -> dict:
+    """Every path under root with its type and content digest (links not followed)."""
+    out = {}
+    for base, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(base) / name
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode):
+                out[str(path.relative_to(root))] = ("file", hashlib.md5(path.read_bytes()).hexdigest(), st.st_mode)
+            elif stat.S_ISLNK(st.st_mode):
+                out[str(path.relative_to(root))] = ("link", os.readlink(path))
+            else:
+                out[str(path.relative_to(root))] = ("dir",)
+    return out
+
+
+def multipart_fields(body: bytes, content_type: str) -> dict:
+    import email.parser
+
+    msg = email.parser.BytesParser().parsebytes(b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + body)
+    out = {}
+    for part in msg.get_payload():
+        name = part.get_param("name", header="content-disposition")
+        out[name] = (part.get_filename(), part.get_payload(decode=True))
+    return out

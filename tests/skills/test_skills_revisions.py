@@ -1,0 +1,113 @@
+"""apply_config_revision (checksum over the raw content bytes, store, apply, report)
+and reload_config."""
+import hashlib
+import json
+
+import pytest
+import responses
+from skills_helpers import API, FakeRuntime, run
+
+from caldera import revisions
+from caldera.errors import CommandError
+
+# Go's json.Marshal: keys sorted, <>& escaped. Python's json.dumps does not reproduce these bytes.
+CONTENT = (b'{"mode":"bundle","payloads":[{"count":1,"env":"CLAWMANAGER_OPENCLAW_SKILLS_JSON"}],'
+           b'"resources":[{"id":4,"key":"a\\u003cb\\u0026c","name":"x","type":"skill","version":"1"}],'
+           b'"schemaVersion":1}')
+
+
+def envelope(content: bytes, checksum: str | None = None, rev_id: int = 9) -> bytes:
+    checksum = checksum or "sha256:" + hashlib.sha256(content).hexdigest()
+    return (b'{"success":true,"message":"ok","data":{"revision":{"id":%d,"instance_id":7,"revision_no":3,'
+            b'"content":%s,"checksum":"%s","status":"published"}}}' % (rev_id, content, checksum.encode()))
+
+
+class Answer:
+    def __init__(self, ok, message=None):
+        self.ok, self.message, self.reason = ok, message, None
+
+
+class Driver:
+    def __init__(self, ok=True):
+        self.calls, self.ok = [], ok
+
+    def settings_set(self, values, cancel=None, deadline=None):
+        self.calls.append(values)
+        return Answer(self.ok, "fine" if self.ok else "Threshold out of range")
+
+
+def test_checksum_is_over_raw_bytes_not_reserialised():
+    assert json.dumps(json.loads(CONTENT), separators=(",", ":"), sort_keys=True).encode() != CONTENT
+    raw = envelope(CONTENT)
+    assert revisions.value_span(raw, ("data", "revision", "content")) == CONTENT
+
+
+def test_apply_stores_and_records(tmp_path):
+    rt = FakeRuntime(tmp_path)
+    with responses.RequestsMock() as rsps:
+        rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(CONTENT), status=200)
+        result = run(rt, "apply_config_revision", {"revision_id": 9, "snapshot_id": 2})
+    assert result["current_config_revision_id"] == 9 and rt.state.get("current_config_revision_id") == 9
+    assert result["bootstrap_manifest"] == {"mode": "bundle", "resources": 1, "recorded": True}
+    stored = rt.paths.state_dir / "config-revisions"
+    assert (stored / "9.content.json").read_bytes() == CONTENT
+    assert json.loads((stored / "9.json").read_text())["revision_no"] == 3
+    assert rt.reports == 1
+
+
+def test_checksum_mismatch_applies_nothing(tmp_path):
+    rt = FakeRuntime(tmp_path)
+    rt.state.set("current_config_revision_id", 4)
+    with responses.RequestsMock() as rsps:
+        rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(CONTENT, "sha256:" + "0" * 64), status=200)
+        with pytest.raises(CommandError, match="checksum mismatch"):
+            run(rt, "apply_config_revision", {"revision_id": 9})
+        rsps.add(responses.GET, f"{API}/config/revisions/10", status=404, body=b"")
+        with pytest.raises(CommandError, match="revision 10 not found"):
+            run(rt, "apply_config_revision", {"revision_id": 10})
+    assert rt.state.get("current_config_revision_id") == 4
+    assert not (rt.paths.state_dir / "config-revisions").exists()
+
+
+def test_settings_go_through_the_adapter(tmp_path):
+    content = b'{"settings":{"threshold":0.5}}'
+    rt = FakeRuntime(tmp_path, driver=Driver())
+    with responses.RequestsMock() as rsps:
+        rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(content), status=200)
+        result = run(rt, "apply_config_revision", {"revision_id": "9"})
+    assert rt.driver.calls == [{"threshold": 0.5}] and result["settings"]["keys"] == ["threshold"]
+    rt.driver = Driver(ok=False)
+    with responses.RequestsMock() as rsps:
+        rsps.add(responses.GET, f"{API}/config/revisions/11", body=envelope(content, rev_id=11), status=200)
+        with pytest.raises(CommandError, match="Threshold out of range"):
+            run(rt, "apply_config_revision", {"revision_id": 11})
+    assert rt.state.get("current_config_revision_id") == 9
+
+
+MANIFEST = "name: demo\nversion: {v}\nruntime:\n  type: adapter\n  command: [python3, adapter.py]\n  workdir: .\n"
+
+
+def test_manifest_goes_through_the_blueprint_update(tmp_path):
+    rt = FakeRuntime(tmp_path)
+    rt.paths.manifest_path.write_text(MANIFEST.format(v="1.0.0"))
+    content = json.dumps({"manifest": MANIFEST.format(v="1.1.0")}, separators=(",", ":")).encode()
+    with responses.RequestsMock() as rsps:
+        rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(content), status=200)
+        result = run(rt, "apply_config_revision", {"revision_id": 9})
+    assert result["manifest"]["applied"] is True and result["manifest"]["version"] == "1.1.0"
+    assert "1.1.0" in rt.paths.manifest_path.read_text()
+
+
+def test_reload_config_keeps_the_connection(tmp_path, caldera_env):
+    from caldera.config import load_settings
+
+    rt = FakeRuntime(tmp_path)
+    rt.paths.agent_env.write_text("CALDERA_BASE_URL=http://127.0.0.1:9\nCALDERA_LOG_LEVEL=info\n")
+    rt.settings = load_settings(rt.paths, environ={})
+    rt.paths.agent_env.write_text("CALDERA_BASE_URL=http://127.0.0.1:8\nCALDERA_LOG_LEVEL=debug\n")
+    rt.paths.manifest_path.write_text(MANIFEST.format(v="2.0.0"))
+    result = run(rt, "reload_config", {})
+    assert rt.settings.log_level == "debug" and rt.settings.base_url == "http://127.0.0.1:9"
+    assert "CALDERA_LOG_LEVEL" in result["changed_keys"]
+    assert any(n.startswith("base_url") for n in result["not_applied"])
+    assert result["manifest"]["version"] == "2.0.0"
