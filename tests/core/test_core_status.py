@@ -56,3 +56,15 @@ def test_status_shows_daemon_connection_and_no_secrets(caldera_env, tmp_path):
     finally:
         daemon.stop()
         plane.stop()
+
+
+def test_status_masks_secrets_the_adapter_prints(caldera_env):
+    config = install_agent(caldera_env)
+    (config / "adapter.py").write_text(
+        "import json\nprint(json.dumps({'state': {'level': 'ok', 'label': 'Ready'}, "
+        f"'detail': 'using {SECRET} and Authorization: Bearer abcdefghijklmnop'}}))\n")
+    for extra in ((), ("--json",)):
+        done = status(*extra)
+        assert done.returncode == 0, done.stderr
+        assert SECRET not in done.stdout and "abcdefghijklmnop" not in done.stdout
+        assert "[REDACTED]" in done.stdout
