@@ -13,12 +13,11 @@ import base64
 import json
 import re
 import threading
-import urllib.parse
 
 MASK = "[REDACTED]"
 MIN_SECRET_LEN = 6  # shorter values would mask ordinary words
 
-_SECRET_KEY = re.compile(
+_SECRET_KEY = (
     r"(?i)^(authorization|proxy-authorization|api[_-]?key|apikey|token|access[_-]?token|"
     r"refresh[_-]?token|id[_-]?token|session[_-]?token|bootstrap[_-]?token|password|passwd|"
     r"secret|client[_-]?secret|private[_-]?key|cookie|set-cookie)$"
@@ -27,25 +26,40 @@ _SECRET_KEY = re.compile(
 # substrings is in the lowercased text. Most log lines hold none, and a substring
 # test costs a fraction of a regex scan: this keeps redaction at a few microseconds
 # per line (bench/bench_codex.py). Every trigger is a substring every match must contain.
-_PATTERNS = [
+_PATTERN_SOURCES = [
     # Authorization: Bearer xxx / Basic xxx (header form, any case)
-    (re.compile(r"(?i)\b((?:proxy-)?authorization\"?\s*[:=]\s*\"?)(?:(?:bearer|basic|token)\s+)?[^\s\"',}]+"),
+    ((r"(?i)\b((?:proxy-)?authorization\"?\s*[:=]\s*\"?)(?:(?:bearer|basic|token)\s+)?[^\s\"',}]+"),
      r"\1" + MASK, ("authorization",)),
-    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=\-]{8,}"), r"\1 " + MASK, ("bearer", "basic")),
-    (re.compile(r"\bsk-[A-Za-z0-9_\-]{12,}"), MASK, ("sk-",)),
-    (re.compile(r"\bagt_(?:sess|boot)_[A-Za-z0-9_\-]{6,}"), MASK, ("agt_",)),
+    ((r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=\-]{8,}"), r"\1 " + MASK, ("bearer", "basic")),
+    ((r"\bsk-[A-Za-z0-9_\-]{12,}"), MASK, ("sk-",)),
+    ((r"\bagt_(?:sess|boot)_[A-Za-z0-9_\-]{6,}"), MASK, ("agt_",)),
     # scheme://user:password@host -> scheme://[REDACTED]@host
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s:@\"']+(?::[^/\s@\"']*)?@"), r"\1" + MASK + "@", ("@",)),
+    ((r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s:@\"']+(?::[^/\s@\"']*)?@"), r"\1" + MASK + "@", ("@",)),
     # ?token=…&api_key=…
-    (re.compile(r"(?i)([?&;](?:access_token|token|api[_-]?key|apikey|key|password|secret|sig|signature)=)[^&\s\"'#]+"),
+    ((r"(?i)([?&;](?:access_token|token|api[_-]?key|apikey|key|password|secret|sig|signature)=)[^&\s\"'#]+"),
      r"\1" + MASK, ("token=", "key=", "password=", "secret=", "sig=", "signature=")),
     # "api_key": "…" / api_key=… / token: … in free text
-    (re.compile(r"(?i)(\"(?:api[_-]?key|apikey|token|access_token|refresh_token|id_token|password|secret|client_secret)\"\s*:\s*\")[^\"]*(\")"),
+    ((r"(?i)(\"(?:api[_-]?key|apikey|token|access_token|refresh_token|id_token|password|secret|client_secret)\"\s*:\s*\")[^\"]*(\")"),
      r"\1" + MASK + r"\2", ('key"', 'token"', 'password"', 'secret"')),
-    (re.compile(r"(?i)\b((?:api[_-]?key|apikey|access_token|refresh_token|password|passwd|client_secret)\s*[=:]\s*)[^\s,;\"'}]+"),
+    ((r"(?i)\b((?:api[_-]?key|apikey|access_token|refresh_token|password|passwd|client_secret)\s*[=:]\s*)[^\s,;\"'}]+"),
      r"\1" + MASK, ("key", "token", "passw", "secret")),
 ]
-_ANY_TRIGGER = re.compile("|".join(re.escape(t) for _, _, triggers in _PATTERNS for t in triggers))
+
+
+class _Compiled:
+    """The patterns, compiled on first use: importing this module (every quick CLI
+    verb does) costs no regex compilation; the first redaction pays it once."""
+
+    _done = None
+
+    @classmethod
+    def get(cls):
+        if cls._done is None:
+            patterns = [(re.compile(src), repl, triggers) for src, repl, triggers in _PATTERN_SOURCES]
+            trigger = re.compile("|".join(re.escape(t) for _, _, ts in _PATTERN_SOURCES for t in ts))
+            cls._done = (patterns, trigger, re.compile(_SECRET_KEY))
+        return cls._done
+
 
 
 def _forms(value: str) -> set[str]:
@@ -60,6 +74,8 @@ def _forms(value: str) -> set[str]:
         forms.add(text)
         forms.add(text.rstrip("="))
     forms.add(json.dumps(value)[1:-1])
+    import urllib.parse
+
     forms.add(urllib.parse.quote(value, safe=""))
     forms.add(urllib.parse.quote_plus(value, safe=""))
     return {f for f in forms if len(f) >= MIN_SECRET_LEN}
@@ -92,9 +108,10 @@ class Redactor:
         if regex is not None:
             value = regex.sub(MASK, value)
         low = value.lower()
-        if _ANY_TRIGGER.search(low) is None:  # the common case: nothing credential-shaped
+        patterns, any_trigger, _ = _Compiled.get()
+        if any_trigger.search(low) is None:  # the common case: nothing credential-shaped
             return value
-        for pattern, repl, triggers in _PATTERNS:
+        for pattern, repl, triggers in patterns:
             if any(t in low for t in triggers):
                 value = pattern.sub(repl, value)
         return value
@@ -106,7 +123,7 @@ class Redactor:
         if isinstance(value, bytes):
             return self.text(value.decode("utf-8", "replace"))
         if isinstance(value, dict):
-            return {k: (MASK if isinstance(k, str) and _SECRET_KEY.match(k) and v not in (None, "")
+            return {k: (MASK if isinstance(k, str) and _Compiled.get()[2].match(k) and v not in (None, "")
                         else self(v)) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return [self(v) for v in value]

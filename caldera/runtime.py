@@ -82,9 +82,9 @@ class Runtime:
         self.ticks[loop] = time.monotonic()
 
     def capabilities(self) -> list[str]:
-        import caldera.backends as backends  # TODO(integration): backends.capabilities is the contract
+        from caldera.backends.base import capabilities as backend_capabilities
 
-        extra = backends.capabilities(self.settings) if hasattr(backends, "capabilities") else []
+        extra = backend_capabilities(self.settings.env)
         return BASE_CAPABILITIES + [c for c in extra if c not in BASE_CAPABILITIES]
 
     def agent_section(self) -> dict:

@@ -224,8 +224,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             body = self._read_body(url.path)
         except _BadRequest as exc:
             self.close_connection = True
-            self._send(api.error(400, str(exc)))
             self.server_ref._record(self.command, url.path, 400)
+            self._send(api.error(400, str(exc)))
             return
         req = api.Request(self.command, url.path, {k.lower(): v for k, v in self.headers.items()}, body,
                           self.client_address[0], query=dict(urllib.parse.parse_qsl(url.query)))
@@ -242,8 +242,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             except OSError:
                 pass
             return
-        self._send(resp)
+        # recorded before the answer goes out: a client holding the answer finds the record
         self.server_ref._record(self.command, url.path, resp.status)
+        self._send(resp)
 
     def _read_body(self, path: str) -> bytes:
         cap = UPLOAD_BODY_CAP if path.endswith("/skills/upload") else JSON_BODY_CAP

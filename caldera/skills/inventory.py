@@ -232,10 +232,12 @@ def _column_problem(path: Path) -> str | None:
 class Inventory:
     """Scans the roots; remembers each skill's signature and record between scans."""
 
+    FULL_CHECK_EVERY = 10  # with a notifier: every 10th scan still checks every stat signature
+
     def __init__(self, state_dir, env: dict | None = None, runtime_type: str = "caldera",
-                 *, persist: bool = True):
+                 *, persist: bool = True, notifier=None):
         self.state_dir, self.env, self.runtime_type = Path(state_dir), env or {}, runtime_type
-        self.persist = persist
+        self.persist, self.notifier, self._scans, self._trust = persist, notifier, 0, False
         self.cache_path = self.state_dir / "cache" / CACHE_NAME
         self._cache = self._load_cache()
 
@@ -262,6 +264,14 @@ class Inventory:
         result = Scan()
         all_roots, result.problems = roots(self.state_dir, self.env)
         entries, seen = {}, {}
+        self._scans += 1
+        self._trust = False
+        if self.notifier is not None:
+            self.notifier.drain()
+            if self.notifier.overflowed or self._scans % self.FULL_CHECK_EVERY == 1:
+                self.notifier.clear()  # this scan checks every signature and watches afresh
+            else:
+                self._trust = True
         with shared_lock(self.state_dir):
             for root in all_roots:
                 try:
@@ -285,9 +295,17 @@ class Inventory:
         if path.name in seen:
             result.problems.append(f"{path}: shadowed by {seen[path.name]} (same identifier); left out")
             return
+        cached = self._cache.get(str(path))
+        if (self._trust and cached and cached.get("root") == root.kind
+                and self.notifier.unchanged(str(path))):
+            seen[path.name] = str(path)
+            entries[str(path)] = cached
+            result.records.append(cached["record"])
+            return
+        if self.notifier is not None:
+            self.notifier.watch(str(path))  # before the signature: a later change leaves an event
         try:
             sig = signature(path)
-            cached = self._cache.get(str(path))
             if cached and cached.get("sig") == sig and cached.get("root") == root.kind:
                 record = cached["record"]
             else:

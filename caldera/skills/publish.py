@@ -6,6 +6,7 @@ Shared by the watcher loop and the command handlers, so `report --once`
 from __future__ import annotations
 
 import logging
+import os
 
 from caldera.skills import inventory
 
@@ -13,10 +14,10 @@ log = logging.getLogger("caldera.skills")
 SENT_KEY = "skills_inventory_sent"  # state.json: digest of the last inventory queued
 
 
-def scanner(runtime) -> inventory.Inventory:
+def scanner(runtime, notifier=None) -> inventory.Inventory:
     settings = runtime.settings
     return inventory.Inventory(runtime.paths.state_dir, getattr(settings, "env", None) or {},
-                               getattr(settings, "runtime_type", "caldera"))
+                               getattr(settings, "runtime_type", "caldera"), notifier=notifier)
 
 
 def send(runtime, scan: inventory.Scan, trigger: str) -> dict:
@@ -24,9 +25,9 @@ def send(runtime, scan: inventory.Scan, trigger: str) -> dict:
     runtime.skill_count = len(scan.active)
     body = inventory.body(runtime.agent_id, scan, trigger)
     outbox = runtime.outbox
-    for name, item in list(outbox.items()):
-        if item.get("kind") == "inventory":
-            outbox.done(name)
+    # by name (NNN-kind.json), so a full outbox of results is not read on every send
+    for name in sorted(n for n in os.listdir(outbox.dir) if n.endswith("-inventory.json")):
+        outbox.done(name)
     outbox.put("inventory", {"body": body})
     runtime.state.set(SENT_KEY, sent_digest(scan))
     if not scan.complete:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from caldera.skills import inventory, publish, store
+from caldera.skills import inventory, notify, publish, store
 
 log = logging.getLogger("caldera.skills")
 CHECK_INTERVAL = 30.0
@@ -24,12 +24,21 @@ def skills_loop(runtime, stop=None) -> None:
         with inventory.exclusive_lock(runtime.paths.state_dir):
             for note in store.recover(root):
                 log.warning("%s", note)
-    scanner = publish.scanner(runtime)
+    notifier = notify.Notifier.open()
+    try:
+        _loop(runtime, stop, wake, notifier)
+    finally:
+        if notifier is not None:
+            notifier.close()
+
+
+def _loop(runtime, stop, wake, notifier) -> None:
+    scanner = publish.scanner(runtime, notifier)
     trigger = "startup"
     while not stop.is_set():
         _tick(runtime)
         if scanner.env != (getattr(runtime.settings, "env", None) or {}):
-            scanner = publish.scanner(runtime)  # reload_config changed CALDERA_SKILL_DIRS maybe
+            scanner = publish.scanner(runtime, notifier)  # reload_config may have changed CALDERA_SKILL_DIRS
         try:
             check_once(runtime, scanner, trigger)
         except Exception:  # noqa: BLE001 -- one bad scan must not end the watcher; retried next turn

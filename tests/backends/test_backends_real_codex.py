@@ -203,3 +203,28 @@ def test_cli_turn_json_lines_and_no_leak_on_stdout_or_stderr(tmp_path):
     assert len(logs) == 1 and CANARY not in logs[0].read_text()
     for req in provider.requests:
         assert CANARY not in req["body"]
+
+
+def test_approval_request_is_declined_and_the_turn_goes_on(tmp_path):
+    # on-request + read-only: Codex asks before apply_patch; the runtime declines, nothing is written.
+    (workspace(tmp_path) / "README.md").write_text("hello\n")
+    script = [{"custom": "apply_patch", "input": "*** Begin Patch\n*** Update File: README.md\n@@\n-hello\n+changed\n"
+                                                 "*** End Patch\n"},
+              {"text": "ok"}]
+    with FakeProvider(script) as provider:
+        sec = write_projection(tmp_path, base_url=provider.url)
+        env = environment(tmp_path, CODEX_BIN, sec, CALDERA_RUN_ALLOW_APPROVAL="true")
+        result, events = execute(request(workspace(tmp_path), approval="on-request", sandbox="read-only"), env)
+    assert terminal(events)["status"] == "completed", events
+    approvals = [t for t in of_type(events, "tool_call") if t["tool"] == "approval"]
+    assert [a["request"] for a in approvals] == ["item/fileChange/requestApproval"]
+    assert (workspace(tmp_path) / "README.md").read_text() == "hello\n"
+    assert_no_leak(result, events, env, provider)
+
+
+def test_policy_timeout_on_a_stalled_provider_is_backend_timeout(tmp_path):
+    result, events, env, provider = real_run(tmp_path, [{"stall": 30}], timeout_seconds=2)
+    data = terminal(events)
+    assert data["status"] == "failed" and data["failure_kind"] == fk.BACKEND_TIMEOUT, events
+    assert any(s["phase"] == "interrupting" for s in of_type(events, "backend_status"))
+    assert_no_leak(result, events, env, provider)

@@ -193,3 +193,30 @@ def test_interrupted_swap_is_recovered(rt):
     notes = store.recover(skills)
     assert (skills / "notes" / "SKILL.md").is_file() and not (skills / ".caldera-staging-abc").exists()
     assert notes and "restored" in notes[0]
+
+
+def test_notifier_skips_stats_and_still_sees_changes(rt, monkeypatch):
+    from caldera.skills import notify
+
+    notifier = notify.Notifier.open()
+    if notifier is None:
+        pytest.skip("no inotify here")
+    try:
+        inv = inventory.Inventory(rt.paths.state_dir, rt.settings.env, "caldera", notifier=notifier)
+        assert inv.scan().hashed == 3  # first scan: every signature checked, watches set
+        real = inventory.signature
+        calls = []
+        monkeypatch.setattr(inventory, "signature", lambda p: calls.append(p) or real(p))
+        assert inv.scan().hashed == 0 and calls == []  # nothing changed: no stat walk at all
+        target = rt.paths.state_dir / "skills" / "notes" / "run.sh"
+        with open(target, "r+b") as fh:  # in place, same size: only an event can tell
+            fh.write(b"ECHO")
+        (rt.paths.state_dir / "skills" / "notes" / "deep").mkdir()
+        scan = inv.scan()
+        assert scan.hashed == 1 and [p.name for p in calls] == ["notes"]
+        record = next(r for r in scan.records if r["identifier"] == "notes")
+        assert record["content_md5"] == md5.content_md5_dir(target.parent)
+        (rt.paths.state_dir / "skills" / "notes" / "deep" / "new.txt").write_text("n")
+        assert inv.scan().hashed == 1  # the new directory was watched after the rescan
+    finally:
+        notifier.close()
