@@ -182,10 +182,10 @@ def read_record(path: Path, name: str) -> dict:
     return doc if isinstance(doc, dict) else {}
 
 
-def signature(path: Path) -> str:
+def signature(path: Path, files: list | None = None) -> str:
     """The skill's stat signature (its files, and caldera's hidden records, which
-    carry skill_id/skill_version/disabled_from)."""
-    sig = md5.stat_signature(path)
+    carry skill_id/skill_version/disabled_from); from `files` when already collected."""
+    sig = md5.files_signature(files) if files is not None else md5.stat_signature(path)
     for extra in (INSTALL_RECORD, DISABLED_RECORD):
         try:
             st = os.lstat(path / extra)

@@ -95,7 +95,7 @@ def stat_signature(root) -> str:
     """The cheap change check: sha1 over (path, size, mtime, ctime, inode) of the same
     files collect_files() would list, without building them or checking names.
     Any content change moves mtime/ctime; any add, remove or rename moves the list."""
-    sha = hashlib.sha1()
+    lines = []
     stack = [(os.fspath(root), "")]
     while stack:
         directory, prefix = stack.pop()
@@ -110,11 +110,20 @@ def stat_signature(root) -> str:
                     if stat.S_ISDIR(mode):
                         stack.append((entry.path, f"{prefix}{name}/"))
                     elif stat.S_ISREG(mode):
-                        sha.update(f"{prefix}{name}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0"
-                                   f"{st.st_ino}\n".encode("utf-8", "surrogateescape"))
+                        lines.append(f"{prefix}{name}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\n")
         except OSError as exc:
             raise ScanError(exc.errno, f"cannot read: {exc.strerror}", exc.filename or directory) from None
-    return sha.hexdigest()
+    return _lines_digest(lines)
+
+
+def files_signature(files: list) -> str:
+    """stat_signature() of an already collected file list (the same digest, no second walk)."""
+    return _lines_digest([f"{f.rel}\0{f.size}\0{f.mtime_ns}\0{f.ctime_ns}\0{f.ino}\n" for f in files])
+
+
+def _lines_digest(lines: list) -> str:
+    lines.sort()
+    return hashlib.sha1("".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def parent_dirs(rel: str) -> list[str]:
