@@ -219,6 +219,11 @@ class MultipartFile:
         return (f"--{self.boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n"
                 f"{value}\r\n").encode()
 
+    def __len__(self) -> int:
+        # requests takes Content-Length from len() and streams the iterable as it is
+        # (with no length it would add Transfer-Encoding: chunked).
+        return self.length
+
     @property
     def content_type(self) -> str:
         return f"multipart/form-data; boundary={self.boundary}"
@@ -279,9 +284,8 @@ class ControlPlaneClient:
 
         def send(token):
             form = MultipartFile(fields, "file", path, filename)
-            headers = {"Content-Type": form.content_type, "Content-Length": str(form.length)}
-            return self.transport.request("POST", "/skills/upload", token, data=iter(form),
-                                          headers=headers)
+            return self.transport.request("POST", "/skills/upload", token, data=form,
+                                          headers={"Content-Type": form.content_type})
 
         token = self.auth.token()
         try:

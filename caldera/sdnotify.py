@@ -17,6 +17,7 @@ import os
 import socket
 
 log = logging.getLogger("caldera.sdnotify")
+SEND_TIMEOUT = 2.0  # seconds
 
 
 def _address(raw: str) -> str | bytes | None:
@@ -45,6 +46,9 @@ def notify(state: str, environ=os.environ) -> bool:
         return False
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            # A listener whose queue is full would block a datagram send forever;
+            # the daemon's main thread sends these, so bound the wait.
+            sock.settimeout(SEND_TIMEOUT)
             sock.sendto(state.encode(), address)
     except OSError as exc:
         log.debug("sd_notify %r to %s failed: %s", state, raw, exc)

@@ -29,7 +29,7 @@ def agent_run(ctx, payload: dict) -> dict:
     if getattr(runtime, "client", None) is not None:
         from caldera.backends.poster import EventPoster
 
-        poster = EventPoster(runtime.client, payload["run_id"], _note(runtime))
+        poster = EventPoster(runtime.client, runtime.agent_id, payload["run_id"], _note(runtime))
         listeners.append(poster)
     try:
         result = service.execute(

@@ -12,8 +12,8 @@ INTERVAL = 1.0
 MAX_PENDING = 2000
 
 
-def post_events_loop(client, run_id: str, pending: list, lock: threading.Lock, stop: threading.Event,
-                     note) -> None:
+def post_events_loop(client, agent_id: str, run_id: str, pending: list, lock: threading.Lock,
+                     stop: threading.Event, note) -> None:
     """Thread body: every INTERVAL (or when stopped) send what is pending, BATCH at a time."""
     from caldera.client import ApiError, NotFound
 
@@ -25,7 +25,7 @@ def post_events_loop(client, run_id: str, pending: list, lock: threading.Lock, s
             if not batch:
                 break
             try:
-                client.post_run_events(run_id, {"run_id": run_id, "events": batch})
+                client.post_run_events(run_id, {"agent_id": agent_id, "run_id": run_id, "events": batch})
             except NotFound:
                 note("the control plane has no run-events endpoint: events stay in the run log")
                 return
@@ -41,13 +41,13 @@ def post_events_loop(client, run_id: str, pending: list, lock: threading.Lock, s
 class EventPoster:
     """A sink listener plus its thread; `close()` flushes once more and joins."""
 
-    def __init__(self, client, run_id: str, note):
+    def __init__(self, client, agent_id: str, run_id: str, note):
         self.pending: list = []
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.dropped = 0
         self.thread = threading.Thread(target=post_events_loop, name=f"run-events-{run_id}", daemon=True,
-                                       args=(client, run_id, self.pending, self.lock, self.stop, note))
+                                       args=(client, agent_id, run_id, self.pending, self.lock, self.stop, note))
         self.thread.start()
 
     def __call__(self, event: dict) -> None:

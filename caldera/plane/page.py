@@ -208,7 +208,10 @@ def _commands_table(commands: list, now: float) -> str:
         return '<p class="empty">No commands yet.</p>'
     rows = []
     for c in commands:
-        outcome = c["error_message"] or (_short(c["result"]) if c["result"] is not None else "")
+        result = c["result"]
+        message = result.get("message") if isinstance(result, dict) else None
+        outcome = c["error_message"] or (message if isinstance(message, str) else
+                                         _short(result) if result is not None else "")
         rows.append(f'<tr data-command="{c["id"]}"><td>{c["id"]}</td><td>{c["instance_id"]}</td>'
                     f'<td><code>{_e(c["command_type"])}</code></td><td class="status-{c["status"]}">{c["status"]}</td>'
                     f'<td>{human_age(now - c["issued_at"])}</td><td>{_e(outcome)}</td></tr>')

@@ -305,13 +305,14 @@ class Inventory:
         if self.notifier is not None:
             self.notifier.watch(str(path))  # before the signature: a later change leaves an event
         try:
-            sig = signature(path)
-            if cached and cached.get("sig") == sig and cached.get("root") == root.kind:
+            sig = signature(path) if cached and cached.get("root") == root.kind else None
+            if sig is not None and cached.get("sig") == sig:
                 record = cached["record"]
-            else:
+            else:  # one walk: the signature comes from the same file list that is hashed
                 files = md5.collect_files(path)
                 if not files:
                     return  # an empty (or hidden-only) directory is not a skill: nothing to fingerprint
+                sig = signature(path, files)
                 record = build_record(path, root, files, md5.content_md5_files(files), self.runtime_type)
                 result.hashed += 1
         except md5.SkillNameError as exc:

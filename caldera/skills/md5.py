@@ -159,9 +159,11 @@ def read_chunks(path: str):
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise ScanError(exc.errno, f"cannot read: {exc.strerror}", path) from None
-    with os.fdopen(fd, "rb") as fh:
-        while chunk := fh.read(CHUNK):
+    try:
+        while chunk := os.read(fd, CHUNK):  # no buffered file object: many small files
             yield chunk
+    finally:
+        os.close(fd)
 
 
 def content_md5_files(files: list[FileEntry]) -> str:

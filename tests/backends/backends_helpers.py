@@ -96,7 +96,8 @@ def fake_runtime(tmp: Path, env: dict, client=None):
     config_dir = tmp / "config"
     paths = SimpleNamespace(state_dir=tmp / "state", config_dir=config_dir, secrets_dir=config_dir / "secrets")
     settings = SimpleNamespace(env=env)
-    return SimpleNamespace(paths=paths, settings=settings, redactor=Redactor(), client=client)
+    return SimpleNamespace(paths=paths, settings=settings, redactor=Redactor(), client=client,
+                           agent_id="caldera-7-main")
 
 
 def fake_ctx(runtime, cancel=None, deadline=0.0, command=None):

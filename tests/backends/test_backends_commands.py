@@ -65,7 +65,7 @@ def test_poster_keeps_events_when_the_plane_is_away(tmp_path):
     from caldera.backends.poster import EventPoster
 
     client = FakeClient(Retryable(503, "down"))
-    poster = EventPoster(client, "r1", lambda text: None)
+    poster = EventPoster(client, "caldera-7-main", "r1", lambda text: None)
     for seq in range(3):
         poster({"seq": seq})
     poster.close()

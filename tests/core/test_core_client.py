@@ -192,3 +192,30 @@ def test_config_revision_raw_keeps_bytes(tmp_path):
     raw = b'{"success":true,"data":{"revision":{"id":5,"content":{"b":1,"a":2}}}}'
     responses.add(responses.GET, API + "/config/revisions/5", body=raw)
     assert client.config_revision_raw(5) == raw
+
+
+def test_upload_reaches_a_real_server_unchunked(tmp_path):
+    """Against the plane over HTTP: one Content-Length, no chunked framing (Go's server reads it)."""
+    import io
+    import zipfile
+
+    from caldera.plane.server import PlaneServer
+
+    plane = PlaneServer(str(tmp_path / "p.db"), tokens={"boot-token-xyz": 7}).start()
+    try:
+        transport = Transport(plane.url)
+        client = ControlPlaneClient(transport, None)
+        client.auth = Auth(bootstrap_token="boot-token-xyz", session_file=SessionFile(tmp_path / "s.json", plane.url, 7),
+                           register=lambda: client.register({"instance_id": 7, "agent_id": "caldera-7-main",
+                                                             "agent_version": "caldera-test", "protocol_version": "v1",
+                                                             "capabilities": [], "host_info": {"runtime_type": "caldera"}}),
+                           redactor=Redactor())
+        archive = tmp_path / "hello.zip"
+        with zipfile.ZipFile(archive, "w") as zf:
+            zf.writestr("hello/SKILL.md", "hello\n")
+        client.upload_skill({"agent_id": "caldera-7-main", "skill_id": "hello", "skill_version": "1",
+                             "identifier": "hello", "content_md5": "bab02a68eaf254c164cf4d590bdd8693",
+                             "source": "runtime"}, archive)
+        assert len(plane.store.uploads(7)) == 1
+    finally:
+        plane.stop()

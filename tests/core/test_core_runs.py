@@ -48,6 +48,9 @@ def test_interrupt_reaches_a_running_turn_through_the_daemon(caldera_env, tmp_pa
         assert result["run_id"] == "r-lane" and result["status"] == "cancelled"
         assert result["failure_kind"] == "cancelled"
         assert CANARY not in json.dumps(plane.store.commands(7))
+        events = wait_for(lambda: plane.store.run_events("r-lane"), what="run events posted to the plane")
+        assert {e.get("type") for e in (x.get("event", x) for x in events)} >= {"backend_status"}
+        assert CANARY not in json.dumps(events)
     finally:
         daemon.stop()
         plane.stop()
