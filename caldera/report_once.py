@@ -72,6 +72,7 @@ def _report(runtime, deadline: float) -> int:
     from caldera.loops.poller import fetch_one
     from caldera.loops.reporter import send_report
     from caldera.loops.sender import flush
+    from caldera.skills.publish import scan_and_send
 
     status = ConnectionStatus(runtime)
     cancel = threading.Event()  # a command still running at the deadline is cancelled
@@ -87,6 +88,7 @@ def _report(runtime, deadline: float) -> int:
         print(f"caldera report: not delivered: {runtime.redactor(str(exc))}", file=sys.stderr)
         return 1
     try:
+        scan_and_send(runtime, "startup")  # no watcher here: one full inventory per run (outbox)
         ran = 0
         for command in recover(runtime):
             execute(runtime, command, cancel)

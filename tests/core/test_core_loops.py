@@ -89,12 +89,16 @@ def test_redacting_log_filter_masks_canaries(caldera_env, capsys):
     from core_helpers import BOOT, SECRET
 
     stream = io.StringIO()
-    logsetup.setup("debug", Redactor([BOOT, SECRET]), stream=stream)
+    root = logging.getLogger("caldera")
+    saved = (list(root.handlers), root.level, root.propagate)
+    handler = logsetup.setup("debug", Redactor([BOOT, SECRET]), stream=stream)
     log = logging.getLogger("caldera.test")
     log.debug("token %s and %s", BOOT, {"Authorization": f"Bearer {SECRET}"})
     try:
         raise RuntimeError(f"failed with {SECRET}")
     except RuntimeError:
         log.exception("boom")
+    root.removeHandler(handler)
+    root.handlers[:], root.level, root.propagate = saved  # leave logging as other tests expect it
     text = stream.getvalue()
     assert BOOT not in text and SECRET not in text and "[REDACTED]" in text and "RuntimeError" in text
