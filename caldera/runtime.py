@@ -95,7 +95,8 @@ class Runtime:
 
 
 def build_runtime(paths: AgentPaths, settings: Settings, *, stop: threading.Event | None = None,
-                  with_client: bool = True, with_driver: bool = True, transport_session=None) -> Runtime:
+                  with_client: bool = True, with_driver: bool = True, transport_session=None,
+                  schema_checks: bool = True) -> Runtime:
     from caldera.sampler import Sampler
 
     ensure_dir(paths.state_dir)
@@ -115,7 +116,8 @@ def build_runtime(paths: AgentPaths, settings: Settings, *, stop: threading.Even
     if with_driver and manifest is not None and getattr(manifest, "runtime_type", None) == "adapter":
         from caldera.adapter.driver import open_driver
 
-        runtime.driver = open_driver(paths, manifest, pool=runtime.pool, redactor=redactor)
+        runtime.driver = open_driver(paths, manifest, pool=runtime.pool, redactor=redactor,
+                                     schema_checks=schema_checks)
     if with_client and settings.enabled:
         runtime.client, runtime.auth = _build_client(runtime, transport_session)
     return runtime

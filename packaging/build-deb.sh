@@ -60,6 +60,12 @@ tar -C "$ROOT" \
 	--exclude=./debian/tmp --exclude=./debian/caldera.1 \
 	-cf - . | tar -C "$SRC" -xf -
 
+# The build's test run must not see CI's switches (CALDERA_REQUIRE_CODEX=1 and
+# the like would make it want a Codex binary and the network) nor a caller's agent.
+for var in $(env | sed -n 's/^\(CALDERA_[A-Za-z0-9_]*\|CLAWMANAGER_[A-Za-z0-9_]*\)=.*/\1/p'); do
+	unset "$var"
+done
+
 log "building in $SRC"
 start=$(date +%s)
 # Debian's own tools and python3 only: a pyenv or venv earlier on PATH is not ours.

@@ -54,7 +54,8 @@ def esc(text: str) -> str:
     text = text.replace("\\", "\\e").replace("-", "\\-")
     if text[:1] in (".", "'"):
         text = "\\&" + text
-    return text
+    # Non-ASCII (e.g. an ellipsis in a help string) as groff's \[uXXXX] escapes.
+    return "".join(c if ord(c) < 128 else f"\\[u{ord(c):04X}]" for c in text)
 
 
 def _invocation(action: argparse.Action) -> str:

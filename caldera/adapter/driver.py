@@ -27,10 +27,13 @@ VERSION_MAX = 50
 BACKGROUND_WAIT = 1.0  # ClawManager's openclaw_version column
 
 
-def open_driver(paths, manifest, *, pool, redactor) -> "Driver":
+def open_driver(paths, manifest, *, pool, redactor, schema_checks: bool = True) -> "Driver":
+    """schema_checks: validate answers and the manifest with jsonschema too (the daemon,
+    which pays the import once). `report --once` runs the plain-Python checks only, which
+    give the schemas' verdict (tests hold the two together) without the import."""
     if manifest.runtime_type != "adapter":
         raise ConfigError(f"{manifest.path}: runtime.type: {manifest.runtime_type} is not adapter mode")
-    return Driver(paths, manifest, pool=pool, redactor=redactor)
+    return Driver(paths, manifest, pool=pool, redactor=redactor, schema_checks=schema_checks)
 
 
 def schema_problem(name: str, document) -> str | None:
@@ -67,8 +70,10 @@ def _status_body(answer: Answer, validate: bool) -> tuple[dict, bool]:
 
 
 class Driver:
-    def __init__(self, paths, manifest, *, pool, redactor, clock=time.monotonic, wall=time.time):
+    def __init__(self, paths, manifest, *, pool, redactor, clock=time.monotonic, wall=time.time,
+                 schema_checks: bool = True):
         self.paths, self.manifest, self.pool, self.redactor = paths, manifest, pool, redactor
+        self.schema_checks = schema_checks
         self.clock, self.wall = clock, wall
         self._lock = threading.Lock()
         self._status_future: cf.Future | None = None
@@ -86,7 +91,7 @@ class Driver:
         """Pick up a changed manifest (an update, a rollback, an edit); a bad one keeps the old."""
         try:
             fresh = load_manifest(self.paths.manifest_path, cache_dir=self.paths.state_dir / "cache",
-                                  validate_schema=True)
+                                  validate_schema=self.schema_checks)
         except ConfigError as exc:
             if str(exc) != self._manifest_problem:
                 log.warning("manifest not reloaded, keeping the last good one: %s", exc)
@@ -199,7 +204,7 @@ class Driver:
             answer = future.result(timeout=timeout)
         except cf.TimeoutError:
             return status.not_answering(f"status: no answer within {timeout:.0f} s (the call is still running)"), False
-        return _status_body(answer, validate=True)
+        return _status_body(answer, validate=self.schema_checks)
 
     def report_section(self) -> dict:
         self.refresh_manifest()

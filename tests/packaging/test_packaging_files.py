@@ -1,0 +1,167 @@
+"""The unit, the cron file, the man page generator and debian/ agree with SPEC and docs."""
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import caldera
+
+ROOT = Path(__file__).resolve().parents[2]
+UNIT = ROOT / "packaging" / "caldera@.service"
+CRON = ROOT / "packaging" / "caldera.cron"
+DOC = ROOT / "docs" / "packaging.md"
+
+
+def parse_unit(text: str) -> dict:
+    """{section: {key: [values…]}} as systemd reads a unit (keys may repeat)."""
+    sections, current = {}, None
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], {})
+            continue
+        assert current is not None, f"line {number} is outside a section: {raw!r}"
+        key, sep, value = line.partition("=")
+        assert sep, f"line {number} is not KEY=VALUE: {raw!r}"
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+@pytest.fixture(scope="module")
+def unit():
+    return parse_unit(UNIT.read_text())
+
+
+def one(unit, key, section="Service"):
+    values = unit[section].get(key)
+    assert values and len(values) == 1, f"{key}= appears {len(values or [])} times"
+    return values[0]
+
+
+def test_the_unit_runs_the_agent_named_by_the_instance(unit):
+    assert one(unit, "ExecStart") == "/usr/bin/caldera run --agent %i"
+    assert one(unit, "User") == "caldera"
+    assert one(unit, "StateDirectory") == "caldera/%i"
+    assert one(unit, "StateDirectoryMode") == "0700"  # SPEC section 2: the state dir is 0700
+    assert unit["Service"]["EnvironmentFile"] == [
+        "-/etc/caldera/agents/%i/agent.env", "-/etc/caldera/agents/%i/secrets.env"]
+    assert one(unit, "WantedBy", "Install") == "multi-user.target"
+
+
+def test_the_unit_stops_restarts_and_notifies_as_the_daemon_expects(unit):
+    from caldera import daemon
+
+    assert one(unit, "KillMode") == "mixed"
+    assert one(unit, "Restart") == "on-failure"
+    assert one(unit, "RestartSec") == "5"
+    assert one(unit, "Type") == "notify"
+    assert one(unit, "NotifyAccess") == "main"
+    watchdog = float(one(unit, "WatchdogSec").removesuffix("s"))
+    # Pings come every watchdog/2 while each loop ticked within LIVENESS: a shorter
+    # watchdog than the liveness window would kill a daemon whose loops are fine.
+    assert watchdog / 2 >= daemon.LIVENESS
+    stop = float(one(unit, "TimeoutStopSec").removesuffix("s"))
+    assert stop > daemon.DRAIN_GRACE + daemon.FLUSH_ON_STOP
+    from caldera.errors import EXIT_USAGE
+
+    assert one(unit, "RestartPreventExitStatus") == str(EXIT_USAGE)
+
+
+def _doc_table(title: str) -> dict:
+    """The `| option | value | … |` rows under a '### title' heading of docs/packaging.md."""
+    text = DOC.read_text()
+    start = text.index(f"### {title}\n")
+    end = text.find("\n#", start + 4)
+    rows = {}
+    for line in text[start:end if end > 0 else None].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].startswith("`"):
+            rows[cells[0].strip("`").split("=")[0]] = cells[1].strip("`")
+    return rows
+
+
+def test_every_hardening_option_is_documented_with_its_value(unit):
+    used = _doc_table("Hardening used")
+    assert used, "no 'Hardening used' table in docs/packaging.md"
+    for option, value in used.items():
+        assert option in unit["Service"], f"docs list {option}= but the unit has none"
+        documented = "" if value == "(empty)" else value
+        assert unit["Service"][option] == [documented], f"{option}= differs between unit and docs"
+
+
+def _left_out_options() -> list:
+    """(name, value or None) for each `Option` / `Option=value` in the left-out table's first column."""
+    text = DOC.read_text()
+    start = text.index("### Hardening left out, and why\n")
+    end = text.find("\n#", start + 4)
+    found = []
+    for line in text[start:end].splitlines():
+        cells = line.strip().strip("|").split("|")
+        for token in re.findall(r"`([A-Za-z]+)(?:=([^`]*))?`", cells[0]):
+            found.append((token[0], token[1] or None))
+    return found
+
+
+def test_options_left_out_are_really_left_out(unit):
+    left_out = _left_out_options()
+    names = {name for name, _ in left_out}
+    assert {"ProtectKernelTunables", "RestrictNamespaces", "MemoryDenyWriteExecute"} <= names
+    for name, value in left_out:
+        if value is None:
+            assert name not in unit["Service"], f"{name}= is in the unit but documented as left out"
+        else:  # e.g. ProtectSystem=strict left out: the unit may hold another value
+            assert unit["Service"].get(name, []) != [value], f"{name}={value} is in the unit"
+
+
+def test_cron_file_is_a_guarded_commented_example():
+    lines = CRON.read_text().splitlines()
+    assert CRON.read_text().endswith("\n")  # cron ignores a last line without newline
+    active = [l for l in lines if l.strip() and not l.lstrip().startswith("#")]
+    assert active == [], f"the cron file must ship commented: {active}"
+    examples = [l.lstrip("#").strip() for l in lines if re.match(r"^#\s*[*0-9]", l)]
+    assert examples, "no example line"
+    for line in examples:
+        fields = line.split(None, 6)
+        assert fields[5] == "caldera", "cron runs the report as user caldera"
+        assert fields[6].startswith("test -x /usr/bin/caldera && "), "guard against removal"
+        assert "report --once" in fields[6]
+
+
+def test_changelog_version_is_the_package_version():
+    first = (ROOT / "debian" / "changelog").read_text().splitlines()[0]
+    m = re.match(r"^caldera \(([^)]+)\) ", first)
+    assert m and m.group(1) == caldera.__version__
+
+
+def test_every_python_directory_is_a_package_setuptools_finds():
+    """`packages = find:` skips a directory without __init__.py: it would be missing
+    from the .deb while everything works from the checkout."""
+    dirs = {p.parent for p in (ROOT / "caldera").rglob("*.py") if "__pycache__" not in p.parts}
+    missing = sorted(str(d.relative_to(ROOT)) for d in dirs if not (d / "__init__.py").is_file())
+    assert missing == [], f"no __init__.py in: {missing}"
+
+
+def test_manpage_covers_every_command_and_is_clean_roff(tmp_path):
+    from caldera import cli
+
+    out = subprocess.run([sys.executable, str(ROOT / "packaging" / "manpage.py")], cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "SOURCE_DATE_EPOCH": "1700000000", "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.startswith(".\\\"") and '\n.TH CALDERA 1 "2023-11-14"' in out
+    for name in cli.COMMANDS:
+        assert f"\n.SS caldera {name.replace('-', chr(92) + '-')}\n" in out, f"caldera {name} missing"
+    for var in ("CALDERA_TOKEN", "CALDERA_BASE_URL"):
+        assert var.replace("_", "_") in out
+    page = tmp_path / "caldera.1"
+    page.write_text(out)
+    groff = shutil.which("groff")
+    if not groff:
+        pytest.skip("groff is not installed")
+    check = subprocess.run([groff, "-man", "-Tutf8", "-ww", "-z", str(page)], capture_output=True,
+                           text=True, timeout=60)
+    assert check.returncode == 0 and check.stderr == "", check.stderr
