@@ -143,7 +143,9 @@ as_caldera caldera check --manifest "$EXAMPLE" --state-dir "$WORK/check-state" |
 step "caldera init + report --once against caldera plane serve on 127.0.0.1"
 TOKEN=ci-boot-$RANDOM$RANDOM
 install -d -o caldera -g caldera -m 0700 "$WORK/plane"
-as_caldera caldera plane serve --host 127.0.0.1 --port 0 --db "$WORK/plane/plane.db" \
+# setpriv execs (runuser would stay as the parent): $! is the plane itself.
+setpriv --reuid=caldera --regid=caldera --init-groups env -i -C / PATH=$SYS_PATH HOME=/var/lib/caldera \
+	LANG=C.UTF-8 caldera plane serve --host 127.0.0.1 --port 0 --db "$WORK/plane/plane.db" \
 	--bootstrap-token "$TOKEN" --instance-id 7 --url-file "$WORK/plane/url" > "$WORK/plane.log" 2>&1 &
 PLANE_PID=$!
 for _ in $(seq 100); do [ -s "$WORK/plane/url" ] && break; sleep 0.1; done
