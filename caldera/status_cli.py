@@ -17,18 +17,15 @@ def configure(parser) -> None:
 
 
 def _ago(iso: str | None) -> str:
+    from caldera.timefmt import human_age
+
     if not iso:
         return "never"
     try:
         when = dt.datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
     except ValueError:
         return iso
-    seconds = int((dt.datetime.now(dt.timezone.utc) - when).total_seconds())
-    if seconds < 120:
-        return f"{seconds} s ago"
-    if seconds < 7200:
-        return f"{seconds // 60} min ago"
-    return f"{seconds // 3600} h ago"
+    return human_age((dt.datetime.now(dt.timezone.utc) - when).total_seconds())
 
 
 def bar(used) -> str:

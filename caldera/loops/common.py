@@ -3,16 +3,12 @@ from __future__ import annotations
 
 import time
 
+from caldera.timefmt import human_age
+
 
 def ago(since: float | None, now: float | None = None) -> str:
-    if since is None:
-        return "never"
-    seconds = int((now or time.monotonic()) - since)
-    if seconds < 120:
-        return f"{seconds} s ago"
-    if seconds < 7200:
-        return f"{seconds // 60} min ago"
-    return f"{seconds // 3600} h ago"
+    """`since` is a time.monotonic() value."""
+    return human_age(None if since is None else (now or time.monotonic()) - since)
 
 
 def wait_any(stop, event, timeout: float) -> None:

@@ -220,7 +220,7 @@ def agents(args) -> int:
     if args.json:
         _print_json({"agents": rows})
         return EXIT_OK
-    from caldera.plane.page import human_age
+    from caldera.timefmt import human_age
 
     table = [("INSTANCE", "AGENT", "PRESENCE", "LAST SEEN", "VERSION", "STATUS")]
     for a in rows:

@@ -14,6 +14,7 @@ import string
 from pathlib import Path
 
 from caldera.plane import api
+from caldera.timefmt import human_age
 
 REFRESH_SECONDS = 5
 RECENT_COMMANDS = 20
@@ -103,17 +104,6 @@ def human_bytes(value) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
-
-
-def human_age(seconds: float | None) -> str:
-    if seconds is None:
-        return "never"
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds} s ago"
-    if seconds < 7200:
-        return f"{seconds // 60} min ago"
-    return f"{seconds // 3600} h ago"
 
 
 # ---- rendering ---------------------------------------------------------------------------

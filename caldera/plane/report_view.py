@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import json
 
-from caldera.plane.page import figures, human_age, human_bytes
+from caldera.plane.page import figures, human_bytes
+from caldera.timefmt import human_age
 
 BAR_WIDTH = 24
 
