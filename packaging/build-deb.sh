@@ -52,7 +52,8 @@ SRC="$WORK/caldera"
 mkdir "$SRC"
 # The tree without version control, virtualenvs, caches and earlier outputs.
 tar -C "$ROOT" \
-	--exclude=./.git --exclude=./.venv --exclude='./venv*' --exclude=./dist \
+	--exclude=./.git --exclude='./.venv*' --exclude='./venv*' --exclude=./dist \
+	--exclude=./examples/task-agent/data \
 	--exclude=./build --exclude=./.pybuild --exclude='*.egg-info' \
 	--exclude=__pycache__ --exclude=.pytest_cache --exclude='*.pyc' \
 	--exclude=./.caldera-state --exclude=./debian/caldera --exclude=./debian/.debhelper \
