@@ -6,9 +6,9 @@ import tarfile
 import pytest
 
 from adapter_helpers import EXAMPLE, copy_example
-from caldera import blueprint
+from caldera.agents import blueprint
 from caldera.cli import main
-from caldera.manifest import load_manifest
+from caldera.agents.manifest import load_manifest
 
 
 def _tar(path, members):
@@ -91,7 +91,7 @@ def test_no_manifest(tmp_path, caldera_env):
 
 
 def test_systemd_is_enabled_when_it_runs(tmp_path, caldera_env, monkeypatch):
-    from caldera.proc import ProcResult
+    from caldera.host.proc import ProcResult
 
     runs = []
     monkeypatch.setattr(blueprint, "DEFAULT_CONFIG_ROOT", caldera_env / "etc")

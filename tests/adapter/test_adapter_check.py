@@ -2,9 +2,9 @@
 import json
 
 from adapter_helpers import copy_example, make_agent, workdir
-from caldera.adapter.check import Report, run_checks
+from caldera.agents.check import Report, run_checks
 from caldera.cli import main
-from caldera.manifest import load_manifest
+from caldera.agents.manifest import load_manifest
 
 
 def _breaches(paths):

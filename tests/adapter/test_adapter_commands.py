@@ -5,11 +5,11 @@ import threading
 import pytest
 
 from adapter_helpers import calls, make_agent
-from caldera.adapter import commands
-from caldera.adapter.driver import open_driver
-from caldera.commands import CommandContext
+from caldera.agents.adapter import commands
+from caldera.agents.adapter.driver import open_driver
+from caldera.daemon.dispatch import CommandContext
 from caldera.errors import CommandError
-from caldera.manifest import load_manifest
+from caldera.agents.manifest import load_manifest
 from caldera.redact import Redactor
 
 
@@ -91,7 +91,7 @@ def test_process_only_and_no_driver(tmp_path, pool):
 
 
 def test_payload_schemas_exist_and_hold():
-    from caldera.schemas import SchemaError, validate
+    from caldera.protocol.schemas import SchemaError, validate
 
     for kind in ("pause", "resume", "run_now", "settings_get", "log_list", "start_openclaw",
                  "stop_openclaw", "restart_openclaw"):

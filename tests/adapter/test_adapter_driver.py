@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from adapter_helpers import make_agent, workdir
-from caldera.adapter import window
-from caldera.adapter.driver import adapter_status, open_driver
+from caldera.agents import window
+from caldera.agents.adapter.driver import adapter_status, open_driver
 from caldera.errors import ConfigError
-from caldera.manifest import load_manifest
+from caldera.agents.manifest import load_manifest
 from caldera.redact import Redactor
 
 

@@ -6,9 +6,9 @@ import time
 import pytest
 
 from adapter_helpers import calls, make_agent, workdir
-from caldera.adapter import invoke, verbs
-from caldera.adapter.answer import DONE, FAILED, REFUSED, UNSUPPORTED
-from caldera.manifest import load_manifest
+from caldera.agents.adapter import invoke, verbs
+from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, UNSUPPORTED
+from caldera.agents.manifest import load_manifest
 
 
 def _manifest(tmp_path, adapter, **kw):

@@ -2,8 +2,8 @@
 import pytest
 
 from adapter_helpers import calls, make_agent
-from caldera.adapter import logs, verbs
-from caldera.manifest import load_manifest
+from caldera.agents.adapter import logs, verbs
+from caldera.agents.manifest import load_manifest
 
 BAD = ["../../etc/passwd", "-x", "", "a" * 191, "a\0b", "a/b", "a\\b", ".", "..", "a\nb"]
 

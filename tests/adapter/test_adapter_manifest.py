@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from caldera.errors import ConfigError
-from caldera.manifest import FORBIDDEN_IN_ADAPTER_MODE, check_document, load_manifest, schema_check
+from caldera.agents.manifest import FORBIDDEN_IN_ADAPTER_MODE, check_document, load_manifest, schema_check
 
 BASE = {"name": "a", "runtime": {"type": "adapter", "command": ["./adapter"], "workdir": "."}}
 
@@ -84,7 +84,7 @@ def test_cache_skips_yaml_and_follows_changes(tmp_path):
     assert load_manifest(path, cache_dir=cache).version == "1"
     assert (cache / "manifest.json").exists()
     # A warm cache never imports yaml (checked in a fresh interpreter).
-    code = ("import sys; from caldera.manifest import load_manifest;"
+    code = ("import sys; from caldera.agents.manifest import load_manifest;"
             f"m = load_manifest({str(path)!r}, cache_dir={str(cache)!r});"
             "print(m.version, 'yaml' in sys.modules)")
     out = os.popen(f"{sys.executable} -c \"{code}\"").read().split()

@@ -3,8 +3,9 @@
 import pytest
 
 from adapter_helpers import calls, make_agent, workdir
-from caldera.adapter import settings, verbs
-from caldera.manifest import load_manifest
+from caldera.agents import settings
+from caldera.agents.adapter import verbs
+from caldera.agents.manifest import load_manifest
 
 
 @pytest.fixture
@@ -109,7 +110,7 @@ def test_parse_pairs_types_by_manifest():
 
 
 def test_settings_get_contract():
-    from caldera.adapter.answer import ContractError
+    from caldera.agents.adapter.answer import ContractError
 
     schema = ({"key": "a", "type": "number"},)
     values, bounds = settings.check_settings_get({"values": {"a": 1, "zz": 2}, "bounds": {"zz": {"max": 1}}}, schema)

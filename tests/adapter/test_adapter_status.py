@@ -1,8 +1,8 @@
 """The status body: forwarded keys only, cut not rejected; wrong types break the contract."""
 import pytest
 
-from caldera.adapter import status
-from caldera.adapter.answer import ContractError
+from caldera.agents.adapter import status
+from caldera.agents.adapter.answer import ContractError
 
 
 def test_only_forwarded_keys_survive():

@@ -56,7 +56,7 @@ def install_agent(root: Path, name="demo", base_url="http://127.0.0.1:9", instan
 
 
 def make_runtime(name="demo", **build):
-    from caldera.runtime import build_runtime
+    from caldera.daemon.wiring import build_runtime
 
     paths = agent_from_args(Args(agent=name))
     settings = load_settings(paths)

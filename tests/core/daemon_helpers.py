@@ -1,4 +1,4 @@
-"""Run the real daemon (`python -m caldera run`) against the embedded plane on loopback."""
+"""Run the real daemon (`python -m caldera.cli run`) against the embedded plane on loopback."""
 import os
 import signal
 import subprocess
@@ -32,7 +32,7 @@ class Daemon:
         env.update(extra_env or {})
         self.stderr_path = Path(os.environ["CALDERA_STATE_DIR"]) / f"daemon-{time.monotonic_ns()}.stderr"
         self._stderr = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "caldera", "run", "--agent", agent], env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "caldera.cli", "run", "--agent", agent], env=env,
                                      stdout=subprocess.DEVNULL, stderr=self._stderr, start_new_session=True)
 
     def signal(self, sig):

@@ -4,10 +4,10 @@ import threading
 import pytest
 import responses
 
-from caldera.client import (BODY_CAP, ControlPlaneClient, Forbidden, Invalid, NotFound, Retryable,
+from caldera.protocol.client import (BODY_CAP, ControlPlaneClient, Forbidden, Invalid, NotFound, Retryable,
                             Transport)
 from caldera.redact import Redactor
-from caldera.session import Auth, AuthBlocked, SessionFile
+from caldera.protocol.session import Auth, AuthBlocked, SessionFile
 
 BASE = "http://127.0.0.1:9"
 API = BASE + "/api/v1/agent"

@@ -126,7 +126,7 @@ def test_kill9_with_queued_finishes_delivers_all_runs_none_twice(caldera_env, pl
 def test_report_once_twice_in_parallel(caldera_env, plane):
     install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CLAWMANAGER_",))}
-    cmd = [sys.executable, "-m", "caldera", "report", "--once", "--agent", "demo", "--deadline", "20"]
+    cmd = [sys.executable, "-m", "caldera.cli", "report", "--once", "--agent", "demo", "--deadline", "20"]
     first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     second = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out1, err1 = first.communicate(60)
@@ -145,7 +145,7 @@ def test_report_once_beside_the_daemon_exits_0_without_registering(caldera_env, 
     try:
         wait_for(lambda: plane.store.heartbeats(INSTANCE), what="daemon running")
         registers = count(plane, "POST", "/api/v1/agent/register")
-        done = subprocess.run([sys.executable, "-m", "caldera", "report", "--once", "--agent", "demo"],
+        done = subprocess.run([sys.executable, "-m", "caldera.cli", "report", "--once", "--agent", "demo"],
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0 and "daemon" in done.stdout
         assert count(plane, "POST", "/api/v1/agent/register") == registers

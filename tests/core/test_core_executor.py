@@ -5,8 +5,8 @@ import time
 import pytest
 import responses
 
-from caldera.executor import INTERRUPTED, execute, journal_fetched, recover
-from caldera.outbox import Outbox
+from caldera.daemon.executor import INTERRUPTED, execute, journal_fetched, recover
+from caldera.protocol.outbox import Outbox
 from core_helpers import BOOT, install_agent, make_runtime
 
 BASE = "http://127.0.0.1:9"
@@ -96,8 +96,8 @@ def test_start_during_outage_is_queued_before_the_finish(runtime):
 
 
 def test_timeout_kills_the_work_and_finishes_failed(runtime, monkeypatch):
-    from caldera import commands
-    from caldera.proc import run
+    from caldera.daemon import dispatch as commands
+    from caldera.host.proc import run
 
     seen = {}
 
@@ -108,7 +108,7 @@ def test_timeout_kills_the_work_and_finishes_failed(runtime, monkeypatch):
 
     monkeypatch.setitem(commands.HANDLERS, "slow_thing", "test_core_executor:_slow_target")
     monkeypatch.setattr(__import__("test_core_executor"), "_slow_target", slow, raising=False)
-    from caldera.executor import run_handler
+    from caldera.daemon.executor import run_handler
 
     started = time.monotonic()
     status, _, error = run_handler(runtime, {"id": 9, "command_type": "slow_thing", "timeout_seconds": 1})
@@ -123,7 +123,7 @@ def test_recovery_runs_unbegun_and_fails_interrupted_never_reruns(runtime):
     recorded = {"id": 13, "command_type": "collect_system_info", "payload": {}}
     for command in (never_began, began, recorded):
         journal_fetched(runtime, command)
-    from caldera.executor import _journal_phase, _put_finish
+    from caldera.daemon.executor import _journal_phase, _put_finish
 
     _journal_phase(runtime, 12, "executing")
     _journal_phase(runtime, 13, "executing")
@@ -137,7 +137,7 @@ def test_recovery_runs_unbegun_and_fails_interrupted_never_reruns(runtime):
 
 
 def test_finish_results_are_redacted(runtime):
-    from caldera.executor import _put_finish
+    from caldera.daemon.executor import _put_finish
 
     _put_finish(runtime, {"id": 5}, "failed", {"echo": f"token={BOOT}"}, f"saw {BOOT}")
     [finish] = finishes(runtime)

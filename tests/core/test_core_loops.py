@@ -5,8 +5,8 @@ import threading
 import pytest
 import responses
 
-from caldera.backoff import Backoff
-from caldera.loops import sender
+from caldera.protocol.retry import Backoff
+from caldera.daemon import sender
 from core_helpers import install_agent, make_runtime
 
 BASE = "http://127.0.0.1:9"
@@ -84,7 +84,7 @@ def test_redacting_log_filter_masks_canaries(caldera_env, capsys):
     import io
     import logging
 
-    from caldera import logsetup
+    from caldera.host import logsetup
     from caldera.redact import Redactor
     from core_helpers import BOOT, SECRET
 

@@ -4,8 +4,7 @@ import json
 import jsonschema
 import pytest
 
-from caldera import schemas
-
+from caldera.protocol import schemas
 ALL = sorted(p.relative_to(schemas.schema_dir()).as_posix() for p in schemas.schema_dir().rglob("*.json"))
 
 

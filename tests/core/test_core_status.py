@@ -13,7 +13,7 @@ PlaneServer = pytest.importorskip("caldera.plane.server").PlaneServer
 
 
 def status(*extra):
-    return subprocess.run([sys.executable, "-m", "caldera", "status", "--agent", "demo", *extra],
+    return subprocess.run([sys.executable, "-m", "caldera.cli", "status", "--agent", "demo", *extra],
                           capture_output=True, text=True, timeout=60)
 
 

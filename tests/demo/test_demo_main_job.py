@@ -12,7 +12,7 @@ EXAMPLE = REPO / "examples" / "task-agent" / "caldera.agent.yaml"
 
 def _demo(*args, timeout=240):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CALDERA_", "CLAWMANAGER_"))}
-    return subprocess.run([sys.executable, "-m", "caldera", "demo", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "caldera.cli", "demo", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout, start_new_session=True)
 
 

@@ -1,4 +1,4 @@
-"""caldera.sdnotify against real AF_UNIX datagram sockets, the way systemd listens."""
+"""caldera.host.sdnotify against real AF_UNIX datagram sockets, the way systemd listens."""
 import os
 import socket
 import struct
@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from caldera import sdnotify
-
+from caldera.host import sdnotify
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -92,7 +91,7 @@ def test_the_sender_is_the_calling_process(listener):
     sock, path = listener
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
     env = {**os.environ, "NOTIFY_SOCKET": path, "PYTHONPATH": str(ROOT)}
-    code = "import sys; from caldera import sdnotify; sys.exit(0 if sdnotify.notify('READY=1') else 3)"
+    code = "import sys; from caldera.host import sdnotify; sys.exit(0 if sdnotify.notify('READY=1') else 3)"
     child = subprocess.Popen([sys.executable, "-c", code], env=env)
     assert child.wait(timeout=30) == 0
     data, ancillary, _flags, _addr = sock.recvmsg(4096, socket.CMSG_SPACE(12))

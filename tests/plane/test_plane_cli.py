@@ -73,7 +73,7 @@ def test_agents_and_reports_read_what_the_plane_stored(db, capsys):
 def test_serve_runs_until_sigterm(tmp_path):
     url_file = tmp_path / "url"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CALDERA_")}
-    proc = subprocess.Popen([sys.executable, "-m", "caldera", "plane", "serve", "--db", str(tmp_path / "p.db"),
+    proc = subprocess.Popen([sys.executable, "-m", "caldera.cli", "plane", "serve", "--db", str(tmp_path / "p.db"),
                              "--port", "0", "--url-file", str(url_file), "--bootstrap-token", "tok",
                              "--instance-id", "4", "--heartbeat-interval", "2", "--poll-interval", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)

@@ -5,7 +5,7 @@ import calendar
 import os
 import shutil
 
-from caldera.sampler import Sampler
+from caldera.host.sampler import Sampler
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 CASES = ("v2_quota_memory", "v2_root", "v2_one_number", "v2_cpuset_narrow",

@@ -2,8 +2,8 @@
 import os
 import shutil
 
-from caldera import cgroups
-from caldera.sampler import Sampler
+from caldera.host import cgroups
+from caldera.host.sampler import Sampler
 from sampler_helpers import HOST_AVAILABLE, HOST_TOTAL, copy_case, sampler_for, write
 
 
@@ -155,7 +155,7 @@ def test_reasons_are_logged_once_per_appearance(tmp_path, caplog):
     root = copy_case(tmp_path, "v2_root")
     os.unlink(os.path.join(root, "proc/loadavg"))
     sampler = sampler_for(root)
-    with caplog.at_level("INFO", logger="caldera.sampler"):
+    with caplog.at_level("INFO", logger="caldera.host.sampler"):
         sampler.sample()
         sampler.sample()
         write(root, "proc/loadavg", "1.00 1.00 1.00 1/1 1\n")

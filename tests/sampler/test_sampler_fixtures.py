@@ -139,7 +139,7 @@ def test_container_with_nested_host_path(monkeypatch):
 @pytest.mark.parametrize("case", ["v2_quota_memory", "v1_limits", "hybrid", "container_nested"])
 def test_front_end_percentages_follow_from_the_figures(monkeypatch, case):
     # seed 004: CPU % = load.1m / cores * 100, memory % = (total - available) / total * 100
-    from caldera.sample_cli import percentages
+    from caldera.cli.sample import percentages
 
     _, s = sample_case(monkeypatch, case)
     info = s.system_info

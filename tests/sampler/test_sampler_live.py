@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 
-from caldera import proc
-from caldera.sampler import Sampler
+from caldera.host import proc
+from caldera.host.sampler import Sampler
 
 CG = "/sys/fs/cgroup"
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/cgroup"), reason="needs Linux /proc")

@@ -3,9 +3,9 @@ import os
 
 import pytest
 
-from caldera import cgroups
-from caldera.cgroups import FigureError
-from caldera.sampler import default_sys_root, ipv4_addresses, ipv6_addresses, parse_net_dev
+from caldera.host import cgroups
+from caldera.host.cgroups import FigureError
+from caldera.host.sampler import default_sys_root, ipv4_addresses, ipv6_addresses, parse_net_dev
 from sampler_helpers import copy_case, sampler_for, write
 
 
@@ -171,7 +171,7 @@ def test_stat_value_finds_the_whole_key_only():
 
 def test_absent_cgroup_files_are_looked_for_again_every_sixty_samples(tmp_path):
     # a controller enabled later makes cpu.max appear: noticed within CPU_COUNT_EVERY samples
-    from caldera.sampler import CPU_COUNT_EVERY
+    from caldera.host.sampler import CPU_COUNT_EVERY
 
     root = copy_case(tmp_path, "v2_one_number")
     os.unlink(os.path.join(root, "sys/fs/cgroup/app/cpu.max"))
