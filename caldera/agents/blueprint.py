@@ -13,14 +13,12 @@ links, nothing but files and directories, at most 10,000 members and 512 MiB.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
-from caldera.errors import EXIT_FAILED, EXIT_OK, ConfigError
+from caldera.errors import ConfigError
 
 MANIFEST = "caldera.agent.yaml"
 MAX_MEMBERS = 10_000
@@ -38,30 +36,6 @@ AGENT_ENV_TEMPLATE = """\
 
 class Refused(Exception):
     """The blueprint can't be installed; nothing was written."""
-
-
-def configure(parser) -> None:
-    from caldera.cli import add_json_flag
-
-    parser.add_argument("blueprint", metavar="BLUEPRINT", help="a directory or .tar.gz with caldera.agent.yaml")
-    parser.add_argument("--name", metavar="NAME", help="the agent's name (default: the manifest's name)")
-    add_json_flag(parser)
-
-
-def main(args) -> int:
-    try:
-        result = install(args.blueprint, name=args.name)
-    except Refused as exc:
-        return _emit(args, {"ok": False, "message": str(exc), "held": []}, EXIT_FAILED)
-    return _emit(args, {"ok": True, "held": [], **result}, EXIT_OK)
-
-
-def _emit(args, payload: dict, code: int) -> int:
-    if args.json:
-        print(json.dumps(payload))
-    else:
-        print(payload["message"], file=sys.stdout if payload["ok"] else sys.stderr)
-    return code
 
 
 def install(source, *, name=None, environ=os.environ, systemd_dir=SYSTEMD_DIR, run=None) -> dict:

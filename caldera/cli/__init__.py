@@ -1,4 +1,7 @@
-"""The `caldera` command line.
+"""The `caldera` command line: the command table, and one module per command or group.
+
+The top layer: may import everything below (daemon, agents, skills, backends, plane,
+protocol, host, base). It is the one place where exceptions become exit codes.
 
 Only the chosen sub-command's module is imported: `requests` and `jsonschema`
 each cost about 0.3 s of CPU to import, and a person typing `caldera pause`
@@ -14,25 +17,36 @@ import sys
 from caldera import __version__
 from caldera.errors import EXIT_FAILED, EXIT_USAGE, UsageError
 
-# name -> (module, one-line help). Order is the order `caldera --help` lists.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("caldera.cli.run", "run the agent's runtime daemon (systemd)"),
-    "report": ("caldera.daemon.report_once", "one-shot report for cron hosts (--once)"),
-    "status": ("caldera.cli.status", "the agent's state, connection and outbox"),
-    "pause": ("caldera.cli.verbs", "pause the agent (its own manual pause)"),
-    "resume": ("caldera.cli.verbs", "lift the agent's manual pause"),
-    "run-now": ("caldera.cli.verbs", "ask the agent for a run"),
-    "settings": ("caldera.cli.verbs", "get or set the agent's settings"),
-    "log": ("caldera.cli.verbs", "list the agent's logs or print one's tail"),
-    "init": ("caldera.agents.blueprint", "install an agent from a blueprint"),
-    "check": ("caldera.agents.check", "check an agent's manifest and adapter against the contract"),
-    "turn": ("caldera.cli.turn", "run one code-agent turn on this host"),
-    "backends": ("caldera.cli.turn", "list code-agent backends and their capabilities"),
-    "skills": ("caldera.cli.skills", "the skill inventory with content_md5"),
-    "sample": ("caldera.cli.sample", "one sample of the system figures"),
-    "plane": ("caldera.cli.plane", "the embedded reference control plane"),
-    "demo": ("caldera.cli.demo", "the main job: embedded plane + example agent on loopback"),
+# name -> (module, one-line help), in groups; `caldera --help` lists them in this order.
+GROUPS: dict[str, dict[str, tuple[str, str]]] = {
+    "agent verbs (on this host, with or without the control plane)": {
+        "status": ("caldera.cli.status", "the agent's state, connection and outbox"),
+        "pause": ("caldera.cli.verbs", "pause the agent (its own manual pause)"),
+        "resume": ("caldera.cli.verbs", "lift the agent's manual pause"),
+        "run-now": ("caldera.cli.verbs", "ask the agent for a run"),
+        "settings": ("caldera.cli.verbs", "get or set the agent's settings"),
+        "log": ("caldera.cli.verbs", "list the agent's logs or print one's tail"),
+    },
+    "daemon and cron": {
+        "run": ("caldera.cli.run", "run the agent's runtime daemon (systemd)"),
+        "report": ("caldera.cli.report", "one-shot report for cron hosts (--once)"),
+    },
+    "install and check": {
+        "init": ("caldera.cli.init", "install an agent from a blueprint"),
+        "check": ("caldera.cli.check", "check an agent's manifest and adapter against the contract"),
+        "skills": ("caldera.cli.skills", "the skill inventory with content_md5"),
+        "sample": ("caldera.cli.sample", "one sample of the system figures"),
+    },
+    "code agents": {
+        "turn": ("caldera.cli.turn", "run one code-agent turn on this host"),
+        "backends": ("caldera.cli.turn", "list code-agent backends and their capabilities"),
+    },
+    "control plane": {
+        "plane": ("caldera.cli.plane", "the embedded reference control plane"),
+        "demo": ("caldera.cli.demo", "the main job: embedded plane + example agent on loopback"),
+    },
 }
+COMMANDS: dict[str, tuple[str, str]] = {name: entry for group in GROUPS.values() for name, entry in group.items()}
 
 
 def add_agent_flags(parser: argparse.ArgumentParser) -> None:
@@ -48,11 +62,12 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def _top_parser() -> argparse.ArgumentParser:
-    lines = "\n".join(f"  {name:<10} {text}" for name, (_, text) in COMMANDS.items())
+    lines = "\n\n".join(f"{title}:\n" + "\n".join(f"  {name:<10} {text}" for name, (_, text) in group.items())
+                        for title, group in GROUPS.items())
     parser = argparse.ArgumentParser(
         prog="caldera",
         description="Host runtime that connects agents to their control plane.",
-        epilog=f"commands:\n{lines}\n\nexit codes: 0 done, 1 refused or failed, 2 usage or configuration error",
+        epilog=f"{lines}\n\nexit codes: 0 done, 1 refused or failed, 2 usage or configuration error",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"caldera {__version__}")

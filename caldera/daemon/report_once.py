@@ -14,21 +14,12 @@ import sys
 import threading
 import time
 
-from caldera.cli import add_agent_flags
-from caldera.errors import UsageError
 
-log = logging.getLogger("caldera.protocol.payloads")
+log = logging.getLogger("caldera.report")
 LOCK_POLL = 0.2
 
 
-def configure(parser) -> None:
-    parser.add_argument("--once", action="store_true", required=True, help="one report, then exit")
-    parser.add_argument("--deadline", type=float, default=50.0, metavar="S",
-                        help="stop running commands after S seconds (default 50)")
-    add_agent_flags(parser)
-
-
-def _take_lock(lock, deadline: float, stop: threading.Event) -> str | None:
+def take_lock(lock, deadline: float, stop: threading.Event) -> str | None:
     """None when taken; else why not ('daemon' or a timeout)."""
     while True:
         if lock.acquire():
@@ -41,32 +32,7 @@ def _take_lock(lock, deadline: float, stop: threading.Event) -> str | None:
         stop.wait(LOCK_POLL)
 
 
-def main(args) -> int:
-    from caldera.cli.run import open_runtime
-    from caldera.host.fsutil import StateLock
-
-    if args.deadline <= 0:
-        raise UsageError("--deadline must be a positive number of seconds")
-    started = time.monotonic()
-    deadline = started + args.deadline
-    runtime = open_runtime(args, "report")
-    if runtime.client is None:
-        print("caldera report: the control plane is not enabled (CALDERA_AGENT_ENABLED is not true)",
-              file=sys.stderr)
-        return 1
-    lock = StateLock(runtime.paths.state_dir, "report")
-    why = _take_lock(lock, deadline, runtime.stop)
-    if why == "daemon":
-        print(f"caldera report: the daemon ({lock.holder()}) runs agent {runtime.paths.name} and reports itself")
-        return 0
-    if why:
-        print(f"caldera report: {why}", file=sys.stderr)
-        return 1
-    with lock:
-        return _report(runtime, deadline)
-
-
-def _report(runtime, deadline: float) -> int:
+def report_once(runtime, deadline: float) -> int:
     from caldera.daemon.executor import execute, recover
     from caldera.daemon.heartbeat import ConnectionStatus, send_heartbeat
     from caldera.daemon.poller import fetch_one

@@ -41,7 +41,7 @@ def _validator(name: str):
     with open(schema_dir() / name, encoding="utf-8") as fh:
         schema = json.load(fh)
     # The schemas are checked against their metaschema by the test suite
-    # (tests/core/test_core_schemas.py); check_schema here would cost more
+    # (tests/protocol/test_protocol_schemas.py); check_schema here would cost more
     # than the validation itself on every start.
     return jsonschema.validators.validator_for(schema)(schema)
 

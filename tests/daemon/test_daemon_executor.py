@@ -106,8 +106,8 @@ def test_timeout_kills_the_work_and_finishes_failed(runtime, monkeypatch):
                            cancel=ctx.cancel, grace=0.5)
         return {}
 
-    monkeypatch.setitem(commands.HANDLERS, "slow_thing", "test_core_executor:_slow_target")
-    monkeypatch.setattr(__import__("test_core_executor"), "_slow_target", slow, raising=False)
+    monkeypatch.setitem(commands.HANDLERS, "slow_thing", "test_daemon_executor:_slow_target")
+    monkeypatch.setattr(__import__("test_daemon_executor"), "_slow_target", slow, raising=False)
     from caldera.daemon.executor import run_handler
 
     started = time.monotonic()
