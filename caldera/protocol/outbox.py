@@ -26,11 +26,12 @@ DROPPABLE = ("report", "inventory")  # superseded by a newer one; never "finish"
 
 
 class Outbox:
-    def __init__(self, directory, max_items: int = MAX_ITEMS, max_bytes: int = MAX_BYTES):
+    def __init__(self, directory, max_items: int = MAX_ITEMS, max_bytes: int = MAX_BYTES,
+                 wakeup: threading.Event | None = None):
         self.dir = ensure_dir(directory)
         self.max_items, self.max_bytes = max_items, max_bytes
         self._lock = threading.Lock()
-        self.wakeup = threading.Event()
+        self.wakeup = wakeup or threading.Event()  # set on every put: the sender's wake-up
         self.dropped = 0
         names = self._names()
         self._seq = int(names[-1].split("-")[0]) if names else 0
