@@ -24,10 +24,6 @@ def _deliver(client, item: dict) -> None:
         client.start_command(item["command_id"], item["body"])
     elif kind == "inventory":
         client.skills_inventory(item["body"])
-    elif kind == "events":
-        client.post_run_events(item["run_id"], item["body"])
-    elif kind == "report":
-        client.state_report(item["body"])
     else:
         raise ValueError(f"unknown outbox item kind {kind!r}")
 
@@ -45,9 +41,6 @@ def flush(client, outbox, stop, deadline: float | None = None) -> bool:
         try:
             _deliver(client, item)
         except NotFound as exc:
-            if item.get("kind") == "events":
-                outbox.done(name)  # the plane has no events extension: nothing to keep
-                continue
             log.error("control plane does not know %s (%s); kept in outbox/rejected/", name, exc.message)
             outbox.reject(name)
             continue

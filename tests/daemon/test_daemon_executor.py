@@ -140,14 +140,14 @@ def test_finish_results_are_redacted(runtime):
     assert BOOT not in json.dumps(finish)
 
 
-def test_outbox_bound_drops_reports_never_finishes(tmp_path):
+def test_outbox_bound_drops_inventories_never_finishes(tmp_path):
     box = Outbox(tmp_path / "outbox", max_items=5)
     for i in range(3):
-        box.put("report", {"body": {"i": i}})
+        box.put("inventory", {"body": {"i": i}})
     for i in range(4):
         box.put("finish", {"command_id": i, "body": {}})
     kinds = [item["kind"] for _, item in box.items()]
-    assert kinds.count("finish") == 4 and kinds.count("report") == 1 and box.dropped == 2
+    assert kinds.count("finish") == 4 and kinds.count("inventory") == 1 and box.dropped == 2
     for i in range(3):
         box.put("finish", {"command_id": 10 + i, "body": {}})
     assert [item["kind"] for _, item in box.items()].count("finish") == 7  # over the bound, still kept

@@ -48,8 +48,8 @@ def test_desired_revision_after_close_is_not_lost_for_the_next_try(parts):
 @responses.activate
 def test_drop_counters_reach_the_report_health_and_state_json(parts):
     parts.outbox.max_items = 1
-    parts.outbox.put("report", {"body": {}})
-    parts.outbox.put("report", {"body": {}})  # the older report is dropped to keep the bound
+    parts.outbox.put("inventory", {"body": {}})
+    parts.outbox.put("inventory", {"body": {}})  # the older inventory is dropped to keep the bound
     report = parts.reports.state_report()
     assert report["health"]["dropped"] == {"events": 0, "outbox": 1}
     assert parts.state.get("drops") == {"events": 0, "outbox": 1}
