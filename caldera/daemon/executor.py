@@ -20,8 +20,8 @@ from caldera.daemon import dispatch
 from caldera.daemon.dispatch import DEFAULT_TIMEOUT_SECONDS, CommandContext
 from caldera.errors import AuthBlocked, CalderaError, CommandError, Retryable
 from caldera.protocol import schemas
-from caldera.protocol.client import NotFound
-from caldera.protocol.payloads import now_iso
+from caldera.protocol.client import NotFound, Unsendable
+from caldera.protocol.payloads import finish_body, now_iso
 
 log = logging.getLogger("caldera.executor")
 
@@ -103,7 +103,11 @@ class Executor:
         try:
             self.client.start_command(command["id"], body)
         except NotFound as exc:
-            return f"the control plane does not know this command: {exc.message}"
+            if exc.from_server:
+                return f"the control plane does not know this command: {exc.message}"
+            self.outbox.put("start", {"command_id": command["id"], "body": body})  # a proxy's 404: try later
+        except Unsendable as exc:
+            return str(exc)  # an id that cannot go into a URL: not executed (its finish is refused too)
         except (Retryable, AuthBlocked):
             # The agent keeps working: the start goes out later, before the finish.
             self.outbox.put("start", {"command_id": command["id"], "body": body})
@@ -114,6 +118,8 @@ class Executor:
     def run_handler(self, command: dict, cancel: threading.Event | None = None):
         """(status, result, error_message); the handler runs in its own thread under the timeout."""
         ctype = str(command.get("command_type") or "")
+        if command.get("payload_too_large"):  # only its head was read (client.next_command)
+            return "failed", {}, f"payload too large: the command's answer was {command['payload_too_large']}"
         payload = command.get("payload")
         payload = {} if payload is None else payload
         try:
@@ -142,8 +148,7 @@ class Executor:
         return "succeeded", result if isinstance(result, dict) else {"value": result}, ""
 
     def _put_finish(self, command: dict, status: str, result, error: str) -> None:
-        body = {"agent_id": self.agent_id, "status": status, "finished_at": now_iso(),
-                "result": self.redactor(result or {}), "error_message": self.redactor(error or "")}
+        body = finish_body(self.agent_id, status, self.redactor(result or {}), self.redactor(error or ""))
         self.outbox.put("finish", {"command_id": command.get("id"), "command_type": command.get("command_type"),
                                    "body": body})
 
@@ -151,7 +156,11 @@ class Executor:
 def _call(handler, ctx: CommandContext, payload: dict, outcome: dict) -> None:
     """The body of a command's thread: the handler's result or error into `outcome`."""
     try:
-        outcome["result"] = handler(ctx, payload)
+        if ctx.client is not None:  # every call the handler makes ends by the command's deadline
+            with ctx.client.within(ctx.deadline):
+                outcome["result"] = handler(ctx, payload)
+        else:
+            outcome["result"] = handler(ctx, payload)
     except CommandError as exc:
         outcome["error"], outcome["result"] = str(exc), exc.result
     except CalderaError as exc:  # the plane failed a call the handler needed

@@ -1,7 +1,17 @@
-"""The outbox sender: delivers finishes (and queued starts, inventories, run
-events) in order, at least once. A retryable failure stops the pass and backs
-off; a permanent refusal moves the item to outbox/rejected/ so one bad item
-cannot hold back the rest."""
+"""The outbox sender: delivers results first (queued starts and finishes), then
+inventories, at least once.
+
+What an answer means for one item (SPEC section 5, docs/runtime.md):
+- taken (2xx, `success` not false): the item is deleted;
+- 404 from the plane for that command: it can never be taken; kept in `outbox/rejected/`;
+- 400: the body is cut to what the server accepts (result summarised, `error_message`
+  capped, no non-finite numbers) and sent again once; a 400 to the cut body rejects it;
+- the plane is away (no answer, a passed deadline, 429, 502-504, Retry-After, auth
+  blocked): the pass stops and the loop backs off;
+- anything else (a 500 for this item, a 403 on it, a 2xx that is not JSON or says
+  `success: false`, a redirect): this item is held back with its own backoff and the
+  pass goes on, so one bad item never holds up the rest.
+"""
 from __future__ import annotations
 
 import logging
@@ -9,11 +19,14 @@ import time
 
 from caldera.daemon.live import LiveStatus
 from caldera.daemon.wakeups import Wakeups, wait_any
-from caldera.protocol.client import ApiError, NotFound
+from caldera.errors import AuthBlocked, CalderaError
+from caldera.protocol.client import ApiError, Invalid, NotFound, Unauthorized, Unsendable
+from caldera.protocol.payloads import ERROR_MESSAGE_CAP, cut_finish
 from caldera.protocol.retry import Backoff
 
 log = logging.getLogger("caldera.sender")
 IDLE_WAIT = 30.0
+PLANE_AWAY = (429, 502, 503, 504)
 
 
 def _deliver(client, item: dict) -> None:
@@ -28,33 +41,88 @@ def _deliver(client, item: dict) -> None:
         raise ValueError(f"unknown outbox item kind {kind!r}")
 
 
-def flush(client, outbox, stop, deadline: float | None = None) -> bool:
-    """One pass over the outbox; True when it is empty afterwards.
+def plane_away(exc: BaseException) -> bool:
+    """The failure is the plane's or the network's, not this item's: stop the pass."""
+    if isinstance(exc, (AuthBlocked, Unauthorized)):
+        return True
+    return isinstance(exc, ApiError) and exc.retryable and (exc.status is None or exc.status in PLANE_AWAY)
 
-    Raises the retryable error that stopped the pass (the caller backs off).
-    """
-    for name, item in outbox.items():
-        if stop.is_set() and deadline is None:
-            return False
-        if deadline is not None and time.monotonic() > deadline:
-            return False
+
+class Pass:
+    """One pass over the outbox; `held` and `rejected` count what it set aside."""
+
+    def __init__(self, client, outbox, backoff: Backoff | None = None):
+        self.client, self.outbox = client, outbox
+        self.backoff = backoff or Backoff()
+        self.held = self.rejected = 0
+
+    def run(self, stop, deadline: float | None) -> None:
+        held_commands = set()  # a held-back start keeps its command's finish behind it
+        for name, item in self.outbox.items():
+            if (stop.is_set() and deadline is None) or (deadline is not None and time.monotonic() > deadline):
+                return
+            command_id = item.get("command_id")
+            if item.get("kind") == "finish" and command_id in held_commands:
+                continue
+            if not self.outbox.due(item) or not self.one(name, item):
+                if item.get("kind") == "start":
+                    held_commands.add(command_id)
+
+    def one(self, name: str, item: dict) -> bool:
+        """Deliver one item; True when it left the outbox. Raises when the plane is away."""
         try:
-            _deliver(client, item)
+            _deliver(self.client, item)
         except NotFound as exc:
-            log.error("control plane does not know %s (%s); kept in outbox/rejected/", name, exc.message)
-            outbox.reject(name)
-            continue
-        except ApiError as exc:
-            if exc.retryable or exc.status == 401:
+            if not exc.from_server:  # a proxy's 404 page is not the plane speaking of this command
+                return self._hold(name, item, exc)
+            return self._reject(name, f"the control plane does not know this command: {exc.message}")
+        except Unsendable as exc:
+            return self._reject(name, str(exc))
+        except Invalid as exc:
+            if exc.status != 400:
+                return self._hold(name, item, exc)
+            return self._cut_or_reject(name, item, exc)
+        except CalderaError as exc:
+            if plane_away(exc):
                 raise
-            log.error("control plane refused %s: %s; kept in outbox/rejected/", name, exc)
-            outbox.reject(name)
-            continue
-        except ValueError as exc:
-            log.error("outbox item %s: %s; kept in outbox/rejected/", name, exc)
-            outbox.reject(name)
-            continue
-        outbox.done(name)
+            return self._hold(name, item, exc)
+        except (KeyError, ValueError) as exc:
+            return self._reject(name, f"malformed outbox item: {exc}")
+        self.outbox.done(name)
+        return True
+
+    def _hold(self, name: str, item: dict, exc: BaseException) -> bool:
+        attempts = int((item.get("retry") or {}).get("attempts") or 0)
+        delay = self.backoff.delay_for(attempts, getattr(exc, "retry_after", None))
+        retry = self.outbox.hold(name, item, str(exc), delay)
+        if attempts == 0:
+            log.warning("outbox item %s held back (%s); retrying it on its own, the rest goes on", name, exc)
+        log.debug("outbox item %s: try %d failed, next in %.0f s", name, retry["attempts"], delay)
+        self.held += 1
+        return False
+
+    def _reject(self, name: str, reason: str) -> bool:
+        log.error("outbox item %s can never be delivered (%s); kept in outbox/rejected/", name, reason)
+        self.outbox.reject(name, reason)
+        self.rejected += 1
+        return True
+
+    def _cut_or_reject(self, name: str, item: dict, exc: ApiError) -> bool:
+        if item.get("kind") != "finish" or item.get("cut"):
+            return self._reject(name, f"refused: {exc}")
+        cut = {**item, "body": cut_finish(item["body"], f"HTTP 400: {exc.message}"), "cut": True}
+        log.warning("finish %s refused as sent (%s); sending it cut to what the server accepts "
+                    "(result summarised, error_message at most %d bytes)", name, exc, ERROR_MESSAGE_CAP)
+        if not self.outbox.rewrite(name, cut):
+            return True
+        return self.one(name, cut)
+
+
+def flush(client, outbox, stop, deadline: float | None = None, backoff: Backoff | None = None) -> bool:
+    """One pass over the outbox; True when nothing is waiting afterwards.
+
+    Raises the error that stopped the pass when the plane is away (the caller backs off)."""
+    Pass(client, outbox, backoff).run(stop, deadline)
     return outbox.depth() == 0
 
 
@@ -67,7 +135,8 @@ def sender_loop(client, outbox, wake: Wakeups, live: LiveStatus, redactor) -> No
             backoff.reset()
             if failing:
                 log.info("outbox delivering again (%d waiting)", outbox.depth())
-            failing, delay = False, IDLE_WAIT
+            due = outbox.next_try_in()
+            failing, delay = False, IDLE_WAIT if due is None else min(IDLE_WAIT, max(due, 0.5))
         except Exception as exc:  # noqa: BLE001 -- logged, retried with backoff
             if not failing:
                 log.warning("outbox delivery paused: %s (%d waiting)", redactor(str(exc)), outbox.depth())

@@ -127,7 +127,8 @@ def _load_manifest(paths: AgentPaths):
 def _build_client(parts: Parts, transport_session):
     settings = parts.settings
     transport = Transport(settings.base_url, ca_bundle=settings.ca_bundle, session=transport_session)
-    session_file = SessionFile(parts.paths.state_dir / "session.json", settings.base_url, settings.instance_id)
+    session_file = SessionFile(parts.paths.state_dir / "session.json", settings.base_url, settings.instance_id,
+                               parts.identity.agent_id)
     client = ControlPlaneClient(transport, None)
     auth = Auth(bootstrap_token=settings.bootstrap_token, session_file=session_file,
                 register=lambda: client.register(register_body(parts.identity, parts.settings)),

@@ -11,3 +11,11 @@ def human_age(seconds: float | None) -> str:
     if seconds < 7200:
         return f"{seconds // 60} min ago"
     return f"{seconds // 3600} h ago"
+
+
+def rfc3339(epoch: float | None = None) -> str:
+    """The one timestamp format on the wire and in files: RFC 3339 UTC with `Z`, whole seconds."""
+    import datetime as dt
+
+    when = dt.datetime.now(dt.timezone.utc) if epoch is None else dt.datetime.fromtimestamp(epoch, dt.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")

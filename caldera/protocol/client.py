@@ -1,14 +1,20 @@
 """The control-plane HTTP client (protocol v1).
 
-`Transport` is the one requests.Session: default timeouts (connect 5 s, read
-30 s), the `{success, message, data}` envelope (a bare object is accepted),
-response bodies capped at 1 MiB, downloads streamed to disk, and errors typed
-so a caller knows whether to retry. A 429/503 `Retry-After` is kept as state
-(like sentry's transport): until it passes, calls fail fast without touching
-the network, so no loop can hammer a server that asked for quiet.
+`Transport` is the one requests.Session: per-operation timeouts (connect 5 s,
+read 30 s) and a total deadline per request (connect + send + the whole answer,
+`deadline.py`), bounded by what the caller has left (`within()`); the
+`{success, message, data}` envelope (a bare object is accepted); answers capped
+at 1 MiB (`commands/next`: 8 MiB); downloads streamed to disk; no redirect
+followed for an API call (a download follows one only on the plane's own
+origin); and errors typed so a caller knows whether to retry. A 429/503
+`Retry-After` (at most 300 s) is kept as state: until it passes, calls fail fast
+without touching the network. The transport is the one connectivity state of
+the loops: the first answer after an outage calls `on_reconnect`.
 
 `ControlPlaneClient` adds authentication: every call takes the session token
-from `session.Auth`; a 401 renews it once (single-flight) and retries.
+from `session.Auth`; a 401, or a 403 "agent id does not match session", renews
+it once (single-flight) and retries. Any other 403 refuses that one call.
+Every value placed in a URL path is checked against its pattern first.
 """
 from __future__ import annotations
 
@@ -16,42 +22,73 @@ import email.utils
 import json
 import logging
 import os
+import re
 import threading
 import time
 import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable
+from urllib.parse import urljoin, urlsplit
 
 import requests
 
 from caldera import __version__, errors
+from caldera.protocol.deadline import WatchedAdapter, Watches
+from caldera.protocol.jsonhead import command_head
+
 log = logging.getLogger("caldera.protocol.client")
 
 API_PREFIX = "/api/v1/agent"
-TIMEOUT = (5, 30)  # connect, read
+TIMEOUT = (5, 30)  # connect, each read
+TOTAL = 60.0  # one API call, from connect to the last byte of the answer
+DOWNLOAD_TOTAL = 900.0  # one download (the command's own deadline bounds it further)
 BODY_CAP = 1024 * 1024
+NEXT_CAP = 8 * 1024 * 1024  # commands/next: the largest command payload read whole
 DOWNLOAD_CAP = 128 * 1024 * 1024
+RETRY_AFTER_CAP = 300.0
+MAX_REDIRECTS = 5
 BOOTSTRAP_REJECTED = "invalid agent bootstrap token"
+SESSION_MISMATCH = "agent id does not match session"  # ClawManager's 403 that a new register fixes
+
+# What may be placed in a URL path (SPEC section 5): anything else is refused with a sentence.
+PATH_PATTERNS = {
+    "command id": (re.compile(r"[0-9]{1,19}"), "digits"),
+    "skill version": (re.compile(r"(ver_)?[0-9]{1,19}"), "ver_<n> or digits"),
+    "config revision id": (re.compile(r"[0-9]{1,19}"), "digits"),
+    "run id": (re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"), "letters, digits, '.', '_' or '-'"),
+}
 
 
 class ApiError(errors.CalderaError):
     """A call did not succeed. `status` is the HTTP status, or None for no answer.
 
     Each subclass is also one kind of caldera's error taxonomy (`caldera.errors`):
-    loops and the CLI act on the kind.
+    loops and the CLI act on the kind. `from_server` says the error body was the
+    plane's own JSON (a proxy's HTML page is not the plane speaking).
     """
 
     retryable = False
 
-    def __init__(self, status: int | None, message: str, retry_after: float | None = None):
+    def __init__(self, status: int | None, message: str, retry_after: float | None = None,
+                 from_server: bool = False):
         super().__init__(f"HTTP {status}: {message}" if status else message)
         self.status, self.message, self.retry_after = status, message, retry_after
+        self.from_server = from_server
 
 
 class Unauthorized(ApiError, errors.Retryable):
     """401: the session is bad or expired: register again (then the call is retried)."""
 
 
+class SessionMismatch(ApiError, errors.Retryable):
+    """403 "agent id does not match session": the session was issued to another agent_id;
+    a new register fixes it (then the call is retried)."""
+
+
 class Forbidden(ApiError, errors.Refused):
-    """403, or 400 'invalid agent bootstrap token': a configuration problem, not a retry."""
+    """403 on one resource (e.g. "Access denied" on a config revision), or 400 'invalid agent
+    bootstrap token' on register: that one call is refused; only register's blocks the session."""
 
 
 class NotFound(ApiError, errors.Refused):
@@ -62,10 +99,46 @@ class Invalid(ApiError, errors.Refused):
     """Any other 4xx: the request is wrong and would stay wrong."""
 
 
+class Unsendable(Invalid):
+    """Refused before sending: a value that may not go into a URL path, a non-finite number."""
+
+
+class TooLarge(Invalid):
+    """The answer is over its cap; `head` holds its first `cap` bytes."""
+
+    def __init__(self, status: int, message: str, head: bytes = b""):
+        super().__init__(status, message)
+        self.head = head
+
+
 class Retryable(ApiError, errors.Retryable):
-    """429, 5xx, network error or timeout: try later (honour `retry_after`)."""
+    """429, 5xx, network error, timeout or a passed deadline: try later (honour `retry_after`)."""
 
     retryable = True
+
+
+class Unaccepted(Retryable):
+    """2xx whose body is not JSON, or says `success: false`: not taken, so not done."""
+
+
+class Redirected(Retryable):
+    """A 3xx: never followed for an API call (the session token would go where it points)."""
+
+
+def transient(exc: BaseException) -> bool:
+    """Worth retrying inside a one-shot command: no answer, a passed deadline, 429 or 5xx."""
+    return isinstance(exc, Retryable) and not isinstance(exc, (Unaccepted, Redirected)) \
+        and (exc.status is None or exc.status == 429 or exc.status >= 500)
+
+
+def path_value(value, what: str) -> str:
+    """`value` as it may go into a URL path, or Unsendable with a sentence naming it."""
+    pattern, shape = PATH_PATTERNS[what]
+    text = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+    if text is None or not pattern.fullmatch(text):
+        shown = repr(value)[:80]
+        raise Unsendable(None, f"refused to put {shown} in a URL: a {what} must be {shape}")
+    return text
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -81,53 +154,88 @@ def parse_retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def _error_message(body: bytes) -> str:
+def _error_message(body: bytes) -> tuple[str, bool]:
+    """(the message, whether the body was the plane's JSON)."""
     try:
         doc = json.loads(body)
     except ValueError:
-        return body[:200].decode("utf-8", "replace").strip() or "(empty body)"
+        return body[:200].decode("utf-8", "replace").strip() or "(empty body)", False
     if isinstance(doc, dict):
-        return str(doc.get("error") or doc.get("message") or "(no message)")[:500]
-    return "(unexpected error body)"
+        return str(doc.get("error") or doc.get("message") or "(no message)")[:500], True
+    return "(unexpected error body)", False
 
 
 def classify(status: int, body: bytes, retry_after: float | None) -> ApiError:
-    message = _error_message(body)
+    message, from_server = _error_message(body)
     if status == 401:
-        return Unauthorized(status, message)
+        return Unauthorized(status, message, from_server=from_server)
+    if status == 403 and SESSION_MISMATCH in message.lower():
+        return SessionMismatch(status, message, from_server=from_server)
     if status == 403 or (status == 400 and BOOTSTRAP_REJECTED in message.lower()):
-        return Forbidden(status, message)
+        return Forbidden(status, message, from_server=from_server)
     if status == 404:
-        return NotFound(status, message)
+        return NotFound(status, message, from_server=from_server)
     if status == 429 or status >= 500:
-        return Retryable(status, message, retry_after)
-    return Invalid(status, message)
+        return Retryable(status, message, retry_after, from_server=from_server)
+    return Invalid(status, message, from_server=from_server)
 
 
-def unwrap(body: bytes):
+def unwrap(body: bytes, status: int = 200):
     """The `data` of ClawManager's envelope, or the bare object."""
     if not body.strip():
         return None
     try:
         doc = json.loads(body)
     except ValueError as exc:
-        raise Invalid(200, f"response is not JSON: {exc}") from None
+        raise Unaccepted(status, f"the answer is not JSON ({exc}); not taken") from None
     if isinstance(doc, dict) and "success" in doc:
         if doc.get("success") is False:
-            raise Invalid(200, str(doc.get("error") or "the server said success: false"))
+            raise Unaccepted(status, str(doc.get("error") or doc.get("message") or "the server said success: false"))
         return doc.get("data")
     return doc
 
 
+def encode_body(body) -> bytes:
+    """The one place a JSON body is encoded: no NaN or infinity ever leaves (Go's decoder
+    answers 400 to them)."""
+    try:
+        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError as exc:
+        raise Unsendable(None, f"the body holds a non-finite number ({exc}); not sent") from None
+
+
+def origin(url: str) -> tuple:
+    parts = urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), port
+
+
+@dataclass(frozen=True)
+class Download:
+    size: int
+    url: str  # where the bytes came from (the plane's own origin: nothing else is followed)
+    same_origin: bool
+
+
 class Transport:
-    def __init__(self, base_url: str, *, ca_bundle: str | None = None, session=None):
+    def __init__(self, base_url: str, *, ca_bundle: str | None = None, session=None,
+                 on_reconnect: Callable[[], None] | None = None):
         self.base_url = base_url.rstrip("/")
         self.session = session or requests.Session()
         self.session.headers["User-Agent"] = f"caldera/{__version__}"
         if ca_bundle:
             self.session.verify = ca_bundle  # TLS verification is never turned off
+        self.watches = Watches()
+        adapter = WatchedAdapter(self.watches)
+        self.session.mount("http://", adapter)
+        self.session.mount("https://", adapter)
+        self.on_reconnect: list[Callable[[], None]] = [on_reconnect] if on_reconnect else []
         self._quiet_until = 0.0  # monotonic; from Retry-After
+        self._reachable: bool | None = None  # None until the first call
         self._lock = threading.Lock()
+        self._budget = threading.local()  # per thread: the caller's own deadline (monotonic)
+
+    # ------------------------------------------------------------ shared state
 
     def quiet_for(self) -> float:
         return max(0.0, self._quiet_until - time.monotonic())
@@ -135,12 +243,51 @@ class Transport:
     def _note_retry_after(self, seconds: float | None) -> None:
         if seconds:
             with self._lock:
-                self._quiet_until = max(self._quiet_until, time.monotonic() + min(seconds, 3600))
+                self._quiet_until = max(self._quiet_until, time.monotonic() + min(seconds, RETRY_AFTER_CAP))
+
+    def _note_reachable(self, reachable: bool) -> None:
+        with self._lock:
+            recovered = reachable and self._reachable is False
+            self._reachable = reachable
+        if recovered:
+            log.info("control plane answering again")
+            for callback in list(self.on_reconnect):
+                callback()  # every loop tries again now, not after its own backoff
+
+    @property
+    def reachable(self) -> bool | None:
+        return self._reachable
+
+    @contextmanager
+    def within(self, deadline: float | None):
+        """Bound every request of this thread by `deadline` (time.monotonic()) while inside."""
+        outer = getattr(self._budget, "deadline", None)
+        if deadline is not None and outer is not None:
+            deadline = min(deadline, outer)
+        self._budget.deadline = deadline if deadline is not None else outer
+        try:
+            yield
+        finally:
+            self._budget.deadline = outer
+
+    def abort(self, reason: str = "stopping") -> int:
+        """Interrupt the requests in flight (the daemon is stopping); how many there were."""
+        return self.watches.abort(reason)
+
+    def _time_left(self, total: float) -> float:
+        budget = getattr(self._budget, "deadline", None)
+        left = total if budget is None else min(total, budget - time.monotonic())
+        if left <= 0:
+            raise Retryable(None, "no time left for this call (the caller's deadline passed)")
+        return left
+
+    # ------------------------------------------------------------ one request
 
     def request(self, method: str, path: str, token: str | None, *, body=None, data=None,
-                headers=None, stream_to=None, cap: int = BODY_CAP, raw: bool = False):
+                headers=None, stream_to=None, cap: int = BODY_CAP, raw: bool = False,
+                total: float = TOTAL, same_origin_redirects: bool = False):
         """Send one request: the unwrapped data; the body's bytes with raw=True;
-        the number of bytes written with stream_to (a path)."""
+        a `Download` with stream_to (a path)."""
         wait = self.quiet_for()
         if wait > 0:
             raise Retryable(None, f"server asked to wait (Retry-After): {wait:.0f} s left", wait)
@@ -149,57 +296,109 @@ class Transport:
             hdrs["Authorization"] = f"Bearer {token}"
         if body is not None:
             hdrs["Content-Type"] = "application/json"
-            data = json.dumps(body, separators=(",", ":")).encode()
-        try:
-            resp = self.session.request(method, self.base_url + API_PREFIX + path, data=data,
-                                        headers=hdrs, timeout=TIMEOUT, stream=True)
-        except requests.RequestException as exc:
-            raise Retryable(None, f"{type(exc).__name__}: {_short(exc)}") from None
-        with resp:
-            if resp.status_code >= 400:
-                content = self._read_capped(resp, BODY_CAP)
-                retry_after = parse_retry_after(resp.headers.get("Retry-After"))
-                if resp.status_code in (429, 503):
-                    self._note_retry_after(retry_after)
-                raise classify(resp.status_code, content, retry_after)
-            if stream_to is not None:
-                return self._stream(resp, stream_to, cap)
-            content = self._read_capped(resp, cap)
-            return content if raw else unwrap(content)
+            data = encode_body(body)
+        url = self.base_url + API_PREFIX + path
+        for _ in range(MAX_REDIRECTS + 1):
+            left = self._time_left(total)
+            with self.watches.watch(left) as watch:
+                try:
+                    with self._send(method, url, data, hdrs, left) as resp:
+                        target = self._redirect_target(resp, url, same_origin_redirects)
+                        if target is None:
+                            answer = self._answer(resp, url, stream_to, cap, raw)
+                except requests.RequestException as exc:
+                    raise self._cut_short(watch, left, f"{type(exc).__name__}: {_short(exc)}") from None
+                except ApiError:
+                    if watch.fired:  # what was read is whatever arrived before the socket was shut
+                        raise self._cut_short(watch, left, "answer cut short") from None
+                    raise
+                if watch.fired:  # the answer may have ended early without an error: not trusted
+                    raise self._cut_short(watch, left, "answer cut short")
+            if target is None:
+                return answer
+            url = target
+        raise Redirected(None, f"more than {MAX_REDIRECTS} redirects; last Location: {url}")
 
-    @staticmethod
-    def _read_capped(resp, cap: int) -> bytes:
-        chunks, size = [], 0
-        try:
-            for chunk in resp.iter_content(65536):
-                size += len(chunk)
-                if size > cap:
-                    raise Invalid(resp.status_code, f"response body over {cap} bytes")
-                chunks.append(chunk)
-        except requests.RequestException as exc:
-            raise Retryable(None, f"reading the response: {_short(exc)}") from None
-        return b"".join(chunks)
+    def _send(self, method, url, data, headers, left: float):
+        timeout = (min(TIMEOUT[0], left), min(TIMEOUT[1], left))
+        return self.session.request(method, url, data=data, headers=headers, timeout=timeout, stream=True,
+                                    allow_redirects=False)
 
-    @staticmethod
-    def _stream(resp, dest, cap: int) -> int:
-        size = 0
-        try:
-            with open(dest, "wb") as fh:
-                for chunk in resp.iter_content(1024 * 1024):
-                    size += len(chunk)
-                    if size > cap:
-                        raise Invalid(resp.status_code, f"download over {cap} bytes")
-                    fh.write(chunk)
-                fh.flush()
-                os.fsync(fh.fileno())
-        except requests.RequestException as exc:
-            raise Retryable(None, f"download cut: {_short(exc)}") from None
-        return size
+    def _cut_short(self, watch, left: float, what: str) -> Retryable:
+        self._note_reachable(False)
+        if watch.fired == "deadline":
+            return Retryable(None, f"no complete answer within {left:.0f} s ({what})")
+        if watch.fired:
+            return Retryable(None, f"interrupted: {watch.fired}")
+        return Retryable(None, what)
+
+    def _redirect_target(self, resp, url: str, allowed: bool) -> str | None:
+        """None for a final answer; the next URL for a redirect this request may follow."""
+        if not 300 <= resp.status_code < 400:
+            return None
+        self._note_reachable(True)
+        location = resp.headers.get("Location") or ""
+        target = urljoin(url, location)
+        if allowed and origin(target) == origin(self.base_url):
+            return target
+        why = "another origin" if allowed else "an API call follows no redirect"
+        raise Redirected(resp.status_code, f"redirect not followed ({why}); Location: {location or '(none)'}")
+
+    def _answer(self, resp, url: str, stream_to, cap: int, raw: bool):
+        status = resp.status_code
+        if status >= 400:
+            content = _read_capped(resp, BODY_CAP, truncate=True)
+            retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+            if retry_after is not None:
+                retry_after = min(retry_after, RETRY_AFTER_CAP)
+            self._note_reachable(status != 429 and status < 500)
+            if status in (429, 503):
+                self._note_retry_after(retry_after)
+            raise classify(status, content, retry_after)
+        if stream_to is not None:
+            size = _stream(resp, stream_to, cap)
+            self._note_reachable(True)
+            return Download(size, url, origin(url) == origin(self.base_url))
+        content = _read_capped(resp, cap)
+        self._note_reachable(True)
+        return content if raw else unwrap(content, status)
+
+
+def _read_capped(resp, cap: int, truncate: bool = False) -> bytes:
+    chunks, size = [], 0
+    for chunk in resp.iter_content(65536):
+        size += len(chunk)
+        if size > cap:
+            chunks.append(chunk[: len(chunk) - (size - cap)])
+            if truncate:
+                break
+            raise TooLarge(resp.status_code, f"response body over {cap} bytes", b"".join(chunks))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _stream(resp, dest, cap: int) -> int:
+    size = 0
+    with open(dest, "wb") as fh:
+        for chunk in resp.iter_content(1024 * 1024):
+            size += len(chunk)
+            if size > cap:
+                raise Invalid(resp.status_code, f"download over {cap} bytes")
+            fh.write(chunk)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return size
 
 
 def _short(exc: Exception) -> str:
     # requests' messages repeat the URL and pool; keep the first line.
     return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+
+
+def _quote_name(value: str) -> str:
+    """A multipart name or filename as browsers send it (WHATWG): `"`, CR and LF percent-escaped,
+    so a name holding a quote cannot end the header value early."""
+    return value.replace("\r", "%0D").replace("\n", "%0A").replace('"', "%22")
 
 
 class MultipartFile:
@@ -212,14 +411,14 @@ class MultipartFile:
     def __init__(self, fields: dict, field_name: str, path, filename: str):
         self.boundary = uuid.uuid4().hex
         head = b"".join(self._part(k, str(v)) for k, v in fields.items() if v is not None)
-        head += (f"--{self.boundary}\r\nContent-Disposition: form-data; name=\"{field_name}\"; "
-                 f"filename=\"{filename}\"\r\nContent-Type: application/zip\r\n\r\n").encode()
+        head += (f"--{self.boundary}\r\nContent-Disposition: form-data; name=\"{_quote_name(field_name)}\"; "
+                 f"filename=\"{_quote_name(filename)}\"\r\nContent-Type: application/zip\r\n\r\n").encode()
         self._head, self._tail = head, f"\r\n--{self.boundary}--\r\n".encode()
         self._path = path
         self.length = len(head) + os.path.getsize(path) + len(self._tail)
 
     def _part(self, name: str, value: str) -> bytes:
-        return (f"--{self.boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n"
+        return (f"--{self.boundary}\r\nContent-Disposition: form-data; name=\"{_quote_name(name)}\"\r\n\r\n"
                 f"{value}\r\n").encode()
 
     def __len__(self) -> int:
@@ -245,16 +444,22 @@ class ControlPlaneClient:
     def __init__(self, transport: Transport, auth):
         self.transport, self.auth = transport, auth
 
-    def _call(self, method, path, body=None, **kw):
+    def within(self, deadline: float | None):
+        """Bound this thread's calls by `deadline` (time.monotonic()): a command's own deadline."""
+        return self.transport.within(deadline)
+
+    def _authed(self, send):
+        """`send(token)` with the session token; a 401 or a session/agent mismatch renews it
+        once (single-flight) and sends again."""
         token = self.auth.token()
         try:
-            return self.transport.request(method, path, token, body=body, **kw)
-        except Unauthorized:
-            token = self.auth.renew(token)
-            return self.transport.request(method, path, token, body=body, **kw)
-        except Forbidden as exc:
-            self.auth.forbidden(exc)
-            raise
+            return send(token)
+        except (Unauthorized, SessionMismatch) as exc:
+            log.info("session not accepted (%s); registering again", exc.message)
+            return send(self.auth.renew(token))
+
+    def _call(self, method, path, body=None, **kw):
+        return self._authed(lambda token: self.transport.request(method, path, token, body=body, **kw))
 
     def register(self, body: dict) -> dict:
         return self.transport.request("POST", "/register", self.auth.bootstrap_token, body=body)
@@ -266,16 +471,25 @@ class ControlPlaneClient:
         return self._call("POST", "/state/report", body)
 
     def next_command(self) -> dict | None:
-        data = self._call("GET", "/commands/next")
+        """The next command; over NEXT_CAP, a stub naming it (`payload_too_large`) so that
+        it is finished failed instead of lost (the server hands a command out once)."""
+        try:
+            data = self._call("GET", "/commands/next", cap=NEXT_CAP)
+        except TooLarge as exc:
+            head = command_head(exc.head)
+            if head.get("id") is None:
+                raise Invalid(exc.status, f"commands/next answer over {NEXT_CAP} bytes, and no command id in "
+                                          f"its first {len(exc.head)} bytes: the command cannot be named") from None
+            return {**head, "payload_too_large": f"over {NEXT_CAP} bytes"}
         if isinstance(data, dict) and "command" in data:
             return data["command"]
         return data or None  # a bare command object, or nothing
 
     def start_command(self, command_id, body: dict):
-        return self._call("POST", f"/commands/{command_id}/start", body)
+        return self._call("POST", f"/commands/{path_value(command_id, 'command id')}/start", body)
 
     def finish_command(self, command_id, body: dict):
-        return self._call("POST", f"/commands/{command_id}/finish", body)
+        return self._call("POST", f"/commands/{path_value(command_id, 'command id')}/finish", body)
 
     def skills_inventory(self, body: dict):
         return self._call("POST", "/skills/inventory", body)
@@ -288,20 +502,18 @@ class ControlPlaneClient:
         def send(token):
             form = MultipartFile(fields, "file", path, filename)
             return self.transport.request("POST", "/skills/upload", token, data=form,
-                                          headers={"Content-Type": form.content_type})
+                                          headers={"Content-Type": form.content_type}, total=DOWNLOAD_TOTAL)
 
-        token = self.auth.token()
-        try:
-            return send(token)
-        except Unauthorized:
-            return send(self.auth.renew(token))
+        return self._authed(send)
 
-    def download_skill(self, skill_version: str, dest, cap: int = DOWNLOAD_CAP) -> int:
-        return self._call("GET", f"/skills/versions/{skill_version}/download", stream_to=dest, cap=cap)
+    def download_skill(self, skill_version, dest, cap: int = DOWNLOAD_CAP) -> Download:
+        version = path_value(skill_version, "skill version")
+        return self._call("GET", f"/skills/versions/{version}/download", stream_to=dest, cap=cap,
+                          total=DOWNLOAD_TOTAL, same_origin_redirects=True)
 
     def config_revision_raw(self, revision_id) -> bytes:
         """The raw response body: the checksum is over `content`'s bytes exactly as sent."""
-        return self._call("GET", f"/config/revisions/{int(revision_id)}", raw=True)
+        return self._call("GET", f"/config/revisions/{path_value(revision_id, 'config revision id')}", raw=True)
 
     def post_run_events(self, run_id: str, body: dict):
-        return self._call("POST", f"/runs/{run_id}/events", body)
+        return self._call("POST", f"/runs/{path_value(run_id, 'run id')}/events", body)

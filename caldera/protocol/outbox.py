@@ -1,12 +1,21 @@
 """The durable outbox: what must reach the control plane at least once.
 
-One JSON file per item in `<state>/outbox/`, named by a sequence number so the
-directory's order is the send order. An item is written (atomically) before
-anyone relies on it being sent and deleted only after the server took it.
-Bounded at 10,000 items or 64 MiB: past that the oldest inventories go
-first; finish results are never dropped. Items the server
-rejects for good (a 4xx other than 401) move to `outbox/rejected/`: kept for
-the operator, not retried for ever.
+One JSON file per item in `<state>/outbox/`, named by a sequence number. An item
+is written (atomically) before anyone relies on it being sent and deleted only
+after the server took it. Send order: results first (starts and finishes, in
+the order they were queued, so a command's start goes before its finish), then
+inventories.
+
+A delivery that fails for one item only (a 5xx or a 4xx the plane may stop
+giving) holds that item back with its own backoff, written into the item
+(`retry`: attempts, next try, the reason), so the hold survives a restart and
+never stops the items behind it. `held()` lists them for `caldera status` and
+the state report's health. Items that can never be taken (404 for that command,
+a 400 after the body was cut to what the server accepts) move to
+`outbox/rejected/` with the reason: kept for the operator, counted.
+
+Bounded at 10,000 items or 64 MiB: past that the oldest inventories go first;
+finish results are never dropped.
 """
 from __future__ import annotations
 
@@ -14,25 +23,43 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 from caldera.host.fsutil import atomic_write_bytes, ensure_dir
+from caldera.host.timefmt import rfc3339
+from caldera.protocol.payloads import finite
 
 log = logging.getLogger("caldera.protocol.outbox")
 
 MAX_ITEMS = 10_000
 MAX_BYTES = 64 * 1024 * 1024
 DROPPABLE = ("inventory",)  # superseded by a newer one; never "finish" or "start"
+FIRST = ("start", "finish")  # results go before everything else
+REASON_CAP = 500
+
+
+def _encode(doc: dict) -> bytes:
+    try:
+        return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:  # a NaN from a handler: stored as null, never sent (Go's decoder refuses it)
+        return json.dumps(finite(doc), separators=(",", ":"), allow_nan=False).encode()
+
+
+def _kind_of(name: str) -> str:
+    return name.split("-", 1)[1].removesuffix(".json") if "-" in name else ""
 
 
 class Outbox:
     def __init__(self, directory, max_items: int = MAX_ITEMS, max_bytes: int = MAX_BYTES,
-                 wakeup: threading.Event | None = None):
+                 wakeup: threading.Event | None = None, clock=time.time):
         self.dir = ensure_dir(directory)
         self.max_items, self.max_bytes = max_items, max_bytes
         self._lock = threading.Lock()
+        self._clock = clock
         self.wakeup = wakeup or threading.Event()  # set on every put: the sender's wake-up
         self.dropped = 0
+        self.rejected = 0
         names = self._names()
         self._seq = int(names[-1].split("-")[0]) if names else 0
 
@@ -41,7 +68,7 @@ class Outbox:
 
     def put(self, kind: str, item: dict) -> str:
         """Store one item durably; returns its name."""
-        data = json.dumps({"kind": kind, **item}, separators=(",", ":")).encode()
+        data = _encode({"kind": kind, **item})
         with self._lock:
             self._seq += 1
             name = f"{self._seq:012d}-{kind}.json"
@@ -50,9 +77,13 @@ class Outbox:
         self.wakeup.set()
         return name
 
+    def names_in_send_order(self) -> list[str]:
+        names = self._names()
+        return [n for n in names if _kind_of(n) in FIRST] + [n for n in names if _kind_of(n) not in FIRST]
+
     def items(self):
         """(name, item) in send order; an unreadable file is moved aside, not lost."""
-        for name in self._names():
+        for name in self.names_in_send_order():
             try:
                 with open(self.dir / name, "rb") as fh:
                     yield name, json.loads(fh.read())
@@ -60,23 +91,63 @@ class Outbox:
                 continue
             except ValueError:
                 log.error("outbox item %s is not JSON; moved to outbox/rejected/", name)
-                self.reject(name)
+                self.reject(name, "the stored item is not JSON")
 
     def done(self, name: str) -> None:
-        try:
-            os.unlink(self.dir / name)
-        except FileNotFoundError:
-            pass
+        with self._lock:
+            try:
+                os.unlink(self.dir / name)
+            except FileNotFoundError:
+                pass
 
-    def reject(self, name: str) -> None:
+    def rewrite(self, name: str, item: dict) -> bool:
+        """Replace a waiting item (a body cut to size, its retry record); False when it is gone
+        (delivered or superseded meanwhile): a gone item is never brought back."""
+        with self._lock:
+            if not (self.dir / name).exists():
+                return False
+            atomic_write_bytes(self.dir / name, _encode(item), mode=0o600)
+            return True
+
+    def hold(self, name: str, item: dict, reason: str, delay: float) -> dict:
+        """Hold one item back for `delay` seconds after a failed delivery; the record goes into
+        the item itself (it survives a restart). Returns the retry record."""
+        previous = item.get("retry") or {}
+        retry = {"attempts": int(previous.get("attempts") or 0) + 1,
+                 "next_at": self._clock() + delay, "reason": reason[:REASON_CAP],
+                 "since": previous.get("since") or rfc3339()}
+        self.rewrite(name, {**item, "retry": retry})
+        return retry
+
+    def due(self, item: dict) -> bool:
+        return float((item.get("retry") or {}).get("next_at") or 0) <= self._clock()
+
+    def next_try_in(self) -> float | None:
+        """Seconds until the earliest held-back item may be tried again; None when none is held."""
+        times = [float((item.get("retry") or {}).get("next_at") or 0) for _, item in self.items()]
+        times = [t for t in times if t]
+        return max(0.0, min(times) - self._clock()) if times else None
+
+    def reject(self, name: str, reason: str = "") -> None:
+        """Move an item the plane can never take to outbox/rejected/, with the reason."""
         rejected = ensure_dir(self.dir / "rejected")
-        try:
-            os.replace(self.dir / name, rejected / name)
-        except FileNotFoundError:
-            pass
+        with self._lock:
+            try:
+                os.replace(self.dir / name, rejected / name)
+            except FileNotFoundError:
+                return
+            self.rejected += 1
+        if reason:
+            try:
+                (rejected / (name.removesuffix(".json") + ".reason")).write_text(reason[:REASON_CAP] + "\n")
+            except OSError as exc:
+                log.warning("could not write why %s was rejected: %s", name, exc)
 
     def depth(self) -> int:
         return len(self._names())
+
+    def held(self) -> list[dict]:
+        return held_items(self.dir)
 
     def has_finish(self, command_id) -> bool:
         return any(item.get("command_id") == command_id and item.get("kind") == "finish"
@@ -89,8 +160,8 @@ class Outbox:
         for name in list(names):
             if len(names) <= self.max_items and total <= self.max_bytes:
                 return
-            if name.split("-", 1)[1].removesuffix(".json") in DROPPABLE:
-                self.done(name)
+            if _kind_of(name) in DROPPABLE:
+                os.unlink(self.dir / name)
                 names.remove(name)
                 total -= sizes[name]
                 self.dropped += 1
@@ -99,9 +170,40 @@ class Outbox:
                         len(names), total)
 
 
+def held_items(directory, limit: int = 20) -> list[dict]:
+    """The items held back after a failed delivery: what, how often tried, why (no bodies)."""
+    out = []
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".json") and n[0].isdigit())
+    except FileNotFoundError:
+        return out
+    for name in names:
+        try:
+            with open(Path(directory) / name, "rb") as fh:
+                item = json.loads(fh.read())
+        except (OSError, ValueError):
+            continue
+        retry = item.get("retry") if isinstance(item, dict) else None
+        if not retry:
+            continue
+        out.append({"item": name, "kind": item.get("kind"), "command_id": item.get("command_id"),
+                    "attempts": retry.get("attempts"), "since": retry.get("since"),
+                    "next_try_at": rfc3339(retry.get("next_at")), "reason": retry.get("reason")})
+        if len(out) >= limit:
+            break
+    return out
+
+
 def outbox_depth(state_dir) -> int:
     """For `caldera status`: items waiting, without taking the daemon's lock."""
     try:
         return sum(1 for n in os.listdir(Path(state_dir) / "outbox") if n.endswith(".json"))
+    except FileNotFoundError:
+        return 0
+
+
+def rejected_count(state_dir) -> int:
+    try:
+        return sum(1 for n in os.listdir(Path(state_dir) / "outbox" / "rejected") if n.endswith(".json"))
     except FileNotFoundError:
         return 0

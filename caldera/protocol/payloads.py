@@ -6,11 +6,13 @@ columns (agent_version <= 50, openclaw_status <= 30 characters).
 """
 from __future__ import annotations
 
-import datetime as dt
+import json
+import math
 import platform
 from dataclasses import dataclass
 
 from caldera import __version__
+from caldera.host.timefmt import rfc3339
 
 OPENCLAW_STATUSES = ("running", "stopped", "error", "unknown", "starting")
 BASE_CAPABILITIES = ["runtime.status", "runtime.health", "metrics.report", "commands.poll",
@@ -18,7 +20,51 @@ BASE_CAPABILITIES = ["runtime.status", "runtime.health", "metrics.report", "comm
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339()
+
+
+ERROR_MESSAGE_CAP = 16 * 1024  # finish.error_message: the column is TEXT (64 KiB); a message is a sentence
+RESULT_CAP = 256 * 1024  # a finish result over this is summarised before it is queued
+
+
+def cap_text(text: str, cap: int) -> str:
+    """`text` cut to at most `cap` UTF-8 bytes (whole characters), saying it was cut."""
+    data = text.encode("utf-8")
+    if len(data) <= cap:
+        return text
+    note = f" ... [cut: {len(data)} bytes]"
+    return data[: cap - len(note.encode())].decode("utf-8", "ignore") + note
+
+
+def finish_body(agent_id: str, status: str, result, error: str) -> dict:
+    """A finish body the server's decoder takes: `result` an object without non-finite
+    numbers (summarised past RESULT_CAP), `error_message` at most ERROR_MESSAGE_CAP bytes."""
+    result = finite(result if isinstance(result, dict) else {"value": result} if result is not None else {})
+    size = len(json.dumps(result, separators=(",", ":")).encode())
+    if size > RESULT_CAP:
+        result = {"truncated": True, "result_bytes": size, "keys": sorted(map(str, result))[:50]}
+    return {"agent_id": agent_id, "status": status, "finished_at": now_iso(), "result": result,
+            "error_message": cap_text(error or "", ERROR_MESSAGE_CAP)}
+
+
+def cut_finish(body: dict, why: str) -> dict:
+    """The smallest finish the server accepts after it refused `body` (400): status kept,
+    result replaced by a note, error_message capped."""
+    status = body.get("status") if body.get("status") in ("succeeded", "failed") else "failed"
+    note = {"cut": True, "reason": cap_text(why, 1000)}
+    return {"agent_id": str(body.get("agent_id") or ""), "status": status,
+            "finished_at": body.get("finished_at") or now_iso(), "result": note, "error_message": cap_text(str(body.get("error_message") or ""), ERROR_MESSAGE_CAP)}
+
+
+def finite(value):
+    """`value` with every NaN or infinity replaced by None: Go's decoder refuses them (400)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def agent_version() -> str:

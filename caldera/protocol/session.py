@@ -3,9 +3,16 @@
 `session.json` (0600, atomic) holds the session token. `Auth` hands the token
 to every loop and registers when there is none, single-flight: when several
 loops see a 401 at once, one registers and the others take its new token.
-A 403 (or ClawManager's 400 "invalid agent bootstrap token") means the
-configuration is wrong: the auth path is blocked, one short line is logged,
-and registration is tried again every 5 minutes or on SIGHUP (`unblock()`).
+Only a refusal of register itself (403, or ClawManager's 400 "invalid agent
+bootstrap token") means the configuration is wrong: the auth path is blocked,
+one short line is logged, and registration is tried again every 5 minutes or on
+SIGHUP (`unblock()`). A 403 on any other call is not the session's business:
+"agent id does not match session" renews the session (the client does it, like
+a 401), any other 403 refuses that one call (`client.Forbidden`).
+
+The session is kept only for the base URL, instance and agent_id it was issued
+to: a changed `agent_id` (another runtime type) registers afresh instead of
+sending another agent's token.
 """
 from __future__ import annotations
 
@@ -15,7 +22,7 @@ import time
 from dataclasses import dataclass
 
 from caldera.errors import AuthBlocked  # noqa: F401 -- re-exported: callers catch it from here too
-from caldera.protocol.client import Forbidden, Unauthorized
+from caldera.protocol.client import Forbidden, Invalid, SessionMismatch, Unaccepted, Unauthorized
 from caldera.host.fsutil import atomic_write_json, read_json
 
 log = logging.getLogger("caldera.protocol.session")
@@ -32,10 +39,10 @@ class SessionInfo:
 
 
 class SessionFile:
-    """session.json, tied to the base URL and instance it was issued for."""
+    """session.json, tied to the base URL, instance and agent_id it was issued for."""
 
-    def __init__(self, path, base_url: str, instance_id: int):
-        self.path, self.base_url, self.instance_id = path, base_url, instance_id
+    def __init__(self, path, base_url: str, instance_id: int, agent_id: str | None = None):
+        self.path, self.base_url, self.instance_id, self.agent_id = path, base_url, instance_id, agent_id
 
     def load(self) -> SessionInfo | None:
         try:
@@ -45,12 +52,16 @@ class SessionFile:
             return None
         if not doc or doc.get("base_url") != self.base_url or doc.get("instance_id") != self.instance_id:
             return None
+        if doc.get("agent_id") != self.agent_id:
+            log.info("session.json was issued to agent %r, not %r; registering again", doc.get("agent_id"),
+                     self.agent_id)
+            return None
         return SessionInfo(doc["session_token"], doc.get("session_expires_at"),
                            doc.get("heartbeat_interval_seconds", 15), doc.get("command_poll_interval_seconds", 5))
 
     def save(self, info: SessionInfo) -> None:
         atomic_write_json(self.path, {
-            "base_url": self.base_url, "instance_id": self.instance_id,
+            "base_url": self.base_url, "instance_id": self.instance_id, "agent_id": self.agent_id,
             "session_token": info.token, "session_expires_at": info.expires_at,
             "heartbeat_interval_seconds": info.heartbeat_interval,
             "command_poll_interval_seconds": info.poll_interval,
@@ -103,13 +114,6 @@ class Auth:
                 self._do_register()
             return self._info.token
 
-    def forbidden(self, exc) -> None:
-        """A 403 on any call: drop the session and block the auth path."""
-        with self._lock:
-            self._info = None
-            self._file.clear()
-            self._block(str(getattr(exc, "message", exc)))
-
     def unblock(self) -> None:
         """SIGHUP: the configuration may have been fixed; try again now."""
         with self._lock:
@@ -131,12 +135,14 @@ class Auth:
             raise AuthBlocked(self.blocked_reason, wait)
         try:
             data = self._register() or {}
-        except (Forbidden, Unauthorized) as exc:
+        except (Forbidden, Unauthorized, SessionMismatch, Invalid) as exc:
+            if isinstance(exc, Invalid) and exc.status not in (400, 403):
+                raise  # refused before sending (a body the encoder refused): not the plane's word
             self._block(exc.message)
             raise AuthBlocked(exc.message, BLOCKED_RETRY_SECONDS) from None
         token = data.get("session_token")
         if not isinstance(token, str) or not token:
-            raise ValueError("register answered without a session_token")
+            raise Unaccepted(200, "register answered without a session_token")
         self._redactor.add(token)
         self._info = SessionInfo(token, data.get("session_expires_at"),
                                  _interval(data.get("heartbeat_interval_seconds"), 15),

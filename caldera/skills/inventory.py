@@ -16,9 +16,9 @@ import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
+from caldera.host.timefmt import rfc3339
 from caldera.skills import md5
 
 SKILL_DIRS_VAR = "CALDERA_SKILL_DIRS"
@@ -55,7 +55,7 @@ class Scan:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return rfc3339()  # the one format (`...Z`): the inventory's times like every other
 
 
 def managed_root(state_dir) -> Path:

@@ -1,3 +1,4 @@
+import json
 """Loops driven with a fast clock: each wait records its delay and returns at once."""
 import random
 import threading
@@ -76,7 +77,11 @@ def test_sender_moves_permanently_refused_items_aside(caldera_env):
     rt.outbox.put("finish", {"command_id": 1, "body": {}})
     rt.outbox.put("finish", {"command_id": 2, "body": {}})
     assert sender.flush(rt.client, rt.outbox, rt.wake.stop) is True
-    assert len(list((rt.outbox.dir / "rejected").iterdir())) == 1
+    assert len(list((rt.outbox.dir / "rejected").glob("*.json"))) == 1
+    assert "status must be" in next((rt.outbox.dir / "rejected").glob("*.reason")).read_text()
+    tries = [c for c in responses.calls if c.request.url.endswith("/commands/1/finish")]
+    assert len(tries) == 2  # as queued, then cut to what the server accepts
+    assert json.loads(tries[1].request.body)["result"]["cut"] is True
     rt.pool.shutdown(wait=False)
 
 

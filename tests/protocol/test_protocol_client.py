@@ -110,16 +110,46 @@ def test_bad_bootstrap_token_blocks_auth_path(tmp_path):
 
 
 @responses.activate
-def test_403_on_a_call_drops_session_and_blocks(tmp_path):
+def test_resource_403_refuses_that_call_only(tmp_path):
     client = make(tmp_path)
     register_ok()
-    responses.add(responses.POST, API + "/heartbeat", status=403, json={"success": False, "error": "agent id mismatch"})
+    responses.add(responses.GET, API + "/config/revisions/5", status=403, json={"success": False, "error": "Access denied"})
+    responses.add(responses.POST, API + "/heartbeat", json=ok({}))
     with pytest.raises(Forbidden):
-        client.heartbeat({})
-    assert client.auth.blocked_reason == "agent id mismatch"
-    assert not (tmp_path / "session.json").exists()
+        client.config_revision_raw(5)
+    assert client.auth.blocked_reason is None and client.auth.registrations == 1
+    assert (tmp_path / "session.json").exists()
+    client.heartbeat({})  # the session goes on
+
+
+@responses.activate
+def test_session_mismatch_403_registers_again_and_retries(tmp_path):
+    client = make(tmp_path)
+    register_ok("agt_sess_one")
+    register_ok("agt_sess_two")
+    responses.add(responses.POST, API + "/commands/9/finish", status=403,
+                  json={"success": False, "error": "agent id does not match session"})
+    responses.add(responses.POST, API + "/commands/9/finish", json=ok(None))
+    client.finish_command(9, {"status": "succeeded"})
+    assert client.auth.registrations == 2 and client.auth.blocked_reason is None
+    assert responses.calls[-1].request.headers["Authorization"] == "Bearer agt_sess_two"
+
+
+def test_session_file_is_keyed_on_agent_id(tmp_path):
+    from caldera.protocol.session import SessionInfo
+
+    SessionFile(tmp_path / "s.json", BASE, 7, "caldera-7-adapter").save(SessionInfo("tok", None, 15, 5))
+    assert SessionFile(tmp_path / "s.json", BASE, 7, "caldera-7-adapter").load().token == "tok"
+    assert SessionFile(tmp_path / "s.json", BASE, 7, "caldera-7-process").load() is None
+
+
+@responses.activate
+def test_403_on_register_blocks(tmp_path):
+    client = make(tmp_path)
+    responses.add(responses.POST, API + "/register", status=403, json={"success": False, "error": "instance disabled"})
     with pytest.raises(AuthBlocked):
         client.heartbeat({})
+    assert client.auth.blocked_reason == "instance disabled"
 
 
 @responses.activate
@@ -163,7 +193,7 @@ def test_download_is_streamed_and_capped(tmp_path):
     client = make(tmp_path)
     register_ok()
     responses.add(responses.GET, API + "/skills/versions/ver_1/download", body=b"z" * 5000)
-    assert client.download_skill("ver_1", tmp_path / "a.zip") == 5000
+    assert client.download_skill("ver_1", tmp_path / "a.zip").size == 5000
     assert (tmp_path / "a.zip").read_bytes() == b"z" * 5000
     responses.add(responses.GET, API + "/skills/versions/ver_2/download", body=b"z" * 5000)
     with pytest.raises(Invalid, match="over 100"):
