@@ -166,7 +166,7 @@ def _merge_down(segments, axis: Axis, rank: dict):
     worst: dict[int, str] = {}
     for start, end, state in segments:
         first = int((start - axis.t0) / width)
-        last = min(axis.max_points - 1, int((end - axis.t0) / width))
+        last = min(axis.max_points - 1, int((end - axis.t0) / width - 1e-9))
         for b in range(first, last + 1):
             if rank.get(state, 0) >= rank.get(worst.get(b), -1):
                 worst[b] = state
