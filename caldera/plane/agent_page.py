@@ -11,7 +11,7 @@ import urllib.parse
 
 from caldera.plane.page_parts import (
     LARGE, adapter_html, agent_head, e, layout, short_json, timeline, window_links, window_seconds)
-from caldera.timefmt import human_age
+from caldera.host.timefmt import human_age
 
 COMMANDS_SHOWN = 100
 RESULT_CAP = 4000  # characters of a result shown unfolded

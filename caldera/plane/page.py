@@ -13,7 +13,7 @@ from __future__ import annotations
 from caldera.plane import agent_page, api
 from caldera.plane.page_parts import (
     SMALL, adapter_html, agent_head, e, layout, short_json, timeline, window_links, window_seconds)
-from caldera.timefmt import human_age
+from caldera.host.timefmt import human_age
 
 RECENT_COMMANDS = 20
 HTML = "text/html; charset=utf-8"

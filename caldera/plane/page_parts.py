@@ -11,7 +11,7 @@ from pathlib import Path
 
 from caldera.plane import api, charts
 from caldera.plane.figures import LEVELS, figures, human_bytes
-from caldera.timefmt import human_age
+from caldera.host.timefmt import human_age
 
 REFRESH_SECONDS = 5
 WINDOWS = {"1h": 3600, "6h": 6 * 3600, "1d": 86400, "7d": 7 * 86400}
