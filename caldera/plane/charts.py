@@ -87,7 +87,7 @@ def line_chart(name: str, lines: list[tuple[str, list[tuple[float, float]]]], ax
     vmax = vmax if vmax > 0 else 1.0
     gap = max(axis.gap, 2.5 * (axis.t1 - axis.t0) / axis.max_points)
     w, h = axis.width, axis.height
-    parts = [f'<svg class="chart" data-chart="{_e(name)}" data-t0="{axis.t0:.3f}" data-t1="{axis.t1:.3f}"'
+    parts = [f'<svg class="chart" data-chart="{_e(name)}" data-t0="{axis.t0:.6f}" data-t1="{axis.t1:.6f}"'
              f' data-vmax="{vmax:.6g}" viewBox="0 0 {w} {h}" role="img" aria-label="{_e(label)}">',
              f'<rect class="plot" x="0" y="0" width="{w}" height="{h}"/>',
              f'<line class="grid" x1="0" x2="{w}" y1="{axis.y(vmax / 2, vmax):.1f}" y2="{axis.y(vmax / 2, vmax):.1f}"/>']
@@ -125,11 +125,15 @@ def level_segments(points: list[dict], bucket_seconds: int, gap: float, now: flo
     """Each bucket's worst state level, held until the next report unless the instance went silent."""
     levelled = [p for p in points if p.get("level")]
     out: list[tuple[float, float, str]] = []
+    held_until = None
     for i, p in enumerate(levelled):
+        # a stretch held from the previous report starts at the bucket; a fresh one at the first contact
+        start = p["bucket"] if held_until == p["bucket"] else max(p["bucket"], p["first_at"])
         end = min(p["bucket"] + bucket_seconds, now)
         if i + 1 < len(levelled) and levelled[i + 1]["bucket"] - end <= gap:
             end = levelled[i + 1]["bucket"]
-        _add(out, max(p["bucket"], p["first_at"]), end, p["level"])
+        _add(out, start, end, p["level"])
+        held_until = end
     return out
 
 
@@ -146,7 +150,7 @@ def strip(name: str, segments: list[tuple[float, float, str]], axis: Axis, rank:
     """A coloured band: one rect per stretch in one state (class `st-<state>`), a tooltip each."""
     clipped = [(max(s, axis.t0), min(e, axis.t1), state) for s, e, state in segments if e > axis.t0 and s < axis.t1]
     clipped = _merge_down(clipped, axis, rank)
-    parts = [f'<svg class="strip" data-strip="{_e(name)}" data-t0="{axis.t0:.3f}" data-t1="{axis.t1:.3f}"'
+    parts = [f'<svg class="strip" data-strip="{_e(name)}" data-t0="{axis.t0:.6f}" data-t1="{axis.t1:.6f}"'
              f' viewBox="0 0 {axis.width} {axis.height}" role="img" aria-label="{_e(name)} over time">',
              f'<rect class="plot" x="0" y="0" width="{axis.width}" height="{axis.height}"/>']
     for start, end, state in clipped:
