@@ -22,6 +22,7 @@ from caldera.protocol.payloads import now_iso
 log = logging.getLogger("caldera.daemon.executor")
 
 JOURNAL_KEY = "commands"
+RECENT_KEY, RECENT_KEPT = "recent_commands", 10  # what `caldera status` shows as the last commands
 CANCEL_GRACE = 5.0  # after ctx.cancel is set, how long a handler gets to notice
 INTERRUPTED = "interrupted: runtime restarted"
 
@@ -79,10 +80,19 @@ def execute(runtime, command: dict, cancel: threading.Event | None = None) -> st
     else:
         status, result, error = run_handler(runtime, command, cancel)
     _put_finish(runtime, command, status, result, error)
+    _remember(runtime, command, status, error)
     _journal_remove(runtime, cid)
     log.info("command %s (%s) %s%s", cid, ctype, status, f": {error}" if error else "")
     runtime.report_now()
     return status
+
+
+def _remember(runtime, command: dict, status: str, error: str) -> None:
+    """The last few finished commands, newest first, for `caldera status` (state.json, bounded)."""
+    entry = {"id": command.get("id"), "command_type": str(command.get("command_type") or ""), "status": status,
+             "finished_at": now_iso(), "error": runtime.redactor(error or "")[:300]}
+    runtime.state.update(RECENT_KEY, lambda items: ([entry] + [i for i in (items or []) if isinstance(i, dict)
+                                                               and i.get("id") != entry["id"]])[:RECENT_KEPT])
 
 
 def _send_start(runtime, command: dict):
