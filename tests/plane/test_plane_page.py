@@ -202,7 +202,7 @@ def test_history_in_headless_chromium(plane, agent, clock, tmp_path):
         assert [s for *_, s in timeline["strips"]["level"]] == ["ok", "warn", "bad", "off", "ok", "ok"]
         _check_presence(timeline["strips"]["presence"], timeline["charts"]["cpu"], sent)
     shot = tmp_path / "plane-status-page.png"
-    screenshot(plane.url + "/", shot)
+    screenshot(plane.url + "/", shot, size="1280,740")
     keep = os.environ.get("CALDERA_PLANE_SCREENSHOT")  # CI keeps it as an artifact; docs/ has one
     if keep:
         Path(keep).parent.mkdir(parents=True, exist_ok=True)
