@@ -113,7 +113,10 @@ def presence_segments(points: list[dict], now: float) -> list[tuple[float, float
     for i, p in enumerate(points):
         last = p["last_at"]
         following = points[i + 1]["first_at"] if i + 1 < len(points) else now
-        _add(out, p["first_at"], min(last + ONLINE_SECONDS, following), "online")
+        gap = p.get("gap") or 0  # a merged point that was silent inside: its worst state, all over it
+        inside = "offline" if gap > STALE_SECONDS else "stale" if gap > ONLINE_SECONDS else "online"
+        _add(out, p["first_at"], min(last, following), inside)
+        _add(out, min(last, following), min(last + ONLINE_SECONDS, following), "online")
         if following > last + ONLINE_SECONDS:
             _add(out, last + ONLINE_SECONDS, min(last + STALE_SECONDS, following), "stale")
         if following > last + STALE_SECONDS:

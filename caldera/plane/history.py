@@ -100,13 +100,38 @@ def prune(db, before: float) -> int:
     return db.execute("DELETE FROM history WHERE bucket < ?", (int(before),)).rowcount
 
 
-def read(db, instance_id: int, since: float) -> list[dict]:
-    """Buckets from `since` on (oldest first), preceded by the last one before it (presence needs it)."""
+def first_bucket(db, instance_id: int, since: float) -> int | None:
+    row = db.execute("SELECT MIN(bucket) AS b FROM history WHERE instance_id=? AND bucket >= ?",
+                     (instance_id, int(since))).fetchone()
+    return row["b"]
+
+
+def read(db, instance_id: int, since: float, step: int) -> list[dict]:
+    """Points from `since` on (oldest first), each `step` seconds wide, after the last bucket before it.
+
+    A step wider than a bucket merges buckets in SQL: sums and counts add up (means stay exact),
+    contacts widen, the level is the worst, and `gap` is the longest silence between buckets
+    inside the merged point (the page marks such a point stale or offline).
+    """
     before = db.execute("SELECT * FROM history WHERE instance_id=? AND bucket < ? ORDER BY bucket DESC LIMIT 1",
                         (instance_id, int(since))).fetchall()
-    rows = db.execute("SELECT * FROM history WHERE instance_id=? AND bucket >= ? ORDER BY bucket",
-                      (instance_id, int(since))).fetchall()
+    rows = db.execute(_MERGED, {"instance": instance_id, "since": int(since), "step": int(step)}).fetchall()
     return [_point(r) for r in [*before, *rows]]
+
+
+_RANK_SQL = "CASE level WHEN 'bad' THEN 3 WHEN 'warn' THEN 2 WHEN 'off' THEN 1 WHEN 'ok' THEN 0 END"
+_SUMMED = ("contacts", "reports", "report_at_sum", "cpu_sum", "cpu_n", "memory_sum", "memory_n", "disk_sum",
+           "disk_n", "rx_rate_sum", "tx_rate_sum", "rate_n")
+_MERGED = f"""
+SELECT (bucket / :step) * :step AS bucket, MIN(first_at) AS first_at, MAX(last_at) AS last_at,
+  {", ".join(f"SUM({c}) AS {c}" for c in _SUMMED)},
+  CASE MAX(rank) WHEN 3 THEN 'bad' WHEN 2 THEN 'warn' WHEN 1 THEN 'off' WHEN 0 THEN 'ok' END AS level,
+  MAX(gap) AS gap
+FROM (SELECT *, {_RANK_SQL} AS rank,
+        CASE WHEN LAG(bucket) OVER w / :step = bucket / :step THEN first_at - LAG(last_at) OVER w END AS gap
+      FROM history WHERE instance_id = :instance AND bucket >= :since WINDOW w AS (ORDER BY bucket))
+GROUP BY bucket / :step ORDER BY 1
+"""
 
 
 def _point(row) -> dict:
@@ -115,6 +140,7 @@ def _point(row) -> dict:
 
     point = {"bucket": row["bucket"], "first_at": row["first_at"], "last_at": row["last_at"],
              "contacts": row["contacts"], "reports": row["reports"], "level": row["level"],
+             "gap": row["gap"] if "gap" in row.keys() else None,
              "at": mean("report_at_sum", "reports"),
              "rx_rate": mean("rx_rate_sum", "rate_n"), "tx_rate": mean("tx_rate_sum", "rate_n")}
     for name in FIGURES:

@@ -106,10 +106,12 @@ def short_json(value, limit: int = 160) -> str:
 def timeline(store, agent: dict, body: dict, now: float, window: float, size: dict) -> str:
     """CPU, memory, disk and network lines, presence and state-level strips, then the time ticks."""
     instance = agent["instance_id"]
-    points = store.history_buckets(instance, now - window)
+    # merged in the store once a window holds more buckets than the chart has room for
+    step = store.history_step(instance, now - window, size["width"] // 3)
+    points = store.history_buckets(instance, now - window, step)
     if not points:
         return '<p class="empty">No history yet.</p>'
-    axis = charts.axis_for(points, now, window, store.history_bucket_seconds, size["width"], size["height"])
+    axis = charts.axis_for(points, now, window, step, size["width"], size["height"])
     figs = figures(body.get("system_info"))
     rows = []
     for key, title in (("cpu", "CPU"), ("memory", "Memory"), ("disk", "Disk")):
@@ -121,7 +123,7 @@ def timeline(store, agent: dict, body: dict, now: float, window: float, size: di
     rows.append(_row("Presence", charts.strip("presence", charts.presence_segments(points, now), strip_axis,
                                               charts.PRESENCE_RANK),
                      f'<span class="presence {agent["presence"]}">{agent["presence"]}</span>', "presence"))
-    levels = charts.level_segments(points, store.history_bucket_seconds, axis.gap, now)
+    levels = charts.level_segments(points, step, axis.gap, now)
     current = levels[-1][2] if levels else None
     rows.append(_row("State", charts.strip("level", levels, strip_axis, charts.LEVEL_RANK),
                      f'<span class="level-{level_of(current)}">{e(current or "none reported")}</span>', "level"))

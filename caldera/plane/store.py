@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import re
 import secrets
 import sqlite3
@@ -471,10 +472,19 @@ class Store:
 
     # ---- history (the page's charts; bounded by age, see history.py) -----------------------
 
-    def history_buckets(self, instance_id: int, since: float) -> list[dict]:
-        """The instance's history buckets from `since` on, oldest first (plus the one just before)."""
+    def history_buckets(self, instance_id: int, since: float, step: int | None = None) -> list[dict]:
+        """The instance's history from `since` on, oldest first (plus the bucket just before),
+        merged into points `step` seconds wide (default: one bucket each)."""
         with self._lock:
-            return history.read(self._db, instance_id, since)
+            return history.read(self._db, instance_id, since, max(step or 0, self.history_bucket_seconds))
+
+    def history_step(self, instance_id: int, since: float, max_points: int) -> int:
+        """The point width (a multiple of the bucket) that draws the kept span in at most `max_points`."""
+        bucket = self.history_bucket_seconds
+        with self._lock:
+            first = history.first_bucket(self._db, instance_id, since)
+        span = self.clock() - max(first if first is not None else since, since)
+        return bucket * max(1, math.ceil(span / max(1, max_points) / bucket))
 
     def history_start(self) -> float:
         """The oldest time the history keeps."""

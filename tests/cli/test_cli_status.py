@@ -119,7 +119,7 @@ def test_watch_without_a_terminal_prints_successive_blocks(caldera_env):
     sink: list[bytes] = []
     reader = _collect(proc.stdout.fileno(), sink)
     try:
-        wait_for(lambda: b"".join(sink).count(b"--- ") >= 3, what="three blocks")
+        wait_for(lambda: b"".join(sink).count(b"--- ") >= 3, timeout=60, what="three blocks")
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0, proc.stderr.read()
@@ -143,7 +143,7 @@ def test_watch_on_a_terminal_redraws_in_place(caldera_env):
     sink: list[bytes] = []
     reader = _collect(master, sink)
     try:
-        wait_for(lambda: b"".join(sink).count(b"\x1b[H") >= 3, what="three redraws")
+        wait_for(lambda: b"".join(sink).count(b"\x1b[H") >= 3, timeout=60, what="three redraws")
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0

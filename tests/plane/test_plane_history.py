@@ -120,3 +120,26 @@ def test_a_crowded_strip_keeps_the_worst_state_per_bin():
     svg = charts.strip("level", flapping, axis, charts.LEVEL_RANK)
     assert svg.count('data-state="bad"') == 1 and svg.count('data-state="ok"') == 2
     assert 'data-state="bad" x="15.0" y="0" width="3.0"' in svg
+
+
+def test_wide_points_merge_buckets_in_the_store(store):
+    for minute, cpu, level in ((0, 0.2, "ok"), (1, 0.4, "warn"), (5, 0.9, "ok"), (10, 0.3, "ok")):
+        store.clock_.now = 1_800_000_000.0 + minute * MIN
+        _report(store, cpu=cpu, level=level)
+    merged = store.history_buckets(1, 0, step=10 * MIN)  # minutes 0-9 in one point, 10 in the next
+    assert [p["bucket"] for p in merged] == [1_800_000_000, 1_800_000_600]
+    first = merged[0]
+    assert first["cpu"] == pytest.approx(0.5) and first["reports"] == 3 and first["level"] == "warn"
+    assert first["gap"] == pytest.approx(4 * MIN)  # silent from minute 1 to minute 5
+    assert first["first_at"] == 1_800_000_000 and first["last_at"] == 1_800_000_300
+    segs = charts.presence_segments(merged, now=1_800_000_610)
+    assert segs[0] == (1_800_000_000, 1_800_000_300, "offline")  # the merged point's worst presence
+    assert store.history_buckets(1, 0, step=1) == store.history_buckets(1, 0)  # never below a bucket
+
+
+def test_history_step_fits_the_kept_span_into_the_points(store):
+    _report(store)
+    assert store.history_step(1, 0, max_points=200) == MIN  # nothing long yet: one bucket a point
+    store.clock_.advance(7 * 86400 - 1)
+    assert store.history_step(1, store.clock_() - 86400, max_points=200) == 8 * MIN  # a day in 180 points
+    assert store.history_step(2, 0, max_points=200) >= MIN  # no history at all
