@@ -48,13 +48,17 @@ def bar(used) -> str:
     return "[" + "#" * filled + "." * (BAR_WIDTH - filled) + f"] {fraction * 100:3.0f}%"
 
 
-def connection_info(paths) -> dict:
+def _state(paths) -> dict:
     from caldera.host.fsutil import read_json
 
     try:
-        state = read_json(paths.state_dir / "state.json", {}) or {}
+        return read_json(paths.state_dir / "state.json", {}) or {}
     except ValueError:
-        state = {}
+        return {}
+
+
+def connection_info(paths, state: dict | None = None) -> dict:
+    state = _state(paths) if state is None else state
     conn = dict(state.get("connection") or {})
     conn["last_successful"] = _ago(conn.get("last_heartbeat_ok_at"))
     return conn
@@ -91,20 +95,17 @@ def snapshot(paths, redact) -> dict:
     from caldera.protocol.outbox import outbox_depth
 
     agent = redact(_agent_status(paths))
-    conn = redact(connection_info(paths))
+    state = _state(paths)
+    conn = redact(connection_info(paths, state))
     conn["daemon"] = StateLock(paths.state_dir, "status").holder() if paths.state_dir.is_dir() else None
-    return {"agent_status": agent, "connection": conn, "outbox": {"items": outbox_depth(paths.state_dir)},
-            "commands": redact(recent_commands(paths))}
+    # drop counters since the daemon started (outbox: superseded reports/inventories; events: run
+    # events the plane never got; lanes: commands offered while stopping, kept for the next start)
+    outbox = {"items": outbox_depth(paths.state_dir), "dropped": state.get("drops") or {}}
+    return {"agent_status": agent, "connection": conn, "outbox": outbox, "commands": redact(recent_commands(state))}
 
 
-def recent_commands(paths) -> list[dict]:
+def recent_commands(state: dict) -> list[dict]:
     """Commands in progress (the daemon's journal), then the last finished ones, newest first."""
-    from caldera.host.fsutil import read_json
-
-    try:
-        state = read_json(paths.state_dir / "state.json", {}) or {}
-    except ValueError:
-        return []
     journal = state.get("commands") if isinstance(state.get("commands"), dict) else {}
     running = [{"id": (e.get("command") or {}).get("id", cid), "status": "running" if e.get("phase") == "executing"
                 else "fetched", "command_type": (e.get("command") or {}).get("command_type")}
@@ -183,7 +184,8 @@ def render(name, doc) -> str:
     if conn.get("auth_blocked"):
         lines.append(f"  registration refused: {conn['auth_blocked']} (fix the configuration, then: systemctl reload)")
     lines.append(f"daemon: {conn['daemon'] or 'not running'}")
-    lines.append(f"outbox: {outbox['items']} waiting")
+    dropped = ", ".join(f"{name} {count}" for name, count in sorted((outbox.get("dropped") or {}).items()))
+    lines.append(f"outbox: {outbox['items']} waiting" + (f"; dropped since the daemon started: {dropped}" if dropped else ""))
     lines.extend(_command_lines(doc.get("commands") or []))
     return "\n".join(lines)
 

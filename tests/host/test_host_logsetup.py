@@ -76,6 +76,6 @@ def test_caldera_run_warns_at_warning_priority(caldera_env, tmp_path):
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0
     lines = err.read_text().splitlines()
-    assert any(line.startswith("<6>INFO caldera.daemon.run: caldera run: agent demo") for line in lines)
-    assert any(line.startswith("<4>WARNING caldera.heartbeat: heartbeat failed") for line in lines)
+    assert any(line.startswith("<6>INFO caldera.") and ": caldera run: agent demo" in line for line in lines)
+    assert any(line.startswith("<4>WARNING caldera.") and "heartbeat failed" in line for line in lines)
     assert all(line[:3] in ("<3>", "<4>", "<6>") for line in lines), lines
