@@ -16,6 +16,7 @@ from pathlib import Path
 
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, read_json
+from caldera.host.timefmt import rfc3339
 
 WINDOW_SECONDS = 30 * 60
 BAD_REPORTS = 3
@@ -30,10 +31,6 @@ def _state_file(paths) -> Path:
 
 def _previous(paths) -> Path:
     return Path(str(paths.manifest_path) + PREVIOUS_SUFFIX)
-
-
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 def manifest_bytes_for_install(text, config_dir: Path) -> tuple[bytes, dict]:
@@ -82,7 +79,7 @@ def apply_manifest_update(paths, text, *, now: float | None = None) -> dict:
               "previous_version": current.version, "version": doc.get("version"), "bad_streak": 0}
     atomic_write_json(_state_file(paths), record)
     return {"changed": True, "version": doc.get("version"), "previous_version": current.version,
-            "window_until": _iso(record["until"])}
+            "window_until": rfc3339(record["until"])}
 
 
 def current(paths) -> dict | None:
@@ -125,10 +122,10 @@ def health_entries(paths, *, now: float | None = None) -> list:
     now = time.time() if now is None else now
     if record.get("status") == "open":
         return [{"name": ENTRY_NAME, "level": "ok",
-                 "reason": f"version {record.get('version')} on trial until {_iso(record['until'])} "
+                 "reason": f"version {record.get('version')} on trial until {rfc3339(record['until'])} "
                            f"({record.get('bad_streak', 0)} bad reports in a row)"}]
     if record.get("status") == "rolled_back" and now - record.get("rolled_back_at", 0) < WINDOW_SECONDS:
         return [{"name": ENTRY_NAME, "level": "bad",
                  "reason": f"version {record.get('version')} rolled back to {record.get('previous_version')} "
-                           f"at {_iso(record['rolled_back_at'])}: {record.get('reason')}"}]
+                           f"at {rfc3339(record['rolled_back_at'])}: {record.get('reason')}"}]
     return []

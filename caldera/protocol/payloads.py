@@ -6,17 +6,17 @@ columns (agent_version <= 50, openclaw_status <= 30 characters).
 """
 from __future__ import annotations
 
-import datetime as dt
 import platform
 
 from caldera import __version__
+from caldera.host.timefmt import rfc3339
 OPENCLAW_STATUSES = ("running", "stopped", "error", "unknown", "starting")
 BASE_CAPABILITIES = ["runtime.status", "runtime.health", "metrics.report", "commands.poll",
                      "skills.inventory", "skills.upload", "adapter.verbs"]
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339()
 
 
 def agent_version() -> str:

@@ -16,9 +16,9 @@ import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
+from caldera.host.timefmt import rfc3339
 from caldera.skills import md5
 
 SKILL_DIRS_VAR = "CALDERA_SKILL_DIRS"
@@ -52,10 +52,6 @@ class Scan:
     @property
     def active(self) -> list:
         return [r for r in self.records if r["metadata"].get("status") == "active"]
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def managed_root(state_dir) -> Path:
@@ -216,7 +212,7 @@ def build_record(path: Path, root: Root, files: list, content_md5: str, runtime_
     return {"skill_id": _cut(skill_id), "skill_version": _cut(version), "identifier": identifier,
             "install_path": str(path), "content_md5": content_md5, "source": source, "type": SKILL_TYPE,
             "size_bytes": sum(f.size for f in files), "file_count": len(files),
-            "collected_at": now_iso(), "metadata": metadata}
+            "collected_at": rfc3339(), "metadata": metadata}
 
 
 def _column_problem(path: Path) -> str | None:
@@ -330,7 +326,7 @@ class Inventory:
 def body(agent_id: str, scan: Scan, trigger: str) -> dict:
     """The POST skills/inventory body. `full` only after a complete scan: ClawManager
     removes every skill a full report leaves out."""
-    return {"agent_id": agent_id, "reported_at": now_iso(),
+    return {"agent_id": agent_id, "reported_at": rfc3339(),
             "mode": "full" if scan.complete else "incremental", "trigger": trigger, "skills": scan.records}
 
 
