@@ -29,6 +29,7 @@ from caldera.backends import codex_config, failures as fk
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest
 from caldera.backends.events import EVENT_TYPES
 from caldera.backends.normalize import Normalizer
+from caldera.host import proc
 
 LINE_CAP = 32 * 1024 * 1024  # one stdout line (a huge aggregatedOutput stays well below)
 STDERR_KEEP = 64 * 1024
@@ -252,7 +253,7 @@ class AppServer:
             pass  # already gone
         if self.returncode(grace) is None:
             self.kill()
-        _signal_group(self.proc.pid, signal.SIGKILL)  # agent commands left in the group
+        proc.signal_group(self.proc, signal.SIGKILL)  # agent commands left in the group
         for thread in self.threads:
             thread.join(timeout=2.0)
         for stream in (self.proc.stdout, self.proc.stderr):
@@ -260,17 +261,7 @@ class AppServer:
         return self.proc.returncode
 
     def kill(self, grace: float = 1.0) -> None:
-        _signal_group(self.proc.pid, signal.SIGTERM)
-        if self.returncode(grace) is None:
-            _signal_group(self.proc.pid, signal.SIGKILL)
-            self.returncode(2.0)
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is already gone
+        proc.kill_group(self.proc, grace, reap=2.0)
 
 
 # ---------------------------------------------------------------- the backend
@@ -572,7 +563,6 @@ def _int_setting(env: dict, name: str, default: int) -> int:
 
 
 def _version(binary: str) -> str | None:
-    from caldera.host import proc
     result = proc.run([binary, "--version"], env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"},
                       timeout=10, stdout_cap=4096)
     return result.stdout.decode("utf-8", "replace").strip() or None if result.ok else None

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from caldera.errors import EXIT_FAILED, EXIT_OK, UsageError
+from caldera.host import proc
 
 AGENT_NAME = "task-agent"
 INSTANCE_ID = 1
@@ -116,25 +117,14 @@ class Demo:
 
     def close(self, keep: bool) -> None:
         if self.runtime_alive():
-            _stop_group(self.proc)
+            # TERM lets the runtime drain; KILL after the grace
+            proc.kill_group(self.proc, STOP_GRACE)
         if self.plane is not None:
             self.plane.stop()
         if keep:
             print(f"kept {self.root}")
         else:
             shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the runtime's process group (it drains), SIGKILL after the grace."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=STOP_GRACE)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        proc.wait()
 
 
 def _wait(demo: Demo, what: str, check, timeout: float) -> bool:
