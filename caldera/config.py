@@ -138,7 +138,7 @@ def agent_from_args(args, environ=os.environ) -> AgentPaths:
         name = manifest_name(path)
         state = Path(state_dir).resolve() if state_dir else Path.cwd() / ".caldera-state" / name
         return AgentPaths(name, path.parent, path, state)
-    name = getattr(args, "agent", None) or environ.get("CALDERA_AGENT")
+    name = getattr(args, "agent", None) or selected_agent(environ)
     if not name:
         found = installed_agents(environ)
         if len(found) != 1:
@@ -163,7 +163,70 @@ def agent_from_args(args, environ=os.environ) -> AgentPaths:
 
 def _instance_persistent_dir(config_dir: Path, environ) -> str | None:
     # Inside a ClawManager instance the platform injects the persistent dir.
-    return environ.get("CALDERA_PERSISTENT_DIR") or environ.get("CLAWMANAGER_AGENT_PERSISTENT_DIR")
+    return persistent_dir(environ)
+
+
+# ---------------------------------------------------------------- single variables
+# Every other module reads a CALDERA_*/CLAWMANAGER_* variable through one of these, so
+# that a variable's name, alias and default live here. `environ` is the process
+# environment unless a caller passes the agent's merged settings (`Settings.env`).
+
+def selected_agent(environ=os.environ) -> str | None:
+    """CALDERA_AGENT: the agent a command acts on when no --agent/--manifest is given."""
+    return environ.get("CALDERA_AGENT") or None
+
+
+def persistent_dir(environ=os.environ) -> str | None:
+    """CALDERA_PERSISTENT_DIR, else ClawManager's CLAWMANAGER_AGENT_PERSISTENT_DIR."""
+    return environ.get("CALDERA_PERSISTENT_DIR") or environ.get("CLAWMANAGER_AGENT_PERSISTENT_DIR") or None
+
+
+def runtime_type_name(environ=os.environ) -> str:
+    """CALDERA_RUNTIME_TYPE unchecked, "caldera" when unset (`caldera sample` labels only)."""
+    return environ.get("CALDERA_RUNTIME_TYPE") or "caldera"
+
+
+def schema_dir_override(environ=os.environ) -> Path | None:
+    """CALDERA_SCHEMA_DIR: a schemas directory that wins over the installed ones."""
+    raw = environ.get("CALDERA_SCHEMA_DIR")
+    return Path(raw) if raw else None
+
+
+def plane_db_path(environ=os.environ, euid: int | None = None, home: Path | None = None) -> Path:
+    """The plane's database: CALDERA_PLANE_DB, else <CALDERA_STATE_DIR>/plane/plane.db, else
+    /var/lib/caldera/plane/plane.db for root, ~/.local/state/caldera/plane/plane.db for anyone else."""
+    if environ.get("CALDERA_PLANE_DB"):
+        return Path(environ["CALDERA_PLANE_DB"])
+    if environ.get("CALDERA_STATE_DIR"):
+        return Path(environ["CALDERA_STATE_DIR"]) / "plane" / "plane.db"
+    if (os.geteuid() if euid is None else euid) == 0:
+        return Path("/var/lib/caldera/plane/plane.db")
+    return (Path.home() if home is None else home) / ".local" / "state" / "caldera" / "plane" / "plane.db"
+
+
+def codex_binary(environ=os.environ) -> str | None:
+    """CALDERA_CODEX_BIN: the Codex binary to run instead of `codex` on PATH."""
+    return environ.get("CALDERA_CODEX_BIN") or None
+
+
+def codex_retries(environ, request_default: int, stream_default: int) -> tuple[int, int]:
+    """(CALDERA_CODEX_REQUEST_MAX_RETRIES, CALDERA_CODEX_STREAM_MAX_RETRIES), each a whole
+    number >= 0 or its default when unset; ConfigError naming the variable otherwise."""
+    return (_count(environ, "CALDERA_CODEX_REQUEST_MAX_RETRIES", request_default),
+            _count(environ, "CALDERA_CODEX_STREAM_MAX_RETRIES", stream_default))
+
+
+def _count(environ, name: str, default: int) -> int:
+    raw = environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: not an integer") from None
+    if value < 0:
+        raise ConfigError(f"{name}={raw!r}: must be 0 or more")
+    return value
 
 
 def manifest_name(path: Path) -> str:

@@ -7,13 +7,13 @@ with `--json`. Times in JSON output are RFC 3339 (UTC).
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import signal
 import sys
 import threading
 from pathlib import Path
 
+from caldera import config
 from caldera.errors import EXIT_FAILED, EXIT_OK, UsageError
 
 DEFAULT_PORT = 8930
@@ -22,15 +22,7 @@ TIME_KEYS = ("issued_at", "dispatched_at", "started_at", "finished_at", "registe
 
 
 def default_db_path() -> Path:
-    """CALDERA_PLANE_DB, else <CALDERA_STATE_DIR>/plane/plane.db, else /var/lib/caldera (root)
-    or ~/.local/state/caldera (anyone else)."""
-    if os.environ.get("CALDERA_PLANE_DB"):
-        return Path(os.environ["CALDERA_PLANE_DB"])
-    if os.environ.get("CALDERA_STATE_DIR"):
-        return Path(os.environ["CALDERA_STATE_DIR"]) / "plane" / "plane.db"
-    if os.geteuid() == 0:
-        return Path("/var/lib/caldera/plane/plane.db")
-    return Path.home() / ".local" / "state" / "caldera" / "plane" / "plane.db"
+    return config.plane_db_path()
 
 
 def configure(parser) -> None:

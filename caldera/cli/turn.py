@@ -15,6 +15,7 @@ import sys
 import uuid
 from pathlib import Path
 
+from caldera import config
 from caldera.errors import ConfigError, UsageError
 
 
@@ -43,8 +44,7 @@ def main(args) -> int:
 
 def _agent_context(args):
     """(env, state_dir, secrets_dir, redactor values) of the selected agent, or standalone."""
-    from caldera import config
-    explicit = args.agent or args.manifest or os.environ.get("CALDERA_AGENT")
+    explicit = args.agent or args.manifest or config.selected_agent()
     try:
         paths = config.agent_from_args(args)
         settings = config.load_settings(paths)
