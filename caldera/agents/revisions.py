@@ -259,11 +259,6 @@ def apply_config_revision(ctx, payload: dict) -> dict:
     return apply_revision(ctx.runtime, payload.get("revision_id"), ctx.cancel, ctx.deadline or None)
 
 
-def on_desired(runtime, desired) -> bool:
-    """For the heartbeat: True when `desired_config_revision_id` is not the current one."""
-    return desired is not None and desired != runtime.state.get(STATE_KEY)
-
-
 # ------------------------------------------------------------------ reload_config
 
 FIXED = ("enabled", "base_url", "instance_id", "bootstrap_token")  # never changed by a command

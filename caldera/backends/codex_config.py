@@ -16,7 +16,6 @@ import datetime
 import json
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -274,11 +273,6 @@ def write_codex_home(home: Path, plan: ProviderPlan, config: dict) -> None:
     atomic_write_bytes(home / "config.toml", dump_toml(config).encode("utf-8"), mode=0o600)
     if plan.auth_json is not None:
         atomic_write_bytes(home / "auth.json", plan.auth_json, mode=0o600)
-
-
-def is_private_dir(path: Path) -> bool:
-    st = os.stat(path)
-    return stat.S_ISDIR(st.st_mode) and not st.st_mode & (stat.S_IRWXG | stat.S_IRWXO)
 
 
 # ---------------------------------------------------------------- TOML writer
