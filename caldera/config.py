@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import urllib.parse
 from pathlib import Path
 
 from caldera.errors import ConfigError
@@ -368,8 +369,6 @@ def _parse_float(env, name, default, minimum) -> float:
 
 
 def _parse_url(env) -> str:
-    import urllib.parse
-
     raw = lookup(env, "CALDERA_BASE_URL")
     if raw is None:
         raise ConfigError(f"{_var('CALDERA_BASE_URL')} is required when the agent is enabled")
@@ -389,7 +388,7 @@ def _parse_url(env) -> str:
 
 
 def _is_loopback(host: str) -> bool:
-    import ipaddress
+    import ipaddress  # deferred: ~1 ms that the quick verbs, which never read base_url, skip
 
     if host == "localhost":
         return True

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from caldera.agents.manifest import load_manifest, parse_text, schema_check
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, read_json
 from caldera.host.timefmt import rfc3339
@@ -36,14 +37,13 @@ def _previous(paths) -> Path:
 def manifest_bytes_for_install(text, config_dir: Path) -> tuple[bytes, dict]:
     """(bytes to install, checked doc) for manifest text; a relative workdir is rebased into
     `<config-dir>/bundle/` when the agent's bundle is installed there (caldera init)."""
-    from caldera.agents.manifest import parse_text
 
     raw = text.encode() if isinstance(text, str) else bytes(text)
     doc = parse_text(raw, "the new manifest")
     bundle = Path(config_dir) / "bundle"
     workdir = str(doc["runtime"].get("workdir") or ".")
     if bundle.is_dir() and not Path(workdir).is_absolute() and not workdir.startswith("bundle/"):
-        import yaml
+        import yaml  # deferred: `caldera status` imports this module and never dumps YAML
 
         rel = Path("bundle") / workdir
         doc["runtime"]["workdir"] = rel.as_posix()
@@ -58,7 +58,6 @@ def apply_manifest_update(paths, text, *, now: float | None = None) -> dict:
     The new manifest must check (plain rules and the schema), be adapter mode
     and keep the agent's name; otherwise ConfigError and nothing is changed.
     """
-    from caldera.agents.manifest import load_manifest, schema_check
 
     now = time.time() if now is None else now
     current = load_manifest(paths.manifest_path)

@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import re
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,7 +123,6 @@ def _env_value(raw: bytes, label: str) -> str:
 
 def plan_provider(projection: Projection, environ: dict, model: str | None = None) -> ProviderPlan:
     """The provider plan from the projection, else from the AI gateway variables."""
-    import tomllib
 
     raw_config = projection.read("config.toml")
     auth_json = projection.read("auth.json")

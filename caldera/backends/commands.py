@@ -6,9 +6,11 @@ plus `ctx.cancel` and `ctx.deadline`.
 """
 from __future__ import annotations
 
+import logging
 import os
 
 from caldera.backends import base, service
+from caldera.backends.poster import EventPoster
 from caldera.errors import CommandError
 
 
@@ -27,8 +29,6 @@ def agent_run(ctx, payload: dict) -> dict:
     environment = environment_for(runtime)
     listeners, poster = [], None
     if getattr(runtime, "client", None) is not None:
-        from caldera.backends.poster import EventPoster
-
         poster = EventPoster(runtime.client, runtime.agent_id, payload["run_id"], _note(runtime))
         listeners.append(poster)
     try:
@@ -57,7 +57,5 @@ def agent_interrupt(ctx, payload: dict) -> dict:
 
 
 def _note(runtime):
-    import logging
-
     log = logging.getLogger("caldera.backends")
     return lambda text: log.warning("%s", runtime.redactor.text(text))

@@ -14,7 +14,9 @@ from pathlib import Path
 
 from caldera.errors import CommandError
 from caldera.host.timefmt import rfc3339
+from caldera.protocol.client import ApiError
 from caldera.skills import inventory, publish, store
+from caldera.skills import package
 from caldera.skills.inventory import DISABLED, DISCOVERED, MANAGED
 
 log = logging.getLogger("caldera.skills")
@@ -75,8 +77,6 @@ def _locate_for_package(ctx, payload: dict) -> Path:
 
 
 def collect_skill_package(ctx, payload: dict) -> dict:
-    from caldera.skills import package
-
     client = _client(ctx)
     skill = _locate_for_package(ctx, payload)
     cache = _state_dir(ctx) / "cache"
@@ -107,8 +107,6 @@ def collect_skill_package(ctx, payload: dict) -> dict:
 # ------------------------------------------------------------------ install / update
 
 def _download(ctx, version: str, dest: Path) -> int:
-    from caldera.protocol.client import ApiError
-
     try:
         return _client(ctx).download_skill(version, dest, cap=store.DOWNLOAD_CAP)
     except ApiError as exc:

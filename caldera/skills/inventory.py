@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from caldera.host.fsutil import atomic_write_json, ensure_dir
 from caldera.host.timefmt import rfc3339
 from caldera.skills import md5
 
@@ -248,7 +249,6 @@ class Inventory:
     def _save_cache(self, entries: dict) -> None:
         if not self.persist:
             return
-        from caldera.host.fsutil import atomic_write_json, ensure_dir
 
         try:
             ensure_dir(self.cache_path.parent)
