@@ -5,8 +5,10 @@ import sys
 import time
 
 from caldera.cli import add_agent_flags
+from caldera.cli.run import open_runtime
 from caldera.daemon.report_once import report_once, take_lock
 from caldera.errors import UsageError
+from caldera.host.fsutil import StateLock
 
 
 def configure(parser) -> None:
@@ -17,9 +19,6 @@ def configure(parser) -> None:
 
 
 def main(args) -> int:
-    from caldera.cli.run import open_runtime
-    from caldera.host.fsutil import StateLock
-
     if args.deadline <= 0:
         raise UsageError("--deadline must be a positive number of seconds")
     started = time.monotonic()

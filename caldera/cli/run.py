@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 from caldera.cli import add_agent_flags
+from caldera.config import agent_from_args, load_settings
+from caldera.daemon import run as daemon
+from caldera.daemon.wiring import build_runtime
+from caldera.host import logsetup
+from caldera.host.memtune import limit_malloc_arenas
 
 
 def configure(parser) -> None:
@@ -10,9 +15,6 @@ def configure(parser) -> None:
 
 def open_runtime(args, role: str):
     """Paths, settings, logging and the Runtime, for the commands that talk to the control plane."""
-    from caldera.host import logsetup
-    from caldera.config import agent_from_args, load_settings
-    from caldera.daemon.wiring import build_runtime
 
     paths = agent_from_args(args)
     settings = load_settings(paths)
@@ -24,9 +26,6 @@ def open_runtime(args, role: str):
 
 
 def main(args) -> int:
-    from caldera.daemon import run as daemon
-    from caldera.host.memtune import limit_malloc_arenas
-
     limit_malloc_arenas()  # before any thread starts: see caldera/memtune.py
     runtime = open_runtime(args, "daemon")
     return daemon.run(runtime)

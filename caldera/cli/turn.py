@@ -16,12 +16,13 @@ import uuid
 from pathlib import Path
 
 from caldera import config
+from caldera.backends import base, service
+from caldera.cli import add_agent_flags
 from caldera.errors import ConfigError, UsageError
+from caldera.redact import Redactor
 
 
 def configure(parser, name: str) -> None:
-    from caldera.cli import add_agent_flags
-
     add_agent_flags(parser)
     if name == "turn":
         parser.add_argument("--workspace", required=True, metavar="DIR", help="the directory the agent works in")
@@ -63,9 +64,6 @@ def _standalone_state(args) -> Path:
 
 
 def _turn(args) -> int:
-    from caldera.backends import base, service
-    from caldera.redact import Redactor
-
     env, state_dir, secrets_dir, secret_values = _agent_context(args)
     if state_dir is None:
         state_dir = _standalone_state(args)
@@ -149,11 +147,8 @@ def _human(event: dict) -> str:
 
 
 def _backends(args) -> int:
-    from caldera.backends import base
-
     env, _, _, secret_values = _agent_context(args)
     info = base.describe(env, probe=True)
-    from caldera.redact import Redactor
 
     info = Redactor(secret_values)(info)
     if args.json:
