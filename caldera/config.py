@@ -230,6 +230,59 @@ def _count(environ, name: str, default: int) -> int:
     return value
 
 
+# The agent's code-agent settings in agent.env (SPEC section 10); messages name agent.env.
+_LLM_GATEWAY_VARS = {
+    "base_url": ("CLAWMANAGER_LLM_BASE_URL", "OPENAI_BASE_URL"),
+    "api_key": ("CLAWMANAGER_LLM_API_KEY", "OPENAI_API_KEY"),
+    "model": ("CLAWMANAGER_LLM_MODEL", "OPENAI_MODEL"),
+}
+_RUN_TRUE = {"1", "true", "yes", "on"}
+_RUN_FALSE = {"", "0", "false", "no", "off"}
+
+
+def llm_gateway(environ) -> dict:
+    """{base_url, api_key, model}: ClawManager's AI-gateway variables, OPENAI_* second; None when unset."""
+    return {key: next((environ[n] for n in names if environ.get(n)), None)
+            for key, names in _LLM_GATEWAY_VARS.items()}
+
+
+def run_caps(environ, *, sandboxes, default_max_timeout: int) -> dict:
+    """The agent's caps on a code-agent run: CALDERA_RUN_MAX_TIMEOUT_SECONDS, CALDERA_RUN_MAX_SANDBOX
+    (one of `sandboxes`, the widest allowed), CALDERA_RUN_ALLOW_NETWORK/_APPROVAL. ConfigError when bad."""
+    try:
+        max_timeout = int(environ.get("CALDERA_RUN_MAX_TIMEOUT_SECONDS") or default_max_timeout)
+    except ValueError:
+        raise ConfigError("CALDERA_RUN_MAX_TIMEOUT_SECONDS in agent.env is not an integer") from None
+    sandbox = environ.get("CALDERA_RUN_MAX_SANDBOX") or "workspace-write"
+    if sandbox not in sandboxes:
+        raise ConfigError(f"CALDERA_RUN_MAX_SANDBOX={sandbox!r}: one of {', '.join(sandboxes)}")
+    return {"max_timeout_seconds": max_timeout, "max_sandbox": sandbox,
+            "allow_network": _run_flag(environ, "CALDERA_RUN_ALLOW_NETWORK"),
+            "allow_approval": _run_flag(environ, "CALDERA_RUN_ALLOW_APPROVAL")}
+
+
+def _run_flag(environ, name: str) -> bool:
+    raw = str(environ.get(name) or "").strip().lower()
+    if raw in _RUN_TRUE:
+        return True
+    if raw in _RUN_FALSE:
+        return False
+    raise ConfigError(f"{name}={environ.get(name)!r} in agent.env is not a boolean")
+
+
+def workspace_roots(environ) -> list[str]:
+    """CALDERA_WORKSPACE_ROOTS: the directories a control-plane run may work in (colon-separated)."""
+    return [p for p in (environ.get("CALDERA_WORKSPACE_ROOTS") or "").split(":") if p.strip()]
+
+
+SKILL_DIRS_VAR = "CALDERA_SKILL_DIRS"
+
+
+def skill_dirs(environ) -> list[str]:
+    """CALDERA_SKILL_DIRS: extra skill directories (colon-separated, stripped, unchecked)."""
+    return [e.strip() for e in ((environ or {}).get(SKILL_DIRS_VAR) or "").split(":") if e.strip()]
+
+
 def manifest_name(path: Path) -> str:
     """The manifest's `name:` read without a YAML parser (cheap), else its directory's name."""
     try:

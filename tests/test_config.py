@@ -156,3 +156,39 @@ def test_codex_binary_and_retries():
 def test_codex_retries_refused_with_the_variable_named(raw, words):
     with pytest.raises(ConfigError, match=f"CALDERA_CODEX_STREAM_MAX_RETRIES={raw!r}: .*{words}"):
         config.codex_retries({"CALDERA_CODEX_STREAM_MAX_RETRIES": raw}, 4, 5)
+
+
+def test_llm_gateway_prefers_clawmanager_names():
+    env = {"CLAWMANAGER_LLM_BASE_URL": "https://gw.test/v1", "OPENAI_BASE_URL": "https://other.test",
+           "OPENAI_API_KEY": "sk-x"}
+    assert config.llm_gateway(env) == {"base_url": "https://gw.test/v1", "api_key": "sk-x", "model": None}
+    assert config.llm_gateway({}) == {"base_url": None, "api_key": None, "model": None}
+
+
+def test_run_caps_defaults_and_values():
+    sandboxes = ("read-only", "workspace-write")
+    assert config.run_caps({}, sandboxes=sandboxes, default_max_timeout=3600) == {
+        "max_timeout_seconds": 3600, "max_sandbox": "workspace-write", "allow_network": False,
+        "allow_approval": False}
+    env = {"CALDERA_RUN_MAX_TIMEOUT_SECONDS": "60", "CALDERA_RUN_MAX_SANDBOX": "read-only",
+           "CALDERA_RUN_ALLOW_NETWORK": "Yes", "CALDERA_RUN_ALLOW_APPROVAL": "0"}
+    assert config.run_caps(env, sandboxes=sandboxes, default_max_timeout=3600) == {
+        "max_timeout_seconds": 60, "max_sandbox": "read-only", "allow_network": True, "allow_approval": False}
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"CALDERA_RUN_MAX_TIMEOUT_SECONDS": "soon"}, "CALDERA_RUN_MAX_TIMEOUT_SECONDS in agent.env is not an integer"),
+    ({"CALDERA_RUN_MAX_SANDBOX": "danger-full-access"}, "CALDERA_RUN_MAX_SANDBOX='danger-full-access': one of"),
+    ({"CALDERA_RUN_ALLOW_NETWORK": "maybe"}, "CALDERA_RUN_ALLOW_NETWORK='maybe' in agent.env is not a boolean"),
+])
+def test_run_caps_refuses_bad_values(env, words):
+    with pytest.raises(ConfigError) as info:
+        config.run_caps(env, sandboxes=("read-only", "workspace-write"), default_max_timeout=3600)
+    assert words in str(info.value)
+
+
+def test_workspace_roots_and_skill_dirs_split_on_colons():
+    assert config.workspace_roots({"CALDERA_WORKSPACE_ROOTS": "/a::/b: "}) == ["/a", "/b"]
+    assert config.workspace_roots({}) == []
+    assert config.skill_dirs({"CALDERA_SKILL_DIRS": " /s1 :rel:"}) == ["/s1", "rel"]
+    assert config.skill_dirs(None) == []

@@ -18,11 +18,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from caldera import config
 from caldera.host.fsutil import atomic_write_json, ensure_dir
 from caldera.host.timefmt import rfc3339
 from caldera.skills import md5
 
-SKILL_DIRS_VAR = "CALDERA_SKILL_DIRS"
+SKILL_DIRS_VAR = config.SKILL_DIRS_VAR
 MANAGED, DISCOVERED, DISABLED = "managed", "discovered", "disabled"
 INSTALL_RECORD = ".caldera-install.json"
 DISABLED_RECORD = ".caldera-disabled.json"
@@ -70,10 +71,7 @@ def quarantine_root(state_dir) -> Path:
 def roots(state_dir, env: dict | None) -> tuple[list[Root], list[str]]:
     """(the roots, problems with CALDERA_SKILL_DIRS entries)."""
     out, problems = [Root(managed_root(state_dir), MANAGED)], []
-    for entry in ((env or {}).get(SKILL_DIRS_VAR) or "").split(":"):
-        entry = entry.strip()
-        if not entry:
-            continue
+    for entry in config.skill_dirs(env):
         if not os.path.isabs(entry):
             problems.append(f"{SKILL_DIRS_VAR}: {entry!r} is not an absolute path; left out")
             continue
