@@ -13,7 +13,6 @@ from caldera.host.timefmt import rfc3339
 
 EVENT_TYPES = ("backend_status", "assistant_message", "tool_call", "command_output",
                "diff", "error", "terminal_status")
-TERMINAL_STATUSES = ("completed", "failed", "cancelled", "blocked")
 TEXT_PART_BYTES = 8 * 1024  # one event's text (SPEC section 10)
 DIFF_CAP_BYTES = 64 * 1024
 KEEP_LAST = 50
