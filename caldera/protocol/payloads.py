@@ -6,11 +6,11 @@ columns (agent_version <= 50, openclaw_status <= 30 characters).
 """
 from __future__ import annotations
 
-import datetime as dt
 import platform
 from dataclasses import dataclass
 
 from caldera import __version__
+from caldera.host.timefmt import rfc3339
 
 OPENCLAW_STATUSES = ("running", "stopped", "error", "unknown", "starting")
 BASE_CAPABILITIES = ["runtime.status", "runtime.health", "metrics.report", "commands.poll",
@@ -18,7 +18,7 @@ BASE_CAPABILITIES = ["runtime.status", "runtime.health", "metrics.report", "comm
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339()
 
 
 def agent_version() -> str:
