@@ -18,7 +18,7 @@ from caldera.errors import EXIT_FAILED, EXIT_OK, UsageError
 from caldera.host.fsutil import atomic_write_bytes
 from caldera.host.timefmt import human_age
 from caldera.plane.api import rfc3339
-from caldera.plane.page import figures
+from caldera.plane.figures import figures
 from caldera.plane.server import PlaneServer
 from caldera.plane.store import Store
 from caldera.protocol import schemas
@@ -254,12 +254,6 @@ def reports(args) -> int:
     if not items:
         print(f"instance {args.instance} has sent no state report")
         return EXIT_OK
-<<<<<<< HEAD
-    from caldera.plane.api import rfc3339
-    from caldera.plane.figures import figures
-=======
->>>>>>> issue-12b
-
     for item in items:
         figs = figures(item["body"].get("system_info"))
         shown = ", ".join(f"{k} {v[0] * 100:.0f}%" for k, v in figs.items() if isinstance(v, tuple))

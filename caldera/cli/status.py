@@ -141,6 +141,8 @@ def watch(paths, redact, as_json: bool, seconds: float, out=None) -> int:
     in_place = out.isatty() and not as_json
     if in_place:
         out.write(CLEAR)
+    from caldera.host import timefmt  # deferred, as above
+
     while not stop.is_set():
         doc = snapshot(paths, redact)
         if as_json:
@@ -149,14 +151,10 @@ def watch(paths, redact, as_json: bool, seconds: float, out=None) -> int:
             lines = render(paths.name, doc).split("\n") + [f"(every {seconds:g} s; Ctrl-C ends)"]
             out.write(HOME + "".join(line + ERASE_LINE + "\n" for line in lines) + ERASE_BELOW)
         else:
-            out.write(f"--- {_now_iso()}\n{render(paths.name, doc)}\n\n")
+            out.write(f"--- {timefmt.rfc3339()}\n{render(paths.name, doc)}\n\n")
         out.flush()
         stop.wait(seconds)
     return 0
-
-
-def _now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def render(name, doc) -> str:

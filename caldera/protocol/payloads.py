@@ -17,10 +17,6 @@ BASE_CAPABILITIES = ["runtime.status", "runtime.health", "metrics.report", "comm
                      "skills.inventory", "skills.upload", "adapter.verbs"]
 
 
-def now_iso() -> str:
-    return rfc3339()
-
-
 def agent_version() -> str:
     return f"caldera-{__version__}"[:50]
 
@@ -74,7 +70,7 @@ def heartbeat_body(agent_id: str, settings, revision_id, section: dict, sample, 
     rt = section["runtime"]
     return {
         "agent_id": agent_id,
-        "timestamp": now_iso(),
+        "timestamp": rfc3339(),
         "openclaw_status": _status(section),
         "current_config_revision_id": revision_id,
         "summary": {
@@ -105,7 +101,7 @@ def state_report_body(agent_id: str, settings, revision_id, section: dict, sampl
     health.update(section.get("health") or {})
     body = {
         "agent_id": agent_id,
-        "reported_at": now_iso(),
+        "reported_at": rfc3339(),
         "runtime": {
             "openclaw_status": _status(section),
             "openclaw_pid": rt.get("openclaw_pid"),
