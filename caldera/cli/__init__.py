@@ -96,7 +96,7 @@ def _takes_name(module) -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["__complete"]:  # hidden: bash completion's helper (packaging/caldera.bash-completion)
-        from caldera.cli import complete
+        from caldera.cli import complete  # deferred: only a completion pays for it
 
         return complete.main(argv[1:])
     if not argv or argv[0] not in COMMANDS:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import signal
+import sys
+import threading
 
 from caldera.cli import add_agent_flags
 from caldera.errors import ConfigError, UsageError
@@ -130,10 +133,6 @@ def main(args) -> int:
 
 def watch(paths, redact, as_json: bool, seconds: float, out=None) -> int:
     """Redraw until SIGINT/SIGTERM; exit 0."""
-    import signal
-    import sys
-    import threading
-
     out = out or sys.stdout
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
