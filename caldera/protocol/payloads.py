@@ -19,10 +19,6 @@ BASE_CAPABILITIES = ["runtime.status", "runtime.health", "metrics.report", "comm
                      "skills.inventory", "skills.upload", "adapter.verbs"]
 
 
-def now_iso() -> str:
-    return rfc3339()
-
-
 ERROR_MESSAGE_CAP = 16 * 1024  # finish.error_message: the column is TEXT (64 KiB); a message is a sentence
 RESULT_CAP = 256 * 1024  # a finish result over this is summarised before it is queued
 
@@ -43,7 +39,7 @@ def finish_body(agent_id: str, status: str, result, error: str) -> dict:
     size = len(json.dumps(result, separators=(",", ":")).encode())
     if size > RESULT_CAP:
         result = {"truncated": True, "result_bytes": size, "keys": sorted(map(str, result))[:50]}
-    return {"agent_id": agent_id, "status": status, "finished_at": now_iso(), "result": result,
+    return {"agent_id": agent_id, "status": status, "finished_at": rfc3339(), "result": result,
             "error_message": cap_text(error or "", ERROR_MESSAGE_CAP)}
 
 
@@ -53,7 +49,8 @@ def cut_finish(body: dict, why: str) -> dict:
     status = body.get("status") if body.get("status") in ("succeeded", "failed") else "failed"
     note = {"cut": True, "reason": cap_text(why, 1000)}
     return {"agent_id": str(body.get("agent_id") or ""), "status": status,
-            "finished_at": body.get("finished_at") or now_iso(), "result": note, "error_message": cap_text(str(body.get("error_message") or ""), ERROR_MESSAGE_CAP)}
+            "finished_at": body.get("finished_at") or rfc3339(), "result": note,
+            "error_message": cap_text(str(body.get("error_message") or ""), ERROR_MESSAGE_CAP)}
 
 
 def finite(value):
@@ -120,7 +117,7 @@ def heartbeat_body(agent_id: str, settings, revision_id, section: dict, sample, 
     rt = section["runtime"]
     return {
         "agent_id": agent_id,
-        "timestamp": now_iso(),
+        "timestamp": rfc3339(),
         "openclaw_status": _status(section),
         "current_config_revision_id": revision_id,
         "summary": {
@@ -151,7 +148,7 @@ def state_report_body(agent_id: str, settings, revision_id, section: dict, sampl
     health.update(section.get("health") or {})
     body = {
         "agent_id": agent_id,
-        "reported_at": now_iso(),
+        "reported_at": rfc3339(),
         "runtime": {
             "openclaw_status": _status(section),
             "openclaw_pid": rt.get("openclaw_pid"),
