@@ -95,7 +95,7 @@ def _redactor(paths):
 def snapshot(paths, redact) -> dict:
     """Everything `caldera status` shows, read once (the adapter is asked once)."""
     from caldera.host.fsutil import StateLock  # deferred: `caldera status --help` stays ~35 ms faster
-    from caldera.protocol.outbox import outbox_depth
+    from caldera.protocol.outbox import held_items, outbox_depth, rejected_count
 
     agent = redact(_agent_status(paths))
     state = _state(paths)
@@ -103,7 +103,9 @@ def snapshot(paths, redact) -> dict:
     conn["daemon"] = StateLock(paths.state_dir, "status").holder() if paths.state_dir.is_dir() else None
     # drop counters since the daemon started (outbox: superseded reports/inventories; events: run
     # events the plane never got; lanes: commands offered while stopping, kept for the next start)
-    outbox = {"items": outbox_depth(paths.state_dir), "dropped": state.get("drops") or {}}
+    outbox = {"items": outbox_depth(paths.state_dir), "dropped": state.get("drops") or {},
+              "held_back": redact(held_items(paths.state_dir / "outbox")),  # failed deliveries, with why
+              "rejected": rejected_count(paths.state_dir)}
     return {"agent_status": agent, "connection": conn, "outbox": outbox, "commands": redact(recent_commands(state))}
 
 
@@ -180,7 +182,12 @@ def render(name, doc) -> str:
         lines.append(f"  registration refused: {conn['auth_blocked']} (fix the configuration, then: systemctl reload)")
     lines.append(f"daemon: {conn['daemon'] or 'not running'}")
     dropped = ", ".join(f"{name} {count}" for name, count in sorted((outbox.get("dropped") or {}).items()))
-    lines.append(f"outbox: {outbox['items']} waiting" + (f"; dropped since the daemon started: {dropped}" if dropped else ""))
+    lines.append(f"outbox: {outbox['items']} waiting" + (f"; dropped since the daemon started: {dropped}" if dropped else "")
+                 + (f"; {outbox['rejected']} rejected for good (outbox/rejected/)" if outbox.get("rejected") else ""))
+    for held in outbox.get("held_back") or []:
+        what = f"{held['kind']} of command {held['command_id']}" if held.get("command_id") is not None else held["kind"]
+        lines.append(f"  held back: {what}, {held['attempts']} tries since {held['since']}, next {held['next_try_at']}: "
+                     f"{held['reason']}")
     lines.extend(_command_lines(doc.get("commands") or []))
     return "\n".join(lines)
 

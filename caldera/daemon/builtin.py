@@ -5,17 +5,22 @@ from caldera.errors import CalderaError
 
 
 def _send_now(ctx) -> tuple[dict, bool]:
-    """Sample, send a state report at once; (the report, whether it was delivered).
+    """Sample and send a state report through the one 2 s floor (`ReportFloor`): a burst of
+    these commands never sends faster, and one that waited while another report went out
+    takes that report. (the report, whether it was delivered).
 
     An undelivered report does not fail the command: the result carries the same
     summary, and the reporter loop delivers a fresh report once the plane is back.
     """
-    report = ctx.reports.state_report()
+    if ctx.client is None:
+        return ctx.reports.state_report(), False
     try:
-        ctx.client.state_report(report)
+        report, _ = ctx.reports.send(ctx.client, ctx.cancel)
     except CalderaError:
         ctx.report_now()
-        return report, False
+        return ctx.reports.floor.last_body or ctx.reports.state_report(), False
+    if report is None:  # cancelled while waiting for the floor
+        return ctx.reports.state_report(), False
     return report, True
 
 

@@ -29,6 +29,7 @@ log = logging.getLogger("caldera.executor")
 JOURNAL_KEY = "commands"
 RECENT_KEY, RECENT_KEPT = "recent_commands", 10  # what `caldera status` shows as the last commands
 CANCEL_GRACE = 5.0  # after ctx.cancel is set, how long a handler gets to notice
+DEADLINE_GRACE = 1.0  # the same, when the caller's own deadline (report --once) has passed
 INTERRUPTED = "interrupted: runtime restarted"
 
 
@@ -84,15 +85,16 @@ class Executor:
 
     # ------------------------------------------------------------ execution
 
-    def execute(self, command: dict, cancel: threading.Event | None = None) -> str:
-        """Run one fetched (journaled) command to its recorded finish; returns the status."""
+    def execute(self, command: dict, cancel: threading.Event | None = None, deadline: float | None = None) -> str:
+        """Run one fetched (journaled) command to its recorded finish; returns the status.
+        `deadline` (report --once's) bounds the handler's time and its cancel grace."""
         cid, ctype = command.get("id"), str(command.get("command_type") or "")
         self._journal_phase(cid, "executing")
         started = self._send_start(command)
         if started is not True:
             status, result, error = "failed", {}, started
         else:
-            status, result, error = self.run_handler(command, cancel)
+            status, result, error = self.run_handler(command, cancel, deadline)
         self._put_finish(command, status, result, error)
         self._remember(command, status, error)
         self._journal_remove(cid)
@@ -125,8 +127,9 @@ class Executor:
             log.warning("start of command %s refused (%s); executing it anyway", command["id"], exc)
         return True
 
-    def run_handler(self, command: dict, cancel: threading.Event | None = None):
-        """(status, result, error_message); the handler runs in its own thread under the timeout."""
+    def run_handler(self, command: dict, cancel: threading.Event | None = None, deadline: float | None = None):
+        """(status, result, error_message); the handler runs in its own thread under the timeout
+        (and by the caller's `deadline`, when one is given)."""
         ctype = str(command.get("command_type") or "")
         if command.get("payload_too_large"):  # only its head was read (client.next_command)
             return "failed", {}, f"payload too large: the command's answer was {command['payload_too_large']}"
@@ -138,6 +141,10 @@ class Executor:
         except CommandError as exc:
             return "failed", {}, str(exc)
         timeout = _timeout(command)
+        grace = CANCEL_GRACE
+        if deadline is not None:  # report --once: the run ends by its deadline, handler or not
+            timeout = max(0.0, min(timeout, deadline - time.monotonic()))
+            grace = min(grace, DEADLINE_GRACE)
         ctx = self.context(command, cancel or threading.Event(), time.monotonic() + timeout)
         outcome = {}
         worker = threading.Thread(target=_call, args=(handler, ctx, payload, outcome),
@@ -146,7 +153,7 @@ class Executor:
         worker.join(timeout)
         if worker.is_alive():
             ctx.cancel.set()
-            worker.join(CANCEL_GRACE)
+            worker.join(grace)
             if worker.is_alive():
                 log.error("command %s (%s) ignored its cancel; abandoned", command.get("id"), ctype)
             return "failed", {}, f"timed out after {timeout:g} s"

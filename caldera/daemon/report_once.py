@@ -19,6 +19,7 @@ from caldera.daemon.heartbeat import ConnectionStatus, send_heartbeat
 from caldera.daemon.poller import fetch_one
 from caldera.daemon.sender import flush
 from caldera.daemon.wiring import Parts
+from caldera.errors import Retryable
 
 log = logging.getLogger("caldera.report")
 LOCK_POLL = 0.2
@@ -38,6 +39,13 @@ def take_lock(lock, deadline: float, stop: threading.Event) -> str | None:
 
 
 def report_once(parts: Parts, deadline: float) -> int:
+    """Every request is bounded by `deadline` (the client's `within`): it returns by then
+    even while the server hangs or trickles."""
+    with parts.client.within(deadline):
+        return _report_once(parts, deadline)
+
+
+def _report_once(parts: Parts, deadline: float) -> int:
     executor = executor_for(parts)
     client, redactor = parts.client, parts.redactor
     status = ConnectionStatus(parts.state, redactor, parts.auth)
@@ -48,7 +56,7 @@ def report_once(parts: Parts, deadline: float) -> int:
     try:
         section = parts.reports.section()  # once: the heartbeat and the report both carry it
         status.ok(send_heartbeat(client, parts.reports, parts.state, parts.wake, _ignore_desired))
-        client.state_report(parts.reports.state_report(section))
+        _send_report(parts, section)
     except Exception as exc:  # noqa: BLE001 -- said on stderr, exit 1, outbox kept
         status.error(exc)
         print(f"caldera report: not delivered: {redactor(str(exc))}", file=sys.stderr)
@@ -57,7 +65,7 @@ def report_once(parts: Parts, deadline: float) -> int:
         parts.publisher.scan_and_send("startup")  # no watcher here: one full inventory per run (outbox)
         ran = _run_commands(parts, executor, cancel, deadline)
         if ran:  # commands changed the state: report it once more (else the first report stands)
-            client.state_report(parts.reports.state_report())
+            _send_report(parts)
     except Exception as exc:  # noqa: BLE001 -- the report itself was delivered
         log.warning("after the report: %s (kept for the next run: %d in the outbox)",
                     redactor(str(exc)), parts.outbox.depth())
@@ -67,18 +75,24 @@ def report_once(parts: Parts, deadline: float) -> int:
     return 0
 
 
+def _send_report(parts: Parts, section: dict | None = None) -> None:
+    body, _ = parts.reports.send(parts.client, parts.wake.stop, section)  # the one 2 s floor
+    if body is None:
+        raise Retryable("stopped before the report was sent")
+
+
 def _run_commands(parts: Parts, executor, cancel: threading.Event, deadline: float) -> int:
     """Recovered commands first, then what the plane has, until the deadline; how many ran."""
     ran = 0
     for command in executor.recover():
-        executor.execute(command, cancel)
+        executor.execute(command, cancel, deadline)
         ran += 1
     flush(parts.client, parts.outbox, parts.wake.stop, deadline=deadline)
     while time.monotonic() < deadline:
         command = fetch_one(parts.client, executor)
         if command is None:
             break
-        executor.execute(command, cancel)
+        executor.execute(command, cancel, deadline)
         ran += 1
         flush(parts.client, parts.outbox, parts.wake.stop, deadline=deadline)
     return ran

@@ -2,23 +2,65 @@
 
 The loop sends every CALDERA_REPORT_INTERVAL_SECONDS (5 s, never under 2 s) and
 at once after a state change, a finished command or an inventory change
-(`wake.report_now()`), but never two within 2 s: a burst yields one report.
+(`wake.report_now()`). Every state report (the loop's, collect_system_info's and
+health_check's, the final one) goes through one `ReportFloor`: never two within
+2 s, and a caller that waited while another report was sent takes that one
+instead of sending its own, so a burst yields one report.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from caldera.daemon.live import DROPS_KEY, LiveStatus, ago
 from caldera.daemon.wakeups import Wakeups, wait_any
-from caldera.protocol.payloads import Identity, heartbeat_body, state_report_body
+from caldera.protocol.payloads import Identity, finite, heartbeat_body, state_report_body
 from caldera.protocol.retry import Backoff
 
 log = logging.getLogger("caldera.reporter")
 MIN_SPACING = 2.0
 REVISION_KEY = "current_config_revision_id"  # state.json
+
+
+class ReportFloor:
+    """The one 2 s floor of every state report; sends are serialised under its lock."""
+
+    def __init__(self, spacing: float = MIN_SPACING, clock=time.monotonic):
+        self.spacing, self._clock = spacing, clock
+        self._lock = threading.Lock()
+        self._last_sent: float | None = None  # when the last report was built and sent
+        self._last_ok: float | None = None  # when the last delivered report was built
+        self.last_body: dict | None = None  # the last report built (delivered or not)
+        self.sent = 0
+
+    def send(self, client, build: Callable[[], dict], wait: threading.Event,
+             lock_timeout: float | None = None) -> tuple[dict | None, bool]:
+        """(the report, whether it was this call that sent it). A report built after this call
+        began and delivered meanwhile is returned instead (coalesced); (None, False) when
+        `wait` was set before the floor allowed a send, or another send held the floor past
+        `lock_timeout`. The send's error is raised."""
+        arrived = self._clock()
+        if not self._lock.acquire(timeout=-1 if lock_timeout is None else lock_timeout):
+            return None, False
+        try:
+            if self._last_ok is not None and self._last_ok >= arrived:
+                return self.last_body, False
+            if self._last_sent is not None:
+                gap = self.spacing - (self._clock() - self._last_sent)
+                if gap > 0 and wait.wait(gap):
+                    return None, False
+            built_at = self._clock()
+            self.last_body = body = build()
+            self._last_sent = built_at
+            client.state_report(body)
+            self._last_ok = built_at
+            self.sent += 1
+            return body, True
+        finally:
+            self._lock.release()
 
 
 @dataclass(frozen=True, eq=False)
@@ -31,6 +73,13 @@ class Reports:
     sampler: object
     live: LiveStatus
     redactor: Callable
+    floor: ReportFloor = field(default_factory=ReportFloor)
+    health_extra: Callable[[], dict] = dict  # more health entries (the outbox's held-back items)
+
+    def send(self, client, wait: threading.Event, section: dict | None = None,
+             lock_timeout: float | None = None) -> tuple[dict | None, bool]:
+        """Build and send one state report through the floor (see `ReportFloor.send`)."""
+        return self.floor.send(client, lambda: self.state_report(section), wait, lock_timeout)
 
     def section(self) -> dict:
         """The agent's part of a report (its driver's answer), kept in `live` for heartbeats."""
@@ -46,7 +95,8 @@ class Reports:
         body = state_report_body(self.identity.agent_id, self.current.settings, self.state.get(REVISION_KEY),
                                  section, self.live.last_sample)
         body["health"]["dropped"] = self._drops()
-        return self.redactor(body)
+        body["health"].update(self.health_extra())
+        return self.redactor(finite(body))
 
     def _drops(self) -> dict:
         """The drop counters (outbox, events, lanes), mirrored into state.json for `caldera status`."""
@@ -57,23 +107,19 @@ class Reports:
 
     def heartbeat(self) -> dict:
         """A heartbeat from the last section and sample (a heartbeat never calls the agent)."""
-        return heartbeat_body(self.identity.agent_id, self.current.settings, self.state.get(REVISION_KEY),
-                              self.live.last_section, self.live.last_sample, self.live.skill_count)
+        return finite(heartbeat_body(self.identity.agent_id, self.current.settings, self.state.get(REVISION_KEY),
+                                     self.live.last_section, self.live.last_sample, self.live.skill_count))
 
 
 def report_loop(client, reports: Reports, wake: Wakeups, live: LiveStatus, interval: Callable[[], float],
                 redactor) -> None:
     backoff, last_ok, failing = Backoff(), None, False
-    last_sent = 0.0
     while not wake.stop.is_set():
         live.tick("reporter")
-        spacing = MIN_SPACING - (time.monotonic() - last_sent)
-        if spacing > 0:  # a burst of report_now() calls yields one report
-            wake.stop.wait(spacing)
-            continue
-        last_sent = time.monotonic()
         try:
-            client.state_report(reports.state_report())
+            body, _ = reports.send(client, wake.stop)  # waits out the 2 s floor
+            if body is None:
+                break  # stopped while waiting
             backoff.reset()
             if failing:
                 log.info("state reports delivered again")

@@ -1,9 +1,11 @@
 """`caldera run`: the daemon. Starts the loops as threads and handles signals.
 
 Signals (SPEC section 4): the 1st SIGTERM/SIGINT drains (no new commands, the
-running one finishes within DRAIN_GRACE, the outbox is flushed for up to 10 s,
-a final report says `stopping`); the 2nd cancels the running command; the 3rd
-exits at once. SIGHUP lifts a blocked auth path (the configuration may be
+running one finishes within DRAIN_GRACE); then everything else fits in
+STOP_BUDGET (10 s) even while the server hangs: requests in flight are
+interrupted, the loops end, the outbox is flushed and a final report says
+`stopping`, each call bounded by what is left. The 2nd signal cancels the
+running command; the 3rd exits at once. SIGHUP lifts a blocked auth path (the configuration may be
 fixed). An intended stop exits 0 so that systemd does not fight it.
 """
 from __future__ import annotations
@@ -29,7 +31,9 @@ from caldera.skills.watcher import skills_loop
 log = logging.getLogger("caldera.daemon")
 
 DRAIN_GRACE = 30.0
-FLUSH_ON_STOP = 10.0
+STOP_BUDGET = 10.0  # after the running command's grace: loops, final flush, final report
+LOOPS_END = 2.0  # of it, for the loops to see the stop (their requests are interrupted)
+FINAL_REPORT = 3.0  # of it, kept for the final report
 LIVENESS = 90.0  # a loop silent for longer than this stops the watchdog pings
 
 
@@ -77,7 +81,8 @@ def start_threads(parts: Parts, lanes: Lanes, executor) -> list[threading.Thread
     ]
     threads = []
     for name, body, args in bodies:
-        thread = threading.Thread(target=body, name=name, args=args)
+        # daemon: a loop still inside a hung adapter call cannot hold the process past its stop budget
+        thread = threading.Thread(target=body, name=name, args=args, daemon=True)
         thread.start()
         threads.append(thread)
     return threads
@@ -133,13 +138,23 @@ def _run_connected(parts: Parts) -> int:
     sdnotify.notify("STOPPING=1")
     log.info("stopping: draining (a second signal cancels the running command)")
     _drain(lanes, signals)
-    parts.wake.shutdown()
-    for thread in threads:
-        thread.join(FLUSH_ON_STOP + 5)
-    _final_flush(parts)
+    _stop(parts, threads, time.monotonic() + STOP_BUDGET)
     parts.pool.shutdown(wait=False, cancel_futures=True)
     log.info("stopped")
     return 0
+
+
+def _stop(parts: Parts, threads: list[threading.Thread], stop_by: float) -> None:
+    parts.wake.shutdown()
+    interrupted = parts.client.transport.abort("stopping")  # a hanging server holds no loop
+    loops_by = time.monotonic() + LOOPS_END
+    for thread in threads:
+        thread.join(max(0.0, loops_by - time.monotonic()))
+    stuck = [t.name for t in threads if t.is_alive()]
+    if stuck or interrupted:
+        log.info("stopping: %d request(s) interrupted; %s", interrupted,
+                 f"loops still busy: {', '.join(stuck)}" if stuck else "every loop ended")
+    _final_flush(parts, stop_by)
 
 
 def _drain(lanes: Lanes, signals: Signals) -> None:
@@ -153,14 +168,21 @@ def _drain(lanes: Lanes, signals: Signals) -> None:
     lanes.close(timeout=10.0)
 
 
-def _final_flush(parts: Parts) -> None:
-    deadline = time.monotonic() + FLUSH_ON_STOP
+def _final_flush(parts: Parts, stop_by: float) -> None:
+    """Flush the outbox, then the final report (`stopping`), each call bounded by `stop_by`."""
+    client = parts.client
+    flush_by = stop_by - FINAL_REPORT
     try:
-        flush(parts.client, parts.outbox, parts.wake.stop, deadline=deadline)
+        with client.within(flush_by):
+            flush(client, parts.outbox, parts.wake.stop, deadline=flush_by)
     except Exception as exc:  # noqa: BLE001 -- kept in the outbox for next time
         log.warning("outbox not flushed before stop (%d kept): %s", parts.outbox.depth(), parts.redactor(str(exc)))
     try:
         parts.live.mark_stopping()
-        parts.client.state_report(parts.reports.state_report(parts.live.last_section))
+        with client.within(stop_by):  # through the 2 s floor; never waits past stop_by for it
+            body, _ = parts.reports.send(client, threading.Event(), parts.live.last_section,
+                                         lock_timeout=max(0.0, stop_by - time.monotonic()))
+        if body is None:
+            log.warning("final state report not sent: no time left")
     except Exception as exc:  # noqa: BLE001
         log.warning("final state report not delivered: %s", parts.redactor(str(exc)))

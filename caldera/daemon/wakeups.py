@@ -29,6 +29,11 @@ class Wakeups:
     def inventory_changed(self) -> None:
         self.inventory.set()
 
+    def reconnected(self) -> None:
+        """The plane answers again after an outage: every loop tries now, not after its backoff."""
+        for event in (self.report, self.poll, self.heartbeat, self.outbox):
+            event.set()
+
     def shutdown(self) -> None:
         self.stop.set()
         for event in (self.report, self.poll, self.heartbeat, self.inventory, self.outbox):

@@ -24,7 +24,7 @@ from caldera.host.fsutil import ensure_dir
 from caldera.host.sampler import Sampler
 from caldera.host.statefile import StateFile
 from caldera.protocol.client import ControlPlaneClient, Transport
-from caldera.protocol.outbox import Outbox
+from caldera.protocol.outbox import Outbox, outbox_health
 from caldera.protocol.payloads import BASE_CAPABILITIES, Identity, register_body
 from caldera.protocol.session import Auth, SessionFile
 from caldera.redact import Redactor
@@ -99,7 +99,7 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
         sampler=sampler, pool=ThreadPoolExecutor(SUBPROCESS_WORKERS, thread_name_prefix="caldera-proc"),
         identity=identity, runs=runs,
         reports=Reports(identity=identity, current=current, state=state, sampler=sampler, live=live,
-                        redactor=redactor),
+                        redactor=redactor, health_extra=lambda: outbox_health(outbox)),
         publisher=Publisher(state_dir=paths.state_dir, env=lambda: current.settings.env,
                             runtime_type=settings.runtime_type, agent_id=identity.agent_id, outbox=outbox,
                             state=state, on_count=live.set_skill_count, report_now=wake.report_now),
@@ -126,7 +126,8 @@ def _load_manifest(paths: AgentPaths):
 
 def _build_client(parts: Parts, transport_session):
     settings = parts.settings
-    transport = Transport(settings.base_url, ca_bundle=settings.ca_bundle, session=transport_session)
+    transport = Transport(settings.base_url, ca_bundle=settings.ca_bundle, session=transport_session,
+                          on_reconnect=parts.wake.reconnected)
     session_file = SessionFile(parts.paths.state_dir / "session.json", settings.base_url, settings.instance_id,
                                parts.identity.agent_id)
     # register is called only after both exist: the first call that needs a session makes it

@@ -194,6 +194,18 @@ def held_items(directory, limit: int = 20) -> list[dict]:
     return out
 
 
+def outbox_health(outbox: Outbox) -> dict:
+    """The state report's health entry for the outbox: only when something is held back or
+    was rejected (`{"outbox": {...}}`), else nothing."""
+    held = outbox.held()
+    if not held and not outbox.rejected:
+        return {}
+    return {"outbox": {"level": "degraded" if held else "ok", "waiting": outbox.depth(),
+                       "held_back": [{k: h[k] for k in ("kind", "command_id", "attempts", "since", "reason")}
+                                     for h in held[:10]],
+                       "rejected": outbox.rejected}}
+
+
 def outbox_depth(state_dir) -> int:
     """For `caldera status`: items waiting, without taking the daemon's lock."""
     try:

@@ -25,7 +25,7 @@ def test_status_without_plane_or_daemon(caldera_env):
     doc = json.loads(done.stdout)
     assert doc["agent_status"]["state"] == {"level": "ok", "label": "Ready"}
     assert doc["agent_status"]["gauges"][0]["used"] == 0.25
-    assert doc["connection"]["last_successful"] == "never" and doc["outbox"] == {"items": 0, "dropped": {}}
+    assert doc["connection"]["last_successful"] == "never" and doc["outbox"] == {"items": 0, "dropped": {}, "held_back": [], "rejected": 0}
     human = status()
     assert "Ready (ok)" in human.stdout and "[#####...............]  25%" in human.stdout
     assert "daemon: not running" in human.stdout

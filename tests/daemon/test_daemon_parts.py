@@ -68,7 +68,7 @@ def test_final_report_after_sigterm_says_stopping(parts):
     parts.reports.section()  # the agent said "running" in the last report
     responses.add(responses.POST, API + "/register", json={"success": True, "data": {"session_token": "agt_sess_x1"}})
     responses.add(responses.POST, API + "/state/report", json={"success": True})
-    daemon_run._final_flush(parts)
+    daemon_run._final_flush(parts, __import__("time").monotonic() + 10)
     import json
     [call] = [c for c in responses.calls if c.request.url.endswith("/state/report")]
     assert json.loads(call.request.body)["runtime"]["runtime_status"] == "stopping"
