@@ -15,6 +15,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from caldera.skills import md5
+
 MAX_MEMBERS = 10_000
 MAX_UNPACKED = 512 * 1024 * 1024
 MAX_RATIO = 100
@@ -100,8 +102,10 @@ def check(zf: zipfile.ZipFile) -> Checked:
     tops, seen, files, unpacked = set(), set(), [], 0
     for info in infos:
         parts = _member_path(info)
-        _member_type(info)
         key = "/".join(parts)
+        if md5.is_archive_metadata(key):
+            continue  # Thumbs.db, __MACOSX/, ._*, .DS_Store: dropped, as the server drops them
+        _member_type(info)
         if key in seen:
             raise ArchiveError(f"member {info.filename!r}: the path appears twice (a second entry would "
                                "replace or link the first)")

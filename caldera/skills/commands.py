@@ -8,13 +8,15 @@ already gone, disabled or quarantined is a success that says so.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import time
 from pathlib import Path
 
 from caldera.errors import CommandError
 from caldera.host.timefmt import rfc3339
-from caldera.protocol.client import ApiError
+from caldera.protocol.client import ApiError, Unsendable, path_value, transient
+from caldera.protocol.retry import retry_within
 from caldera.skills import inventory, package, store
 from caldera.skills.inventory import DISABLED, DISCOVERED, MANAGED
 
@@ -80,6 +82,7 @@ def collect_skill_package(ctx, payload: dict) -> dict:
     skill = _locate_for_package(ctx, payload)
     cache = _state_dir(ctx) / "cache"
     cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _check_uploadable(skill)
     try:
         zip_path, content_md5, count = package.build(skill, cache)
     except (package.PackageError, inventory.md5.SkillNameError) as exc:
@@ -90,11 +93,13 @@ def collect_skill_package(ctx, payload: dict) -> dict:
             ctx.inventory_changed()
             raise CommandError(f"{skill.name} changed since it was reported: its content_md5 is now {content_md5}, "
                                f"not {wanted}; a fresh inventory is on its way")
-        fields = {"agent_id": ctx.agent_id, "skill_id": payload.get("skill_id") or skill.name,
+        # skill_id only as skill_<n>: the server reads leading digits ("2fa-helper" -> skill 2)
+        fields = {"agent_id": ctx.agent_id, "skill_id": upload_skill_id(payload.get("skill_id")),
                   "skill_version": payload.get("skill_version") or "", "identifier": skill.name,
                   "content_md5": content_md5, "source": payload.get("source") or inventory.SOURCE_DISCOVERED}
         size = zip_path.stat().st_size
-        answer = client.upload_skill({k: str(v) for k, v in fields.items()}, zip_path, filename=f"{skill.name}.zip")
+        answer = _retrying(ctx, "uploading", lambda: client.upload_skill(
+            {k: str(v) for k, v in fields.items() if v is not None}, zip_path, filename=f"{skill.name}.zip"))
     finally:
         zip_path.unlink(missing_ok=True)
     keep = ("id", "external_skill_id", "skill_key", "status", "scan_status", "risk_level", "content_md5")
@@ -103,11 +108,38 @@ def collect_skill_package(ctx, payload: dict) -> dict:
             "file_count": count, "zip_bytes": size, "uploaded": uploaded}
 
 
+def upload_skill_id(value) -> str | None:
+    """The upload's skill_id: only a platform id (skill_<n>, <n>); anything else is left out."""
+    text = store.platform_id(value)
+    return text if text and re.fullmatch(r"skill_[0-9]+", text) else None
+
+
+def _check_uploadable(skill: Path) -> None:
+    """What the server refuses with a 500 (clawmanager-notes section 9), said clearly first."""
+    if not any(p.name.lower() == "skill.md" and p.is_file() and not p.is_symlink() for p in skill.iterdir()):
+        raise CommandError(f"cannot upload {skill.name}: it has no SKILL.md at its top level (the control plane "
+                           "refuses a skill package without one)")
+    key = inventory.skill_key(skill.name)
+    if len(skill.name) > inventory.MAX_IDENTIFIER or len(key) > inventory.MAX_KEY:
+        raise CommandError(f"cannot upload {skill.name}: the control plane keeps identifiers to "
+                           f"{inventory.MAX_IDENTIFIER} and keys to {inventory.MAX_KEY} characters")
+
+
+def _retrying(ctx, what: str, call):
+    """`call()`, with transient failures (no answer, 429, 5xx) retried within the command's own
+    deadline: the plane issues these commands once (idempotency keys)."""
+    def note(exc, delay):
+        log.warning("%s %s: %s; retrying in %.0f s", ctx.command_type, what, exc, delay)
+
+    return retry_within(call, transient=transient, cancel=ctx.cancel, deadline=ctx.deadline, on_retry=note)
+
+
 # ------------------------------------------------------------------ install / update
 
-def _download(ctx, version: str, dest: Path) -> int:
+def _download(ctx, version: str, dest: Path):
+    client = _client(ctx)
     try:
-        return _client(ctx).download_skill(version, dest, cap=store.DOWNLOAD_CAP)
+        return _retrying(ctx, "downloading", lambda: client.download_skill(version, dest, cap=store.DOWNLOAD_CAP))
     except ApiError as exc:
         raise CommandError(f"downloading skill version {version} failed: {exc}") from None
 
@@ -116,7 +148,10 @@ def _install(ctx, payload: dict, update: bool) -> dict:
     version = payload.get("skill_version") or payload.get("skill_version_id")
     if version in (None, ""):
         raise CommandError(f"{ctx.command_type}: the payload needs skill_version (e.g. ver_12)")
-    version = str(version)
+    try:
+        version = path_value(version, "skill version")  # it goes into the download URL
+    except Unsendable as exc:
+        raise CommandError(f"{ctx.command_type}: {exc.message}") from None
     expected = payload.get("content_md5") or payload.get("content_hash") or payload.get("md5")
     if expected and not store.valid_md5(expected):
         raise CommandError(f"content_md5 {expected!r} is not 32 hex digits")
@@ -125,7 +160,10 @@ def _install(ctx, payload: dict, update: bool) -> dict:
     root = found[0].parent if found else inventory.managed_root(state_dir)
     staging = store.stage(root)
     try:
-        _download(ctx, version, staging / "download.zip")
+        download = _download(ctx, version, staging / "download.zip")
+        if not expected and not download.same_origin:  # never the case today: only same-origin redirects
+            raise CommandError(f"{ctx.command_type}: the archive came from {download.url}, not the control plane, "
+                               "and the payload has no content_md5 to check it against; refused")
         skill, content_md5 = store.unpack(staging / "download.zip", staging, expected)
         name = name or store.check_name(skill.name, "the archive's top-level directory")
         skill_id = store.platform_id(payload.get("skill_id")) or name

@@ -35,7 +35,9 @@ DEFAULT_VERSION = "0.0.0"
 CACHE_NAME = "skills-inventory.json"
 META_CAP = 64 * 1024
 # ClawManager's columns (clawmanager-notes 1.7): over them the whole inventory is a 500.
-MAX_NAME, MAX_KEY, MAX_PATH, MAX_FIELD = 255, 120, 1024, 255
+# identifier -> instance_skills.workspace_dir VARCHAR(120) (migration 039); skill_key VARCHAR(120), which
+# APR's collision suffix overflows past a 100-character base (clawmanager-notes section 9).
+MAX_IDENTIFIER, MAX_KEY, MAX_PATH, MAX_FIELD = 120, 100, 1024, 255
 
 
 @dataclass(frozen=True)
@@ -83,9 +85,11 @@ def roots(state_dir, env: dict | None) -> tuple[list[Root], list[str]]:
 
 
 def skill_key(identifier: str) -> str:
-    """ClawManager's sanitised key (its `skill_key` column)."""
+    """ClawManager's sanitised key (its `skill_key` column), as AUG makes it: lower case,
+    `-_ .` and space as '-', Unicode letters and digits kept (APR falls back to md5[:16]
+    for a name without ASCII; either way such a skill is reported, never left out)."""
     key = re.sub(r"[-_ .]", "-", identifier.lower())
-    key = re.sub(r"[^a-z0-9-]", "", key)
+    key = "".join(ch for ch in key if ch == "-" or ch.isalnum())
     return re.sub(r"-+", "-", key).strip("-")
 
 
@@ -215,8 +219,9 @@ def build_record(path: Path, root: Root, files: list, content_md5: str, runtime_
 
 
 def _column_problem(path: Path) -> str | None:
-    if len(path.name) > MAX_NAME or len(skill_key(path.name)) > MAX_KEY:
-        return f"{path}: the name is too long for the control plane (key over {MAX_KEY} characters); left out"
+    if len(path.name) > MAX_IDENTIFIER or len(skill_key(path.name)) > MAX_KEY:
+        return (f"{path}: the name is too long for the control plane (identifiers up to {MAX_IDENTIFIER}, "
+                f"keys up to {MAX_KEY} characters); left out")
     if not skill_key(path.name):
         return f"{path}: the name has no letter or digit the control plane can key on; left out"
     if len(str(path)) > MAX_PATH:
@@ -323,9 +328,10 @@ class Inventory:
 
 def body(agent_id: str, scan: Scan, trigger: str) -> dict:
     """The POST skills/inventory body. `full` only after a complete scan: ClawManager
-    removes every skill a full report leaves out."""
+    removes every skill a full report leaves out. Disabled skills are left out: the server
+    ignores `metadata` and upserts every listed skill `active` (docs/skills.md)."""
     return {"agent_id": agent_id, "reported_at": rfc3339(),
-            "mode": "full" if scan.complete else "incremental", "trigger": trigger, "skills": scan.records}
+            "mode": "full" if scan.complete else "incremental", "trigger": trigger, "skills": scan.active}
 
 
 def digest_of(records: list) -> str:

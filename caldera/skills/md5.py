@@ -19,6 +19,9 @@ import zipfile
 from dataclasses import dataclass
 
 CHUNK = 1024 * 1024
+# What ClawManager drops from an upload before hashing (`isArchiveMetadataEntry`, skill_service.go:1613),
+# besides hidden names (`._*`, `.DS_Store`): left out of the fingerprint and of the package alike.
+METADATA_NAMES = frozenset({"Thumbs.db", "__MACOSX"})
 
 
 class SkillNameError(ValueError):
@@ -74,8 +77,8 @@ def _walk(directory: str, prefix: str, out: list) -> None:
         raise ScanError(exc.errno, f"cannot read directory: {exc.strerror}", directory) from None
     for entry in entries:
         name = entry.name
-        if name.startswith("."):
-            continue  # hidden: never part of the fingerprint (nor of the package)
+        if name.startswith(".") or name in METADATA_NAMES:
+            continue  # hidden or archive metadata: never part of the fingerprint (nor of the package)
         problem = name_problem(name)
         rel = f"{prefix}{name}"
         if problem:
@@ -104,7 +107,7 @@ def stat_signature(root) -> str:
             with os.scandir(directory) as it:
                 for entry in it:
                     name = entry.name
-                    if name[0] == ".":
+                    if name[0] == "." or name in METADATA_NAMES:
                         continue
                     st = entry.stat(follow_symlinks=False)
                     mode = st.st_mode
@@ -184,7 +187,17 @@ def content_md5_mapping(files: dict) -> str:
 
 
 def is_hidden(rel: str) -> bool:
-    return any(seg.startswith(".") for seg in rel.split("/"))
+    """Left out of the fingerprint: a hidden segment (this covers `._*` and `.DS_Store`) or an
+    archive metadata name (`Thumbs.db`, `__MACOSX`), as the server drops them first."""
+    return any(seg.startswith(".") or seg in METADATA_NAMES for seg in rel.split("/"))
+
+
+def is_archive_metadata(rel: str) -> bool:
+    """The server's `isArchiveMetadataEntry`: anything under `__MACOSX/`, and `Thumbs.db`,
+    `.DS_Store`, `._*` files."""
+    segments = rel.split("/")
+    base = segments[-1]
+    return "__MACOSX" in segments or base in ("Thumbs.db", ".DS_Store") or base.startswith("._")
 
 
 def clean_archive_path(name: str) -> str | None:
@@ -208,8 +221,8 @@ def content_md5_zip(zip_path) -> str:
             if info.is_dir():
                 continue
             cleaned = clean_archive_path(info.filename)
-            if cleaned is None:
-                continue
+            if cleaned is None or is_archive_metadata(cleaned):
+                continue  # dropped before the top directory is found, as the server does
             members[cleaned] = info
         tops = {rel.split("/", 1)[0] for rel in members}
         strip = len(tops) == 1 and all("/" in rel for rel in members)

@@ -95,14 +95,18 @@ def test_remove_is_idempotent(rt):
     assert sorted(r["identifier"] for r in rt.inventories()[-1]["skills"]) == ["plain", "weather"]
 
 
-def test_disable_then_reported_as_disabled(rt):
+def test_disable_then_left_out_of_the_inventory(rt):
     result = run(rt, "disable_skill", {"target_name": "weather"})
     dest = rt.paths.state_dir / "skills-disabled" / "weather"
     assert result["install_path"] == str(dest) and dest.is_dir()
     again = run(rt, "disable_skill", {"target_name": "weather"})
     assert again["already_disabled"] is True
-    record = next(r for r in rt.inventories()[-1]["skills"] if r["identifier"] == "weather")
-    assert record["metadata"]["status"] == "disabled" and rt.skill_count == 2
+    # the server upserts every listed skill `active`: a disabled one is not listed (docs/skills.md)
+    sent = rt.inventories()[-1]
+    assert sent["mode"] == "full" and all(r["identifier"] != "weather" for r in sent["skills"])
+    assert rt.skill_count == 2
+    record = next(r for r in rt.publisher.scanner().scan().records if r["identifier"] == "weather")
+    assert record["metadata"]["status"] == "disabled"
     assert record["metadata"]["disabled_from"].endswith("category/weather")
 
 
