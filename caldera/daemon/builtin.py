@@ -15,7 +15,7 @@ def _send_now(ctx) -> tuple[dict, bool]:
     if ctx.client is None:
         return ctx.reports.state_report(), False
     try:
-        report, _ = ctx.reports.send(ctx.client, ctx.cancel)
+        report, _ = ctx.reports.send(ctx.client, ctx.cancel, coalesce=True)
     except CalderaError:
         ctx.report_now()
         return ctx.reports.floor.last_body or ctx.reports.state_report(), False

@@ -32,21 +32,22 @@ class ReportFloor:
         self.spacing, self._clock = spacing, clock
         self._lock = threading.Lock()
         self._last_sent: float | None = None  # when the last report was built and sent
-        self._last_ok: float | None = None  # when the last delivered report was built
+        self._last_done: float | None = None  # when the last delivered report arrived
         self.last_body: dict | None = None  # the last report built (delivered or not)
         self.sent = 0
 
-    def send(self, client, build: Callable[[], dict], wait: threading.Event,
-             lock_timeout: float | None = None) -> tuple[dict | None, bool]:
-        """(the report, whether it was this call that sent it). A report built after this call
-        began and delivered meanwhile is returned instead (coalesced); (None, False) when
-        `wait` was set before the floor allowed a send, or another send held the floor past
-        `lock_timeout`. The send's error is raised."""
+    def send(self, client, build: Callable[[], dict], wait: threading.Event, lock_timeout: float | None = None,
+             coalesce: bool = False) -> tuple[dict | None, bool]:
+        """(the report, whether it was this call that sent it). With `coalesce`, a report
+        delivered while this call waited for the floor is returned instead of sending another
+        (a burst of collect_system_info yields one); (None, False) when `wait` was set before
+        the floor allowed a send, or another send held the floor past `lock_timeout`. The
+        send's error is raised."""
         arrived = self._clock()
         if not self._lock.acquire(timeout=-1 if lock_timeout is None else lock_timeout):
             return None, False
         try:
-            if self._last_ok is not None and self._last_ok >= arrived:
+            if coalesce and self._last_done is not None and self._last_done > arrived:
                 return self.last_body, False
             if self._last_sent is not None:
                 gap = self.spacing - (self._clock() - self._last_sent)
@@ -56,7 +57,7 @@ class ReportFloor:
             self.last_body = body = build()
             self._last_sent = built_at
             client.state_report(body)
-            self._last_ok = built_at
+            self._last_done = self._clock()
             self.sent += 1
             return body, True
         finally:
@@ -77,9 +78,9 @@ class Reports:
     health_extra: Callable[[], dict] = dict  # more health entries (the outbox's held-back items)
 
     def send(self, client, wait: threading.Event, section: dict | None = None,
-             lock_timeout: float | None = None) -> tuple[dict | None, bool]:
+             lock_timeout: float | None = None, coalesce: bool = False) -> tuple[dict | None, bool]:
         """Build and send one state report through the floor (see `ReportFloor.send`)."""
-        return self.floor.send(client, lambda: self.state_report(section), wait, lock_timeout)
+        return self.floor.send(client, lambda: self.state_report(section), wait, lock_timeout, coalesce)
 
     def section(self) -> dict:
         """The agent's part of a report (its driver's answer), kept in `live` for heartbeats."""

@@ -48,6 +48,7 @@ NEXT_CAP = 8 * 1024 * 1024  # commands/next: the largest command payload read wh
 DOWNLOAD_CAP = 128 * 1024 * 1024
 RETRY_AFTER_CAP = 300.0
 MAX_REDIRECTS = 5
+RECONNECT_GAP = 10.0  # on_reconnect at most this often
 BOOTSTRAP_REJECTED = "invalid agent bootstrap token"
 SESSION_MISMATCH = "agent id does not match session"  # ClawManager's 403 that a new register fixes
 
@@ -232,6 +233,7 @@ class Transport:
         self.on_reconnect: list[Callable[[], None]] = [on_reconnect] if on_reconnect else []
         self._quiet_until = 0.0  # monotonic; from Retry-After
         self._reachable: bool | None = None  # None until the first call
+        self._last_reconnect = -RECONNECT_GAP
         self._lock = threading.Lock()
         self._budget = threading.local()  # per thread: the caller's own deadline (monotonic)
 
@@ -245,9 +247,18 @@ class Transport:
             with self._lock:
                 self._quiet_until = max(self._quiet_until, time.monotonic() + min(seconds, RETRY_AFTER_CAP))
 
-    def _note_reachable(self, reachable: bool) -> None:
+    def _note_reachable(self, reachable: bool | None) -> None:
+        """True: the plane answered; False: it did not (no answer, 502, 504); None: it answered
+        with an error of its own (other 4xx/5xx): the connectivity state stays as it is.
+        The first answer after an outage calls `on_reconnect`, at most once per RECONNECT_GAP
+        (a plane failing only some calls must not wake the loops at every poll)."""
+        if reachable is None:
+            return
+        now = time.monotonic()
         with self._lock:
-            recovered = reachable and self._reachable is False
+            recovered = reachable and self._reachable is False and now - self._last_reconnect >= RECONNECT_GAP
+            if recovered:
+                self._last_reconnect = now
             self._reachable = reachable
         if recovered:
             log.info("control plane answering again")
@@ -351,7 +362,7 @@ class Transport:
             retry_after = parse_retry_after(resp.headers.get("Retry-After"))
             if retry_after is not None:
                 retry_after = min(retry_after, RETRY_AFTER_CAP)
-            self._note_reachable(status != 429 and status < 500)
+            self._note_reachable(False if status in (502, 504) else None)
             if status in (429, 503):
                 self._note_retry_after(retry_after)
             raise classify(status, content, retry_after)

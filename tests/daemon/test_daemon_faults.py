@@ -1,0 +1,168 @@
+"""The daemon and report --once against a hanging or failing plane (issue 13), and the
+state-report floor, the oversized command and one-shot retries inside commands.
+
+The bounds given to `wait()` are generous ceilings (before issue 13 these took 88 s and
+30 s): they fail only when the stop is not bounded at all, never on a slow machine."""
+import subprocess
+import sys
+import threading
+
+import pytest
+from core_helpers import install_agent, make_parts
+from daemon_helpers import Daemon, wait_for
+from fault_helpers import API, FaultPlane
+
+from caldera.daemon.reporter import ReportFloor
+
+INSTANCE = 7
+
+
+@pytest.fixture
+def plane():
+    plane = FaultPlane().start()
+    yield plane
+    plane.stop()
+
+
+def test_sigterm_ends_run_while_the_server_hangs(caldera_env, plane):
+    install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
+    daemon = Daemon()
+    try:
+        wait_for(lambda: plane.seen(r"/heartbeat$"), what="first heartbeat")
+        plane.fault(r"/(heartbeat|state/report|commands/next|finish|inventory)$", hang=True, times=None)
+        plane.commands.append({"id": 1, "command_type": "health_check", "payload": {}})
+        wait_for(lambda: [r for r in plane.seen(r"/(state/report|commands/next)$")][-1:], what="a hanging call")
+        daemon.signal(__import__("signal").SIGTERM)
+        assert daemon.proc.wait(25) == 0
+    finally:
+        daemon.stop()
+    assert "stopped" in daemon.log()
+
+
+def test_report_once_returns_by_its_deadline_while_the_server_trickles(caldera_env, plane):
+    install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
+    plane.fault(r"/heartbeat$", size=2000, body=b'{"success":true,"data":{}}', trickle=0.2, times=None)
+    env = {k: v for k, v in __import__("os").environ.items()}
+    proc = subprocess.Popen([sys.executable, "-m", "caldera.cli", "report", "--once", "--agent", "demo",
+                             "--deadline", "3"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1 and b"not delivered" in err
+
+
+# ------------------------------------------------------------------ 6. one 2 s floor for every report
+
+class Waits(threading.Event):
+    def __init__(self):
+        super().__init__()
+        self.asked = []
+
+    def wait(self, timeout=None):
+        self.asked.append(timeout)
+        return False
+
+
+class Clock:
+    def __init__(self):
+        self.now, self.calls = 100.0, 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.now
+
+
+class Client:
+    def __init__(self, clock, gate=None):
+        self.bodies, self.clock, self.gate = [], clock, gate
+
+    def state_report(self, body):
+        if self.gate is not None:
+            self.gate.wait(10)
+            self.clock.now += 1  # delivered after the second caller arrived
+        self.bodies.append(body)
+
+
+def test_the_floor_spaces_every_report_2_s_apart():
+    clock = Clock()
+    floor, client, waits = ReportFloor(clock=clock), Client(clock), Waits()
+    assert floor.send(client, lambda: {"n": 1}, waits) == ({"n": 1}, True)
+    clock.now += 0.5
+    floor.send(client, lambda: {"n": 2}, waits)
+    assert waits.asked == [pytest.approx(1.5)]  # the second waited out the floor
+    clock.now += 5
+    floor.send(client, lambda: {"n": 3}, waits)
+    assert waits.asked == [pytest.approx(1.5)] and len(client.bodies) == 3
+
+
+def test_a_report_asked_for_while_another_is_sent_takes_that_one():
+    clock, gate = Clock(), threading.Event()
+    floor, client = ReportFloor(clock=clock), Client(clock, gate)
+    first = threading.Thread(target=floor.send, args=(client, lambda: {"n": 1}, threading.Event()))
+    first.start()
+    wait_for(lambda: floor.last_body is not None, what="first report being sent")
+    result, calls = {}, clock.calls
+    second = threading.Thread(target=lambda: result.update(
+        r=floor.send(client, lambda: {"n": 2}, Waits(), coalesce=True)))
+    second.start()
+    wait_for(lambda: clock.calls > calls, what="the second caller arrived")
+    gate.set()
+    first.join(10)
+    second.join(10)
+    assert result["r"] == ({"n": 1}, False) and client.bodies == [{"n": 1}]  # coalesced: one report
+
+
+def test_a_burst_of_collect_system_info_goes_through_the_floor(caldera_env):
+    from caldera.daemon import builtin
+    from caldera.daemon.dispatch import CommandContext
+
+    install_agent(caldera_env)
+    parts = make_parts(with_driver=False)
+    clock = Clock()
+    waits = Waits()
+    object.__setattr__(parts.reports, "floor", ReportFloor(clock=clock))
+    client = Client(clock)
+    ctx = CommandContext(command={"id": 1, "command_type": "collect_system_info"}, cancel=waits, client=client,
+                         reports=parts.reports, wake=parts.wake)
+    for _ in range(3):
+        assert builtin.collect_system_info(ctx, {})["report_delivered"] is True
+    assert len(waits.asked) == 2 and all(w == pytest.approx(2.0) for w in waits.asked)
+    parts.pool.shutdown(wait=False)
+
+
+# ------------------------------------------------------------------ 5. an oversized command is finished failed
+
+def test_a_command_too_large_to_read_is_finished_failed(caldera_env):
+    from caldera.daemon.executor import Executor
+
+    install_agent(caldera_env)
+    parts = make_parts(with_driver=False)
+
+    class StartOk:
+        def start_command(self, cid, body):
+            pass
+
+    executor = Executor(agent_id="a", client=StartOk(), state=parts.state, outbox=parts.outbox,
+                        redactor=parts.redactor, report_now=lambda: None, context=None)
+    stub = {"id": 12, "command_type": "settings_set", "payload_too_large": "over 8388608 bytes"}
+    executor.journal_fetched(stub)
+    assert executor.execute(stub) == "failed"
+    [item] = [i for _, i in parts.outbox.items() if i["kind"] == "finish"]
+    assert item["command_id"] == 12 and item["body"]["error_message"].startswith("payload too large")
+    parts.pool.shutdown(wait=False)
+
+
+def test_the_poller_journals_an_oversized_command(caldera_env, plane):
+    from caldera.daemon.executor import executor_for
+    from caldera.daemon.poller import fetch_one
+    from caldera.protocol.client import NEXT_CAP
+
+    install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
+    parts = make_parts(with_driver=False)
+    plane.fault(API + "/commands/next$", size=NEXT_CAP + 10,
+                body=b'{"success":true,"data":{"command":{"id":77,"command_type":"log_get","payload":{"x":"')
+    command = fetch_one(parts.client, executor_for(parts))
+    assert command["id"] == 77 and "77" in parts.state.get("commands")
+    parts.pool.shutdown(wait=False)
