@@ -2,7 +2,7 @@
 
 Signals (SPEC section 4): the 1st SIGTERM/SIGINT drains (no new commands, the
 running one finishes within DRAIN_GRACE); then everything else fits in
-STOP_BUDGET (10 s) even while the server hangs: requests in flight are
+STOP_BUDGET (8.5 s; 10 s with the process's exit) even while the server hangs: requests in flight are
 interrupted, the loops end, the outbox is flushed and a final report says
 `stopping`, each call bounded by what is left. The 2nd signal cancels the
 running command; the 3rd exits at once. SIGHUP lifts a blocked auth path (the configuration may be
@@ -31,7 +31,7 @@ from caldera.skills.watcher import skills_loop
 log = logging.getLogger("caldera.daemon")
 
 DRAIN_GRACE = 30.0
-STOP_BUDGET = 10.0  # after the running command's grace: loops, final flush, final report
+STOP_BUDGET = 8.5  # after the running command's grace: loops, final flush, final report (10 s with the exit)
 LOOPS_END = 2.0  # of it, for the loops to see the stop (their requests are interrupted)
 FINAL_REPORT = 3.0  # of it, kept for the final report
 LIVENESS = 90.0  # a loop silent for longer than this stops the watchdog pings

@@ -41,7 +41,7 @@ log = logging.getLogger("caldera.protocol.client")
 
 API_PREFIX = "/api/v1/agent"
 TIMEOUT = (5, 30)  # connect, each read
-TOTAL = 60.0  # one API call, from connect to the last byte of the answer
+TOTAL = 30.0  # one API call, from connect to the last byte of the answer
 DOWNLOAD_TOTAL = 900.0  # one download (the command's own deadline bounds it further)
 BODY_CAP = 1024 * 1024
 NEXT_CAP = 8 * 1024 * 1024  # commands/next: the largest command payload read whole

@@ -170,3 +170,19 @@ def test_watch_refuses_a_nonsense_interval(caldera_env):
     install_agent(caldera_env)
     done = status("--watch", "0")
     assert done.returncode == 2 and "--watch" in done.stderr
+
+
+def test_status_shows_held_back_and_rejected_outbox_items(caldera_env):
+    from caldera.protocol.outbox import Outbox
+
+    install_agent(caldera_env)
+    outbox = Outbox(caldera_env / "var" / "demo" / "outbox")
+    name = outbox.put("finish", {"command_id": 12, "body": {"status": "failed"}})
+    outbox.hold(name, {"kind": "finish", "command_id": 12, "body": {}}, "HTTP 500: Data too long for column", 60)
+    outbox.reject(outbox.put("finish", {"command_id": 13, "body": {}}), "HTTP 404: instance command not found")
+    doc = json.loads(status("--json").stdout)
+    [held] = doc["outbox"]["held_back"]
+    assert held["command_id"] == 12 and held["attempts"] == 1 and "Data too long" in held["reason"]
+    assert doc["outbox"]["rejected"] == 1
+    human = status().stdout
+    assert "held back: finish of command 12, 1 tries" in human and "1 rejected for good" in human
