@@ -25,7 +25,8 @@ from caldera.agents.manifest import load_manifest
 from caldera.config import load_settings
 from caldera.errors import CommandError, ConfigError
 from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, ensure_dir
-from caldera.protocol.client import ApiError, NotFound
+from caldera.protocol.client import ApiError, NotFound, transient
+from caldera.protocol.retry import retry_within
 
 log = logging.getLogger("caldera.agents.revisions")
 STATE_KEY = "current_config_revision_id"
@@ -138,10 +139,15 @@ def revision_path(doc) -> tuple:
     return ()
 
 
-def fetch(client, revision_id: int) -> tuple[dict, bytes]:
-    """(the revision object, the raw bytes of its content), checksum verified."""
+def fetch(client, revision_id: int, cancel=None, deadline: float | None = None) -> tuple[dict, bytes]:
+    """(the revision object, the raw bytes of its content), checksum verified. With a cancel
+    event and deadline (a command's), transient failures are retried until the deadline."""
     try:
-        raw = client.config_revision_raw(revision_id)
+        if cancel is None or deadline is None:
+            raw = client.config_revision_raw(revision_id)
+        else:
+            raw = retry_within(lambda: client.config_revision_raw(revision_id), transient=transient,
+                               cancel=cancel, deadline=deadline)
     except NotFound:
         raise CommandError(f"config revision {revision_id} not found on the control plane") from None
     except ApiError as exc:
@@ -223,7 +229,7 @@ def apply_revision(ctx, revision_id) -> dict:
     revision_id = _revision_id(revision_id)
     if ctx.client is None:
         raise CommandError("apply_config_revision: the agent is not connected to a control plane")
-    revision, raw_content = fetch(ctx.client, revision_id)
+    revision, raw_content = fetch(ctx.client, revision_id, ctx.cancel, ctx.deadline)
     store(ctx.paths.state_dir, revision_id, revision, raw_content)
     content = json.loads(raw_content)
     result = {"revision_id": revision_id, "revision_no": revision.get("revision_no"),

@@ -155,10 +155,19 @@ def parse_retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+def decode_json(body: bytes):
+    """The one place an answer's body is decoded (ValueError when it is not JSON, or nested
+    too deep to decode)."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def _error_message(body: bytes) -> tuple[str, bool]:
     """(the message, whether the body was the plane's JSON)."""
     try:
-        doc = json.loads(body)
+        doc = decode_json(body)
     except ValueError:
         return body[:200].decode("utf-8", "replace").strip() or "(empty body)", False
     if isinstance(doc, dict):
@@ -186,7 +195,7 @@ def unwrap(body: bytes, status: int = 200):
     if not body.strip():
         return None
     try:
-        doc = json.loads(body)
+        doc = decode_json(body)
     except ValueError as exc:
         raise Unaccepted(status, f"the answer is not JSON ({exc}); not taken") from None
     if isinstance(doc, dict) and "success" in doc:

@@ -136,3 +136,17 @@ def test_metadata_files_in_a_download_do_not_break_the_install(served):
                                              "content_md5": md5.content_md5_mapping(files)})
     installed = rt.paths.state_dir / "skills" / "calc"
     assert result["content_md5"] == md5.content_md5_mapping(files) and not (installed / "Thumbs.db").exists()
+
+
+def test_apply_config_revision_outlasts_a_502(served):
+    import hashlib
+
+    plane, rt = served
+    content = b'{"mode":"none","resources":[],"schemaVersion":1}'
+    checksum = "sha256:" + hashlib.sha256(content).hexdigest()
+    good = b'{"success":true,"data":{"revision":{"id":5,"revision_no":1,"checksum":"%s","content":%s}}}' % (
+        checksum.encode(), content)
+    plane.fault(r"/config/revisions/5$", status=502, body=b"bad gateway")
+    plane.fault(r"/config/revisions/5$", body=good)
+    result = run_timed(rt, "apply_config_revision", {"revision_id": 5, "snapshot_id": 1})
+    assert result["current_config_revision_id"] == 5 and len(plane.seen(r"/config/revisions/5$")) == 2
