@@ -65,7 +65,7 @@ def test_the_unit_stops_restarts_and_notifies_as_the_daemon_expects(unit):
     # watchdog than the liveness window would kill a daemon whose loops are fine.
     assert watchdog / 2 >= daemon.LIVENESS
     stop = float(one(unit, "TimeoutStopSec").removesuffix("s"))
-    assert stop > daemon.DRAIN_GRACE + daemon.FLUSH_ON_STOP
+    assert stop > daemon.DRAIN_GRACE + daemon.STOP_BUDGET
     from caldera.errors import EXIT_USAGE
 
     assert one(unit, "RestartPreventExitStatus") == str(EXIT_USAGE)
