@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 
+from caldera.host.jsonlimits import JSONLimitError, loads
+
 # Answer.kind
 DONE, REFUSED, UNSUPPORTED, FAILED = "done", "refused", "unsupported", "failed"
 MESSAGE_MAX = 1000
 HELD_MAX_ITEMS = 50
+JSON_MAX_BYTES = 512 * 1024  # above every verb's stdout cap: the cap that matters is the verb's
 
 
 class ContractError(ValueError):
@@ -49,7 +52,11 @@ class Answer:
 
 
 def parse_object(stdout: bytes, verb: str) -> dict:
-    """Exactly one JSON object and nothing else (whitespace aside), or ContractError."""
+    """Exactly one JSON object and nothing else (whitespace aside), or ContractError.
+
+    Parsed by the one bounded parser (caldera.host.jsonlimits): 20,000 nested
+    arrays are "output nested deeper than 64 levels", one failed call, never a
+    RecursionError in a loop."""
     try:
         text = stdout.decode("utf-8")
     except UnicodeDecodeError:
@@ -57,9 +64,11 @@ def parse_object(stdout: bytes, verb: str) -> dict:
     if not text.strip():
         raise ContractError(f"{verb}: printed nothing; one JSON object was expected")
     try:
-        value = json.loads(text)
+        value = loads(stdout, max_bytes=JSON_MAX_BYTES, what="output")
     except json.JSONDecodeError as exc:
         raise ContractError(f"{verb}: stdout must hold exactly one JSON object ({describe_stdout(text, exc)})") from None
+    except JSONLimitError as exc:
+        raise ContractError(f"{verb}: {exc}") from None
     if not isinstance(value, dict):
         raise ContractError(f"{verb}: printed a JSON {type(value).__name__}, not an object")
     return value
