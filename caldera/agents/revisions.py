@@ -5,7 +5,9 @@
 byte span is cut out of the raw body by a small span-aware scanner, never
 re-serialised), stores the revision atomically under
 `<state>/config-revisions/`, applies what it carries and only then records
-`current_config_revision_id`. What a revision carries (docs/skills.md):
+`current_config_revision_id`. A revision that touches what the host runs
+(SPEC section 11, `caldera.agents.trust`) is refused as a whole before anything
+is stored or applied, its finish naming the key. What a revision carries (docs/skills.md):
 ClawManager's bootstrap manifest (`schemaVersion`, `mode`, `resources`,
 `payloads`) is recorded (its payloads reach an instance only as env vars at
 pod creation); caldera's keys `settings` (values, through the adapter's
@@ -21,10 +23,12 @@ from pathlib import Path
 
 from caldera.errors import CommandError, ConfigError
 from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, ensure_dir
+from caldera.host.jsonlimits import loads
 
 log = logging.getLogger("caldera.agents.revisions")
 STATE_KEY = "current_config_revision_id"
 KEEP = 10
+BODY_MAX_BYTES = 1024 * 1024  # the client's response cap
 _WS = b" \t\r\n"
 
 
@@ -144,9 +148,9 @@ def fetch(client, revision_id: int) -> tuple[dict, bytes]:
     except ApiError as exc:
         raise CommandError(f"fetching config revision {revision_id} failed: {exc}") from None
     try:
-        doc = json.loads(raw)
+        doc = loads(raw, max_bytes=BODY_MAX_BYTES, what="the answer")
     except ValueError as exc:
-        raise CommandError(f"config revision {revision_id}: the answer is not JSON ({exc})") from None
+        raise CommandError(f"config revision {revision_id}: the answer is not usable JSON ({exc})") from None
     if isinstance(doc, dict) and doc.get("success") is False:
         raise CommandError(f"config revision {revision_id}: {doc.get('error') or 'success: false'}")
     where = revision_path(doc)
@@ -190,18 +194,34 @@ def _prune(directory: Path) -> None:
 
 # ------------------------------------------------------------------ applying
 
-def _apply_manifest(runtime, text) -> dict:
+def _refusal(revision_id: int, problems: list) -> str:
+    return (f"config revision {revision_id} refused as a whole, nothing applied: " + "; ".join(problems)
+            + " (a revision may change only what the agent is told: docs/trust-boundary.md)")
+
+
+def _check_manifest(runtime, revision_id: int, text) -> None:
+    from caldera.agents import window
+
     try:
-        from caldera.agents import window
-    except ImportError:
-        return {"recorded": True, "applied": False, "reason": "this runtime has no blueprint-update path"}
-    if not isinstance(text, str):
-        raise CommandError("the revision's manifest must be caldera.agent.yaml text")
+        window.check_proposed(runtime.paths, text)
+    except window.TrustError as exc:
+        raise CommandError(_refusal(revision_id, exc.problems)) from None
+    except ConfigError as exc:
+        raise CommandError(f"config revision {revision_id}: the manifest is refused, nothing applied: {exc}") from None
+
+
+def _apply_manifest(runtime, revision_id: int, text) -> dict:
+    from caldera.agents import window
+
+    driver = getattr(runtime, "driver", None)
     try:
-        outcome = window.apply_manifest_update(runtime.paths, text)
+        outcome = window.apply_manifest_update(
+            runtime.paths, text, revision_id=revision_id, previous_revision_id=runtime.state.get(STATE_KEY),
+            level_before=getattr(driver, "last_level", None))
+    except window.TrustError as exc:
+        raise CommandError(_refusal(revision_id, exc.problems)) from None
     except ConfigError as exc:
         raise CommandError(f"the revision's manifest is refused: {exc}") from None
-    driver = getattr(runtime, "driver", None)
     if driver is not None and hasattr(driver, "refresh_manifest"):
         driver.refresh_manifest()
     return {"applied": True, **outcome}
@@ -220,13 +240,25 @@ def _apply_settings(runtime, values, cancel=None, deadline=None) -> dict:
 
 
 def apply_revision(runtime, revision_id, cancel=None, deadline=None) -> dict:
-    """Fetch, verify, store and apply one revision; the finish result."""
+    """Fetch, verify, check against the trust boundary, store and apply one revision; the finish result."""
     revision_id = _revision_id(revision_id)
     if runtime.client is None:
         raise CommandError("apply_config_revision: the agent is not connected to a control plane")
     revision, raw_content = fetch(runtime.client, revision_id)
+    try:
+        content = loads(raw_content, max_bytes=BODY_MAX_BYTES, what="the revision's content")
+    except ValueError as exc:
+        raise CommandError(f"config revision {revision_id}: the content is not usable JSON ({exc})") from None
+    if isinstance(content, dict):
+        # Every check before anything is stored or applied: refused means nothing of it happened.
+        from caldera.agents import trust
+
+        problems = trust.check_content(content)
+        if problems:
+            raise CommandError(_refusal(revision_id, problems))
+        if "manifest" in content:
+            _check_manifest(runtime, revision_id, content["manifest"])
     store(runtime.paths.state_dir, revision_id, revision, raw_content)
-    content = json.loads(raw_content)
     result = {"revision_id": revision_id, "revision_no": revision.get("revision_no"),
               "checksum": revision.get("checksum"), "stored": True}
     if isinstance(content, dict):
@@ -234,7 +266,7 @@ def apply_revision(runtime, revision_id, cancel=None, deadline=None) -> dict:
             result["bootstrap_manifest"] = {"mode": content.get("mode"),
                                             "resources": len(content.get("resources") or []), "recorded": True}
         if "manifest" in content:
-            result["manifest"] = _apply_manifest(runtime, content["manifest"])
+            result["manifest"] = _apply_manifest(runtime, revision_id, content["manifest"])
         if "settings" in content:
             result["settings"] = _apply_settings(runtime, content["settings"], cancel, deadline)
     runtime.state.set(STATE_KEY, revision_id)
@@ -308,10 +340,10 @@ def _with(settings, values: dict):
 def _reload_manifest(runtime) -> dict:
     if not Path(runtime.paths.manifest_path).is_file():
         return {"present": False}
-    from caldera.agents.manifest import load_manifest
+    from caldera.agents.updates import load_effective
 
     try:
-        manifest = load_manifest(runtime.paths.manifest_path)
+        manifest = load_effective(runtime.paths)
     except ConfigError as exc:
         raise CommandError(f"the manifest was not reloaded (the running one is kept): {exc}") from None
     runtime.manifest = manifest

@@ -17,12 +17,12 @@ def configure(parser) -> None:
 
 def main(args) -> int:
     from caldera import config
-    from caldera.agents.manifest import load_manifest
+    from caldera.agents.updates import load_effective
 
     paths = config.agent_from_args(args)
     report = Report()
     try:
-        manifest = load_manifest(paths.manifest_path, validate_schema=True)
+        manifest = load_effective(paths, validate_schema=True)
     except ConfigError as exc:
         report.breach("manifest", str(exc))
         return _emit(args, paths, report)

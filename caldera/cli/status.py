@@ -8,6 +8,7 @@ import datetime as dt
 import json
 
 from caldera.cli import add_agent_flags
+from caldera.host.jsonlimits import escape_surrogates
 
 BAR_WIDTH = 20
 
@@ -37,28 +38,52 @@ def bar(used) -> str:
     return "[" + "#" * filled + "." * (BAR_WIDTH - filled) + f"] {fraction * 100:3.0f}%"
 
 
-def connection_info(paths) -> dict:
+def read_state(paths) -> dict:
     from caldera.host.fsutil import read_json
 
     try:
         state = read_json(paths.state_dir / "state.json", {}) or {}
     except ValueError:
         state = {}
+    return state if isinstance(state, dict) else {}
+
+
+def connection_info(paths, state: dict | None = None) -> dict:
+    state = read_state(paths) if state is None else state
     conn = dict(state.get("connection") or {})
     conn["last_successful"] = _ago(conn.get("last_heartbeat_ok_at"))
     return conn
 
 
-def _agent_status(paths) -> dict | None:
+def _load(paths):
+    """The effective manifest (installed + stored update), or None when none is installed."""
     if not paths.manifest_path.is_file():
         return None
-    from caldera.agents.adapter.driver import adapter_status
-    from caldera.agents.manifest import load_manifest
+    from caldera.agents.updates import load_effective
 
-    manifest = load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
+    return load_effective(paths, cache_dir=paths.state_dir / "cache")
+
+
+def _agent_status(paths, manifest) -> dict | None:
+    from caldera.agents.adapter.driver import adapter_status
+
     if getattr(manifest, "runtime_type", None) != "adapter":
         return None
     return adapter_status(paths, manifest)
+
+
+def manifest_info(paths, manifest, state: dict) -> dict | None:
+    """Which manifest is in effect: the installed one (from /etc) and the stored update over it."""
+    if manifest is None:
+        return None
+    from caldera.agents.manifest import load_manifest
+
+    installed = load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
+    update = manifest.update or {}
+    return {"installed": {"path": str(paths.manifest_path), "version": installed.version},
+            "effective": {"source": "update" if manifest.update else "installed",
+                          "revision_id": update.get("revision_id"), "version": manifest.version},
+            "current_config_revision_id": state.get("current_config_revision_id")}
 
 
 def _redactor(paths):
@@ -81,19 +106,35 @@ def main(args) -> int:
 
     paths = agent_from_args(args)
     redact = _redactor(paths)
-    agent = redact(_agent_status(paths))
-    conn = redact(connection_info(paths))
+    manifest = _load(paths)
+    state = read_state(paths)
+    agent = redact(_agent_status(paths, manifest))
+    conn = redact(connection_info(paths, state))
+    revisions = manifest_info(paths, manifest, state)
     holder = StateLock(paths.state_dir, "status").holder() if paths.state_dir.is_dir() else None
     conn["daemon"] = holder
     outbox = {"items": outbox_depth(paths.state_dir)}
     if args.json:
-        print(json.dumps({"agent_status": agent, "connection": conn, "outbox": outbox}))
+        print(escape_surrogates(json.dumps({"agent_status": agent, "connection": conn, "outbox": outbox,
+                                            "manifest": revisions}, ensure_ascii=False)))
     else:
-        _print_human(paths.name, agent, conn, outbox)
+        _print_human(paths.name, agent, conn, outbox, revisions)
     return 0
 
 
-def _print_human(name, agent, conn, outbox) -> None:
+def _print_manifest(info) -> None:
+    if not info:
+        return
+    eff = info["effective"]
+    installed = f"installed {info['installed']['version'] or '(no version)'}"
+    if eff["source"] == "update":
+        print(f"manifest: {installed}; in effect: update {eff['version'] or '(no version)'} "
+              f"from config revision {eff['revision_id']}")
+    else:
+        print(f"manifest: {installed}, in effect (no update stored)")
+
+
+def _print_human(name, agent, conn, outbox, revisions=None) -> None:
     agent = agent or {}
     state = agent.get("state") or {}
     print(f"agent {name}: {state.get('label') or 'unknown'} ({state.get('level') or '?'})")
@@ -113,5 +154,6 @@ def _print_human(name, agent, conn, outbox) -> None:
           + (f"; last error: {conn['last_error']} ({_ago(conn.get('last_error_at'))})" if conn.get("last_error") else ""))
     if conn.get("auth_blocked"):
         print(f"  registration refused: {conn['auth_blocked']} (fix the configuration, then: systemctl reload)")
+    _print_manifest(revisions)
     print(f"daemon: {conn['daemon'] or 'not running'}")
     print(f"outbox: {outbox['items']} waiting")

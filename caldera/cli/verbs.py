@@ -78,10 +78,10 @@ def _settings_set_args(args) -> None:
 def load_local(args):
     """(paths, manifest) for a local verb; the manifest must be an adapter one."""
     from caldera import config
-    from caldera.agents.manifest import load_manifest
+    from caldera.agents.updates import load_effective
 
     paths = config.agent_from_args(args)
-    manifest = load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
+    manifest = load_effective(paths, cache_dir=paths.state_dir / "cache")
     if manifest.runtime_type != "adapter":
         raise ConfigError(f"{paths.manifest_path}: runtime.type: {manifest.runtime_type}: "
                           "the local verbs of this caldera drive adapter agents only")

@@ -117,7 +117,7 @@ def build_runtime(paths: AgentPaths, settings: Settings, *, stop: threading.Even
         from caldera.agents.adapter.driver import open_driver
 
         runtime.driver = open_driver(paths, manifest, pool=runtime.pool, redactor=redactor,
-                                     schema_checks=schema_checks)
+                                     schema_checks=schema_checks, state=runtime.state)
     if with_client and settings.enabled:
         runtime.client, runtime.auth = _build_client(runtime, transport_session)
     return runtime
