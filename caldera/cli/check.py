@@ -47,7 +47,7 @@ def _emit(args, paths, report: Report) -> int:
         return code
     print(f"caldera check: {paths.name} ({paths.manifest_path})")
     for item in report.items:
-        mark = "FAIL" if not item["ok"] else ("note" if item.get("note") else "ok")
-        print(f"  {mark:<5} {item['check']}: {item['detail']}")
+        mark = {"fail": "FAIL"}.get(item["result"], item["result"])
+        print(f"  {mark:<15} {item['check']}: {item['detail']}")
     print(summary + ".", file=sys.stdout if not report.breaches else sys.stderr)
     return code
