@@ -13,6 +13,7 @@ import json
 import sys
 
 from caldera.errors import EXIT_FAILED, EXIT_OK, ConfigError, UsageError
+from caldera.host.jsonlimits import escape_surrogates, scrub
 
 VERB_OF = {"pause": "pause", "resume": "resume", "run-now": "run-now"}
 
@@ -128,13 +129,14 @@ def emit(args, answer) -> int:
             payload.update(answer.data)
         if answer.ok and answer.verb == "log":
             payload.update({"name": args.name, "text": answer.text, "truncated": answer.truncated})
-        print(json.dumps(payload, ensure_ascii=False))
+        # Data passes JSON-escaped (a lone surrogate as \udXXX), so printing never fails.
+        print(escape_surrogates(json.dumps(payload, ensure_ascii=False)))
         return code
     if not answer.ok:
-        print(answer.message, file=sys.stderr)
+        print(scrub(answer.message or ""), file=sys.stderr)
         return code
     if answer.verb == "settings get":
-        print(format_settings(answer.data))
+        print(scrub(format_settings(answer.data)))
     elif answer.verb == "log --list":
         print("\n".join(answer.data["logs"]) if answer.data["logs"] else answer.message)
     elif answer.verb == "log":
@@ -142,7 +144,7 @@ def emit(args, answer) -> int:
         if answer.text and not answer.text.endswith("\n"):
             sys.stdout.write("\n")
     else:
-        print(answer.message)
+        print(scrub(answer.message or ""))
     return code
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from caldera.host.jsonlimits import JSONLimitError, loads
+from caldera.host.jsonlimits import JSONLimitError, loads, scrub
 
 # Answer.kind
 DONE, REFUSED, UNSUPPORTED, FAILED = "done", "refused", "unsupported", "failed"
@@ -93,8 +93,10 @@ def check_answer_body(body: dict, verb: str) -> tuple[str | None, list]:
         raise ContractError(f"{verb}: 'message' must be a string")
     if not isinstance(held, list) or not all(isinstance(h, str) for h in held):
         raise ContractError(f"{verb}: 'held' must be a list of strings")
-    message = message[:MESSAGE_MAX] if message else message
-    return message, [h[:MESSAGE_MAX] for h in held[:HELD_MAX_ITEMS]]
+    # Sentences a person reads: a lone surrogate (a "\ud800" escape) becomes U+FFFD, so
+    # printing or encoding them can never fail.
+    message = scrub(message[:MESSAGE_MAX]) if message else message
+    return message, [scrub(h[:MESSAGE_MAX]) for h in held[:HELD_MAX_ITEMS]]
 
 
 def with_held(message: str | None, held: list) -> str:
