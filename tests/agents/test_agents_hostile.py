@@ -129,5 +129,5 @@ def test_the_8_kib_cap_counts_the_utf8_bytes_passed(tmp_path):
     assert answer.ok, answer.message
     passed = (workdir(paths) / "set.log").read_bytes().splitlines()[-1]
     assert passed == ('{"note":"' + "€" * 2000 + '"}').encode() and len(passed) < settings.SET_ARG_MAX_BYTES
-    refused = verbs.settings_set(manifest, {"note": "€" * 2800})  # 8,412 bytes
-    assert refused.kind == "refused" and "8412 bytes" in refused.message
+    refused = verbs.settings_set(manifest, {"note": "€" * 2800})  # 8,411 bytes
+    assert refused.kind == "refused" and "8411 bytes" in refused.message
