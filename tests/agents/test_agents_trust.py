@@ -170,3 +170,14 @@ def test_controls_only_as_a_subset_and_enum_options_only_fewer():
     doc = copy.deepcopy(BASE)
     doc["settings"]["schema"].append({"key": "new", "type": "boolean"})
     assert "may not add" in trust.check_update(BASE, doc)[0]
+
+
+def test_a_revision_nested_too_deep_is_refused_with_a_sentence(tmp_path):
+    rt = _installed(tmp_path)
+    raw = b"[" * 20000 + b"]" * 20000
+    body = (b'{"success":true,"data":{"revision":{"id":3,"content":%s,"checksum":"sha256:%s"}}}'
+            % (raw, hashlib.sha256(raw).hexdigest().encode()))
+    with responses.RequestsMock() as rsps:
+        rsps.add(responses.GET, f"{API}/config/revisions/3", body=body, status=200)
+        with pytest.raises(CommandError, match="nested deeper than 64 levels"):
+            run(rt, "apply_config_revision", {"revision_id": 3})
