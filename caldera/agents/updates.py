@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -42,7 +43,8 @@ def previous_file(paths) -> Path:
 def read_record(file: Path) -> dict | None:
     """A stored record, or None when absent; a damaged one is logged and ignored."""
     try:
-        with open(file, "rb") as fh:
+        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # never a planted symlink
+        with os.fdopen(fd, "rb") as fh:
             record = loads(fh.read(RECORD_MAX_BYTES + 1), max_bytes=RECORD_MAX_BYTES, what=str(file))
     except FileNotFoundError:
         return None

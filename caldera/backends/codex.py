@@ -346,6 +346,9 @@ class CodexBackend(Backend):
                                          codex_config.DEFAULT_REQUEST_MAX_RETRIES),
             stream_retries=_int_setting(environment.env, "CALDERA_CODEX_STREAM_MAX_RETRIES",
                                         codex_config.DEFAULT_STREAM_MAX_RETRIES))
+        raw = projection.read("config.toml") or b""
+        for line in codex_config.withheld_lines(raw.decode("utf-8", "replace"), codex_config.dump_toml(config)):
+            redactor.add(line)  # no line of the config reaches an event beyond base URL, model, profile
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             os.chmod(run_dir, 0o700)

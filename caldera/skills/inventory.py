@@ -345,7 +345,8 @@ def _flock(state_dir, kind: int):
     root = managed_root(state_dir)
     try:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        # O_NOFOLLOW: the skills root is a directory an agent can write to.
+        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
         yield  # another user's state dir (caldera skills as a person): read without the lock
         return
