@@ -194,29 +194,33 @@ def _prune(directory: Path) -> None:
 
 # ------------------------------------------------------------------ applying
 
+def _driver(ctx):
+    return ctx.current.driver if ctx.current is not None else ctx.driver
+
+
 def _refusal(revision_id: int, problems: list) -> str:
     return (f"config revision {revision_id} refused as a whole, nothing applied: " + "; ".join(problems)
             + " (a revision may change only what the agent is told: docs/trust-boundary.md)")
 
 
-def _check_manifest(runtime, revision_id: int, text) -> None:
+def _check_manifest(ctx, revision_id: int, text) -> None:
     from caldera.agents import window
 
     try:
-        window.check_proposed(runtime.paths, text)
+        window.check_proposed(ctx.paths, text)
     except window.TrustError as exc:
         raise CommandError(_refusal(revision_id, exc.problems)) from None
     except ConfigError as exc:
         raise CommandError(f"config revision {revision_id}: the manifest is refused, nothing applied: {exc}") from None
 
 
-def _apply_manifest(runtime, revision_id: int, text) -> dict:
+def _apply_manifest(ctx, revision_id: int, text) -> dict:
     from caldera.agents import window
 
-    driver = getattr(runtime, "driver", None)
+    driver = _driver(ctx)
     try:
         outcome = window.apply_manifest_update(
-            runtime.paths, text, revision_id=revision_id, previous_revision_id=runtime.state.get(STATE_KEY),
+            ctx.paths, text, revision_id=revision_id, previous_revision_id=ctx.state.get(STATE_KEY),
             level_before=getattr(driver, "last_level", None))
     except window.TrustError as exc:
         raise CommandError(_refusal(revision_id, exc.problems)) from None
@@ -227,24 +231,24 @@ def _apply_manifest(runtime, revision_id: int, text) -> dict:
     return {"applied": True, **outcome}
 
 
-def _apply_settings(runtime, values, cancel=None, deadline=None) -> dict:
+def _apply_settings(ctx, values) -> dict:
     if not isinstance(values, dict) or not values:
         raise CommandError("the revision's settings must be an object of values")
-    driver = getattr(runtime, "driver", None)
+    driver = _driver(ctx)
     if driver is None:
         raise CommandError("the revision carries settings, but this agent has no adapter to apply them")
-    answer = driver.settings_set(values, cancel=cancel, deadline=deadline)
+    answer = driver.settings_set(values, cancel=ctx.cancel, deadline=ctx.deadline or None)
     if not answer.ok:
         raise CommandError(f"the revision's settings were not applied: {answer.message or answer.reason}")
     return {"applied": True, "keys": sorted(values)}
 
 
-def apply_revision(runtime, revision_id, cancel=None, deadline=None) -> dict:
+def apply_revision(ctx, revision_id) -> dict:
     """Fetch, verify, check against the trust boundary, store and apply one revision; the finish result."""
     revision_id = _revision_id(revision_id)
-    if runtime.client is None:
+    if ctx.client is None:
         raise CommandError("apply_config_revision: the agent is not connected to a control plane")
-    revision, raw_content = fetch(runtime.client, revision_id)
+    revision, raw_content = fetch(ctx.client, revision_id)
     try:
         content = loads(raw_content, max_bytes=BODY_MAX_BYTES, what="the revision's content")
     except ValueError as exc:
@@ -257,8 +261,8 @@ def apply_revision(runtime, revision_id, cancel=None, deadline=None) -> dict:
         if problems:
             raise CommandError(_refusal(revision_id, problems))
         if "manifest" in content:
-            _check_manifest(runtime, revision_id, content["manifest"])
-    store(runtime.paths.state_dir, revision_id, revision, raw_content)
+            _check_manifest(ctx, revision_id, content["manifest"])
+    store(ctx.paths.state_dir, revision_id, revision, raw_content)
     result = {"revision_id": revision_id, "revision_no": revision.get("revision_no"),
               "checksum": revision.get("checksum"), "stored": True}
     if isinstance(content, dict):
@@ -266,12 +270,12 @@ def apply_revision(runtime, revision_id, cancel=None, deadline=None) -> dict:
             result["bootstrap_manifest"] = {"mode": content.get("mode"),
                                             "resources": len(content.get("resources") or []), "recorded": True}
         if "manifest" in content:
-            result["manifest"] = _apply_manifest(runtime, revision_id, content["manifest"])
+            result["manifest"] = _apply_manifest(ctx, revision_id, content["manifest"])
         if "settings" in content:
-            result["settings"] = _apply_settings(runtime, content["settings"], cancel, deadline)
-    runtime.state.set(STATE_KEY, revision_id)
+            result["settings"] = _apply_settings(ctx, content["settings"])
+    ctx.state.set(STATE_KEY, revision_id)
     result["current_config_revision_id"] = revision_id
-    runtime.report_now()
+    ctx.report_now()
     return result
 
 
@@ -288,12 +292,7 @@ def _revision_id(value) -> int:
 
 
 def apply_config_revision(ctx, payload: dict) -> dict:
-    return apply_revision(ctx.runtime, payload.get("revision_id"), ctx.cancel, ctx.deadline or None)
-
-
-def on_desired(runtime, desired) -> bool:
-    """For the heartbeat: True when `desired_config_revision_id` is not the current one."""
-    return desired is not None and desired != runtime.state.get(STATE_KEY)
+    return apply_revision(ctx, payload.get("revision_id"))
 
 
 # ------------------------------------------------------------------ reload_config
@@ -304,24 +303,23 @@ FIXED = ("enabled", "base_url", "instance_id", "bootstrap_token")  # never chang
 def reload_config(ctx, payload: dict) -> dict:
     from caldera.config import load_settings
 
-    runtime = ctx.runtime
     try:
-        fresh = load_settings(runtime.paths)
+        fresh = load_settings(ctx.paths)
     except ConfigError as exc:
         raise CommandError(f"agent.env not reloaded (the running settings are kept): {exc}") from None
-    old = runtime.settings
+    old = ctx.current.settings
     kept = [name for name in FIXED if getattr(fresh, name) != getattr(old, name)]
     fresh = _with(fresh, {name: getattr(old, name) for name in FIXED})
     changed = sorted(k for k in set(old.env) | set(fresh.env) if old.env.get(k) != fresh.env.get(k))
-    runtime.settings = fresh
+    ctx.current.replace(settings=fresh)
     for value in fresh.secret_values:
-        runtime.redactor.add(value)
+        ctx.redactor.add(value)
     result = {"agent_env": "reloaded", "changed_keys": changed[:100]}
     if kept:
         result["not_applied"] = [f"{n}: needs a restart (a command never moves the control-plane connection)"
                                  for n in kept]
-    result["manifest"] = _reload_manifest(runtime)
-    runtime.report_now()
+    result["manifest"] = _reload_manifest(ctx)
+    ctx.report_now()
     return result
 
 
@@ -337,17 +335,17 @@ def _with(settings, values: dict):
     return type(settings)(**current)
 
 
-def _reload_manifest(runtime) -> dict:
-    if not Path(runtime.paths.manifest_path).is_file():
+def _reload_manifest(ctx) -> dict:
+    if not Path(ctx.paths.manifest_path).is_file():
         return {"present": False}
     from caldera.agents.updates import load_effective
 
     try:
-        manifest = load_effective(runtime.paths)
+        manifest = load_effective(ctx.paths)
     except ConfigError as exc:
         raise CommandError(f"the manifest was not reloaded (the running one is kept): {exc}") from None
-    runtime.manifest = manifest
-    driver = getattr(runtime, "driver", None)
+    ctx.current.replace(manifest=manifest)
+    driver = ctx.current.driver
     if driver is not None and hasattr(driver, "refresh_manifest"):
         driver.refresh_manifest()
     return {"present": True, "name": getattr(manifest, "name", None), "version": getattr(manifest, "version", None)}

@@ -87,8 +87,7 @@ def test_a_log_name_that_is_not_text_is_refused_with_a_sentence(tmp_path, pool):
     assert b"a log name must be valid text" in done.stderr
     # The daemon's door: the command is refused with the sentence, not "internal error".
     driver = open_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor())
-    ctx = type("Ctx", (), {"runtime": type("R", (), {"driver": driver})(), "cancel": None, "deadline": None,
-                           "command_type": "log_get"})()
+    ctx = type("Ctx", (), {"driver": driver, "cancel": None, "deadline": None, "command_type": "log_get"})()
     with pytest.raises(CommandError, match="a log name must be valid text"):
         commands.log_get(ctx, {"name": "bad\ud800.log"})
     assert not (workdir(paths) / "argv.log").exists()  # the adapter was never called
