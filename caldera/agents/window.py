@@ -109,6 +109,13 @@ def apply_manifest_update(paths, text, *, revision_id=None, previous_revision_id
 
     now = time.time() if now is None else now
     doc = check_proposed(paths, text)
+    old = current(paths) or {}
+    rolled_back = [r for r in old.get("rolled_back_ids") or [] if r is not None]
+    if revision_id is not None and revision_id in rolled_back:
+        # The control plane keeps naming it as desired: applying it again would loop
+        # (apply, bad, roll back, apply …). A new revision is a new decision.
+        raise ConfigError(f"config revision {revision_id} was rolled back by the 30-minute window "
+                          "(the agent was bad after it); publish a new revision instead")
     effective = updates.load_effective(paths)
     if trust.overlay(load_manifest(paths.manifest_path).doc, doc) == effective.doc:
         return {"changed": False, "version": effective.version}
@@ -122,7 +129,7 @@ def apply_manifest_update(paths, text, *, revision_id=None, previous_revision_id
     window = {"status": "open", "opened_at": now, "until": now + WINDOW_SECONDS,
               "previous_version": effective.version, "version": doc.get("version"), "bad_streak": 0,
               "level_before": level_before, "revision_id": revision_id,
-              "previous_revision_id": previous_revision_id}
+              "previous_revision_id": previous_revision_id, "rolled_back_ids": rolled_back[-20:]}
     atomic_write_json(_state_file(paths), window)
     return {"changed": True, "version": doc.get("version"), "previous_version": effective.version,
             "stored_in": str(updates.update_file(paths)), "window_until": _iso(window["until"])}
@@ -161,6 +168,7 @@ def observe(paths, bad: bool, *, now: float | None = None) -> dict | None:
         previous = updates.read_record(updates.previous_file(paths))
         updates.write(paths, previous)  # doc None: the installed manifest is in effect again
         updates.previous_file(paths).unlink(missing_ok=True)
+        record["rolled_back_ids"] = [*(record.get("rolled_back_ids") or []), record.get("revision_id")][-20:]
         record.update(status="rolled_back", rolled_back_at=now,
                       reason=f"the agent was bad in {streak} reports in a row after the update "
                              f"(it was {record.get('level_before') or 'not reported'} before)")

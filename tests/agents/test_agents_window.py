@@ -111,3 +111,21 @@ def test_the_update_survives_a_restart(tmp_path, pool):
                         state=StateFile(tmp_path / "state.json"))
     assert fresh.manifest.version == "1.1" and fresh.manifest.update["revision_id"] == 8
     assert load_manifest(paths.manifest_path).version == "0.1.0"
+
+
+def test_a_rolled_back_revision_is_not_applied_again(tmp_path, pool):
+    # The control plane keeps naming it as desired: re-applying it would loop.
+    from caldera.errors import ConfigError
+
+    paths, driver, state = _agent(tmp_path, pool)
+    driver.report_section()
+    _update(paths, driver, state, 8, "1.1", 0.9)
+    _level(paths, "bad")
+    for _ in range(3):
+        driver.report_section()
+    assert window.current(paths)["status"] == "rolled_back"
+    with pytest.raises(ConfigError, match="was rolled back"):
+        _update(paths, driver, state, 8, "1.1", 0.9)
+    _level(paths, "ok")
+    _update(paths, driver, state, 9, "1.2", 0.9)  # a new revision is a new decision
+    assert load_effective(paths).update["revision_id"] == 9
