@@ -320,7 +320,8 @@ def route(method: str, path: str):
 
 def preauth(plane: Plane, method: str, path: str, headers: dict) -> Response | None:
     """The answer to a request whose token is wrong, decided before its body is read; None
-    when the body may be read. An unauthenticated client never makes the plane buffer a body."""
+    when the body may be read. An unauthenticated client never makes the plane buffer a body
+    beyond the small cap of a path that is no route (a trailing slash: gin redirects first)."""
     found = route(method, path)
     if found is None:
         return None

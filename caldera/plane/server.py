@@ -25,6 +25,7 @@ log = logging.getLogger("caldera.plane")
 
 JSON_BODY_CAP = BODY_MAX_BYTES  # validation's cap: a larger JSON body is refused (413) unread
 UPLOAD_BODY_CAP = 256 * 1024 * 1024
+STRAY_BODY_CAP = 64 * 1024  # a request that matches no agent route (404s, the page)
 IDLE_TIMEOUT = 300  # seconds a keep-alive connection may stay silent
 
 
@@ -274,7 +275,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._send(resp)
 
     def _read_body(self, path: str) -> bytes:
-        cap = UPLOAD_BODY_CAP if path.endswith("/skills/upload") else JSON_BODY_CAP
+        # No route, no use for a body: a stranger can't make the plane buffer megabytes there
+        # (a trailing-slash redirect is answered before any token check, as gin does).
+        known = api.route(self.command, path) is not None
+        cap = (UPLOAD_BODY_CAP if known and path.endswith("/skills/upload")
+               else JSON_BODY_CAP if known else STRAY_BODY_CAP)
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             return self._read_chunked(cap)  # HTTP/1.1: chunked wins over Content-Length
         length = self.headers.get("Content-Length")

@@ -86,3 +86,8 @@ def test_upload_of_a_bomb_is_refused_over_http(plane, agent):
                            headers={"Authorization": f"Bearer {agent.token}"})
     assert resp.status_code == 500 and "ratio across its members" in resp.json()["error"]
     assert plane.store.skill_version(1) is None  # nothing kept
+
+
+def test_a_stray_path_does_not_buffer_a_large_body(plane):
+    head = "POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 10485760\r\n\r\n"
+    assert _raw(plane, head).startswith(b"HTTP/1.1 413")
