@@ -8,10 +8,12 @@ ValueError`), and NaN/Infinity refused (not JSON, and not numbers a report
 can carry). A breach is a `JSONLimitError` (a `ValueError`) whose message is a
 sentence a person can read: "output nested deeper than 64 levels".
 
-Plain stdlib, nothing at import but one compiled regex: local verbs import it.
+Plain stdlib, and nothing built at import (the regexes compile on first use):
+local verbs import it.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 
@@ -20,8 +22,12 @@ MAX_DEPTH = 64
 # bracket is dropped before the depth walk. An unterminated string runs to the end
 # (the decoder refuses it later): so every quote matches and the scan stays linear
 # even on hostile input like '"\\"\\"\\"…'.
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*(?:"|\\?\Z)', re.DOTALL)
-_NOT_BRACKETS = re.compile(rb"[^\[\]{}]+")
+
+
+@functools.lru_cache(maxsize=None)
+def _patterns():
+    return (re.compile(rb'"(?:[^"\\]|\\.)*(?:"|\\?\Z)', re.DOTALL), re.compile(rb"[^\[\]{}]+"),
+            re.compile("[\ud800-\udfff]"))
 
 
 class JSONLimitError(ValueError):
@@ -36,7 +42,8 @@ def depth(raw: bytes) -> int:
     """The deepest nesting of arrays and objects in `raw` (brackets inside strings don't count)."""
     if raw.count(b"[") + raw.count(b"{") <= 1:
         return raw.count(b"[") + raw.count(b"{")
-    brackets = _NOT_BRACKETS.sub(b"", _STRINGS.sub(b"", raw))
+    strings, not_brackets, _ = _patterns()
+    brackets = not_brackets.sub(b"", strings.sub(b"", raw))
     level = deepest = 0
     for byte in brackets:
         if byte in (0x5B, 0x7B):  # [ {
@@ -86,12 +93,11 @@ def text_problem(value: str) -> str | None:
     return None
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def escape_surrogates(text: str) -> str:
     """`text` with every lone surrogate written as its `\\uXXXX` JSON escape (data passes intact)."""
-    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    if text.isascii():
+        return text
+    return _patterns()[2].sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def dumps_compact(value) -> str:
@@ -102,4 +108,7 @@ def dumps_compact(value) -> str:
 
 def scrub(text: str) -> str:
     """`text` with lone surrogates replaced by U+FFFD, for text shown to a person."""
-    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
+    if text.isascii():
+        return text
+    surrogate = _patterns()[2]
+    return surrogate.sub("\ufffd", text) if surrogate.search(text) else text
