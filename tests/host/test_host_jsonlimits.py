@@ -47,3 +47,18 @@ def test_lone_surrogates_refused_in_names_escaped_in_data_scrubbed_for_people():
     assert text == '{"note":"a\\ud800€"}' and json.loads(text) == data
     text.encode("utf-8")  # always encodable
     assert jl.scrub("x\udfffy") == "x\ufffdy" and jl.scrub("plain") == "plain"
+
+
+@pytest.mark.parametrize("doc", [b"[" * 64 + b"]" * 64, b"[" * 65 + b"]" * 65, b'{"a":[{"b":[]},[[[]]]]}',
+                                 b'[{"x": "]]]]"}, [[' + b'"[["' + b"]]]", b"[1, 2] [3]", b"[[[[}}}}"])
+def test_the_fast_check_agrees_with_the_depth_walk(doc):
+    assert jl.too_deep(doc, 64) == (jl.depth(doc) > 64) or not json_ok(doc)
+    assert jl.too_deep(doc, 2) == (jl.depth(doc) > 2) or not json_ok(doc)
+
+
+def json_ok(doc) -> bool:
+    try:
+        json.loads(doc)
+    except ValueError:
+        return False
+    return True
