@@ -130,7 +130,8 @@ def _cache_get(cache_dir, key) -> dict | None:
     if file is None:
         return None
     try:
-        with open(file, "rb") as fh:
+        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # the state dir: never a planted link
+        with os.fdopen(fd, "rb") as fh:
             entry = json.loads(fh.read())
     except (OSError, ValueError):
         return None  # absent, unreadable or torn: parse the YAML instead
