@@ -273,6 +273,10 @@ def apply_revision(ctx, revision_id) -> dict:
             result["manifest"] = _apply_manifest(ctx, revision_id, content["manifest"])
         if "settings" in content:
             result["settings"] = _apply_settings(ctx, content["settings"])
+        if "instructions" in content:
+            # Told, not run (docs/trust-boundary.md): process mode writes it to the agent's
+            # instructions file; an adapter agent reads no file of the runtime's.
+            result["instructions"] = {"applied": False, "reason": "adapter mode passes no instructions file"}
     ctx.state.set(STATE_KEY, revision_id)
     result["current_config_revision_id"] = revision_id
     ctx.report_now()
