@@ -29,6 +29,8 @@ from caldera.backends import codex_config, failures as fk
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest
 from caldera.backends.events import EVENT_TYPES
 from caldera.backends.normalize import Normalizer
+from caldera.host.jsonlimits import JSONLimitError
+from caldera.host.jsonlimits import loads as bounded_loads
 
 LINE_CAP = 32 * 1024 * 1024  # one stdout line (a huge aggregatedOutput stays well below)
 STDERR_KEEP = 64 * 1024
@@ -79,6 +81,9 @@ class _Slot:
         self.message = None
 
 
+LINE_JSON_MAX = 64 * 1024 * 1024  # one JSON-RPC line; the nesting limit is what matters
+
+
 class Dispatcher:
     """Turns stdout lines into messages. Separate from the process so that it can be benchmarked."""
 
@@ -95,7 +100,10 @@ class Dispatcher:
         if self.runlog is not None:
             self.runlog.write("s2c", text)
         try:
-            msg = json.loads(text)
+            msg = bounded_loads(text, max_bytes=LINE_JSON_MAX, what="backend stdout line")
+        except JSONLimitError as exc:  # too deep: one failed turn with the sentence, not a dead reader
+            self.inbox.put(("fatal", fk.BackendFailure(fk.BACKEND_JSON_PARSE_ERROR, str(exc))))
+            return
         except ValueError:
             self.inbox.put(("fatal", fk.BackendFailure(
                 fk.BACKEND_JSON_PARSE_ERROR, f"backend stdout line is not JSON: {text[:200]!r}")))

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from caldera.host.jsonlimits import loads as bounded_loads
 from caldera.skills import md5
 
 SKILL_DIRS_VAR = "CALDERA_SKILL_DIRS"
@@ -159,7 +160,7 @@ def skill_metadata(path: Path) -> dict:
         text = _read_small(path / name)
         if text:
             try:
-                doc = json.loads(text)
+                doc = bounded_loads(text, max_bytes=4 * META_CAP, what=name)  # an agent writes these
             except ValueError:
                 continue
             if isinstance(doc, dict):
@@ -176,7 +177,7 @@ def skill_metadata(path: Path) -> dict:
 def read_record(path: Path, name: str) -> dict:
     text = _read_small(path / name)
     try:
-        doc = json.loads(text) if text else {}
+        doc = bounded_loads(text, max_bytes=4 * META_CAP, what=name) if text else {}
     except ValueError:
         return {}
     return doc if isinstance(doc, dict) else {}
