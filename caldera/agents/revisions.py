@@ -19,11 +19,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
+from caldera.agents import trust, window
+from caldera.agents.updates import load_effective
+from caldera.config import load_settings
 from caldera.errors import CommandError, ConfigError
 from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, ensure_dir
 from caldera.host.jsonlimits import loads
+from caldera.protocol.client import ApiError, NotFound
 
 log = logging.getLogger("caldera.agents.revisions")
 STATE_KEY = "current_config_revision_id"
@@ -139,8 +144,6 @@ def revision_path(doc) -> tuple:
 
 def fetch(client, revision_id: int) -> tuple[dict, bytes]:
     """(the revision object, the raw bytes of its content), checksum verified."""
-    from caldera.protocol.client import ApiError, NotFound
-
     try:
         raw = client.config_revision_raw(revision_id)
     except NotFound:
@@ -204,8 +207,6 @@ def _refusal(revision_id: int, problems: list) -> str:
 
 
 def _check_manifest(ctx, revision_id: int, text) -> None:
-    from caldera.agents import window
-
     try:
         window.check_proposed(ctx.paths, text)
     except window.TrustError as exc:
@@ -215,8 +216,6 @@ def _check_manifest(ctx, revision_id: int, text) -> None:
 
 
 def _apply_manifest(ctx, revision_id: int, text) -> dict:
-    from caldera.agents import window
-
     driver = _driver(ctx)
     try:
         outcome = window.apply_manifest_update(
@@ -255,8 +254,6 @@ def apply_revision(ctx, revision_id) -> dict:
         raise CommandError(f"config revision {revision_id}: the content is not usable JSON ({exc})") from None
     if isinstance(content, dict):
         # Every check before anything is stored or applied: refused means nothing of it happened.
-        from caldera.agents import trust
-
         problems = trust.check_content(content)
         if problems:
             raise CommandError(_refusal(revision_id, problems))
@@ -305,8 +302,6 @@ FIXED = ("enabled", "base_url", "instance_id", "bootstrap_token")  # never chang
 
 
 def reload_config(ctx, payload: dict) -> dict:
-    from caldera.config import load_settings
-
     try:
         fresh = load_settings(ctx.paths)
     except ConfigError as exc:
@@ -331,8 +326,6 @@ def _with(settings, values: dict):
     """A copy of a read-only Settings with some fields replaced."""
     fields = getattr(type(settings), "FIELDS", None)
     if fields is None:  # a dataclass Settings
-        from dataclasses import replace
-
         return replace(settings, **values)
     current = {name: getattr(settings, name) for name in fields}
     current.update(values)
@@ -342,8 +335,6 @@ def _with(settings, values: dict):
 def _reload_manifest(ctx) -> dict:
     if not Path(ctx.paths.manifest_path).is_file():
         return {"present": False}
-    from caldera.agents.updates import load_effective
-
     try:
         manifest = load_effective(ctx.paths)
     except ConfigError as exc:

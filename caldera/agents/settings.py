@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 
-from caldera.agents.adapter.answer import ContractError
+from caldera.agents.contract import ContractError
 from caldera.host.jsonlimits import dumps_compact, escape_surrogates, text_problem
 
 SET_ARG_MAX_BYTES = 8 * 1024

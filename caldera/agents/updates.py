@@ -22,6 +22,8 @@ import os
 import time
 from pathlib import Path
 
+from caldera.agents import trust
+from caldera.agents.manifest import build, check_document, load_manifest
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_json
 from caldera.host.jsonlimits import loads
@@ -82,9 +84,6 @@ def record_for(doc: dict | None, revision_id, *, now: float | None = None) -> di
 
 def load_effective(paths, *, cache_dir=None, validate_schema: bool = False):
     """The manifest in effect: the installed one with the stored update over it (if it fits)."""
-    from caldera.agents import trust
-    from caldera.agents.manifest import build, check_document, load_manifest
-
     installed = load_manifest(paths.manifest_path, cache_dir=cache_dir, validate_schema=validate_schema)
     record = current(paths)
     if record is None or record.get("doc") is None:

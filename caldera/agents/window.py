@@ -20,9 +20,11 @@ import json
 import time
 from pathlib import Path
 
-from caldera.agents import updates
+from caldera.agents import trust, updates
+from caldera.agents.manifest import load_manifest, parse_text, schema_check
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_json, read_json
+from caldera.host.timefmt import rfc3339
 
 WINDOW_SECONDS = 30 * 60
 BAD_REPORTS = 3
@@ -43,21 +45,18 @@ def _state_file(paths) -> Path:
     return Path(paths.state_dir) / STATE_NAME
 
 
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 def manifest_bytes_for_install(text, config_dir: Path) -> tuple[bytes, dict]:
     """(bytes to install, checked doc) for manifest text; a relative workdir is rebased into
     `<config-dir>/bundle/` when the agent's bundle is installed there (caldera init)."""
-    from caldera.agents.manifest import parse_text
 
     raw = text.encode() if isinstance(text, str) else bytes(text)
     doc = parse_text(raw, "the new manifest")
     bundle = Path(config_dir) / "bundle"
     workdir = str(doc["runtime"].get("workdir") or ".")
     if bundle.is_dir() and not Path(workdir).is_absolute() and not workdir.startswith("bundle/"):
-        import yaml
+        import yaml  # deferred: `caldera status` imports this module and never dumps YAML
 
         rel = Path("bundle") / workdir
         doc["runtime"]["workdir"] = rel.as_posix()
@@ -68,8 +67,6 @@ def manifest_bytes_for_install(text, config_dir: Path) -> tuple[bytes, dict]:
 
 def proposed_doc(paths, text) -> dict:
     """The checked document of a proposed manifest (YAML text, or a mapping), as installed."""
-    from caldera.agents.manifest import schema_check
-
     if isinstance(text, dict):
         text = json.dumps(text)  # JSON is YAML
     if not isinstance(text, (str, bytes)):
@@ -81,9 +78,6 @@ def proposed_doc(paths, text) -> dict:
 
 def check_proposed(paths, text) -> dict:
     """The proposed document when it passes the trust boundary; TrustError naming every key otherwise."""
-    from caldera.agents import trust
-    from caldera.agents.manifest import load_manifest
-
     installed = load_manifest(paths.manifest_path)
     doc = proposed_doc(paths, text)
     if doc["name"] != installed.name:
@@ -104,9 +98,6 @@ def apply_manifest_update(paths, text, *, revision_id=None, previous_revision_id
     level_before: the agent's level in the last report before the update (the
     window rolls back only what the update made worse).
     """
-    from caldera.agents import trust
-    from caldera.agents.manifest import load_manifest
-
     now = time.time() if now is None else now
     doc = check_proposed(paths, text)
     old = current(paths) or {}
@@ -132,7 +123,7 @@ def apply_manifest_update(paths, text, *, revision_id=None, previous_revision_id
               "previous_revision_id": previous_revision_id, "rolled_back_ids": rolled_back[-20:]}
     atomic_write_json(_state_file(paths), window)
     return {"changed": True, "version": doc.get("version"), "previous_version": effective.version,
-            "stored_in": str(updates.update_file(paths)), "window_until": _iso(window["until"])}
+            "stored_in": str(updates.update_file(paths)), "window_until": rfc3339(window["until"])}
 
 
 def current(paths) -> dict | None:
@@ -184,11 +175,11 @@ def health_entries(paths, *, now: float | None = None) -> list:
     now = time.time() if now is None else now
     if record.get("status") == "open":
         return [{"name": ENTRY_NAME, "level": "ok",
-                 "reason": f"version {record.get('version')} on trial until {_iso(record['until'])} "
+                 "reason": f"version {record.get('version')} on trial until {rfc3339(record['until'])} "
                            f"({record.get('bad_streak', 0)} bad reports in a row)"}]
     if record.get("status") == "rolled_back" and now - record.get("rolled_back_at", 0) < WINDOW_SECONDS:
         return [{"name": ENTRY_NAME, "level": "bad",
                  "reason": f"version {record.get('version')} (revision {record.get('revision_id')}) rolled back "
                            f"to {record.get('previous_version')} (revision {record.get('previous_revision_id')}) "
-                           f"at {_iso(record['rolled_back_at'])}: {record.get('reason')}"}]
+                           f"at {rfc3339(record['rolled_back_at'])}: {record.get('reason')}"}]
     return []

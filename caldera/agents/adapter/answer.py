@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from caldera.agents.contract import ContractError  # noqa: F401 -- the adapter's answers raise it; re-exported
 from caldera.host.jsonlimits import JSONLimitError, loads, scrub
 
 # Answer.kind
@@ -14,10 +15,6 @@ DONE, REFUSED, UNSUPPORTED, FAILED = "done", "refused", "unsupported", "failed"
 MESSAGE_MAX = 1000
 HELD_MAX_ITEMS = 50
 JSON_MAX_BYTES = 512 * 1024  # above every verb's stdout cap: the cap that matters is the verb's
-
-
-class ContractError(ValueError):
-    """An answer breaks the adapter contract; the message says how."""
 
 
 class Answer:
