@@ -17,21 +17,24 @@ fits it (logged), never a mix that widens it.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from pathlib import Path
 
-from caldera.agents import trust
 from caldera.agents.manifest import build, check_document, load_manifest
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_json
 from caldera.host.jsonlimits import loads
 
-log = logging.getLogger("caldera.agents.updates")
 UPDATE_NAME = "manifest-update.json"
 PREVIOUS_NAME = "manifest-update.previous.json"
 RECORD_MAX_BYTES = 1024 * 1024
+
+
+def _warn(message: str, *args) -> None:
+    import logging  # deferred: a local verb (caldera pause) loads this module; logging costs it ~6 ms
+
+    logging.getLogger("caldera.agents.updates").warning(message, *args)
 
 
 def update_file(paths) -> Path:
@@ -51,10 +54,10 @@ def read_record(file: Path) -> dict | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        log.warning("%s ignored: %s", file, exc)
+        _warn("%s ignored: %s", file, exc)
         return None
     if not isinstance(record, dict) or not (record.get("doc") is None or isinstance(record["doc"], dict)):
-        log.warning("%s ignored: not an update record", file)
+        _warn("%s ignored: not an update record", file)
         return None
     return record
 
@@ -88,16 +91,18 @@ def load_effective(paths, *, cache_dir=None, validate_schema: bool = False):
     record = current(paths)
     if record is None or record.get("doc") is None:
         return installed
+    from caldera.agents import trust  # deferred: only a stored update needs it (local verbs skip it)
+
     problems = trust.check_update(installed.doc, record["doc"])
     if problems:
-        log.warning("the stored update (revision %s) does not fit the installed manifest; using the "
+        _warn("the stored update (revision %s) does not fit the installed manifest; using the "
                     "installed one: %s", record.get("revision_id"), problems[0])
         return installed
     doc = trust.overlay(installed.doc, record["doc"])
     try:
         check_document(doc, installed.path)
     except ConfigError as exc:
-        log.warning("the stored update (revision %s) is ignored: %s", record.get("revision_id"), exc)
+        _warn("the stored update (revision %s) is ignored: %s", record.get("revision_id"), exc)
         return installed
     manifest = build(doc, installed.path)
     manifest.update = {"revision_id": record.get("revision_id"), "version": record.get("version"),
