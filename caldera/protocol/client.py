@@ -34,6 +34,7 @@ from urllib.parse import urljoin, urlsplit
 import requests
 
 from caldera import __version__, errors
+from caldera.host.jsonlimits import loads as bounded_loads
 from caldera.protocol.deadline import WatchedAdapter, Watches
 from caldera.protocol.jsonhead import command_head
 
@@ -156,10 +157,10 @@ def parse_retry_after(value: str | None) -> float | None:
 
 
 def decode_json(body: bytes):
-    """The one place an answer's body is decoded (ValueError when it is not JSON, or nested
-    too deep to decode)."""
+    """The one place an answer's body is decoded: the bounded parser (depth 64, no NaN; the
+    read already capped the size). ValueError when it is not usable JSON."""
     try:
-        return json.loads(body)
+        return bounded_loads(body, max_bytes=NEXT_CAP, what="the answer")
     except RecursionError:
         raise ValueError("nested too deeply") from None
 
@@ -196,8 +197,8 @@ def unwrap(body: bytes, status: int = 200):
         return None
     try:
         doc = decode_json(body)
-    except ValueError as exc:
-        raise Unaccepted(status, f"the answer is not JSON ({exc}); not taken") from None
+    except ValueError as exc:  # incl. jsonlimits.JSONLimitError: too deep or too large
+        raise Unaccepted(status, f"the answer is not usable JSON ({exc}); not taken") from None
     if isinstance(doc, dict) and "success" in doc:
         if doc.get("success") is False:
             raise Unaccepted(status, str(doc.get("error") or doc.get("message") or "the server said success: false"))

@@ -186,3 +186,20 @@ def test_status_shows_held_back_and_rejected_outbox_items(caldera_env):
     assert doc["outbox"]["rejected"] == 1
     human = status().stdout
     assert "held back: finish of command 12, 1 tries" in human and "1 rejected for good" in human
+
+def test_status_shows_the_installed_and_the_effective_manifest(caldera_env):
+    from caldera.agents import updates
+    from caldera.agents.manifest import load_manifest
+    from caldera.config import agent_from_args
+    from core_helpers import Args
+
+    install_agent(caldera_env)
+    done = json.loads(status("--json").stdout)
+    assert done["manifest"]["effective"] == {"source": "installed", "revision_id": None,
+                                             "version": done["manifest"]["installed"]["version"]}
+    paths = agent_from_args(Args(agent="demo"))
+    doc = dict(load_manifest(paths.manifest_path).doc, version="2.0.0")
+    updates.write(paths, updates.record_for(doc, 42))
+    done = json.loads(status("--json").stdout)
+    assert done["manifest"]["effective"] == {"source": "update", "revision_id": 42, "version": "2.0.0"}
+    assert "in effect: update 2.0.0 from config revision 42" in status().stdout
