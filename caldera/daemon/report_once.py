@@ -17,6 +17,7 @@ import time
 from caldera.daemon.executor import executor_for
 from caldera.daemon.heartbeat import ConnectionStatus, send_heartbeat
 from caldera.daemon.poller import fetch_one
+from caldera.daemon.reporter import MIN_SPACING
 from caldera.daemon.sender import flush
 from caldera.daemon.wiring import Parts
 from caldera.errors import Retryable
@@ -64,7 +65,9 @@ def _report_once(parts: Parts, deadline: float) -> int:
     try:
         parts.publisher.scan_and_send("startup")  # no watcher here: one full inventory per run (outbox)
         ran = _run_commands(parts, executor, cancel, deadline)
-        if ran:  # commands changed the state: report it once more (else the first report stands)
+        # commands changed the state: report it once more (else the first report stands), when the
+        # 2 s floor still leaves time before the deadline (else the next run reports it)
+        if ran and time.monotonic() + MIN_SPACING < deadline:
             _send_report(parts)
     except Exception as exc:  # noqa: BLE001 -- the report itself was delivered
         log.warning("after the report: %s (kept for the next run: %d in the outbox)",

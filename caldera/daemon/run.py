@@ -137,7 +137,7 @@ def _run_connected(parts: Parts) -> int:
             sdnotify.notify("WATCHDOG=1")
     sdnotify.notify("STOPPING=1")
     log.info("stopping: draining (a second signal cancels the running command)")
-    _drain(lanes, signals)
+    _drain(lanes, signals, parts.client.transport.abort)
     _stop(parts, threads, time.monotonic() + STOP_BUDGET)
     parts.pool.shutdown(wait=False, cancel_futures=True)
     log.info("stopped")
@@ -157,13 +157,14 @@ def _stop(parts: Parts, threads: list[threading.Thread], stop_by: float) -> None
     _final_flush(parts, stop_by)
 
 
-def _drain(lanes: Lanes, signals: Signals) -> None:
+def _drain(lanes: Lanes, signals: Signals, abort) -> None:
     deadline = time.monotonic() + DRAIN_GRACE
     while not lanes.idle() and time.monotonic() < deadline and signals.count < 2:
         signals.event.clear()
         signals.event.wait(0.2)
     if not lanes.idle():
         lanes.cancel.set()
+        abort("cancelled: runtime stopping")  # a command waiting on a hanging server sees its cancel now
         log.warning("cancelling the running command")
     lanes.close(timeout=10.0)
 
