@@ -154,13 +154,22 @@ b0=$(date +%s)
 systemd-nspawn -D "$C" -M caldera-ci -b --register=no --keep-unit --console=passive \
 	--resolv-conf=copy-host > "$WORK/console.log" 2>&1 &
 NSPAWN_PID=$!
-for _ in $(seq 100); do
-	CPID=$(ps -o pid= --ppid "$NSPAWN_PID" | head -n 1 | tr -d ' ')
+# Its PID 1: the child of systemd-nspawn that has become systemd (at first
+# that child is still nspawn's own helper).
+for _ in $(seq 300); do
+	CPID=$(ps -o pid=,comm= --ppid "$NSPAWN_PID" 2>/dev/null | awk '$2 == "systemd" { print $1; exit }' || true)
 	[ -n "$CPID" ] && break
+	kill -0 "$NSPAWN_PID" 2>/dev/null || break
 	sleep 0.1
 done
 [ -n "$CPID" ] || { cat "$WORK/console.log"; fail "no PID 1 under systemd-nspawn"; }
-state=$(inside systemctl is-system-running --wait 2>/dev/null || true)
+# systemctl answers once PID 1 has its private bus up; then wait for the boot.
+state=
+for _ in $(seq 120); do
+	state=$(inside systemctl is-system-running --wait 2>/dev/null || true)
+	[ -n "$state" ] && break
+	sleep 0.25
+done
 [ "$state" = running ] || { inside systemctl --failed --no-pager || true; fail "system state '$state' (want running)"; }
 echo "PID 1 is host pid $CPID; system running after $(( $(date +%s) - b0 )) s"
 
