@@ -46,7 +46,7 @@ def main() -> int:
         # Bytecode as any installed package has it (this shell may forbid writing it).
         env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
         script = Path(sys.executable).parent / "caldera"  # what a person types
-        entry = [str(script)] if script.exists() else [sys.executable, "-m", "caldera"]
+        entry = [str(script)] if script.exists() else [sys.executable, "-m", "caldera.cli"]
         caldera = [*entry, "pause", "--manifest", str(manifest), "--state-dir", str(state)]
         direct = ["python3", "adapter.py", "pause"]  # exactly what the manifest's command runs
         floor = [sys.executable, "-c", "import argparse, json, subprocess"]

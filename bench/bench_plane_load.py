@@ -3,7 +3,7 @@
     python bench/bench_plane_load.py [--runtimes 200] [--seconds 60] [--heartbeat 2] [--poll 1]
                                      [--report 2] [--commands-per-second 20]
 
-The plane runs as its own process (`python -m caldera plane serve`), so the
+The plane runs as its own process (`python -m caldera.cli plane serve`), so the
 clients' threads don't share its GIL. Each simulated runtime is a thread with
 its own `requests.Session`: register, then heartbeats, command polls and state
 reports at the given intervals; a fetched command is started and finished once.
@@ -109,7 +109,7 @@ def _poll(http, stats, api, token, agent_id):
 
 def _start_plane(db: Path, args) -> tuple[subprocess.Popen, str]:
     url_file = db.parent / "url"
-    argv = [sys.executable, "-m", "caldera", "plane", "serve", "--db", str(db), "--port", "0",
+    argv = [sys.executable, "-m", "caldera.cli", "plane", "serve", "--db", str(db), "--port", "0",
             "--url-file", str(url_file), "--heartbeat-interval", str(int(args.heartbeat)),
             "--poll-interval", str(max(1, int(args.poll)))]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -85,7 +85,7 @@ def main() -> int:
 def idle(env, seconds: float) -> None:
     # Bytecode first, as a package install leaves it: compiling at start-up would inflate RSS.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "caldera")], env=env, check=True)
-    daemon = subprocess.Popen([sys.executable, "-m", "caldera", "run", "--agent", "bench"], env=env,
+    daemon = subprocess.Popen([sys.executable, "-m", "caldera.cli", "run", "--agent", "bench"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait = threading.Event()
     wait.wait(5)  # start-up, register, first reports: not idle yet

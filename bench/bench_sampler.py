@@ -26,7 +26,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from caldera.sampler import Sampler  # noqa: E402
+from caldera.host.sampler import Sampler  # noqa: E402
 
 VENV = os.environ.get("CALDERA_BENCH_VENV", "/tmp/benchvenv")
 TARGET_US = 1000.0
@@ -46,8 +46,7 @@ def ensure_psutil(argv) -> None:
 
 
 def _step(argv, python) -> None:
-    from caldera import proc
-
+    from caldera.host import proc
     print("bench:", " ".join(argv), file=sys.stderr)
     res = proc.run(argv, env=dict(os.environ), timeout=300, stdout_cap=1 << 20)
     if not res.ok:

@@ -24,7 +24,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from caldera import proc  # noqa: E402
+from caldera.host import proc  # noqa: E402
 from caldera.skills import inventory, notify  # noqa: E402
 
 SKILLS = 100

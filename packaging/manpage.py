@@ -111,7 +111,6 @@ def parser_section(parser: argparse.ArgumentParser, title: str, out: list[str]) 
 def command_sections(strict: bool, out: list[str]) -> list[str]:
     """The COMMANDS section; returns the names that could not be imported."""
     from caldera import cli
-
     missing = []
     out.append(".SH COMMANDS")
     for name, (_module, text) in cli.COMMANDS.items():
@@ -131,7 +130,6 @@ def command_sections(strict: bool, out: list[str]) -> list[str]:
 
 def render(strict: bool = False) -> str:
     from caldera import __version__
-
     # SOURCE_DATE_EPOCH keeps the page reproducible (dpkg-buildpackage sets it).
     epoch = int(os.environ.get("SOURCE_DATE_EPOCH", "0")) or None
     when = datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc) if epoch else \

@@ -1,7 +1,17 @@
-"""Fixtures every area may use."""
+"""Fixtures every area may use.
+
+The areas mirror caldera's layers (tests/agents, tests/cli, tests/daemon, …). An area's
+helpers (`*_helpers.py`) are importable by name from every area: the CLI tests drive the
+daemon's, the plane's and the sampler's fixtures too.
+"""
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+_TESTS = Path(__file__).resolve().parent
+sys.path[:0] = sorted(str(d) for d in _TESTS.iterdir() if d.is_dir() and any(d.glob("*_helpers.py")))
 
 
 @pytest.fixture

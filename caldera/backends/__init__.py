@@ -5,4 +5,6 @@ and `caldera turn`/`caldera backends`. See docs/backends.md.
 Public entry points for the rest of the runtime:
     caldera.backends.base.capabilities(env) -> list[str]   (for register.capabilities)
     caldera.backends.commands.agent_run / agent_interrupt  (command handlers)
+
+May import: protocol, host and the base modules.
 """

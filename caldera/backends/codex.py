@@ -572,8 +572,7 @@ def _int_setting(env: dict, name: str, default: int) -> int:
 
 
 def _version(binary: str) -> str | None:
-    from caldera import proc
-
+    from caldera.host import proc
     result = proc.run([binary, "--version"], env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"},
                       timeout=10, stdout_cap=4096)
     return result.stdout.decode("utf-8", "replace").strip() or None if result.ok else None

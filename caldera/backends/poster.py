@@ -15,7 +15,7 @@ MAX_PENDING = 2000
 def post_events_loop(client, agent_id: str, run_id: str, pending: list, lock: threading.Lock,
                      stop: threading.Event, note) -> None:
     """Thread body: every INTERVAL (or when stopped) send what is pending, BATCH at a time."""
-    from caldera.client import ApiError, NotFound
+    from caldera.protocol.client import ApiError, NotFound
 
     while True:
         stopping = stop.wait(INTERVAL)

@@ -3,4 +3,6 @@
 `server.PlaneServer` serves it on a thread, `store.Store` keeps it in sqlite,
 `api` holds the endpoint handlers, `page` the status page, `cli` the
 `caldera plane` verbs. docs/plane.md is the reference.
+
+May import: protocol (schemas), host and the base modules; it is a separate server, and the runtime never imports it.
 """

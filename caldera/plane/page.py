@@ -14,7 +14,7 @@ import string
 from pathlib import Path
 
 from caldera.plane import api
-from caldera.timefmt import human_age
+from caldera.host.timefmt import human_age
 
 REFRESH_SECONDS = 5
 RECENT_COMMANDS = 20

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from caldera.plane.page import figures, human_bytes
-from caldera.timefmt import human_age
+from caldera.host.timefmt import human_age
 
 BAR_WIDTH = 24
 

@@ -11,9 +11,7 @@ import functools
 import json
 import re
 
-from caldera import schemas
-
-
+from caldera.protocol import schemas
 class BodyError(ValueError):
     """The body breaks its schema; the message names the place (answered as 400)."""
 

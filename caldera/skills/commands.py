@@ -106,7 +106,7 @@ def collect_skill_package(ctx, payload: dict) -> dict:
 # ------------------------------------------------------------------ install / update
 
 def _download(ctx, version: str, dest: Path) -> int:
-    from caldera.client import ApiError
+    from caldera.protocol.client import ApiError
 
     try:
         return _client(ctx).download_skill(version, dest, cap=store.DOWNLOAD_CAP)

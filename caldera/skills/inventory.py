@@ -252,7 +252,7 @@ class Inventory:
     def _save_cache(self, entries: dict) -> None:
         if not self.persist:
             return
-        from caldera.fsutil import atomic_write_json, ensure_dir
+        from caldera.host.fsutil import atomic_write_json, ensure_dir
 
         try:
             ensure_dir(self.cache_path.parent)

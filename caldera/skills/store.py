@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from caldera.errors import CommandError
-from caldera.fsutil import atomic_write_json, ensure_dir
+from caldera.host.fsutil import atomic_write_json, ensure_dir
 from caldera.skills import archive, inventory, md5
 
 STAGING_PREFIX = ".caldera-staging-"

@@ -7,7 +7,7 @@ import pytest
 
 from backends_helpers import CANARY, fake_ctx, fake_runtime, mock_binary, write_projection
 from caldera.backends import commands, service
-from caldera.client import NotFound, Retryable
+from caldera.protocol.client import NotFound, Retryable
 from caldera.errors import CommandError
 
 

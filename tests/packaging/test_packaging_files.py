@@ -54,8 +54,7 @@ def test_the_unit_runs_the_agent_named_by_the_instance(unit):
 
 
 def test_the_unit_stops_restarts_and_notifies_as_the_daemon_expects(unit):
-    from caldera import daemon
-
+    from caldera.daemon import run as daemon
     assert one(unit, "KillMode") == "mixed"
     assert one(unit, "Restart") == "on-failure"
     assert one(unit, "RestartSec") == "5"
@@ -148,7 +147,6 @@ def test_every_python_directory_is_a_package_setuptools_finds():
 
 def test_manpage_covers_every_command_and_is_clean_roff(tmp_path):
     from caldera import cli
-
     out = subprocess.run([sys.executable, str(ROOT / "packaging" / "manpage.py")], cwd=ROOT,
                          env={"PYTHONPATH": str(ROOT), "SOURCE_DATE_EPOCH": "1700000000", "PATH": "/usr/bin:/bin"},
                          capture_output=True, text=True, timeout=60, check=True).stdout

@@ -9,10 +9,10 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from caldera.commands import CommandContext
-from caldera.outbox import Outbox
+from caldera.daemon.dispatch import CommandContext
+from caldera.protocol.outbox import Outbox
 from caldera.redact import Redactor
-from caldera.statefile import StateFile
+from caldera.host.statefile import StateFile
 
 BASE = "http://127.0.0.1:9"
 API = BASE + "/api/v1/agent"
@@ -74,7 +74,7 @@ class FakeRuntime:
         self.reports = 0
         self.client = None
         if client:
-            from caldera.client import ControlPlaneClient, Transport
+            from caldera.protocol.client import ControlPlaneClient, Transport
 
             self.client = ControlPlaneClient(Transport(BASE), FakeAuth())
 
@@ -101,8 +101,8 @@ def ctx(runtime, command_type):
 
 def run(runtime, command_type, payload):
     """Validate the payload like the executor does, then call the handler."""
-    from caldera import commands, schemas
-
+    from caldera.daemon import dispatch as commands
+    from caldera.protocol import schemas
     schemas.validate(commands.schema_name(command_type), payload)
     return commands.resolve(command_type)(ctx(runtime, command_type), payload)
 

@@ -103,7 +103,7 @@ def test_revision_over_http(served):
 
 
 def test_watcher_thread_inventory_reaches_the_plane(served):
-    from caldera.loops.sender import flush
+    from caldera.daemon.sender import flush
 
     plane, rt = served
     write_tree(rt.paths.state_dir / "skills" / "hello", {"SKILL.md": "hello\n"})

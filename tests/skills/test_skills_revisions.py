@@ -7,7 +7,7 @@ import pytest
 import responses
 from skills_helpers import API, FakeRuntime, run
 
-from caldera import revisions
+from caldera.agents import revisions
 from caldera.errors import CommandError
 
 # Go's json.Marshal: keys sorted, <>& escaped. Python's json.dumps does not reproduce these bytes.

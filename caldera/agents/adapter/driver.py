@@ -1,0 +1,250 @@
+"""The daemon's side of adapter mode: the report section, the verbs through the pool,
+the health check on its interval, settings cached, the blueprint window.
+
+Every adapter call runs on the daemon's ThreadPoolExecutor, so a hanging
+adapter never blocks a loop: the report loop waits for `status` at most its
+timeout plus the kill grace plus a second, and then reports "Adapter not
+answering" without the answer. Answers are checked against the published
+schemas here (jsonschema is paid for once, in the daemon) and then by the
+same plain checks the local verbs use.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import threading
+import time
+
+from caldera.agents.adapter import health, invoke, status, verbs
+from caldera.agents import window
+from caldera.agents.adapter.answer import DONE, FAILED, UNSUPPORTED, Answer, ContractError
+from caldera.errors import ConfigError
+from caldera.agents.manifest import CONTROLS, load_manifest
+
+log = logging.getLogger("caldera.agents.adapter")
+WAIT_SLACK = invoke.GRACE_SECONDS + 1.0  # TERM -> grace -> KILL, and the pool's hand-over
+SETTINGS_TTL = 60.0  # seconds a `settings get` answer is used for reports
+VERSION_MAX = 50
+BACKGROUND_WAIT = 1.0  # ClawManager's openclaw_version column
+
+
+def open_driver(paths, manifest, *, pool, redactor, schema_checks: bool = True) -> "Driver":
+    """schema_checks: validate answers and the manifest with jsonschema too (the daemon,
+    which pays the import once). `report --once` runs the plain-Python checks only, which
+    give the schemas' verdict (tests hold the two together) without the import."""
+    if manifest.runtime_type != "adapter":
+        raise ConfigError(f"{manifest.path}: runtime.type: {manifest.runtime_type} is not adapter mode")
+    return Driver(paths, manifest, pool=pool, redactor=redactor, schema_checks=schema_checks)
+
+
+def schema_problem(name: str, document) -> str | None:
+    from caldera.protocol.schemas import SchemaError, validate
+
+    try:
+        validate(name, document)
+    except SchemaError as exc:
+        return str(exc)
+    return None
+
+
+def adapter_status(paths, manifest) -> dict:
+    """For `caldera status`: the filtered body, or the "Adapter not answering" body. Plain
+    Python (no jsonschema), one `status` call in this thread."""
+    answer = invoke.call(manifest, "status")
+    body, _ = _status_body(answer, validate=False)
+    return body
+
+
+def _status_body(answer: Answer, validate: bool) -> tuple[dict, bool]:
+    if answer.kind == DONE:
+        problem = schema_problem("adapter-status.schema.json", answer.data) if validate else None
+        if problem is None:
+            try:
+                return status.filter_status(answer.data), True
+            except ContractError as exc:
+                problem = str(exc)
+        return status.not_answering(f"status: the answer breaks the contract: {problem}"), False
+    if answer.kind == UNSUPPORTED:
+        return status.not_answering("status: the adapter says it does not know this verb (exit 2)"), False
+    reason = answer.reason or (f"status: refused ({answer.message})" if answer.message else "status: refused")
+    return status.not_answering(reason), False
+
+
+class Driver:
+    def __init__(self, paths, manifest, *, pool, redactor, clock=time.monotonic, wall=time.time,
+                 schema_checks: bool = True):
+        self.paths, self.manifest, self.pool, self.redactor = paths, manifest, pool, redactor
+        self.schema_checks = schema_checks
+        self.clock, self.wall = clock, wall
+        self._lock = threading.Lock()
+        self._status_future: cf.Future | None = None
+        self._settings_future: cf.Future | None = None
+        self._settings = ({}, {})  # (values, bounds) of the last good `settings get`
+        self._settings_at: float | None = None
+        self._health_future: cf.Future | None = None
+        self._health_entry: dict | None = None
+        self._health_due = 0.0
+        self._manifest_problem: str | None = None
+
+    # ------------------------------------------------------------ manifest
+
+    def refresh_manifest(self) -> None:
+        """Pick up a changed manifest (an update, a rollback, an edit); a bad one keeps the old."""
+        try:
+            fresh = load_manifest(self.paths.manifest_path, cache_dir=self.paths.state_dir / "cache",
+                                  validate_schema=self.schema_checks)
+        except ConfigError as exc:
+            if str(exc) != self._manifest_problem:
+                log.warning("manifest not reloaded, keeping the last good one: %s", exc)
+            self._manifest_problem = str(exc)
+            return
+        self._manifest_problem = None
+        if fresh.doc != self.manifest.doc or fresh.workdir != self.manifest.workdir:
+            log.info("manifest reloaded: %s %s", fresh.name, fresh.version or "")
+            with self._lock:
+                self.manifest = fresh
+                self._settings_at = None
+                self._health_due = 0.0
+
+    # ------------------------------------------------------------ the pool
+
+    def _submit(self, fn, *args, **kwargs) -> cf.Future:
+        return self.pool.submit(fn, *args, **kwargs)
+
+    def run(self, fn, *args, cancel=None, deadline: float | None = None, **kwargs) -> Answer:
+        """Run a verb function on the pool and wait for it (a command's thread may wait)."""
+        cancel = cancel or threading.Event()
+        future = self._submit(fn, self.manifest, *args, cancel=cancel, **kwargs)
+        wait = None if deadline is None else max(0.0, deadline - self.clock())
+        try:
+            answer = future.result(timeout=wait)
+        except cf.TimeoutError:
+            cancel.set()  # proc.run kills the adapter's group on it
+            answer = verbs.finish(Answer(verb=getattr(fn, "__name__", "verb"), kind=FAILED,
+                                         reason="no answer before the command's deadline"))
+        return verbs.redact_answer(answer, self.redactor)
+
+    # ------------------------------------------------------------ the verbs
+
+    def pause(self, **kw) -> Answer:
+        return self.run(verbs.control, "pause", **kw)
+
+    def resume(self, **kw) -> Answer:
+        return self.run(verbs.control, "resume", **kw)
+
+    def run_now(self, **kw) -> Answer:
+        return self.run(verbs.control, "run-now", **kw)
+
+    def settings_get(self, **kw) -> Answer:
+        answer = self.run(verbs.settings_get, **kw)
+        if answer.ok and answer.data is not None:
+            self._remember_settings(answer.data["values"], answer.data["bounds"])
+        return answer
+
+    def settings_set(self, values, **kw) -> Answer:
+        answer = self.run(verbs.settings_set, values, **kw)
+        with self._lock:
+            self._settings_at = None  # the next report asks again
+        return answer
+
+    def log_list(self, **kw) -> Answer:
+        return self.run(verbs.log_list, **kw)
+
+    def log_get(self, name, **kw) -> Answer:
+        return self.run(verbs.log_get, name, **kw)
+
+    def controls(self) -> list:
+        return list(self.manifest.controls if self.manifest.controls is not None else CONTROLS)
+
+    # ------------------------------------------------------------ the report
+
+    def _remember_settings(self, values, bounds) -> None:
+        with self._lock:
+            self._settings, self._settings_at = (values, bounds), self.clock()
+
+    def _kick_background(self) -> None:
+        """Start the health check and a settings refresh when due; never waits."""
+        now = self.clock()
+        if self.manifest.health and now >= self._health_due and not _running(self._health_future):
+            self._health_due = now + health.interval(self.manifest)
+            self._health_future = self._submit(health.check, self.manifest)
+        stale = self._settings_at is None or now - self._settings_at >= SETTINGS_TTL
+        if self.manifest.settings_schema and stale and not _running(self._settings_future):
+            self._settings_future = self._submit(verbs.fetch_settings, self.manifest)
+
+    def _collect_background(self) -> None:
+        pending = [f for f in (self._health_future, self._settings_future) if f is not None]
+        if pending:
+            # Started with the status call, they are usually done with it; a short wait
+            # lets the first report carry them, and never adds more than a second.
+            cf.wait(pending, timeout=BACKGROUND_WAIT)
+        future = self._health_future
+        if future is not None and future.done():
+            self._health_entry = _result_or_failure(future, health.NAME)
+            self._health_future = None
+        future = self._settings_future
+        if future is not None and future.done():
+            self._settings_future = None
+            try:
+                answer, values, bounds = future.result()
+            except Exception as exc:  # a bug in a verb function: say so, keep the last values
+                log.error("settings get raised: %s", exc)
+                return
+            if answer.kind == DONE or answer.kind == UNSUPPORTED:
+                self._remember_settings(values, bounds)
+            else:
+                log.warning("settings get failed: %s", self.redactor(answer.reason or answer.message or ""))
+
+    def status_body(self) -> tuple[dict, bool]:
+        """(filtered body, answered) within status timeout + grace + 1 s, never longer."""
+        future = self._status_future
+        if future is None or future.done():
+            future = self._status_future = self._submit(invoke.call, self.manifest, "status")
+        timeout = invoke.timeout_for(self.manifest, invoke.VERBS["status"]) + WAIT_SLACK
+        try:
+            answer = future.result(timeout=timeout)
+        except cf.TimeoutError:
+            return status.not_answering(f"status: no answer within {timeout:.0f} s (the call is still running)"), False
+        return _status_body(answer, validate=self.schema_checks)
+
+    def report_section(self) -> dict:
+        self.refresh_manifest()
+        self._kick_background()
+        body, answered = self.status_body()
+        self._collect_background()
+        entries = list(body.get("health", []))
+        if self._health_entry:
+            entries.append(self._health_entry)
+        if self._manifest_problem:
+            entries.append({"name": "Manifest", "level": "warn",
+                            "reason": f"not reloaded, the last good one is in use: {self._manifest_problem}"[:1000]})
+        bad = status.level_of(body) == "bad" or (self._health_entry or {}).get("level") == "bad"
+        if window.observe(self.paths, bad, now=self.wall()):
+            self.refresh_manifest()  # a rollback put the previous manifest back
+        entries.extend(window.health_entries(self.paths, now=self.wall()))
+        values, bounds = self._settings
+        agent = body.get("agent") or {}
+        section = {
+            "runtime": {"openclaw_status": status.openclaw_status(body), "openclaw_pid": None,
+                        "openclaw_version": (agent.get("version") or self.manifest.version or "")[:VERSION_MAX] or None,
+                        "runtime_status": "running"},
+            "health": {"agent": status.health_word(body), "adapter": "ok" if answered else "error",
+                       "entries": entries},
+            "agent_status": body,
+            "settings": {"schema": list(verbs.settings.narrow(self.manifest.settings_schema, bounds)),
+                         "values": {i["key"]: values.get(i["key"]) for i in self.manifest.settings_schema}},
+            "controls": self.controls(),
+        }
+        return self.redactor(section)
+
+
+def _running(future) -> bool:
+    return future is not None and not future.done()
+
+
+def _result_or_failure(future: cf.Future, name: str) -> dict:
+    try:
+        return future.result()
+    except Exception as exc:  # a bug, not the adapter: visible in health rather than lost
+        log.error("%s raised: %s", name, exc)
+        return {"name": name, "level": "bad", "reason": f"internal error: {exc}"}

@@ -1,0 +1,223 @@
+"""`caldera init BLUEPRINT [--name NAME]`: install an agent from a blueprint.
+
+A blueprint is a directory or a `.tar.gz` holding `caldera.agent.yaml` (at its
+top, or in its one top-level directory) and, optionally, the agent's adapter.
+The manifest goes to `<config-dir>/agents/NAME/caldera.agent.yaml`; anything
+else the blueprint ships is the bundle, copied to `<config-dir>/agents/NAME/bundle/`,
+and a relative `runtime.workdir` is rebased into it. The state dir is made
+(0700). No agent process is installed: adapter mode starts nothing. Where
+systemd runs (and the config dir is the one its unit reads) `caldera@NAME`
+is enabled; otherwise the way to start it is printed.
+Archive members are checked as for skills: no absolute paths, no `..`, no
+links, nothing but files and directories, at most 10,000 members and 512 MiB.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from caldera.errors import ConfigError
+
+MANIFEST = "caldera.agent.yaml"
+MAX_MEMBERS = 10_000
+MAX_BYTES = 512 * 1024 * 1024
+SYSTEMD_DIR = "/run/systemd/system"
+DEFAULT_CONFIG_ROOT = Path("/etc/caldera")
+SKIPPED = ("__pycache__", ".git")  # build leftovers, never part of a bundle
+AGENT_ENV_TEMPLATE = """\
+# Runtime settings for this agent (SPEC section 3). Secrets go to secrets.env (mode 0600).
+# CALDERA_AGENT_ENABLED=true
+# CALDERA_BASE_URL=https://caldera.example.org
+# CALDERA_INSTANCE_ID=123
+"""
+
+
+class Refused(Exception):
+    """The blueprint can't be installed; nothing was written."""
+
+
+def install(source, *, name=None, environ=os.environ, systemd_dir=SYSTEMD_DIR, run=None) -> dict:
+    from caldera import config
+    source = Path(source)
+    with tempfile.TemporaryDirectory(prefix="caldera-init-") as tmp:
+        tree = _unpack(source, Path(tmp)) if source.is_file() else _checked_dir(source)
+        root = _find_root(tree)
+        manifest = _load(root)
+        name = name or manifest.name
+        if not config.valid_agent_name(name):
+            raise ConfigError(f"--name {name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
+        agents = config.config_root(environ) / "agents"
+        config_dir = agents / name
+        if (config_dir / MANIFEST).exists():
+            raise Refused(f"an agent named {name!r} is already installed in {config_dir}; "
+                          "pick another --name, or update its manifest through a blueprint update")
+        bundled = _install_tree(root, agents, config_dir)
+    state_dir = config.state_root(environ) / name
+    _make_state_dir(state_dir)
+    started = _enable(name, config.config_root(environ), systemd_dir, run)
+    what = f"manifest and bundle ({bundled} files)" if bundled else "manifest"
+    return {"message": f"Installed {name} ({what}) in {config_dir}; state in {state_dir}. {started}",
+            "name": name, "config_dir": str(config_dir), "state_dir": str(state_dir), "bundle_files": bundled}
+
+
+def _load(root: Path):
+    from caldera.agents.manifest import load_manifest
+
+    manifest = load_manifest(root / MANIFEST, validate_schema=True)
+    if manifest.runtime_type != "adapter":
+        raise Refused(f"runtime.type: {manifest.runtime_type}: this caldera installs adapter-mode blueprints only")
+    return manifest
+
+
+# ------------------------------------------------------------ the blueprint's files
+
+def _unpack(archive: Path, dest: Path) -> Path:
+    import tarfile
+
+    if not archive.name.endswith((".tar.gz", ".tgz")):
+        raise Refused(f"{archive}: a blueprint is a directory or a .tar.gz")
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            members = tar.getmembers()
+            _check_members(members)
+            for member in members:
+                _extract(tar, member, dest)
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise Refused(f"{archive}: not a readable .tar.gz: {exc}") from None
+    return dest
+
+
+def _check_members(members) -> None:
+    if len(members) > MAX_MEMBERS:
+        raise Refused(f"the archive has {len(members)} members, over {MAX_MEMBERS}")
+    total = 0
+    for member in members:
+        name = member.name
+        parts = Path(name).parts
+        if name.startswith("/") or (parts and parts[0].endswith(":")):
+            raise Refused(f"archive member {name!r}: an absolute path")
+        if ".." in parts:
+            raise Refused(f"archive member {name!r}: '..' leaves the blueprint")
+        if member.issym() or member.islnk():
+            raise Refused(f"archive member {name!r}: links are refused")
+        if not (member.isfile() or member.isdir()):
+            raise Refused(f"archive member {name!r}: only files and directories are allowed")
+        total += member.size
+        if total > MAX_BYTES:
+            raise Refused(f"the archive unpacks to more than {MAX_BYTES // (1024 * 1024)} MiB")
+
+
+def _extract(tar, member, dest: Path) -> None:
+    target = dest / member.name
+    if member.isdir():
+        target.mkdir(parents=True, exist_ok=True)
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tar.extractfile(member) as src, open(target, "wb") as out:
+        shutil.copyfileobj(src, out)
+    os.chmod(target, 0o755 if member.mode & 0o111 else 0o644)
+
+
+def _checked_dir(tree: Path) -> Path:
+    if not tree.is_dir():
+        raise Refused(f"{tree}: no such blueprint (a directory or a .tar.gz)")
+    count = 0
+    for dirpath, dirnames, filenames in os.walk(tree):
+        dirnames[:] = [d for d in dirnames if d not in SKIPPED]
+        for entry in dirnames + filenames:
+            path = Path(dirpath) / entry
+            if path.is_symlink():
+                raise Refused(f"{path}: links are refused in a blueprint")
+            if not (path.is_dir() or path.is_file()):
+                raise Refused(f"{path}: only files and directories are allowed")
+            count += 1
+    if count > MAX_MEMBERS:
+        raise Refused(f"the blueprint has {count} entries, over {MAX_MEMBERS}")
+    return tree
+
+
+def _find_root(tree: Path) -> Path:
+    if (tree / MANIFEST).is_file():
+        return tree
+    subdirs = [p for p in tree.iterdir() if p.is_dir()]
+    if len(subdirs) == 1 and (subdirs[0] / MANIFEST).is_file():
+        return subdirs[0]
+    raise Refused(f"the blueprint holds no {MANIFEST} (at its top or in its one top-level directory)")
+
+
+# ------------------------------------------------------------ installing
+
+def _install_tree(root: Path, agents: Path, config_dir: Path) -> int:
+    """Stage the config dir next to its place, then rename it in: all or nothing."""
+    from caldera.agents.window import manifest_bytes_for_install
+    from caldera.host.fsutil import atomic_write_bytes
+
+    agents.mkdir(parents=True, exist_ok=True, mode=0o755)
+    staging = Path(tempfile.mkdtemp(prefix=f".{config_dir.name}.", dir=agents))
+    try:
+        os.chmod(staging, 0o755)
+        files = _copy_bundle(root, staging / "bundle")
+        if not files:
+            (staging / "bundle").rmdir()
+        data, _ = manifest_bytes_for_install((root / MANIFEST).read_bytes(), staging)
+        atomic_write_bytes(staging / MANIFEST, data, mode=0o644)
+        atomic_write_bytes(staging / "agent.env", AGENT_ENV_TEMPLATE.encode(), mode=0o640)
+        os.rename(staging, config_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return files
+
+
+def _copy_bundle(root: Path, bundle: Path) -> int:
+    files = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED)
+        rel = Path(dirpath).relative_to(root)
+        for filename in sorted(filenames):
+            if rel == Path(".") and filename == MANIFEST:
+                continue
+            src, dst = Path(dirpath) / filename, bundle / rel / filename
+            dst.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            shutil.copyfile(src, dst)
+            os.chmod(dst, 0o755 if os.stat(src).st_mode & 0o111 else 0o644)
+            files += 1
+    return files
+
+
+def _make_state_dir(state_dir: Path) -> None:
+    import pwd
+
+    for sub in ("", "logs", "cache"):
+        (state_dir / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
+    if os.geteuid() == 0:
+        try:
+            user = pwd.getpwnam("caldera")
+        except KeyError:
+            return  # no system user (a container, a test): root keeps it
+        for sub in ("", "logs", "cache"):
+            os.chown(state_dir / sub, user.pw_uid, user.pw_gid)
+
+
+def _enable(name: str, config_root: Path, systemd_dir, run) -> str:
+    """Enable caldera@NAME where systemd runs and its unit reads this config; else say how to start."""
+    unit = f"caldera@{name}"
+    by_hand = f"caldera run --agent {name}"
+    if config_root != DEFAULT_CONFIG_ROOT:
+        by_hand = f"CALDERA_CONFIG_DIR={config_root} {by_hand}"
+    if not Path(systemd_dir).is_dir():
+        return f"systemd is not running here: start it with `{by_hand}` (or `caldera report --once` from cron)."
+    if config_root != DEFAULT_CONFIG_ROOT:
+        return f"The {unit} unit reads {DEFAULT_CONFIG_ROOT}, not {config_root}: start it with `{by_hand}`."
+    if os.geteuid() != 0:
+        return f"Enable it as root: `systemctl enable --now {unit}`."
+    from caldera.host import proc
+    run = run or proc.run
+    result = run(["systemctl", "enable", "--now", unit], env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                 timeout=30.0, stdout_cap=64 * 1024)
+    if result.ok:
+        return f"Enabled and started {unit}."
+    why = result.failure() or result.stderr.decode("utf-8", "replace").strip()[:300] or f"exit {result.returncode}"
+    return f"Could not enable {unit} ({why}): run `systemctl enable --now {unit}`."

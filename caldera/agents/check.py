@@ -1,0 +1,258 @@
+"""`caldera check`: the manifest, then every verb of the adapter against the contract.
+
+A report an adapter's author can act on: each breach names the verb, what was
+seen and what the contract wants. Breaches looked for: anything but exactly one
+JSON object (two objects, diagnostics on stdout), answers that break the
+published schemas, wrong exit codes (exit 0 after a failure, 2 for a known
+verb), a path accepted as a log name, silent clamping in `settings set`, a slow
+`status`. By default nothing is changed for good: the `settings set` probes are
+ones a correct adapter refuses, and anything a wrong one took is put back.
+`--controls` also calls pause, resume and run-now (they act on the agent).
+Exit 0: no breach; 1: a breach; 2: usage (no such agent).
+"""
+from __future__ import annotations
+
+import json
+
+from caldera.agents.adapter import invoke, logs, status
+from caldera.agents import settings
+from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, UNSUPPORTED, ContractError, parse_object
+
+SLOW_STATUS_SECONDS = 2.0  # a tenth of status's 20 s: answer from a cache you keep
+PATH_PROBE = "../../etc/passwd"
+UNKNOWN_LOG = "caldera-check-no-such-log.log"
+UNKNOWN_VERB = "caldera-check-unknown-verb"
+
+
+class Report:
+    def __init__(self):
+        self.items: list[dict] = []
+
+    def ok(self, check: str, detail: str) -> None:
+        self.items.append({"check": check, "ok": True, "detail": detail})
+
+    def breach(self, check: str, detail: str) -> None:
+        self.items.append({"check": check, "ok": False, "detail": detail})
+
+    def note(self, check: str, detail: str) -> None:
+        self.items.append({"check": check, "ok": True, "note": True, "detail": detail})
+
+    @property
+    def breaches(self) -> int:
+        return sum(1 for item in self.items if not item["ok"])
+
+
+def run_checks(manifest, report: Report, *, controls: bool = False) -> Report:
+    check_status(manifest, report)
+    got = check_settings_get(manifest, report)
+    if got is not None:
+        check_settings_set(manifest, report, *got)
+    check_logs(manifest, report)
+    check_unknown_verb(manifest, report)
+    if controls:
+        check_controls(manifest, report)
+    if manifest.health:
+        check_health(manifest, report)
+    return report
+
+
+def _schema(name: str, document) -> str | None:
+    from caldera.protocol.schemas import SchemaError, validate
+
+    try:
+        validate(name, document)
+    except SchemaError as exc:
+        return f"breaks {name}: {exc}"
+    return None
+
+
+def _not_done(check: str, answer, report: Report) -> None:
+    if answer.kind == FAILED:
+        report.breach(check, answer.reason or "failed")
+    elif answer.kind == UNSUPPORTED:
+        report.breach(check, "exit 2 (not supported): every adapter answers this verb")
+    else:
+        report.breach(check, f"exit 1 (refused: {answer.message or 'no message'}); this verb must exit 0")
+
+
+def check_status(manifest, report: Report) -> None:
+    answer = invoke.call(manifest, "status")
+    if answer.kind != DONE:
+        return _not_done("status", answer, report)
+    problem = _schema("adapter-status.schema.json", answer.data)
+    if problem is None:
+        try:
+            status.filter_status(answer.data)
+        except ContractError as exc:
+            problem = str(exc)
+    if problem:
+        report.breach("status", problem)
+    else:
+        dropped = sorted(set(answer.data) - set(status.FIELDS))
+        report.ok("status", "one JSON object, matches adapter-status.schema.json"
+                  + (f"; not forwarded: {', '.join(dropped)}" if dropped else ""))
+    if answer.duration > SLOW_STATUS_SECONDS:
+        report.breach("status", f"took {answer.duration:.1f} s (over {SLOW_STATUS_SECONDS:g} s): answer from a "
+                                "cache the adapter keeps, never reach a slow service inside status")
+    else:
+        report.ok("status", f"answered in {answer.duration:.2f} s")
+
+
+def check_settings_get(manifest, report: Report) -> tuple[dict, dict] | None:
+    """(values, bounds) for the set probes, or None when settings get failed or is not needed."""
+    if not manifest.settings_schema:
+        report.note("settings get", "the manifest declares no settings: not called")
+        return None
+    answer = invoke.call(manifest, "settings get")
+    if answer.kind != DONE:
+        _not_done("settings get", answer, report)
+        return None
+    problem = _schema("adapter-settings-get.schema.json", answer.data)
+    try:
+        values, bounds = settings.check_settings_get(answer.data, manifest.settings_schema)
+    except ContractError as exc:
+        problem = problem or str(exc)
+    if problem:
+        report.breach("settings get", problem)
+        return None
+    missing = [i["key"] for i in manifest.settings_schema if i["key"] not in answer.data["values"]]
+    report.ok("settings get", "one JSON object, matches adapter-settings-get.schema.json"
+              + (f"; no value for {', '.join(missing)} (reported as unset)" if missing else ""))
+    return values, bounds
+
+
+def _outside(item: dict) -> float | int | None:
+    """A value just above the setting's effective maximum (None: no numeric maximum)."""
+    high = item.get("max")
+    if item["type"] not in ("percent", "number", "integer") or high is None:
+        return None
+    if item["type"] == "integer":
+        return int(high) + int(item.get("step") or 1)
+    return round(high + (item.get("step") or (0.01 if item["type"] == "percent" else max(1.0, abs(high) * 0.01))), 10)
+
+
+def check_settings_set(manifest, report: Report, originals: dict, bounds: dict) -> None:
+    """Probes a correct adapter refuses; what a wrong one took is put back to `originals`."""
+    narrowed = settings.narrow(manifest.settings_schema, bounds)
+    probes = [("not JSON", "{not json", None,
+               "exit 0 after a failure: settings set took an argument that is not JSON"),
+              ("undeclared key", json.dumps({"caldera_check_no_such_setting": 1}), None,
+               "exit 0 after a failure: settings set took a key that is not a setting")]
+    for item in narrowed:
+        value = _outside(item)
+        if value is not None:
+            probes.append((f"{item['key']} above its maximum {item['max']}", json.dumps({item["key"]: value}),
+                           item["key"], f"silent clamping: settings set took {item['key']}={value}, above the "
+                                        f"maximum {item['max']}, and exited 0; refuse with exit 1 and a reason"))
+            break
+    for label, arg, key, wrong in probes:
+        answer = invoke.call(manifest, "settings set", (arg,))
+        check = f"settings set ({label})"
+        if answer.kind == REFUSED:
+            _refusal_ok(check, answer, report)
+        elif answer.kind == DONE or answer.returncode == 0:
+            # Exit 0 is the breach, whatever it printed (a failure text on stdout is a second one).
+            report.breach(check, wrong + (f" ({answer.reason})" if answer.kind == FAILED else ""))
+            if key is not None:
+                _restore(manifest, report, key, originals.get(key))
+        else:
+            _not_done(check, answer, report)
+
+
+def _refusal_ok(check: str, answer, report: Report) -> None:
+    problem = refusal_stdout_problem(answer.stdout)
+    if problem:
+        report.breach(check, problem)
+    else:
+        report.ok(check, f"refused with exit 1: {answer.message or '(no message)'}")
+
+
+def _restore(manifest, report: Report, key: str, value) -> None:
+    answer = invoke.call(manifest, "settings set", (json.dumps({key: value}),))
+    if answer.kind == DONE:
+        report.note("settings set", f"put {key} back to {json.dumps(value)}")
+    else:
+        report.breach("settings set", f"could not put {key} back to {json.dumps(value)}: "
+                                      f"{answer.reason or answer.message}; check the agent's settings by hand")
+
+
+def check_logs(manifest, report: Report) -> None:
+    answer = invoke.call(manifest, "log --list")
+    if answer.kind == UNSUPPORTED:
+        report.note("log --list", "exit 2: this agent offers no logs")
+        return
+    if answer.kind != DONE:
+        _not_done("log --list", answer, report)
+    else:
+        problem = _schema("adapter-log-list.schema.json", answer.data)
+        try:
+            names = logs.check_log_list(answer.data)
+        except ContractError as exc:
+            problem = problem or str(exc)
+            names = []
+        if problem:
+            report.breach("log --list", problem)
+        else:
+            refused = [e["name"] for e in answer.data["logs"] if logs.name_problem(e["name"])]
+            if refused:
+                report.breach("log --list", f"offers names the runtime refuses: {', '.join(map(repr, refused[:5]))}")
+            else:
+                report.ok("log --list", f"one JSON object, {len(names)} names")
+            if len(answer.data["logs"]) > logs.LIST_MAX:
+                report.note("log --list", f"{len(answer.data['logs'])} names; only the first {logs.LIST_MAX} are used")
+    for name, wrong in ((PATH_PROBE, "a path accepted as a log name: validate names yourself too"),
+                        (UNKNOWN_LOG, "an unknown log name answered with exit 0; exit 1 for no such log")):
+        probe = invoke.call(manifest, "log", (name,))
+        if probe.kind == REFUSED:
+            _refusal_ok(f"log {name}", probe, report)
+        elif probe.kind == DONE:
+            report.breach(f"log {name}", wrong)
+        elif probe.kind == UNSUPPORTED:
+            report.breach(f"log {name}", "exit 2: the log verb is known; an unknown name is exit 1")
+        else:
+            _not_done(f"log {name}", probe, report)
+
+
+def check_unknown_verb(manifest, report: Report) -> None:
+    verb = invoke.Verb((UNKNOWN_VERB,), 10, 64 * invoke.KIB, "answer")
+    answer = invoke.call(manifest, UNKNOWN_VERB, verb=verb)
+    if answer.kind == UNSUPPORTED:
+        report.ok("unknown verb", "exit 2")
+    else:
+        seen = {DONE: "exit 0", REFUSED: "exit 1"}.get(answer.kind, answer.reason)
+        report.breach("unknown verb", f"{seen}; a verb the adapter does not know must exit 2")
+
+
+def check_controls(manifest, report: Report) -> None:
+    for verb in ("pause", "resume", "run-now"):
+        answer = invoke.call(manifest, verb)
+        if answer.kind == DONE or (verb == "run-now" and answer.kind == REFUSED):
+            problem = _schema("adapter-answer.schema.json", answer.data) if answer.data is not None else None
+            if answer.kind == REFUSED:
+                problem = problem or refusal_stdout_problem(answer.stdout)
+            if problem:
+                report.breach(verb, problem)
+            else:
+                report.ok(verb, f"exit {answer.returncode}: {answer.message or '(no message)'}")
+        else:
+            _not_done(verb, answer, report)
+
+
+def check_health(manifest, report: Report) -> None:
+    from caldera.agents.adapter import health
+    entry = health.check(manifest)
+    if entry["level"] == "ok":
+        report.ok("health check", entry["reason"])
+    else:
+        report.note("health check", f"bad: {entry['reason']} (a health problem, not a contract breach)")
+
+
+def refusal_stdout_problem(stdout: bytes) -> str | None:
+    """Text on stdout with exit 1 that is not one JSON object: diagnostics belong on stderr."""
+    if not stdout.strip():
+        return None
+    try:
+        parse_object(stdout, "refusal")
+    except ContractError as exc:
+        return f"{exc}; with exit 1 stdout may hold one {{\"message\": …}} object, diagnostics go to stderr"
+    return None

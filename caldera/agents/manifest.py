@@ -1,0 +1,359 @@
+"""`caldera.agent.yaml`: load, check, and cache the parsed manifest.
+
+The checks here are plain Python and give the same verdict as
+`schemas/manifest.schema.json` (a test holds the two together on a corpus);
+`validate_schema=True` also runs the schema through `caldera.protocol.schemas` (the
+daemon and `caldera check` do, paying the jsonschema import once). Local verbs
+must feel instant, so they never import jsonschema, and they do not pay for
+PyYAML either when the manifest has not changed: the parsed document is cached
+as JSON in `<state-dir>/cache/manifest.json`, keyed by the manifest's path,
+mtime_ns, size and inode (docs/adapter.md, "Manifest cache").
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from caldera.errors import ConfigError
+
+CACHE_NAME = "manifest.json"
+CACHE_FORMAT = 1
+FORBIDDEN_IN_ADAPTER_MODE = ("status", "logs", "state", "secrets", "bindings", "instructions", "mcp")
+TOP_LEVEL = {"name", "version", "description", "runtime", "settings", "controls", "health", "account",
+             *FORBIDDEN_IN_ADAPTER_MODE}
+CONTROLS = ("pause", "resume", "run_now")
+SETTING_TYPES = ("percent", "number", "integer", "boolean", "string", "enum")
+SETTING_KEYS = {"key", "label", "type", "min", "max", "step", "options", "max_length", "description"}
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+TIMEOUT_MIN, TIMEOUT_MAX = 1, 120
+MAX_SETTINGS = 100
+
+
+class Manifest:
+    """The checked manifest (a plain class: `dataclasses` imports `inspect`, ~8 ms a local verb
+    would pay). Treat it as read-only; a changed file gives a new Manifest."""
+
+    __slots__ = ("path", "doc", "name", "version", "runtime_type", "command", "workdir", "timeout_seconds",
+                 "settings_schema", "settings_defaults", "controls", "health", "account")
+
+    def __init__(self, **fields):
+        # path: Path; doc: the checked document; command: argv tuple (command[0] made absolute when
+        # relative); workdir: absolute Path (a relative one is relative to the manifest's directory);
+        # settings_schema: tuple of dicts; controls: tuple, or None when the manifest names none.
+        for name in self.__slots__:
+            setattr(self, name, fields.pop(name))
+        if fields:
+            raise TypeError(f"unknown Manifest fields: {', '.join(fields)}")
+
+    def __repr__(self) -> str:
+        return f"Manifest({self.name!r}, {self.runtime_type}, {str(self.path)!r})"
+
+    def setting(self, key: str) -> dict | None:
+        for item in self.settings_schema:
+            if item["key"] == key:
+                return item
+        return None
+
+
+# ---------------------------------------------------------------- loading
+
+def load_manifest(path, *, cache_dir=None, validate_schema: bool = False) -> Manifest:
+    """The checked manifest at `path`; ConfigError naming the problem otherwise.
+
+    cache_dir: where the parsed-manifest cache lives (the CLI passes
+    `<state-dir>/cache`); None reads the YAML every time.
+    """
+    path = Path(path).absolute()
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the manifest: {exc.strerror}") from None
+    key = [str(path), st.st_mtime_ns, st.st_size, st.st_ino, CACHE_FORMAT]
+    doc = _cache_get(cache_dir, key)
+    if doc is None:
+        doc = _parse_yaml(path)
+        check_document(doc, path)
+        _cache_put(cache_dir, key, doc)
+    if validate_schema:
+        schema_check(doc, path)
+    return build(doc, path)
+
+
+def _parse_yaml(path: Path):
+    import yaml  # deferred: a cache hit never pays for it
+
+    try:
+        with open(path, "rb") as fh:
+            return yaml.safe_load(fh)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the manifest: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML{at}: {problem}") from None
+
+
+def parse_text(text, path="caldera.agent.yaml") -> dict:
+    """Parse and check manifest text (a blueprint update); the checked document."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    check_document(doc, Path(path))
+    return doc
+
+
+def schema_check(doc, path) -> None:
+    from caldera.protocol.schemas import SchemaError, validate
+
+    try:
+        validate("manifest.schema.json", doc)
+    except SchemaError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def _cache_file(cache_dir) -> Path | None:
+    return Path(cache_dir) / CACHE_NAME if cache_dir is not None else None
+
+
+def _cache_get(cache_dir, key) -> dict | None:
+    file = _cache_file(cache_dir)
+    if file is None:
+        return None
+    try:
+        with open(file, "rb") as fh:
+            entry = json.loads(fh.read())
+    except (OSError, ValueError):
+        return None  # absent, unreadable or torn: parse the YAML instead
+    if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("doc"), dict):
+        return None
+    doc = entry["doc"]
+    # The checks are cheap; running them on a hit means a tampered cache can't smuggle anything in.
+    check_document(doc, Path(key[0]))
+    return doc
+
+
+def _cache_put(cache_dir, key, doc) -> None:
+    file = _cache_file(cache_dir)
+    if file is None:
+        return
+    from caldera.host.fsutil import atomic_write_json
+
+    try:
+        file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        atomic_write_json(file, {"key": key, "doc": doc})
+    except (OSError, TypeError, ValueError):
+        # Only a cache: an unwritable state dir (a person without rights to it) or a
+        # document JSON can't hold (YAML dates) costs the next call a YAML parse, nothing else.
+        pass
+
+
+def build(doc: dict, path: Path) -> Manifest:
+    runtime = doc["runtime"]
+    base = path.parent
+    workdir = Path(runtime.get("workdir") or ".")
+    workdir = (workdir if workdir.is_absolute() else base / workdir).resolve()
+    command = tuple(runtime.get("command") or ())
+    if command and "/" in command[0] and not os.path.isabs(command[0]):
+        # Relative to the workdir, as the adapter's author reads it in the manifest.
+        command = (str(workdir / command[0]),) + command[1:]
+    settings = doc.get("settings") or {}
+    controls = doc.get("controls")
+    return Manifest(
+        path=path, doc=doc, name=doc["name"], version=_opt_str(doc.get("version")),
+        runtime_type=runtime["type"], command=command, workdir=workdir,
+        timeout_seconds=runtime.get("timeout_seconds"),
+        settings_schema=tuple(dict(i) for i in settings.get("schema") or ()),
+        settings_defaults=dict(settings.get("defaults") or {}),
+        controls=tuple(controls) if controls is not None else None,
+        health=doc.get("health"), account=bool(doc.get("account", False)),
+    )
+
+
+def _opt_str(value):
+    return None if value is None else str(value)
+
+
+# ---------------------------------------------------------------- checks
+
+def check_document(doc, path) -> None:
+    """Raise ConfigError naming the first problem; the same rules as manifest.schema.json."""
+    where = str(path)
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: the manifest must be a mapping (name:, runtime:, …)")
+    runtime = doc.get("runtime")
+    if isinstance(runtime, dict) and runtime.get("type") == "adapter":
+        for key in FORBIDDEN_IN_ADAPTER_MODE:
+            if key in doc:
+                raise ConfigError(
+                    f"{where}: '{key}' is not allowed with runtime.type: adapter (in adapter mode the "
+                    f"runtime reads no agent files and passes no credentials; the adapter owns them)")
+    for key in doc:
+        if key not in TOP_LEVEL:
+            raise ConfigError(f"{where}: unknown key '{key}'")
+    name = doc.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ConfigError(f"{where}: name: required, letters, digits, '.', '_' or '-' (at most 64)")
+    for key in ("version", "description"):
+        if key in doc and not isinstance(doc[key], str):
+            raise ConfigError(f"{where}: {key}: must be a string (quote it: {key}: \"{doc[key]}\")")
+    _check_runtime(runtime, where)
+    _check_settings(doc.get("settings"), where)
+    _check_controls(doc, where)
+    _check_health(doc.get("health"), where)
+    if "account" in doc and not isinstance(doc["account"], bool):
+        raise ConfigError(f"{where}: account: must be true or false")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_num(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_argv(value, label: str, where: str) -> None:
+    if isinstance(value, str):
+        raise ConfigError(f"{where}: {label}: must be an argv list, never a shell string "
+                          f"(write [{', '.join(value.split())}])")
+    if not isinstance(value, list) or not value or not all(isinstance(a, str) and a for a in value):
+        raise ConfigError(f"{where}: {label}: must be a non-empty list of non-empty strings")
+    if any("\0" in a for a in value):
+        raise ConfigError(f"{where}: {label}: an argument holds a NUL")
+
+
+def _check_timeout(value, label: str, where: str) -> None:
+    if not _is_int(value) or not TIMEOUT_MIN <= value <= TIMEOUT_MAX:
+        raise ConfigError(f"{where}: {label}: a whole number of seconds from {TIMEOUT_MIN} to {TIMEOUT_MAX}")
+
+
+def _check_runtime(runtime, where: str) -> None:
+    if not isinstance(runtime, dict):
+        raise ConfigError(f"{where}: runtime: required, a mapping with type: adapter or process")
+    kind = runtime.get("type")
+    if kind not in ("adapter", "process"):
+        raise ConfigError(f"{where}: runtime.type: must be adapter or process")
+    allowed = ("type", "command", "workdir", "timeout_seconds")
+    for key in runtime:
+        if key not in allowed:
+            raise ConfigError(f"{where}: runtime.{key}: unknown key for runtime.type: {kind}")
+    if "command" not in runtime:
+        raise ConfigError(f"{where}: runtime.command: required (the argv of the {kind})")
+    _check_argv(runtime["command"], "runtime.command", where)
+    if "workdir" in runtime and (not isinstance(runtime["workdir"], str) or not runtime["workdir"]
+                                 or "\0" in runtime["workdir"]):
+        raise ConfigError(f"{where}: runtime.workdir: must be a path")
+    if "timeout_seconds" in runtime:
+        _check_timeout(runtime["timeout_seconds"], "runtime.timeout_seconds", where)
+
+
+def _check_settings(settings, where: str) -> None:
+    if settings is None:
+        return
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{where}: settings: must be a mapping with schema: and defaults:")
+    for key in settings:
+        if key not in ("schema", "defaults"):
+            raise ConfigError(f"{where}: settings.{key}: unknown key (schema, defaults)")
+    items = settings.get("schema", [])
+    if not isinstance(items, list) or len(items) > MAX_SETTINGS:
+        raise ConfigError(f"{where}: settings.schema: must be a list of at most {MAX_SETTINGS} items")
+    seen = set()
+    for index, item in enumerate(items):
+        _check_setting_item(item, f"{where}: settings.schema[{index}]")
+        if item["key"] in seen:
+            raise ConfigError(f"{where}: settings.schema[{index}].key: '{item['key']}' is declared twice")
+        seen.add(item["key"])
+    defaults = settings.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise ConfigError(f"{where}: settings.defaults: must be a mapping of key: value")
+    from caldera.agents.settings import value_problem  # plain Python, no heavy imports
+
+    by_key = {i["key"]: i for i in items}
+    for key, value in defaults.items():
+        if key not in by_key:
+            raise ConfigError(f"{where}: settings.defaults.{key}: not declared in settings.schema")
+        problem = value_problem(by_key[key], value)
+        if problem:
+            raise ConfigError(f"{where}: settings.defaults.{key}: {problem}")
+
+
+def _check_setting_item(item, at: str) -> None:
+    if not isinstance(item, dict):
+        raise ConfigError(f"{at}: must be a mapping {{key, label, type, …}}")
+    for key in item:
+        if key not in SETTING_KEYS:
+            raise ConfigError(f"{at}.{key}: unknown key")
+    if not isinstance(item.get("key"), str) or not KEY_RE.match(item["key"]):
+        raise ConfigError(f"{at}.key: required, a letter or '_' then letters, digits or '_' (at most 64)")
+    if item.get("type") not in SETTING_TYPES:
+        raise ConfigError(f"{at}.type: one of {', '.join(SETTING_TYPES)}")
+    for key in ("label", "description"):
+        if key in item and not isinstance(item[key], str):
+            raise ConfigError(f"{at}.{key}: must be a string")
+    kind = item["type"]
+    for key in ("min", "max", "step"):
+        if key in item:
+            if kind not in ("percent", "number", "integer"):
+                raise ConfigError(f"{at}.{key}: only for percent, number or integer settings")
+            if not (_is_int(item[key]) if kind == "integer" else _is_num(item[key])):
+                raise ConfigError(f"{at}.{key}: must be a {'whole ' if kind == 'integer' else ''}number")
+    if "step" in item and item["step"] <= 0:
+        raise ConfigError(f"{at}.step: must be above 0")
+    if kind == "percent":
+        for key in ("min", "max"):
+            if key in item and not 0 <= item[key] <= 1:
+                raise ConfigError(f"{at}.{key}: a percent is a fraction from 0 to 1 (0.95 is 95 %)")
+    if "min" in item and "max" in item and item["min"] > item["max"]:
+        raise ConfigError(f"{at}: min is above max")
+    if "options" in item or kind == "enum":
+        options = item.get("options")
+        if kind != "enum":
+            raise ConfigError(f"{at}.options: only for enum settings")
+        if (not isinstance(options, list) or not options or len(options) > 100
+                or not all(isinstance(o, str) for o in options) or len(set(options)) != len(options)):
+            raise ConfigError(f"{at}.options: required for enum, a list of 1 to 100 distinct strings")
+    if "max_length" in item:
+        if kind != "string":
+            raise ConfigError(f"{at}.max_length: only for string settings")
+        if not _is_int(item["max_length"]) or not 1 <= item["max_length"] <= 8192:
+            raise ConfigError(f"{at}.max_length: a whole number from 1 to 8192")
+
+
+def _check_controls(doc, where: str) -> None:
+    if "controls" not in doc:
+        return
+    controls = doc["controls"]
+    if not isinstance(controls, list) or not all(isinstance(c, str) for c in controls):
+        raise ConfigError(f"{where}: controls: must be a list, a subset of {', '.join(CONTROLS)}")
+    for control in controls:
+        if control not in CONTROLS:
+            raise ConfigError(f"{where}: controls: '{control}' is not one of {', '.join(CONTROLS)}")
+    if len(set(controls)) != len(controls):
+        raise ConfigError(f"{where}: controls: a control is named twice")
+
+
+def _check_health(health, where: str) -> None:
+    if health is None:
+        return
+    if not isinstance(health, dict):
+        raise ConfigError(f"{where}: health: must be a mapping with command:, interval_seconds:, timeout_seconds:")
+    for key in health:
+        if key not in ("command", "interval_seconds", "timeout_seconds"):
+            raise ConfigError(f"{where}: health.{key}: unknown key")
+    if "command" not in health:
+        raise ConfigError(f"{where}: health.command: required (an argv list)")
+    _check_argv(health["command"], "health.command", where)
+    if "interval_seconds" in health:
+        value = health["interval_seconds"]
+        if not _is_int(value) or not 10 <= value <= 86400:
+            raise ConfigError(f"{where}: health.interval_seconds: a whole number from 10 to 86400")
+    if "timeout_seconds" in health:
+        _check_timeout(health["timeout_seconds"], "health.timeout_seconds", where)

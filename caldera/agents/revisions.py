@@ -1,0 +1,321 @@
+"""Config revisions and `reload_config` (seed 004; SPEC sections 5 and 8).
+
+`apply_config_revision` fetches `config/revisions/{id}`, checks `checksum`
+(`sha256:` over the raw bytes of `data.revision.content` exactly as sent: the
+byte span is cut out of the raw body by a small span-aware scanner, never
+re-serialised), stores the revision atomically under
+`<state>/config-revisions/`, applies what it carries and only then records
+`current_config_revision_id`. What a revision carries (docs/skills.md):
+ClawManager's bootstrap manifest (`schemaVersion`, `mode`, `resources`,
+`payloads`) is recorded (its payloads reach an instance only as env vars at
+pod creation); caldera's keys `settings` (values, through the adapter's
+settings path) and `manifest` (caldera.agent.yaml text, through the
+blueprint-update path with its 30-minute window) are applied.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+from caldera.errors import CommandError, ConfigError
+from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, ensure_dir
+
+log = logging.getLogger("caldera.agents.revisions")
+STATE_KEY = "current_config_revision_id"
+KEEP = 10
+_WS = b" \t\r\n"
+
+
+class SpanError(ValueError):
+    pass
+
+
+# ------------------------------------------------------------------ the span scanner
+
+def _skip_ws(raw: bytes, i: int) -> int:
+    while i < len(raw) and raw[i] in _WS:
+        i += 1
+    return i
+
+
+def _string_end(raw: bytes, i: int) -> int:
+    i += 1
+    while i < len(raw):
+        c = raw[i]
+        if c == 0x5C:  # backslash: skip the escaped byte
+            i += 2
+            continue
+        if c == 0x22:
+            return i + 1
+        i += 1
+    raise SpanError("unterminated string")
+
+
+def _value_end(raw: bytes, i: int, path: tuple, found: dict) -> int:
+    """End index of the JSON value starting at i; records the span at `path` in found."""
+    i = _skip_ws(raw, i)
+    if i >= len(raw):
+        raise SpanError("unexpected end of input")
+    c = raw[i]
+    if c == 0x22:
+        return _string_end(raw, i)
+    if c == 0x7B:
+        return _object_end(raw, i, path, found)
+    if c == 0x5B:
+        i = _skip_ws(raw, i + 1)
+        if raw[i:i + 1] == b"]":
+            return i + 1
+        while True:
+            i = _skip_ws(raw, _value_end(raw, i, (), found))
+            if raw[i:i + 1] == b"]":
+                return i + 1
+            if raw[i:i + 1] != b",":
+                raise SpanError(f"expected , or ] at byte {i}")
+            i += 1
+    j = i
+    while j < len(raw) and raw[j] not in b",]}" and raw[j] not in _WS:
+        j += 1
+    if j == i:
+        raise SpanError(f"unexpected byte at {i}")
+    return j
+
+
+def _object_end(raw: bytes, i: int, path: tuple, found: dict) -> int:
+    """End of the object at i; when `path` leads through it, the target's span goes in found."""
+    i = _skip_ws(raw, i + 1)
+    if raw[i:i + 1] == b"}":
+        return i + 1
+    while True:
+        if raw[i:i + 1] != b'"':
+            raise SpanError(f"expected a key at byte {i}")
+        key_end = _string_end(raw, i)
+        key = json.loads(raw[i:key_end])
+        i = _skip_ws(raw, key_end)
+        if raw[i:i + 1] != b":":
+            raise SpanError(f"expected : at byte {i}")
+        start = _skip_ws(raw, i + 1)
+        on_path = bool(path) and path[0] == key
+        end = _value_end(raw, start, path[1:] if on_path else (), found)
+        if on_path and len(path) == 1:
+            found["span"] = (start, end)  # a repeated key: the last one wins, as json.loads does
+        i = _skip_ws(raw, end)
+        if raw[i:i + 1] == b"}":
+            return i + 1
+        if raw[i:i + 1] != b",":
+            raise SpanError(f"expected , or }} at byte {i}")
+        i = _skip_ws(raw, i + 1)
+
+
+def value_span(raw: bytes, path: tuple) -> bytes | None:
+    """The raw bytes of the value at `path` (object keys), or None when absent."""
+    found: dict = {}
+    start = _skip_ws(raw, 0)
+    if raw[start:start + 1] != b"{":
+        return None
+    _object_end(raw, start, path, found)
+    if "span" not in found:
+        return None
+    a, b = found["span"]
+    return raw[a:b]
+
+
+# ------------------------------------------------------------------ fetching and checking
+
+def revision_path(doc) -> tuple:
+    """Where `revision` sits: data.revision (ClawManager), revision, or data / bare."""
+    if isinstance(doc, dict) and isinstance(doc.get("data"), dict):
+        data = doc["data"]
+        return ("data", "revision") if isinstance(data.get("revision"), dict) else ("data",)
+    if isinstance(doc, dict) and isinstance(doc.get("revision"), dict):
+        return ("revision",)
+    return ()
+
+
+def fetch(client, revision_id: int) -> tuple[dict, bytes]:
+    """(the revision object, the raw bytes of its content), checksum verified."""
+    from caldera.protocol.client import ApiError, NotFound
+
+    try:
+        raw = client.config_revision_raw(revision_id)
+    except NotFound:
+        raise CommandError(f"config revision {revision_id} not found on the control plane") from None
+    except ApiError as exc:
+        raise CommandError(f"fetching config revision {revision_id} failed: {exc}") from None
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise CommandError(f"config revision {revision_id}: the answer is not JSON ({exc})") from None
+    if isinstance(doc, dict) and doc.get("success") is False:
+        raise CommandError(f"config revision {revision_id}: {doc.get('error') or 'success: false'}")
+    where = revision_path(doc)
+    revision = doc
+    for key in where:
+        revision = revision[key]
+    if not isinstance(revision, dict) or "content" not in revision:
+        raise CommandError(f"config revision {revision_id}: the answer has no revision content")
+    try:
+        content = value_span(raw, where + ("content",))
+    except SpanError as exc:
+        raise CommandError(f"config revision {revision_id}: the answer is not valid JSON ({exc})") from None
+    verify(revision_id, revision.get("checksum"), content)
+    return revision, content
+
+
+def verify(revision_id, checksum, content: bytes) -> None:
+    if not isinstance(checksum, str) or not checksum.startswith("sha256:"):
+        raise CommandError(f"config revision {revision_id} has no sha256 checksum ({checksum!r}); not applied")
+    actual = hashlib.sha256(content).hexdigest()
+    if checksum[len("sha256:"):].strip().lower() != actual:
+        raise CommandError(f"config revision {revision_id}: checksum mismatch (says {checksum}, content is "
+                           f"sha256:{actual}); nothing applied")
+
+
+def store(state_dir, revision_id: int, revision: dict, content: bytes) -> Path:
+    directory = ensure_dir(Path(state_dir) / "config-revisions")
+    atomic_write_bytes(directory / f"{revision_id}.content.json", content)
+    meta = {k: revision.get(k) for k in ("id", "instance_id", "revision_no", "checksum", "status", "published_at")}
+    atomic_write_json(directory / f"{revision_id}.json", meta)
+    _prune(directory)
+    return directory
+
+
+def _prune(directory: Path) -> None:
+    ids = sorted({int(p.name.split(".")[0]) for p in directory.glob("*.json") if p.name.split(".")[0].isdigit()})
+    for old in ids[:-KEEP]:
+        for suffix in (".json", ".content.json"):
+            (directory / f"{old}{suffix}").unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------ applying
+
+def _apply_manifest(runtime, text) -> dict:
+    try:
+        from caldera.agents import window
+    except ImportError:
+        return {"recorded": True, "applied": False, "reason": "this runtime has no blueprint-update path"}
+    if not isinstance(text, str):
+        raise CommandError("the revision's manifest must be caldera.agent.yaml text")
+    try:
+        outcome = window.apply_manifest_update(runtime.paths, text)
+    except ConfigError as exc:
+        raise CommandError(f"the revision's manifest is refused: {exc}") from None
+    driver = getattr(runtime, "driver", None)
+    if driver is not None and hasattr(driver, "refresh_manifest"):
+        driver.refresh_manifest()
+    return {"applied": True, **outcome}
+
+
+def _apply_settings(runtime, values, cancel=None, deadline=None) -> dict:
+    if not isinstance(values, dict) or not values:
+        raise CommandError("the revision's settings must be an object of values")
+    driver = getattr(runtime, "driver", None)
+    if driver is None:
+        raise CommandError("the revision carries settings, but this agent has no adapter to apply them")
+    answer = driver.settings_set(values, cancel=cancel, deadline=deadline)
+    if not answer.ok:
+        raise CommandError(f"the revision's settings were not applied: {answer.message or answer.reason}")
+    return {"applied": True, "keys": sorted(values)}
+
+
+def apply_revision(runtime, revision_id, cancel=None, deadline=None) -> dict:
+    """Fetch, verify, store and apply one revision; the finish result."""
+    revision_id = _revision_id(revision_id)
+    if runtime.client is None:
+        raise CommandError("apply_config_revision: the agent is not connected to a control plane")
+    revision, raw_content = fetch(runtime.client, revision_id)
+    store(runtime.paths.state_dir, revision_id, revision, raw_content)
+    content = json.loads(raw_content)
+    result = {"revision_id": revision_id, "revision_no": revision.get("revision_no"),
+              "checksum": revision.get("checksum"), "stored": True}
+    if isinstance(content, dict):
+        if "schemaVersion" in content or "resources" in content:
+            result["bootstrap_manifest"] = {"mode": content.get("mode"),
+                                            "resources": len(content.get("resources") or []), "recorded": True}
+        if "manifest" in content:
+            result["manifest"] = _apply_manifest(runtime, content["manifest"])
+        if "settings" in content:
+            result["settings"] = _apply_settings(runtime, content["settings"], cancel, deadline)
+    runtime.state.set(STATE_KEY, revision_id)
+    result["current_config_revision_id"] = revision_id
+    runtime.report_now()
+    return result
+
+
+def _revision_id(value) -> int:
+    if isinstance(value, bool):
+        raise CommandError("revision_id must be a whole number")
+    try:
+        number = int(str(value).strip())
+    except (TypeError, ValueError):
+        raise CommandError(f"revision_id {value!r} is not a whole number") from None
+    if number < 1:
+        raise CommandError("revision_id must be 1 or more")
+    return number
+
+
+def apply_config_revision(ctx, payload: dict) -> dict:
+    return apply_revision(ctx.runtime, payload.get("revision_id"), ctx.cancel, ctx.deadline or None)
+
+
+def on_desired(runtime, desired) -> bool:
+    """For the heartbeat: True when `desired_config_revision_id` is not the current one."""
+    return desired is not None and desired != runtime.state.get(STATE_KEY)
+
+
+# ------------------------------------------------------------------ reload_config
+
+FIXED = ("enabled", "base_url", "instance_id", "bootstrap_token")  # never changed by a command
+
+
+def reload_config(ctx, payload: dict) -> dict:
+    from caldera.config import load_settings
+
+    runtime = ctx.runtime
+    try:
+        fresh = load_settings(runtime.paths)
+    except ConfigError as exc:
+        raise CommandError(f"agent.env not reloaded (the running settings are kept): {exc}") from None
+    old = runtime.settings
+    kept = [name for name in FIXED if getattr(fresh, name) != getattr(old, name)]
+    fresh = _with(fresh, {name: getattr(old, name) for name in FIXED})
+    changed = sorted(k for k in set(old.env) | set(fresh.env) if old.env.get(k) != fresh.env.get(k))
+    runtime.settings = fresh
+    for value in fresh.secret_values:
+        runtime.redactor.add(value)
+    result = {"agent_env": "reloaded", "changed_keys": changed[:100]}
+    if kept:
+        result["not_applied"] = [f"{n}: needs a restart (a command never moves the control-plane connection)"
+                                 for n in kept]
+    result["manifest"] = _reload_manifest(runtime)
+    runtime.report_now()
+    return result
+
+
+def _with(settings, values: dict):
+    """A copy of a read-only Settings with some fields replaced."""
+    fields = getattr(type(settings), "FIELDS", None)
+    if fields is None:  # a dataclass Settings
+        from dataclasses import replace
+
+        return replace(settings, **values)
+    current = {name: getattr(settings, name) for name in fields}
+    current.update(values)
+    return type(settings)(**current)
+
+
+def _reload_manifest(runtime) -> dict:
+    if not Path(runtime.paths.manifest_path).is_file():
+        return {"present": False}
+    from caldera.agents.manifest import load_manifest
+
+    try:
+        manifest = load_manifest(runtime.paths.manifest_path)
+    except ConfigError as exc:
+        raise CommandError(f"the manifest was not reloaded (the running one is kept): {exc}") from None
+    runtime.manifest = manifest
+    driver = getattr(runtime, "driver", None)
+    if driver is not None and hasattr(driver, "refresh_manifest"):
+        driver.refresh_manifest()
+    return {"present": True, "name": getattr(manifest, "name", None), "version": getattr(manifest, "version", None)}

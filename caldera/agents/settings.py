@@ -1,0 +1,175 @@
+"""Settings: the manifest's schema, narrowed by the adapter's own bounds, and the checks.
+
+Bounds only narrow (seed 000, "Grenzen verengen nur"): the offered min is the
+larger of the manifest's and the adapter's, the offered max the smaller. A set
+is checked against the manifest first (no adapter call), then against the
+narrowed schema, and only then handed to the adapter, which has the last word.
+Plain Python only: the local `caldera settings` verb imports this.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+from caldera.agents.adapter.answer import ContractError
+
+SET_ARG_MAX_BYTES = 8 * 1024
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+def _is_num(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _fmt(value) -> str:
+    return json.dumps(value)
+
+
+def value_problem(item: dict, value) -> str | None:
+    """Why `value` is not allowed for the setting `item`, or None. null (unset) is allowed."""
+    if value is None:
+        return None
+    kind = item["type"]
+    if kind == "boolean":
+        return None if isinstance(value, bool) else f"{_fmt(value)} is not true or false"
+    if kind == "string":
+        if not isinstance(value, str):
+            return f"{_fmt(value)} is not a string"
+        limit = item.get("max_length")
+        if limit is not None and len(value) > limit:
+            return f"{len(value)} characters is over the maximum length {limit}"
+        return None
+    if kind == "enum":
+        options = item.get("options") or []
+        return None if value in options else f"{_fmt(value)} is not one of {', '.join(options)}"
+    if kind == "integer" and not (isinstance(value, int) and not isinstance(value, bool)):
+        return f"{_fmt(value)} is not a whole number"
+    if not _is_num(value):
+        return f"{_fmt(value)} is not a number"
+    if kind == "percent" and not 0 <= value <= 1:
+        return f"{_fmt(value)} is not a fraction from 0 to 1 (0.95 is 95 %)"
+    return _range_problem(item, value)
+
+
+def _range_problem(item: dict, value) -> str | None:
+    low, high = item.get("min"), item.get("max")
+    if low is not None and high is not None and low > high:
+        return f"no value is allowed: the minimum {_fmt(low)} is above the maximum {_fmt(high)}"
+    if low is not None and value < low:
+        return f"{_fmt(value)} is below the minimum {_fmt(low)}"
+    if high is not None and value > high:
+        return f"{_fmt(value)} is above the maximum {_fmt(high)}"
+    step = item.get("step")
+    if step:
+        steps = (value - (low or 0)) / step
+        if abs(steps - round(steps)) > 1e-9 * max(1.0, abs(steps)):
+            return f"{_fmt(value)} is not a multiple of the step {_fmt(step)}"
+    return None
+
+
+def check_values(values, schema) -> str | None:
+    """The first problem of a set request against `schema` (items), or None."""
+    if not isinstance(values, dict) or not values:
+        return "give at least one setting (KEY=VALUE or a JSON object)"
+    by_key = {item["key"]: item for item in schema}
+    for key, value in values.items():
+        item = by_key.get(key)
+        if item is None:
+            known = ", ".join(by_key) or "none"
+            return f"{key}: not a setting of this agent (settings: {known})"
+        problem = value_problem(item, value)
+        if problem:
+            return f"{key}: {problem}"
+    size = len(json.dumps(values, separators=(",", ":")).encode())
+    if size > SET_ARG_MAX_BYTES:
+        return f"the values are {size} bytes, over the {SET_ARG_MAX_BYTES}-byte limit"
+    return None
+
+
+def narrow(schema, bounds: dict | None) -> tuple:
+    """The manifest schema with min/max narrowed by the adapter's bounds (never widened)."""
+    bounds = bounds or {}
+    narrowed = []
+    for item in schema:
+        item = dict(item)
+        extra = bounds.get(item["key"]) or {}
+        if item["type"] in ("percent", "number", "integer"):
+            low, high = extra.get("min"), extra.get("max")
+            if low is not None:
+                item["min"] = low if item.get("min") is None else max(item["min"], low)
+            if high is not None:
+                item["max"] = high if item.get("max") is None else min(item["max"], high)
+        narrowed.append(item)
+    return tuple(narrowed)
+
+
+def check_settings_get(data, schema) -> tuple[dict, dict]:
+    """(values, bounds) from a `settings get` answer; ContractError when it breaks the contract.
+
+    Keys the manifest does not declare are ignored (seed 000); a declared key
+    the adapter leaves out is reported as null.
+    """
+    if not isinstance(data, dict):
+        raise ContractError("settings get: the answer must be a JSON object")
+    values, bounds = data.get("values"), data.get("bounds", {})
+    if not isinstance(values, dict):
+        raise ContractError("settings get: 'values' must be an object of key: value")
+    if not isinstance(bounds, dict):
+        raise ContractError("settings get: 'bounds' must be an object of key: {min, max}")
+    declared = [item["key"] for item in schema]
+    clean_bounds = {}
+    for key, bound in bounds.items():
+        if not isinstance(bound, dict) or set(bound) - {"min", "max"}:
+            raise ContractError(f"settings get: bounds.{key}: must be an object with min and/or max")
+        for side in ("min", "max"):
+            if side in bound and not _is_num(bound[side]):
+                raise ContractError(f"settings get: bounds.{key}.{side}: must be a number")
+        if key in declared:
+            clean_bounds[key] = dict(bound)
+    return {key: values.get(key) for key in declared}, clean_bounds
+
+
+def parse_pairs(pairs, schema) -> dict:
+    """KEY=VALUE words (or one JSON object) into values typed by the manifest; ValueError naming the word."""
+    if len(pairs) == 1 and pairs[0].lstrip().startswith("{"):
+        try:
+            values = json.loads(pairs[0])
+        except ValueError as exc:
+            raise ValueError(f"the JSON object is not valid JSON: {exc}") from None
+        if not isinstance(values, dict):
+            raise ValueError("the JSON values must be one object")
+        return values
+    by_key = {item["key"]: item for item in schema}
+    values = {}
+    for word in pairs:
+        key, sep, raw = word.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{word!r}: write KEY=VALUE (KEY= unsets it)")
+        item = by_key.get(key)
+        if item is None:
+            raise ValueError(f"{key}: not a setting of this agent (settings: {', '.join(by_key) or 'none'})")
+        values[key] = _typed(item, raw)
+    return values
+
+
+def _typed(item: dict, raw: str):
+    if raw == "":
+        return None  # KEY= unsets (null); an empty string goes through --json
+    kind, text = item["type"], raw.strip()
+    if kind in ("string", "enum"):
+        return raw
+    if kind == "boolean":
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise ValueError(f"{item['key']}={raw}: use true or false")
+    try:
+        if kind == "integer":
+            return int(text)
+        if kind == "percent" and text.endswith("%"):
+            return float(text[:-1]) / 100  # 95% means 0.95
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{item['key']}={raw}: not a {'whole ' if kind == 'integer' else ''}number") from None

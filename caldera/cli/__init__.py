@@ -1,0 +1,115 @@
+"""The `caldera` command line: the command table, and one module per command or group.
+
+The top layer: may import everything below (daemon, agents, skills, backends, plane,
+protocol, host, base). It is the one place where exceptions become exit codes.
+
+Only the chosen sub-command's module is imported: `requests` and `jsonschema`
+each cost about 0.3 s of CPU to import, and a person typing `caldera pause`
+must not pay for the daemon's dependencies. Each sub-command module exposes
+`configure(parser)` (its arguments) and `main(args) -> int` (its exit code).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from caldera import __version__
+from caldera.errors import EXIT_FAILED, EXIT_USAGE, UsageError
+
+# name -> (module, one-line help), in groups; `caldera --help` lists them in this order.
+GROUPS: dict[str, dict[str, tuple[str, str]]] = {
+    "agent verbs (on this host, with or without the control plane)": {
+        "status": ("caldera.cli.status", "the agent's state, connection and outbox"),
+        "pause": ("caldera.cli.verbs", "pause the agent (its own manual pause)"),
+        "resume": ("caldera.cli.verbs", "lift the agent's manual pause"),
+        "run-now": ("caldera.cli.verbs", "ask the agent for a run"),
+        "settings": ("caldera.cli.verbs", "get or set the agent's settings"),
+        "log": ("caldera.cli.verbs", "list the agent's logs or print one's tail"),
+    },
+    "daemon and cron": {
+        "run": ("caldera.cli.run", "run the agent's runtime daemon (systemd)"),
+        "report": ("caldera.cli.report", "one-shot report for cron hosts (--once)"),
+    },
+    "install and check": {
+        "init": ("caldera.cli.init", "install an agent from a blueprint"),
+        "check": ("caldera.cli.check", "check an agent's manifest and adapter against the contract"),
+        "skills": ("caldera.cli.skills", "the skill inventory with content_md5"),
+        "sample": ("caldera.cli.sample", "one sample of the system figures"),
+    },
+    "code agents": {
+        "turn": ("caldera.cli.turn", "run one code-agent turn on this host"),
+        "backends": ("caldera.cli.turn", "list code-agent backends and their capabilities"),
+    },
+    "control plane": {
+        "plane": ("caldera.cli.plane", "the embedded reference control plane"),
+        "demo": ("caldera.cli.demo", "the main job: embedded plane + example agent on loopback"),
+    },
+}
+COMMANDS: dict[str, tuple[str, str]] = {name: entry for group in GROUPS.values() for name, entry in group.items()}
+
+
+def add_agent_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags every agent command takes (SPEC section 4)."""
+    parser.add_argument("--agent", metavar="NAME", help="the installed agent to act on")
+    parser.add_argument("--manifest", metavar="PATH", help="run an agent from any directory")
+    parser.add_argument("--state-dir", metavar="DIR", help="state directory (with --manifest)")
+    add_json_flag(parser)
+
+
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object for machines")
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    lines = "\n\n".join(f"{title}:\n" + "\n".join(f"  {name:<10} {text}" for name, (_, text) in group.items())
+                        for title, group in GROUPS.items())
+    parser = argparse.ArgumentParser(
+        prog="caldera",
+        description="Host runtime that connects agents to their control plane.",
+        epilog=f"{lines}\n\nexit codes: 0 done, 1 refused or failed, 2 usage or configuration error",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"caldera {__version__}")
+    parser.add_argument("command", nargs="?", choices=list(COMMANDS), metavar="COMMAND")
+    return parser
+
+
+def build_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
+    """The parser of one sub-command, and its module (imported now)."""
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = argparse.ArgumentParser(prog=f"caldera {name}", description=COMMANDS[name][1])
+    parser.set_defaults(command=name)
+    if _takes_name(module):
+        module.configure(parser, name)
+    else:
+        module.configure(parser)
+    return parser, module
+
+
+def _takes_name(module) -> bool:
+    # A module serving several sub-commands (pause, resume, …) takes the name too.
+    # (co_argcount, not inspect.signature: inspect costs a quick verb ~8 ms to import.)
+    return module.configure.__code__.co_argcount == 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] not in COMMANDS:
+        top = _top_parser()
+        args = top.parse_args(argv)  # handles --help, --version and unknown commands (exit 2)
+        top.print_help()
+        return EXIT_USAGE
+    parser, module = build_parser(argv[0])
+    args = parser.parse_args(argv[1:])
+    try:
+        return int(module.main(args) or 0)
+    except UsageError as exc:
+        print(f"caldera {argv[0]}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:  # a file or directory problem: say which, without a traceback
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"caldera {argv[0]}:{where}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130

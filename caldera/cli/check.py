@@ -1,0 +1,53 @@
+"""`caldera check`: a manifest and its adapter against the contract (see caldera.agents.check)."""
+from __future__ import annotations
+
+import json
+import sys
+
+from caldera.agents.check import Report, run_checks
+from caldera.cli import add_agent_flags
+from caldera.errors import EXIT_FAILED, EXIT_OK, ConfigError
+
+
+def configure(parser) -> None:
+    add_agent_flags(parser)
+    parser.add_argument("--controls", action="store_true",
+                        help="also call pause, resume and run-now (they act on the agent)")
+
+
+def main(args) -> int:
+    from caldera import config
+    from caldera.agents.manifest import load_manifest
+
+    paths = config.agent_from_args(args)
+    report = Report()
+    try:
+        manifest = load_manifest(paths.manifest_path, validate_schema=True)
+    except ConfigError as exc:
+        report.breach("manifest", str(exc))
+        return _emit(args, paths, report)
+    report.ok("manifest", f"valid: runtime.type {manifest.runtime_type}, {len(manifest.settings_schema)} "
+                          f"settings, controls {', '.join(manifest.controls or ('(all)',))}")
+    if manifest.runtime_type != "adapter":
+        report.breach("manifest", "runtime.type is not adapter: this check covers adapter mode only")
+    elif not manifest.workdir.is_dir():
+        report.breach("manifest", f"runtime.workdir {manifest.workdir} does not exist")
+    else:
+        run_checks(manifest, report, controls=args.controls)
+    return _emit(args, paths, report)
+
+
+def _emit(args, paths, report: Report) -> int:
+    code = EXIT_FAILED if report.breaches else EXIT_OK
+    summary = (f"{report.breaches} breach{'es' if report.breaches != 1 else ''} of the adapter contract"
+               if report.breaches else "no breach of the adapter contract")
+    if args.json:
+        print(json.dumps({"ok": not report.breaches, "message": summary, "held": [],
+                          "agent": paths.name, "checks": report.items}))
+        return code
+    print(f"caldera check: {paths.name} ({paths.manifest_path})")
+    for item in report.items:
+        mark = "FAIL" if not item["ok"] else ("note" if item.get("note") else "ok")
+        print(f"  {mark:<5} {item['check']}: {item['detail']}")
+    print(summary + ".", file=sys.stdout if not report.breaches else sys.stderr)
+    return code

@@ -1,0 +1,31 @@
+"""`caldera init BLUEPRINT [--name NAME]`: install an agent from a blueprint (see caldera.agents.blueprint)."""
+from __future__ import annotations
+
+import json
+import sys
+
+from caldera.agents.blueprint import Refused, install
+from caldera.cli import add_json_flag
+from caldera.errors import EXIT_FAILED, EXIT_OK
+
+
+def configure(parser) -> None:
+    parser.add_argument("blueprint", metavar="BLUEPRINT", help="a directory or .tar.gz with caldera.agent.yaml")
+    parser.add_argument("--name", metavar="NAME", help="the agent's name (default: the manifest's name)")
+    add_json_flag(parser)
+
+
+def main(args) -> int:
+    try:
+        result = install(args.blueprint, name=args.name)
+    except Refused as exc:
+        return _emit(args, {"ok": False, "message": str(exc), "held": []}, EXIT_FAILED)
+    return _emit(args, {"ok": True, "held": [], **result}, EXIT_OK)
+
+
+def _emit(args, payload: dict, code: int) -> int:
+    if args.json:
+        print(json.dumps(payload))
+    else:
+        print(payload["message"], file=sys.stdout if payload["ok"] else sys.stderr)
+    return code

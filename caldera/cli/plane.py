@@ -1,0 +1,278 @@
+"""`caldera plane serve|enqueue|agents|commands|reports` (SPEC section 12).
+
+`serve` runs the plane; the operator verbs open the same sqlite database
+(`--db`, default `default_db_path()`) and print a table, or one JSON object
+with `--json`. Times in JSON output are RFC 3339 (UTC).
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from caldera.errors import EXIT_FAILED, EXIT_OK, UsageError
+
+DEFAULT_PORT = 8930
+TIME_KEYS = ("issued_at", "dispatched_at", "started_at", "finished_at", "registered_at", "last_heartbeat_at",
+             "last_reported_at", "last_seen", "session_expires_at", "received_at", "updated_at")
+
+
+def default_db_path() -> Path:
+    """CALDERA_PLANE_DB, else <CALDERA_STATE_DIR>/plane/plane.db, else /var/lib/caldera (root)
+    or ~/.local/state/caldera (anyone else)."""
+    if os.environ.get("CALDERA_PLANE_DB"):
+        return Path(os.environ["CALDERA_PLANE_DB"])
+    if os.environ.get("CALDERA_STATE_DIR"):
+        return Path(os.environ["CALDERA_STATE_DIR"]) / "plane" / "plane.db"
+    if os.geteuid() == 0:
+        return Path("/var/lib/caldera/plane/plane.db")
+    return Path.home() / ".local" / "state" / "caldera" / "plane" / "plane.db"
+
+
+def configure(parser) -> None:
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    verbs.required = True
+
+    serve = verbs.add_parser("serve", help="run the control plane")
+    _db_flag(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free)")
+    serve.add_argument("--bootstrap-token", action="append", default=[], metavar="T",
+                       help="an instance's bootstrap token (repeat, paired with --instance-id)")
+    serve.add_argument("--instance-id", action="append", default=[], type=int, metavar="N")
+    serve.add_argument("--heartbeat-interval", type=int, default=15, metavar="S",
+                       help="heartbeat_interval_seconds handed out at register (default 15)")
+    serve.add_argument("--poll-interval", type=int, default=5, metavar="S",
+                       help="command_poll_interval_seconds handed out at register (default 5)")
+    serve.add_argument("--session-ttl", type=float, default=86400, metavar="S",
+                       help="session lifetime, renewed by each heartbeat (default 86400)")
+    serve.add_argument("--no-collect-skill-packages", action="store_true",
+                       help="do not queue collect_skill_package for unknown skill hashes")
+    serve.add_argument("--url-file", metavar="PATH", help="write the plane's URL here once it listens")
+
+    enqueue = verbs.add_parser("enqueue", help="queue a command for an instance (prints its id)")
+    _db_flag(enqueue)
+    enqueue.add_argument("--instance", type=int, required=True, metavar="N")
+    enqueue.add_argument("type", metavar="TYPE", help="command type, e.g. collect_system_info")
+    enqueue.add_argument("--payload", default="{}", metavar="JSON", help="the payload object (default {})")
+    enqueue.add_argument("--timeout", type=int, metavar="S", help="timeout_seconds (default 300)")
+    enqueue.add_argument("--idempotency-key", metavar="KEY")
+    enqueue.add_argument("--no-check", action="store_true",
+                         help="skip the check against schemas/commands/TYPE.schema.json")
+    enqueue.add_argument("--json", action="store_true")
+
+    agents = verbs.add_parser("agents", help="instances, their agents and presence")
+    _db_flag(agents)
+    agents.add_argument("--json", action="store_true")
+
+    commands = verbs.add_parser("commands", help="an instance's commands with status and result")
+    _db_flag(commands)
+    commands.add_argument("--instance", type=int, required=True, metavar="N")
+    commands.add_argument("--json", action="store_true")
+
+    reports = verbs.add_parser("reports", help="an instance's state reports")
+    _db_flag(reports)
+    reports.add_argument("--instance", type=int, required=True, metavar="N")
+    reports.add_argument("--last", action="store_true", help="only the newest")
+    reports.add_argument("--json", action="store_true")
+
+
+def _db_flag(parser) -> None:
+    parser.add_argument("--db", metavar="PATH", help=f"the plane's database (default {default_db_path()})")
+
+
+def main(args) -> int:
+    return {"serve": serve, "enqueue": enqueue, "agents": agents, "commands": commands,
+            "reports": reports}[args.verb](args)
+
+
+# ---- serve ------------------------------------------------------------------------------
+
+def _tokens(args, db_path: Path) -> dict | None:
+    """{token: instance} from the flags; None keeps the database's; a fresh database gets instance 1."""
+    if len(args.bootstrap_token) != len(args.instance_id):
+        raise UsageError("give --bootstrap-token and --instance-id in pairs")
+    if args.bootstrap_token:
+        if any(not t.strip() for t in args.bootstrap_token):
+            raise UsageError("--bootstrap-token must not be empty")
+        if any(n < 1 for n in args.instance_id):
+            raise UsageError("--instance-id must be an integer >= 1")
+        return dict(zip(args.bootstrap_token, args.instance_id))
+    return None
+
+
+def serve(args) -> int:
+    from caldera.plane.server import PlaneServer
+
+    db_path = Path(args.db) if args.db else default_db_path()
+    if args.heartbeat_interval < 1 or args.poll_interval < 1:
+        raise UsageError("--heartbeat-interval and --poll-interval must be at least 1 second")
+    tokens = _tokens(args, db_path)
+    try:
+        plane = PlaneServer(db_path, host=args.host, port=args.port, tokens=tokens or {},
+                            heartbeat_interval=args.heartbeat_interval, poll_interval=args.poll_interval,
+                            session_ttl=args.session_ttl, collect_skill_packages=not args.no_collect_skill_packages)
+    except OSError as exc:
+        print(f"caldera plane: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if not plane.store.instances():
+        token_file = _first_instance(plane.store, db_path)
+        print(f"instance 1 created; its bootstrap token is in {token_file} (0600)")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    plane.start()
+    if args.url_file:
+        from caldera.host.fsutil import atomic_write_bytes
+
+        atomic_write_bytes(args.url_file, (plane.url + "\n").encode(), mode=0o644)
+    print(f"caldera plane listening on {plane.url} (status page {plane.url}/, database {db_path}); "
+          f"instances {', '.join(map(str, plane.store.instances()))}", flush=True)
+    stop.wait()
+    plane.stop()
+    print("caldera plane stopped", flush=True)
+    return EXIT_OK
+
+
+def _first_instance(store, db_path: Path) -> Path:
+    from caldera.host.fsutil import atomic_write_bytes
+
+    token = "agt_boot_" + secrets.token_hex(24)
+    path = db_path.parent / "bootstrap-1.token"
+    atomic_write_bytes(path, (token + "\n").encode(), mode=0o600)
+    store.add_instance(1, token)
+    return path
+
+
+# ---- operator verbs ------------------------------------------------------------------------
+
+def _open(args):
+    from caldera.plane.store import Store
+
+    path = Path(args.db) if args.db else default_db_path()
+    if not path.exists():
+        raise UsageError(f"no plane database at {path} (start `caldera plane serve` or pass --db)")
+    return Store(path)
+
+
+def _times(value):
+    """A copy with Unix times under TIME_KEYS as RFC 3339 strings."""
+    from caldera.plane.api import rfc3339
+
+    if isinstance(value, list):
+        return [_times(v) for v in value]
+    if isinstance(value, dict):
+        return {k: (rfc3339(v) if k in TIME_KEYS and isinstance(v, (int, float)) else _times(v))
+                for k, v in value.items()}
+    return value
+
+
+def _print_json(doc) -> None:
+    print(json.dumps(_times(doc), indent=2, sort_keys=True, default=str))
+
+
+def enqueue(args) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except ValueError as exc:
+        raise UsageError(f"--payload is not JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise UsageError("--payload must be a JSON object")
+    if not args.no_check:
+        _check_payload(args.type, payload)
+    store = _open(args)
+    try:
+        command_id = store.enqueue(args.instance, args.type, payload, args.timeout, args.idempotency_key)
+    except ValueError as exc:
+        print(f"caldera plane enqueue: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        store.close()
+    if args.json:
+        _print_json({"id": command_id, "instance_id": args.instance, "command_type": args.type})
+    else:
+        print(command_id)
+    return EXIT_OK
+
+
+def _check_payload(command_type: str, payload: dict) -> None:
+    from caldera.protocol import schemas
+    name = f"commands/{command_type}.schema.json"
+    try:
+        if schemas.schema_exists(name):
+            schemas.validate(name, payload)
+    except schemas.SchemaError as exc:
+        raise UsageError(f"{command_type} payload: {exc} (--no-check sends it anyway)") from None
+
+
+def agents(args) -> int:
+    store = _open(args)
+    try:
+        rows = store.agents()
+        now = store.clock()
+    finally:
+        store.close()
+    if args.json:
+        _print_json({"agents": rows})
+        return EXIT_OK
+    from caldera.host.timefmt import human_age
+
+    table = [("INSTANCE", "AGENT", "PRESENCE", "LAST SEEN", "VERSION", "STATUS")]
+    for a in rows:
+        seen = human_age(now - a["last_seen"]) if a["last_seen"] else "never"
+        table.append((str(a["instance_id"]), a["agent_id"] or "-", a["presence"], seen,
+                      a["agent_version"] or "-", a["openclaw_status"] or "-"))
+    _print_table(table)
+    return EXIT_OK
+
+
+def commands(args) -> int:
+    store = _open(args)
+    try:
+        rows = store.commands(args.instance)
+    finally:
+        store.close()
+    if args.json:
+        _print_json({"instance_id": args.instance, "commands": rows})
+        return EXIT_OK
+    table = [("ID", "TYPE", "STATUS", "FINISHES", "RESULT / ERROR")]
+    for c in rows:
+        outcome = c["error_message"] or ("" if c["result"] is None else json.dumps(c["result"], sort_keys=True))
+        table.append((str(c["id"]), c["command_type"], c["status"], str(c["finish_count"]),
+                      outcome if len(outcome) <= 80 else outcome[:79] + "…"))
+    _print_table(table)
+    return EXIT_OK
+
+
+def reports(args) -> int:
+    store = _open(args)
+    try:
+        found = store.reports(args.instance, last=args.last)
+    finally:
+        store.close()
+    if args.json:
+        _print_json({"instance_id": args.instance, ("report" if args.last else "reports"): found})
+        return EXIT_OK
+    items = ([found] if found else []) if args.last else found
+    if not items:
+        print(f"instance {args.instance} has sent no state report")
+        return EXIT_OK
+    from caldera.plane.api import rfc3339
+    from caldera.plane.page import figures
+
+    for item in items:
+        figs = figures(item["body"].get("system_info"))
+        shown = ", ".join(f"{k} {v[0] * 100:.0f}%" for k, v in figs.items() if isinstance(v, tuple))
+        status = (item["body"].get("runtime") or {}).get("openclaw_status") or "-"
+        print(f"{rfc3339(item['received_at'])}  status {status}  {shown}")
+    return EXIT_OK
+
+
+def _print_table(rows) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())

@@ -1,0 +1,41 @@
+"""`caldera report --once [--deadline S]`: one report for cron hosts (see caldera.daemon.report_once)."""
+from __future__ import annotations
+
+import sys
+import time
+
+from caldera.cli import add_agent_flags
+from caldera.daemon.report_once import report_once, take_lock
+from caldera.errors import UsageError
+
+
+def configure(parser) -> None:
+    parser.add_argument("--once", action="store_true", required=True, help="one report, then exit")
+    parser.add_argument("--deadline", type=float, default=50.0, metavar="S",
+                        help="stop running commands after S seconds (default 50)")
+    add_agent_flags(parser)
+
+
+def main(args) -> int:
+    from caldera.cli.run import open_runtime
+    from caldera.host.fsutil import StateLock
+
+    if args.deadline <= 0:
+        raise UsageError("--deadline must be a positive number of seconds")
+    started = time.monotonic()
+    deadline = started + args.deadline
+    runtime = open_runtime(args, "report")
+    if runtime.client is None:
+        print("caldera report: the control plane is not enabled (CALDERA_AGENT_ENABLED is not true)",
+              file=sys.stderr)
+        return 1
+    lock = StateLock(runtime.paths.state_dir, "report")
+    why = take_lock(lock, deadline, runtime.stop)
+    if why == "daemon":
+        print(f"caldera report: the daemon ({lock.holder()}) runs agent {runtime.paths.name} and reports itself")
+        return 0
+    if why:
+        print(f"caldera report: {why}", file=sys.stderr)
+        return 1
+    with lock:
+        return report_once(runtime, deadline)

@@ -1,0 +1,167 @@
+"""`caldera turn` (one code-agent turn on this host, events as JSON lines) and
+`caldera backends` (the backend profiles and their capabilities).
+
+`caldera turn` works with an installed agent (its agent.env caps, secrets/ and
+state dir) or standalone with `--secrets DIR` (state under --state-dir, else
+$XDG_STATE_HOME/caldera/turn). The person at the host picks the workspace, so the
+workspace-roots check of agent_run does not apply; the policy caps do.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import uuid
+from pathlib import Path
+
+from caldera.errors import ConfigError, UsageError
+
+
+def configure(parser, name: str) -> None:
+    from caldera.cli import add_agent_flags
+
+    add_agent_flags(parser)
+    if name == "turn":
+        parser.add_argument("--workspace", required=True, metavar="DIR", help="the directory the agent works in")
+        parser.add_argument("--backend", default="codex", help="backend profile (default codex)")
+        parser.add_argument("--secrets", metavar="DIR", help="secret projection elsewhere (DIR holds codex/)")
+        parser.add_argument("--timeout", type=int, metavar="S", help="execution_policy.timeout_seconds")
+        parser.add_argument("--sandbox", choices=("read-only", "workspace-write"))
+        parser.add_argument("--approval", choices=("never", "on-request"))
+        parser.add_argument("--network", action="store_true", help="allow network access (if the caps do)")
+        parser.add_argument("--model", help="model name (else the projection's)")
+        parser.add_argument("--run-id", help="run id (default: a new one)")
+        parser.add_argument("prompt", metavar="PROMPT")
+
+
+def main(args) -> int:
+    if args.command == "backends":
+        return _backends(args)
+    return _turn(args)
+
+
+def _agent_context(args):
+    """(env, state_dir, secrets_dir, redactor values) of the selected agent, or standalone."""
+    from caldera import config
+    explicit = args.agent or args.manifest or os.environ.get("CALDERA_AGENT")
+    try:
+        paths = config.agent_from_args(args)
+        settings = config.load_settings(paths)
+    except ConfigError:
+        if explicit:
+            raise
+        return dict(os.environ), None, None, ()
+    return dict(settings.env), paths.state_dir, paths.secrets_dir, settings.secret_values
+
+
+def _standalone_state(args) -> Path:
+    if args.state_dir:
+        return Path(args.state_dir)
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "caldera" / "turn"
+
+
+def _turn(args) -> int:
+    from caldera.backends import base, service
+    from caldera.redact import Redactor
+
+    env, state_dir, secrets_dir, secret_values = _agent_context(args)
+    if state_dir is None:
+        state_dir = _standalone_state(args)
+    if args.secrets:
+        if not Path(args.secrets).is_dir():
+            raise UsageError(f"--secrets {args.secrets}: not a directory")
+        secrets_dir = args.secrets
+    redactor = Redactor(secret_values)
+    environment = base.Environment(
+        redactor=redactor, logs_dir=str(state_dir / "logs"), runs_dir=str(state_dir / "runs"),
+        secrets_dir=str(secrets_dir) if secrets_dir else None,
+        credentials_dir=env.get("CREDENTIALS_DIRECTORY"), env=env)
+    policy = {k: v for k, v in (("timeout_seconds", args.timeout), ("sandbox", args.sandbox),
+                                ("approval", args.approval)) if v is not None}
+    if args.network:
+        policy["network"] = True
+    request = {"run_id": args.run_id or f"turn-{uuid.uuid4().hex[:12]}", "prompt": args.prompt,
+               "backend_profile": args.backend, "workspace": os.path.abspath(args.workspace),
+               "execution_policy": policy, "model": args.model}
+    registry = service.ActiveRuns()
+    previous = _on_signals(lambda: _interrupt(registry, request["run_id"]))
+    try:
+        result = service.execute(request, environment, roots=None, registry=registry,
+                                 listeners=[_printer(args.json, redactor)])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if not args.json:
+        print(f"{result['status']}" + (f" ({result['failure_kind']})" if result.get("failure_kind") else "")
+              + f"; log: {result['log']}", file=sys.stderr)
+    return 0 if result["status"] == "completed" else 1
+
+
+def _interrupt(registry, run_id: str) -> None:
+    handle = registry.get(run_id)
+    if handle is not None:
+        handle.interrupt()
+
+
+def _on_signals(callback) -> dict:
+    """First SIGINT/SIGTERM interrupts the turn; a second one is the default action."""
+    previous = {}
+
+    def handler(signum, frame):
+        signal.signal(signum, previous.get(signum, signal.SIG_DFL))
+        callback()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous[sig] = signal.signal(sig, handler)
+    return previous
+
+
+def _printer(as_json: bool, redactor):
+    def emit(event: dict) -> None:
+        if as_json:
+            line = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+        else:
+            line = _human(event)
+        # Events are redacted at the sink; the CLI passes its output through the Redactor again.
+        print(redactor.text(line), flush=True)
+    return emit
+
+
+def _human(event: dict) -> str:
+    data, kind = event["data"], event["type"]
+    if kind == "assistant_message":
+        return data.get("text", "")
+    if kind == "command_output":
+        return f"$ {data.get('command')}  (exit {data.get('exit_code')})\n{data.get('output', '')}".rstrip()
+    if kind == "terminal_status":
+        extra = f" {data['failure_kind']}" if data.get("failure_kind") else ""
+        return f"[{data['status']}]{extra} {data.get('message') or ''}".rstrip()
+    if kind == "error":
+        return f"[error] {data.get('failure_kind')}: {data.get('message')}"
+    if kind == "diff":
+        return data.get("diff", "")
+    if kind == "tool_call":
+        return f"[tool] {data.get('tool')} {data.get('status')} {data.get('command') or ''}".rstrip()
+    return f"[{data.get('phase', kind)}] " + " ".join(
+        f"{k}={v}" for k, v in data.items() if k != "phase" and v not in (None, "", [], {}))
+
+
+def _backends(args) -> int:
+    from caldera.backends import base
+
+    env, _, _, secret_values = _agent_context(args)
+    info = base.describe(env, probe=True)
+    from caldera.redact import Redactor
+
+    info = Redactor(secret_values)(info)
+    if args.json:
+        print(json.dumps(info, separators=(",", ":")))
+        return 0
+    for backend in info["backends"]:
+        state = "available" if backend["available"] else "not found"
+        print(f"{backend['name']}{' (default)' if backend['default'] else ''}: {state}"
+              f" {backend.get('version') or ''} {backend.get('binary') or ''}".rstrip())
+    print("capabilities: " + ", ".join(info["capabilities"]))
+    return 0

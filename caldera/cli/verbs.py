@@ -1,0 +1,177 @@
+"""The local verbs: `caldera pause | resume | run-now | settings | log`.
+
+They call the adapter directly, with no control plane and no daemon. A person
+types them, so they must feel instant: this module and what it imports never
+import requests, jsonschema or (with the manifest cache warm) yaml.
+Exit codes: 0 done (run-now: also when held), 1 refused or failed, 2 usage or
+configuration error. `--json` prints exactly one object {ok, message, held, …}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from caldera.errors import EXIT_FAILED, EXIT_OK, ConfigError, UsageError
+
+VERB_OF = {"pause": "pause", "resume": "resume", "run-now": "run-now"}
+
+
+def configure(parser: argparse.ArgumentParser, name: str) -> None:
+    from caldera.cli import add_agent_flags
+
+    add_agent_flags(parser)
+    if name == "settings":
+        sub = parser.add_subparsers(dest="action", metavar="get|set")
+        sub.required = True
+        get = sub.add_parser("get", help="values and the offered (narrowed) bounds")
+        _late_agent_flags(get)
+        get.add_argument("--json", dest="late_json", action="store_true", default=argparse.SUPPRESS,
+                         help="print one JSON object")
+        put = sub.add_parser("set", help="KEY=VALUE… or --json '{…}' (all or nothing)")
+        _late_agent_flags(put)
+        put.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help="KEY= unsets a setting")
+        put.add_argument("--json", dest="set_json", nargs="?", const=True, default=None, metavar="'{…}'",
+                         help="the values as one JSON object (alone: print one JSON object)")
+    elif name == "log":
+        parser.add_argument("name", nargs="?", metavar="NAME", help="the log to print (its tail); none: list")
+        parser.add_argument("--list", action="store_true", help="list the logs (the default)")
+
+
+def _late_agent_flags(parser: argparse.ArgumentParser) -> None:
+    # After `get`/`set` too; SUPPRESS keeps a flag given before the action.
+    for flag, meta in (("--agent", "NAME"), ("--manifest", "PATH"), ("--state-dir", "DIR")):
+        parser.add_argument(flag, metavar=meta, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def main(args) -> int:
+    if args.command == "settings" and args.action == "set":
+        _settings_set_args(args)
+    if getattr(args, "late_json", False):
+        args.json = True
+    paths, manifest = load_local(args)
+    redactor = local_redactor(paths)
+    answer = _dispatch(args, manifest)
+    from caldera.agents.adapter.verbs import redact_answer
+
+    answer = redact_answer(answer, redactor)
+    return emit(args, answer)
+
+
+def _settings_set_args(args) -> None:
+    """`--json '{…}'` is the values; `--json` alone (or before KEY=VALUE) is the output format."""
+    value = args.set_json
+    if isinstance(value, str):
+        if value.lstrip().startswith("{"):
+            if args.pairs:
+                raise UsageError("settings set: give KEY=VALUE words or --json '{…}', not both")
+            args.pairs = [value]
+        else:
+            args.pairs = [value, *args.pairs]
+            args.json = True
+    elif value is True:
+        args.json = True
+    if not args.pairs:
+        raise UsageError("settings set: give KEY=VALUE… or --json '{…}'")
+
+
+def load_local(args):
+    """(paths, manifest) for a local verb; the manifest must be an adapter one."""
+    from caldera import config
+    from caldera.agents.manifest import load_manifest
+
+    paths = config.agent_from_args(args)
+    manifest = load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
+    if manifest.runtime_type != "adapter":
+        raise ConfigError(f"{paths.manifest_path}: runtime.type: {manifest.runtime_type}: "
+                          "the local verbs of this caldera drive adapter agents only")
+    return paths, manifest
+
+
+def local_redactor(paths):
+    from caldera import config
+    from caldera.redact import Redactor
+
+    try:
+        return Redactor(config.load_settings(paths).secret_values)
+    except PermissionError:
+        # A person without rights to secrets.env: the adapter never saw those values
+        # either (its environment is built from nothing), and credential shapes are
+        # still masked by the Redactor's patterns.
+        return Redactor()
+
+
+def _dispatch(args, manifest):
+    from caldera.agents.adapter import verbs
+    if args.command in VERB_OF:
+        return verbs.control(manifest, VERB_OF[args.command])
+    if args.command == "settings":
+        if args.action == "get":
+            return verbs.settings_get(manifest)
+        from caldera.agents.settings import parse_pairs
+
+        try:
+            values = parse_pairs(args.pairs, manifest.settings_schema)
+        except ValueError as exc:
+            raise UsageError(f"settings set: {exc}") from None
+        return verbs.settings_set(manifest, values)
+    if args.name is not None and not args.list:
+        return verbs.log_get(manifest, args.name)
+    return verbs.log_list(manifest)
+
+
+def emit(args, answer) -> int:
+    code = EXIT_OK if answer.ok else EXIT_FAILED
+    if args.json:
+        payload = answer.payload()
+        if answer.ok and answer.data is not None and answer.verb in ("settings get", "log --list"):
+            payload.update(answer.data)
+        if answer.ok and answer.verb == "log":
+            payload.update({"name": args.name, "text": answer.text, "truncated": answer.truncated})
+        print(json.dumps(payload, ensure_ascii=False))
+        return code
+    if not answer.ok:
+        print(answer.message, file=sys.stderr)
+        return code
+    if answer.verb == "settings get":
+        print(format_settings(answer.data))
+    elif answer.verb == "log --list":
+        print("\n".join(answer.data["logs"]) if answer.data["logs"] else answer.message)
+    elif answer.verb == "log":
+        sys.stdout.write(answer.text or "")
+        if answer.text and not answer.text.endswith("\n"):
+            sys.stdout.write("\n")
+    else:
+        print(answer.message)
+    return code
+
+
+def format_settings(data: dict) -> str:
+    if not data["schema"]:
+        return "This agent declares no settings."
+    rows = []
+    for item in data["schema"]:
+        value = data["values"].get(item["key"])
+        rows.append((item["key"], _show(item, value), _bounds(item), item.get("label", "")))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{k:<{widths[0]}}  {v:<{widths[1]}}  {b:<{widths[2]}}  {label}".rstrip()
+                     for k, v, b, label in rows)
+
+
+def _show(item: dict, value) -> str:
+    if value is None:
+        return "(unset)"
+    if item["type"] == "percent" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value * 100:g} %"
+    return json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value
+
+
+def _bounds(item: dict) -> str:
+    kind = item["type"]
+    if kind == "enum":
+        return "one of " + ", ".join(item.get("options", []))
+    low, high = item.get("min"), item.get("max")
+    if low is None and high is None:
+        return kind
+    fmt = (lambda v: f"{v * 100:g} %") if kind == "percent" else (lambda v: f"{v:g}")
+    return f"{kind} {fmt(low) if low is not None else '…'} to {fmt(high) if high is not None else '…'}"

@@ -1,0 +1,90 @@
+"""Control-plane commands: the registry of handlers and what a handler is given.
+
+A handler is a plain function `handler(ctx: CommandContext, payload: dict) -> dict`.
+It returns the finish `result` (succeeded) or raises `CommandError(message)`
+(failed). The payload has already been validated against
+`schemas/commands/<type>.schema.json`. Handlers are imported only when their
+command first arrives, so the daemon never pays for a subsystem it does not use.
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from caldera.errors import CommandError
+
+DEFAULT_TIMEOUT_SECONDS = 300
+
+# command_type -> "module:function"
+HANDLERS: dict[str, str] = {
+    "collect_system_info": "caldera.daemon.builtin:collect_system_info",
+    "health_check": "caldera.daemon.builtin:health_check",
+    # adapter verbs (SPEC section 8); only those in the manifest's `controls` where it names them
+    "pause": "caldera.agents.adapter.commands:pause",
+    "resume": "caldera.agents.adapter.commands:resume",
+    "run_now": "caldera.agents.adapter.commands:run_now",
+    "settings_get": "caldera.agents.adapter.commands:settings_get",
+    "settings_set": "caldera.agents.adapter.commands:settings_set",
+    "log_list": "caldera.agents.adapter.commands:log_list",
+    "log_get": "caldera.agents.adapter.commands:log_get",
+    "start_openclaw": "caldera.agents.adapter.commands:process_only",
+    "stop_openclaw": "caldera.agents.adapter.commands:process_only",
+    "restart_openclaw": "caldera.agents.adapter.commands:process_only",
+    # skills (SPEC section 9)
+    "sync_skill_inventory": "caldera.skills.commands:sync_skill_inventory",
+    "refresh_skill_inventory": "caldera.skills.commands:refresh_skill_inventory",
+    "collect_skill_package": "caldera.skills.commands:collect_skill_package",
+    "install_skill": "caldera.skills.commands:install_skill",
+    "update_skill": "caldera.skills.commands:update_skill",
+    "uninstall_skill": "caldera.skills.commands:uninstall_skill",
+    "remove_skill": "caldera.skills.commands:remove_skill",
+    "disable_skill": "caldera.skills.commands:disable_skill",
+    "quarantine_skill": "caldera.skills.commands:quarantine_skill",
+    "handle_skill_risk": "caldera.skills.commands:handle_skill_risk",
+    # config revisions
+    "apply_config_revision": "caldera.agents.revisions:apply_config_revision",
+    "reload_config": "caldera.agents.revisions:reload_config",
+    # code-agent runs (SPEC section 10)
+    "agent_run": "caldera.backends.commands:agent_run",
+    "agent_interrupt": "caldera.backends.commands:agent_interrupt",
+}
+
+
+@dataclass
+class CommandContext:
+    """What a handler may use. Everything is a dependency handed in, no globals.
+
+    runtime:  the daemon's `caldera.daemon.wiring.Runtime` (paths, settings, client,
+              redactor, sampler, driver, pool, report_now, state store).
+    cancel:   set when the command's timeout passes or the operator cancels;
+              long work checks it and subprocesses are killed on it.
+    deadline: time.monotonic() by which the command must be finished.
+    """
+
+    command: dict
+    runtime: Any
+    cancel: threading.Event = field(default_factory=threading.Event)
+    deadline: float = 0.0
+
+    @property
+    def command_id(self):
+        return self.command.get("id")
+
+    @property
+    def command_type(self) -> str:
+        return self.command.get("command_type", "")
+
+
+def resolve(command_type: str) -> Callable[[CommandContext, dict], dict]:
+    """The handler for a type; CommandError for an unknown one."""
+    target = HANDLERS.get(command_type)
+    if target is None:
+        raise CommandError(f"unsupported command type: {command_type}")
+    module_name, func_name = target.split(":")
+    return getattr(importlib.import_module(module_name), func_name)
+
+
+def schema_name(command_type: str) -> str:
+    return f"commands/{command_type}.schema.json"

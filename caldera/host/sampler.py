@@ -1,0 +1,390 @@
+"""System figures for `system_info` (seed 004's shape, SPEC section 6).
+
+`Sampler(...).sample()` reads cgroup v2/v1 and /proc directly (no psutil) and
+never raises: a figure that cannot be read is left out, and the sample says
+`degraded` with a short reason for each. It runs every 5 s in the daemon, so
+what cannot change between samples is cached: the cgroup layout is worked out
+again only when `<proc>/self/cgroup` changes, the CPU count every 60 samples.
+Decisions where SPEC is silent are in docs/system-figures.md.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from caldera.host import cgroups
+from caldera.host.cgroups import FigureError, read_text
+
+log = logging.getLogger(__name__)
+
+CPU_COUNT_EVERY = 60  # samples between re-reads of the online CPU count
+RTF_GATEWAY = 0x2
+IFF_UP = 0x1
+IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x08, 0x40
+IPV6_SKIP_SCOPES = (0x10, 0x20)  # host (::1) and link-local (fe80::/10)
+MEMINFO_KEYS = ("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached")
+
+
+@dataclass
+class Sample:
+    system_info: dict
+    metrics_collector: str  # "ok" or "degraded"
+    reasons: list = field(default_factory=list)
+    disk_used_bytes: int | None = None
+    disk_limit_bytes: int | None = None
+
+    def health(self) -> dict:
+        """The report's `health` keys this sample decides."""
+        return {"metrics_collector": self.metrics_collector,
+                "metrics_collector_reasons": list(self.reasons)}
+
+
+class Sampler:
+    def __init__(self, proc_root="/proc", cgroup_root="/sys/fs/cgroup", persistent_dir=".",
+                 runtime_type="caldera", runtime_name="caldera", disk_limit_bytes=None,
+                 sys_root=None, clock=time.time):
+        self.proc_root = str(proc_root)
+        self.cgroup_root = str(cgroup_root)
+        self.sys_root = str(sys_root) if sys_root is not None else default_sys_root(self.cgroup_root)
+        self.persistent_dir = os.path.abspath(str(persistent_dir))
+        self.runtime_type = runtime_type
+        self.runtime_name = runtime_name
+        self.disk_limit_bytes = disk_limit_bytes
+        self._clock = clock
+        proc = self.proc_root
+        self._p_cgroup, self._p_mountinfo = f"{proc}/self/cgroup", f"{proc}/self/mountinfo"
+        self._p_loadavg, self._p_meminfo, self._p_stat = (
+            f"{proc}/loadavg", f"{proc}/meminfo", f"{proc}/stat")
+        self._p_dev, self._p_trie, self._p_route, self._p_inet6 = (
+            f"{proc}/net/{name}" for name in ("dev", "fib_trie", "route", "if_inet6"))
+        self._p_net = f"{self.sys_root}/class/net"
+        self._cg_read = cgroups.CachedReader(recheck=CPU_COUNT_EVERY)
+        self._lock = threading.Lock()  # the reporter loop and a command may sample at once
+        self._layout_key = None
+        self._layout = cgroups.Layout()
+        self._cpu_count = None
+        self._count = 0
+        self._logged: frozenset = frozenset()
+
+    def sample(self) -> Sample:
+        with self._lock:
+            reasons: list[str] = []
+            info = {"runtime_type": self.runtime_type, "runtime_name": self.runtime_name,
+                    "sampled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._clock()))}
+            layout = self._guard(reasons, "cgroup", self._current_layout, cgroups.Layout())
+            disk_used = None
+            for group, build in (("cpu", self._cpu), ("memory", self._memory),
+                                 ("disk", self._disk), ("network", self._network)):
+                value = self._guard(reasons, group, lambda b=build: b(layout, reasons), None)
+                if group == "disk" and value is not None:
+                    value, disk_used = value
+                if value:
+                    info[group] = value
+            self._count += 1
+            self._cg_read.tick()
+            self._log_changes(reasons)
+            return Sample(info, "degraded" if reasons else "ok", reasons,
+                          disk_used, self.disk_limit_bytes)
+
+    # --- plumbing --------------------------------------------------------------
+
+    @staticmethod
+    def _guard(reasons, group, fn, default):
+        """Run one part; its failure becomes a reason, never an exception into a loop."""
+        try:
+            return fn()
+        except FigureError as exc:
+            reasons.append(f"{group}: {exc}")
+        except Exception as exc:  # a bug must not stop the reports: recorded, logged with its trace
+            log.debug("sampling %s failed", group, exc_info=True)
+            reasons.append(f"{group}: unexpected {type(exc).__name__}: {exc}")
+        return default
+
+    def _log_changes(self, reasons) -> None:
+        # Every 5 s would flood the journal: log a reason when it appears and when all clear.
+        current = frozenset(reasons)
+        for reason in sorted(current - self._logged):
+            log.warning("system figures degraded: %s", reason)
+        if self._logged and not current:
+            log.info("system figures readable again")
+        self._logged = current
+
+    def _current_layout(self) -> cgroups.Layout:
+        text = read_text(self._p_cgroup)
+        if text is None:
+            raise FigureError(f"no {self._p_cgroup}: host figures only")
+        if text != self._layout_key:  # moved to another group (or first sample)
+            self._layout = cgroups.discover(self.cgroup_root, text, _read_optional(self._p_mountinfo))
+            self._layout_key = text
+            self._cg_read.forget()
+        if self._layout.unified is None and not self._layout.v1 and text.strip():
+            # the process has a cgroup but its files are not mounted here: limits unseen
+            raise FigureError(f"no cgroup hierarchy of {self._p_cgroup} under {self.cgroup_root}: "
+                              "host figures only")
+        return self._layout
+
+    # --- cpu -------------------------------------------------------------------
+
+    def _cpu(self, layout, reasons) -> dict:
+        online = self._online_cpus(reasons)
+        cpu: dict = {"cores": online}
+        load = self._guard(reasons, "cpu", self._loadavg, None)
+        if load is not None:
+            cpu["load"] = load
+        bounds = [online]
+        read = self._cg_read
+        h = layout.for_controller("cpu")
+        quota = self._guard(reasons, "cpu", lambda: cgroups.quota_cores(h, read), None) if h else None
+        h = layout.for_controller("cpuset")
+        cpuset = self._guard(reasons, "cpu", lambda: cgroups.cpuset_count(h, read), None) if h else None
+        for key, value in (("quota_cores", quota), ("cpuset_cpus", cpuset)):
+            if value is not None:
+                cpu[key] = _number(value)
+                bounds.append(value)
+        cpu["cores"] = _number(min(bounds))
+        cpu["online_cpus"] = online
+        cpu.update(self._guard(reasons, "cpu", lambda: cgroups.cpu_stat(layout, read), {}))
+        h = layout.for_controller("pids")
+        if h is not None:
+            cpu.update(self._guard(reasons, "cpu", lambda: cgroups.pids(h, read), {}))
+        return cpu
+
+    def _online_cpus(self, reasons) -> int:
+        if self._cpu_count is None or self._count % CPU_COUNT_EVERY == 0:
+            self._cpu_count = self._guard(reasons, "cpu", self._read_cpu_count, None)
+        if self._cpu_count is None:
+            reasons.append("cpu: CPU count from os.cpu_count()")
+            return os.cpu_count() or 1
+        return self._cpu_count
+
+    def _read_cpu_count(self) -> int:
+        path = os.path.join(self.sys_root, "devices", "system", "cpu", "online")
+        text = read_text(path)
+        if text is not None:
+            return cgroups.count_cpu_list(path, text)
+        path = self._p_stat
+        text = read_text(path)
+        if text is None:
+            raise FigureError(f"no {self.sys_root}/devices/system/cpu/online and no {path}")
+        count = sum(1 for line in text.splitlines() if line.startswith("cpu") and line[3:4].isdigit())
+        if count == 0:
+            raise FigureError(f"no cpuN lines in {path}")
+        return count
+
+    def _loadavg(self) -> dict:
+        path = self._p_loadavg
+        text = read_text(path)
+        if text is None:
+            raise FigureError(f"no {path}")
+        parts = text.split()
+        try:
+            return {"1m": float(parts[0]), "5m": float(parts[1]), "15m": float(parts[2])}
+        except (ValueError, IndexError):
+            raise FigureError(f"cannot parse {path}: {text.strip()[:40]!r}") from None
+
+    # --- memory ----------------------------------------------------------------
+
+    def _memory(self, layout, reasons) -> dict | None:
+        host = self._guard(reasons, "memory", self._meminfo, None)
+        h = layout.for_controller("memory")
+        group = self._guard(reasons, "memory", lambda: cgroups.memory(h, self._cg_read),
+                            None) if h else None
+        out: dict = {}
+        if group is not None and group.limit is not None and (host is None or group.limit < host[0]):
+            out["mem_total_bytes"] = group.limit
+            # the working set is unknown if usage is: then nothing is known to be in use
+            used = group.working_set if group.working_set is not None else 0
+            out["mem_available_bytes"] = max(0, group.limit - used)
+            out["source"] = f"cgroup_v{h.version}"
+        elif host is not None:
+            out["mem_total_bytes"], out["mem_available_bytes"] = host
+            out["source"] = "meminfo"
+        else:
+            return None
+        if group is not None:
+            if group.limit is not None:
+                out["limit_bytes"] = group.limit
+            if group.usage is not None:
+                out["usage_bytes"] = group.usage
+                out["working_set_bytes"] = group.working_set
+        return out
+
+    def _meminfo(self) -> tuple[int, int]:
+        path = self._p_meminfo
+        text = read_text(path)
+        if text is None:
+            raise FigureError(f"no {path}")
+        values = {}
+        for line in text.splitlines():
+            key, _, rest = line.partition(":")
+            if key in MEMINFO_KEYS:
+                try:
+                    values[key] = int(rest.split()[0]) * 1024  # kB
+                except (ValueError, IndexError):
+                    raise FigureError(f"cannot parse {path}: {line[:40]!r}") from None
+                if len(values) == len(MEMINFO_KEYS):
+                    break  # they are the first five lines; skip the other fifty
+        if "MemTotal" not in values:
+            raise FigureError(f"no MemTotal in {path}")
+        available = values.get("MemAvailable")
+        if available is None:  # kernels before 3.14
+            available = sum(values.get(k, 0) for k in ("MemFree", "Buffers", "Cached"))
+        return values["MemTotal"], available
+
+    # --- disk ------------------------------------------------------------------
+
+    def _disk(self, layout, reasons):
+        try:
+            st = os.statvfs(self.persistent_dir)
+        except OSError as exc:
+            raise FigureError(f"statvfs {self.persistent_dir}: {exc.strerror}") from exc
+        disk = {"mount_path": self.persistent_dir,
+                "root_total_bytes": st.f_blocks * st.f_frsize,
+                "root_free_bytes": st.f_bavail * st.f_frsize}
+        h = layout.for_controller("blkio")
+        if h is not None:
+            disk.update(self._guard(reasons, "disk", lambda: cgroups.io_bytes(h, self._cg_read), {}))
+        return disk, (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    # --- network ---------------------------------------------------------------
+
+    def _network(self, layout, reasons) -> dict:
+        path = self._p_dev
+        text = read_text(path)
+        if text is None:
+            raise FigureError(f"no {path}")
+        counters = parse_net_dev(path, text)
+        addresses = self._guard(reasons, "network", lambda: self._addresses(set(counters)), {})
+        interfaces = []
+        for name, (rx, tx) in counters.items():
+            interfaces.append({"name": name, "status": self._status(name, reasons),
+                               "addresses": addresses.get(name, []), "rx_bytes": rx, "tx_bytes": tx})
+        return {"interfaces": interfaces}
+
+    def _status(self, name, reasons) -> str:
+        base = f"{self._p_net}/{name}"
+        try:
+            state = read_text(f"{base}/operstate")
+            if state is None:
+                return "unknown"  # no sysfs here (some containers): not a failure
+            state = state.strip()
+            if state == "up":
+                return "up"
+            if state == "unknown":  # tun, dummy and others without carrier reporting
+                flags = read_text(f"{base}/flags")
+                return "up" if flags and int(flags.strip(), 16) & IFF_UP else "down"
+            return "down"
+        except (FigureError, ValueError) as exc:
+            reasons.append(f"network: status of {name}: {exc}")
+            return "unknown"
+
+    def _addresses(self, names) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        trie = read_text(self._p_trie)
+        route = read_text(self._p_route)
+        if trie is not None and route is not None:
+            for addr, name in ipv4_addresses(trie, route):
+                out.setdefault(name, []).append(addr)
+        inet6 = read_text(self._p_inet6)
+        if inet6 is not None:
+            for addr, name in ipv6_addresses(inet6):
+                out.setdefault(name, []).append(addr)
+        return {name: addrs for name, addrs in out.items() if name in names}
+
+
+def default_sys_root(cgroup_root: str) -> str:
+    """`<X>/sys` for a cgroup root `<X>/sys/fs/cgroup` (a fixture tree), else /sys."""
+    norm = os.path.normpath(cgroup_root)
+    head, tail = os.path.split(norm)
+    if tail == "cgroup" and os.path.basename(head) == "fs":
+        return os.path.dirname(head)
+    return "/sys"
+
+
+def _read_optional(path):
+    try:
+        return read_text(path)
+    except FigureError:  # mountinfo only refines discovery; the suffix rule still applies
+        return None
+
+
+def _number(value):
+    """Whole numbers as int (seed 004 shows `cores: 2`), others to 2 decimals."""
+    return int(value) if float(value).is_integer() else round(float(value), 2)
+
+
+def parse_net_dev(path: str, text: str) -> dict[str, tuple[int, int]]:
+    """`<proc>/net/dev` as name -> (rx_bytes, tx_bytes), without `lo`."""
+    out = {}
+    for line in text.splitlines()[2:]:
+        name, sep, rest = line.partition(":")
+        name = name.strip()
+        if not sep or name == "lo":
+            continue
+        fields = rest.split()
+        try:
+            out[name] = (int(fields[0]), int(fields[8]))
+        except (ValueError, IndexError):
+            raise FigureError(f"cannot parse {path}: {line.strip()[:40]!r}") from None
+    return out
+
+
+def ipv4_addresses(fib_trie: str, route: str) -> list[tuple[str, str]]:
+    """Local IPv4 addresses (fib_trie's `/32 host LOCAL` leaves), each with the interface
+    of the most specific connected route (`<proc>/net/route` without a gateway) holding it."""
+    routes = []
+    for line in route.splitlines()[1:]:
+        f = line.split()
+        if len(f) >= 8 and not int(f[3], 16) & RTF_GATEWAY:
+            dest, mask = _le_ip(f[1]), _le_ip(f[7])
+            routes.append((bin(mask).count("1"), dest, mask, f[0]))
+    routes.sort(reverse=True)
+    seen, out = set(), []
+    for leaf in _local_leaves(fib_trie):
+        if leaf in seen:
+            continue
+        seen.add(leaf)
+        value = int.from_bytes(socket.inet_aton(leaf), "big")
+        for _, dest, mask, name in routes:
+            if value & mask == dest:
+                out.append((leaf, name))
+                break
+    return out
+
+
+def _local_leaves(fib_trie: str):
+    """The `|-- A.B.C.D` leaf above each `/32 host LOCAL` line, found with str.find:
+    a line-by-line walk cost a fifth of a sample. The Local table holds every local
+    address, so the walk starts there when the kernel prints one."""
+    start = fib_trie.find("\nLocal:")
+    text = fib_trie if start < 0 else fib_trie[start:]
+    at = text.find("/32 host LOCAL")
+    while at >= 0:
+        bar = text.rfind("|-- ", 0, at)
+        if bar >= 0:
+            end = text.find("\n", bar)
+            yield text[bar + 4:end].strip()
+        at = text.find("/32 host LOCAL", at + 14)
+
+
+def _le_ip(hex_text: str) -> int:
+    # /proc/net/route prints addresses as host-order (little-endian) hex
+    return int.from_bytes(bytes.fromhex(hex_text), "little")
+
+
+def ipv6_addresses(if_inet6: str) -> list[tuple[str, str]]:
+    """Global and site IPv6 addresses from `<proc>/net/if_inet6`, as (address, interface)."""
+    out = []
+    for line in if_inet6.splitlines():
+        f = line.split()
+        if len(f) != 6:
+            continue
+        scope, flags = int(f[3], 16), int(f[4], 16)
+        if scope in IPV6_SKIP_SCOPES or flags & (IFA_F_DADFAILED | IFA_F_TENTATIVE):
+            continue
+        out.append((socket.inet_ntop(socket.AF_INET6, bytes.fromhex(f[0])), f[5]))
+    return out

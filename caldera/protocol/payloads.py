@@ -1,0 +1,111 @@
+"""The payloads of register, heartbeat and state report (seed 004 + SPEC section 5).
+
+`current_config_revision_id` and `openclaw_pid` are always sent: ClawManager
+sets them to null when they are omitted. Strings stay inside the server's
+columns (agent_version <= 50, openclaw_status <= 30 characters).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import platform
+
+from caldera import __version__
+OPENCLAW_STATUSES = ("running", "stopped", "error", "unknown", "starting")
+BASE_CAPABILITIES = ["runtime.status", "runtime.health", "metrics.report", "commands.poll",
+                     "skills.inventory", "skills.upload", "adapter.verbs"]
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def agent_version() -> str:
+    return f"caldera-{__version__}"[:50]
+
+
+def _arch() -> str:
+    machine = platform.machine().lower()
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+
+
+def register_body(runtime) -> dict:
+    settings = runtime.settings
+    return {
+        "instance_id": settings.instance_id,
+        "agent_id": runtime.agent_id,
+        "agent_version": agent_version(),
+        "protocol_version": "v1",
+        "capabilities": runtime.capabilities(),
+        "host_info": {
+            "runtime_type": settings.runtime_type,
+            "runtime_name": runtime.runtime_name,
+            "persistent_dir": str(settings.persistent_dir),
+            "arch": _arch(),
+            "hostname": platform.node(),
+            "agent_name": runtime.paths.name,
+        },
+    }
+
+
+def default_section(status: str = "unknown") -> dict:
+    """The agent part of a report when no driver speaks for the agent."""
+    return {"runtime": {"openclaw_status": status, "openclaw_pid": None, "openclaw_version": None,
+                        "runtime_status": status},
+            "health": {"agent": "ok"}, "agent_status": None, "settings": None, "controls": []}
+
+
+def _status(section: dict) -> str:
+    value = section["runtime"].get("openclaw_status") or "unknown"
+    return value if value in OPENCLAW_STATUSES else "unknown"
+
+
+def heartbeat_body(runtime, section: dict, sample) -> dict:
+    rt = section["runtime"]
+    return {
+        "agent_id": runtime.agent_id,
+        "timestamp": now_iso(),
+        "openclaw_status": _status(section),
+        "current_config_revision_id": runtime.state.get("current_config_revision_id"),
+        "summary": {
+            "runtime_type": runtime.settings.runtime_type,
+            "runtime_status": rt.get("runtime_status") or _status(section),
+            "runtime_pid": rt.get("openclaw_pid"),
+            "runtime_version": rt.get("openclaw_version"),
+            "openclaw_pid": rt.get("openclaw_pid"),
+            "skill_count": runtime.skill_count,
+            "disk_used_bytes": getattr(sample, "disk_used_bytes", None),
+            "disk_limit_bytes": runtime.settings.disk_limit_bytes
+            if runtime.settings.disk_limit_bytes is not None else getattr(sample, "disk_limit_bytes", None),
+        },
+    }
+
+
+def state_report_body(runtime, section: dict, sample) -> dict:
+    rt = section["runtime"]
+    health = {
+        "runtime_process": "ok",
+        "agent": "ok",
+        "metrics_collector": sample.metrics_collector,
+        "metrics_sample_interval_seconds": runtime.settings.report_interval,
+    }
+    if sample.reasons:
+        health["metrics_collector_reasons"] = list(sample.reasons)
+    health.update(section.get("health") or {})
+    body = {
+        "agent_id": runtime.agent_id,
+        "reported_at": now_iso(),
+        "runtime": {
+            "openclaw_status": _status(section),
+            "openclaw_pid": rt.get("openclaw_pid"),
+            "openclaw_version": rt.get("openclaw_version"),
+            "current_config_revision_id": runtime.state.get("current_config_revision_id"),
+            "runtime_type": runtime.settings.runtime_type,
+            "runtime_status": rt.get("runtime_status") or _status(section),
+        },
+        "system_info": sample.system_info,
+        "health": health,
+        "agent_status": section.get("agent_status"),
+        "settings": section.get("settings"),
+        "controls": section.get("controls") or [],
+    }
+    return runtime.redactor(body)

@@ -1,0 +1,55 @@
+"""Where the published JSON schemas live, and validation against them.
+
+jsonschema costs about 0.3 s of CPU to import, so it is imported only when a
+validator is first asked for; local CLI verbs never ask.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+_CANDIDATES = (
+    Path(__file__).resolve().parents[2] / "schemas",  # a checkout
+    Path("/usr/share/caldera/schemas"),  # the Debian package
+)
+
+
+class SchemaError(ValueError):
+    """A document does not match its schema; the message names the place."""
+
+
+def schema_dir() -> Path:
+    override = os.environ.get("CALDERA_SCHEMA_DIR")
+    if override:
+        return Path(override)
+    for candidate in _CANDIDATES:
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError("caldera's schemas directory was not found")
+
+
+def schema_exists(name: str) -> bool:
+    return (schema_dir() / name).is_file()
+
+
+@functools.lru_cache(maxsize=None)
+def _validator(name: str):
+    import jsonschema  # deferred: see module docstring
+
+    with open(schema_dir() / name, encoding="utf-8") as fh:
+        schema = json.load(fh)
+    # The schemas are checked against their metaschema by the test suite
+    # (tests/protocol/test_protocol_schemas.py); check_schema here would cost more
+    # than the validation itself on every start.
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
+def validate(name: str, document) -> None:
+    """Raise SchemaError naming the first problem (by path) if `document` breaks schema `name`."""
+    errors = sorted(_validator(name).iter_errors(document), key=lambda e: list(e.path))
+    if errors:
+        err = errors[0]
+        where = "/".join(str(p) for p in err.path) or "(top level)"
+        raise SchemaError(f"{where}: {err.message}")

@@ -1,0 +1,166 @@
+"""The agent's session with the control plane.
+
+`session.json` (0600, atomic) holds the session token. `Auth` hands the token
+to every loop and registers when there is none, single-flight: when several
+loops see a 401 at once, one registers and the others take its new token.
+A 403 (or ClawManager's 400 "invalid agent bootstrap token") means the
+configuration is wrong: the auth path is blocked, one short line is logged,
+and registration is tried again every 5 minutes or on SIGHUP (`unblock()`).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from caldera.host.fsutil import atomic_write_json, read_json
+
+log = logging.getLogger("caldera.protocol.session")
+
+BLOCKED_RETRY_SECONDS = 300
+
+
+class AuthBlocked(Exception):
+    """Registration was refused; no call is made until `retry_in` passes (or SIGHUP)."""
+
+    def __init__(self, reason: str, retry_in: float):
+        super().__init__(f"registration refused: {reason} (next try in {retry_in:.0f} s)")
+        self.reason, self.retry_in = reason, retry_in
+
+
+@dataclass
+class SessionInfo:
+    token: str
+    expires_at: str | None
+    heartbeat_interval: float
+    poll_interval: float
+
+
+class SessionFile:
+    """session.json, tied to the base URL and instance it was issued for."""
+
+    def __init__(self, path, base_url: str, instance_id: int):
+        self.path, self.base_url, self.instance_id = path, base_url, instance_id
+
+    def load(self) -> SessionInfo | None:
+        try:
+            doc = read_json(self.path)
+        except ValueError:
+            log.warning("session.json is corrupt; registering again")
+            return None
+        if not doc or doc.get("base_url") != self.base_url or doc.get("instance_id") != self.instance_id:
+            return None
+        return SessionInfo(doc["session_token"], doc.get("session_expires_at"),
+                           doc.get("heartbeat_interval_seconds", 15), doc.get("command_poll_interval_seconds", 5))
+
+    def save(self, info: SessionInfo) -> None:
+        atomic_write_json(self.path, {
+            "base_url": self.base_url, "instance_id": self.instance_id,
+            "session_token": info.token, "session_expires_at": info.expires_at,
+            "heartbeat_interval_seconds": info.heartbeat_interval,
+            "command_poll_interval_seconds": info.poll_interval,
+        }, mode=0o600)
+
+    def clear(self) -> None:
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+class Auth:
+    """Single-flight session handling shared by every loop."""
+
+    def __init__(self, *, bootstrap_token: str, session_file: SessionFile, register, redactor,
+                 clock=time.monotonic):
+        self.bootstrap_token = bootstrap_token
+        self._file = session_file
+        self._register = register  # callable() -> register response data (no auth retry)
+        self._redactor = redactor
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._info = session_file.load()
+        if self._info:
+            redactor.add(self._info.token)
+        self.blocked_reason: str | None = None
+        self._blocked_until = 0.0
+        self.registrations = 0
+
+    @property
+    def info(self) -> SessionInfo | None:
+        return self._info
+
+    def token(self) -> str:
+        info = self._info
+        if info is not None:
+            return info.token
+        with self._lock:
+            if self._info is None:
+                self._do_register()
+            return self._info.token
+
+    def renew(self, old_token: str | None) -> str:
+        """Called after a 401 with the token that got it; registers once for everyone."""
+        with self._lock:
+            if self._info is None or self._info.token == old_token:
+                self._info = None
+                self._file.clear()
+                self._do_register()
+            return self._info.token
+
+    def forbidden(self, exc) -> None:
+        """A 403 on any call: drop the session and block the auth path."""
+        with self._lock:
+            self._info = None
+            self._file.clear()
+            self._block(str(getattr(exc, "message", exc)))
+
+    def unblock(self) -> None:
+        """SIGHUP: the configuration may have been fixed; try again now."""
+        with self._lock:
+            self._blocked_until = 0.0
+
+    def blocked_for(self) -> float:
+        return max(0.0, self._blocked_until - self._clock()) if self.blocked_reason else 0.0
+
+    def _block(self, reason: str) -> None:
+        if self.blocked_reason != reason:
+            log.error("control plane refused this agent: %s; retrying every %d s or on SIGHUP",
+                      reason, BLOCKED_RETRY_SECONDS)
+        self.blocked_reason = reason
+        self._blocked_until = self._clock() + BLOCKED_RETRY_SECONDS
+
+    def _do_register(self) -> None:
+        from caldera.protocol.client import Forbidden, Unauthorized
+
+        wait = self.blocked_for()
+        if wait > 0:
+            raise AuthBlocked(self.blocked_reason, wait)
+        try:
+            data = self._register() or {}
+        except (Forbidden, Unauthorized) as exc:
+            self._block(exc.message)
+            raise AuthBlocked(exc.message, BLOCKED_RETRY_SECONDS) from None
+        token = data.get("session_token")
+        if not isinstance(token, str) or not token:
+            raise ValueError("register answered without a session_token")
+        self._redactor.add(token)
+        self._info = SessionInfo(token, data.get("session_expires_at"),
+                                 _interval(data.get("heartbeat_interval_seconds"), 15),
+                                 _interval(data.get("command_poll_interval_seconds"), 5))
+        self._file.save(self._info)
+        self.registrations += 1
+        if self.blocked_reason:
+            log.info("registration accepted again")
+        self.blocked_reason = None
+        log.info("registered; heartbeat every %g s, command poll every %g s",
+                 self._info.heartbeat_interval, self._info.poll_interval)
+
+
+def _interval(value, default: float) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return default
+    return value if value >= 1 else default

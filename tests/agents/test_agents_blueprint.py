@@ -1,0 +1,104 @@
+"""`caldera init`: a directory or .tar.gz, members checked, manifest + bundle + state dir."""
+import io
+import json
+import tarfile
+
+import pytest
+
+from adapter_helpers import EXAMPLE, copy_example
+from caldera.agents import blueprint
+from caldera.cli import main
+from caldera.agents.manifest import load_manifest
+
+
+def _tar(path, members):
+    with tarfile.open(path, "w:gz") as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def _file(name, data=b"x"):
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o644
+    return info, data
+
+
+def _tree(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_init_from_the_example_directory(tmp_path, caldera_env, capsys):
+    source = copy_example(tmp_path).parent
+    code = main(["init", str(source), "--name", "ops", "--json"])
+    body = json.loads(capsys.readouterr().out)
+    assert code == 0 and body["ok"], body
+    config = caldera_env / "etc" / "agents" / "ops"
+    assert (config / "bundle" / "adapter.py").exists()
+    assert "systemd is not running here" in body["message"] or "unit reads" in body["message"]
+    manifest = load_manifest(config / "caldera.agent.yaml", validate_schema=True)
+    assert manifest.workdir == (config / "bundle").resolve()
+    assert (caldera_env / "var" / "ops").stat().st_mode & 0o777 == 0o700
+    # The installed agent answers the local verbs.
+    assert main(["pause", "--agent", "ops"]) == 0
+    assert "Paused." in capsys.readouterr().out
+    # A second init under the same name is refused, nothing changes.
+    before = _tree(config)
+    assert main(["init", str(source), "--name", "ops"]) == 1
+    assert _tree(config) == before
+
+
+def test_init_from_a_tar_gz_with_one_top_dir(tmp_path, caldera_env):
+    manifest = (EXAMPLE / "caldera.agent.yaml").read_bytes()
+    adapter = (EXAMPLE / "adapter.py").read_bytes()
+    archive = _tar(tmp_path / "bp.tar.gz", [_file("task-agent/caldera.agent.yaml", manifest),
+                                             _file("task-agent/adapter.py", adapter)])
+    result = blueprint.install(archive)
+    assert result["name"] == "task-agent" and result["bundle_files"] == 1
+
+
+@pytest.mark.parametrize("member,why", [
+    (_file("/etc/evil"), "absolute path"),
+    (_file("a/../../evil"), "'..'"),
+    ((lambda i: (setattr(i, "type", tarfile.SYMTYPE), setattr(i, "linkname", "/etc"), (i, None))[-1])(
+        tarfile.TarInfo("a/link")), "links are refused"),
+    ((lambda i: (setattr(i, "type", tarfile.LNKTYPE), setattr(i, "linkname", "a/caldera.agent.yaml"), (i, None))[-1])(
+        tarfile.TarInfo("a/hard")), "links are refused"),
+    ((lambda i: (setattr(i, "type", tarfile.CHRTYPE), (i, None))[-1])(tarfile.TarInfo("a/dev")),
+     "only files and directories"),
+])
+def test_bad_members_are_refused_and_nothing_is_written(tmp_path, caldera_env, member, why):
+    manifest = (EXAMPLE / "caldera.agent.yaml").read_bytes()
+    archive = _tar(tmp_path / "bad.tar.gz", [_file("a/caldera.agent.yaml", manifest), member])
+    with pytest.raises(blueprint.Refused, match=why):
+        blueprint.install(archive)
+    assert _tree(caldera_env / "etc") == ["agents"]
+    assert not (tmp_path / "evil").exists()
+
+
+def test_symlink_in_a_directory_blueprint_is_refused(tmp_path, caldera_env):
+    source = copy_example(tmp_path).parent
+    (source / "passwd").symlink_to("/etc/passwd")
+    with pytest.raises(blueprint.Refused, match="links are refused"):
+        blueprint.install(source)
+
+
+def test_no_manifest(tmp_path, caldera_env):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(blueprint.Refused, match="holds no caldera.agent.yaml"):
+        blueprint.install(tmp_path / "empty")
+
+
+def test_systemd_is_enabled_when_it_runs(tmp_path, caldera_env, monkeypatch):
+    from caldera.host.proc import ProcResult
+
+    runs = []
+    monkeypatch.setattr(blueprint, "DEFAULT_CONFIG_ROOT", caldera_env / "etc")
+    monkeypatch.setattr(blueprint.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(blueprint, "_make_state_dir", lambda d: d.mkdir(parents=True))
+    (tmp_path / "run-systemd").mkdir()
+    result = blueprint.install(copy_example(tmp_path).parent, systemd_dir=tmp_path / "run-systemd",
+                               run=lambda argv, **kw: runs.append(argv) or ProcResult(argv=argv, returncode=0))
+    assert runs == [["systemctl", "enable", "--now", "caldera@task-agent"]]
+    assert "Enabled and started caldera@task-agent." in result["message"]

@@ -1,0 +1,57 @@
+"""`caldera check` against the example (clean) and against adapters that break the contract."""
+import json
+
+from adapter_helpers import copy_example, make_agent, workdir
+from caldera.agents.check import Report, run_checks
+from caldera.cli import main
+from caldera.agents.manifest import load_manifest
+
+
+def _breaches(paths):
+    report = run_checks(load_manifest(paths.manifest_path), Report())
+    return {item["check"]: item["detail"] for item in report.items if not item["ok"]}
+
+
+def test_the_example_passes(tmp_path, caldera_env, capsys):
+    manifest = copy_example(tmp_path)
+    code = main(["check", "--json", "--controls", "--manifest", str(manifest), "--state-dir", str(tmp_path / "s")])
+    body = json.loads(capsys.readouterr().out)
+    assert code == 0, body
+    assert body["ok"] is True
+    assert {"status", "settings get", "log ../../etc/passwd", "unknown verb", "pause"} <= {
+        c["check"] for c in body["checks"]}
+
+
+def test_sloppy_adapter_breaches_are_each_named(tmp_path):
+    paths = make_agent(tmp_path, "sloppy.py")
+    found = _breaches(paths)
+    assert "exit 0 after a failure" in found["settings set (not JSON)"]
+    assert "silent clamping" in found["settings set (max_7d above its maximum 0.95)"]
+    assert "a path accepted as a log name" in found["log ../../etc/passwd"]
+    assert "must exit 2" in found["unknown verb"]
+    # What the clamping probe wrote was put back.
+    assert json.loads((workdir(paths) / "settings.json").read_text()) == {"max_7d": 0.5}
+
+
+def test_two_objects_and_diagnostics_on_stdout(tmp_path):
+    assert "more than one JSON object" in _breaches(make_agent(tmp_path / "a", "two_json.py"))["status"]
+    found = _breaches(make_agent(tmp_path / "b", "text_before.py"))
+    assert "text before the JSON object" in found["status"]
+    assert "diagnostics belong on stderr" in found["settings get"]
+
+
+def test_slow_status_is_a_breach(tmp_path):
+    paths = make_agent(tmp_path, "recorder.py", extra="")
+    (workdir(paths) / "recorder.py").write_text(
+        "import json, sys, time\n"
+        "if sys.argv[1] == 'status':\n    time.sleep(2.5)\n    print(json.dumps({}))\n"
+        "else:\n    sys.exit(2)\n")
+    assert "took 2." in _breaches(paths)["status"]
+
+
+def test_bad_manifest_exits_1_with_the_reason(tmp_path, caldera_env, capsys):
+    manifest = tmp_path / "caldera.agent.yaml"
+    manifest.write_text("name: x\nruntime: {type: adapter, command: [a]}\nmcp: {}\n")
+    code = main(["check", "--manifest", str(manifest), "--state-dir", str(tmp_path / "s")])
+    out = capsys.readouterr()
+    assert code == 1 and "'mcp' is not allowed" in out.out

@@ -1,0 +1,63 @@
+"""Building blocks for the core tests: an installed agent tree and a Runtime."""
+import os
+import threading
+from pathlib import Path
+
+from caldera.config import agent_from_args, load_settings
+
+BOOT = "boot-canary-7f3a9c2e"
+SECRET = "secret-env-canary-51d0b8"
+
+
+MANIFEST = """name: {name}
+version: 1.0.0
+runtime:
+  type: adapter
+  command: [python3, adapter.py]
+  workdir: .
+"""
+
+# A small, well-behaved adapter; it also records each call, so tests can see what ran.
+ADAPTER = r"""
+import json, os, sys
+verb = sys.argv[1:]
+with open("calls.log", "a") as fh:
+    fh.write(" ".join(verb) + "\n")
+if verb == ["status"]:
+    print(json.dumps({"state": {"level": "ok", "label": "Ready"}, "gauges": [{"name": "Week", "used": 0.25}]}))
+elif verb == ["pause"]:
+    print(json.dumps({"message": "Paused."}))
+elif verb[:2] == ["settings", "get"]:
+    print(json.dumps({"values": {}}))
+elif verb[:2] == ["log", "--list"]:
+    print(json.dumps({"logs": []}))
+else:
+    sys.exit(2)
+"""
+
+
+class Args:
+    def __init__(self, agent=None, manifest=None, state_dir=None, json=False):
+        self.agent, self.manifest, self.state_dir, self.json = agent, manifest, state_dir, json
+
+
+def install_agent(root: Path, name="demo", base_url="http://127.0.0.1:9", instance_id=7, extra_env="",
+                  manifest=None) -> Path:
+    config = Path(os.environ["CALDERA_CONFIG_DIR"]) / "agents" / name
+    config.mkdir(parents=True)
+    (config / "caldera.agent.yaml").write_text(manifest or MANIFEST.format(name=name))
+    (config / "adapter.py").write_text(ADAPTER)
+    (config / "agent.env").write_text(
+        f"CALDERA_AGENT_ENABLED=true\nCALDERA_BASE_URL={base_url}\nCALDERA_INSTANCE_ID={instance_id}\n{extra_env}")
+    secrets = config / "secrets.env"
+    secrets.write_text(f"CALDERA_TOKEN={BOOT}\nOTHER_SECRET={SECRET}\n")
+    secrets.chmod(0o600)
+    return config
+
+
+def make_runtime(name="demo", **build):
+    from caldera.daemon.wiring import build_runtime
+
+    paths = agent_from_args(Args(agent=name))
+    settings = load_settings(paths)
+    return build_runtime(paths, settings, stop=threading.Event(), **build)

@@ -1,0 +1,166 @@
+import json
+import threading
+import time
+
+import pytest
+import responses
+
+from caldera.daemon.executor import INTERRUPTED, execute, journal_fetched, recover
+from caldera.protocol.outbox import Outbox
+from core_helpers import BOOT, install_agent, make_runtime
+
+BASE = "http://127.0.0.1:9"
+API = BASE + "/api/v1/agent"
+
+
+def ok(data=None):
+    return {"success": True, "data": data}
+
+
+@pytest.fixture
+def runtime(caldera_env):
+    install_agent(caldera_env, base_url=BASE)
+    rt = make_runtime(with_driver=False)
+    yield rt
+    rt.pool.shutdown(wait=False)
+
+
+def finishes(rt):
+    return [item for _, item in rt.outbox.items() if item["kind"] == "finish"]
+
+
+def mock_plane():
+    responses.add(responses.POST, API + "/register", json=ok({"session_token": "agt_sess_abcdef123"}))
+    responses.add(responses.POST, API + "/state/report", json=ok())
+    responses.add_callback(responses.POST, API + "/commands/1/start", callback=lambda r: (200, {}, "{}"))
+
+
+@responses.activate
+def test_unknown_type_is_finished_failed(runtime):
+    mock_plane()
+    command = {"id": 1, "command_type": "make_coffee", "payload": {}}
+    journal_fetched(runtime, command)
+    assert execute(runtime, command) == "failed"
+    [finish] = finishes(runtime)
+    assert finish["body"]["error_message"] == "unsupported command type: make_coffee"
+    assert finish["body"]["status"] == "failed" and finish["command_id"] == 1
+    assert runtime.state.get("commands") == {}
+    assert any(c.request.url.endswith("/commands/1/start") for c in responses.calls)
+
+
+@responses.activate
+def test_collect_system_info_reports_and_returns_summary(runtime):
+    mock_plane()
+    command = {"id": 1, "command_type": "collect_system_info", "payload": {}}
+    journal_fetched(runtime, command)
+    assert execute(runtime, command) == "succeeded"
+    [finish] = finishes(runtime)
+    report = json.loads([c for c in responses.calls if c.request.url.endswith("/state/report")][0].request.body)
+    assert finish["body"]["result"]["system_info"]["cpu"]["cores"] == report["system_info"]["cpu"]["cores"]
+    assert report["runtime"]["current_config_revision_id"] is None
+    assert "openclaw_pid" in report["runtime"]
+
+
+@responses.activate
+def test_invalid_payload_is_refused_before_running(runtime):
+    mock_plane()
+    command = {"id": 1, "command_type": "collect_system_info", "payload": ["not", "an", "object"]}
+    journal_fetched(runtime, command)
+    execute(runtime, command)
+    [finish] = finishes(runtime)
+    assert "invalid payload for collect_system_info" in finish["body"]["error_message"]
+    assert not any(c.request.url.endswith("/state/report") for c in responses.calls)
+
+
+@responses.activate
+def test_404_on_start_finishes_failed_without_running(runtime):
+    responses.add(responses.POST, API + "/register", json=ok({"session_token": "agt_sess_abcdef123"}))
+    responses.add(responses.POST, API + "/commands/1/start", status=404, json={"success": False, "error": "no such command"})
+    command = {"id": 1, "command_type": "collect_system_info", "payload": {}}
+    journal_fetched(runtime, command)
+    execute(runtime, command)
+    [finish] = finishes(runtime)
+    assert "does not know this command" in finish["body"]["error_message"]
+    assert not any(c.request.url.endswith("/state/report") for c in responses.calls)
+
+
+@responses.activate
+def test_start_during_outage_is_queued_before_the_finish(runtime):
+    responses.add(responses.POST, API + "/register", json=ok({"session_token": "agt_sess_abcdef123"}))
+    responses.add(responses.POST, API + "/commands/1/start", status=503, json={"success": False, "error": "down"})
+    command = {"id": 1, "command_type": "make_coffee", "payload": {}}
+    journal_fetched(runtime, command)
+    execute(runtime, command)
+    kinds = [item["kind"] for _, item in runtime.outbox.items()]
+    assert kinds == ["start", "finish"]
+
+
+def test_timeout_kills_the_work_and_finishes_failed(runtime, monkeypatch):
+    from caldera.daemon import dispatch as commands
+    from caldera.host.proc import run
+
+    seen = {}
+
+    def slow(ctx, payload):
+        seen["proc"] = run(["sleep", "30"], env={"PATH": "/bin:/usr/bin"}, timeout=60, stdout_cap=10,
+                           cancel=ctx.cancel, grace=0.5)
+        return {}
+
+    monkeypatch.setitem(commands.HANDLERS, "slow_thing", "test_daemon_executor:_slow_target")
+    monkeypatch.setattr(__import__("test_daemon_executor"), "_slow_target", slow, raising=False)
+    from caldera.daemon.executor import run_handler
+
+    started = time.monotonic()
+    status, _, error = run_handler(runtime, {"id": 9, "command_type": "slow_thing", "timeout_seconds": 1})
+    assert status == "failed" and error == "timed out after 1 s"
+    assert time.monotonic() - started < 10
+    assert seen["proc"].cancelled  # the subprocess was killed, not left running
+
+
+def test_recovery_runs_unbegun_and_fails_interrupted_never_reruns(runtime):
+    never_began = {"id": 11, "command_type": "collect_system_info", "payload": {}}
+    began = {"id": 12, "command_type": "collect_system_info", "payload": {}}
+    recorded = {"id": 13, "command_type": "collect_system_info", "payload": {}}
+    for command in (never_began, began, recorded):
+        journal_fetched(runtime, command)
+    from caldera.daemon.executor import _journal_phase, _put_finish
+
+    _journal_phase(runtime, 12, "executing")
+    _journal_phase(runtime, 13, "executing")
+    _put_finish(runtime, recorded, "succeeded", {"message": "done before the crash"}, "")
+    to_run = recover(runtime)
+    assert [c["id"] for c in to_run] == [11]
+    by_id = {f["command_id"]: f["body"] for f in finishes(runtime)}
+    assert by_id[12]["status"] == "failed" and by_id[12]["error_message"] == INTERRUPTED
+    assert by_id[13]["status"] == "succeeded"
+    assert set(runtime.state.get("commands")) == {"11"}
+
+
+def test_finish_results_are_redacted(runtime):
+    from caldera.daemon.executor import _put_finish
+
+    _put_finish(runtime, {"id": 5}, "failed", {"echo": f"token={BOOT}"}, f"saw {BOOT}")
+    [finish] = finishes(runtime)
+    assert BOOT not in json.dumps(finish)
+
+
+def test_outbox_bound_drops_reports_never_finishes(tmp_path):
+    box = Outbox(tmp_path / "outbox", max_items=5)
+    for i in range(3):
+        box.put("report", {"body": {"i": i}})
+    for i in range(4):
+        box.put("finish", {"command_id": i, "body": {}})
+    kinds = [item["kind"] for _, item in box.items()]
+    assert kinds.count("finish") == 4 and kinds.count("report") == 1 and box.dropped == 2
+    for i in range(3):
+        box.put("finish", {"command_id": 10 + i, "body": {}})
+    assert [item["kind"] for _, item in box.items()].count("finish") == 7  # over the bound, still kept
+
+
+def test_outbox_survives_reopen_in_order(tmp_path):
+    box = Outbox(tmp_path / "outbox")
+    names = [box.put("finish", {"command_id": i, "body": {}}) for i in range(3)]
+    again = Outbox(tmp_path / "outbox")
+    again.put("finish", {"command_id": 3, "body": {}})
+    assert [item["command_id"] for _, item in again.items()] == [0, 1, 2, 3]
+    assert names == sorted(names)
