@@ -103,9 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     parser, module = build_parser(argv[0])
     args = parser.parse_args(argv[1:])
     try:
+        _as_service_user(argv[0], args)
         return int(module.main(args) or 0)
     except UsageError as exc:
         print(f"caldera {argv[0]}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except PermissionError as exc:  # a configuration problem too: a restart cannot fix it
+        print(f"caldera {argv[0]}: {_permission_sentence(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:  # a file or directory problem: say which, without a traceback
         where = f" {exc.filename}" if exc.filename else ""
@@ -113,3 +117,31 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+
+
+# The commands that read or write an installed agent's state directory: as root they
+# run as the service user (caldera.host.privdrop), so root leaves no file there.
+STATE_COMMANDS = ("status", "pause", "resume", "run-now", "settings", "log", "run", "report", "skills")
+
+
+def _as_service_user(name: str, args) -> None:
+    if name not in STATE_COMMANDS or getattr(args, "manifest", None) or getattr(args, "state_dir", None):
+        return
+    from caldera.config import state_root
+    from caldera.host import privdrop
+
+    entry = privdrop.service_user_for(state_root())
+    if entry is not None:
+        privdrop.become(entry)
+
+
+def _permission_sentence(exc: PermissionError) -> str:
+    import os
+    import pwd
+
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        user = f"uid {os.geteuid()}"
+    what = exc.filename or "a file"
+    return f"{what}: permission denied for user {user} (check its owner and mode: docs/packaging.md)"

@@ -29,4 +29,19 @@ def main(args) -> int:
 
     limit_malloc_arenas()  # before any thread starts: see caldera/memtune.py
     runtime = open_runtime(args, "daemon")
-    return daemon.run(runtime)
+    code = daemon.run(runtime)
+    if code == daemon.REEXEC:
+        _restart_in_place()
+    return code
+
+
+def _restart_in_place() -> None:
+    """After a reload that changed the configuration: the same command again, same PID
+    (systemd keeps tracking it; the new process says READY=1 again)."""
+    import logging
+    import os
+    import sys
+
+    logging.shutdown()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "caldera.cli", *sys.argv[1:]])

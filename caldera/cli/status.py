@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import sys
 
 from caldera.cli import add_agent_flags
 
@@ -80,6 +82,8 @@ def main(args) -> int:
     from caldera.protocol.outbox import outbox_depth
 
     paths = agent_from_args(args)
+    if paths.state_dir.is_dir() and not os.access(paths.state_dir, os.R_OK):
+        return _from_snapshot(paths, args)
     redact = _redactor(paths)
     agent = redact(_agent_status(paths))
     conn = redact(connection_info(paths))
@@ -91,6 +95,46 @@ def main(args) -> int:
     else:
         _print_human(paths.name, agent, conn, outbox)
     return 0
+
+
+def _from_snapshot(paths, args) -> int:
+    """A user who may not read the state dir (0711): the daemon's redacted status.json."""
+    from caldera.host.fsutil import read_json
+
+    path = paths.state_dir / "status.json"
+    try:
+        snap = read_json(path, None)
+    except ValueError:
+        snap = None
+    if not isinstance(snap, dict):
+        print(f"caldera status: {paths.state_dir} is not readable for this user and {path} "
+              "is not there yet (the daemon writes it after each state report); "
+              f"`sudo caldera status --agent {paths.name}` asks the adapter", file=sys.stderr)
+        return 1
+    conn = dict(snap.get("connection") or {})
+    conn["last_successful"] = _ago(conn.get("last_heartbeat_ok_at"))
+    pid = snap.get("daemon_pid")
+    conn["daemon"] = f"pid {pid}" if isinstance(pid, int) and _alive(pid) else None
+    outbox = snap.get("outbox") if isinstance(snap.get("outbox"), dict) else {"items": "?"}
+    agent = snap.get("agent_status") if isinstance(snap.get("agent_status"), dict) else None
+    if args.json:
+        print(json.dumps({"agent_status": agent, "connection": conn, "outbox": outbox,
+                          "snapshot_at": snap.get("written_at")}))
+        return 0
+    _print_human(paths.name, agent, conn, outbox)
+    print(f"(the daemon's snapshot of {_ago(snap.get('written_at'))}; "
+          f"`sudo caldera status --agent {paths.name}` asks the adapter now)")
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # it runs, as another user
+    except OSError:
+        return False
+    return True
 
 
 def _print_human(name, agent, conn, outbox) -> None:

@@ -7,6 +7,7 @@ import logging
 import time
 
 from caldera.protocol.retry import Backoff
+from caldera.daemon.snapshot import write_snapshot
 from caldera.daemon.wakeups import ago, wait_any
 from caldera.protocol.payloads import state_report_body
 
@@ -49,4 +50,5 @@ def report_loop(runtime) -> None:
             failing = True
             delay = max(runtime.settings.report_interval,
                         backoff.next_delay(getattr(exc, "retry_after", None)))
+        write_snapshot(runtime)  # `caldera status` for users without access to the state dir
         wait_any(runtime.stop, runtime.report_wakeup, delay)

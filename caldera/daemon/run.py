@@ -3,20 +3,23 @@
 Signals (SPEC section 4): the 1st SIGTERM/SIGINT drains (no new commands, the
 running one finishes within DRAIN_GRACE, the outbox is flushed for up to 10 s,
 a final report goes out); the 2nd cancels the running command; the 3rd exits
-at once. SIGHUP lifts a blocked auth path (the configuration may be fixed).
-An intended stop exits 0 so that systemd does not fight it.
+at once. SIGHUP (`systemctl reload`) re-reads agent.env and secrets.env
+(caldera.daemon.reload): unchanged, it lifts a blocked auth path; changed, the
+daemon stops as on SIGTERM and `run` returns REEXEC, on which `caldera run`
+restarts itself in place. The handlers only count (caldera.daemon.signals); the
+main thread acts. An intended stop exits 0 so that systemd does not fight it.
 """
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import sys
 import threading
 import time
 
 from caldera.host import sdnotify
 from caldera.daemon.executor import recover
+from caldera.daemon.reload import reread
+from caldera.daemon.signals import Signals
 from caldera.host.fsutil import StateLock
 from caldera.daemon.lanes import Lanes
 from caldera.daemon.heartbeat import heartbeat_loop
@@ -29,35 +32,7 @@ log = logging.getLogger("caldera.daemon.run")
 DRAIN_GRACE = 30.0
 FLUSH_ON_STOP = 10.0
 LIVENESS = 90.0  # a loop silent for longer than this stops the watchdog pings
-
-
-class Signals:
-    """Counts SIGTERM/SIGINT; the main thread acts on the count."""
-
-    def __init__(self, runtime, lanes):
-        self.runtime, self.lanes, self.count = runtime, lanes, 0
-        self.event = threading.Event()
-
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._stop)
-        signal.signal(signal.SIGINT, self._stop)
-        signal.signal(signal.SIGHUP, self._hup)
-
-    def _stop(self, signum, frame) -> None:
-        self.count += 1
-        if self.count == 1:
-            self.runtime.draining.set()
-            self.runtime.poll_wakeup.set()
-        elif self.count == 2:
-            self.lanes.cancel.set()
-        else:
-            os._exit(0)
-        self.event.set()
-
-    def _hup(self, signum, frame) -> None:
-        if self.runtime.auth is not None:
-            self.runtime.auth.unblock()
-            self.runtime.heartbeat_wakeup.set()
+REEXEC = -1  # run()'s answer after a reload that changed the configuration
 
 
 def start_threads(runtime, lanes) -> list[threading.Thread]:
@@ -90,24 +65,32 @@ def alive(runtime, names) -> bool:
 
 
 def run(runtime) -> int:
+    """0 after a stop, 1 when another daemon runs this agent, REEXEC after a changing reload."""
     lock = StateLock(runtime.paths.state_dir, "daemon")
     if not lock.acquire():
         print(f"caldera run: agent {runtime.paths.name} is already run by pid {lock.holder()}", file=sys.stderr)
         return 1
-    with lock:
-        if not runtime.settings.enabled or runtime.client is None:
-            return _run_local(runtime)
-        return _run_connected(runtime)
-
-
-def _run_local(runtime) -> int:
-    """CALDERA_AGENT_ENABLED is not true: no control plane; the CLI verbs still work."""
-    log.info("control plane disabled (CALDERA_AGENT_ENABLED is not true); staying local")
-    signals = Signals(runtime, Lanes(runtime))
+    signals = Signals()
     signals.install()
+    try:
+        with lock:
+            if not runtime.settings.enabled or runtime.client is None:
+                return _run_local(runtime, signals)
+            return _run_connected(runtime, signals)
+    finally:
+        signals.close()
+
+
+def _run_local(runtime, signals) -> int:
+    """CALDERA_AGENT_ENABLED is not true: no control plane; the CLI verbs still work."""
+    log.info("control plane disabled (CALDERA_AGENT_ENABLED is not true); staying local "
+             "(after editing %s: systemctl reload)", runtime.paths.agent_env)
     sdnotify.notify("READY=1")
     while signals.count == 0:
-        signals.event.wait(_watchdog_period())
+        signals.wait(_watchdog_period())
+        if signals.take_hup() and reread(runtime):
+            sdnotify.notify("STOPPING=1")
+            return REEXEC
         sdnotify.notify("WATCHDOG=1")
     sdnotify.notify("STOPPING=1")
     return 0
@@ -118,11 +101,9 @@ def _watchdog_period() -> float:
     return interval / 2 if interval else 3600.0
 
 
-def _run_connected(runtime) -> int:
+def _run_connected(runtime, signals) -> int:
     lanes = Lanes(runtime)
     runtime.lanes = lanes
-    signals = Signals(runtime, lanes)
-    signals.install()
     lanes.start()
     for command in recover(runtime):
         lanes.submit(command)
@@ -131,11 +112,17 @@ def _run_connected(runtime) -> int:
              runtime.settings.base_url)
     sdnotify.notify("READY=1")
     names = [t.name for t in threads]
+    outcome = 0
     while signals.count == 0:
-        signals.event.wait(_watchdog_period() if sdnotify.watchdog_interval() else 3600.0)
+        signals.wait(_watchdog_period())
+        if signals.take_hup() and reread(runtime):
+            outcome = REEXEC
+            break
         if signals.count == 0 and alive(runtime, names):
             sdnotify.notify("WATCHDOG=1")
     sdnotify.notify("STOPPING=1")
+    runtime.draining.set()  # the poller fetches no more commands
+    runtime.poll_wakeup.set()
     log.info("stopping: draining (a second signal cancels the running command)")
     _drain(runtime, lanes, signals)
     runtime.shutdown()
@@ -143,15 +130,14 @@ def _run_connected(runtime) -> int:
         thread.join(FLUSH_ON_STOP + 5)
     _final_flush(runtime)
     runtime.pool.shutdown(wait=False, cancel_futures=True)
-    log.info("stopped")
-    return 0
+    log.info("stopped" if outcome == 0 else "stopped; restarting with the new configuration")
+    return outcome
 
 
 def _drain(runtime, lanes, signals) -> None:
     deadline = time.monotonic() + DRAIN_GRACE
     while not lanes.idle() and time.monotonic() < deadline and signals.count < 2:
-        signals.event.clear()
-        signals.event.wait(0.2)
+        signals.wait(0.2)
     if not lanes.idle():
         lanes.cancel.set()
         log.warning("cancelling the running command")
