@@ -20,6 +20,7 @@ from caldera.host import sdnotify
 from caldera.daemon.executor import recover
 from caldera.daemon.reload import reread
 from caldera.daemon.signals import Signals
+from caldera.daemon.snapshot import write_snapshot
 from caldera.host.fsutil import StateLock
 from caldera.daemon.lanes import Lanes
 from caldera.daemon.heartbeat import heartbeat_loop
@@ -85,6 +86,7 @@ def _run_local(runtime, signals) -> int:
     """CALDERA_AGENT_ENABLED is not true: no control plane; the CLI verbs still work."""
     log.info("control plane disabled (CALDERA_AGENT_ENABLED is not true); staying local "
              "(after editing %s: systemctl reload)", runtime.paths.agent_env)
+    write_snapshot(runtime)
     sdnotify.notify("READY=1")
     while signals.count == 0:
         signals.wait(_watchdog_period())
@@ -110,6 +112,7 @@ def _run_connected(runtime, signals) -> int:
     threads = start_threads(runtime, lanes)
     log.info("caldera run: agent %s as %s against %s", runtime.paths.name, runtime.agent_id,
              runtime.settings.base_url)
+    write_snapshot(runtime)  # `caldera status` works from the moment systemd says started
     sdnotify.notify("READY=1")
     names = [t.name for t in threads]
     outcome = 0
