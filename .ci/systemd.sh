@@ -236,9 +236,11 @@ t_readme=$(awk -v a="$r0" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) /
 
 step "registered, reporting and running commands within 60 s of the README block"
 cfg=$C/etc/caldera/agents/$AGENT
-stat -c '%n %U:%G %a' "$cfg/agent.env" "$cfg/secrets.env"
-[ "$(stat -c '%U:%G %a' "$cfg/secrets.env")" = "caldera:caldera 600" ] || fail "secrets.env is not caldera:caldera 0600 after sudoedit"
-[ "$(stat -c '%U:%G %a' "$cfg/agent.env")" = "root:caldera 640" ] || fail "agent.env is not root:caldera 0640 after sudoedit"
+# Owner names as the container knows them (stat on the host would use the host's passwd).
+incfg=/etc/caldera/agents/$AGENT
+inside stat -c '%n %U:%G %a' "$incfg/agent.env" "$incfg/secrets.env"
+[ "$(inside stat -c '%U:%G %a' "$incfg/secrets.env")" = "caldera:caldera 600" ] || fail "secrets.env is not caldera:caldera 0600 after sudoedit"
+[ "$(inside stat -c '%U:%G %a' "$incfg/agent.env")" = "root:caldera 640" ] || fail "agent.env is not root:caldera 0640 after sudoedit"
 registered() { plane agents --json | grep -q "\"$INSTANCE\"\\|: *$INSTANCE[,}]"; }
 reported() { [ -n "$(plane reports --instance "$INSTANCE" --last --json | tr -d '[]{} \n')" ]; }
 roundtrip() {  # enqueue collect_system_info; wait for `succeeded`
@@ -265,7 +267,7 @@ for verb in "pause" "resume" "status" "report --once --deadline 5"; do
 	as_admin "sudo caldera $verb --agent $AGENT" > "$WORK/verb.log" 2>&1 \
 		|| { cat "$WORK/verb.log"; fail "sudo caldera $verb"; }
 done
-left=$(find "$C/var/lib/caldera" ! -user caldera -printf '%u %p\n' | sed "s|$C||")
+left=$(inside find /var/lib/caldera ! -user caldera -printf '%u %p\n')
 [ -z "$left" ] || fail "not owned by caldera after the admin's sudo verbs: $left"
 [ "$(unit_prop ActiveState)" = active ] || fail "caldera@$AGENT is not active after the sudo verbs"
 [ "$(unit_prop MainPID)" = "$pid_before" ] || fail "caldera@$AGENT restarted during the sudo verbs"
