@@ -91,7 +91,7 @@ def _run_local(runtime, signals) -> int:
     while signals.count == 0:
         signals.wait(_watchdog_period())
         if signals.take_hup() and reread(runtime):
-            sdnotify.notify("STOPPING=1")
+            sdnotify.notify("RELOADING=1")  # not STOPPING=1: systemd would wait for an exit
             return REEXEC
         sdnotify.notify("WATCHDOG=1")
     sdnotify.notify("STOPPING=1")
@@ -123,7 +123,9 @@ def _run_connected(runtime, signals) -> int:
             break
         if signals.count == 0 and alive(runtime, names):
             sdnotify.notify("WATCHDOG=1")
-    sdnotify.notify("STOPPING=1")
+    # RELOADING=1 keeps the unit `reloading` until the restarted daemon's READY=1;
+    # STOPPING=1 would make systemd wait for an exit that a reload never does.
+    sdnotify.notify("STOPPING=1" if outcome == 0 else "RELOADING=1")
     runtime.draining.set()  # the poller fetches no more commands
     runtime.poll_wakeup.set()
     log.info("stopping: draining (a second signal cancels the running command)")
