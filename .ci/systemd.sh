@@ -28,6 +28,8 @@ PACKAGES=(systemd systemd-sysv dbus sudo adduser python3 python3-requests python
 AGENT=task-agent
 INSTANCE=7
 TOKEN=ci-boot-$RANDOM$RANDOM$RANDOM
+INSTANCE2=8  # the agent installed but left unconfigured at first
+TOKEN2=ci-boot-$RANDOM$RANDOM$RANDOM
 NSPAWN_PID=
 CPID=
 WORK=
@@ -189,7 +191,8 @@ echo "installed; $got; no daemon-reload pending"
 step "caldera plane serve (inside)"
 inside systemd-run --quiet --unit=ci-plane -p User=caldera -p StateDirectory=ci-plane \
 	caldera plane serve --host 127.0.0.1 --port 0 --db /var/lib/ci-plane/plane.db \
-	--bootstrap-token "$TOKEN" --instance-id "$INSTANCE" --heartbeat-interval 2 --poll-interval 1 \
+	--bootstrap-token "$TOKEN" --instance-id "$INSTANCE" --bootstrap-token "$TOKEN2" --instance-id "$INSTANCE2" \
+	--heartbeat-interval 2 --poll-interval 1 \
 	--url-file /var/lib/ci-plane/url
 wait_until 20 "the plane's URL file" test -s "$C/var/lib/ci-plane/url" >/dev/null
 URL=$(cat "$C/var/lib/ci-plane/url")
@@ -258,7 +261,10 @@ sys.exit(0 if any(int(r["id"]) == want and r["status"] == "succeeded" for r in r
 t_reg=$(wait_until 60 "registered with the plane" registered)
 t_rep=$(wait_until 60 "a state report" reported)
 t_cmd=$(roundtrip 60 "first round trip")
+t_working=$(awk -v a="$r0" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
+awk -v t="$t_working" 'BEGIN { exit !(t <= 60) }' || fail "README block to a finished command took $t_working s (over 60)"
 echo "after the README block: registered ${t_reg} s, reporting ${t_rep} s, a command round trip ${t_cmd} s more"
+echo "README block start to the first finished command: $t_working s"
 as_admin "caldera status --agent $AGENT" || fail "caldera status as the admin (no sudo)"
 
 step "root's CLI verbs leave no root-owned file in the state dir"
@@ -273,6 +279,25 @@ left=$(inside find /var/lib/caldera ! -user caldera -printf '%u %p\n')
 [ "$(unit_prop MainPID)" = "$pid_before" ] || fail "caldera@$AGENT restarted during the sudo verbs"
 roundtrip 30 "after the sudo verbs" >/dev/null
 echo "state dir all caldera's; the unit kept running and runs commands"
+
+step "an installed but unconfigured agent: no crash loop; reload in local mode connects it"
+inside caldera init /usr/share/caldera/examples/task-agent --name idle-agent >/dev/null
+inside systemctl start caldera@idle-agent
+sleep 7  # longer than RestartSec=5: a crash loop would show as a restart
+idle() { inside systemctl show -P "$1" caldera@idle-agent; }
+[ "$(idle ActiveState)" = active ] || fail "unconfigured caldera@idle-agent is $(idle ActiveState)"
+[ "$(idle NRestarts)" = 0 ] || fail "unconfigured caldera@idle-agent restarted $(idle NRestarts) times"
+inside journalctl -u caldera@idle-agent --no-pager -o cat | grep -q 'staying local' || fail "no 'staying local' in the journal"
+icfg=$C/etc/caldera/agents/idle-agent
+printf 'CALDERA_AGENT_ENABLED=true\nCALDERA_BASE_URL=%s\nCALDERA_INSTANCE_ID=%s\n' "$URL" "$INSTANCE2" >> "$icfg/agent.env"
+printf 'CALDERA_TOKEN=%s\n' "$TOKEN2" >> "$icfg/secrets.env"
+inside systemctl reload caldera@idle-agent || fail "systemctl reload caldera@idle-agent"
+idle_reported() { [ -n "$(plane reports --instance "$INSTANCE2" --last --json | tr -d '[]{} \n')" ]; }
+t_idle=$(wait_until 30 "the idle agent reporting after reload" idle_reported)
+inside journalctl -u caldera@idle-agent --no-pager -o cat | grep 'reload:' || fail "the reload logged nothing"
+if inside journalctl -u caldera@idle-agent --no-pager -o cat | grep -qF "$TOKEN2"; then fail "the token reached the journal"; fi
+inside systemctl stop caldera@idle-agent
+echo "active in local mode, 0 restarts; after reload reporting within $t_idle s"
 
 step "systemctl reload re-reads agent.env and secrets.env"
 pid_before=$(unit_prop MainPID)
@@ -294,7 +319,7 @@ restarts=$(unit_prop NRestarts)
 pid_before=$(unit_prop MainPID)
 ids=()
 for _ in 1 2 3; do ids+=("$(plane enqueue --instance "$INSTANCE" collect_system_info)"); done
-inside kill -9 "$pid_before"
+inside sh -c "kill -9 $pid_before"  # the shell's kill: minbase has no /bin/kill
 back() { p=$(unit_prop MainPID); [ "$p" != 0 ] && [ "$p" != "$pid_before" ] && [ "$(unit_prop ActiveState)" = active ]; }
 t_restart=$(wait_until 15 "caldera@$AGENT active again after kill -9" back)
 [ "$(unit_prop NRestarts)" -eq $(( restarts + 1 )) ] || fail "NRestarts $(unit_prop NRestarts), want $(( restarts + 1 ))"
@@ -326,8 +351,8 @@ awk -v t="$t_stop" 'BEGIN { exit !(t <= 15) }' || fail "systemctl stop took $t_s
 echo "stopped in $t_stop s ($(unit_prop ActiveState), result $(unit_prop Result))"
 
 step "a broken configuration ends failed, with at most one restart"
-broken() {  # broken DESCRIPTION SETUP-COMMAND: start, wait for `failed`, count restarts, restore
-	local what=$1
+broken() {  # broken DESCRIPTION SETUP-COMMAND NAMED: start, wait for `failed`, count restarts, restore
+	local what=$1 named=$3
 	cp -a "$cfg/agent.env" "$WORK/agent.env.good"
 	cp -a "$cfg/secrets.env" "$WORK/secrets.env.good"
 	eval "$2"
@@ -342,15 +367,16 @@ broken() {  # broken DESCRIPTION SETUP-COMMAND: start, wait for `failed`, count 
 	[ "$n" -le 1 ] || fail "$what: $n restarts"
 	status=$(unit_prop ExecMainStatus)
 	[ "$status" = 2 ] || fail "$what: exit status $status, want 2"
-	msg=$(inside journalctl -u "caldera@$AGENT" --no-pager -o cat -n 20 | grep 'caldera run' | tail -n 1)
+	msg=$(inside journalctl -u "caldera@$AGENT" --no-pager -o cat -n 20 | grep '^caldera run: ' | tail -n 1)
+	printf '%s\n' "$msg" | grep -qF "$named" || fail "$what: the journal's sentence does not name $named: '$msg'"
 	echo "$what: failed, $n restarts, exit $status: $msg"
 	cp -a "$WORK/agent.env.good" "$cfg/agent.env"
 	cp -a "$WORK/secrets.env.good" "$cfg/secrets.env"
 	inside systemctl reset-failed "caldera@$AGENT"
 }
-broken "bad CALDERA_BASE_URL" "printf 'CALDERA_BASE_URL=ftp://nowhere\n' >> '$cfg/agent.env'"
-broken "secrets.env readable by others" "chmod 0644 '$cfg/secrets.env'"
-broken "agent.env not readable by caldera" "chmod 0600 '$cfg/agent.env'"
+broken "bad CALDERA_BASE_URL" "printf 'CALDERA_BASE_URL=ftp://nowhere\n' >> '$cfg/agent.env'" CALDERA_BASE_URL
+broken "secrets.env readable by others" "chmod 0644 '$cfg/secrets.env'" secrets.env
+broken "agent.env not readable by caldera" "chmod 0600 '$cfg/agent.env'" agent.env
 
 step "the cron line, uncommented"
 inside systemctl start "caldera@$AGENT"
@@ -370,9 +396,24 @@ inside journalctl -t caldera-report --no-pager -o cat | tail -n 3
 
 step "apt-get purge: nothing left running"
 [ "$(unit_prop ActiveState)" = active ] || fail "caldera@$AGENT not active before purge"
+inside systemctl stop ci-plane  # the test's own plane (user caldera too) ends first
 inside sh -c 'DEBIAN_FRONTEND=noninteractive apt-get purge -y -q caldera' > "$WORK/apt.log" 2>&1 \
 	|| { cat "$WORK/apt.log"; fail "apt-get purge"; }
-left=$(inside ps -eo pid=,user=,args= | awk '$2 == "caldera" || /\/usr\/bin\/caldera/' | grep -v -e awk -e 'caldera plane serve' || true)
+# (minbase has no ps: /proc, read by the container's python3)
+left=$(inside python3 -c '
+import os, pwd
+uid = pwd.getpwnam("caldera").pw_uid
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    if int(pid) == os.getpid():
+        continue
+    try:
+        cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+        owner = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        continue
+    if owner == uid or "/usr/bin/caldera" in cmd or "caldera.cli" in cmd:
+        print(pid, owner, cmd)
+')
 [ -z "$left" ] || fail "still running after purge: $left"
 load=$(unit_prop LoadState)
 [ "$load" = not-found ] || fail "caldera@$AGENT is still $load after purge (no daemon-reload?)"
@@ -386,7 +427,7 @@ t_total=$(( $(date +%s) - t0 ))
 printf '\n== systemd: summary\n'
 printf 'base root        %s\n' "$t_base"
 printf 'README block     %s s (as the admin, from README.md)\n' "$t_readme"
-printf 'to registered    %s s, reporting %s s, first command +%s s\n' "$t_reg" "$t_rep" "$t_cmd"
+printf 'to registered    %s s, reporting %s s, first command +%s s (README start to a finished command: %s s)\n' "$t_reg" "$t_rep" "$t_cmd" "$t_working"
 printf 'kill -9 restart  %s s\n' "$t_restart"
 printf 'stop             %s s\n' "$t_stop"
 printf 'total            %s s\n' "$t_total"
