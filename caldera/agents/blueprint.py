@@ -16,11 +16,17 @@ links, nothing but files and directories, at most 10,000 members and 512 MiB.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
+import tarfile
 import tempfile
 from pathlib import Path
 
+from caldera import config
+from caldera.agents.manifest import load_manifest
+from caldera.agents.window import manifest_bytes_for_install
 from caldera.errors import ConfigError
+from caldera.host.fsutil import atomic_write_bytes
 
 MANIFEST = "caldera.agent.yaml"
 MAX_MEMBERS = 10_000
@@ -49,7 +55,6 @@ class Refused(Exception):
 
 
 def install(source, *, name=None, environ=os.environ, systemd_dir=SYSTEMD_DIR) -> dict:
-    from caldera import config
     source = Path(source)
     with tempfile.TemporaryDirectory(prefix="caldera-init-") as tmp:
         tree = _unpack(source, Path(tmp)) if source.is_file() else _checked_dir(source)
@@ -73,8 +78,6 @@ def install(source, *, name=None, environ=os.environ, systemd_dir=SYSTEMD_DIR) -
 
 
 def _load(root: Path):
-    from caldera.agents.manifest import load_manifest
-
     manifest = load_manifest(root / MANIFEST, validate_schema=True)
     if manifest.runtime_type != "adapter":
         raise Refused(f"runtime.type: {manifest.runtime_type}: this caldera installs adapter-mode blueprints only")
@@ -84,8 +87,6 @@ def _load(root: Path):
 # ------------------------------------------------------------ the blueprint's files
 
 def _unpack(archive: Path, dest: Path) -> Path:
-    import tarfile
-
     if not archive.name.endswith((".tar.gz", ".tgz")):
         raise Refused(f"{archive}: a blueprint is a directory or a .tar.gz")
     try:
@@ -161,8 +162,6 @@ def _find_root(tree: Path) -> Path:
 
 def _install_tree(root: Path, agents: Path, config_dir: Path) -> int:
     """Stage the config dir next to its place, then rename it in: all or nothing."""
-    from caldera.agents.window import manifest_bytes_for_install
-    from caldera.host.fsutil import atomic_write_bytes
 
     agents.mkdir(parents=True, exist_ok=True, mode=0o755)
     staging = Path(tempfile.mkdtemp(prefix=f".{config_dir.name}.", dir=agents))
@@ -201,8 +200,6 @@ def _copy_bundle(root: Path, bundle: Path) -> int:
 
 def _service_user():
     """The `caldera` passwd entry when root installs for it; None otherwise (a test, a checkout)."""
-    import pwd
-
     if os.geteuid() != 0:
         return None
     try:

@@ -1,6 +1,6 @@
 """The `caldera` command line: the command table, and one module per command or group.
 
-The top layer: may import everything below (daemon, agents, skills, backends, plane,
+The top layer. May import: everything below (daemon, agents, skills, backends, plane,
 protocol, host, base). It is the one place where exceptions become exit codes.
 
 Only the chosen sub-command's module is imported: `requests` and `jsonschema`
@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import pwd
 import sys
 
 from caldera import __version__
-from caldera.errors import EXIT_FAILED, EXIT_USAGE, UsageError
+from caldera.config import state_root
+from caldera.errors import EXIT_FAILED, EXIT_USAGE, CalderaError, Retryable
+from caldera.host import privdrop
 
 # name -> (module, one-line help), in groups; `caldera --help` lists them in this order.
 GROUPS: dict[str, dict[str, tuple[str, str]]] = {
     "agent verbs (on this host, with or without the control plane)": {
-        "status": ("caldera.cli.status", "the agent's state, connection and outbox"),
+        "status": ("caldera.cli.status", "the agent's state, connection, outbox and last commands (--watch)"),
         "pause": ("caldera.cli.verbs", "pause the agent (its own manual pause)"),
         "resume": ("caldera.cli.verbs", "lift the agent's manual pause"),
         "run-now": ("caldera.cli.verbs", "ask the agent for a run"),
@@ -95,6 +99,10 @@ def _takes_name(module) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["__complete"]:  # hidden: bash completion's helper (packaging/caldera.bash-completion)
+        from caldera.cli import complete  # deferred: only a completion pays for it
+
+        return complete.main(argv[1:])
     if not argv or argv[0] not in COMMANDS:
         top = _top_parser()
         args = top.parse_args(argv)  # handles --help, --version and unknown commands (exit 2)
@@ -105,9 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _as_service_user(argv[0], args)
         return int(module.main(args) or 0)
-    except UsageError as exc:
-        print(f"caldera {argv[0]}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    except CalderaError as exc:  # the taxonomy decides: configuration 2, the rest 1
+        hint = " (try again later)" if isinstance(exc, Retryable) else ""
+        print(f"caldera {argv[0]}: {exc}{hint}", file=sys.stderr)
+        return exc.exit_code
     except PermissionError as exc:  # a configuration problem too: a restart cannot fix it
         print(f"caldera {argv[0]}: {_permission_sentence(exc)}", file=sys.stderr)
         return EXIT_USAGE
@@ -127,18 +136,12 @@ STATE_COMMANDS = ("status", "pause", "resume", "run-now", "settings", "log", "ru
 def _as_service_user(name: str, args) -> None:
     if name not in STATE_COMMANDS or getattr(args, "manifest", None) or getattr(args, "state_dir", None):
         return
-    from caldera.config import state_root
-    from caldera.host import privdrop
-
     entry = privdrop.service_user_for(state_root())
     if entry is not None:
         privdrop.become(entry)
 
 
 def _permission_sentence(exc: PermissionError) -> str:
-    import os
-    import pwd
-
     try:
         user = pwd.getpwuid(os.geteuid()).pw_name
     except KeyError:

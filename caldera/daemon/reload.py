@@ -19,20 +19,21 @@ from caldera.errors import ConfigError
 log = logging.getLogger("caldera.daemon.reload")
 
 
-def reread(runtime) -> bool:
-    """True when the configuration changed and the daemon must restart in place."""
-    paths = runtime.paths
+def reread(parts) -> bool:
+    """True when the configuration changed and the daemon must restart in place.
+    `parts`: caldera.daemon.wiring.Parts."""
+    paths = parts.paths
     try:
         fresh = load_settings(paths)
     except (ConfigError, OSError) as exc:
         log.error("reload: %s; keeping the running configuration", _sentence(exc))
         return False
-    changed = changed_names(runtime.settings.env, fresh.env)
+    changed = changed_names(parts.settings.env, fresh.env)
     if not changed:
         log.info("reload: %s and %s unchanged", paths.agent_env, paths.secrets_env)
-        if runtime.auth is not None:
-            runtime.auth.unblock()
-            runtime.heartbeat_wakeup.set()
+        if parts.auth is not None:
+            parts.auth.unblock()
+            parts.wake.heartbeat.set()
         return False
     log.info("reload: changed %s; restarting in place with the new configuration", ", ".join(changed))
     return True

@@ -11,14 +11,13 @@ test's temp dir, a host without the user) nothing changes.
 from __future__ import annotations
 
 import os
+import pwd
 
 SERVICE_USER = "caldera"
 
 
 def service_user_for(state_root, user: str = SERVICE_USER):
     """The passwd entry to switch to, or None when this process should stay as it is."""
-    import pwd
-
     if os.geteuid() != 0:
         return None
     try:

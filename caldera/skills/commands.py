@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 from caldera.errors import CommandError
-from caldera.skills import inventory, publish, store
+from caldera.host.timefmt import rfc3339
+from caldera.protocol.client import ApiError
+from caldera.skills import inventory, package, store
 from caldera.skills.inventory import DISABLED, DISCOVERED, MANAGED
 
 log = logging.getLogger("caldera.skills")
@@ -21,22 +23,22 @@ RISK_ACTIONS = {"disable": "disable", "quarantine": "quarantine", "remove": "rem
 
 
 def _state_dir(ctx) -> Path:
-    return Path(ctx.runtime.paths.state_dir)
+    return Path(ctx.paths.state_dir)
 
 
 def _env(ctx) -> dict:
-    return getattr(ctx.runtime.settings, "env", None) or {}
+    return getattr(ctx.settings, "env", None) or {}
 
 
 def _client(ctx):
-    client = getattr(ctx.runtime, "client", None)
+    client = ctx.client
     if client is None:
         raise CommandError(f"{ctx.command_type}: the agent is not connected to a control plane")
     return client
 
 
 def _resync(ctx, trigger: str) -> dict:
-    scan, body = publish.scan_and_send(ctx.runtime, trigger)
+    scan, body = ctx.publisher.scan_and_send(trigger)
     return {"inventory_mode": body["mode"], "skill_count": len(scan.active)}
 
 
@@ -44,7 +46,7 @@ def _resync(ctx, trigger: str) -> dict:
 
 def sync_skill_inventory(ctx, payload: dict) -> dict:
     trigger = payload.get("trigger") or ctx.command_type
-    scan, body = publish.scan_and_send(ctx.runtime, str(trigger))
+    scan, body = ctx.publisher.scan_and_send(str(trigger))
     result = {"mode": body["mode"], "skills": len(body["skills"]), "active": len(scan.active),
               "problems": scan.problems[:20]}
     if not scan.complete:
@@ -60,7 +62,7 @@ refresh_skill_inventory = sync_skill_inventory
 
 def _locate_for_package(ctx, payload: dict) -> Path:
     """content_md5 first, then identifier, then skill_id (the platform echoes what we reported)."""
-    scan = publish.scanner(ctx.runtime).scan()
+    scan = ctx.publisher.scanner().scan()
     wanted = (payload.get("content_md5") or "").strip().lower()
     records = scan.records
     for key, value in (("content_md5", wanted), ("identifier", payload.get("identifier")),
@@ -74,8 +76,6 @@ def _locate_for_package(ctx, payload: dict) -> Path:
 
 
 def collect_skill_package(ctx, payload: dict) -> dict:
-    from caldera.skills import package
-
     client = _client(ctx)
     skill = _locate_for_package(ctx, payload)
     cache = _state_dir(ctx) / "cache"
@@ -87,10 +87,10 @@ def collect_skill_package(ctx, payload: dict) -> dict:
     try:
         wanted = (payload.get("content_md5") or "").strip().lower()
         if wanted and wanted != content_md5:
-            ctx.runtime.inventory_changed()
+            ctx.inventory_changed()
             raise CommandError(f"{skill.name} changed since it was reported: its content_md5 is now {content_md5}, "
                                f"not {wanted}; a fresh inventory is on its way")
-        fields = {"agent_id": ctx.runtime.agent_id, "skill_id": payload.get("skill_id") or skill.name,
+        fields = {"agent_id": ctx.agent_id, "skill_id": payload.get("skill_id") or skill.name,
                   "skill_version": payload.get("skill_version") or "", "identifier": skill.name,
                   "content_md5": content_md5, "source": payload.get("source") or inventory.SOURCE_DISCOVERED}
         size = zip_path.stat().st_size
@@ -106,8 +106,6 @@ def collect_skill_package(ctx, payload: dict) -> dict:
 # ------------------------------------------------------------------ install / update
 
 def _download(ctx, version: str, dest: Path) -> int:
-    from caldera.protocol.client import ApiError
-
     try:
         return _client(ctx).download_skill(version, dest, cap=store.DOWNLOAD_CAP)
     except ApiError as exc:
@@ -132,7 +130,7 @@ def _install(ctx, payload: dict, update: bool) -> dict:
         name = name or store.check_name(skill.name, "the archive's top-level directory")
         skill_id = store.platform_id(payload.get("skill_id")) or name
         store.write_install_record(skill, {"skill_id": skill_id, "skill_version": version, "target_name": name,
-                                           "content_md5": content_md5, "installed_at": inventory.now_iso()})
+                                           "content_md5": content_md5, "installed_at": rfc3339()})
         target = root / name
         with inventory.exclusive_lock(state_dir):
             replaced = store.swap_in(skill, target)
@@ -196,7 +194,7 @@ def disable_skill(ctx, payload: dict) -> dict:
         with inventory.exclusive_lock(state_dir):
             store.move(path, dest)
         store.atomic_write_json(dest / inventory.DISABLED_RECORD,
-                                {"origin": str(path), "disabled_at": inventory.now_iso()}, mode=0o644)
+                                {"origin": str(path), "disabled_at": rfc3339()}, mode=0o644)
         result = {"target_name": path.name, "install_path": str(dest), "disabled": True, "disabled_from": str(path)}
     result.update(_resync(ctx, ctx.command_type))
     return result
