@@ -87,4 +87,4 @@ def test_status_snapshot_is_written_for_users_without_access(caldera_env, plane)
         assert daemon.stop() == 0
     assert BOOT.encode() not in snapshot.read_bytes()
     doc = json.loads(snapshot.read_text())
-    assert doc["daemon_pid"] == daemon.proc.pid and doc["outbox"] == {"items": 0}
+    assert doc["daemon_pid"] == daemon.proc.pid and doc["outbox"]["items"] == 0
