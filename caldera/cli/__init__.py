@@ -129,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # The commands that read or write an installed agent's state directory: as root they
-# run as the service user (caldera.host.privdrop), so root leaves no file there.
-STATE_COMMANDS = ("status", "pause", "resume", "run-now", "settings", "log", "run", "report", "skills")
+# run as the service user (caldera.host.privdrop), so root leaves no file there and they
+# see what the daemon sees (its HOME, its rights). `init` stays root: it writes /etc.
+STATE_COMMANDS = ("status", "pause", "resume", "run-now", "settings", "log", "run", "report", "skills",
+                  "check", "turn")
 
 
 def _as_service_user(name: str, args) -> None:
