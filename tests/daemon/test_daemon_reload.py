@@ -30,7 +30,9 @@ def test_unconfigured_agent_stays_local_and_a_reload_connects_it_in_place(calder
         (config / "agent.env").write_text(
             f"CALDERA_AGENT_ENABLED=true\nCALDERA_BASE_URL={plane.url}\nCALDERA_INSTANCE_ID={INSTANCE}\n")
         daemon.signal(signal.SIGHUP)
-        wait_for(lambda: plane.store.heartbeats(INSTANCE), what="heartbeat after the reload")
+        # The restarted process imports and registers anew: on a loaded machine that is
+        # more than the usual few seconds.
+        wait_for(lambda: plane.store.heartbeats(INSTANCE), timeout=30, what="heartbeat after the reload")
         assert daemon.proc.poll() is None  # the same process (execv keeps the PID)
     finally:
         assert daemon.stop() == 0
@@ -49,7 +51,8 @@ def test_reload_of_a_changed_secret_names_it_and_hides_its_value(caldera_env, pl
         daemon.signal(signal.SIGHUP)
         wait_for(lambda: "restarting in place" in daemon.log(), what="the reload")
         before = len(plane.store.heartbeats(INSTANCE))
-        wait_for(lambda: len(plane.store.heartbeats(INSTANCE)) > before, what="heartbeats after the reload")
+        wait_for(lambda: len(plane.store.heartbeats(INSTANCE)) > before, timeout=30,
+                 what="heartbeats after the reload (a restarted process)")
     finally:
         assert daemon.stop() == 0
     log = daemon.log()
