@@ -49,7 +49,7 @@ def test_reload_of_a_changed_secret_names_it_and_hides_its_value(caldera_env, pl
         wait_for(lambda: plane.store.heartbeats(INSTANCE), what="first heartbeat")
         (config / "secrets.env").write_text(f"CALDERA_TOKEN={BOOT}\nNEW_SECRET=reload-canary-93b1\n")
         daemon.signal(signal.SIGHUP)
-        wait_for(lambda: "restarting in place" in daemon.log(), what="the reload")
+        wait_for(lambda: "stopped; restarting with the new configuration" in daemon.log(), what="the reload")
         before = len(plane.store.heartbeats(INSTANCE))
         wait_for(lambda: len(plane.store.heartbeats(INSTANCE)) > before, timeout=30,
                  what="heartbeats after the reload (a restarted process)")
