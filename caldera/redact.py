@@ -9,7 +9,6 @@ URL userinfo, credential query parameters and api_key/token/password fields.
 """
 from __future__ import annotations
 
-import base64
 import json
 import re
 import threading
@@ -46,20 +45,44 @@ _PATTERN_SOURCES = [
 ]
 
 
-class _Compiled:
-    """The patterns, compiled on first use: importing this module (every quick CLI
-    verb does) costs no regex compilation; the first redaction pays it once."""
+# The keys whose values are masked whole in a JSON-shaped structure, lowercased: a set,
+# not a regex, so a quick CLI verb redacting its answer compiles nothing.
+_SECRET_KEYS = frozenset(
+    f"{head}{sep}{tail}" if tail else head
+    for head, tail in (("authorization", ""), ("proxy-authorization", ""), ("api", "key"), ("apikey", ""),
+                       ("token", ""), ("access", "token"), ("refresh", "token"), ("id", "token"),
+                       ("session", "token"), ("bootstrap", "token"), ("password", ""), ("passwd", ""),
+                       ("secret", ""), ("client", "secret"), ("private", "key"), ("cookie", ""),
+                       ("set-cookie", ""))
+    for sep in ("_", "-", "")
+)
 
-    _done = None
+
+def secret_key(key) -> bool:
+    """Whether a mapping key names a secret (_SECRET_KEY's verdict, as a set lookup)."""
+    return isinstance(key, str) and key.lower() in _SECRET_KEYS
+
+
+class _Compiled:
+    """The patterns, each compiled on its first use: importing this module (every quick
+    CLI verb does) compiles nothing, and a text no trigger matches compiles nothing
+    either; only the trigger alternation is compiled on the first redaction."""
+
+    _trigger = None
+    _patterns: dict = {}
 
     @classmethod
-    def get(cls):
-        if cls._done is None:
-            patterns = [(re.compile(src), repl, triggers) for src, repl, triggers in _PATTERN_SOURCES]
-            trigger = re.compile("|".join(re.escape(t) for _, _, ts in _PATTERN_SOURCES for t in ts))
-            cls._done = (patterns, trigger, re.compile(_SECRET_KEY))
-        return cls._done
+    def trigger(cls):
+        if cls._trigger is None:
+            cls._trigger = re.compile("|".join(re.escape(t) for _, _, ts in _PATTERN_SOURCES for t in ts))
+        return cls._trigger
 
+    @classmethod
+    def pattern(cls, index: int):
+        compiled = cls._patterns.get(index)
+        if compiled is None:
+            compiled = cls._patterns[index] = re.compile(_PATTERN_SOURCES[index][0])
+        return compiled
 
 
 def _forms(value: str) -> set[str]:
@@ -68,6 +91,8 @@ def _forms(value: str) -> set[str]:
     for line in value.splitlines():
         if len(line.strip()) >= MIN_SECRET_LEN:
             forms.add(line.strip())
+    import base64  # here: every quick verb imports this module, few add a secret (~0.6 ms with binascii, struct)
+
     raw = value.encode()
     for enc in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
         text = enc.decode()
@@ -108,12 +133,11 @@ class Redactor:
         if regex is not None:
             value = regex.sub(MASK, value)
         low = value.lower()
-        patterns, any_trigger, _ = _Compiled.get()
-        if any_trigger.search(low) is None:  # the common case: nothing credential-shaped
+        if _Compiled.trigger().search(low) is None:  # the common case: nothing credential-shaped
             return value
-        for pattern, repl, triggers in patterns:
+        for index, (_, repl, triggers) in enumerate(_PATTERN_SOURCES):
             if any(t in low for t in triggers):
-                value = pattern.sub(repl, value)
+                value = _Compiled.pattern(index).sub(repl, value)
         return value
 
     def __call__(self, value):
@@ -123,8 +147,7 @@ class Redactor:
         if isinstance(value, bytes):
             return self.text(value.decode("utf-8", "replace"))
         if isinstance(value, dict):
-            return {k: (MASK if isinstance(k, str) and _Compiled.get()[2].match(k) and v not in (None, "")
-                        else self(v)) for k, v in value.items()}
+            return {k: (MASK if secret_key(k) and v not in (None, "") else self(v)) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return [self(v) for v in value]
         return value
