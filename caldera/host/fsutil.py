@@ -13,7 +13,9 @@ import tempfile
 from pathlib import Path
 
 
-def atomic_write_bytes(path, data: bytes, mode: int = 0o600) -> None:
+def atomic_write_bytes(path, data: bytes, mode: int = 0o600, *, durable: bool = True) -> None:
+    """durable=False: still atomic (old file or new one), but no fsync: for caches, whose
+    loss after a power cut only costs the work of rebuilding them."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -21,7 +23,8 @@ def atomic_write_bytes(path, data: bytes, mode: int = 0o600) -> None:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -29,12 +32,13 @@ def atomic_write_bytes(path, data: bytes, mode: int = 0o600) -> None:
         except FileNotFoundError:
             pass
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
-def atomic_write_json(path, obj, mode: int = 0o600) -> None:
+def atomic_write_json(path, obj, mode: int = 0o600, *, durable: bool = True) -> None:
     data = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
-    atomic_write_bytes(path, data, mode)
+    atomic_write_bytes(path, data, mode, durable=durable)
 
 
 def read_json(path, default=None):
