@@ -41,7 +41,7 @@ _PATTERN_SOURCES = [
     ((r"(?i)(\"(?:api[_-]?key|apikey|token|access_token|refresh_token|id_token|password|secret|client_secret)\"\s*:\s*\")[^\"]*(\")"),
      r"\1" + MASK + r"\2", ('key"', 'token"', 'password"', 'secret"')),
     ((r"(?i)\b((?:api[_-]?key|apikey|access_token|refresh_token|password|passwd|client_secret)\s*[=:]\s*)[^\s,;\"'}]+"),
-     r"\1" + MASK, ("key", "token", "passw", "secret")),
+     r"\1" + MASK, ("key", "_token", "passw", "secret")),
 ]
 
 
@@ -63,19 +63,25 @@ def secret_key(key) -> bool:
     return isinstance(key, str) and key.lower() in _SECRET_KEYS
 
 
+def _minimal(words) -> tuple:
+    """The words no other word is a substring of: a text holding none of these holds none
+    of `words` either, so testing these few is enough to rule them all out."""
+    unique = set(words)
+    return tuple(sorted(w for w in unique if not any(o != w and o in w for o in unique)))
+
+
 class _Compiled:
     """The patterns, each compiled on its first use: importing this module (every quick
-    CLI verb does) compiles nothing, and a text no trigger matches compiles nothing
-    either; only the trigger alternation is compiled on the first redaction."""
+    CLI verb does) compiles nothing, and a text no trigger is in compiles nothing."""
 
-    _trigger = None
+    _triggers = None
     _patterns: dict = {}
 
     @classmethod
-    def trigger(cls):
-        if cls._trigger is None:
-            cls._trigger = re.compile("|".join(re.escape(t) for _, _, ts in _PATTERN_SOURCES for t in ts))
-        return cls._trigger
+    def triggers(cls) -> tuple:
+        if cls._triggers is None:
+            cls._triggers = _minimal(t for _, _, ts in _PATTERN_SOURCES for t in ts)
+        return cls._triggers
 
     @classmethod
     def pattern(cls, index: int):
@@ -112,7 +118,9 @@ class Redactor:
     def __init__(self, values=()):
         self._lock = threading.Lock()
         self._forms: list[str] = []
-        self._regex: re.Pattern | None = None
+        # (regex of every form, _minimal(forms) as substring tests before it), replaced as one
+        # object so that a reader never pairs a new regex with old probes.
+        self._values: tuple | None = None
         for value in values:
             self.add(value)
 
@@ -126,19 +134,41 @@ class Redactor:
                 return
             # Longest first, so a value is masked whole before any of its parts.
             self._forms = sorted(known | new, key=len, reverse=True)
-            self._regex = re.compile("|".join(re.escape(f) for f in self._forms))
+            self._values = (re.compile("|".join(re.escape(f) for f in self._forms)), _minimal(self._forms))
 
     def text(self, value: str) -> str:
-        regex = self._regex
-        if regex is not None:
-            value = regex.sub(MASK, value)
+        # Substring tests first (str.find skips through text at memory speed), the regexes
+        # only where they can match: a run's transcript is mostly text holding no secret.
+        values = self._values
+        if values is not None and any(p in value for p in values[1]):
+            value = values[0].sub(MASK, value)
         low = value.lower()
-        if _Compiled.trigger().search(low) is None:  # the common case: nothing credential-shaped
+        if not any(t in low for t in _Compiled.triggers()):  # the common case: nothing credential-shaped
             return value
         for index, (_, repl, triggers) in enumerate(_PATTERN_SOURCES):
             if any(t in low for t in triggers):
                 value = _Compiled.pattern(index).sub(repl, value)
         return value
+
+    def text_lines(self, lines: list) -> str:
+        """Lines (without newlines) redacted each as text() would, joined by newlines: the
+        secret values in one pass over the whole, and a credential pattern only on the lines
+        holding one of its triggers (not over the whole: a busy run log writes 64 KiB at once)."""
+        block = "\n".join(lines)
+        values = self._values
+        if values is not None and any(p in block for p in values[1]):
+            block = values[0].sub(MASK, block)
+        low = block.lower()
+        if not any(t in low for t in _Compiled.triggers()):
+            return block
+        hits = [(index, triggers) for index, (_, _, triggers) in enumerate(_PATTERN_SOURCES)
+                if any(t in low for t in triggers)]
+        out = block.split("\n")
+        for number, line_low in enumerate(low.split("\n")):
+            for index, triggers in hits:
+                if any(t in line_low for t in triggers):
+                    out[number] = _Compiled.pattern(index).sub(_PATTERN_SOURCES[index][1], out[number])
+        return "\n".join(out)
 
     def __call__(self, value):
         """Redact a str, bytes, or any JSON-shaped structure (a new object is returned)."""

@@ -7,6 +7,7 @@ to the listeners (CLI printer, control-plane batch poster).
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import time
 
@@ -20,7 +21,13 @@ KEEP_LAST = 50
 
 def utc_ts(now: float | None = None) -> str:
     now = time.time() if now is None else now
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    return f"{_utc_second(int(now))}.{int(now % 1 * 1000):03d}Z"
+
+
+@functools.lru_cache(maxsize=4)
+def _utc_second(second: int) -> str:
+    # strftime and gmtime once a second, not once a record (a busy run writes thousands)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
 
 
 def cut_utf8(text: str, limit: int) -> tuple[str, bool]:
