@@ -52,6 +52,8 @@ def configure(parser) -> None:
                        help="session lifetime, renewed by each heartbeat (default 86400)")
     serve.add_argument("--no-collect-skill-packages", action="store_true",
                        help="do not queue collect_skill_package for unknown skill hashes")
+    serve.add_argument("--history-days", type=float, default=7, metavar="D",
+                       help="days of per-minute history the status page charts keep (default 7)")
     serve.add_argument("--url-file", metavar="PATH", help="write the plane's URL here once it listens")
 
     enqueue = verbs.add_parser("enqueue", help="queue a command for an instance (prints its id)")
@@ -111,11 +113,14 @@ def serve(args) -> int:
     db_path = Path(args.db) if args.db else default_db_path()
     if args.heartbeat_interval < 1 or args.poll_interval < 1:
         raise UsageError("--heartbeat-interval and --poll-interval must be at least 1 second")
+    if not 0 < args.history_days <= 366:
+        raise UsageError("--history-days must be more than 0 and at most 366")
     tokens = _tokens(args, db_path)
     try:
         plane = PlaneServer(db_path, host=args.host, port=args.port, tokens=tokens or {},
                             heartbeat_interval=args.heartbeat_interval, poll_interval=args.poll_interval,
-                            session_ttl=args.session_ttl, collect_skill_packages=not args.no_collect_skill_packages)
+                            session_ttl=args.session_ttl, collect_skill_packages=not args.no_collect_skill_packages,
+                            history_days=args.history_days)
     except OSError as exc:
         print(f"caldera plane: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -262,7 +267,7 @@ def reports(args) -> int:
         print(f"instance {args.instance} has sent no state report")
         return EXIT_OK
     from caldera.plane.api import rfc3339
-    from caldera.plane.page import figures
+    from caldera.plane.figures import figures
 
     for item in items:
         figs = figures(item["body"].get("system_info"))

@@ -26,6 +26,7 @@ from caldera.protocol.payloads import now_iso
 log = logging.getLogger("caldera.executor")
 
 JOURNAL_KEY = "commands"
+RECENT_KEY, RECENT_KEPT = "recent_commands", 10  # what `caldera status` shows as the last commands
 CANCEL_GRACE = 5.0  # after ctx.cancel is set, how long a handler gets to notice
 INTERRUPTED = "interrupted: runtime restarted"
 
@@ -92,10 +93,18 @@ class Executor:
         else:
             status, result, error = self.run_handler(command, cancel)
         self._put_finish(command, status, result, error)
+        self._remember(command, status, error)
         self._journal_remove(cid)
         log.info("command %s (%s) %s%s", cid, ctype, status, f": {error}" if error else "")
         self.report_now()
         return status
+
+    def _remember(self, command: dict, status: str, error: str) -> None:
+        """The last few finished commands, newest first, for `caldera status` (state.json, bounded)."""
+        entry = {"id": command.get("id"), "command_type": str(command.get("command_type") or ""),
+                 "status": status, "finished_at": now_iso(), "error": self.redactor(error or "")[:300]}
+        self.state.update(RECENT_KEY, lambda items: ([entry] + [i for i in (items or []) if isinstance(i, dict)
+                                                                and i.get("id") != entry["id"]])[:RECENT_KEPT])
 
     def _send_start(self, command: dict):
         """True when execution may go on; else the reason to finish failed."""

@@ -47,8 +47,10 @@ class PlaneServer:
 
     def __init__(self, db_path, host: str = "127.0.0.1", port: int = 0, tokens=None,
                  heartbeat_interval: int = 15, poll_interval: int = 5, session_ttl: float = 86400,
-                 clock=time.time, collect_skill_packages: bool = True):
-        self.store = Store(db_path, clock=clock, session_ttl=session_ttl)
+                 clock=time.time, collect_skill_packages: bool = True, history_bucket_seconds: int = 60,
+                 history_days: float = 7):
+        self.store = Store(db_path, clock=clock, session_ttl=session_ttl,
+                           history_bucket_seconds=history_bucket_seconds, history_days=history_days)
         for token, instance_id in (tokens if tokens is not None else {"boot-secret-token": 1}).items():
             self.store.add_instance(instance_id, token)
         self.plane = api.Plane(self.store, heartbeat_interval, poll_interval, collect_skill_packages)
@@ -141,7 +143,7 @@ class PlaneServer:
         fault = self._take_fault(req.method, req.path)
         if fault is not None:
             return None if fault.status is None else _fault_response(fault)
-        if req.path == "/" or req.path.startswith("/plane/"):
+        if req.path == "/" or req.path.startswith(("/plane/", "/agents/")):
             from caldera.plane import page
 
             return page.handle(self.plane, req)
