@@ -159,7 +159,7 @@ def _cpu() -> float:
 # ---------------------------------------------------------------- the parent
 
 def _start_plane(db: Path, args) -> tuple[subprocess.Popen, str]:
-    url_file = db.parent / "url"
+    url_file = db.with_suffix(".url")  # one per step: an old one would name a stopped plane
     argv = [sys.executable, "-m", "caldera.cli", "plane", "serve", "--db", str(db), "--host", "127.0.0.1",
             "--port", "0", "--url-file", str(url_file), "--heartbeat-interval", str(int(args.heartbeat)),
             "--poll-interval", str(max(1, int(args.poll)))]
