@@ -15,7 +15,10 @@ import json
 import os
 from pathlib import Path
 
+from caldera.agents.settings import value_problem
 from caldera.errors import ConfigError
+from caldera.host.fsutil import atomic_write_json
+from caldera.protocol.schemas import SchemaError, validate
 
 CACHE_NAME = "manifest.json"
 CACHE_FORMAT = 1
@@ -99,7 +102,7 @@ def load_manifest(path, *, cache_dir=None, validate_schema: bool = False) -> Man
 
 
 def _parse_yaml(path: Path):
-    import yaml  # deferred: a cache hit never pays for it
+    import yaml  # deferred: a cache hit (every warm quick verb) never pays for it
 
     try:
         with open(path, "rb") as fh:
@@ -115,7 +118,7 @@ def _parse_yaml(path: Path):
 
 def parse_text(text, path="caldera.agent.yaml") -> dict:
     """Parse and check manifest text (a blueprint update); the checked document."""
-    import yaml
+    import yaml  # deferred: a warm `caldera pause` reads the manifest cache and never needs it
 
     try:
         doc = yaml.safe_load(text)
@@ -126,8 +129,6 @@ def parse_text(text, path="caldera.agent.yaml") -> dict:
 
 
 def schema_check(doc, path) -> None:
-    from caldera.protocol.schemas import SchemaError, validate
-
     try:
         validate("manifest.schema.json", doc)
     except SchemaError as exc:
@@ -159,7 +160,6 @@ def _cache_put(cache_dir, key, doc) -> None:
     file = _cache_file(cache_dir)
     if file is None:
         return
-    from caldera.host.fsutil import atomic_write_json
 
     try:
         file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -290,7 +290,6 @@ def _check_settings(settings, where: str) -> None:
     defaults = settings.get("defaults", {})
     if not isinstance(defaults, dict):
         raise ConfigError(f"{where}: settings.defaults: must be a mapping of key: value")
-    from caldera.agents.settings import value_problem  # plain Python, no heavy imports
 
     by_key = {i["key"]: i for i in items}
     for key, value in defaults.items():

@@ -14,7 +14,7 @@ import re
 import threading
 from pathlib import Path
 
-from caldera.backends.events import utc_ts
+from caldera.host.timefmt import rfc3339
 
 LOG_CAP_BYTES = 64 * 1024 * 1024
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -39,13 +39,13 @@ class RunLog:
         self._fh = os.fdopen(fd, "w", encoding="utf-8", errors="replace", buffering=1 << 16)
 
     def write(self, channel: str, text: str) -> None:
-        self._append(f"{utc_ts()} {channel} {self.redactor.text(text.rstrip(chr(10)))}\n")
+        self._append(f"{rfc3339(millis=True)} {channel} {self.redactor.text(text.rstrip(chr(10)))}\n")
 
     def write_lines(self, channel: str, lines: list) -> None:
         """Several records of one channel (lines without newlines) at once: one redaction
         over their joined text, one timestamp, one append."""
         block = self.redactor.text_lines(lines)
-        prefix = f"{utc_ts()} {channel} "
+        prefix = f"{rfc3339(millis=True)} {channel} "
         self._append(prefix + block.replace("\n", "\n" + prefix) + "\n")
 
     def _append(self, text: str) -> None:
@@ -55,14 +55,14 @@ class RunLog:
             size = len(text)  # characters: close enough to bytes for a cap
             if self.size + size > self.cap:
                 self.full = True
-                self._fh.write(f"{utc_ts()} note run log reached {self.cap} bytes; transcript cut here\n")
+                self._fh.write(f"{rfc3339(millis=True)} note run log reached {self.cap} bytes; transcript cut here\n")
                 return
             self.size += size
             self._fh.write(text)
 
     def event(self, event: dict) -> None:
         # EventSink.emit redacted the event's data already, and the rest is ours: no second pass.
-        self._append(f"{utc_ts()} event {json.dumps(event, ensure_ascii=False, separators=(',', ':'))}\n")
+        self._append(f"{rfc3339(millis=True)} event {json.dumps(event, ensure_ascii=False, separators=(',', ':'))}\n")
 
     def note(self, text: str) -> None:
         self.write("note", text)

@@ -86,7 +86,7 @@ def top_help() -> str:
 
 
 def _top_parser():
-    import argparse  # here, not at the top: see top_help
+    import argparse  # deferred: `caldera --help` does without it (top_help)
 
     parser = argparse.ArgumentParser(prog="caldera", description=DESCRIPTION, epilog=_epilog(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -99,7 +99,7 @@ def _formatter_class():
     """argparse's HelpFormatter with the same width rule but without `import shutil`
     (which pulls in bz2, lzma and zlib): argparse builds a formatter at every
     add_argument to check the metavar, so each quick verb paid ~2 ms for it."""
-    import argparse
+    import argparse  # deferred: as in build_parser
 
     class Formatter(argparse.HelpFormatter):
         def __init__(self, prog, indent_increment=2, max_help_position=24, width=None):
@@ -122,7 +122,7 @@ def _columns() -> int:
 
 def build_parser(name: str):
     """(the parser of one sub-command, its module (imported now))."""
-    import argparse  # not at the top: `caldera --help` does without it (top_help)
+    import argparse  # deferred: `caldera --help` does without it (top_help)
 
     module = importlib.import_module(COMMANDS[name][0])
     parser = argparse.ArgumentParser(prog=f"caldera {name}", description=COMMANDS[name][1],
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(top_help())
         return EXIT_USAGE if not argv else 0
     if argv[0] == "__complete":  # hidden: bash completion's helper (packaging/caldera.bash-completion)
-        from caldera.cli import complete
+        from caldera.cli import complete  # deferred: only a completion pays for it
 
         return complete.main(argv[1:])
     if argv[0] not in COMMANDS:

@@ -15,6 +15,9 @@ import argparse
 import os
 import sys
 
+from caldera import config
+from caldera.cli import COMMANDS, build_parser
+
 AGENT_VALUED = ("--agent",)
 FILE_VALUED = ("--manifest", "--state-dir", "--db", "--blueprint", "--url-file", "--payload")
 
@@ -38,8 +41,6 @@ def main(argv: list[str]) -> int:
 
 def complete(words: list[str], cword: int, environ=os.environ) -> list[str]:
     """Candidates for words[cword] (words[0] is `caldera`), unfiltered."""
-    from caldera.cli import COMMANDS
-
     before = words[1:cword]
     current = words[cword] if cword < len(words) else ""
     if current == "=" or (before and before[-1] == "="):
@@ -51,9 +52,7 @@ def complete(words: list[str], cword: int, environ=os.environ) -> list[str]:
         return []
     previous = before[-1]
     if previous in AGENT_VALUED:
-        from caldera.config import installed_agents
-
-        return installed_agents(environ)
+        return config.installed_agents(environ)
     if previous in FILE_VALUED:
         return []
     parser = _parser(command, before[1:])
@@ -72,8 +71,6 @@ def complete(words: list[str], cword: int, environ=os.environ) -> list[str]:
 
 def _parser(command: str, rest: list[str]) -> argparse.ArgumentParser:
     """The sub-command's parser, descended into the sub-verb (`settings set`, `plane serve`) given."""
-    from caldera.cli import build_parser
-
     parser, _module = build_parser(command)
     for word in rest:
         subs = _subcommands(parser)
@@ -111,10 +108,9 @@ def _agent_args(before: list[str]) -> argparse.Namespace:
 
 
 def _manifest(before: list[str], environ):
-    from caldera.agents.manifest import load_manifest
-    from caldera.config import agent_from_args
+    from caldera.agents.manifest import load_manifest  # deferred: a command-name completion never reads one
 
-    paths = agent_from_args(_agent_args(before), environ)
+    paths = config.agent_from_args(_agent_args(before), environ)
     return load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
 
 
@@ -125,7 +121,7 @@ def _setting_keys(before: list[str], environ) -> list[str]:
 
 def _log_names(before: list[str], environ) -> list[str]:
     """One `log --list` call to the adapter (its own timeout applies)."""
-    from caldera.agents.adapter import verbs
+    from caldera.agents.adapter import verbs  # deferred: only a log-name completion calls the adapter
 
     answer = verbs.log_list(_manifest(before, environ))
     logs = (answer.data or {}).get("logs") if isinstance(answer.data, dict) else None

@@ -22,7 +22,12 @@ import threading
 import time
 from pathlib import Path
 
+from caldera.agents import blueprint as bp
 from caldera.errors import EXIT_FAILED, EXIT_OK, UsageError
+from caldera.host import proc
+from caldera.host.fsutil import atomic_write_bytes
+from caldera.plane import report_view
+from caldera.plane.server import PlaneServer
 
 AGENT_NAME = "task-agent"
 INSTANCE_ID = 1
@@ -75,16 +80,11 @@ class Demo:
         self.log_path = root / "caldera-run.log"
 
     def start_plane(self, port: int) -> None:
-        from caldera.plane.server import PlaneServer
-
         self.token = "agt_boot_" + secrets.token_hex(24)
         self.plane = PlaneServer(self.root / "plane.db", port=port, tokens={self.token: INSTANCE_ID},
                                  heartbeat_interval=5, poll_interval=1).start()
 
     def install_agent(self, blueprint: Path) -> str:
-        from caldera.agents import blueprint as bp
-        from caldera.host.fsutil import atomic_write_bytes
-
         self.config_dir.mkdir(parents=True)
         self.state_dir.mkdir(parents=True)
         result = bp.install(blueprint, environ=self.env, systemd_dir=self.root / "no-systemd")
@@ -116,25 +116,14 @@ class Demo:
 
     def close(self, keep: bool) -> None:
         if self.runtime_alive():
-            _stop_group(self.proc)
+            # TERM lets the runtime drain; KILL after the grace
+            proc.kill_group(self.proc, STOP_GRACE)
         if self.plane is not None:
             self.plane.stop()
         if keep:
             print(f"kept {self.root}")
         else:
             shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the runtime's process group (it drains), SIGKILL after the grace."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=STOP_GRACE)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        proc.wait()
 
 
 def _wait(demo: Demo, what: str, check, timeout: float) -> bool:
@@ -176,8 +165,6 @@ def main(args) -> int:
 
 
 def _run(demo: Demo, blueprint: Path, args) -> int:
-    from caldera.plane import report_view
-
     demo.start_plane(args.port)
     print(f"plane listening on {demo.plane.url} (status page {demo.plane.url}/)", flush=True)
     name = demo.install_agent(blueprint)

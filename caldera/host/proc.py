@@ -79,18 +79,25 @@ class _Buffer:
                 del self.data[self.cap :]
 
 
-def kill_group(proc: subprocess.Popen, grace: float) -> None:
-    """SIGTERM the process group, give it `grace` seconds, then SIGKILL it."""
-    _signal_group(proc, signal.SIGTERM)
+def kill_group(proc: subprocess.Popen, grace: float, reap: float | None = None) -> int | None:
+    """SIGTERM the process group, give its leader `grace` seconds, then SIGKILL the group
+    (stragglers too). Waits for the leader `reap` seconds (None: until it is gone) and
+    returns its exit code, None if it has not gone yet. The one TERM -> grace -> KILL here:
+    `run` uses it, and so do callers with long-lived children (Codex, the demo's runtime)."""
+    signal_group(proc, signal.SIGTERM)
     try:
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         pass
-    _signal_group(proc, signal.SIGKILL)
-    proc.wait()
+    signal_group(proc, signal.SIGKILL)
+    try:
+        return proc.wait(timeout=reap)
+    except subprocess.TimeoutExpired:
+        return None
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+def signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """`sig` to the process group `proc` leads (started with start_new_session=True)."""
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
@@ -127,7 +134,7 @@ def run(
         if proc.poll() is None or result.timed_out or result.overflowed or result.cancelled:
             kill_group(proc, grace)
         else:
-            _signal_group(proc, signal.SIGKILL)  # stragglers left in the group
+            signal_group(proc, signal.SIGKILL)  # stragglers left in the group
         proc.stdout.close()
         proc.stderr.close()
     result.duration = time.monotonic() - started

@@ -18,6 +18,7 @@ import time
 import urllib.parse
 
 from caldera.plane import api
+from caldera.plane import page
 from caldera.plane.store import Store
 
 log = logging.getLogger("caldera.plane")
@@ -144,8 +145,6 @@ class PlaneServer:
         if fault is not None:
             return None if fault.status is None else _fault_response(fault)
         if req.path == "/" or req.path.startswith(("/plane/", "/agents/")):
-            from caldera.plane import page
-
             return page.handle(self.plane, req)
         found = api.route(req.method, req.path)
         if found is None and req.path.endswith("/") and api.route(req.method, req.path.rstrip("/")):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
+import zipfile
 from typing import NamedTuple
 
 CHUNK = 1024 * 1024
@@ -295,7 +296,6 @@ def clean_archive_path(name: str) -> str | None:
 def content_md5_zip(zip_path) -> str:
     """The fingerprint of a skill zip: its single top-level directory is stripped
     exactly once, directory entries are ignored (what the server computes)."""
-    import zipfile
 
     with zipfile.ZipFile(zip_path) as zf:
         members = {}
