@@ -17,8 +17,6 @@ from pathlib import Path
 
 from caldera.agents.settings import value_problem
 from caldera.errors import ConfigError
-from caldera.host.fsutil import atomic_write_json
-from caldera.protocol.schemas import SchemaError, validate
 
 CACHE_NAME = "manifest.json"
 CACHE_FORMAT = 1
@@ -129,6 +127,9 @@ def parse_text(text, path="caldera.agent.yaml") -> dict:
 
 
 def schema_check(doc, path) -> None:
+    # deferred: a quick verb never checks the schema (docs/performance.md, section 1)
+    from caldera.protocol.schemas import SchemaError, validate
+
     try:
         validate("manifest.schema.json", doc)
     except SchemaError as exc:
@@ -160,6 +161,9 @@ def _cache_put(cache_dir, key, doc) -> None:
     file = _cache_file(cache_dir)
     if file is None:
         return
+    # deferred: only a cache miss writes, and fsutil's tempfile pulls in shutil, bz2, lzma,
+    # random: a tenth of what a warm `caldera pause` adds to its floor
+    from caldera.host.fsutil import atomic_write_json
 
     try:
         file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
