@@ -31,6 +31,8 @@ from caldera.backends.events import EVENT_TYPES
 from caldera.backends.normalize import Normalizer
 from caldera.errors import ConfigError
 from caldera.host import proc
+from caldera.host.jsonlimits import JSONLimitError
+from caldera.host.jsonlimits import loads as bounded_loads
 
 LINE_CAP = 32 * 1024 * 1024  # one stdout line (a huge aggregatedOutput stays well below)
 READ_CHUNK = 64 * 1024  # one read of stdout: its whole lines are handled together
@@ -82,6 +84,9 @@ class _Slot:
         self.message = None
 
 
+LINE_JSON_MAX = 64 * 1024 * 1024  # one JSON-RPC line; the nesting limit is what matters
+
+
 class Dispatcher:
     """Turns stdout lines into messages. Separate from the process so that it can be benchmarked."""
 
@@ -111,7 +116,10 @@ class Dispatcher:
         batch: list = []
         for line in lines:
             try:
-                msg = json.loads(line)
+                msg = bounded_loads(line, max_bytes=LINE_JSON_MAX, what="backend stdout line")
+            except JSONLimitError as exc:  # too deep: one failed turn with the sentence, not a dead reader
+                self._fatal(batch, fk.BACKEND_JSON_PARSE_ERROR, str(exc))
+                continue
             except ValueError:
                 self._fatal(batch, fk.BACKEND_JSON_PARSE_ERROR, f"backend stdout line is not JSON: {line[:200]!r}")
                 continue
@@ -392,6 +400,9 @@ class CodexBackend(Backend):
             raise fk.BackendFailure(fk.BACKEND_FAILED, str(exc)) from None
         codex_toml = codex_config.enforce(plan, network=run.policy.network,
                                           request_retries=request_retries, stream_retries=stream_retries)
+        raw = projection.read("config.toml") or b""
+        for line in codex_config.withheld_lines(raw.decode("utf-8", "replace"), codex_config.dump_toml(codex_toml)):
+            redactor.add(line)  # no line of the config reaches an event beyond base URL, model, profile
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             os.chmod(run_dir, 0o700)

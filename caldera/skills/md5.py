@@ -40,6 +40,7 @@ class FileEntry(NamedTuple):
     mtime_ns: int
     ctime_ns: int
     ino: int
+    nlink: int = 1  # > 1: a hard link (collect_skill_package refuses it)
 
 
 def name_problem(name: str) -> str | None:
@@ -57,19 +58,21 @@ def name_problem(name: str) -> str | None:
     return None
 
 
-def collect_files(root) -> list[FileEntry]:
+def collect_files(root, specials: list | None = None) -> list[FileEntry]:
     """The regular, non-hidden files under `root`, sorted by relative path.
 
     Raises SkillNameError for a name that cannot be hashed, ScanError when a
     directory or file cannot be read (the caller must not treat it as empty).
+    specials: when given, the relative paths of non-hidden fifos, sockets and
+    devices are appended to it (skipped for the fingerprint; a package refuses them).
     """
     out: list[FileEntry] = []
-    _walk(os.fspath(root), "", out)
+    _walk(os.fspath(root), "", out, specials)
     out.sort(key=lambda e: e.rel)
     return out
 
 
-def _walk(directory: str, prefix: str, out: list, with_stat: bool = True) -> None:
+def _walk(directory: str, prefix: str, out: list, specials: list | None = None, with_stat: bool = True) -> None:
     """FileEntry for each regular file under directory; (rel, path) pairs without with_stat."""
     try:
         with os.scandir(directory) as it:
@@ -89,13 +92,16 @@ def _walk(directory: str, prefix: str, out: list, with_stat: bool = True) -> Non
         try:
             # d_type from the directory read: only regular files cost a stat
             if entry.is_dir(follow_symlinks=False):
-                _walk(entry.path, rel + "/", out, with_stat)
+                _walk(entry.path, rel + "/", out, specials, with_stat)
             elif entry.is_file(follow_symlinks=False):
                 if not with_stat:
                     out.append((rel, entry.path))
                     continue
                 st = entry.stat(follow_symlinks=False)
-                out.append(FileEntry(rel, entry.path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+                out.append(FileEntry(rel, entry.path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
+                                     st.st_nlink))
+            elif specials is not None and not entry.is_symlink():
+                specials.append(rel)
         except OSError as exc:
             raise ScanError(exc.errno, f"cannot stat: {exc.strerror}", entry.path) from None
         # symlinks, fifos, sockets, devices: skipped, never followed
@@ -145,7 +151,7 @@ def _hash_file(update, header: bytes, path: str, rel: str, buffer: bytearray) ->
         raise ScanError(exc.errno, f"cannot read: {exc.strerror}", path) from None
     finally:
         os.close(fd)
-    return FileEntry(rel, path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    return FileEntry(rel, path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_nlink)
 
 
 def _update_rest(update, fd: int, buffer: bytearray) -> None:

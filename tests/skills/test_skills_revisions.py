@@ -95,7 +95,13 @@ def test_manifest_goes_through_the_blueprint_update(tmp_path):
         rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(content), status=200)
         result = run(rt, "apply_config_revision", {"revision_id": 9})
     assert result["manifest"]["applied"] is True and result["manifest"]["version"] == "1.1.0"
-    assert "1.1.0" in rt.paths.manifest_path.read_text()
+    # Stored in the state dir over the installed manifest; /etc is never written (read-only there).
+    assert "1.0.0" in rt.paths.manifest_path.read_text()
+    assert sorted(p.name for p in rt.paths.config_dir.iterdir()) == ["caldera.agent.yaml"]
+    from caldera.agents.updates import load_effective
+
+    effective = load_effective(rt.paths)
+    assert effective.version == "1.1.0" and effective.update["revision_id"] == 9
 
 
 def test_reload_config_keeps_the_connection(tmp_path, caldera_env):
