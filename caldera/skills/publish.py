@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from caldera.host.fsutil import atomic_write_bytes
+from caldera.host.fsutil import NOFOLLOW, atomic_write_bytes
 from caldera.skills import inventory
 
 log = logging.getLogger("caldera.skills")
@@ -97,7 +97,8 @@ def delivered(outbox_dir, item: dict) -> None:
 def accepted_digest(outbox_dir) -> str | None:
     """The digest of the last inventory the plane accepted; None when none is recorded."""
     try:
-        with open(Path(outbox_dir) / ACCEPTED_FILE, "rb") as fh:
+        fd = os.open(Path(outbox_dir) / ACCEPTED_FILE, os.O_RDONLY | NOFOLLOW)  # never a planted link
+        with os.fdopen(fd, "rb") as fh:
             text = fh.read(256).decode("ascii", "replace").strip()
     except OSError:
         return None

@@ -62,3 +62,9 @@ def test_watcher_startup_skips_an_accepted_inventory_but_a_command_always_sends(
     assert watcher.check_once(rt.publisher, scanner, "startup") is False
     assert watcher.check_once(rt.publisher, scanner, "change") is False
     assert watcher.check_once(rt.publisher, scanner, "command") is True
+
+
+def test_a_planted_link_is_not_read_as_the_accepted_digest(tmp_path):
+    (tmp_path / "elsewhere").write_text("full:forged")
+    (tmp_path / publish.ACCEPTED_FILE).symlink_to(tmp_path / "elsewhere")
+    assert publish.accepted_digest(tmp_path) is None
