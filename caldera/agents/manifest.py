@@ -17,6 +17,7 @@ from pathlib import Path
 
 from caldera.agents.settings import value_problem
 from caldera.errors import ConfigError
+from caldera.host.fsutil import atomic_write_json
 
 CACHE_NAME = "manifest.json"
 CACHE_FORMAT = 1
@@ -165,10 +166,6 @@ def _cache_put(cache_dir, key, doc) -> None:
     file = _cache_file(cache_dir)
     if file is None:
         return
-    # deferred: only a cache miss writes, and fsutil's tempfile pulls in shutil, bz2, lzma,
-    # random: a tenth of what a warm `caldera pause` adds to its floor
-    from caldera.host.fsutil import atomic_write_json
-
     try:
         file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         atomic_write_json(file, {"key": key, "doc": doc})
