@@ -48,3 +48,20 @@ def test_a_quick_verb_leaves_the_collector_as_it_found_it(tmp_path):
     assert gc.isenabled()
     cli.main(["pause", "--manifest", str(tmp_path / "missing.yaml"), "--state-dir", str(tmp_path / "s")])
     assert gc.isenabled()
+
+
+def test_as_a_program_a_quick_verb_still_prints_and_exits_with_its_code(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "task-agent"
+    bundle = tmp_path / "task-agent"
+    shutil.copytree(example, bundle, ignore=shutil.ignore_patterns("data", "__pycache__"))
+    base = [sys.executable, "-m", "caldera.cli"]
+    flags = ["--manifest", str(bundle / "caldera.agent.yaml"), "--state-dir", str(tmp_path / "state")]
+    done = subprocess.run([*base, "pause", "--json", *flags], capture_output=True, text=True)
+    assert done.returncode == 0 and '"ok": true' in done.stdout, done
+    bad = subprocess.run([*base, "settings", "set", "nosuchkey=1", *flags], capture_output=True, text=True)
+    assert bad.returncode in (1, 2) and bad.stderr.strip(), bad
