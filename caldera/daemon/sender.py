@@ -23,6 +23,7 @@ from caldera.errors import AuthBlocked, CalderaError
 from caldera.protocol.client import ApiError, Invalid, NotFound, Unauthorized, Unsendable
 from caldera.protocol.payloads import ERROR_MESSAGE_CAP, cut_finish
 from caldera.protocol.retry import Backoff
+from caldera.skills import publish
 
 log = logging.getLogger("caldera.sender")
 IDLE_WAIT = 30.0
@@ -88,6 +89,7 @@ class Pass:
             return self._hold(name, item, exc)
         except (KeyError, ValueError) as exc:
             return self._reject(name, f"malformed outbox item: {exc}")
+        publish.delivered(self.outbox.dir, item)  # an inventory: the digest the plane accepted
         self.outbox.done(name)
         return True
 

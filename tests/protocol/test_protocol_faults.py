@@ -327,3 +327,18 @@ def test_unaccepted_is_retryable_but_not_transient():
     assert client_mod.transient(Retryable(502, "x")) and client_mod.transient(Retryable(None, "reset"))
     assert not client_mod.transient(Forbidden(403, "no"))
     assert json.loads(encode_body({"a": 1})) == {"a": 1}
+
+
+def test_an_accepted_inventory_records_its_digest_and_a_held_one_does_not(plane, tmp_path):
+    from caldera.skills import publish
+
+    client = make_client(plane, tmp_path)
+    outbox = Outbox(tmp_path / "outbox")
+    outbox.put("inventory", {"body": {"agent_id": AGENT, "skills": []}, "digest": "full:one"})
+    plane.fault(r"/skills/inventory$", status=500, body=b'{"success":false,"error":"db"}')
+    sender.flush(client, outbox, threading.Event())
+    assert publish.accepted_digest(outbox.dir) is None and outbox.depth() == 1
+    outbox.done(next(n for n, _ in outbox.items()))
+    outbox.put("inventory", {"body": {"agent_id": AGENT, "skills": []}, "digest": "full:two"})
+    sender.flush(client, outbox, threading.Event())
+    assert publish.accepted_digest(outbox.dir) == "full:two" and outbox.depth() == 0
