@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 
-from caldera.agents.adapter import invoke, logs, status
+from caldera.agents import status
+from caldera.agents.adapter import invoke, logs
 from caldera.agents import settings
 from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, UNSUPPORTED, ContractError, parse_object
 

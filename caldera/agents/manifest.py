@@ -21,8 +21,9 @@ from caldera.errors import ConfigError
 CACHE_NAME = "manifest.json"
 CACHE_FORMAT = 1
 FORBIDDEN_IN_ADAPTER_MODE = ("status", "logs", "state", "secrets", "bindings", "instructions", "mcp")
+FORBIDDEN_IN_ADAPTER_MODE_EXTRA = ("env",)  # process mode's plain environment for the agent
 TOP_LEVEL = {"name", "version", "description", "runtime", "settings", "controls", "health", "account",
-             *FORBIDDEN_IN_ADAPTER_MODE}
+             *FORBIDDEN_IN_ADAPTER_MODE, *FORBIDDEN_IN_ADAPTER_MODE_EXTRA}
 CONTROLS = ("pause", "resume", "run_now")
 SETTING_TYPES = ("percent", "number", "integer", "boolean", "string", "enum")
 SETTING_KEYS = {"key", "label", "type", "min", "max", "step", "options", "max_length", "description"}
@@ -30,6 +31,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 TIMEOUT_MIN, TIMEOUT_MAX = 1, 120
 MAX_SETTINGS = 100
+PROCESS_RUNTIME_KEYS = ("stop_signal", "stop_timeout_seconds", "restart", "run_now_signal")
 
 
 class Manifest:
@@ -189,7 +191,7 @@ def check_document(doc, path) -> None:
         raise ConfigError(f"{where}: the manifest must be a mapping (name:, runtime:, …)")
     runtime = doc.get("runtime")
     if isinstance(runtime, dict) and runtime.get("type") == "adapter":
-        for key in FORBIDDEN_IN_ADAPTER_MODE:
+        for key in (*FORBIDDEN_IN_ADAPTER_MODE, *FORBIDDEN_IN_ADAPTER_MODE_EXTRA):
             if key in doc:
                 raise ConfigError(
                     f"{where}: '{key}' is not allowed with runtime.type: adapter (in adapter mode the "
@@ -207,8 +209,19 @@ def check_document(doc, path) -> None:
     _check_settings(doc.get("settings"), where)
     _check_controls(doc, where)
     _check_health(doc.get("health"), where)
-    if "account" in doc and not isinstance(doc["account"], bool):
+    if isinstance(runtime, dict) and runtime.get("type") == "process":
+        _check_process(doc, where)
+    elif "account" in doc and not isinstance(doc["account"], bool):
         raise ConfigError(f"{where}: account: must be true or false")
+
+
+def _check_process(doc, where: str) -> None:
+    from caldera.agents.process.spec import check_process_keys, check_process_runtime  # plain Python
+
+    check_process_runtime(doc["runtime"], where)
+    check_process_keys(doc, where)
+    if "account" in doc and not isinstance(doc["account"], (bool, str)):
+        raise ConfigError(f"{where}: account: true, false, or a system user name to run the agent as")
 
 
 def _is_int(value) -> bool:
@@ -241,6 +254,8 @@ def _check_runtime(runtime, where: str) -> None:
     if kind not in ("adapter", "process"):
         raise ConfigError(f"{where}: runtime.type: must be adapter or process")
     allowed = ("type", "command", "workdir", "timeout_seconds")
+    if kind == "process":
+        allowed += PROCESS_RUNTIME_KEYS
     for key in runtime:
         if key not in allowed:
             raise ConfigError(f"{where}: runtime.{key}: unknown key for runtime.type: {kind}")

@@ -105,12 +105,39 @@ def _run_local(runtime) -> int:
     log.info("control plane disabled (CALDERA_AGENT_ENABLED is not true); staying local")
     signals = Signals(runtime, Lanes(runtime))
     signals.install()
+    agent = start_agent_supervisor(runtime)
     sdnotify.notify("READY=1")
     while signals.count == 0:
         signals.event.wait(_watchdog_period())
         sdnotify.notify("WATCHDOG=1")
     sdnotify.notify("STOPPING=1")
+    stop_agent_supervisor(agent)
     return 0
+
+
+def start_agent_supervisor(runtime):
+    """Process mode: the supervisor thread and the CLI's control socket; None otherwise."""
+    if not hasattr(runtime.driver, "supervise"):
+        return None
+    from caldera.agents.process.control import ControlServer
+
+    stop = threading.Event()
+    thread = threading.Thread(target=runtime.driver.supervise, args=(stop,), name="supervisor")
+    thread.start()
+    server = ControlServer(runtime.driver, runtime.paths.state_dir, runtime.redactor)
+    server.start()
+    return stop, thread, server
+
+
+def stop_agent_supervisor(agent) -> None:
+    """The agent first (SIGTERM to the runtime stops it gracefully), then the control socket."""
+    if agent is None:
+        return
+    stop, thread, server = agent
+    log.info("stopping the agent")
+    stop.set()
+    thread.join()
+    server.close()
 
 
 def _watchdog_period() -> float:
@@ -126,6 +153,7 @@ def _run_connected(runtime) -> int:
     lanes.start()
     for command in recover(runtime):
         lanes.submit(command)
+    agent = start_agent_supervisor(runtime)
     threads = start_threads(runtime, lanes)
     log.info("caldera run: agent %s as %s against %s", runtime.paths.name, runtime.agent_id,
              runtime.settings.base_url)
@@ -136,6 +164,7 @@ def _run_connected(runtime) -> int:
         if signals.count == 0 and alive(runtime, names):
             sdnotify.notify("WATCHDOG=1")
     sdnotify.notify("STOPPING=1")
+    stop_agent_supervisor(agent)
     log.info("stopping: draining (a second signal cancels the running command)")
     _drain(runtime, lanes, signals)
     runtime.shutdown()

@@ -118,9 +118,22 @@ def build_runtime(paths: AgentPaths, settings: Settings, *, stop: threading.Even
 
         runtime.driver = open_driver(paths, manifest, pool=runtime.pool, redactor=redactor,
                                      schema_checks=schema_checks)
+    if with_driver and manifest is not None and getattr(manifest, "runtime_type", None) == "process":
+        runtime.driver = _process_driver(runtime, manifest, supervise=schema_checks)
     if with_client and settings.enabled:
         runtime.client, runtime.auth = _build_client(runtime, transport_session)
     return runtime
+
+
+def _process_driver(runtime: Runtime, manifest, supervise: bool):
+    """Process mode (SPEC 7b). The daemon (the caller that pays for schema checks) supervises;
+    `report --once` gets a driver that only reports what state.json and /proc say."""
+    from caldera.agents.process.driver import open_driver as open_process_driver
+
+    driver = open_process_driver(runtime.paths, manifest, store=runtime.state, redactor=runtime.redactor,
+                                 report_interval=runtime.settings.report_interval, supervise=supervise)
+    driver.report_now = runtime.report_now
+    return driver
 
 
 def _load_manifest(paths: AgentPaths):

@@ -175,3 +175,59 @@ def _pump(proc, out: _Buffer, err: _Buffer, result: ProcResult, deadline: float,
         result.timed_out = True
     finally:
         sel.close()
+
+
+# ---------------------------------------------------------------- long-lived children (process mode)
+
+def spawn(argv: list, *, env: dict, cwd: str, user=None, group=None) -> subprocess.Popen:
+    """Start a long-lived child: argv (no shell), its own session and process group, stdin
+    from /dev/null, stdout and stderr on one pipe (the caller pumps it). user/group: run as
+    that account (the runtime must be root for another one). Raises OSError."""
+    kwargs = {}
+    if user is not None:
+        kwargs.update(user=user, group=group, extra_groups=[])
+    return subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, **kwargs)
+
+
+def signal_pid(pid: int, sig: int) -> bool:
+    """Send sig to one process; False when it is gone (or not ours to signal)."""
+    try:
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def signal_pgid(pgid: int, sig: int) -> bool:
+    """Send sig to a whole process group; False when no process of it is left."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    return signal_pgid(pgid, 0)
+
+
+def proc_stat(pid: int, proc_root: str = "/proc") -> dict | None:
+    """{state, pgrp, start_time} of /proc/PID/stat (start_time in clock ticks since boot), or None."""
+    try:
+        with open(f"{proc_root}/{int(pid)}/stat", "rb") as fh:
+            raw = fh.read(4096).decode("ascii", "replace")
+    except (OSError, ValueError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    fields = raw[raw.rfind(")") + 2:].split()
+    try:
+        return {"state": fields[0], "pgrp": int(fields[2]), "start_time": int(fields[19])}
+    except (IndexError, ValueError):
+        return None
+
+
+def same_process(pid: int, start_time: int, proc_root: str = "/proc") -> bool:
+    """Is PID still the process that started at `start_time` (not a reused PID, not a zombie)?"""
+    stat = proc_stat(pid, proc_root)
+    return stat is not None and stat["start_time"] == start_time and stat["state"] not in ("Z", "X")

@@ -97,6 +97,7 @@ def state_report_body(runtime, section: dict, sample) -> dict:
         "runtime": {
             "openclaw_status": _status(section),
             "openclaw_pid": rt.get("openclaw_pid"),
+            "runtime_pid": rt.get("openclaw_pid"),
             "openclaw_version": rt.get("openclaw_version"),
             "current_config_revision_id": runtime.state.get("current_config_revision_id"),
             "runtime_type": runtime.settings.runtime_type,

@@ -15,7 +15,8 @@ import logging
 import threading
 import time
 
-from caldera.agents.adapter import health, invoke, status, verbs
+from caldera.agents import status
+from caldera.agents.adapter import health, invoke, verbs
 from caldera.agents import window
 from caldera.agents.adapter.answer import DONE, FAILED, UNSUPPORTED, Answer, ContractError
 from caldera.errors import ConfigError
