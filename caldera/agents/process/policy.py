@@ -17,8 +17,8 @@ RESTART, STOP, ERROR = "restart", "stop", "error"
 
 
 class RestartPolicy:
-    def __init__(self, mode: str = "on-failure"):
-        self.mode = mode
+    def __init__(self, mode: str = "on-failure", delays=DELAYS):
+        self.mode, self.delays = mode, tuple(delays)
         self.step = 0  # index into DELAYS for the next restart
         self.failures: collections.deque = collections.deque()
 
@@ -39,6 +39,6 @@ class RestartPolicy:
                 return ERROR, None
         if self.mode == "never" or (self.mode == "on-failure" and not failed):
             return (ERROR if failed else STOP), None
-        delay = DELAYS[min(self.step, len(DELAYS) - 1)]
+        delay = self.delays[min(self.step, len(self.delays) - 1)]
         self.step += 1
         return RESTART, float(delay)

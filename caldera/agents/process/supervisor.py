@@ -21,7 +21,7 @@ import signal
 import threading
 import time
 
-from caldera.agents.process.policy import ERROR, RESTART, RestartPolicy
+from caldera.agents.process.policy import ERROR, MAX_FAILURES, RESTART, RestartPolicy
 from caldera.host import proc
 
 log = logging.getLogger("caldera.agents.process")
@@ -55,11 +55,11 @@ def describe_exit(returncode) -> tuple[int | None, int | None, str]:
 
 class Supervisor:
     def __init__(self, *, launch, store, pump, stop_signal: int, stop_timeout: float, restart: str = "on-failure",
-                 on_change=lambda: None, clock=time.monotonic, wall=time.time, proc_root: str = "/proc"):
+                 policy: RestartPolicy | None = None, on_change=lambda: None, clock=time.monotonic, wall=time.time, proc_root: str = "/proc"):
         """launch() -> Popen (raises LaunchError); store: StateFile; pump: LogPump (or None)."""
         self.launch, self.store, self.pump = launch, store, pump
         self.stop_signal, self.stop_timeout = stop_signal, stop_timeout
-        self.policy = RestartPolicy(restart)
+        self.policy = policy or RestartPolicy(restart)
         self.on_change, self.clock, self.wall, self.proc_root = on_change, clock, wall, proc_root
         self._op = threading.RLock()
         self._tick = threading.Event()  # never set: a plain timed wait inside stop escalation
@@ -207,7 +207,7 @@ class Supervisor:
             self.next_start = self.clock() + delay
             self._set(STARTING, f"{what}; restarting in {delay:.0f} s")
         elif action == ERROR:
-            many = len(self.policy.failures) >= 5
+            many = len(self.policy.failures) >= MAX_FAILURES
             self._set(FAILED, f"{what}; " + ("5 failures within 10 minutes: waiting for a command (start or restart)"
                                              if many else "not restarted (runtime.restart: "
                                              f"{self.policy.mode})"))
