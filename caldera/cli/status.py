@@ -56,9 +56,29 @@ def _agent_status(paths) -> dict | None:
     from caldera.agents.manifest import load_manifest
 
     manifest = load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
+    if getattr(manifest, "runtime_type", None) == "process":
+        return _process_status(paths, manifest)
     if getattr(manifest, "runtime_type", None) != "adapter":
         return None
     return adapter_status(paths, manifest)
+
+
+def _process_status(paths, manifest) -> dict:
+    """Process mode: the daemon's view over its control socket; without a daemon, what
+    state.json and /proc say (the agent is not running then, or was left by a killed runtime)."""
+    from caldera.agents.process.cli import ask
+
+    reply = ask(paths, "status")
+    if reply is not None and reply.get("ok"):
+        return {"body": reply.get("agent_status"), "process": reply.get("process")}
+    from caldera.agents.process.driver import open_driver
+    from caldera.host.statefile import StateFile
+    from caldera.redact import Redactor
+
+    driver = open_driver(paths, manifest, store=StateFile(paths.state_dir / "state.json"), redactor=Redactor(),
+                         supervise=False)
+    body, info = driver.status_body()
+    return {"body": body, "process": info}
 
 
 def _redactor(paths):
@@ -82,15 +102,39 @@ def main(args) -> int:
     paths = agent_from_args(args)
     redact = _redactor(paths)
     agent = redact(_agent_status(paths))
+    process = None
+    if isinstance(agent, dict) and "process" in agent and "body" in agent:
+        agent, process = agent["body"], agent["process"]
     conn = redact(connection_info(paths))
     holder = StateLock(paths.state_dir, "status").holder() if paths.state_dir.is_dir() else None
     conn["daemon"] = holder
     outbox = {"items": outbox_depth(paths.state_dir)}
     if args.json:
-        print(json.dumps({"agent_status": agent, "connection": conn, "outbox": outbox}))
+        doc = {"agent_status": agent, "connection": conn, "outbox": outbox}
+        if process is not None:
+            doc["process"] = process
+        print(json.dumps(doc))
     else:
         _print_human(paths.name, agent, conn, outbox)
+        if process is not None:
+            _print_process(process)
     return 0
+
+
+def _print_process(info: dict) -> None:
+    from caldera.host.timefmt import human_age
+
+    if info.get("pid"):
+        up = human_age(info["uptime_seconds"]).replace(" ago", "") if info.get("uptime_seconds") is not None else "?"
+        line = f"process: pid {info['pid']}, {info.get('status')}, up {up}"
+    else:
+        line = f"process: not running ({info.get('status')}" + (f": {info['reason']}" if info.get("reason") else "") + ")"
+    print(line + f", {info.get('restarts') or 0} restart{'' if info.get('restarts') == 1 else 's'}")
+    last = info.get("last_exit")
+    if last:
+        print(f"  last exit: {last.get('reason')} ({_ago(last.get('at'))})")
+    if info.get("hold"):
+        print(f"  held: {info['hold']} (caldera resume starts it)")
 
 
 def _print_human(name, agent, conn, outbox) -> None:

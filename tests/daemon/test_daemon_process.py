@@ -1,0 +1,137 @@
+"""Process mode end to end: `caldera run` as a real process against the embedded plane,
+the v1 slots in heartbeats and reports, start/stop/restart_openclaw, the CLI through the
+control socket, and SIGTERM stopping the agent first."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core_helpers import BOOT, SECRET, install_agent
+from daemon_helpers import Daemon, wait_for
+
+PlaneServer = pytest.importorskip("caldera.plane.server").PlaneServer
+INSTANCE = 7
+FAKE = Path(__file__).resolve().parent.parent / "agents" / "process_agents" / "fake_agent.py"
+MANIFEST = """\
+name: {name}
+version: "1.0.0"
+runtime:
+  type: process
+  command: [{python}, {agent}, run]
+  workdir: .
+  stop_timeout_seconds: 5
+status: status.json
+state: agent
+secrets: [OTHER_SECRET]
+"""
+
+
+@pytest.fixture
+def plane(tmp_path):
+    server = PlaneServer(str(tmp_path / "plane.db"), tokens={BOOT: INSTANCE}, heartbeat_interval=1,
+                         poll_interval=1).start()
+    yield server
+    server.stop()
+
+
+def _install(root, plane):
+    config = install_agent(root, base_url=plane.url if plane else "http://127.0.0.1:9", instance_id=INSTANCE,
+                           manifest=MANIFEST.format(name="demo", python=json.dumps(sys.executable),
+                                                    agent=json.dumps(str(FAKE))))
+    return config
+
+
+def _cli(*args):
+    env = {k: v for k, v in os.environ.items()}
+    return subprocess.run([sys.executable, "-m", "caldera.cli", *args, "--agent", "demo"], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _last(plane, kind="reports"):
+    item = getattr(plane.store, kind)(INSTANCE, last=True)
+    return item["body"] if item else {}
+
+
+def _finished(plane, cid):
+    cmd = plane.store.command(INSTANCE, cid)
+    return cmd if cmd["status"] in ("succeeded", "failed") else None
+
+
+def _alive(pid):
+    from caldera.host.proc import proc_stat
+
+    stat = proc_stat(pid)
+    return stat is not None and stat["state"] not in ("Z", "X")
+
+
+def test_the_v1_slots_and_the_three_commands(caldera_env, plane):
+    _install(caldera_env, plane)
+    daemon = Daemon()
+    try:
+        report = wait_for(lambda: (b := _last(plane)) and isinstance(b["runtime"].get("openclaw_pid"), int) and b,
+                          timeout=30, what="a report with the agent's pid")
+        pid = report["runtime"]["openclaw_pid"]
+        assert report["runtime"]["runtime_pid"] == pid and _alive(pid)
+        assert report["runtime"]["openclaw_version"] in ("fake-2.0", "1.0.0")
+        beat = wait_for(lambda: (b := _last(plane, "heartbeats")) and b["summary"].get("openclaw_pid") == pid and b,
+                        timeout=30, what="a heartbeat with the pid")
+        assert beat["summary"]["runtime_pid"] == pid
+        assert report["health"]["agent_process"]["pid"] == pid
+
+        cid = plane.store.enqueue(INSTANCE, "stop_openclaw", {})
+        done = wait_for(lambda: _finished(plane, cid), timeout=30, what="stop_openclaw")
+        assert done["status"] == "succeeded" and not _alive(pid)
+        wait_for(lambda: _last(plane)["runtime"]["openclaw_status"] == "stopped"
+                 and _last(plane)["runtime"]["openclaw_pid"] is None, timeout=30, what="a stopped report")
+
+        cid = plane.store.enqueue(INSTANCE, "start_openclaw", {})
+        done = wait_for(lambda: _finished(plane, cid), timeout=30, what="start_openclaw")
+        second = done["result"]["pid"]
+        assert done["status"] == "succeeded" and second != pid and _alive(second)
+
+        cid = plane.store.enqueue(INSTANCE, "restart_openclaw", {})
+        done = wait_for(lambda: _finished(plane, cid), timeout=30, what="restart_openclaw")
+        third = done["result"]["pid"]
+        assert done["status"] == "succeeded" and third not in (pid, second) and not _alive(second)
+
+        # the host's CLI reaches the same daemon through the control socket
+        paused = _cli("pause")
+        assert paused.returncode == 0, paused.stderr
+        assert not _alive(third)
+        status = _cli("status", "--json")
+        assert json.loads(status.stdout)["process"]["hold"] == "paused"
+        resumed = _cli("resume")
+        assert resumed.returncode == 0 and "Pause lifted" in resumed.stdout
+        fourth = json.loads(_cli("status", "--json").stdout)["process"]["pid"]
+        assert _alive(fourth)
+    finally:
+        assert daemon.stop() == 0
+    assert not _alive(fourth)  # SIGTERM to caldera run stopped the agent first
+    log = daemon.log()
+    assert "stopping the agent" in log and BOOT not in log and SECRET not in log
+    agent_log = (Path(os.environ["CALDERA_STATE_DIR"]) / "demo" / "logs" / "agent.log").read_text()
+    assert "agent up" in agent_log
+
+
+def test_the_cli_without_a_daemon_says_so_and_exits_1(caldera_env):
+    _install(caldera_env, None)
+    for verb in (["pause"], ["run-now"], ["log"]):
+        done = _cli(*verb)
+        assert done.returncode == 1
+        assert "no caldera runtime is running for agent demo" in done.stderr
+
+
+def test_adapter_mode_refuses_the_openclaw_commands(caldera_env, plane):
+    install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
+    daemon = Daemon()
+    try:
+        cid = plane.store.enqueue(INSTANCE, "restart_openclaw", {})
+        done = wait_for(lambda: _finished(plane, cid), timeout=30, what="restart_openclaw")
+        assert done["status"] == "failed" and "only in process mode" in done["error_message"]
+    finally:
+        daemon.stop()
