@@ -5,7 +5,8 @@ top, or in its one top-level directory) and, optionally, the agent's adapter.
 The manifest goes to `<config-dir>/agents/NAME/caldera.agent.yaml`; anything
 else the blueprint ships is the bundle, copied to `<config-dir>/agents/NAME/bundle/`,
 and a relative `runtime.workdir` is rebased into it. The state dir is made
-(0700). No agent process is installed: adapter mode starts nothing. Where
+(0700). No agent process is installed: adapter mode starts nothing, and in process
+mode (SPEC 7b) `caldera run` starts and supervises the agent the manifest names. Where
 systemd runs (and the config dir is the one its unit reads) `caldera@NAME`
 is enabled; otherwise the way to start it is printed.
 Archive members are checked as for skills: no absolute paths, no `..`, no
@@ -58,6 +59,9 @@ def install(source, *, name=None, environ=os.environ, systemd_dir=SYSTEMD_DIR, r
     _make_state_dir(state_dir)
     started = _enable(name, config.config_root(environ), systemd_dir, run)
     what = f"manifest and bundle ({bundled} files)" if bundled else "manifest"
+    if manifest.runtime_type == "process":
+        # Process mode (SPEC 7b): no unit of its own for the agent; the runtime starts it.
+        started += " Process mode: the runtime starts and supervises the agent (cron's report --once does not)."
     return {"message": f"Installed {name} ({what}) in {config_dir}; state in {state_dir}. {started}",
             "name": name, "config_dir": str(config_dir), "state_dir": str(state_dir), "bundle_files": bundled}
 
@@ -66,8 +70,8 @@ def _load(root: Path):
     from caldera.agents.manifest import load_manifest
 
     manifest = load_manifest(root / MANIFEST, validate_schema=True)
-    if manifest.runtime_type != "adapter":
-        raise Refused(f"runtime.type: {manifest.runtime_type}: this caldera installs adapter-mode blueprints only")
+    if manifest.runtime_type not in ("adapter", "process"):
+        raise Refused(f"runtime.type: {manifest.runtime_type}: not a mode this caldera knows")
     return manifest
 
 

@@ -13,6 +13,8 @@ def configure(parser) -> None:
     add_agent_flags(parser)
     parser.add_argument("--controls", action="store_true",
                         help="also call pause, resume and run-now (they act on the agent)")
+    parser.add_argument("--start", action="store_true",
+                        help="process mode: start the agent once in a scratch state dir and check its status file")
 
 
 def main(args) -> int:
@@ -28,6 +30,13 @@ def main(args) -> int:
         return _emit(args, paths, report)
     report.ok("manifest", f"valid: runtime.type {manifest.runtime_type}, {len(manifest.settings_schema)} "
                           f"settings, controls {', '.join(manifest.controls or ('(all)',))}")
+    if manifest.runtime_type == "process":
+        from caldera.agents.process.check import check_manifest, check_start
+
+        check_manifest(paths, manifest, report)
+        if args.start and not report.breaches:
+            check_start(paths, manifest, report)
+        return _emit(args, paths, report, "the process contract")
     if manifest.runtime_type != "adapter":
         report.breach("manifest", "runtime.type is not adapter: this check covers adapter mode only")
     elif not manifest.workdir.is_dir():
@@ -37,10 +46,10 @@ def main(args) -> int:
     return _emit(args, paths, report)
 
 
-def _emit(args, paths, report: Report) -> int:
+def _emit(args, paths, report: Report, contract: str = "the adapter contract") -> int:
     code = EXIT_FAILED if report.breaches else EXIT_OK
-    summary = (f"{report.breaches} breach{'es' if report.breaches != 1 else ''} of the adapter contract"
-               if report.breaches else "no breach of the adapter contract")
+    summary = (f"{report.breaches} breach{'es' if report.breaches != 1 else ''} of {contract}"
+               if report.breaches else f"no breach of {contract}")
     if args.json:
         print(json.dumps({"ok": not report.breaches, "message": summary, "held": [],
                           "agent": paths.name, "checks": report.items}))

@@ -125,7 +125,7 @@ def test_spec_defaults_and_paths(tmp_path):
     assert spec.run_now_signal == 10
     assert spec.state_dir == tmp_path / "st" / "data"
     assert spec.status_file == tmp_path / "st" / "data" / "s.json"  # relative to state when state is named
-    assert spec.logs_dir == tmp_path / "logs" and spec.instructions == tmp_path / "prompt.md"
+    assert spec.logs_dir == tmp_path / "st" / "data" / "logs" and spec.instructions == tmp_path / "prompt.md"
 
 
 # ---------------------------------------------------------------- the status file

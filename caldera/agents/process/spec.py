@@ -167,7 +167,8 @@ def signal_number(name: str) -> int:
 
 def build_spec(manifest, agent_state_dir: Path) -> ProcessSpec:
     """The spec of a checked process manifest. `agent_state_dir` is the runtime's state dir:
-    a relative `state` lies under it, a relative `status` under `state` (else the workdir)."""
+    a relative `state` lies under it; relative `status` and `logs` under `state` when the
+    manifest names one (the agent writes there), else under the workdir."""
     if manifest.runtime_type != "process":
         raise ConfigError(f"{manifest.path}: runtime.type: {manifest.runtime_type} is not process mode")
     doc, where = manifest.doc, str(manifest.path)
@@ -186,7 +187,7 @@ def build_spec(manifest, agent_state_dir: Path) -> ProcessSpec:
         restart=runtime.get("restart", "on-failure"),
         run_now_signal=signal_number(runtime.get("run_now_signal", "USR1")),
         status_file=_under(status_base, status_rel) if status_rel else None,
-        logs_dir=_under(manifest.workdir, logs_rel) if logs_rel else None,
+        logs_dir=_under(status_base, logs_rel) if logs_rel else None,
         state_dir=state_dir, secrets=tuple(doc.get("secrets") or ()), bindings=tuple(doc.get("bindings") or ()),
         instructions=_under(manifest.workdir, instructions) if instructions else None,
         mcp=dict(doc.get("mcp") or {}), env=dict(doc.get("env") or {}),
