@@ -190,7 +190,7 @@ def _prune(directory: Path) -> None:
 
 # ------------------------------------------------------------------ applying
 
-def _apply_manifest(runtime, text) -> dict:
+def _apply_manifest(ctx, text) -> dict:
     try:
         from caldera.agents import window
     except ImportError:
@@ -198,34 +198,34 @@ def _apply_manifest(runtime, text) -> dict:
     if not isinstance(text, str):
         raise CommandError("the revision's manifest must be caldera.agent.yaml text")
     try:
-        outcome = window.apply_manifest_update(runtime.paths, text)
+        outcome = window.apply_manifest_update(ctx.paths, text)
     except ConfigError as exc:
         raise CommandError(f"the revision's manifest is refused: {exc}") from None
-    driver = getattr(runtime, "driver", None)
+    driver = ctx.current.driver if ctx.current is not None else ctx.driver
     if driver is not None and hasattr(driver, "refresh_manifest"):
         driver.refresh_manifest()
     return {"applied": True, **outcome}
 
 
-def _apply_settings(runtime, values, cancel=None, deadline=None) -> dict:
+def _apply_settings(ctx, values) -> dict:
     if not isinstance(values, dict) or not values:
         raise CommandError("the revision's settings must be an object of values")
-    driver = getattr(runtime, "driver", None)
+    driver = ctx.current.driver if ctx.current is not None else ctx.driver
     if driver is None:
         raise CommandError("the revision carries settings, but this agent has no adapter to apply them")
-    answer = driver.settings_set(values, cancel=cancel, deadline=deadline)
+    answer = driver.settings_set(values, cancel=ctx.cancel, deadline=ctx.deadline or None)
     if not answer.ok:
         raise CommandError(f"the revision's settings were not applied: {answer.message or answer.reason}")
     return {"applied": True, "keys": sorted(values)}
 
 
-def apply_revision(runtime, revision_id, cancel=None, deadline=None) -> dict:
+def apply_revision(ctx, revision_id) -> dict:
     """Fetch, verify, store and apply one revision; the finish result."""
     revision_id = _revision_id(revision_id)
-    if runtime.client is None:
+    if ctx.client is None:
         raise CommandError("apply_config_revision: the agent is not connected to a control plane")
-    revision, raw_content = fetch(runtime.client, revision_id)
-    store(runtime.paths.state_dir, revision_id, revision, raw_content)
+    revision, raw_content = fetch(ctx.client, revision_id)
+    store(ctx.paths.state_dir, revision_id, revision, raw_content)
     content = json.loads(raw_content)
     result = {"revision_id": revision_id, "revision_no": revision.get("revision_no"),
               "checksum": revision.get("checksum"), "stored": True}
@@ -234,12 +234,12 @@ def apply_revision(runtime, revision_id, cancel=None, deadline=None) -> dict:
             result["bootstrap_manifest"] = {"mode": content.get("mode"),
                                             "resources": len(content.get("resources") or []), "recorded": True}
         if "manifest" in content:
-            result["manifest"] = _apply_manifest(runtime, content["manifest"])
+            result["manifest"] = _apply_manifest(ctx, content["manifest"])
         if "settings" in content:
-            result["settings"] = _apply_settings(runtime, content["settings"], cancel, deadline)
-    runtime.state.set(STATE_KEY, revision_id)
+            result["settings"] = _apply_settings(ctx, content["settings"])
+    ctx.state.set(STATE_KEY, revision_id)
     result["current_config_revision_id"] = revision_id
-    runtime.report_now()
+    ctx.report_now()
     return result
 
 
@@ -256,12 +256,7 @@ def _revision_id(value) -> int:
 
 
 def apply_config_revision(ctx, payload: dict) -> dict:
-    return apply_revision(ctx.runtime, payload.get("revision_id"), ctx.cancel, ctx.deadline or None)
-
-
-def on_desired(runtime, desired) -> bool:
-    """For the heartbeat: True when `desired_config_revision_id` is not the current one."""
-    return desired is not None and desired != runtime.state.get(STATE_KEY)
+    return apply_revision(ctx, payload.get("revision_id"))
 
 
 # ------------------------------------------------------------------ reload_config
@@ -272,24 +267,23 @@ FIXED = ("enabled", "base_url", "instance_id", "bootstrap_token")  # never chang
 def reload_config(ctx, payload: dict) -> dict:
     from caldera.config import load_settings
 
-    runtime = ctx.runtime
     try:
-        fresh = load_settings(runtime.paths)
+        fresh = load_settings(ctx.paths)
     except ConfigError as exc:
         raise CommandError(f"agent.env not reloaded (the running settings are kept): {exc}") from None
-    old = runtime.settings
+    old = ctx.current.settings
     kept = [name for name in FIXED if getattr(fresh, name) != getattr(old, name)]
     fresh = _with(fresh, {name: getattr(old, name) for name in FIXED})
     changed = sorted(k for k in set(old.env) | set(fresh.env) if old.env.get(k) != fresh.env.get(k))
-    runtime.settings = fresh
+    ctx.current.replace(settings=fresh)
     for value in fresh.secret_values:
-        runtime.redactor.add(value)
+        ctx.redactor.add(value)
     result = {"agent_env": "reloaded", "changed_keys": changed[:100]}
     if kept:
         result["not_applied"] = [f"{n}: needs a restart (a command never moves the control-plane connection)"
                                  for n in kept]
-    result["manifest"] = _reload_manifest(runtime)
-    runtime.report_now()
+    result["manifest"] = _reload_manifest(ctx)
+    ctx.report_now()
     return result
 
 
@@ -305,17 +299,17 @@ def _with(settings, values: dict):
     return type(settings)(**current)
 
 
-def _reload_manifest(runtime) -> dict:
-    if not Path(runtime.paths.manifest_path).is_file():
+def _reload_manifest(ctx) -> dict:
+    if not Path(ctx.paths.manifest_path).is_file():
         return {"present": False}
     from caldera.agents.manifest import load_manifest
 
     try:
-        manifest = load_manifest(runtime.paths.manifest_path)
+        manifest = load_manifest(ctx.paths.manifest_path)
     except ConfigError as exc:
         raise CommandError(f"the manifest was not reloaded (the running one is kept): {exc}") from None
-    runtime.manifest = manifest
-    driver = getattr(runtime, "driver", None)
+    ctx.current.replace(manifest=manifest)
+    driver = ctx.current.driver
     if driver is not None and hasattr(driver, "refresh_manifest"):
         driver.refresh_manifest()
     return {"present": True, "name": getattr(manifest, "name", None), "version": getattr(manifest, "version", None)}

@@ -1,44 +1,46 @@
 """Control-plane commands `agent_run` and `agent_interrupt` (SPEC sections 8 and 10).
 
-Usable without the daemon: a handler needs only `ctx.runtime` with `paths`
-(`state_dir`, `secrets_dir`), `settings.env`, `redactor` and `client` (or None),
-plus `ctx.cancel` and `ctx.deadline`.
+Usable without the daemon: a handler needs only `ctx` with `paths` (`state_dir`,
+`secrets_dir`), `settings.env`, `redactor`, `client` (or None), `agent_id`, `runs`
+(the ActiveRuns registry), `cancel` and `deadline`.
 """
 from __future__ import annotations
 
+import logging
 import os
 
 from caldera.backends import base, service
+from caldera.backends.poster import EventPoster
 from caldera.errors import CommandError
 
+log = logging.getLogger("caldera.backends")
 
-def environment_for(runtime) -> base.Environment:
-    env = dict(runtime.settings.env)
-    state = runtime.paths.state_dir
+
+def environment_for(ctx) -> base.Environment:
+    env = dict(ctx.settings.env)
+    state = ctx.paths.state_dir
     return base.Environment(
-        redactor=runtime.redactor, logs_dir=str(state / "logs"), runs_dir=str(state / "runs"),
-        secrets_dir=str(runtime.paths.secrets_dir),
+        redactor=ctx.redactor, logs_dir=str(state / "logs"), runs_dir=str(state / "runs"),
+        secrets_dir=str(ctx.paths.secrets_dir),
         credentials_dir=env.get("CREDENTIALS_DIRECTORY") or os.environ.get("CREDENTIALS_DIRECTORY"),
         env=env)
 
 
 def agent_run(ctx, payload: dict) -> dict:
-    runtime = ctx.runtime
-    environment = environment_for(runtime)
+    environment = environment_for(ctx)
     listeners, poster = [], None
-    if getattr(runtime, "client", None) is not None:
-        from caldera.backends.poster import EventPoster
-
-        poster = EventPoster(runtime.client, runtime.agent_id, payload["run_id"], _note(runtime))
+    if ctx.client is not None:
+        poster = EventPoster(ctx.client, ctx.agent_id, payload["run_id"], _note(ctx.redactor))
         listeners.append(poster)
     try:
         result = service.execute(
             payload, environment, roots=service.workspace_roots(environment.env), listeners=listeners,
-            cancel=ctx.cancel, deadline=ctx.deadline or None, registry=service.active_runs(runtime))
+            cancel=ctx.cancel, deadline=ctx.deadline or None, registry=ctx.runs)
     finally:
         if poster is not None:
             poster.close()
-    result = runtime.redactor(result)
+            ctx.runs.count_dropped(poster.dropped)
+    result = ctx.redactor(result)
     if result["status"] == "completed":
         return result
     if result["status"] == "blocked":
@@ -49,15 +51,12 @@ def agent_run(ctx, payload: dict) -> dict:
 
 def agent_interrupt(ctx, payload: dict) -> dict:
     run_id = payload["run_id"]
-    handle = service.active_runs(ctx.runtime).get(run_id)
+    handle = ctx.runs.get(run_id)
     if handle is None:
         raise CommandError(f"no run {run_id} is running here")
     handle.interrupt(ctx.command if hasattr(ctx, "command") else None)
     return {"run_id": run_id, "interrupt": "requested"}
 
 
-def _note(runtime):
-    import logging
-
-    log = logging.getLogger("caldera.backends")
-    return lambda text: log.warning("%s", runtime.redactor.text(text))
+def _note(redactor):
+    return lambda text: log.warning("%s", redactor.text(text))

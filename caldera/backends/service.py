@@ -116,6 +116,11 @@ class ActiveRuns:
     def __init__(self):
         self._lock = threading.Lock()
         self._runs: dict[str, "RunHandle"] = {}
+        self.events_dropped = 0  # run events the plane never got (it was away too long)
+
+    def count_dropped(self, n: int) -> None:
+        with self._lock:
+            self.events_dropped += n
 
     def add(self, handle: "RunHandle") -> None:
         with self._lock:
@@ -130,14 +135,6 @@ class ActiveRuns:
     def get(self, run_id: str) -> "RunHandle | None":
         with self._lock:
             return self._runs.get(run_id)
-
-
-def active_runs(runtime) -> ActiveRuns:
-    """The runtime's registry (created on first use; dict.setdefault is atomic)."""
-    registry = getattr(runtime, "backend_runs", None)
-    if registry is None:
-        registry = runtime.__dict__.setdefault("backend_runs", ActiveRuns())
-    return registry
 
 
 class RunHandle:

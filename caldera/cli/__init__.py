@@ -1,6 +1,6 @@
 """The `caldera` command line: the command table, and one module per command or group.
 
-The top layer: may import everything below (daemon, agents, skills, backends, plane,
+The top layer. May import: everything below (daemon, agents, skills, backends, plane,
 protocol, host, base). It is the one place where exceptions become exit codes.
 
 Only the chosen sub-command's module is imported: `requests` and `jsonschema`
@@ -15,7 +15,7 @@ import importlib
 import sys
 
 from caldera import __version__
-from caldera.errors import EXIT_FAILED, EXIT_USAGE, UsageError
+from caldera.errors import EXIT_FAILED, EXIT_USAGE, CalderaError, Retryable
 
 # name -> (module, one-line help), in groups; `caldera --help` lists them in this order.
 GROUPS: dict[str, dict[str, tuple[str, str]]] = {
@@ -104,9 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv[1:])
     try:
         return int(module.main(args) or 0)
-    except UsageError as exc:
-        print(f"caldera {argv[0]}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    except CalderaError as exc:  # the taxonomy decides: configuration 2, the rest 1
+        hint = " (try again later)" if isinstance(exc, Retryable) else ""
+        print(f"caldera {argv[0]}: {exc}{hint}", file=sys.stderr)
+        return exc.exit_code
     except OSError as exc:  # a file or directory problem: say which, without a traceback
         where = f" {exc.filename}" if exc.filename else ""
         print(f"caldera {argv[0]}:{where}: {exc.strerror or exc}", file=sys.stderr)

@@ -5,7 +5,6 @@ import sys
 import time
 
 from caldera.cli import add_agent_flags
-from caldera.daemon.report_once import report_once, take_lock
 from caldera.errors import UsageError
 
 
@@ -17,25 +16,27 @@ def configure(parser) -> None:
 
 
 def main(args) -> int:
-    from caldera.cli.run import open_runtime
+    # deferred: the daemon's modules import requests; `caldera report --help` must not
+    from caldera.cli.run import open_parts
+    from caldera.daemon.report_once import report_once, take_lock
     from caldera.host.fsutil import StateLock
 
     if args.deadline <= 0:
         raise UsageError("--deadline must be a positive number of seconds")
     started = time.monotonic()
     deadline = started + args.deadline
-    runtime = open_runtime(args, "report")
-    if runtime.client is None:
+    parts = open_parts(args, "report")
+    if parts.client is None:
         print("caldera report: the control plane is not enabled (CALDERA_AGENT_ENABLED is not true)",
               file=sys.stderr)
         return 1
-    lock = StateLock(runtime.paths.state_dir, "report")
-    why = take_lock(lock, deadline, runtime.stop)
+    lock = StateLock(parts.paths.state_dir, "report")
+    why = take_lock(lock, deadline, parts.wake.stop)
     if why == "daemon":
-        print(f"caldera report: the daemon ({lock.holder()}) runs agent {runtime.paths.name} and reports itself")
+        print(f"caldera report: the daemon ({lock.holder()}) runs agent {parts.paths.name} and reports itself")
         return 0
     if why:
         print(f"caldera report: {why}", file=sys.stderr)
         return 1
     with lock:
-        return report_once(runtime, deadline)
+        return report_once(parts, deadline)

@@ -8,25 +8,26 @@ def configure(parser) -> None:
     add_agent_flags(parser)
 
 
-def open_runtime(args, role: str):
-    """Paths, settings, logging and the Runtime, for the commands that talk to the control plane."""
-    from caldera.host import logsetup
+def open_parts(args, role: str):
+    """Paths, settings, logging and the runtime's parts, for the commands that talk to the control plane."""
+    # deferred: the daemon's modules import requests and jsonschema; `caldera --help` must not
     from caldera.config import agent_from_args, load_settings
-    from caldera.daemon.wiring import build_runtime
+    from caldera.daemon.wiring import build_parts
+    from caldera.host import logsetup
 
     paths = agent_from_args(args)
     settings = load_settings(paths)
     # The daemon validates adapter answers with jsonschema (imported once, then cheap);
     # a one-shot report uses the equivalent plain checks and skips the import.
-    runtime = build_runtime(paths, settings, schema_checks=(role == "daemon"))
-    logsetup.setup(settings.log_level, runtime.redactor)
-    return runtime
+    parts = build_parts(paths, settings, schema_checks=(role == "daemon"))
+    logsetup.setup(settings.log_level, parts.redactor)
+    return parts
 
 
 def main(args) -> int:
+    # deferred, as above
     from caldera.daemon import run as daemon
     from caldera.host.memtune import limit_malloc_arenas
 
-    limit_malloc_arenas()  # before any thread starts: see caldera/memtune.py
-    runtime = open_runtime(args, "daemon")
-    return daemon.run(runtime)
+    limit_malloc_arenas()  # before any thread starts: see caldera/host/memtune.py
+    return daemon.run(open_parts(args, "daemon"))

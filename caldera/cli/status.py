@@ -37,13 +37,17 @@ def bar(used) -> str:
     return "[" + "#" * filled + "." * (BAR_WIDTH - filled) + f"] {fraction * 100:3.0f}%"
 
 
-def connection_info(paths) -> dict:
+def _state(paths) -> dict:
     from caldera.host.fsutil import read_json
 
     try:
-        state = read_json(paths.state_dir / "state.json", {}) or {}
+        return read_json(paths.state_dir / "state.json", {}) or {}
     except ValueError:
-        state = {}
+        return {}
+
+
+def connection_info(paths, state: dict | None = None) -> dict:
+    state = _state(paths) if state is None else state
     conn = dict(state.get("connection") or {})
     conn["last_successful"] = _ago(conn.get("last_heartbeat_ok_at"))
     return conn
@@ -105,10 +109,13 @@ def main(args) -> int:
     process = None
     if isinstance(agent, dict) and "process" in agent and "body" in agent:
         agent, process = agent["body"], agent["process"]
-    conn = redact(connection_info(paths))
+    state = _state(paths)
+    conn = redact(connection_info(paths, state))
     holder = StateLock(paths.state_dir, "status").holder() if paths.state_dir.is_dir() else None
     conn["daemon"] = holder
-    outbox = {"items": outbox_depth(paths.state_dir)}
+    # drop counters since the daemon started (outbox: superseded reports/inventories; events: run
+    # events the plane never got; lanes: commands offered while stopping, kept for the next start)
+    outbox = {"items": outbox_depth(paths.state_dir), "dropped": state.get("drops") or {}}
     if args.json:
         doc = {"agent_status": agent, "connection": conn, "outbox": outbox}
         if process is not None:
@@ -158,4 +165,5 @@ def _print_human(name, agent, conn, outbox) -> None:
     if conn.get("auth_blocked"):
         print(f"  registration refused: {conn['auth_blocked']} (fix the configuration, then: systemctl reload)")
     print(f"daemon: {conn['daemon'] or 'not running'}")
-    print(f"outbox: {outbox['items']} waiting")
+    dropped = ", ".join(f"{name} {count}" for name, count in sorted(outbox["dropped"].items()))
+    print(f"outbox: {outbox['items']} waiting" + (f"; dropped since the daemon started: {dropped}" if dropped else ""))

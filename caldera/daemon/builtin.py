@@ -1,7 +1,7 @@
 """The built-in commands of seed 004: collect_system_info and health_check."""
 from __future__ import annotations
 
-from caldera.daemon.reporter import build_report
+from caldera.errors import CalderaError
 
 
 def _send_now(ctx) -> tuple[dict, bool]:
@@ -10,14 +10,11 @@ def _send_now(ctx) -> tuple[dict, bool]:
     An undelivered report does not fail the command: the result carries the same
     summary, and the reporter loop delivers a fresh report once the plane is back.
     """
-    from caldera.protocol.client import ApiError
-    from caldera.protocol.session import AuthBlocked
-
-    report = build_report(ctx.runtime)
+    report = ctx.reports.state_report()
     try:
-        ctx.runtime.client.state_report(report)
-    except (ApiError, AuthBlocked):
-        ctx.runtime.report_now()
+        ctx.client.state_report(report)
+    except CalderaError:
+        ctx.report_now()
         return report, False
     return report, True
 

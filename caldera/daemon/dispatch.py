@@ -52,21 +52,44 @@ HANDLERS: dict[str, str] = {
 }
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class CommandContext:
-    """What a handler may use. Everything is a dependency handed in, no globals.
+    """What a handler is given: the command, its cancel and deadline, and the runtime's
+    parts a handler may use, each by name (built per command by `for_command`).
 
-    runtime:  the daemon's `caldera.daemon.wiring.Runtime` (paths, settings, client,
-              redactor, sampler, driver, pool, report_now, state store).
-    cancel:   set when the command's timeout passes or the operator cancels;
-              long work checks it and subprocesses are killed on it.
-    deadline: time.monotonic() by which the command must be finished.
+    cancel:    set when the command's timeout passes or the operator cancels; long
+               work checks it and subprocesses are killed on it.
+    deadline:  time.monotonic() by which the command must be finished.
+    settings, driver: the values current when the command started (`current` is
+               the holder, for the handlers that replace them: reload_config, revisions).
     """
 
     command: dict
-    runtime: Any
     cancel: threading.Event = field(default_factory=threading.Event)
     deadline: float = 0.0
+    agent_id: str = ""
+    paths: Any = None
+    settings: Any = None
+    driver: Any = None
+    current: Any = None  # caldera.daemon.wiring.Current
+    redactor: Any = None
+    client: Any = None  # None when the agent is not connected
+    outbox: Any = None
+    state: Any = None
+    wake: Any = None  # caldera.daemon.wakeups.Wakeups
+    live: Any = None  # caldera.daemon.live.LiveStatus
+    reports: Any = None  # caldera.daemon.reporter.Reports
+    runs: Any = None  # caldera.backends.service.ActiveRuns
+    publisher: Any = None  # caldera.skills.publish.Publisher
+
+    @classmethod
+    def for_command(cls, parts, command: dict, cancel: threading.Event, deadline: float) -> "CommandContext":
+        current = parts.current
+        return cls(command=command, cancel=cancel, deadline=deadline, agent_id=parts.identity.agent_id,
+                   paths=parts.paths, settings=current.settings, driver=current.driver, current=current,
+                   redactor=parts.redactor, client=parts.client, outbox=parts.outbox, state=parts.state,
+                   wake=parts.wake, live=parts.live, reports=parts.reports, runs=parts.runs,
+                   publisher=parts.publisher)
 
     @property
     def command_id(self):
@@ -75,6 +98,14 @@ class CommandContext:
     @property
     def command_type(self) -> str:
         return self.command.get("command_type", "")
+
+    def report_now(self) -> None:
+        if self.wake is not None:
+            self.wake.report_now()
+
+    def inventory_changed(self) -> None:
+        if self.wake is not None:
+            self.wake.inventory_changed()
 
 
 def resolve(command_type: str) -> Callable[[CommandContext, dict], dict]:

@@ -6,14 +6,20 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from typing import Callable
 
-from caldera.daemon.executor import execute
+from caldera.daemon.executor import Executor
 
-log = logging.getLogger("caldera.daemon.lanes")
+log = logging.getLogger("caldera.lanes")
 RUN_TYPES = ("agent_run",)
 
 
-def lane_worker(runtime, work: queue.Queue, busy: threading.Event, cancel: threading.Event, on_idle) -> None:
+class LanesClosed(RuntimeError):
+    """submit() after close(): the runtime is stopping and takes no more work."""
+
+
+def lane_worker(executor: Executor, work: queue.Queue, busy: threading.Event, cancel: threading.Event,
+                on_idle: Callable[[], None]) -> None:
     while True:
         command = work.get()
         if command is None:
@@ -21,9 +27,9 @@ def lane_worker(runtime, work: queue.Queue, busy: threading.Event, cancel: threa
         busy.set()
         try:
             if command.get("local"):
-                run_local(runtime, command, cancel)
+                run_local(executor, command, cancel)
             else:
-                execute(runtime, command, cancel)
+                executor.execute(command, cancel)
         except Exception:  # noqa: BLE001 -- the lane must survive a bug in one command
             log.exception("command %s could not be settled", command.get("id"))
         finally:
@@ -31,35 +37,52 @@ def lane_worker(runtime, work: queue.Queue, busy: threading.Event, cancel: threa
             on_idle()
 
 
-def run_local(runtime, command: dict, cancel) -> None:
+def run_local(executor: Executor, command: dict, cancel) -> None:
     """A command the runtime gave itself (a desired config revision): no start/finish."""
-    from caldera.daemon.executor import run_handler
-
-    status, _, error = run_handler(runtime, command, cancel)
+    status, _, error = executor.run_handler(command, cancel)
     log.info("local %s: %s%s", command.get("command_type"), status, f": {error}" if error else "")
 
 
 class Lanes:
-    def __init__(self, runtime):
-        self.runtime = runtime
+    def __init__(self, executor: Executor, on_idle: Callable[[], None]):
+        self.executor, self.on_idle = executor, on_idle
         self.cancel = threading.Event()  # the second SIGTERM: cancel what runs
+        self.refused = 0  # commands offered after close (counted: `caldera status`, the report's health)
         self._queues = {"main": queue.Queue(), "runs": queue.Queue()}
         self._busy = {name: threading.Event() for name in self._queues}
-        self._threads = []
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self._lock = threading.Lock()
+        self._desired_seen: set = set()
 
     def start(self) -> None:
         for name, work in self._queues.items():
             thread = threading.Thread(target=lane_worker, name=f"lane-{name}",
-                                      args=(self.runtime, work, self._busy[name], self.cancel,
-                                            self.runtime.poll_wakeup.set))
+                                      args=(self.executor, work, self._busy[name], self.cancel, self.on_idle))
             thread.start()
             self._threads.append(thread)
 
     def submit(self, command: dict) -> None:
+        """Queue a command; raises LanesClosed once close() began (nothing is queued then)."""
         lane = "runs" if command.get("command_type") in RUN_TYPES else "main"
-        if lane == "main":
-            self._busy["main"].set()  # busy from now, so the poller waits
-        self._queues[lane].put(command)
+        with self._lock:
+            if self._closed:
+                self.refused += 1
+                raise LanesClosed(f"command {command.get('id')} offered after the lanes closed")
+            if lane == "main":
+                self._busy["main"].set()  # busy from now, so the poller waits
+            self._queues[lane].put(command)
+
+    def desired_revision(self, revision_id) -> None:
+        """The heartbeat names a config revision we do not run: apply it (once per id)."""
+        if revision_id in self._desired_seen:
+            return
+        self._desired_seen.add(revision_id)
+        try:
+            self.submit({"local": True, "id": f"desired-{revision_id}", "command_type": "apply_config_revision",
+                         "payload": {"revision_id": revision_id}, "timeout_seconds": 120})
+        except LanesClosed:
+            self._desired_seen.discard(revision_id)  # the next runtime sees it again
 
     def ready(self) -> bool:
         return not self._busy["main"].is_set() and self._queues["main"].empty()
@@ -69,8 +92,10 @@ class Lanes:
 
     def close(self, timeout: float | None = None) -> bool:
         """Send the sentinels and join; True when every lane ended in time."""
-        for work in self._queues.values():
-            work.put(None)
+        with self._lock:
+            self._closed = True
+            for work in self._queues.values():
+                work.put(None)
         for thread in self._threads:
             thread.join(timeout)
         return not any(t.is_alive() for t in self._threads)

@@ -9,48 +9,53 @@ from __future__ import annotations
 
 import logging
 
+from caldera.daemon.executor import Executor
+from caldera.daemon.lanes import LanesClosed
+from caldera.daemon.live import LiveStatus
+from caldera.daemon.wakeups import Wakeups, wait_any
 from caldera.protocol.retry import Backoff
-from caldera.daemon.executor import journal_fetched
-from caldera.daemon.wakeups import wait_any
 
 log = logging.getLogger("caldera.poller")
 DEFAULT_INTERVAL = 5.0
 
 
-def fetch_one(runtime) -> dict | None:
+def fetch_one(client, executor: Executor) -> dict | None:
     """Fetch the next command and journal it; None when there is none."""
-    command = runtime.client.next_command()
+    command = client.next_command()
     if not command:
         return None
     if not isinstance(command, dict) or command.get("id") is None:
-        log.error("control plane sent a command without an id: %r", runtime.redactor(command))
+        log.error("control plane sent a command without an id: %r", executor.redactor(command))
         return None
-    journal_fetched(runtime, command)
+    executor.journal_fetched(command)
     log.info("command %s (%s) received", command["id"], command.get("command_type"))
     return command
 
 
-def _interval(runtime) -> float:
-    info = runtime.auth.info  # None until the first call registers
+def poll_interval(auth) -> float:
+    info = auth.info  # None until the first call registers
     return info.poll_interval if info else DEFAULT_INTERVAL
 
 
-def poll_loop(runtime, lanes) -> None:
+def poll_loop(client, auth, executor: Executor, lanes, wake: Wakeups, live: LiveStatus) -> None:
     backoff = Backoff()
-    while not runtime.stop.is_set() and not runtime.draining.is_set():
-        runtime.tick("poller")
+    while not wake.stop.is_set() and not wake.draining.is_set():
+        live.tick("poller")
         if not lanes.ready():
-            wait_any(runtime.stop, runtime.poll_wakeup, _interval(runtime))
+            wait_any(wake.stop, wake.poll, poll_interval(auth))
             continue
         try:
-            command = fetch_one(runtime)
+            command = fetch_one(client, executor)
             backoff.reset()
         except Exception as exc:  # noqa: BLE001 -- logged, retried with backoff
-            log.debug("command poll failed: %s", runtime.redactor(str(exc)))
-            delay = backoff.next_delay(getattr(exc, "retry_after", None) or getattr(exc, "retry_in", None))
-            wait_any(runtime.stop, runtime.poll_wakeup, delay)
+            log.debug("command poll failed: %s", executor.redactor(str(exc)))
+            wait_any(wake.stop, wake.poll, backoff.after(exc))
             continue
         if command is not None:
-            lanes.submit(command)
+            try:
+                lanes.submit(command)
+            except LanesClosed:  # stopping: the journal keeps it, the next start executes it
+                log.info("command %s kept for the next start (stopping)", command["id"])
+                return
             continue  # there may be more: ask again as soon as the lane is free
-        wait_any(runtime.stop, runtime.poll_wakeup, _interval(runtime))
+        wait_any(wake.stop, wake.poll, poll_interval(auth))

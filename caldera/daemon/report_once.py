@@ -14,6 +14,11 @@ import sys
 import threading
 import time
 
+from caldera.daemon.executor import executor_for
+from caldera.daemon.heartbeat import ConnectionStatus, send_heartbeat
+from caldera.daemon.poller import fetch_one
+from caldera.daemon.sender import flush
+from caldera.daemon.wiring import Parts
 
 log = logging.getLogger("caldera.report")
 LOCK_POLL = 0.2
@@ -32,47 +37,52 @@ def take_lock(lock, deadline: float, stop: threading.Event) -> str | None:
         stop.wait(LOCK_POLL)
 
 
-def report_once(runtime, deadline: float) -> int:
-    from caldera.daemon.executor import execute, recover
-    from caldera.daemon.heartbeat import ConnectionStatus, send_heartbeat
-    from caldera.daemon.poller import fetch_one
-    from caldera.daemon.reporter import send_report
-    from caldera.daemon.sender import flush
-    from caldera.skills.publish import scan_and_send
-
-    status = ConnectionStatus(runtime)
+def report_once(parts: Parts, deadline: float) -> int:
+    executor = executor_for(parts)
+    client, redactor = parts.client, parts.redactor
+    status = ConnectionStatus(parts.state, redactor, parts.auth)
     cancel = threading.Event()  # a command still running at the deadline is cancelled
     timer = threading.Timer(max(0.0, deadline - time.monotonic()), cancel.set)
     timer.daemon = True
     timer.start()
     try:
-        section = runtime.agent_section()  # once: the heartbeat and the report both carry it
-        status.ok(send_heartbeat(runtime))
-        send_report(runtime, section)
+        section = parts.reports.section()  # once: the heartbeat and the report both carry it
+        status.ok(send_heartbeat(client, parts.reports, parts.state, parts.wake, _ignore_desired))
+        client.state_report(parts.reports.state_report(section))
     except Exception as exc:  # noqa: BLE001 -- said on stderr, exit 1, outbox kept
         status.error(exc)
-        print(f"caldera report: not delivered: {runtime.redactor(str(exc))}", file=sys.stderr)
+        print(f"caldera report: not delivered: {redactor(str(exc))}", file=sys.stderr)
         return 1
     try:
-        scan_and_send(runtime, "startup")  # no watcher here: one full inventory per run (outbox)
-        ran = 0
-        for command in recover(runtime):
-            execute(runtime, command, cancel)
-            ran += 1
-        flush(runtime, deadline=deadline)
-        while time.monotonic() < deadline:
-            command = fetch_one(runtime)
-            if command is None:
-                break
-            execute(runtime, command, cancel)
-            ran += 1
-            flush(runtime, deadline=deadline)
+        parts.publisher.scan_and_send("startup")  # no watcher here: one full inventory per run (outbox)
+        ran = _run_commands(parts, executor, cancel, deadline)
         if ran:  # commands changed the state: report it once more (else the first report stands)
-            send_report(runtime)
+            client.state_report(parts.reports.state_report())
     except Exception as exc:  # noqa: BLE001 -- the report itself was delivered
         log.warning("after the report: %s (kept for the next run: %d in the outbox)",
-                    runtime.redactor(str(exc)), runtime.outbox.depth())
+                    redactor(str(exc)), parts.outbox.depth())
     finally:
         timer.cancel()
-        runtime.pool.shutdown(wait=False, cancel_futures=True)
+        parts.pool.shutdown(wait=False, cancel_futures=True)
     return 0
+
+
+def _run_commands(parts: Parts, executor, cancel: threading.Event, deadline: float) -> int:
+    """Recovered commands first, then what the plane has, until the deadline; how many ran."""
+    ran = 0
+    for command in executor.recover():
+        executor.execute(command, cancel)
+        ran += 1
+    flush(parts.client, parts.outbox, parts.wake.stop, deadline=deadline)
+    while time.monotonic() < deadline:
+        command = fetch_one(parts.client, executor)
+        if command is None:
+            break
+        executor.execute(command, cancel)
+        ran += 1
+        flush(parts.client, parts.outbox, parts.wake.stop, deadline=deadline)
+    return ran
+
+
+def _ignore_desired(revision_id) -> None:
+    """A one-shot run applies no revision from a heartbeat hint: the plane sends the command."""

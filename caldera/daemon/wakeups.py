@@ -1,22 +1,42 @@
-"""What the loops share: how an error is logged, and "last successful was X ago"."""
+"""The stop signal and the loops' wake-up events, in one small object.
+
+Every loop waits on its own event with a timeout (`wait_any`); `shutdown()` sets
+`stop` and every wake-up, so each loop sees a stop at once.
+"""
 from __future__ import annotations
 
-import time
-
-from caldera.host.timefmt import human_age
-
-
-def ago(since: float | None, now: float | None = None) -> str:
-    """`since` is a time.monotonic() value."""
-    return human_age(None if since is None else (now or time.monotonic()) - since)
+import threading
+from dataclasses import dataclass, field
 
 
-def wait_any(stop, event, timeout: float) -> None:
-    """Wait until `event` is set or `timeout` passes, then clear it.
+def _event() -> threading.Event:
+    return threading.Event()
 
-    Runtime.shutdown() sets `stop` and every wake-up event, so this wait ends
-    at once on a stop too.
-    """
+
+@dataclass(eq=False)
+class Wakeups:
+    stop: threading.Event = field(default_factory=_event)
+    draining: threading.Event = field(default_factory=_event)  # the 1st SIGTERM: fetch nothing new
+    report: threading.Event = field(default_factory=_event)
+    poll: threading.Event = field(default_factory=_event)
+    heartbeat: threading.Event = field(default_factory=_event)
+    inventory: threading.Event = field(default_factory=_event)
+    outbox: threading.Event = field(default_factory=_event)  # the Outbox sets it on every put
+
+    def report_now(self) -> None:
+        self.report.set()
+
+    def inventory_changed(self) -> None:
+        self.inventory.set()
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        for event in (self.report, self.poll, self.heartbeat, self.inventory, self.outbox):
+            event.set()
+
+
+def wait_any(stop: threading.Event, event: threading.Event, timeout: float) -> None:
+    """Wait until `event` is set or `timeout` passes, then clear it (a stop sets every event)."""
     if not stop.is_set():
         event.wait(max(0.0, timeout))
     event.clear()

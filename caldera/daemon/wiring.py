@@ -1,159 +1,149 @@
-"""`Runtime`: the dependencies the loops and command handlers are given.
+"""The composition root: the parts of one agent's runtime, built once.
 
-It is a plain holder built once by `caldera run` or `caldera report --once`;
-it owns no thread. Loops are functions in `caldera/loops/` that take it.
+`build_parts()` makes each collaborator (client and auth, outbox, state file,
+sampler, the agent's driver, the subprocess pool) and the small shared objects
+(`Wakeups`, `LiveStatus`, `Current`). `Parts` only holds them for the code that
+starts threads and dispatches commands: a thread body or a command handler is
+handed the few parts it uses, never `Parts` itself.
 """
 from __future__ import annotations
 
-import logging
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from caldera.agents.adapter.driver import open_driver
+from caldera.agents.manifest import load_manifest
+from caldera.backends.base import capabilities as backend_capabilities
+from caldera.backends.service import ActiveRuns
 from caldera.config import AgentPaths, Settings
+from caldera.daemon.live import LiveStatus
+from caldera.daemon.reporter import Reports
+from caldera.daemon.wakeups import Wakeups
 from caldera.host.fsutil import ensure_dir
-from caldera.protocol.outbox import Outbox
-from caldera.redact import Redactor
-from caldera.protocol.payloads import BASE_CAPABILITIES, default_section
+from caldera.host.sampler import Sampler
 from caldera.host.statefile import StateFile
-
-log = logging.getLogger("caldera.daemon.wiring")
+from caldera.protocol.client import ControlPlaneClient, Transport
+from caldera.protocol.outbox import Outbox
+from caldera.protocol.payloads import BASE_CAPABILITIES, Identity, register_body
+from caldera.protocol.session import Auth, SessionFile
+from caldera.redact import Redactor
+from caldera.skills.publish import Publisher
 
 SUBPROCESS_WORKERS = 4
+STATE_SUBDIRS = ("logs", "cache", "skills", "runs")
 
 
 @dataclass(eq=False)
-class Runtime:
-    paths: AgentPaths
+class Current:
+    """What may be replaced while the daemon runs (`reload_config`, a blueprint update):
+    the settings, the manifest and the driver built from it. Readers take the value
+    at the time they start; a replacement is one assignment under the lock."""
+
     settings: Settings
+    manifest: object | None = None
+    driver: object | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def replace(self, **values) -> None:
+        with self._lock:
+            for name, value in values.items():
+                setattr(self, name, value)
+
+
+@dataclass(frozen=True, eq=False)
+class Parts:
+    paths: AgentPaths
+    current: Current
     redactor: Redactor
-    stop: threading.Event
-    pool: ThreadPoolExecutor
+    wake: Wakeups
+    live: LiveStatus
     outbox: Outbox
     state: StateFile
-    sampler: object
+    sampler: Sampler
+    pool: ThreadPoolExecutor
+    identity: Identity
+    runs: object  # caldera.backends.service.ActiveRuns: the code-agent runs going on now
+    reports: Reports
+    publisher: Publisher
     client: object | None = None  # ControlPlaneClient when the agent is enabled
     auth: object | None = None
-    driver: object | None = None  # the adapter driver when the manifest is an adapter
-    manifest: object | None = None
-    runtime_name: str = "caldera"
-    draining: threading.Event = field(default_factory=threading.Event)
-    report_wakeup: threading.Event = field(default_factory=threading.Event)
-    poll_wakeup: threading.Event = field(default_factory=threading.Event)
-    inventory_wakeup: threading.Event = field(default_factory=threading.Event)
-    heartbeat_wakeup: threading.Event = field(default_factory=threading.Event)
-    lanes: object | None = None  # caldera.daemon.lanes.Lanes in the daemon
-    last_sample: object | None = None
-    skill_count: int | None = None
-    last_section: dict = field(default_factory=default_section)
-    ticks: dict = field(default_factory=dict)  # loop name -> monotonic time of its last turn
-    _desired_seen: set = field(default_factory=set)
 
     @property
-    def agent_id(self) -> str:
-        return self.settings.agent_id
-
-    def shutdown(self) -> None:
-        """Stop every loop: set `stop` and wake each loop's wait."""
-        self.stop.set()
-        for event in (self.report_wakeup, self.poll_wakeup, self.inventory_wakeup, self.outbox.wakeup,
-                      self.heartbeat_wakeup):
-            event.set()
-
-    def report_now(self) -> None:
-        self.report_wakeup.set()
-
-    def inventory_changed(self) -> None:
-        self.inventory_wakeup.set()
-
-    def desired_revision(self, revision_id) -> None:
-        """The heartbeat names a config revision we do not run: apply it (once per id)."""
-        if self.lanes is None or revision_id in self._desired_seen:
-            return
-        self._desired_seen.add(revision_id)
-        self.lanes.submit({"local": True, "id": f"desired-{revision_id}", "command_type": "apply_config_revision",
-                           "payload": {"revision_id": revision_id}, "timeout_seconds": 120})
-
-    def sample(self):
-        return self.sampler.sample()
-
-    def tick(self, loop: str) -> None:
-        self.ticks[loop] = time.monotonic()
-
-    def capabilities(self) -> list[str]:
-        from caldera.backends.base import capabilities as backend_capabilities
-
-        extra = backend_capabilities(self.settings.env)
-        return BASE_CAPABILITIES + [c for c in extra if c not in BASE_CAPABILITIES]
-
-    def agent_section(self) -> dict:
-        """The agent's part of a report (adapter status etc.); cached for heartbeats."""
-        if self.driver is not None:
-            self.last_section = self.driver.report_section()
-        return self.last_section
+    def settings(self) -> Settings:
+        return self.current.settings
 
 
-def build_runtime(paths: AgentPaths, settings: Settings, *, stop: threading.Event | None = None,
-                  with_client: bool = True, with_driver: bool = True, transport_session=None,
-                  schema_checks: bool = True) -> Runtime:
-    from caldera.host.sampler import Sampler
-
+def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = True, with_driver: bool = True,
+                transport_session=None, schema_checks: bool = True) -> Parts:
     ensure_dir(paths.state_dir)
-    for sub in ("logs", "cache", "skills", "runs"):
+    for sub in STATE_SUBDIRS:
         ensure_dir(paths.state_dir / sub)
     redactor = Redactor(settings.secret_values)
     manifest = _load_manifest(paths)
     name = getattr(manifest, "name", None) or paths.name
-    runtime = Runtime(
-        paths=paths, settings=settings, redactor=redactor, stop=stop or threading.Event(),
-        pool=ThreadPoolExecutor(SUBPROCESS_WORKERS, thread_name_prefix="caldera-proc"),
-        outbox=Outbox(paths.state_dir / "outbox"), state=StateFile(paths.state_dir / "state.json"),
-        sampler=Sampler(persistent_dir=str(settings.persistent_dir), runtime_type=settings.runtime_type,
-                        runtime_name=name, disk_limit_bytes=settings.disk_limit_bytes),
-        manifest=manifest, runtime_name=name,
+    wake = Wakeups()
+    outbox = Outbox(paths.state_dir / "outbox", wakeup=wake.outbox)
+    current = Current(settings=settings, manifest=manifest)
+    live = LiveStatus()
+    live.count_drops("outbox", lambda: outbox.dropped)
+    runs = ActiveRuns()
+    live.count_drops("events", lambda: runs.events_dropped)
+    state = StateFile(paths.state_dir / "state.json")
+    sampler = Sampler(persistent_dir=str(settings.persistent_dir), runtime_type=settings.runtime_type,
+                      runtime_name=name, disk_limit_bytes=settings.disk_limit_bytes)
+    identity = Identity(agent_id=settings.agent_id, agent_name=paths.name, runtime_name=name,
+                        capabilities=tuple(_capabilities(settings)))
+    parts = Parts(
+        paths=paths, current=current, redactor=redactor, wake=wake, live=live, outbox=outbox, state=state,
+        sampler=sampler, pool=ThreadPoolExecutor(SUBPROCESS_WORKERS, thread_name_prefix="caldera-proc"),
+        identity=identity, runs=runs,
+        reports=Reports(identity=identity, current=current, state=state, sampler=sampler, live=live,
+                        redactor=redactor),
+        publisher=Publisher(state_dir=paths.state_dir, env=lambda: current.settings.env,
+                            runtime_type=settings.runtime_type, agent_id=identity.agent_id, outbox=outbox,
+                            state=state, on_count=live.set_skill_count, report_now=wake.report_now),
     )
     if with_driver and manifest is not None and getattr(manifest, "runtime_type", None) == "adapter":
-        from caldera.agents.adapter.driver import open_driver
-
-        runtime.driver = open_driver(paths, manifest, pool=runtime.pool, redactor=redactor,
-                                     schema_checks=schema_checks)
+        current.replace(driver=open_driver(paths, manifest, pool=parts.pool, redactor=redactor,
+                                           schema_checks=schema_checks))
     if with_driver and manifest is not None and getattr(manifest, "runtime_type", None) == "process":
-        runtime.driver = _process_driver(runtime, manifest, supervise=schema_checks)
+        current.replace(driver=_process_driver(parts, manifest, supervise=schema_checks))
     if with_client and settings.enabled:
-        runtime.client, runtime.auth = _build_client(runtime, transport_session)
-    return runtime
+        client, auth = _build_client(parts, transport_session)
+        parts = replace(parts, client=client, auth=auth)
+    return parts
 
 
-def _process_driver(runtime: Runtime, manifest, supervise: bool):
+def _capabilities(settings: Settings) -> list[str]:
+    extra = backend_capabilities(settings.env)
+    return BASE_CAPABILITIES + [c for c in extra if c not in BASE_CAPABILITIES]
+
+
+def _process_driver(parts: Parts, manifest, supervise: bool):
     """Process mode (SPEC 7b). The daemon (the caller that pays for schema checks) supervises;
     `report --once` gets a driver that only reports what state.json and /proc say."""
     from caldera.agents.process.driver import open_driver as open_process_driver
 
-    driver = open_process_driver(runtime.paths, manifest, store=runtime.state, redactor=runtime.redactor,
-                                 report_interval=runtime.settings.report_interval, supervise=supervise)
-    driver.report_now = runtime.report_now
+    driver = open_process_driver(parts.paths, manifest, store=parts.state, redactor=parts.redactor,
+                                 report_interval=parts.current.settings.report_interval, supervise=supervise,
+                                 report_now=parts.wake.report_now)
     return driver
 
 
 def _load_manifest(paths: AgentPaths):
     if not paths.manifest_path.is_file():
         return None
-    from caldera.agents.manifest import load_manifest
-
     return load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
 
 
-def _build_client(runtime: Runtime, transport_session):
-    from caldera.protocol.client import ControlPlaneClient, Transport
-    from caldera.protocol.payloads import register_body
-    from caldera.protocol.session import Auth, SessionFile
-
-    settings = runtime.settings
+def _build_client(parts: Parts, transport_session):
+    settings = parts.settings
     transport = Transport(settings.base_url, ca_bundle=settings.ca_bundle, session=transport_session)
-    session_file = SessionFile(runtime.paths.state_dir / "session.json", settings.base_url, settings.instance_id)
+    session_file = SessionFile(parts.paths.state_dir / "session.json", settings.base_url, settings.instance_id)
     client = ControlPlaneClient(transport, None)
     auth = Auth(bootstrap_token=settings.bootstrap_token, session_file=session_file,
-                register=lambda: client.register(register_body(runtime)), redactor=runtime.redactor)
+                register=lambda: client.register(register_body(parts.identity, parts.settings)),
+                redactor=parts.redactor)
     client.auth = auth
     return client, auth

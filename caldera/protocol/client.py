@@ -22,7 +22,7 @@ import uuid
 
 import requests
 
-from caldera import __version__
+from caldera import __version__, errors
 log = logging.getLogger("caldera.protocol.client")
 
 API_PREFIX = "/api/v1/agent"
@@ -32,8 +32,12 @@ DOWNLOAD_CAP = 128 * 1024 * 1024
 BOOTSTRAP_REJECTED = "invalid agent bootstrap token"
 
 
-class ApiError(Exception):
-    """A call did not succeed. `status` is the HTTP status, or None for no answer."""
+class ApiError(errors.CalderaError):
+    """A call did not succeed. `status` is the HTTP status, or None for no answer.
+
+    Each subclass is also one kind of caldera's error taxonomy (`caldera.errors`):
+    loops and the CLI act on the kind.
+    """
 
     retryable = False
 
@@ -42,23 +46,23 @@ class ApiError(Exception):
         self.status, self.message, self.retry_after = status, message, retry_after
 
 
-class Unauthorized(ApiError):
-    """401: the session is bad or expired: register again."""
+class Unauthorized(ApiError, errors.Retryable):
+    """401: the session is bad or expired: register again (then the call is retried)."""
 
 
-class Forbidden(ApiError):
+class Forbidden(ApiError, errors.Refused):
     """403, or 400 'invalid agent bootstrap token': a configuration problem, not a retry."""
 
 
-class NotFound(ApiError):
+class NotFound(ApiError, errors.Refused):
     """404: unknown command or resource."""
 
 
-class Invalid(ApiError):
+class Invalid(ApiError, errors.Refused):
     """Any other 4xx: the request is wrong and would stay wrong."""
 
 
-class Retryable(ApiError):
+class Retryable(ApiError, errors.Retryable):
     """429, 5xx, network error or timeout: try later (honour `retry_after`)."""
 
     retryable = True

@@ -3,8 +3,8 @@
 One JSON file per item in `<state>/outbox/`, named by a sequence number so the
 directory's order is the send order. An item is written (atomically) before
 anyone relies on it being sent and deleted only after the server took it.
-Bounded at 10,000 items or 64 MiB: past that the oldest state reports and
-inventories go first; finish results are never dropped. Items the server
+Bounded at 10,000 items or 64 MiB: past that the oldest inventories go
+first; finish results are never dropped. Items the server
 rejects for good (a 4xx other than 401) move to `outbox/rejected/`: kept for
 the operator, not retried for ever.
 """
@@ -22,15 +22,16 @@ log = logging.getLogger("caldera.protocol.outbox")
 
 MAX_ITEMS = 10_000
 MAX_BYTES = 64 * 1024 * 1024
-DROPPABLE = ("report", "inventory")  # superseded by a newer one; never "finish" or "start"
+DROPPABLE = ("inventory",)  # superseded by a newer one; never "finish" or "start"
 
 
 class Outbox:
-    def __init__(self, directory, max_items: int = MAX_ITEMS, max_bytes: int = MAX_BYTES):
+    def __init__(self, directory, max_items: int = MAX_ITEMS, max_bytes: int = MAX_BYTES,
+                 wakeup: threading.Event | None = None):
         self.dir = ensure_dir(directory)
         self.max_items, self.max_bytes = max_items, max_bytes
         self._lock = threading.Lock()
-        self.wakeup = threading.Event()
+        self.wakeup = wakeup or threading.Event()  # set on every put: the sender's wake-up
         self.dropped = 0
         names = self._names()
         self._seq = int(names[-1].split("-")[0]) if names else 0

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import datetime as dt
 import platform
+from dataclasses import dataclass
 
 from caldera import __version__
+
 OPENCLAW_STATUSES = ("running", "stopped", "error", "unknown", "starting")
 BASE_CAPABILITIES = ["runtime.status", "runtime.health", "metrics.report", "commands.poll",
                      "skills.inventory", "skills.upload", "adapter.verbs"]
@@ -28,21 +30,30 @@ def _arch() -> str:
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
 
 
-def register_body(runtime) -> dict:
-    settings = runtime.settings
+@dataclass(frozen=True)
+class Identity:
+    """Who this runtime is to the control plane; fixed for the life of the process."""
+
+    agent_id: str
+    agent_name: str
+    runtime_name: str
+    capabilities: tuple = tuple(BASE_CAPABILITIES)
+
+
+def register_body(identity: Identity, settings) -> dict:
     return {
         "instance_id": settings.instance_id,
-        "agent_id": runtime.agent_id,
+        "agent_id": identity.agent_id,
         "agent_version": agent_version(),
         "protocol_version": "v1",
-        "capabilities": runtime.capabilities(),
+        "capabilities": list(identity.capabilities),
         "host_info": {
             "runtime_type": settings.runtime_type,
-            "runtime_name": runtime.runtime_name,
+            "runtime_name": identity.runtime_name,
             "persistent_dir": str(settings.persistent_dir),
             "arch": _arch(),
             "hostname": platform.node(),
-            "agent_name": runtime.paths.name,
+            "agent_name": identity.agent_name,
         },
     }
 
@@ -59,48 +70,49 @@ def _status(section: dict) -> str:
     return value if value in OPENCLAW_STATUSES else "unknown"
 
 
-def heartbeat_body(runtime, section: dict, sample) -> dict:
+def heartbeat_body(agent_id: str, settings, revision_id, section: dict, sample, skill_count) -> dict:
     rt = section["runtime"]
     return {
-        "agent_id": runtime.agent_id,
+        "agent_id": agent_id,
         "timestamp": now_iso(),
         "openclaw_status": _status(section),
-        "current_config_revision_id": runtime.state.get("current_config_revision_id"),
+        "current_config_revision_id": revision_id,
         "summary": {
-            "runtime_type": runtime.settings.runtime_type,
+            "runtime_type": settings.runtime_type,
             "runtime_status": rt.get("runtime_status") or _status(section),
             "runtime_pid": rt.get("openclaw_pid"),
             "runtime_version": rt.get("openclaw_version"),
             "openclaw_pid": rt.get("openclaw_pid"),
-            "skill_count": runtime.skill_count,
+            "skill_count": skill_count,
             "disk_used_bytes": getattr(sample, "disk_used_bytes", None),
-            "disk_limit_bytes": runtime.settings.disk_limit_bytes
-            if runtime.settings.disk_limit_bytes is not None else getattr(sample, "disk_limit_bytes", None),
+            "disk_limit_bytes": settings.disk_limit_bytes
+            if settings.disk_limit_bytes is not None else getattr(sample, "disk_limit_bytes", None),
         },
     }
 
 
-def state_report_body(runtime, section: dict, sample) -> dict:
+def state_report_body(agent_id: str, settings, revision_id, section: dict, sample) -> dict:
+    """The state report, not yet redacted (the caller passes it through its Redactor)."""
     rt = section["runtime"]
     health = {
         "runtime_process": "ok",
         "agent": "ok",
         "metrics_collector": sample.metrics_collector,
-        "metrics_sample_interval_seconds": runtime.settings.report_interval,
+        "metrics_sample_interval_seconds": settings.report_interval,
     }
     if sample.reasons:
         health["metrics_collector_reasons"] = list(sample.reasons)
     health.update(section.get("health") or {})
     body = {
-        "agent_id": runtime.agent_id,
+        "agent_id": agent_id,
         "reported_at": now_iso(),
         "runtime": {
             "openclaw_status": _status(section),
             "openclaw_pid": rt.get("openclaw_pid"),
             "runtime_pid": rt.get("openclaw_pid"),
             "openclaw_version": rt.get("openclaw_version"),
-            "current_config_revision_id": runtime.state.get("current_config_revision_id"),
-            "runtime_type": runtime.settings.runtime_type,
+            "current_config_revision_id": revision_id,
+            "runtime_type": settings.runtime_type,
             "runtime_status": rt.get("runtime_status") or _status(section),
         },
         "system_info": sample.system_info,
@@ -109,4 +121,4 @@ def state_report_body(runtime, section: dict, sample) -> dict:
         "settings": section.get("settings"),
         "controls": section.get("controls") or [],
     }
-    return runtime.redactor(body)
+    return body

@@ -1,8 +1,14 @@
-"""Retry delays: 1, 2, 5, 10, 30, 60, 60 ... s with +-20 % jitter; a server's
-Retry-After is a floor on the next delay."""
+"""The one retry policy: 1, 2, 5, 10, 30, 60, 60 ... s with +-20 % jitter, and a
+server's Retry-After (or an auth block's wait) as a floor on the next delay.
+
+Every loop of the daemon and `report --once` retry through `Backoff`; the hint an
+error carries is read in one place (`caldera.errors.retry_after`).
+"""
 from __future__ import annotations
 
 import random
+
+from caldera import errors
 
 STEPS = (1, 2, 5, 10, 30, 60)
 JITTER = 0.2
@@ -19,6 +25,10 @@ class Backoff:
         self.failures += 1
         delay = base * (1 + self._rng.uniform(-self.jitter, self.jitter))
         return max(delay, retry_after or 0.0)
+
+    def after(self, exc: BaseException) -> float:
+        """The delay after a failed attempt, honouring the hint the error carries."""
+        return self.next_delay(errors.retry_after(exc))
 
     def reset(self) -> None:
         self.failures = 0

@@ -14,19 +14,13 @@ import threading
 import time
 from dataclasses import dataclass
 
+from caldera.errors import AuthBlocked  # noqa: F401 -- re-exported: callers catch it from here too
+from caldera.protocol.client import Forbidden, Unauthorized
 from caldera.host.fsutil import atomic_write_json, read_json
 
 log = logging.getLogger("caldera.protocol.session")
 
 BLOCKED_RETRY_SECONDS = 300
-
-
-class AuthBlocked(Exception):
-    """Registration was refused; no call is made until `retry_in` passes (or SIGHUP)."""
-
-    def __init__(self, reason: str, retry_in: float):
-        super().__init__(f"registration refused: {reason} (next try in {retry_in:.0f} s)")
-        self.reason, self.retry_in = reason, retry_in
 
 
 @dataclass
@@ -132,8 +126,6 @@ class Auth:
         self._blocked_until = self._clock() + BLOCKED_RETRY_SECONDS
 
     def _do_register(self) -> None:
-        from caldera.protocol.client import Forbidden, Unauthorized
-
         wait = self.blocked_for()
         if wait > 0:
             raise AuthBlocked(self.blocked_reason, wait)

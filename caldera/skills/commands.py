@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from caldera.errors import CommandError
-from caldera.skills import inventory, publish, store
+from caldera.skills import inventory, store
 from caldera.skills.inventory import DISABLED, DISCOVERED, MANAGED
 
 log = logging.getLogger("caldera.skills")
@@ -21,22 +21,22 @@ RISK_ACTIONS = {"disable": "disable", "quarantine": "quarantine", "remove": "rem
 
 
 def _state_dir(ctx) -> Path:
-    return Path(ctx.runtime.paths.state_dir)
+    return Path(ctx.paths.state_dir)
 
 
 def _env(ctx) -> dict:
-    return getattr(ctx.runtime.settings, "env", None) or {}
+    return getattr(ctx.settings, "env", None) or {}
 
 
 def _client(ctx):
-    client = getattr(ctx.runtime, "client", None)
+    client = ctx.client
     if client is None:
         raise CommandError(f"{ctx.command_type}: the agent is not connected to a control plane")
     return client
 
 
 def _resync(ctx, trigger: str) -> dict:
-    scan, body = publish.scan_and_send(ctx.runtime, trigger)
+    scan, body = ctx.publisher.scan_and_send(trigger)
     return {"inventory_mode": body["mode"], "skill_count": len(scan.active)}
 
 
@@ -44,7 +44,7 @@ def _resync(ctx, trigger: str) -> dict:
 
 def sync_skill_inventory(ctx, payload: dict) -> dict:
     trigger = payload.get("trigger") or ctx.command_type
-    scan, body = publish.scan_and_send(ctx.runtime, str(trigger))
+    scan, body = ctx.publisher.scan_and_send(str(trigger))
     result = {"mode": body["mode"], "skills": len(body["skills"]), "active": len(scan.active),
               "problems": scan.problems[:20]}
     if not scan.complete:
@@ -60,7 +60,7 @@ refresh_skill_inventory = sync_skill_inventory
 
 def _locate_for_package(ctx, payload: dict) -> Path:
     """content_md5 first, then identifier, then skill_id (the platform echoes what we reported)."""
-    scan = publish.scanner(ctx.runtime).scan()
+    scan = ctx.publisher.scanner().scan()
     wanted = (payload.get("content_md5") or "").strip().lower()
     records = scan.records
     for key, value in (("content_md5", wanted), ("identifier", payload.get("identifier")),
@@ -87,10 +87,10 @@ def collect_skill_package(ctx, payload: dict) -> dict:
     try:
         wanted = (payload.get("content_md5") or "").strip().lower()
         if wanted and wanted != content_md5:
-            ctx.runtime.inventory_changed()
+            ctx.inventory_changed()
             raise CommandError(f"{skill.name} changed since it was reported: its content_md5 is now {content_md5}, "
                                f"not {wanted}; a fresh inventory is on its way")
-        fields = {"agent_id": ctx.runtime.agent_id, "skill_id": payload.get("skill_id") or skill.name,
+        fields = {"agent_id": ctx.agent_id, "skill_id": payload.get("skill_id") or skill.name,
                   "skill_version": payload.get("skill_version") or "", "identifier": skill.name,
                   "content_md5": content_md5, "source": payload.get("source") or inventory.SOURCE_DISCOVERED}
         size = zip_path.stat().st_size

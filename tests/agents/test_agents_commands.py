@@ -1,5 +1,6 @@
 """The control-plane handlers of adapter mode, with the real driver and a small runtime double."""
 import concurrent.futures as cf
+import dataclasses
 import threading
 
 import pytest
@@ -8,17 +9,10 @@ from adapter_helpers import calls, make_agent
 from caldera.agents.adapter import commands
 from caldera.agents.adapter.driver import open_driver
 from caldera.daemon.dispatch import CommandContext
+from caldera.daemon.wakeups import Wakeups
 from caldera.errors import CommandError
 from caldera.agents.manifest import load_manifest
 from caldera.redact import Redactor
-
-
-class FakeRuntime:
-    def __init__(self, driver):
-        self.driver, self.reports = driver, 0
-
-    def report_now(self):
-        self.reports += 1
 
 
 @pytest.fixture
@@ -31,14 +25,14 @@ def pool():
 def _ctx(tmp_path, pool, extra=None, kind="pause"):
     paths = make_agent(tmp_path, "recorder.py", **({"extra": extra} if extra is not None else {}))
     driver = open_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor())
-    return paths, CommandContext(command={"id": 1, "command_type": kind}, runtime=FakeRuntime(driver),
+    return paths, CommandContext(command={"id": 1, "command_type": kind}, driver=driver, wake=Wakeups(),
                                  cancel=threading.Event())
 
 
 def test_pause_succeeds_and_reports_now(tmp_path, pool):
     _, ctx = _ctx(tmp_path, pool)
     assert commands.pause(ctx, {}) == {"ok": True, "message": "Paused.", "held": []}
-    assert ctx.runtime.reports == 1
+    assert ctx.wake.report.is_set()  # the state changed: a report goes out now
 
 
 def test_controls_named_by_the_manifest_limit_the_commands(tmp_path, pool):
@@ -85,7 +79,7 @@ def test_process_only_and_no_driver(tmp_path, pool):
     _, ctx = _ctx(tmp_path, pool, kind="restart_openclaw")
     with pytest.raises(CommandError, match="restart_openclaw acts only in process mode"):
         commands.process_only(ctx, {})
-    ctx.runtime.driver = None
+    ctx = dataclasses.replace(ctx, driver=None)
     with pytest.raises(CommandError, match="no adapter"):
         commands.pause(ctx, {})
 

@@ -92,14 +92,20 @@ def everything_text(result, events, env: base.Environment) -> str:
 
 
 def fake_runtime(tmp: Path, env: dict, client=None):
-    """The attributes agent_run needs, without the daemon."""
+    """The parts agent_run needs, without the daemon (a real ActiveRuns registry)."""
+    from caldera.backends.service import ActiveRuns
+
     config_dir = tmp / "config"
     paths = SimpleNamespace(state_dir=tmp / "state", config_dir=config_dir, secrets_dir=config_dir / "secrets")
     settings = SimpleNamespace(env=env)
     return SimpleNamespace(paths=paths, settings=settings, redactor=Redactor(), client=client,
-                           agent_id="caldera-7-main")
+                           agent_id="caldera-7-main", runs=ActiveRuns())
 
 
 def fake_ctx(runtime, cancel=None, deadline=0.0, command=None):
-    return SimpleNamespace(runtime=runtime, cancel=cancel or threading.Event(), deadline=deadline,
-                           command=command or {"id": 1, "command_type": "agent_run"})
+    from caldera.daemon.dispatch import CommandContext
+
+    return CommandContext(command=command or {"id": 1, "command_type": "agent_run"},
+                          cancel=cancel or threading.Event(), deadline=deadline, agent_id=runtime.agent_id,
+                          paths=runtime.paths, settings=runtime.settings, redactor=runtime.redactor,
+                          client=runtime.client, runs=runtime.runs)

@@ -130,7 +130,7 @@ def test_agent_interrupt_reaches_the_running_run(tmp_path):
     thread = threading.Thread(target=run)
     thread.start()
     wait = threading.Event()
-    while service.active_runs(runtime).get("r1") is None:
+    while runtime.runs.get("r1") is None:
         wait.wait(0.01)
     wait.wait(0.3)
     answer = commands.agent_interrupt(fake_ctx(runtime), {"run_id": "r1"})
@@ -144,6 +144,6 @@ def test_agent_interrupt_reaches_the_running_run(tmp_path):
 def test_same_run_id_twice_at_once_is_refused(tmp_path):
     ws, env = _setup(tmp_path)
     runtime = fake_runtime(tmp_path, env)
-    service.active_runs(runtime).add(service.RunHandle("r1", None))
+    runtime.runs.add(service.RunHandle("r1", None))
     with pytest.raises(CommandError, match="already running"):
         commands.agent_run(fake_ctx(runtime), {"run_id": "r1", "prompt": "hi", "workspace": str(ws)})

@@ -1,6 +1,5 @@
 """`caldera status`: local, cheap, and it says how the connection is."""
 import json
-import os
 import subprocess
 import sys
 
@@ -24,10 +23,20 @@ def test_status_without_plane_or_daemon(caldera_env):
     doc = json.loads(done.stdout)
     assert doc["agent_status"]["state"] == {"level": "ok", "label": "Ready"}
     assert doc["agent_status"]["gauges"][0]["used"] == 0.25
-    assert doc["connection"]["last_successful"] == "never" and doc["outbox"] == {"items": 0}
+    assert doc["connection"]["last_successful"] == "never" and doc["outbox"] == {"items": 0, "dropped": {}}
     human = status()
     assert "Ready (ok)" in human.stdout and "[#####...............]  25%" in human.stdout
     assert "daemon: not running" in human.stdout
+
+
+def test_status_shows_the_drop_counters(caldera_env):
+    install_agent(caldera_env)
+    state_dir = caldera_env / "var" / "demo"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / "state.json").write_text(json.dumps({"drops": {"outbox": 3, "events": 0, "lanes": 1}}))
+    doc = json.loads(status("--json").stdout)
+    assert doc["outbox"]["dropped"] == {"outbox": 3, "events": 0, "lanes": 1}
+    assert "dropped since the daemon started: events 0, lanes 1, outbox 3" in status().stdout
 
 
 def test_status_imports_neither_requests_nor_jsonschema(caldera_env):

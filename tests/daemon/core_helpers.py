@@ -1,6 +1,5 @@
 """Building blocks for the core tests: an installed agent tree and a Runtime."""
 import os
-import threading
 from pathlib import Path
 
 from caldera.config import agent_from_args, load_settings
@@ -55,9 +54,9 @@ def install_agent(root: Path, name="demo", base_url="http://127.0.0.1:9", instan
     return config
 
 
-def make_runtime(name="demo", **build):
-    from caldera.daemon.wiring import build_runtime
+def make_parts(name="demo", **build):
+    from caldera.daemon.wiring import build_parts
 
     paths = agent_from_args(Args(agent=name))
     settings = load_settings(paths)
-    return build_runtime(paths, settings, stop=threading.Event(), **build)
+    return build_parts(paths, settings, **build)

@@ -1,13 +1,12 @@
 import json
-import threading
 import time
 
 import pytest
 import responses
 
-from caldera.daemon.executor import INTERRUPTED, execute, journal_fetched, recover
+from caldera.daemon.executor import INTERRUPTED, executor_for
 from caldera.protocol.outbox import Outbox
-from core_helpers import BOOT, install_agent, make_runtime
+from core_helpers import BOOT, install_agent, make_parts
 
 BASE = "http://127.0.0.1:9"
 API = BASE + "/api/v1/agent"
@@ -20,7 +19,7 @@ def ok(data=None):
 @pytest.fixture
 def runtime(caldera_env):
     install_agent(caldera_env, base_url=BASE)
-    rt = make_runtime(with_driver=False)
+    rt = make_parts(with_driver=False)
     yield rt
     rt.pool.shutdown(wait=False)
 
@@ -39,8 +38,8 @@ def mock_plane():
 def test_unknown_type_is_finished_failed(runtime):
     mock_plane()
     command = {"id": 1, "command_type": "make_coffee", "payload": {}}
-    journal_fetched(runtime, command)
-    assert execute(runtime, command) == "failed"
+    executor_for(runtime).journal_fetched(command)
+    assert executor_for(runtime).execute(command) == "failed"
     [finish] = finishes(runtime)
     assert finish["body"]["error_message"] == "unsupported command type: make_coffee"
     assert finish["body"]["status"] == "failed" and finish["command_id"] == 1
@@ -52,8 +51,8 @@ def test_unknown_type_is_finished_failed(runtime):
 def test_collect_system_info_reports_and_returns_summary(runtime):
     mock_plane()
     command = {"id": 1, "command_type": "collect_system_info", "payload": {}}
-    journal_fetched(runtime, command)
-    assert execute(runtime, command) == "succeeded"
+    executor_for(runtime).journal_fetched(command)
+    assert executor_for(runtime).execute(command) == "succeeded"
     [finish] = finishes(runtime)
     report = json.loads([c for c in responses.calls if c.request.url.endswith("/state/report")][0].request.body)
     assert finish["body"]["result"]["system_info"]["cpu"]["cores"] == report["system_info"]["cpu"]["cores"]
@@ -65,8 +64,8 @@ def test_collect_system_info_reports_and_returns_summary(runtime):
 def test_invalid_payload_is_refused_before_running(runtime):
     mock_plane()
     command = {"id": 1, "command_type": "collect_system_info", "payload": ["not", "an", "object"]}
-    journal_fetched(runtime, command)
-    execute(runtime, command)
+    executor_for(runtime).journal_fetched(command)
+    executor_for(runtime).execute(command)
     [finish] = finishes(runtime)
     assert "invalid payload for collect_system_info" in finish["body"]["error_message"]
     assert not any(c.request.url.endswith("/state/report") for c in responses.calls)
@@ -77,8 +76,8 @@ def test_404_on_start_finishes_failed_without_running(runtime):
     responses.add(responses.POST, API + "/register", json=ok({"session_token": "agt_sess_abcdef123"}))
     responses.add(responses.POST, API + "/commands/1/start", status=404, json={"success": False, "error": "no such command"})
     command = {"id": 1, "command_type": "collect_system_info", "payload": {}}
-    journal_fetched(runtime, command)
-    execute(runtime, command)
+    executor_for(runtime).journal_fetched(command)
+    executor_for(runtime).execute(command)
     [finish] = finishes(runtime)
     assert "does not know this command" in finish["body"]["error_message"]
     assert not any(c.request.url.endswith("/state/report") for c in responses.calls)
@@ -89,8 +88,8 @@ def test_start_during_outage_is_queued_before_the_finish(runtime):
     responses.add(responses.POST, API + "/register", json=ok({"session_token": "agt_sess_abcdef123"}))
     responses.add(responses.POST, API + "/commands/1/start", status=503, json={"success": False, "error": "down"})
     command = {"id": 1, "command_type": "make_coffee", "payload": {}}
-    journal_fetched(runtime, command)
-    execute(runtime, command)
+    executor_for(runtime).journal_fetched(command)
+    executor_for(runtime).execute(command)
     kinds = [item["kind"] for _, item in runtime.outbox.items()]
     assert kinds == ["start", "finish"]
 
@@ -108,10 +107,9 @@ def test_timeout_kills_the_work_and_finishes_failed(runtime, monkeypatch):
 
     monkeypatch.setitem(commands.HANDLERS, "slow_thing", "test_daemon_executor:_slow_target")
     monkeypatch.setattr(__import__("test_daemon_executor"), "_slow_target", slow, raising=False)
-    from caldera.daemon.executor import run_handler
 
     started = time.monotonic()
-    status, _, error = run_handler(runtime, {"id": 9, "command_type": "slow_thing", "timeout_seconds": 1})
+    status, _, error = executor_for(runtime).run_handler({"id": 9, "command_type": "slow_thing", "timeout_seconds": 1})
     assert status == "failed" and error == "timed out after 1 s"
     assert time.monotonic() - started < 10
     assert seen["proc"].cancelled  # the subprocess was killed, not left running
@@ -122,13 +120,12 @@ def test_recovery_runs_unbegun_and_fails_interrupted_never_reruns(runtime):
     began = {"id": 12, "command_type": "collect_system_info", "payload": {}}
     recorded = {"id": 13, "command_type": "collect_system_info", "payload": {}}
     for command in (never_began, began, recorded):
-        journal_fetched(runtime, command)
-    from caldera.daemon.executor import _journal_phase, _put_finish
+        executor_for(runtime).journal_fetched(command)
 
-    _journal_phase(runtime, 12, "executing")
-    _journal_phase(runtime, 13, "executing")
-    _put_finish(runtime, recorded, "succeeded", {"message": "done before the crash"}, "")
-    to_run = recover(runtime)
+    executor_for(runtime)._journal_phase(12, "executing")
+    executor_for(runtime)._journal_phase(13, "executing")
+    executor_for(runtime)._put_finish(recorded, "succeeded", {"message": "done before the crash"}, "")
+    to_run = executor_for(runtime).recover()
     assert [c["id"] for c in to_run] == [11]
     by_id = {f["command_id"]: f["body"] for f in finishes(runtime)}
     assert by_id[12]["status"] == "failed" and by_id[12]["error_message"] == INTERRUPTED
@@ -137,21 +134,20 @@ def test_recovery_runs_unbegun_and_fails_interrupted_never_reruns(runtime):
 
 
 def test_finish_results_are_redacted(runtime):
-    from caldera.daemon.executor import _put_finish
 
-    _put_finish(runtime, {"id": 5}, "failed", {"echo": f"token={BOOT}"}, f"saw {BOOT}")
+    executor_for(runtime)._put_finish({"id": 5}, "failed", {"echo": f"token={BOOT}"}, f"saw {BOOT}")
     [finish] = finishes(runtime)
     assert BOOT not in json.dumps(finish)
 
 
-def test_outbox_bound_drops_reports_never_finishes(tmp_path):
+def test_outbox_bound_drops_inventories_never_finishes(tmp_path):
     box = Outbox(tmp_path / "outbox", max_items=5)
     for i in range(3):
-        box.put("report", {"body": {"i": i}})
+        box.put("inventory", {"body": {"i": i}})
     for i in range(4):
         box.put("finish", {"command_id": i, "body": {}})
     kinds = [item["kind"] for _, item in box.items()]
-    assert kinds.count("finish") == 4 and kinds.count("report") == 1 and box.dropped == 2
+    assert kinds.count("finish") == 4 and kinds.count("inventory") == 1 and box.dropped == 2
     for i in range(3):
         box.put("finish", {"command_id": 10 + i, "body": {}})
     assert [item["kind"] for _, item in box.items()].count("finish") == 7  # over the bound, still kept

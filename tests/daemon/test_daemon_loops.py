@@ -7,7 +7,7 @@ import responses
 
 from caldera.protocol.retry import Backoff
 from caldera.daemon import sender
-from core_helpers import install_agent, make_runtime
+from core_helpers import install_agent, make_parts
 
 BASE = "http://127.0.0.1:9"
 API = BASE + "/api/v1/agent"
@@ -40,7 +40,7 @@ def test_backoff_schedule_with_jitter_bounds():
 @responses.activate
 def test_sender_backs_off_through_an_outage_then_delivers_everything(caldera_env):
     install_agent(caldera_env, base_url=BASE)
-    rt = make_runtime(with_driver=False)
+    rt = make_parts(with_driver=False)
     responses.add(responses.POST, API + "/register", json={"success": True, "data": {"session_token": "agt_sess_x1234567"}})
     for i in range(3):
         rt.outbox.put("finish", {"command_id": i, "body": {"status": "succeeded"}})
@@ -53,8 +53,8 @@ def test_sender_backs_off_through_an_outage_then_delivers_everything(caldera_env
         return 200, {}, '{"success":true}'
 
     responses.add_callback(responses.POST, __import__("re").compile(API + r"/commands/\d+/finish"), callback=finish)
-    rt.outbox.wakeup = RecordingEvent(stop_after=12, stop=rt.stop)
-    sender.sender_loop(rt)
+    rt.outbox.wakeup = RecordingEvent(stop_after=12, stop=rt.wake.stop)
+    sender.sender_loop(rt.client, rt.outbox, rt.wake, rt.live, rt.redactor)
     delays = rt.outbox.wakeup.delays
     bases = (1, 2, 5, 10, 30, 60, 60)
     for delay, base in zip(delays, bases):
@@ -69,13 +69,13 @@ def test_sender_backs_off_through_an_outage_then_delivers_everything(caldera_env
 @responses.activate
 def test_sender_moves_permanently_refused_items_aside(caldera_env):
     install_agent(caldera_env, base_url=BASE)
-    rt = make_runtime(with_driver=False)
+    rt = make_parts(with_driver=False)
     responses.add(responses.POST, API + "/register", json={"success": True, "data": {"session_token": "agt_sess_x1234567"}})
     responses.add(responses.POST, API + "/commands/1/finish", status=400, json={"success": False, "error": "status must be succeeded or failed"})
     responses.add(responses.POST, API + "/commands/2/finish", json={"success": True})
     rt.outbox.put("finish", {"command_id": 1, "body": {}})
     rt.outbox.put("finish", {"command_id": 2, "body": {}})
-    assert sender.flush(rt) is True
+    assert sender.flush(rt.client, rt.outbox, rt.wake.stop) is True
     assert len(list((rt.outbox.dir / "rejected").iterdir())) == 1
     rt.pool.shutdown(wait=False)
 

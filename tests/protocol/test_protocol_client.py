@@ -98,7 +98,7 @@ def test_bad_bootstrap_token_blocks_auth_path(tmp_path):
                   json={"success": False, "error": "invalid agent bootstrap token"})
     with pytest.raises(AuthBlocked) as err:
         client.heartbeat({})
-    assert err.value.retry_in == 300
+    assert err.value.retry_after == 300
     with pytest.raises(AuthBlocked):
         client.heartbeat({})
     assert len(responses.calls) == 1  # no second register while blocked

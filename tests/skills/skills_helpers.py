@@ -1,15 +1,18 @@
-"""A small Runtime for skill and revision handlers: real outbox and state file,
-the real control-plane client (faked on the wire with `responses`)."""
+"""The parts skill and revision handlers use: real outbox, state file, wake-ups and
+publisher, the real control-plane client (faked on the wire with `responses`)."""
 import hashlib
 import io
 import os
 import stat
-import threading
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from caldera.daemon.dispatch import CommandContext
+from caldera.daemon.live import LiveStatus
+from caldera.daemon.wakeups import Wakeups
+from caldera.daemon.wiring import Current
+from caldera.skills.publish import Publisher
 from caldera.protocol.outbox import Outbox
 from caldera.redact import Redactor
 from caldera.host.statefile import StateFile
@@ -57,46 +60,64 @@ class Settings:
     agent_id: str = "caldera-7-main"
 
 
+class CountingWakeups(Wakeups):
+    """The real wake-ups, counting report_now() calls."""
+
+    reports = 0
+
+    def report_now(self):
+        self.reports += 1
+        super().report_now()
+
+
 class FakeRuntime:
+    """The parts a skill or revision handler uses, real except the Settings and Paths doubles."""
+
     def __init__(self, tmp: Path, env=None, client=True, driver=None):
         self.paths = Paths(tmp / "state", tmp / "config")
         self.paths.state_dir.mkdir(parents=True, exist_ok=True)
         self.paths.config_dir.mkdir(parents=True, exist_ok=True)
-        self.settings = Settings(env=dict(env or {}))
-        self.outbox = Outbox(self.paths.state_dir / "outbox")
+        self.current = Current(settings=Settings(env=dict(env or {})), driver=driver)
+        self.wake = CountingWakeups()
+        self.live = LiveStatus()
+        self.outbox = Outbox(self.paths.state_dir / "outbox", wakeup=self.wake.outbox)
         self.state = StateFile(self.paths.state_dir / "state.json")
         self.redactor = Redactor()
-        self.driver = driver
-        self.manifest = None
-        self.skill_count = None
-        self.stop = threading.Event()
-        self.inventory_wakeup = threading.Event()
-        self.reports = 0
         self.client = None
         if client:
             from caldera.protocol.client import ControlPlaneClient, Transport
 
             self.client = ControlPlaneClient(Transport(BASE), FakeAuth())
+        self.publisher = Publisher(state_dir=self.paths.state_dir, env=lambda: self.current.settings.env,
+                                   runtime_type="caldera", agent_id=self.agent_id, outbox=self.outbox,
+                                   state=self.state, on_count=self.live.set_skill_count,
+                                   report_now=self.wake.report_now)
+
+    # what the tests read and change
+    settings = property(lambda self: self.current.settings, lambda self, v: self.current.replace(settings=v))
+    driver = property(lambda self: self.current.driver, lambda self, v: self.current.replace(driver=v))
+    stop = property(lambda self: self.wake.stop)
+    inventory_wakeup = property(lambda self: self.wake.inventory)
+    skill_count = property(lambda self: self.live.skill_count)
+    reports = property(lambda self: self.wake.reports)
 
     @property
     def agent_id(self):
-        return self.settings.agent_id
-
-    def report_now(self):
-        self.reports += 1
+        return self.current.settings.agent_id
 
     def inventory_changed(self):
-        self.inventory_wakeup.set()
-
-    def tick(self, name):
-        pass
+        self.wake.inventory_changed()
 
     def inventories(self):
         return [item["body"] for _, item in self.outbox.items() if item["kind"] == "inventory"]
 
 
 def ctx(runtime, command_type):
-    return CommandContext(command={"id": 1, "command_type": command_type}, runtime=runtime)
+    current = runtime.current
+    return CommandContext(command={"id": 1, "command_type": command_type}, agent_id=runtime.agent_id,
+                          paths=runtime.paths, settings=current.settings, driver=current.driver, current=current,
+                          redactor=runtime.redactor, client=runtime.client, outbox=runtime.outbox,
+                          state=runtime.state, wake=runtime.wake, live=runtime.live, publisher=runtime.publisher)
 
 
 def run(runtime, command_type, payload):

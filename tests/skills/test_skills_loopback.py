@@ -107,18 +107,18 @@ def test_watcher_thread_inventory_reaches_the_plane(served):
 
     plane, rt = served
     write_tree(rt.paths.state_dir / "skills" / "hello", {"SKILL.md": "hello\n"})
-    thread = threading.Thread(target=watcher.skills_loop, args=(rt,), daemon=True)
+    thread = threading.Thread(target=watcher.skills_loop, args=(rt.publisher, rt.wake, rt.live), daemon=True)
     thread.start()
     try:
         deadline = time.monotonic() + 20
         while not rt.inventories() and time.monotonic() < deadline:
             rt.stop.wait(0.02)
-        assert flush(rt) is True
+        assert flush(rt.client, rt.outbox, rt.stop) is True
         write_tree(rt.paths.state_dir / "skills" / "second", {"SKILL.md": "2\n"})
         rt.inventory_changed()
         while len(plane.inventories) < 2 and time.monotonic() < deadline:
             rt.stop.wait(0.02)
-            flush(rt)
+            flush(rt.client, rt.outbox, rt.stop)
     finally:
         rt.stop.set()
         rt.inventory_wakeup.set()

@@ -169,17 +169,17 @@ def test_collect_refuses_a_changed_skill(rt):
 
 def test_watcher_sends_on_start_and_on_change_only(rt):
     scanner = inventory.Inventory(rt.paths.state_dir, rt.settings.env, "caldera")
-    assert watcher.check_once(rt, scanner, "startup") is True
-    assert watcher.check_once(rt, scanner, "change") is False  # nothing changed: nothing sent
+    assert watcher.check_once(rt.publisher, scanner, "startup") is True
+    assert watcher.check_once(rt.publisher, scanner, "change") is False  # nothing changed: nothing sent
     (rt.paths.state_dir / "skills" / "notes" / "new.md").write_text("n")
-    assert watcher.check_once(rt, scanner, "change") is True
+    assert watcher.check_once(rt.publisher, scanner, "change") is True
     [body] = rt.inventories()
     assert body["mode"] == "full" and body["trigger"] == "change" and rt.skill_count == 3
 
 
 def test_watcher_loop_stops(rt):
     rt.stop.set()
-    watcher.skills_loop(rt)  # returns at once on a set stop
+    watcher.skills_loop(rt.publisher, rt.wake, rt.live)  # returns at once on a set stop
     assert rt.inventories() == []
 
 

@@ -15,7 +15,7 @@ CONTROL_OF = {"pause": "pause", "resume": "resume", "run_now": "run_now"}
 
 
 def _driver(ctx):
-    driver = getattr(ctx.runtime, "driver", None)
+    driver = ctx.driver
     if driver is None:
         raise CommandError(f"{ctx.command_type}: this agent has no adapter (its manifest is not runtime.type: adapter)")
     return driver
@@ -44,7 +44,7 @@ def _control(ctx, command: str, method: str) -> dict:
     driver = _driver(ctx)
     _allowed(driver, CONTROL_OF[command])
     answer = getattr(driver, method)(**_kw(ctx))
-    ctx.runtime.report_now()  # the state changed: Caldera sees it in the next report, now
+    ctx.report_now()  # the state changed: Caldera sees it in the next report, now
     return _result(answer)
 
 
@@ -72,7 +72,7 @@ def settings_set(ctx, payload: dict) -> dict:
         raise CommandError("settings_set: the payload needs values: {key: value, …}")
     answer = _driver(ctx).settings_set(values, **_kw(ctx))
     if answer.ok:
-        ctx.runtime.report_now()
+        ctx.report_now()
     return _result(answer)
 
 

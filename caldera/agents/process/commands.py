@@ -11,7 +11,7 @@ from caldera.errors import CommandError
 
 
 def _process_driver(ctx):
-    driver = getattr(ctx.runtime, "driver", None)
+    driver = ctx.driver
     if driver is None or not hasattr(driver, "supervisor"):
         raise CommandError(f"{ctx.command_type} acts only in process mode; this agent runs in adapter mode, "
                            "where caldera starts and stops nothing (use pause / resume)")
@@ -21,7 +21,7 @@ def _process_driver(ctx):
 def _act(ctx, method: str) -> dict:
     driver = _process_driver(ctx)
     answer = getattr(driver, method)()
-    ctx.runtime.report_now()
+    ctx.report_now()
     info = driver.process_info()
     result = {**answer.payload(), "pid": info["pid"], "openclaw_status": info["status"]}
     if not answer.ok:

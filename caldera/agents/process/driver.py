@@ -40,16 +40,17 @@ LABELS = {STARTING: ("warn", "Starting"), RUNNING: ("ok", "Running"), STOPPED: (
 
 
 def open_driver(paths, manifest, *, store, redactor, report_interval: float = 5.0, environ=os.environ,
-                supervise: bool = True) -> "ProcessDriver":
-    """supervise=False: a driver that only reports (report --once); it starts nothing."""
+                supervise: bool = True, report_now=None) -> "ProcessDriver":
+    """supervise=False: a driver that only reports (report --once); it starts nothing.
+    report_now: called when the agent's state changes (the daemon's report wake-up)."""
     if manifest.runtime_type != "process":
         raise ConfigError(f"{manifest.path}: runtime.type: {manifest.runtime_type} is not process mode")
     return ProcessDriver(paths, manifest, store=store, redactor=redactor, report_interval=report_interval,
-                         environ=environ, supervise=supervise)
+                         environ=environ, supervise=supervise, report_now=report_now)
 
 
 class ProcessDriver:
-    def __init__(self, paths, manifest, *, store, redactor, report_interval, environ, supervise):
+    def __init__(self, paths, manifest, *, store, redactor, report_interval, environ, supervise, report_now):
         self.paths, self.manifest, self.store, self.redactor = paths, manifest, store, redactor
         self.spec = build_spec(manifest, paths.state_dir)
         self.report_interval = report_interval
@@ -60,7 +61,7 @@ class ProcessDriver:
         self.supervisor = Supervisor(launch=self.launcher, store=store, pump=None,
                                      stop_signal=self.spec.stop_signal, stop_timeout=self.spec.stop_timeout,
                                      restart=self.spec.restart, on_change=self._changed)
-        self.report_now = lambda: None  # the daemon sets its report trigger here
+        self.report_now = report_now or (lambda: None)
         self._manifest_problem: str | None = None
 
     def _changed(self) -> None:

@@ -1,0 +1,126 @@
+"""The small shared objects of the daemon: lanes after close, drop counters, the final
+report, the error taxonomy as the CLI and the loops see it."""
+import threading
+
+import pytest
+import responses
+
+from caldera import errors
+from caldera.cli import main as cli_main
+from caldera.daemon import run as daemon_run
+from caldera.daemon.executor import executor_for
+from caldera.daemon.lanes import Lanes, LanesClosed
+from caldera.protocol import client as api
+from caldera.protocol.retry import Backoff
+from core_helpers import install_agent, make_parts
+
+BASE = "http://127.0.0.1:9"
+API = BASE + "/api/v1/agent"
+
+
+@pytest.fixture
+def parts(caldera_env):
+    install_agent(caldera_env, base_url=BASE)
+    built = make_parts(with_driver=False)
+    yield built
+    built.pool.shutdown(wait=False)
+
+
+def test_submit_after_close_raises_and_is_counted(parts):
+    lanes = Lanes(executor_for(parts), on_idle=lambda: None)
+    parts.live.count_drops("lanes", lambda: lanes.refused)
+    lanes.start()
+    assert lanes.close(timeout=5)
+    with pytest.raises(LanesClosed):
+        lanes.submit({"id": 1, "command_type": "collect_system_info"})
+    assert lanes.refused == 1
+    assert parts.live.drops()["lanes"] == 1
+
+
+def test_desired_revision_after_close_is_not_lost_for_the_next_try(parts):
+    lanes = Lanes(executor_for(parts), on_idle=lambda: None)
+    lanes.start()
+    lanes.close(timeout=5)
+    lanes.desired_revision(42)  # refused quietly: the lanes are closed
+    assert 42 not in lanes._desired_seen  # a later runtime (or a reopened lane) sees it again
+
+
+@responses.activate
+def test_drop_counters_reach_the_report_health_and_state_json(parts):
+    parts.outbox.max_items = 1
+    parts.outbox.put("inventory", {"body": {}})
+    parts.outbox.put("inventory", {"body": {}})  # the older inventory is dropped to keep the bound
+    report = parts.reports.state_report()
+    assert report["health"]["dropped"] == {"events": 0, "outbox": 1}
+    assert parts.state.get("drops") == {"events": 0, "outbox": 1}
+
+
+class RunningDriver:
+    def report_section(self):
+        return {"runtime": {"openclaw_status": "running", "openclaw_pid": None, "openclaw_version": "1",
+                            "runtime_status": "running"}, "health": {}, "agent_status": None,
+                "settings": None, "controls": []}
+
+
+@responses.activate
+def test_final_report_after_sigterm_says_stopping(parts):
+    parts.current.replace(driver=RunningDriver())
+    parts.reports.section()  # the agent said "running" in the last report
+    responses.add(responses.POST, API + "/register", json={"success": True, "data": {"session_token": "agt_sess_x1"}})
+    responses.add(responses.POST, API + "/state/report", json={"success": True})
+    daemon_run._final_flush(parts)
+    import json
+    [call] = [c for c in responses.calls if c.request.url.endswith("/state/report")]
+    assert json.loads(call.request.body)["runtime"]["runtime_status"] == "stopping"
+
+
+def test_protocol_errors_are_kinds_of_the_one_taxonomy():
+    assert isinstance(api.Retryable(503, "down", 7), errors.Retryable)
+    assert isinstance(api.Forbidden(403, "no"), errors.Refused)
+    assert isinstance(api.NotFound(404, "gone"), errors.Refused)
+    assert isinstance(api.Invalid(400, "bad"), errors.Refused)
+    from caldera.protocol.session import AuthBlocked
+    assert AuthBlocked is errors.AuthBlocked
+
+
+def test_one_retry_policy_reads_every_kind_of_hint():
+    rng = __import__("random").Random(1)
+    assert Backoff(rng=rng).after(api.Retryable(429, "slow down", 120)) == 120
+    assert Backoff(rng=rng).after(errors.AuthBlocked("bad token", 300)) == 300
+    assert Backoff(rng=rng).after(ValueError("a bug")) <= 1.2  # no hint: the first step
+
+
+def test_cli_exit_code_follows_the_kind(monkeypatch, capsys):
+    from caldera.cli import sample
+
+    def refuse(args):
+        raise errors.Refused("the agent said no")
+
+    def config(args):
+        raise errors.ConfigError("CALDERA_BASE_URL: not a URL")
+
+    def later(args):
+        raise errors.Retryable("the plane is away", 30)
+
+    for raiser, code, text in ((refuse, 1, "the agent said no"), (config, 2, "CALDERA_BASE_URL"),
+                               (later, 1, "try again later")):
+        monkeypatch.setattr(sample, "main", raiser)
+        assert cli_main(["sample"]) == code
+        assert text in capsys.readouterr().err
+
+
+def test_wakeups_shutdown_ends_every_wait():
+    from caldera.daemon.wakeups import Wakeups, wait_any
+
+    wake = Wakeups()
+    done = threading.Event()
+
+    def waiter():
+        wait_any(wake.stop, wake.report, 60)
+        done.set()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    wake.shutdown()
+    thread.join(5)
+    assert done.is_set() and wake.stop.is_set()

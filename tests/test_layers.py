@@ -1,0 +1,62 @@
+"""The package's layers (docs/architecture.md): imports only go down.
+
+cli -> daemon -> agents | skills | backends -> protocol | host -> base (config, errors, redact).
+agents, skills and backends are siblings and never import each other; plane is a separate
+server that imports only protocol, host and base; host never imports protocol.
+"""
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "caldera"
+MAY_IMPORT = {
+    "cli": {"daemon", "agents", "skills", "backends", "plane", "protocol", "host", "base"},
+    "daemon": {"agents", "skills", "backends", "protocol", "host", "base"},
+    "agents": {"protocol", "host", "base"},
+    "skills": {"protocol", "host", "base"},
+    "backends": {"protocol", "host", "base"},
+    "plane": {"protocol", "host", "base"},
+    "protocol": {"host", "base"},
+    "host": {"base"},
+    "base": {"base"},
+}
+BASE = {"config", "errors", "redact", "__init__", "__version__"}
+
+
+def layer_of(dotted: str) -> str:
+    parts = dotted.split(".")
+    name = parts[1] if len(parts) > 1 else "__init__"
+    return "base" if name in BASE else name
+
+
+def imports(path: Path):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "caldera":
+            if node.module == "caldera":
+                yield from ((f"caldera.{alias.name}", node.lineno) for alias in node.names)
+            else:
+                yield node.module, node.lineno
+        elif isinstance(node, ast.Import):
+            yield from ((alias.name, node.lineno) for alias in node.names if alias.name.split(".")[0] == "caldera")
+
+
+def test_imports_only_go_down():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        me = layer_of(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
+        for target, line in imports(path):
+            other = layer_of(target)
+            if other != me and other not in MAY_IMPORT[me]:
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({me}) imports {target} ({other})")
+    assert wrong == []
+
+
+def test_the_top_level_names_the_layers():
+    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
+    assert len(entries) <= 12, entries
+    assert {"cli", "daemon", "protocol", "agents", "host", "skills", "backends", "plane"} <= set(entries)
+
+
+def test_every_package_says_what_it_owns_and_may_import():
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        assert "May import" in doc, f"{init} does not say what it may import"
