@@ -30,6 +30,7 @@ class RotatingFile:
         self.path, self.max_bytes, self.backups = Path(path), max_bytes, backups
         self._fh = None
         self._size = 0
+        self.written = 0  # bytes written since start, over every rotation
 
     def _open(self) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -43,6 +44,7 @@ class RotatingFile:
             self._rotate()
         self._fh.write(data)
         self._size += len(data)
+        self.written += len(data)
 
     def _rotate(self) -> None:
         self.close()
