@@ -135,3 +135,45 @@ def test_adapter_mode_refuses_the_openclaw_commands(caldera_env, plane):
         assert done["status"] == "failed" and "only in process mode" in done["error_message"]
     finally:
         daemon.stop()
+
+
+def test_inside_a_clawmanager_instance_with_no_caldera_variable(caldera_env, plane, tmp_path):
+    """Only what ClawManager injects (CLAWMANAGER_*, the gateway), the persistent dir present:
+    state under it, runtime_type reported, the gateway bound to the agent and redacted.
+    (CALDERA_CONFIG_DIR only points the test at its temporary /etc/caldera.)"""
+    config = Path(os.environ["CALDERA_CONFIG_DIR"]) / "agents" / "demo"
+    config.mkdir(parents=True)
+    (config / "caldera.agent.yaml").write_text(
+        MANIFEST.format(name="demo", python=json.dumps(sys.executable), agent=json.dumps(str(FAKE)))
+        .replace("secrets: [OTHER_SECRET]\n", "bindings: [llm_gateway]\n").replace(", run]", ", env]"))
+    persistent = tmp_path / "config-mount"
+    persistent.mkdir()
+    key = "sk-gateway-0123456789abcdef"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CALDERA_", "CLAWMANAGER_", "OPENAI_"))}
+    env.update(CALDERA_CONFIG_DIR=os.environ["CALDERA_CONFIG_DIR"], CLAWMANAGER_AGENT_ENABLED="true",
+               CLAWMANAGER_AGENT_BASE_URL=plane.url, CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN=BOOT,
+               CLAWMANAGER_AGENT_INSTANCE_ID=str(INSTANCE), CLAWMANAGER_AGENT_PROTOCOL_VERSION="v1",
+               CLAWMANAGER_AGENT_PERSISTENT_DIR=str(persistent), CLAWMANAGER_AGENT_RUNTIME_TYPE="hermes",
+               CLAWMANAGER_LLM_BASE_URL="http://gateway.local/v1", CLAWMANAGER_LLM_API_KEY=key,
+               CLAWMANAGER_LLM_MODEL="gw-model")
+    log = tmp_path / "run.log"
+    with open(log, "wb") as out:
+        runtime = subprocess.Popen([sys.executable, "-m", "caldera.cli", "run"], env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    state = persistent / "caldera-agent"
+    try:
+        report = wait_for(lambda: (b := _last(plane)) and isinstance(b["runtime"].get("openclaw_pid"), int) and b,
+                          timeout=30, what="a report with the pid")
+        assert report["agent_id"] == f"hermes-{INSTANCE}-main" and report["runtime"]["runtime_type"] == "hermes"
+        env_file = state / "agent" / "env.json"
+        wait_for(lambda: env_file.exists() and env_file.stat().st_size, timeout=30, what="the agent's env")
+        seen = json.loads(env_file.read_text())
+        assert seen["CLAWMANAGER_LLM_API_KEY"] == key == seen["OPENAI_API_KEY"]
+        assert seen["CALDERA_AGENT_STATE_DIR"] == str(state / "agent")
+        assert "CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN" not in seen and BOOT not in json.dumps(seen)
+        assert (state / "session.json").exists() and (state / "logs" / "agent.log").exists()
+    finally:
+        runtime.send_signal(signal.SIGTERM)
+        runtime.wait(60)
+    everything = json.dumps([r["body"] for r in plane.store.reports(INSTANCE)]) + log.read_text()
+    assert key not in everything and BOOT not in everything
