@@ -219,6 +219,20 @@ def _apply_settings(ctx, values) -> dict:
     return {"applied": True, "keys": sorted(values)}
 
 
+def _process_told(ctx, content: dict):
+    """Process mode's `instructions`/`mcp` (agents/process/told.py): checked before anything of
+    the revision is applied; returns the function that applies them, or None."""
+    from caldera.agents.process.told import TOLD, apply_told, check_told
+
+    if not any(key in content for key in TOLD):
+        return None
+    driver = ctx.current.driver if ctx.current is not None else ctx.driver
+    problems = check_told(driver, content)
+    if problems:
+        raise CommandError("the revision is refused, nothing of it was applied: " + "; ".join(problems))
+    return lambda: apply_told(driver, content)
+
+
 def apply_revision(ctx, revision_id) -> dict:
     """Fetch, verify, store and apply one revision; the finish result."""
     revision_id = _revision_id(revision_id)
@@ -229,6 +243,7 @@ def apply_revision(ctx, revision_id) -> dict:
     content = json.loads(raw_content)
     result = {"revision_id": revision_id, "revision_no": revision.get("revision_no"),
               "checksum": revision.get("checksum"), "stored": True}
+    told = _process_told(ctx, content) if isinstance(content, dict) else None
     if isinstance(content, dict):
         if "schemaVersion" in content or "resources" in content:
             result["bootstrap_manifest"] = {"mode": content.get("mode"),
@@ -237,6 +252,8 @@ def apply_revision(ctx, revision_id) -> dict:
             result["manifest"] = _apply_manifest(ctx, content["manifest"])
         if "settings" in content:
             result["settings"] = _apply_settings(ctx, content["settings"])
+        if told is not None:
+            result["told"] = told()
     ctx.state.set(STATE_KEY, revision_id)
     result["current_config_revision_id"] = revision_id
     ctx.report_now()

@@ -255,3 +255,48 @@ def test_hostile_status_files_never_break_a_report(tmp_path, content):
         assert section["agent_status"]["state"]["level"] == "off"
         reasons = [e["reason"] for e in section["health"]["entries"] if e["name"] == "Status file"]
         assert reasons and "forged" not in json.dumps(section)
+
+
+def test_instructions_and_mcp_and_what_a_revision_may_tell(tmp_path):
+    from caldera.agents.process.told import apply_told, check_told
+
+    extra = ("instructions: prompt.md\nmcp:\n  files: {command: [npx, fs-server]}\n"
+             "  search: {url: 'https://search.example/mcp'}\n")
+    paths = make_process_agent(tmp_path, "env", extra=extra)
+    (tmp_path / "work" / "prompt.md").write_text("Be brief.\n")
+    with Running(paths) as run:
+        run.pid()
+        env_file = paths.state_dir / "agent" / "env.json"
+        wait_for(lambda: env_file.exists() and env_file.stat().st_size, "the agent's env dump")
+        env = json.loads(env_file.read_text())
+        assert open(env["CALDERA_INSTRUCTIONS_FILE"]).read() == "Be brief.\n"
+        mcp = json.loads(open(env["CALDERA_MCP_CONFIG"]).read())["mcpServers"]
+        assert mcp == {"files": {"command": ["npx", "fs-server"]}, "search": {"url": "https://search.example/mcp"}}
+        refused = check_told(run.driver, {"mcp": {"files": {"command": ["sh", "-c", "evil"]},
+                                                  "new": {"url": "https://x.example"},
+                                                  "search": {"command": ["x"]}}})
+        assert len(refused) == 3 and all("mcp." in p for p in refused)
+        assert check_told(run.driver, {"mcp": {"search": {"url": "ftp://x"}}}) != []
+        content = {"instructions": "Be thorough.\n", "mcp": {"search": {"url": "https://search2.example/mcp"}}}
+        assert check_told(run.driver, content) == []
+        status = paths.state_dir / "agent" / "status.json"
+        wait_for(status.exists, "the status file")
+        result = apply_told(run.driver, content)
+        assert result == {"applied": ["instructions", "mcp"], "agent_told": True}
+        assert open(env["CALDERA_INSTRUCTIONS_FILE"]).read() == "Be thorough.\n"
+        mcp = json.loads(open(env["CALDERA_MCP_CONFIG"]).read())["mcpServers"]
+        assert mcp["search"] == {"url": "https://search2.example/mcp"} and mcp["files"]["command"] == ["npx", "fs-server"]
+        wait_for(lambda: "hups=1" in status.read_text(), "the SIGHUP that tells the agent")
+
+
+def test_a_revision_may_not_tell_an_adapter_agent_or_an_undeclared_file(tmp_path):
+    from caldera.agents.process.told import check_told
+
+    class AdapterDriver:
+        manifest = None
+
+    assert check_told(AdapterDriver(), {"instructions": "x"}) == ["instructions: only a process-mode agent is "
+                                                                   "told instructions"]
+    paths = make_process_agent(tmp_path, "run")
+    driver = Running(paths).driver
+    assert "declares no instructions file" in check_told(driver, {"instructions": "x"})[0]

@@ -111,3 +111,17 @@ def test_reload_config_keeps_the_connection(tmp_path, caldera_env):
     assert "CALDERA_LOG_LEVEL" in result["changed_keys"]
     assert any(n.startswith("base_url") for n in result["not_applied"])
     assert result["manifest"]["version"] == "2.0.0"
+
+
+def test_process_told_keys_are_checked_before_anything_is_applied(tmp_path):
+    """A revision whose `mcp` tries to change a command entry is refused whole: its settings
+    are not applied either, and the current revision id stays (agents/process/told.py)."""
+    driver = Driver()
+    rt = FakeRuntime(tmp_path, driver=driver)
+    rt.state.set("current_config_revision_id", 4)
+    content = b'{"mcp":{"files":{"command":["sh","-c","x"]}},"settings":{"t":1}}'
+    with responses.RequestsMock() as rsps:
+        rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(content), status=200)
+        with pytest.raises(CommandError, match="refused, nothing of it was applied: mcp: only a process-mode"):
+            run(rt, "apply_config_revision", {"revision_id": 9})
+    assert driver.calls == [] and rt.state.get("current_config_revision_id") == 4

@@ -173,6 +173,15 @@ class ProcessDriver:
         return self._answer("settings set", "Saved; the agent was told (SIGHUP)." if told
                             else "Saved; the agent reads it when it starts.")
 
+    def files_changed(self) -> bool:
+        """A revision changed instructions or mcp: rebuild the agent's files, then SIGHUP it.
+        True when a running agent was told."""
+        from caldera.agents.process.launcher import account_ids
+
+        files.prepare(self.spec, self.paths.state_dir, account_ids(self.spec.account))
+        self.report_now()
+        return self.supervisor.send(signal.SIGHUP)
+
     def _logs(self) -> dict:
         """name -> path of every log that may be read (agent.log first, at most 50)."""
         found = {}
