@@ -300,3 +300,63 @@ def test_a_revision_may_not_tell_an_adapter_agent_or_an_undeclared_file(tmp_path
     paths = make_process_agent(tmp_path, "run")
     driver = Running(paths).driver
     assert "declares no instructions file" in check_told(driver, {"instructions": "x"})[0]
+
+
+def test_the_health_check_runs_as_in_adapter_mode(tmp_path):
+    import sys as _sys
+
+    extra = (f"health:\n  command: [{json.dumps(_sys.executable)}, -c, \"print('disk fine')\"]\n"
+             "  interval_seconds: 10\n")
+    paths = make_process_agent(tmp_path, "run", extra=extra)
+    with Running(paths) as run:
+        run.pid()
+        entry = wait_for(lambda: next((e for e in run.driver.report_section()["health"]["entries"]
+                                       if e["name"] == "Health check"), None), "the health entry")
+        assert entry == {"name": "Health check", "level": "ok", "reason": "disk fine"}
+
+
+def test_account_must_exist_and_needs_root_for_another_user():
+    from caldera.agents.process.launcher import account_ids
+    from caldera.agents.process.supervisor import LaunchError
+    import pwd
+
+    with pytest.raises(LaunchError, match="no such user"):
+        account_ids("no-such-user-caldera")
+    assert account_ids(pwd.getpwuid(os.geteuid()).pw_name) is None  # ourselves: nothing to switch
+    assert account_ids(None) is None
+    if os.geteuid() != 0:
+        with pytest.raises(LaunchError, match="not root"):
+            account_ids("root")
+    else:
+        assert account_ids("nobody") == (pwd.getpwnam("nobody").pw_uid, pwd.getpwnam("nobody").pw_gid)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
+                    reason="running the agent as another account needs root (and a system python3)")
+def test_the_agent_runs_as_the_manifest_account(tmp_path):
+    import pwd
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import sys
+
+    from process_helpers import FAKE
+
+    root = Path(tempfile.mkdtemp(prefix="caldera-acct-"))  # outside pytest's 0700 tree: nobody must reach it
+    try:
+        os.chmod(root, 0o755)
+        paths = make_process_agent(root, "env", extra=f"account: nobody\n")
+        text = paths.manifest_path.read_text().replace("state: agent\n", f"state: {root / 'agentstate'}\n")
+        text = text.replace(json.dumps(sys.executable), "/usr/bin/python3")  # the venv may be out of its reach
+        paths.manifest_path.write_text(text)
+        for d in (root / "work", root / "config"):
+            os.chmod(d, 0o755)
+        os.chmod(root / "work" / FAKE.name, 0o644)
+        with Running(paths) as run:
+            pid = run.pid()
+            wait_for(lambda: (root / "agentstate" / "env.json").exists(), "the agent's env dump")
+            assert os.stat(f"/proc/{pid}").st_uid == pwd.getpwnam("nobody").pw_uid
+            assert os.stat(root / "agentstate").st_uid == pwd.getpwnam("nobody").pw_uid
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

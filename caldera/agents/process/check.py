@@ -34,6 +34,9 @@ def check_manifest(paths, manifest, report) -> object:
         report.note("status", "no status file declared: the state comes from the process alone")
     else:
         report.ok("status", f"read from {spec.status_file} (at most 256 KiB, no symlink)")
+    if spec.account and Path(paths.state_dir) in spec.state_dir.parents:
+        report.breach("state", f"account: {spec.account} can't reach {spec.state_dir} inside the runtime's 0700 "
+                               "state dir; give state: an absolute path that account may use")
     if spec.instructions is not None and not spec.instructions.is_file():
         report.breach("instructions", f"{spec.instructions} does not exist")
     _check_secrets(paths, spec, report)

@@ -63,6 +63,9 @@ class ProcessDriver:
                                      restart=self.spec.restart, on_change=self._changed)
         self.report_now = report_now or (lambda: None)
         self._manifest_problem: str | None = None
+        self._health_entry: dict | None = None
+        self._health_due = 0.0
+        self._health_thread: threading.Thread | None = None
 
     def _changed(self) -> None:
         self.report_now()
@@ -221,6 +224,30 @@ class ProcessDriver:
         answer.text, answer.truncated = self.redactor(text), truncated
         return answer
 
+    # ------------------------------------------------------------ the health check
+
+    def _health(self) -> dict | None:
+        """The manifest's health check, as in adapter mode (its workdir, the adapter's environment),
+        on its interval in a thread of its own; the report carries the last result, never waits."""
+        if not self.manifest.health or not self.supervising:
+            return None
+        running = self._health_thread is not None and self._health_thread.is_alive()
+        if not running and time.monotonic() >= self._health_due:
+            from caldera.agents.adapter import health
+
+            self._health_due = time.monotonic() + health.interval(self.manifest)
+            self._health_thread = threading.Thread(target=self._run_health, args=(health,), name="health-check",
+                                                   daemon=True)
+            self._health_thread.start()
+        return self._health_entry
+
+    def _run_health(self, health) -> None:
+        try:
+            self._health_entry = health.check(self.manifest)
+        except Exception as exc:  # noqa: BLE001 -- a bug shows in health rather than ending the thread
+            log.exception("health check failed")
+            self._health_entry = {"name": health.NAME, "level": "bad", "reason": f"internal error: {exc}"}
+
     # ------------------------------------------------------------ the report
 
     def process_info(self) -> dict:
@@ -252,6 +279,9 @@ class ProcessDriver:
             entries.append(read.problem)
         for problem in self.launcher.problems + self.supervisor.notes:
             entries.append({"name": "Process", "level": "warn", "reason": problem[:status.STRING_MAX]})
+        checked = self._health()
+        if checked:
+            entries.append(checked)
         if self._manifest_problem:
             entries.append({"name": "Manifest", "level": "warn", "reason": self._manifest_problem[:1000]})
         if self.pump is not None and self.pump.dropped_total:
