@@ -177,3 +177,30 @@ def test_inside_a_clawmanager_instance_with_no_caldera_variable(caldera_env, pla
         runtime.wait(60)
     everything = json.dumps([r["body"] for r in plane.store.reports(INSTANCE)]) + log.read_text()
     assert key not in everything and BOOT not in everything
+
+
+def test_report_once_reports_the_recorded_agent_and_starts_nothing(caldera_env, plane):
+    """Cron's report --once does not supervise: it reports what state.json and /proc say and
+    refuses start_openclaw with a sentence (the daemon runs the agent)."""
+    from caldera.host.proc import proc_stat
+
+    _install(caldera_env, plane)
+    state = Path(os.environ["CALDERA_STATE_DIR"]) / "demo"
+    state.mkdir(parents=True, exist_ok=True)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        record = {"pid": child.pid, "start_time": proc_stat(child.pid)["start_time"], "restarts": 2,
+                  "started_at": "2026-01-01T00:00:00Z"}
+        (state / "state.json").write_text(json.dumps({"agent_process": record}))
+        cid = plane.store.enqueue(INSTANCE, "start_openclaw", {})
+        done = _cli("report", "--once", "--deadline", "20")
+        assert done.returncode == 0, done.stderr
+        body = plane.store.reports(INSTANCE)[0]["body"]
+        assert body["runtime"]["openclaw_pid"] == child.pid == body["runtime"]["runtime_pid"]
+        assert body["runtime"]["openclaw_status"] == "running"
+        assert body["health"]["agent_process"]["restarts"] == 2
+        finished = plane.store.command(INSTANCE, cid)
+        assert finished["status"] == "failed" and "the daemon (caldera run) runs the agent" in finished["error_message"]
+    finally:
+        child.kill()
+        child.wait()
