@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import urllib.parse
 from pathlib import Path
 
 from caldera.errors import ConfigError
@@ -139,7 +140,7 @@ def agent_from_args(args, environ=os.environ) -> AgentPaths:
         name = manifest_name(path)
         state = Path(state_dir).resolve() if state_dir else Path.cwd() / ".caldera-state" / name
         return AgentPaths(name, path.parent, path, state)
-    name = getattr(args, "agent", None) or environ.get("CALDERA_AGENT")
+    name = getattr(args, "agent", None) or selected_agent(environ)
     if not name:
         found = installed_agents(environ)
         if len(found) != 1:
@@ -164,7 +165,125 @@ def agent_from_args(args, environ=os.environ) -> AgentPaths:
 
 def _instance_persistent_dir(config_dir: Path, environ) -> str | None:
     # Inside a ClawManager instance the platform injects the persistent dir.
-    return environ.get("CALDERA_PERSISTENT_DIR") or environ.get("CLAWMANAGER_AGENT_PERSISTENT_DIR")
+    return persistent_dir(environ)
+
+
+# ---------------------------------------------------------------- single variables
+# Every other module reads a CALDERA_*/CLAWMANAGER_* variable through one of these, so
+# that a variable's name, alias and default live here. `environ` is the process
+# environment unless a caller passes the agent's merged settings (`Settings.env`).
+
+def selected_agent(environ=os.environ) -> str | None:
+    """CALDERA_AGENT: the agent a command acts on when no --agent/--manifest is given."""
+    return environ.get("CALDERA_AGENT") or None
+
+
+def persistent_dir(environ=os.environ) -> str | None:
+    """CALDERA_PERSISTENT_DIR, else ClawManager's CLAWMANAGER_AGENT_PERSISTENT_DIR."""
+    return environ.get("CALDERA_PERSISTENT_DIR") or environ.get("CLAWMANAGER_AGENT_PERSISTENT_DIR") or None
+
+
+def runtime_type_name(environ=os.environ) -> str:
+    """CALDERA_RUNTIME_TYPE (else ClawManager's CLAWMANAGER_AGENT_RUNTIME_TYPE, CLAWMANAGER_RUNTIME_TYPE)
+    unchecked, "caldera" when unset (`caldera sample` labels only)."""
+    return (environ.get("CALDERA_RUNTIME_TYPE") or environ.get("CLAWMANAGER_AGENT_RUNTIME_TYPE")
+            or environ.get("CLAWMANAGER_RUNTIME_TYPE") or "caldera")
+
+
+def schema_dir_override(environ=os.environ) -> Path | None:
+    """CALDERA_SCHEMA_DIR: a schemas directory that wins over the installed ones."""
+    raw = environ.get("CALDERA_SCHEMA_DIR")
+    return Path(raw) if raw else None
+
+
+def plane_db_path(environ=os.environ, euid: int | None = None, home: Path | None = None) -> Path:
+    """The plane's database: CALDERA_PLANE_DB, else <CALDERA_STATE_DIR>/plane/plane.db, else
+    /var/lib/caldera/plane/plane.db for root, ~/.local/state/caldera/plane/plane.db for anyone else."""
+    if environ.get("CALDERA_PLANE_DB"):
+        return Path(environ["CALDERA_PLANE_DB"])
+    if environ.get("CALDERA_STATE_DIR"):
+        return Path(environ["CALDERA_STATE_DIR"]) / "plane" / "plane.db"
+    if (os.geteuid() if euid is None else euid) == 0:
+        return Path("/var/lib/caldera/plane/plane.db")
+    return (Path.home() if home is None else home) / ".local" / "state" / "caldera" / "plane" / "plane.db"
+
+
+def codex_binary(environ=os.environ) -> str | None:
+    """CALDERA_CODEX_BIN: the Codex binary to run instead of `codex` on PATH."""
+    return environ.get("CALDERA_CODEX_BIN") or None
+
+
+def codex_retries(environ, request_default: int, stream_default: int) -> tuple[int, int]:
+    """(CALDERA_CODEX_REQUEST_MAX_RETRIES, CALDERA_CODEX_STREAM_MAX_RETRIES), each a whole
+    number >= 0 or its default when unset; ConfigError naming the variable otherwise."""
+    return (_count(environ, "CALDERA_CODEX_REQUEST_MAX_RETRIES", request_default),
+            _count(environ, "CALDERA_CODEX_STREAM_MAX_RETRIES", stream_default))
+
+
+def _count(environ, name: str, default: int) -> int:
+    raw = environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: not an integer") from None
+    if value < 0:
+        raise ConfigError(f"{name}={raw!r}: must be 0 or more")
+    return value
+
+
+# The agent's code-agent settings in agent.env (SPEC section 10); messages name agent.env.
+_LLM_GATEWAY_VARS = {
+    "base_url": ("CLAWMANAGER_LLM_BASE_URL", "OPENAI_BASE_URL"),
+    "api_key": ("CLAWMANAGER_LLM_API_KEY", "OPENAI_API_KEY"),
+    "model": ("CLAWMANAGER_LLM_MODEL", "OPENAI_MODEL"),
+}
+_RUN_TRUE = {"1", "true", "yes", "on"}
+_RUN_FALSE = {"", "0", "false", "no", "off"}
+
+
+def llm_gateway(environ) -> dict:
+    """{base_url, api_key, model}: ClawManager's AI-gateway variables, OPENAI_* second; None when unset."""
+    return {key: next((environ[n] for n in names if environ.get(n)), None)
+            for key, names in _LLM_GATEWAY_VARS.items()}
+
+
+def run_caps(environ, *, sandboxes, default_max_timeout: int) -> dict:
+    """The agent's caps on a code-agent run: CALDERA_RUN_MAX_TIMEOUT_SECONDS, CALDERA_RUN_MAX_SANDBOX
+    (one of `sandboxes`, the widest allowed), CALDERA_RUN_ALLOW_NETWORK/_APPROVAL. ConfigError when bad."""
+    try:
+        max_timeout = int(environ.get("CALDERA_RUN_MAX_TIMEOUT_SECONDS") or default_max_timeout)
+    except ValueError:
+        raise ConfigError("CALDERA_RUN_MAX_TIMEOUT_SECONDS in agent.env is not an integer") from None
+    sandbox = environ.get("CALDERA_RUN_MAX_SANDBOX") or "workspace-write"
+    if sandbox not in sandboxes:
+        raise ConfigError(f"CALDERA_RUN_MAX_SANDBOX={sandbox!r}: one of {', '.join(sandboxes)}")
+    return {"max_timeout_seconds": max_timeout, "max_sandbox": sandbox,
+            "allow_network": _run_flag(environ, "CALDERA_RUN_ALLOW_NETWORK"),
+            "allow_approval": _run_flag(environ, "CALDERA_RUN_ALLOW_APPROVAL")}
+
+
+def _run_flag(environ, name: str) -> bool:
+    raw = str(environ.get(name) or "").strip().lower()
+    if raw in _RUN_TRUE:
+        return True
+    if raw in _RUN_FALSE:
+        return False
+    raise ConfigError(f"{name}={environ.get(name)!r} in agent.env is not a boolean")
+
+
+def workspace_roots(environ) -> list[str]:
+    """CALDERA_WORKSPACE_ROOTS: the directories a control-plane run may work in (colon-separated)."""
+    return [p for p in (environ.get("CALDERA_WORKSPACE_ROOTS") or "").split(":") if p.strip()]
+
+
+SKILL_DIRS_VAR = "CALDERA_SKILL_DIRS"
+
+
+def skill_dirs(environ) -> list[str]:
+    """CALDERA_SKILL_DIRS: extra skill directories (colon-separated, stripped, unchecked)."""
+    return [e.strip() for e in ((environ or {}).get(SKILL_DIRS_VAR) or "").split(":") if e.strip()]
 
 
 def manifest_name(path: Path) -> str:
@@ -309,8 +428,6 @@ def _parse_float(env, name, default, minimum) -> float:
 
 
 def _parse_url(env) -> str:
-    import urllib.parse
-
     raw = lookup(env, "CALDERA_BASE_URL")
     if raw is None:
         raise ConfigError(f"{_var('CALDERA_BASE_URL')} is required when the agent is enabled")
@@ -330,7 +447,7 @@ def _parse_url(env) -> str:
 
 
 def _is_loopback(host: str) -> bool:
-    import ipaddress
+    import ipaddress  # deferred: ~1 ms that the quick verbs, which never read base_url, skip
 
     if host == "localhost":
         return True

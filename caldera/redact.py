@@ -13,6 +13,7 @@ import base64
 import json
 import re
 import threading
+import urllib.parse
 
 MASK = "[REDACTED]"
 MIN_SECRET_LEN = 6  # shorter values would mask ordinary words
@@ -74,7 +75,6 @@ def _forms(value: str) -> set[str]:
         forms.add(text)
         forms.add(text.rstrip("="))
     forms.add(json.dumps(value)[1:-1])
-    import urllib.parse
 
     forms.add(urllib.parse.quote(value, safe=""))
     forms.add(urllib.parse.quote_plus(value, safe=""))

@@ -29,6 +29,8 @@ FILES = (
     ("/etc/cron.d/caldera", "commented example of one-shot reports for hosts without a daemon"),
     ("/usr/share/caldera/schemas/", "the JSON schemas of the protocol, the commands and the adapter contract"),
     ("/usr/share/caldera/examples/", "example agents (task-agent: an adapter-mode agent)"),
+    ("/usr/share/bash-completion/completions/caldera",
+     "bash completion: commands, flags, agent names, log names, setting keys (never the control plane)"),
 )
 
 ENVIRONMENT = (
@@ -45,6 +47,7 @@ ENVIRONMENT = (
     ("CALDERA_RUNTIME_TYPE", "host_info.runtime_type (default caldera)"),
     ("CALDERA_CA_BUNDLE", "an extra CA file; TLS verification is never turned off"),
     ("CALDERA_LOG_LEVEL", "debug, info (default), warning or error"),
+    ("JOURNAL_STREAM", "set by systemd; when it names stderr, log lines carry <N> priorities for journalctl -p"),
 )
 
 

@@ -112,3 +112,83 @@ def test_env_file_syntax_error_names_file_and_line(caldera_env):
         fh.write("this is not an assignment\n")
     with pytest.raises(ConfigError, match=r"agent.env:4: not a KEY=VALUE line"):
         load_settings(agent_from_args(Args(agent="demo")))
+
+
+# ---------------------------------------------------------------- single variables
+
+from pathlib import Path  # noqa: E402
+
+from caldera import config  # noqa: E402
+
+
+def test_selected_agent_and_persistent_dir_with_alias():
+    assert config.selected_agent({"CALDERA_AGENT": "web"}) == "web"
+    assert config.selected_agent({"CALDERA_AGENT": ""}) is None
+    assert config.persistent_dir({"CLAWMANAGER_AGENT_PERSISTENT_DIR": "/cm"}) == "/cm"
+    assert config.persistent_dir({"CALDERA_PERSISTENT_DIR": "/c", "CLAWMANAGER_AGENT_PERSISTENT_DIR": "/cm"}) == "/c"
+    assert config.persistent_dir({}) is None
+
+
+def test_runtime_type_name_and_schema_dir_override():
+    assert config.runtime_type_name({}) == "caldera"
+    assert config.runtime_type_name({"CALDERA_RUNTIME_TYPE": "openclaw"}) == "openclaw"
+    assert config.schema_dir_override({}) is None
+    assert config.schema_dir_override({"CALDERA_SCHEMA_DIR": "/s"}) == Path("/s")
+
+
+def test_plane_db_path_order():
+    home = Path("/home/u")
+    assert config.plane_db_path({"CALDERA_PLANE_DB": "/x.db", "CALDERA_STATE_DIR": "/st"}) == Path("/x.db")
+    assert config.plane_db_path({"CALDERA_STATE_DIR": "/st"}) == Path("/st/plane/plane.db")
+    assert config.plane_db_path({}, euid=0) == Path("/var/lib/caldera/plane/plane.db")
+    assert config.plane_db_path({}, euid=1000, home=home) == home / ".local/state/caldera/plane/plane.db"
+
+
+def test_codex_binary_and_retries():
+    assert config.codex_binary({"CALDERA_CODEX_BIN": "/opt/codex"}) == "/opt/codex"
+    assert config.codex_binary({}) is None
+    assert config.codex_retries({}, 4, 5) == (4, 5)
+    env = {"CALDERA_CODEX_REQUEST_MAX_RETRIES": "0", "CALDERA_CODEX_STREAM_MAX_RETRIES": "9"}
+    assert config.codex_retries(env, 4, 5) == (0, 9)
+
+
+@pytest.mark.parametrize("raw, words", [("x", "not an integer"), ("-1", "0 or more")])
+def test_codex_retries_refused_with_the_variable_named(raw, words):
+    with pytest.raises(ConfigError, match=f"CALDERA_CODEX_STREAM_MAX_RETRIES={raw!r}: .*{words}"):
+        config.codex_retries({"CALDERA_CODEX_STREAM_MAX_RETRIES": raw}, 4, 5)
+
+
+def test_llm_gateway_prefers_clawmanager_names():
+    env = {"CLAWMANAGER_LLM_BASE_URL": "https://gw.test/v1", "OPENAI_BASE_URL": "https://other.test",
+           "OPENAI_API_KEY": "sk-x"}
+    assert config.llm_gateway(env) == {"base_url": "https://gw.test/v1", "api_key": "sk-x", "model": None}
+    assert config.llm_gateway({}) == {"base_url": None, "api_key": None, "model": None}
+
+
+def test_run_caps_defaults_and_values():
+    sandboxes = ("read-only", "workspace-write")
+    assert config.run_caps({}, sandboxes=sandboxes, default_max_timeout=3600) == {
+        "max_timeout_seconds": 3600, "max_sandbox": "workspace-write", "allow_network": False,
+        "allow_approval": False}
+    env = {"CALDERA_RUN_MAX_TIMEOUT_SECONDS": "60", "CALDERA_RUN_MAX_SANDBOX": "read-only",
+           "CALDERA_RUN_ALLOW_NETWORK": "Yes", "CALDERA_RUN_ALLOW_APPROVAL": "0"}
+    assert config.run_caps(env, sandboxes=sandboxes, default_max_timeout=3600) == {
+        "max_timeout_seconds": 60, "max_sandbox": "read-only", "allow_network": True, "allow_approval": False}
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"CALDERA_RUN_MAX_TIMEOUT_SECONDS": "soon"}, "CALDERA_RUN_MAX_TIMEOUT_SECONDS in agent.env is not an integer"),
+    ({"CALDERA_RUN_MAX_SANDBOX": "danger-full-access"}, "CALDERA_RUN_MAX_SANDBOX='danger-full-access': one of"),
+    ({"CALDERA_RUN_ALLOW_NETWORK": "maybe"}, "CALDERA_RUN_ALLOW_NETWORK='maybe' in agent.env is not a boolean"),
+])
+def test_run_caps_refuses_bad_values(env, words):
+    with pytest.raises(ConfigError) as info:
+        config.run_caps(env, sandboxes=("read-only", "workspace-write"), default_max_timeout=3600)
+    assert words in str(info.value)
+
+
+def test_workspace_roots_and_skill_dirs_split_on_colons():
+    assert config.workspace_roots({"CALDERA_WORKSPACE_ROOTS": "/a::/b: "}) == ["/a", "/b"]
+    assert config.workspace_roots({}) == []
+    assert config.skill_dirs({"CALDERA_SKILL_DIRS": " /s1 :rel:"}) == ["/s1", "rel"]
+    assert config.skill_dirs(None) == []

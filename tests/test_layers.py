@@ -60,3 +60,13 @@ def test_every_package_says_what_it_owns_and_may_import():
     for init in sorted(PACKAGE.glob("*/__init__.py")):
         doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
         assert "May import" in doc, f"{init} does not say what it may import"
+
+
+def test_the_shared_agent_modules_import_no_mode():
+    """manifest, settings, window, revisions, blueprint, contract serve every mode: the knot
+    manifest <-> adapter stays untied (a mode imports them, never the other way round)."""
+    shared = ("manifest", "settings", "window", "revisions", "blueprint", "contract")
+    wrong = [f"{name}.py imports {target}" for name in shared
+             for target, _ in imports(PACKAGE / "agents" / f"{name}.py")
+             if target.startswith("caldera.agents.") and target.split(".")[2] not in shared]
+    assert wrong == []

@@ -15,11 +15,18 @@ links, nothing but files and directories, at most 10,000 members and 512 MiB.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
+import tarfile
 import tempfile
 from pathlib import Path
 
+from caldera import config
+from caldera.agents.manifest import load_manifest
+from caldera.agents.window import manifest_bytes_for_install
 from caldera.errors import ConfigError
+from caldera.host import proc
+from caldera.host.fsutil import atomic_write_bytes
 
 MANIFEST = "caldera.agent.yaml"
 MAX_MEMBERS = 10_000
@@ -40,7 +47,6 @@ class Refused(Exception):
 
 
 def install(source, *, name=None, environ=os.environ, systemd_dir=SYSTEMD_DIR, run=None) -> dict:
-    from caldera import config
     source = Path(source)
     with tempfile.TemporaryDirectory(prefix="caldera-init-") as tmp:
         tree = _unpack(source, Path(tmp)) if source.is_file() else _checked_dir(source)
@@ -67,8 +73,6 @@ def install(source, *, name=None, environ=os.environ, systemd_dir=SYSTEMD_DIR, r
 
 
 def _load(root: Path):
-    from caldera.agents.manifest import load_manifest
-
     manifest = load_manifest(root / MANIFEST, validate_schema=True)
     if manifest.runtime_type not in ("adapter", "process"):
         raise Refused(f"runtime.type: {manifest.runtime_type}: not a mode this caldera knows")
@@ -78,8 +82,6 @@ def _load(root: Path):
 # ------------------------------------------------------------ the blueprint's files
 
 def _unpack(archive: Path, dest: Path) -> Path:
-    import tarfile
-
     if not archive.name.endswith((".tar.gz", ".tgz")):
         raise Refused(f"{archive}: a blueprint is a directory or a .tar.gz")
     try:
@@ -155,8 +157,6 @@ def _find_root(tree: Path) -> Path:
 
 def _install_tree(root: Path, agents: Path, config_dir: Path) -> int:
     """Stage the config dir next to its place, then rename it in: all or nothing."""
-    from caldera.agents.window import manifest_bytes_for_install
-    from caldera.host.fsutil import atomic_write_bytes
 
     agents.mkdir(parents=True, exist_ok=True, mode=0o755)
     staging = Path(tempfile.mkdtemp(prefix=f".{config_dir.name}.", dir=agents))
@@ -192,8 +192,6 @@ def _copy_bundle(root: Path, bundle: Path) -> int:
 
 
 def _make_state_dir(state_dir: Path) -> None:
-    import pwd
-
     for sub in ("", "logs", "cache"):
         (state_dir / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
     if os.geteuid() == 0:
@@ -217,7 +215,6 @@ def _enable(name: str, config_root: Path, systemd_dir, run) -> str:
         return f"The {unit} unit reads {DEFAULT_CONFIG_ROOT}, not {config_root}: start it with `{by_hand}`."
     if os.geteuid() != 0:
         return f"Enable it as root: `systemctl enable --now {unit}`."
-    from caldera.host import proc
     run = run or proc.run
     result = run(["systemctl", "enable", "--now", unit], env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                  timeout=30.0, stdout_cap=64 * 1024)

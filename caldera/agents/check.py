@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 
-from caldera.agents import status
+from caldera.agents import settings, status
 from caldera.agents.adapter import invoke, logs
-from caldera.agents import settings
+from caldera.agents.adapter import health
 from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, UNSUPPORTED, ContractError, parse_object
+from caldera.protocol.schemas import SchemaError, validate
 
 SLOW_STATUS_SECONDS = 2.0  # a tenth of status's 20 s: answer from a cache you keep
 PATH_PROBE = "../../etc/passwd"
@@ -58,8 +59,6 @@ def run_checks(manifest, report: Report, *, controls: bool = False) -> Report:
 
 
 def _schema(name: str, document) -> str | None:
-    from caldera.protocol.schemas import SchemaError, validate
-
     try:
         validate(name, document)
     except SchemaError as exc:
@@ -240,7 +239,6 @@ def check_controls(manifest, report: Report) -> None:
 
 
 def check_health(manifest, report: Report) -> None:
-    from caldera.agents.adapter import health
     entry = health.check(manifest)
     if entry["level"] == "ok":
         report.ok("health check", entry["reason"])

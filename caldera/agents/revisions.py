@@ -17,10 +17,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
+from caldera.agents import window
+from caldera.agents.manifest import load_manifest
+from caldera.config import load_settings
 from caldera.errors import CommandError, ConfigError
 from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, ensure_dir
+from caldera.protocol.client import ApiError, NotFound
 
 log = logging.getLogger("caldera.agents.revisions")
 STATE_KEY = "current_config_revision_id"
@@ -135,8 +140,6 @@ def revision_path(doc) -> tuple:
 
 def fetch(client, revision_id: int) -> tuple[dict, bytes]:
     """(the revision object, the raw bytes of its content), checksum verified."""
-    from caldera.protocol.client import ApiError, NotFound
-
     try:
         raw = client.config_revision_raw(revision_id)
     except NotFound:
@@ -191,10 +194,6 @@ def _prune(directory: Path) -> None:
 # ------------------------------------------------------------------ applying
 
 def _apply_manifest(ctx, text) -> dict:
-    try:
-        from caldera.agents import window
-    except ImportError:
-        return {"recorded": True, "applied": False, "reason": "this runtime has no blueprint-update path"}
     if not isinstance(text, str):
         raise CommandError("the revision's manifest must be caldera.agent.yaml text")
     try:
@@ -219,18 +218,23 @@ def _apply_settings(ctx, values) -> dict:
     return {"applied": True, "keys": sorted(values)}
 
 
-def _process_told(ctx, content: dict):
-    """Process mode's `instructions`/`mcp` (agents/process/told.py): checked before anything of
-    the revision is applied; returns the function that applies them, or None."""
-    from caldera.agents.process.told import TOLD, apply_told, check_told
+TOLD = ("instructions", "mcp")  # what a revision may tell a process agent (SPEC 7b)
 
-    if not any(key in content for key in TOLD):
+
+def _process_told(ctx, content: dict):
+    """Process mode's `instructions`/`mcp`: checked (by the driver, agents/process/told.py) before
+    anything of the revision is applied; returns the function that applies them, or None."""
+    keys = [key for key in TOLD if key in content]
+    if not keys:
         return None
     driver = ctx.current.driver if ctx.current is not None else ctx.driver
-    problems = check_told(driver, content)
+    if not hasattr(driver, "check_told"):
+        problems = [f"{key}: only a process-mode agent is told {key}" for key in keys]
+    else:
+        problems = driver.check_told(content)
     if problems:
         raise CommandError("the revision is refused, nothing of it was applied: " + "; ".join(problems))
-    return lambda: apply_told(driver, content)
+    return lambda: driver.apply_told(content)
 
 
 def apply_revision(ctx, revision_id) -> dict:
@@ -282,8 +286,6 @@ FIXED = ("enabled", "base_url", "instance_id", "bootstrap_token")  # never chang
 
 
 def reload_config(ctx, payload: dict) -> dict:
-    from caldera.config import load_settings
-
     try:
         fresh = load_settings(ctx.paths)
     except ConfigError as exc:
@@ -308,8 +310,6 @@ def _with(settings, values: dict):
     """A copy of a read-only Settings with some fields replaced."""
     fields = getattr(type(settings), "FIELDS", None)
     if fields is None:  # a dataclass Settings
-        from dataclasses import replace
-
         return replace(settings, **values)
     current = {name: getattr(settings, name) for name in fields}
     current.update(values)
@@ -319,8 +319,6 @@ def _with(settings, values: dict):
 def _reload_manifest(ctx) -> dict:
     if not Path(ctx.paths.manifest_path).is_file():
         return {"present": False}
-    from caldera.agents.manifest import load_manifest
-
     try:
         manifest = load_manifest(ctx.paths.manifest_path)
     except ConfigError as exc:

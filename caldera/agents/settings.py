@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 
-from caldera.agents.adapter.answer import ContractError
+from caldera.agents.contract import ContractError
 
 SET_ARG_MAX_BYTES = 8 * 1024
 _TRUE = ("true", "yes", "on", "1")

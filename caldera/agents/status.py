@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from caldera.agents.adapter.answer import ContractError
+from caldera.agents.contract import ContractError
 
 STRING_MAX = 1000
 LIST_MAX = 50

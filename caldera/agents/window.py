@@ -14,8 +14,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from caldera.agents.manifest import load_manifest, parse_text, schema_check
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, read_json
+from caldera.host.timefmt import rfc3339
 
 WINDOW_SECONDS = 30 * 60
 BAD_REPORTS = 3
@@ -32,21 +34,16 @@ def _previous(paths) -> Path:
     return Path(str(paths.manifest_path) + PREVIOUS_SUFFIX)
 
 
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-
-
 def manifest_bytes_for_install(text, config_dir: Path) -> tuple[bytes, dict]:
     """(bytes to install, checked doc) for manifest text; a relative workdir is rebased into
     `<config-dir>/bundle/` when the agent's bundle is installed there (caldera init)."""
-    from caldera.agents.manifest import parse_text
 
     raw = text.encode() if isinstance(text, str) else bytes(text)
     doc = parse_text(raw, "the new manifest")
     bundle = Path(config_dir) / "bundle"
     workdir = str(doc["runtime"].get("workdir") or ".")
     if bundle.is_dir() and not Path(workdir).is_absolute() and not workdir.startswith("bundle/"):
-        import yaml
+        import yaml  # deferred: `caldera status` imports this module and never dumps YAML
 
         rel = Path("bundle") / workdir
         doc["runtime"]["workdir"] = rel.as_posix()
@@ -61,7 +58,6 @@ def apply_manifest_update(paths, text, *, now: float | None = None) -> dict:
     The new manifest must check (plain rules and the schema), be adapter mode
     and keep the agent's name; otherwise ConfigError and nothing is changed.
     """
-    from caldera.agents.manifest import load_manifest, schema_check
 
     now = time.time() if now is None else now
     current = load_manifest(paths.manifest_path)
@@ -82,7 +78,7 @@ def apply_manifest_update(paths, text, *, now: float | None = None) -> dict:
               "previous_version": current.version, "version": doc.get("version"), "bad_streak": 0}
     atomic_write_json(_state_file(paths), record)
     return {"changed": True, "version": doc.get("version"), "previous_version": current.version,
-            "window_until": _iso(record["until"])}
+            "window_until": rfc3339(record["until"])}
 
 
 def current(paths) -> dict | None:
@@ -125,10 +121,10 @@ def health_entries(paths, *, now: float | None = None) -> list:
     now = time.time() if now is None else now
     if record.get("status") == "open":
         return [{"name": ENTRY_NAME, "level": "ok",
-                 "reason": f"version {record.get('version')} on trial until {_iso(record['until'])} "
+                 "reason": f"version {record.get('version')} on trial until {rfc3339(record['until'])} "
                            f"({record.get('bad_streak', 0)} bad reports in a row)"}]
     if record.get("status") == "rolled_back" and now - record.get("rolled_back_at", 0) < WINDOW_SECONDS:
         return [{"name": ENTRY_NAME, "level": "bad",
                  "reason": f"version {record.get('version')} rolled back to {record.get('previous_version')} "
-                           f"at {_iso(record['rolled_back_at'])}: {record.get('reason')}"}]
+                           f"at {rfc3339(record['rolled_back_at'])}: {record.get('reason')}"}]
     return []

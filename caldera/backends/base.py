@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass, field
 
 from caldera.backends import failures as fk
+from caldera.backends.codex_config import gateway_settings
 from caldera.backends.events import EVENT_TYPES
 
 DEFAULT_PROFILE = "codex"
@@ -98,7 +99,6 @@ def capabilities(env: dict | None = None) -> list[str]:
     caps = ["agent.run", "agent.interrupt"]
     for name in PROFILES:
         caps.append(f"backend.{name}")
-    from caldera.backends.codex_config import gateway_settings
 
     if gateway_settings(env) is not None:
         caps.append("llm.gateway")

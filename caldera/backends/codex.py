@@ -24,11 +24,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from caldera import __version__
+from caldera import __version__, config
 from caldera.backends import codex_config, failures as fk
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest
 from caldera.backends.events import EVENT_TYPES
 from caldera.backends.normalize import Normalizer
+from caldera.errors import ConfigError
+from caldera.host import proc
 
 LINE_CAP = 32 * 1024 * 1024  # one stdout line (a huge aggregatedOutput stays well below)
 STDERR_KEEP = 64 * 1024
@@ -48,7 +50,7 @@ _EOF = ("eof", None)
 
 def find_binary(env: dict) -> str | None:
     """CALDERA_CODEX_BIN, else `codex` on PATH (the npm wrapper resolved to its native binary)."""
-    explicit = env.get("CALDERA_CODEX_BIN")
+    explicit = config.codex_binary(env)
     if explicit:
         return explicit
     found = shutil.which("codex", path=env.get("PATH") or DEFAULT_PATH)
@@ -252,7 +254,7 @@ class AppServer:
             pass  # already gone
         if self.returncode(grace) is None:
             self.kill()
-        _signal_group(self.proc.pid, signal.SIGKILL)  # agent commands left in the group
+        proc.signal_group(self.proc, signal.SIGKILL)  # agent commands left in the group
         for thread in self.threads:
             thread.join(timeout=2.0)
         for stream in (self.proc.stdout, self.proc.stderr):
@@ -260,17 +262,7 @@ class AppServer:
         return self.proc.returncode
 
     def kill(self, grace: float = 1.0) -> None:
-        _signal_group(self.proc.pid, signal.SIGTERM)
-        if self.returncode(grace) is None:
-            _signal_group(self.proc.pid, signal.SIGKILL)
-            self.returncode(2.0)
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is already gone
+        proc.kill_group(self.proc, grace, reap=2.0)
 
 
 # ---------------------------------------------------------------- the backend
@@ -340,16 +332,17 @@ class CodexBackend(Backend):
         context = CodexContext(run=run, environment=environment, sink=sink, normalizer=Normalizer(sink),
                                binary=binary, run_dir=run_dir, plan=plan,
                                deadline=time.monotonic() + run.policy.timeout_seconds)
-        config = codex_config.enforce(
-            plan, network=run.policy.network,
-            request_retries=_int_setting(environment.env, "CALDERA_CODEX_REQUEST_MAX_RETRIES",
-                                         codex_config.DEFAULT_REQUEST_MAX_RETRIES),
-            stream_retries=_int_setting(environment.env, "CALDERA_CODEX_STREAM_MAX_RETRIES",
-                                        codex_config.DEFAULT_STREAM_MAX_RETRIES))
+        try:
+            request_retries, stream_retries = config.codex_retries(
+                environment.env, codex_config.DEFAULT_REQUEST_MAX_RETRIES, codex_config.DEFAULT_STREAM_MAX_RETRIES)
+        except ConfigError as exc:
+            raise fk.BackendFailure(fk.BACKEND_FAILED, str(exc)) from None
+        codex_toml = codex_config.enforce(plan, network=run.policy.network,
+                                          request_retries=request_retries, stream_retries=stream_retries)
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             os.chmod(run_dir, 0o700)
-            codex_config.write_codex_home(run_dir / "codex-home", plan, config)
+            codex_config.write_codex_home(run_dir / "codex-home", plan, codex_toml)
             (run_dir / "home").mkdir(mode=0o700, exist_ok=True)
         except OSError as exc:
             shutil.rmtree(run_dir, ignore_errors=True)  # it may hold a partial auth.json
@@ -558,21 +551,7 @@ def _note_rmtree(context):
     return onerror
 
 
-def _int_setting(env: dict, name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise fk.BackendFailure(fk.BACKEND_FAILED, f"{name}={raw!r}: not an integer") from None
-    if value < 0:
-        raise fk.BackendFailure(fk.BACKEND_FAILED, f"{name}={raw!r}: must be 0 or more")
-    return value
-
-
 def _version(binary: str) -> str | None:
-    from caldera.host import proc
     result = proc.run([binary, "--version"], env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"},
                       timeout=10, stdout_cap=4096)
     return result.stdout.decode("utf-8", "replace").strip() or None if result.ok else None

@@ -16,11 +16,12 @@ import datetime
 import json
 import os
 import re
-import stat
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from caldera.backends.failures import BACKEND_FAILED, SECRET_UNAVAILABLE, BackendFailure
+from caldera.config import llm_gateway
 from caldera.host.fsutil import atomic_write_bytes
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -30,11 +31,6 @@ DEFAULT_REQUEST_MAX_RETRIES = 1
 DEFAULT_STREAM_MAX_RETRIES = 2
 MAX_SECRET_FILE_BYTES = 1024 * 1024
 _SECRETISH_KEY = re.compile(r"(?i)(token|secret|password|passwd|api[_-]?key|bearer|credential)")
-_GATEWAY_VARS = {
-    "base_url": ("CLAWMANAGER_LLM_BASE_URL", "OPENAI_BASE_URL"),
-    "api_key": ("CLAWMANAGER_LLM_API_KEY", "OPENAI_API_KEY"),
-    "model": ("CLAWMANAGER_LLM_MODEL", "OPENAI_MODEL"),
-}
 
 
 @dataclass
@@ -123,7 +119,6 @@ def _env_value(raw: bytes, label: str) -> str:
 
 def plan_provider(projection: Projection, environ: dict, model: str | None = None) -> ProviderPlan:
     """The provider plan from the projection, else from the AI gateway variables."""
-    import tomllib
 
     raw_config = projection.read("config.toml")
     auth_json = projection.read("auth.json")
@@ -155,9 +150,7 @@ def plan_provider(projection: Projection, environ: dict, model: str | None = Non
 
 
 def gateway_settings(environ: dict) -> dict | None:
-    found = {}
-    for key, names in _GATEWAY_VARS.items():
-        found[key] = next((environ[n] for n in names if environ.get(n)), None)
+    found = llm_gateway(environ)
     if not (found["base_url"] and found["api_key"]):
         return None
     return found
@@ -274,11 +267,6 @@ def write_codex_home(home: Path, plan: ProviderPlan, config: dict) -> None:
     atomic_write_bytes(home / "config.toml", dump_toml(config).encode("utf-8"), mode=0o600)
     if plan.auth_json is not None:
         atomic_write_bytes(home / "auth.json", plan.auth_json, mode=0o600)
-
-
-def is_private_dir(path: Path) -> bool:
-    st = os.stat(path)
-    return stat.S_ISDIR(st.st_mode) and not st.st_mode & (stat.S_IRWXG | stat.S_IRWXO)
 
 
 # ---------------------------------------------------------------- TOML writer

@@ -8,19 +8,14 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
+
+from caldera.host.timefmt import rfc3339
 
 EVENT_TYPES = ("backend_status", "assistant_message", "tool_call", "command_output",
                "diff", "error", "terminal_status")
-TERMINAL_STATUSES = ("completed", "failed", "cancelled", "blocked")
 TEXT_PART_BYTES = 8 * 1024  # one event's text (SPEC section 10)
 DIFF_CAP_BYTES = 64 * 1024
 KEEP_LAST = 50
-
-
-def utc_ts(now: float | None = None) -> str:
-    now = time.time() if now is None else now
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
 
 
 def cut_utf8(text: str, limit: int) -> tuple[str, bool]:
@@ -66,7 +61,7 @@ class EventSink:
             if self.terminal is not None:
                 return None  # exactly one terminal_status ends a run; nothing after it
             self.total += 1
-            event = {"run_id": self.run_id, "seq": self.total, "ts": utc_ts(),
+            event = {"run_id": self.run_id, "seq": self.total, "ts": rfc3339(millis=True),
                      "type": type_, "data": self.redactor(data)}
             if type_ == "terminal_status":
                 self.terminal = event

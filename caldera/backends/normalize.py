@@ -9,6 +9,7 @@ Rules taken from what Codex 0.169.0 sends (codex-notes sections 4 and 9):
 - On interrupt, in-flight items never complete: they are closed here at the end.
 """
 from __future__ import annotations
+import json
 
 from caldera.backends import failures as fk
 from caldera.backends.events import DIFF_CAP_BYTES, cut_utf8
@@ -203,7 +204,6 @@ def _short(value, limit: int = 2048):
     if isinstance(value, (list, tuple)):
         value = " ".join(str(v) for v in value)
     elif not isinstance(value, str):
-        import json
         value = json.dumps(value, ensure_ascii=False, default=str)
     text, cut = cut_utf8(value, limit)
     return text + "…" if cut else text

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import threading
 
+from caldera.protocol.client import ApiError, NotFound
+
 BATCH = 100
 INTERVAL = 1.0
 MAX_PENDING = 2000
@@ -15,7 +17,6 @@ MAX_PENDING = 2000
 def post_events_loop(client, agent_id: str, run_id: str, pending: list, lock: threading.Lock,
                      stop: threading.Event, note) -> None:
     """Thread body: every INTERVAL (or when stopped) send what is pending, BATCH at a time."""
-    from caldera.protocol.client import ApiError, NotFound
 
     while True:
         stopping = stop.wait(INTERVAL)

@@ -14,7 +14,7 @@ import re
 import threading
 from pathlib import Path
 
-from caldera.backends.events import utc_ts
+from caldera.host.timefmt import rfc3339
 
 LOG_CAP_BYTES = 64 * 1024 * 1024
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -39,14 +39,14 @@ class RunLog:
         self._fh = os.fdopen(fd, "w", encoding="utf-8", errors="replace", buffering=1 << 16)
 
     def write(self, channel: str, text: str) -> None:
-        line = f"{utc_ts()} {channel} {self.redactor.text(text.rstrip(chr(10)))}\n"
+        line = f"{rfc3339(millis=True)} {channel} {self.redactor.text(text.rstrip(chr(10)))}\n"
         with self._lock:
             if self.full or self._fh.closed:
                 return
             size = len(line)  # characters: close enough to bytes for a cap
             if self.size + size > self.cap:
                 self.full = True
-                self._fh.write(f"{utc_ts()} note run log reached {self.cap} bytes; transcript cut here\n")
+                self._fh.write(f"{rfc3339(millis=True)} note run log reached {self.cap} bytes; transcript cut here\n")
                 return
             self.size += size
             self._fh.write(line)

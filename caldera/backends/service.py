@@ -19,13 +19,13 @@ import threading
 import time
 from pathlib import Path
 
+from caldera import config
 from caldera.backends import base, events, runlog as runlog_mod
+from caldera.errors import ConfigError
 
 DEFAULT_TIMEOUT_SECONDS = 600
 DEFAULT_MAX_TIMEOUT_SECONDS = 3600
 FINISH_MARGIN = 5.0  # seconds kept back from the command's deadline to end the run cleanly
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
 
 
 class Refused(Exception):
@@ -34,26 +34,11 @@ class Refused(Exception):
 
 # ---------------------------------------------------------------- policy
 
-def _flag(env: dict, name: str) -> bool:
-    raw = str(env.get(name) or "").strip().lower()
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise Refused(f"{name}={env.get(name)!r} in agent.env is not a boolean")
-
-
 def caps(env: dict) -> dict:
     try:
-        max_timeout = int(env.get("CALDERA_RUN_MAX_TIMEOUT_SECONDS") or DEFAULT_MAX_TIMEOUT_SECONDS)
-    except ValueError:
-        raise Refused("CALDERA_RUN_MAX_TIMEOUT_SECONDS in agent.env is not an integer") from None
-    sandbox = env.get("CALDERA_RUN_MAX_SANDBOX") or "workspace-write"
-    if sandbox not in base.SANDBOXES:
-        raise Refused(f"CALDERA_RUN_MAX_SANDBOX={sandbox!r}: one of {', '.join(base.SANDBOXES)}")
-    return {"max_timeout_seconds": max_timeout, "max_sandbox": sandbox,
-            "allow_network": _flag(env, "CALDERA_RUN_ALLOW_NETWORK"),
-            "allow_approval": _flag(env, "CALDERA_RUN_ALLOW_APPROVAL")}
+        return config.run_caps(env, sandboxes=base.SANDBOXES, default_max_timeout=DEFAULT_MAX_TIMEOUT_SECONDS)
+    except ConfigError as exc:
+        raise Refused(str(exc)) from None
 
 
 def policy_from_request(requested: dict | None, env: dict) -> base.Policy:
@@ -85,8 +70,7 @@ def policy_from_request(requested: dict | None, env: dict) -> base.Policy:
 
 
 def workspace_roots(env: dict) -> list[Path]:
-    raw = env.get("CALDERA_WORKSPACE_ROOTS") or ""
-    return [Path(os.path.realpath(p)) for p in raw.split(":") if p.strip()]
+    return [Path(os.path.realpath(p)) for p in config.workspace_roots(env)]
 
 
 def check_workspace(workspace: str, roots: list[Path] | None) -> str:

@@ -20,7 +20,7 @@ from caldera.errors import EXIT_FAILED, EXIT_USAGE, CalderaError, Retryable
 # name -> (module, one-line help), in groups; `caldera --help` lists them in this order.
 GROUPS: dict[str, dict[str, tuple[str, str]]] = {
     "agent verbs (on this host, with or without the control plane)": {
-        "status": ("caldera.cli.status", "the agent's state, connection and outbox"),
+        "status": ("caldera.cli.status", "the agent's state, connection, outbox and last commands (--watch)"),
         "pause": ("caldera.cli.verbs", "pause the agent (its own manual pause)"),
         "resume": ("caldera.cli.verbs", "lift the agent's manual pause"),
         "run-now": ("caldera.cli.verbs", "ask the agent for a run"),
@@ -95,6 +95,10 @@ def _takes_name(module) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["__complete"]:  # hidden: bash completion's helper (packaging/caldera.bash-completion)
+        from caldera.cli import complete  # deferred: only a completion pays for it
+
+        return complete.main(argv[1:])
     if not argv or argv[0] not in COMMANDS:
         top = _top_parser()
         args = top.parse_args(argv)  # handles --help, --version and unknown commands (exit 2)

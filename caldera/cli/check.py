@@ -4,7 +4,9 @@ from __future__ import annotations
 import json
 import sys
 
+from caldera import config
 from caldera.agents.check import Report, run_checks
+from caldera.agents.manifest import load_manifest
 from caldera.cli import add_agent_flags
 from caldera.errors import EXIT_FAILED, EXIT_OK, ConfigError
 
@@ -18,9 +20,6 @@ def configure(parser) -> None:
 
 
 def main(args) -> int:
-    from caldera import config
-    from caldera.agents.manifest import load_manifest
-
     paths = config.agent_from_args(args)
     report = Report()
     try:

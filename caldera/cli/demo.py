@@ -24,7 +24,12 @@ import threading
 import time
 from pathlib import Path
 
+from caldera.agents import blueprint as bp
 from caldera.errors import EXIT_FAILED, EXIT_OK, UsageError
+from caldera.host import proc
+from caldera.host.fsutil import atomic_write_bytes
+from caldera.plane import report_view
+from caldera.plane.server import PlaneServer
 
 AGENT_NAME = "task-agent"
 INSTANCE_ID = 1
@@ -96,17 +101,12 @@ class Demo:
         return (ended or list(self.procs.values()) or [None])[0]
 
     def start_plane(self, port: int) -> None:
-        from caldera.plane.server import PlaneServer
-
         self.token = self.tokens[INSTANCE_ID]
         self.plane = PlaneServer(self.root / "plane.db", port=port,
                                  tokens={token: iid for iid, token in self.tokens.items()},
                                  heartbeat_interval=5, poll_interval=1).start()
 
     def install_agent(self, blueprint: Path, instance_id: int = INSTANCE_ID) -> str:
-        from caldera.agents import blueprint as bp
-        from caldera.host.fsutil import atomic_write_bytes
-
         self.config_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         result = bp.install(blueprint, environ=self.env, systemd_dir=self.root / "no-systemd")
@@ -138,27 +138,16 @@ class Demo:
         return "\n".join(text.splitlines()[-lines:])
 
     def close(self, keep: bool) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                _stop_group(proc)
+        for runtime in self.procs.values():
+            if runtime.poll() is None:
+                # TERM lets the runtime drain (and stop its agent); KILL after the grace
+                proc.kill_group(runtime, STOP_GRACE)
         if self.plane is not None:
             self.plane.stop()
         if keep:
             print(f"kept {self.root}")
         else:
             shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the runtime's process group (it drains), SIGKILL after the grace."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=STOP_GRACE)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        proc.wait()
 
 
 def _wait(demo: Demo, what: str, check, timeout: float) -> bool:
@@ -211,8 +200,6 @@ def main(args) -> int:
 
 
 def _run(demo: Demo, blueprint: Path, args) -> int:
-    from caldera.plane import report_view
-
     demo.start_plane(args.port)
     print(f"plane listening on {demo.plane.url} (status page {demo.plane.url}/)", flush=True)
     agents = [(INSTANCE_ID, blueprint, DEMO_COMMANDS)]

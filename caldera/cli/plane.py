@@ -7,14 +7,21 @@ with `--json`. Times in JSON output are RFC 3339 (UTC).
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import signal
 import sys
 import threading
 from pathlib import Path
 
+from caldera import config
 from caldera.errors import EXIT_FAILED, EXIT_OK, UsageError
+from caldera.host.fsutil import atomic_write_bytes
+from caldera.host.timefmt import human_age
+from caldera.plane.api import rfc3339
+from caldera.plane.figures import figures
+from caldera.plane.server import PlaneServer
+from caldera.plane.store import Store
+from caldera.protocol import schemas
 
 DEFAULT_PORT = 8930
 TIME_KEYS = ("issued_at", "dispatched_at", "started_at", "finished_at", "registered_at", "last_heartbeat_at",
@@ -22,15 +29,7 @@ TIME_KEYS = ("issued_at", "dispatched_at", "started_at", "finished_at", "registe
 
 
 def default_db_path() -> Path:
-    """CALDERA_PLANE_DB, else <CALDERA_STATE_DIR>/plane/plane.db, else /var/lib/caldera (root)
-    or ~/.local/state/caldera (anyone else)."""
-    if os.environ.get("CALDERA_PLANE_DB"):
-        return Path(os.environ["CALDERA_PLANE_DB"])
-    if os.environ.get("CALDERA_STATE_DIR"):
-        return Path(os.environ["CALDERA_STATE_DIR"]) / "plane" / "plane.db"
-    if os.geteuid() == 0:
-        return Path("/var/lib/caldera/plane/plane.db")
-    return Path.home() / ".local" / "state" / "caldera" / "plane" / "plane.db"
+    return config.plane_db_path()
 
 
 def configure(parser) -> None:
@@ -52,6 +51,8 @@ def configure(parser) -> None:
                        help="session lifetime, renewed by each heartbeat (default 86400)")
     serve.add_argument("--no-collect-skill-packages", action="store_true",
                        help="do not queue collect_skill_package for unknown skill hashes")
+    serve.add_argument("--history-days", type=float, default=7, metavar="D",
+                       help="days of per-minute history the status page charts keep (default 7)")
     serve.add_argument("--url-file", metavar="PATH", help="write the plane's URL here once it listens")
 
     enqueue = verbs.add_parser("enqueue", help="queue a command for an instance (prints its id)")
@@ -106,16 +107,17 @@ def _tokens(args, db_path: Path) -> dict | None:
 
 
 def serve(args) -> int:
-    from caldera.plane.server import PlaneServer
-
     db_path = Path(args.db) if args.db else default_db_path()
     if args.heartbeat_interval < 1 or args.poll_interval < 1:
         raise UsageError("--heartbeat-interval and --poll-interval must be at least 1 second")
+    if not 0 < args.history_days <= 366:
+        raise UsageError("--history-days must be more than 0 and at most 366")
     tokens = _tokens(args, db_path)
     try:
         plane = PlaneServer(db_path, host=args.host, port=args.port, tokens=tokens or {},
                             heartbeat_interval=args.heartbeat_interval, poll_interval=args.poll_interval,
-                            session_ttl=args.session_ttl, collect_skill_packages=not args.no_collect_skill_packages)
+                            session_ttl=args.session_ttl, collect_skill_packages=not args.no_collect_skill_packages,
+                            history_days=args.history_days)
     except OSError as exc:
         print(f"caldera plane: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -127,8 +129,6 @@ def serve(args) -> int:
         signal.signal(sig, lambda *_: stop.set())
     plane.start()
     if args.url_file:
-        from caldera.host.fsutil import atomic_write_bytes
-
         atomic_write_bytes(args.url_file, (plane.url + "\n").encode(), mode=0o644)
     print(f"caldera plane listening on {plane.url} (status page {plane.url}/, database {db_path}); "
           f"instances {', '.join(map(str, plane.store.instances()))}", flush=True)
@@ -139,8 +139,6 @@ def serve(args) -> int:
 
 
 def _first_instance(store, db_path: Path) -> Path:
-    from caldera.host.fsutil import atomic_write_bytes
-
     token = "agt_boot_" + secrets.token_hex(24)
     path = db_path.parent / "bootstrap-1.token"
     atomic_write_bytes(path, (token + "\n").encode(), mode=0o600)
@@ -151,8 +149,6 @@ def _first_instance(store, db_path: Path) -> Path:
 # ---- operator verbs ------------------------------------------------------------------------
 
 def _open(args):
-    from caldera.plane.store import Store
-
     path = Path(args.db) if args.db else default_db_path()
     if not path.exists():
         raise UsageError(f"no plane database at {path} (start `caldera plane serve` or pass --db)")
@@ -161,7 +157,6 @@ def _open(args):
 
 def _times(value):
     """A copy with Unix times under TIME_KEYS as RFC 3339 strings."""
-    from caldera.plane.api import rfc3339
 
     if isinstance(value, list):
         return [_times(v) for v in value]
@@ -200,7 +195,6 @@ def enqueue(args) -> int:
 
 
 def _check_payload(command_type: str, payload: dict) -> None:
-    from caldera.protocol import schemas
     name = f"commands/{command_type}.schema.json"
     try:
         if schemas.schema_exists(name):
@@ -219,7 +213,6 @@ def agents(args) -> int:
     if args.json:
         _print_json({"agents": rows})
         return EXIT_OK
-    from caldera.host.timefmt import human_age
 
     table = [("INSTANCE", "AGENT", "PRESENCE", "LAST SEEN", "VERSION", "STATUS")]
     for a in rows:
@@ -261,9 +254,6 @@ def reports(args) -> int:
     if not items:
         print(f"instance {args.instance} has sent no state report")
         return EXIT_OK
-    from caldera.plane.api import rfc3339
-    from caldera.plane.page import figures
-
     for item in items:
         figs = figures(item["body"].get("system_info"))
         shown = ", ".join(f"{k} {v[0] * 100:.0f}%" for k, v in figs.items() if isinstance(v, tuple))

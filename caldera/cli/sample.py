@@ -12,12 +12,10 @@ import json
 import os
 import sys
 
+from caldera import config
 from caldera.errors import EXIT_OK, UsageError
 from caldera.host.sampler import Sample, Sampler
 
-# The persistent dir and runtime type a report would use, from the environment
-# (SPEC section 3 names, ClawManager aliases second).
-PERSISTENT_DIR_VARS = ("CALDERA_PERSISTENT_DIR", "CLAWMANAGER_AGENT_PERSISTENT_DIR")
 
 
 def configure(parser) -> None:
@@ -36,12 +34,12 @@ def configure(parser) -> None:
 def main(args, environ=None, out=None) -> int:
     environ = os.environ if environ is None else environ
     out = sys.stdout if out is None else out
-    persistent = args.persistent_dir or _first(environ, PERSISTENT_DIR_VARS) or "."
+    persistent = args.persistent_dir or config.persistent_dir(environ) or "."
     for flag, value in (("--proc-root", args.proc_root), ("--cgroup-root", args.cgroup_root),
                         ("--persistent-dir", persistent), ("--sys-root", args.sys_root)):
         if value is not None and not os.path.isdir(value):
             raise UsageError(f"{flag} {value}: not a directory")
-    runtime_type = environ.get("CALDERA_RUNTIME_TYPE") or "caldera"
+    runtime_type = config.runtime_type_name(environ)
     sample = Sampler(proc_root=args.proc_root, cgroup_root=args.cgroup_root,
                      persistent_dir=persistent, runtime_type=runtime_type,
                      runtime_name=runtime_type, sys_root=args.sys_root).sample()
@@ -51,16 +49,6 @@ def main(args, environ=None, out=None) -> int:
     else:
         out.write(render(sample))
     return EXIT_OK
-
-
-def _first(environ, names):
-    for name in names:
-        if environ.get(name):
-            return environ[name]
-    return None
-
-
-# --- the human form ---------------------------------------------------------------
 
 
 def percentages(system_info: dict) -> dict:

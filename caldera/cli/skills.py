@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 
 from caldera.cli import add_agent_flags
+from caldera.config import agent_from_args, load_settings
+from caldera.skills import inventory
 
 
 def configure(parser) -> None:
@@ -23,9 +25,6 @@ def _size(n: int) -> str:
 
 
 def main(args) -> int:
-    from caldera.config import agent_from_args, load_settings
-    from caldera.skills import inventory
-
     paths = agent_from_args(args)
     settings = load_settings(paths)
     inv = inventory.Inventory(paths.state_dir, settings.env, settings.runtime_type, persist=False)

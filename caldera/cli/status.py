@@ -1,23 +1,38 @@
-"""`caldera status [--json]`: the agent's state, gauges, held locks, the
-connection ("last successful was X ago") and the outbox depth. Local only: it
-reads the state directory and asks the adapter; it never calls the control
-plane and imports neither requests nor jsonschema."""
+"""`caldera status [--json] [--watch [SECONDS]]`: the agent's state, gauges, held
+locks, the connection ("last successful was X ago"), the outbox depth and the
+last commands. Local only: it reads the state directory and asks the adapter;
+it never calls the control plane and imports neither requests nor jsonschema.
+
+`--watch` draws it again every SECONDS (default 2): in place on a terminal
+(cursor home, each line erased to its end, the rest of the screen cleared),
+as successive blocks under a time line when stdout is not a terminal (a log, a
+pipe), one JSON object a line with --json. Ctrl-C or SIGTERM ends it, exit 0."""
 from __future__ import annotations
 
 import datetime as dt
 import json
+import signal
+import sys
+import threading
 
 from caldera.cli import add_agent_flags
+from caldera.errors import ConfigError, UsageError
 
 BAR_WIDTH = 20
+WATCH_SECONDS = 2.0
+COMMANDS_SHOWN = 5
+HOME, ERASE_LINE, ERASE_BELOW, CLEAR = "\x1b[H", "\x1b[K", "\x1b[J", "\x1b[2J"
 
 
 def configure(parser) -> None:
     add_agent_flags(parser)
+    parser.add_argument("--watch", nargs="?", type=float, const=WATCH_SECONDS, metavar="SECONDS",
+                        help=f"redraw every SECONDS (default {WATCH_SECONDS:g}) until Ctrl-C; "
+                             "in place on a terminal, successive blocks otherwise")
 
 
 def _ago(iso: str | None) -> str:
-    from caldera.host.timefmt import human_age
+    from caldera.host.timefmt import human_age  # deferred: `caldera status --help` stays ~35 ms faster
 
     if not iso:
         return "never"
@@ -38,7 +53,7 @@ def bar(used) -> str:
 
 
 def _state(paths) -> dict:
-    from caldera.host.fsutil import read_json
+    from caldera.host.fsutil import read_json  # deferred: `caldera status --help` stays ~35 ms faster
 
     try:
         return read_json(paths.state_dir / "state.json", {}) or {}
@@ -56,7 +71,7 @@ def connection_info(paths, state: dict | None = None) -> dict:
 def _agent_status(paths) -> dict | None:
     if not paths.manifest_path.is_file():
         return None
-    from caldera.agents.adapter.driver import adapter_status
+    from caldera.agents.adapter.driver import adapter_status  # deferred: `caldera status --help` stays ~35 ms faster
     from caldera.agents.manifest import load_manifest
 
     manifest = load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
@@ -87,8 +102,7 @@ def _process_status(paths, manifest) -> dict:
 
 def _redactor(paths):
     """Masks secrets.env's values where this user may read them, and every credential shape."""
-    from caldera.config import read_env_file
-    from caldera.errors import ConfigError
+    from caldera.config import read_env_file  # deferred: `caldera status --help` stays ~35 ms faster
     from caldera.redact import Redactor
 
     try:
@@ -98,72 +112,131 @@ def _redactor(paths):
     return Redactor(values)
 
 
-def main(args) -> int:
-    from caldera.config import agent_from_args
-    from caldera.host.fsutil import StateLock
+def snapshot(paths, redact) -> dict:
+    """Everything `caldera status` shows, read once (the adapter is asked once)."""
+    from caldera.host.fsutil import StateLock  # deferred: `caldera status --help` stays ~35 ms faster
     from caldera.protocol.outbox import outbox_depth
 
-    paths = agent_from_args(args)
-    redact = _redactor(paths)
     agent = redact(_agent_status(paths))
     process = None
     if isinstance(agent, dict) and "process" in agent and "body" in agent:
         agent, process = agent["body"], agent["process"]
     state = _state(paths)
     conn = redact(connection_info(paths, state))
-    holder = StateLock(paths.state_dir, "status").holder() if paths.state_dir.is_dir() else None
-    conn["daemon"] = holder
+    conn["daemon"] = StateLock(paths.state_dir, "status").holder() if paths.state_dir.is_dir() else None
     # drop counters since the daemon started (outbox: superseded reports/inventories; events: run
     # events the plane never got; lanes: commands offered while stopping, kept for the next start)
     outbox = {"items": outbox_depth(paths.state_dir), "dropped": state.get("drops") or {}}
-    if args.json:
-        doc = {"agent_status": agent, "connection": conn, "outbox": outbox}
-        if process is not None:
-            doc["process"] = process
-        print(json.dumps(doc))
-    else:
-        _print_human(paths.name, agent, conn, outbox)
-        if process is not None:
-            _print_process(process)
+    doc = {"agent_status": agent, "connection": conn, "outbox": outbox, "commands": redact(recent_commands(state))}
+    if process is not None:
+        doc["process"] = process
+    return doc
+
+
+def recent_commands(state: dict) -> list[dict]:
+    """Commands in progress (the daemon's journal), then the last finished ones, newest first."""
+    journal = state.get("commands") if isinstance(state.get("commands"), dict) else {}
+    running = [{"id": (e.get("command") or {}).get("id", cid), "status": "running" if e.get("phase") == "executing"
+                else "fetched", "command_type": (e.get("command") or {}).get("command_type")}
+               for cid, e in journal.items() if isinstance(e, dict)]
+    done = [c for c in state.get("recent_commands") or [] if isinstance(c, dict)]
+    return (running + done)[:COMMANDS_SHOWN]
+
+
+def main(args) -> int:
+    from caldera.config import agent_from_args  # deferred: `caldera status --help` stays ~35 ms faster
+
+    paths = agent_from_args(args)
+    redact = _redactor(paths)
+    if args.watch is not None:
+        if not args.watch > 0:
+            raise UsageError("--watch takes a number of seconds above 0")
+        return watch(paths, redact, args.json, args.watch)
+    doc = snapshot(paths, redact)
+    print(json.dumps(doc) if args.json else render(paths.name, doc))
     return 0
 
 
-def _print_process(info: dict) -> None:
-    from caldera.host.timefmt import human_age
+def watch(paths, redact, as_json: bool, seconds: float, out=None) -> int:
+    """Redraw until SIGINT/SIGTERM; exit 0."""
+    out = out or sys.stdout
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    in_place = out.isatty() and not as_json
+    if in_place:
+        out.write(CLEAR)
+    from caldera.host import timefmt  # deferred, as above
+
+    while not stop.is_set():
+        doc = snapshot(paths, redact)
+        if as_json:
+            out.write(json.dumps(doc) + "\n")
+        elif in_place:
+            lines = render(paths.name, doc).split("\n") + [f"(every {seconds:g} s; Ctrl-C ends)"]
+            out.write(HOME + "".join(line + ERASE_LINE + "\n" for line in lines) + ERASE_BELOW)
+        else:
+            out.write(f"--- {timefmt.rfc3339()}\n{render(paths.name, doc)}\n\n")
+        out.flush()
+        stop.wait(seconds)
+    return 0
+
+
+def render(name, doc) -> str:
+    agent = doc["agent_status"] or {}
+    conn, outbox = doc["connection"], doc["outbox"]
+    state = agent.get("state") or {}
+    lines = [f"agent {name}: {state.get('label') or 'unknown'} ({state.get('level') or '?'})"]
+    if agent.get("detail"):
+        lines.append(f"  {agent['detail']}")
+    for gauge in agent.get("gauges") or []:
+        label = f" {gauge['label']}" if gauge.get("label") else ""
+        lines.append(f"  {gauge.get('name', '?'):<16} {bar(gauge.get('used'))}{label}")
+    for item in agent.get("held") or []:
+        lines.append(f"  held: {item}")
+    for entry in agent.get("health") or []:
+        lines.append(f"  health {entry.get('name')}: {entry.get('level')}"
+                     + (f" ({entry['reason']})" if entry.get("reason") else ""))
+    if agent.get("next_run"):
+        lines.append(f"  next run: {agent['next_run'].get('at')} {agent['next_run'].get('reason') or ''}".rstrip())
+    lines.append(f"connection: last heartbeat ok {conn['last_successful']}"
+                 + (f"; last error: {conn['last_error']} ({_ago(conn.get('last_error_at'))})"
+                    if conn.get("last_error") else ""))
+    if conn.get("auth_blocked"):
+        lines.append(f"  registration refused: {conn['auth_blocked']} (fix the configuration, then: systemctl reload)")
+    lines.append(f"daemon: {conn['daemon'] or 'not running'}")
+    dropped = ", ".join(f"{name} {count}" for name, count in sorted((outbox.get("dropped") or {}).items()))
+    lines.append(f"outbox: {outbox['items']} waiting" + (f"; dropped since the daemon started: {dropped}" if dropped else ""))
+    if doc.get("process") is not None:
+        lines.extend(_process_lines(doc["process"]))
+    lines.extend(_command_lines(doc.get("commands") or []))
+    return "\n".join(lines)
+
+
+def _process_lines(info: dict) -> list[str]:
+    """Process mode: pid, uptime, restarts, last exit, the hold."""
+    from caldera.host.timefmt import human_age  # deferred, as above
 
     if info.get("pid"):
         up = human_age(info["uptime_seconds"]).replace(" ago", "") if info.get("uptime_seconds") is not None else "?"
         line = f"process: pid {info['pid']}, {info.get('status')}, up {up}"
     else:
         line = f"process: not running ({info.get('status')}" + (f": {info['reason']}" if info.get("reason") else "") + ")"
-    print(line + f", {info.get('restarts') or 0} restart{'' if info.get('restarts') == 1 else 's'}")
+    out = [line + f", {info.get('restarts') or 0} restart{'' if info.get('restarts') == 1 else 's'}"]
     last = info.get("last_exit")
     if last:
-        print(f"  last exit: {last.get('reason')} ({_ago(last.get('at'))})")
+        out.append(f"  last exit: {last.get('reason')} ({_ago(last.get('at'))})")
     if info.get("hold"):
-        print(f"  held: {info['hold']} (caldera resume starts it)")
+        out.append(f"  held: {info['hold']} (caldera resume starts it)")
+    return out
 
 
-def _print_human(name, agent, conn, outbox) -> None:
-    agent = agent or {}
-    state = agent.get("state") or {}
-    print(f"agent {name}: {state.get('label') or 'unknown'} ({state.get('level') or '?'})")
-    if agent.get("detail"):
-        print(f"  {agent['detail']}")
-    for gauge in agent.get("gauges") or []:
-        label = f" {gauge['label']}" if gauge.get("label") else ""
-        print(f"  {gauge.get('name', '?'):<16} {bar(gauge.get('used'))}{label}")
-    for item in agent.get("held") or []:
-        print(f"  held: {item}")
-    for entry in agent.get("health") or []:
-        print(f"  health {entry.get('name')}: {entry.get('level')}"
-              + (f" ({entry['reason']})" if entry.get("reason") else ""))
-    if agent.get("next_run"):
-        print(f"  next run: {agent['next_run'].get('at')} {agent['next_run'].get('reason') or ''}".rstrip())
-    print(f"connection: last heartbeat ok {conn['last_successful']}"
-          + (f"; last error: {conn['last_error']} ({_ago(conn.get('last_error_at'))})" if conn.get("last_error") else ""))
-    if conn.get("auth_blocked"):
-        print(f"  registration refused: {conn['auth_blocked']} (fix the configuration, then: systemctl reload)")
-    print(f"daemon: {conn['daemon'] or 'not running'}")
-    dropped = ", ".join(f"{name} {count}" for name, count in sorted(outbox["dropped"].items()))
-    print(f"outbox: {outbox['items']} waiting" + (f"; dropped since the daemon started: {dropped}" if dropped else ""))
+def _command_lines(commands: list) -> list[str]:
+    if not commands:
+        return ["commands: none yet"]
+    out = ["commands:"]
+    for c in commands:
+        when = f" {_ago(c['finished_at'])}" if c.get("finished_at") else ""
+        error = f": {c['error']}" if c.get("error") else ""
+        out.append(f"  #{c.get('id')} {c.get('command_type') or '?'} {c.get('status')}{when}{error}")
+    return out

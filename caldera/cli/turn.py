@@ -15,12 +15,14 @@ import sys
 import uuid
 from pathlib import Path
 
+from caldera import config
+from caldera.backends import base, service
+from caldera.cli import add_agent_flags
 from caldera.errors import ConfigError, UsageError
+from caldera.redact import Redactor
 
 
 def configure(parser, name: str) -> None:
-    from caldera.cli import add_agent_flags
-
     add_agent_flags(parser)
     if name == "turn":
         parser.add_argument("--workspace", required=True, metavar="DIR", help="the directory the agent works in")
@@ -43,8 +45,7 @@ def main(args) -> int:
 
 def _agent_context(args):
     """(env, state_dir, secrets_dir, redactor values) of the selected agent, or standalone."""
-    from caldera import config
-    explicit = args.agent or args.manifest or os.environ.get("CALDERA_AGENT")
+    explicit = args.agent or args.manifest or config.selected_agent()
     try:
         paths = config.agent_from_args(args)
         settings = config.load_settings(paths)
@@ -63,9 +64,6 @@ def _standalone_state(args) -> Path:
 
 
 def _turn(args) -> int:
-    from caldera.backends import base, service
-    from caldera.redact import Redactor
-
     env, state_dir, secrets_dir, secret_values = _agent_context(args)
     if state_dir is None:
         state_dir = _standalone_state(args)
@@ -149,11 +147,8 @@ def _human(event: dict) -> str:
 
 
 def _backends(args) -> int:
-    from caldera.backends import base
-
     env, _, _, secret_values = _agent_context(args)
     info = base.describe(env, probe=True)
-    from caldera.redact import Redactor
 
     info = Redactor(secret_values)(info)
     if args.json:

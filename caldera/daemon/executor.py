@@ -21,11 +21,12 @@ from caldera.daemon.dispatch import DEFAULT_TIMEOUT_SECONDS, CommandContext
 from caldera.errors import AuthBlocked, CalderaError, CommandError, Retryable
 from caldera.protocol import schemas
 from caldera.protocol.client import NotFound
-from caldera.protocol.payloads import now_iso
+from caldera.host.timefmt import rfc3339
 
 log = logging.getLogger("caldera.executor")
 
 JOURNAL_KEY = "commands"
+RECENT_KEY, RECENT_KEPT = "recent_commands", 10  # what `caldera status` shows as the last commands
 CANCEL_GRACE = 5.0  # after ctx.cancel is set, how long a handler gets to notice
 INTERRUPTED = "interrupted: runtime restarted"
 
@@ -48,7 +49,7 @@ class Executor:
     def journal_fetched(self, command: dict) -> None:
         cid = str(command["id"])
         self.state.update(JOURNAL_KEY, lambda j: {**(j or {}), cid: {"phase": "fetched", "command": command,
-                                                                    "fetched_at": now_iso()}})
+                                                                    "fetched_at": rfc3339()}})
 
     def _journal_phase(self, command_id, phase: str) -> None:
         cid = str(command_id)
@@ -92,14 +93,22 @@ class Executor:
         else:
             status, result, error = self.run_handler(command, cancel)
         self._put_finish(command, status, result, error)
+        self._remember(command, status, error)
         self._journal_remove(cid)
         log.info("command %s (%s) %s%s", cid, ctype, status, f": {error}" if error else "")
         self.report_now()
         return status
 
+    def _remember(self, command: dict, status: str, error: str) -> None:
+        """The last few finished commands, newest first, for `caldera status` (state.json, bounded)."""
+        entry = {"id": command.get("id"), "command_type": str(command.get("command_type") or ""),
+                 "status": status, "finished_at": rfc3339(), "error": self.redactor(error or "")[:300]}
+        self.state.update(RECENT_KEY, lambda items: ([entry] + [i for i in (items or []) if isinstance(i, dict)
+                                                                and i.get("id") != entry["id"]])[:RECENT_KEPT])
+
     def _send_start(self, command: dict):
         """True when execution may go on; else the reason to finish failed."""
-        body = {"agent_id": self.agent_id, "started_at": now_iso()}
+        body = {"agent_id": self.agent_id, "started_at": rfc3339()}
         try:
             self.client.start_command(command["id"], body)
         except NotFound as exc:
@@ -142,7 +151,7 @@ class Executor:
         return "succeeded", result if isinstance(result, dict) else {"value": result}, ""
 
     def _put_finish(self, command: dict, status: str, result, error: str) -> None:
-        body = {"agent_id": self.agent_id, "status": status, "finished_at": now_iso(),
+        body = {"agent_id": self.agent_id, "status": status, "finished_at": rfc3339(),
                 "result": self.redactor(result or {}), "error_message": self.redactor(error or "")}
         self.outbox.put("finish", {"command_id": command.get("id"), "command_type": command.get("command_type"),
                                    "body": body})

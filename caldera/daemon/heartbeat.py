@@ -15,7 +15,7 @@ from caldera.daemon.live import LiveStatus, ago
 from caldera.daemon.reporter import REVISION_KEY, Reports
 from caldera.daemon.wakeups import Wakeups, wait_any
 from caldera.errors import CalderaError
-from caldera.protocol.payloads import now_iso
+from caldera.host.timefmt import rfc3339
 from caldera.protocol.retry import Backoff
 
 log = logging.getLogger("caldera.heartbeat")
@@ -37,7 +37,7 @@ class ConnectionStatus:
             log.info("control plane reachable again")
             self.on_recovery()  # deliver what waited, without sitting out the backoff
         self.failing, self.last_ok = False, time.monotonic()
-        self.state.set(CONNECTION_KEY, {"last_heartbeat_ok_at": now_iso(), "last_error": None,
+        self.state.set(CONNECTION_KEY, {"last_heartbeat_ok_at": rfc3339(), "last_error": None,
                                         "last_error_at": None, "auth_blocked": None,
                                         "server_time": data.get("server_time")})
 
@@ -51,7 +51,7 @@ class ConnectionStatus:
 
         def mark(conn):
             conn = conn or {}
-            conn.update(last_error=reason, last_error_at=now_iso(), auth_blocked=blocked)
+            conn.update(last_error=reason, last_error_at=rfc3339(), auth_blocked=blocked)
             return conn
 
         self.state.update(CONNECTION_KEY, mark)

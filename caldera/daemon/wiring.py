@@ -141,9 +141,9 @@ def _build_client(parts: Parts, transport_session):
     settings = parts.settings
     transport = Transport(settings.base_url, ca_bundle=settings.ca_bundle, session=transport_session)
     session_file = SessionFile(parts.paths.state_dir / "session.json", settings.base_url, settings.instance_id)
-    client = ControlPlaneClient(transport, None)
+    # register is called only after both exist: the first call that needs a session makes it
     auth = Auth(bootstrap_token=settings.bootstrap_token, session_file=session_file,
                 register=lambda: client.register(register_body(parts.identity, parts.settings)),
                 redactor=parts.redactor)
-    client.auth = auth
+    client = ControlPlaneClient(transport, auth)
     return client, auth

@@ -7,6 +7,7 @@ environment variable MALLOC_ARENA_MAX=2, but it works however caldera is started
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 
@@ -20,8 +21,6 @@ def limit_malloc_arenas(arenas: int = ARENAS) -> bool:
     if os.environ.get("MALLOC_ARENA_MAX"):
         return False  # the operator chose
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None)
         mallopt = libc.mallopt
     except (OSError, AttributeError):

@@ -79,18 +79,25 @@ class _Buffer:
                 del self.data[self.cap :]
 
 
-def kill_group(proc: subprocess.Popen, grace: float) -> None:
-    """SIGTERM the process group, give it `grace` seconds, then SIGKILL it."""
-    _signal_group(proc, signal.SIGTERM)
+def kill_group(proc: subprocess.Popen, grace: float, reap: float | None = None) -> int | None:
+    """SIGTERM the process group, give its leader `grace` seconds, then SIGKILL the group
+    (stragglers too). Waits for the leader `reap` seconds (None: until it is gone) and
+    returns its exit code, None if it has not gone yet. The one TERM -> grace -> KILL here:
+    `run` uses it, and so do callers with long-lived children (Codex, the demo's runtime)."""
+    signal_group(proc, signal.SIGTERM)
     try:
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         pass
-    _signal_group(proc, signal.SIGKILL)
-    proc.wait()
+    signal_group(proc, signal.SIGKILL)
+    try:
+        return proc.wait(timeout=reap)
+    except subprocess.TimeoutExpired:
+        return None
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+def signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """`sig` to the process group `proc` leads (started with start_new_session=True)."""
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
@@ -127,7 +134,7 @@ def run(
         if proc.poll() is None or result.timed_out or result.overflowed or result.cancelled:
             kill_group(proc, grace)
         else:
-            _signal_group(proc, signal.SIGKILL)  # stragglers left in the group
+            signal_group(proc, signal.SIGKILL)  # stragglers left in the group
         proc.stdout.close()
         proc.stderr.close()
     result.duration = time.monotonic() - started
@@ -231,3 +238,24 @@ def same_process(pid: int, start_time: int, proc_root: str = "/proc") -> bool:
     """Is PID still the process that started at `start_time` (not a reused PID, not a zombie)?"""
     stat = proc_stat(pid, proc_root)
     return stat is not None and stat["start_time"] == start_time and stat["state"] not in ("Z", "X")
+
+
+STOP_KILL_WAIT = 5.0  # after SIGKILL, how long stop_group waits for the group to be gone
+
+
+def stop_group(pgid: int, stop_signal: int, timeout: float, *, reap, tick: threading.Event) -> bool:
+    """Process mode's graceful stop: `stop_signal` (the manifest's) to the group, SIGKILL to it after
+    `timeout` s. Unlike `kill_group` it waits until the whole group is gone (grandchildren too),
+    and works by id, for an agent that is not our child (a killed runtime's survivor): `reap()`
+    is not None once the leader is gone. True when the group ended within the timeout."""
+    signal_pgid(pgid, stop_signal)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if reap() is not None and not group_alive(pgid):
+            return True
+        tick.wait(0.05)
+    signal_pgid(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + STOP_KILL_WAIT
+    while time.monotonic() < deadline and (reap() is None or group_alive(pgid)):
+        tick.wait(0.05)
+    return False

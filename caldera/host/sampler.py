@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from caldera.host import cgroups
 from caldera.host.cgroups import FigureError, read_text
+from caldera.host.timefmt import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class Sampler:
         with self._lock:
             reasons: list[str] = []
             info = {"runtime_type": self.runtime_type, "runtime_name": self.runtime_name,
-                    "sampled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._clock()))}
+                    "sampled_at": rfc3339(self._clock())}
             layout = self._guard(reasons, "cgroup", self._current_layout, cgroups.Layout())
             disk_used = None
             for group, build in (("cpu", self._cpu), ("memory", self._memory),

@@ -1,5 +1,18 @@
-"""How long ago, for people: "12 s ago", "5 min ago", "3 h ago" (logs, status, the plane's page)."""
+"""Time as text: `rfc3339` for every timestamp the runtime sends or stores, and how long ago,
+for people: "12 s ago", "5 min ago", "3 h ago" (logs, status, the plane's page)."""
 from __future__ import annotations
+
+import time
+
+
+def rfc3339(ts: float | None = None, millis: bool = False) -> str:
+    """`ts` (default: now) as RFC 3339 UTC with a `Z`, to the second: `2026-12-03T05:30:00Z`.
+    `millis=True` adds three truncated fractional digits (`…:00.250Z`), for run events."""
+    ts = time.time() if ts is None else ts
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts))
+    if millis:
+        text += f".{int(ts % 1 * 1000):03d}"
+    return text + "Z"
 
 
 def human_age(seconds: float | None) -> str:

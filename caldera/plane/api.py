@@ -12,6 +12,7 @@ import json
 import re
 
 from caldera.plane import store as st
+from caldera.plane import upload
 from caldera.plane.validation import BodyError, check, parse_json_body, parse_time
 
 FINISH_STATUSES = ("succeeded", "failed")
@@ -210,8 +211,6 @@ def skills_inventory(plane: Plane, req: Request) -> Response:
 
 
 def skills_upload(plane: Plane, req: Request) -> Response:
-    from caldera.plane import upload
-
     session = _session(plane, req)
     try:
         fields, files = upload.parse_multipart(req.headers.get("content-type", ""), req.body)

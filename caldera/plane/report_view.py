@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from caldera.plane.page import figures, human_bytes
+from caldera.plane.figures import figures, human_bytes
 from caldera.host.timefmt import human_age
 
 BAR_WIDTH = 24

@@ -18,6 +18,7 @@ import time
 import urllib.parse
 
 from caldera.plane import api
+from caldera.plane import page
 from caldera.plane.store import Store
 
 log = logging.getLogger("caldera.plane")
@@ -47,8 +48,10 @@ class PlaneServer:
 
     def __init__(self, db_path, host: str = "127.0.0.1", port: int = 0, tokens=None,
                  heartbeat_interval: int = 15, poll_interval: int = 5, session_ttl: float = 86400,
-                 clock=time.time, collect_skill_packages: bool = True):
-        self.store = Store(db_path, clock=clock, session_ttl=session_ttl)
+                 clock=time.time, collect_skill_packages: bool = True, history_bucket_seconds: int = 60,
+                 history_days: float = 7):
+        self.store = Store(db_path, clock=clock, session_ttl=session_ttl,
+                           history_bucket_seconds=history_bucket_seconds, history_days=history_days)
         for token, instance_id in (tokens if tokens is not None else {"boot-secret-token": 1}).items():
             self.store.add_instance(instance_id, token)
         self.plane = api.Plane(self.store, heartbeat_interval, poll_interval, collect_skill_packages)
@@ -141,9 +144,7 @@ class PlaneServer:
         fault = self._take_fault(req.method, req.path)
         if fault is not None:
             return None if fault.status is None else _fault_response(fault)
-        if req.path == "/" or req.path.startswith("/plane/"):
-            from caldera.plane import page
-
+        if req.path == "/" or req.path.startswith(("/plane/", "/agents/")):
             return page.handle(self.plane, req)
         found = api.route(req.method, req.path)
         if found is None and req.path.endswith("/") and api.route(req.method, req.path.rstrip("/")):

@@ -13,12 +13,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import re
 import secrets
 import sqlite3
 import threading
 import time
 from pathlib import Path
+
+from caldera.plane import history
 
 ONLINE_SECONDS, STALE_SECONDS = 45, 120
 REPORTS_KEPT, HEARTBEATS_KEPT = 100, 200
@@ -141,7 +144,10 @@ def version_number(version_id) -> int:
 class Store:
     """The plane's database. `clock` (Unix seconds) is replaceable for presence/expiry tests."""
 
-    def __init__(self, path, clock=time.time, session_ttl: float = 86400):
+    def __init__(self, path, clock=time.time, session_ttl: float = 86400,
+                 history_bucket_seconds: int = history.BUCKET_SECONDS, history_days: float = history.DAYS_KEPT):
+        if history_bucket_seconds < 1 or history_days <= 0:
+            raise ValueError("history buckets must be >= 1 s and the kept days > 0")
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
@@ -155,6 +161,10 @@ class Store:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=10000")
         self._db.executescript(_SCHEMA)
+        self._db.executescript(history.SCHEMA)
+        self.history_bucket_seconds = int(history_bucket_seconds)
+        self.history_seconds = float(history_days) * 86400
+        self._history_pruned_at = None
 
     def close(self) -> None:
         with self._lock:
@@ -220,6 +230,7 @@ class Store:
                  _dumps(body.get("capabilities")), _dumps(body.get("host_info")), token,
                  now + self.session_ttl, now, now, ip))
             db.execute("INSERT OR IGNORE INTO runtime_status (instance_id) VALUES (?)", (instance_id,))
+            history.record_contact(db, instance_id, now, self.history_bucket_seconds)
         return {"session_token": token, "session_expires_at": now + self.session_ttl, "server_time": now}
 
     def session(self, token: str) -> dict | None:
@@ -260,6 +271,7 @@ class Store:
                     args.append(int(pid))
             db.execute(f"UPDATE runtime_status SET {', '.join(sets)} WHERE instance_id=?", (*args, instance_id))
             self._append(db, "heartbeats", instance_id, now, body, HEARTBEATS_KEPT)
+            history.record_contact(db, instance_id, now, self.history_bucket_seconds)
             pending = db.execute("SELECT 1 FROM commands WHERE instance_id=? AND status='pending' LIMIT 1",
                                  (instance_id,)).fetchone() is not None
             inst = db.execute("SELECT desired_power_state, desired_config_revision_id FROM instances WHERE id=?",
@@ -302,6 +314,8 @@ class Store:
                 args.append(runtime["openclaw_version"])
             db.execute(f"UPDATE runtime_status SET {', '.join(sets)} WHERE instance_id=?", (*args, instance_id))
             self._append(db, "reports", instance_id, now, body, REPORTS_KEPT)
+            history.record_report(db, instance_id, now, body, self.history_bucket_seconds)
+            self._prune_history(db, now)
 
     # ---- commands ----------------------------------------------------------------
 
@@ -391,7 +405,12 @@ class Store:
         rows = self._read("SELECT * FROM commands WHERE instance_id=? ORDER BY id", (instance_id,))
         return [_command_dict(r) for r in rows]
 
-    def recent_commands(self, limit: int = 20) -> list[dict]:
+    def recent_commands(self, limit: int = 20, instance_id: int | None = None) -> list[dict]:
+        """The newest `limit` commands, newest first (of one instance when given)."""
+        if instance_id is not None:
+            rows = self._read("SELECT * FROM commands WHERE instance_id=? ORDER BY id DESC LIMIT ?",
+                              (instance_id, limit))
+            return [_command_dict(r) for r in rows]
         rows = self._read("SELECT * FROM commands ORDER BY id DESC LIMIT ?", (limit,))
         return [_command_dict(r) for r in rows]
 
@@ -450,6 +469,33 @@ class Store:
         for key in ("summary", "system_info", "health"):
             item[key] = _loads(item[key])
         return item
+
+    # ---- history (the page's charts; bounded by age, see history.py) -----------------------
+
+    def history_buckets(self, instance_id: int, since: float, step: int | None = None) -> list[dict]:
+        """The instance's history from `since` on, oldest first (plus the bucket just before),
+        merged into points `step` seconds wide (default: one bucket each)."""
+        with self._lock:
+            return history.read(self._db, instance_id, since, max(step or 0, self.history_bucket_seconds))
+
+    def history_step(self, instance_id: int, since: float, max_points: int) -> int:
+        """The point width (a multiple of the bucket) that draws the kept span in at most `max_points`."""
+        bucket = self.history_bucket_seconds
+        with self._lock:
+            first = history.first_bucket(self._db, instance_id, since)
+        span = self.clock() - max(first if first is not None else since, since)
+        return bucket * max(1, math.ceil(span / max(1, max_points) / bucket))
+
+    def history_start(self) -> float:
+        """The oldest time the history keeps."""
+        return self.clock() - self.history_seconds
+
+    def _prune_history(self, db, now: float) -> None:
+        # once per bucket is enough: a row is at most one bucket past the kept window
+        if self._history_pruned_at is not None and 0 <= now - self._history_pruned_at < self.history_bucket_seconds:
+            return
+        history.prune(db, now - self.history_seconds)
+        self._history_pruned_at = now
 
     # ---- skills ------------------------------------------------------------------
 

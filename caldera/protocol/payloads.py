@@ -6,19 +6,15 @@ columns (agent_version <= 50, openclaw_status <= 30 characters).
 """
 from __future__ import annotations
 
-import datetime as dt
 import platform
 from dataclasses import dataclass
 
 from caldera import __version__
+from caldera.host.timefmt import rfc3339
 
 OPENCLAW_STATUSES = ("running", "stopped", "error", "unknown", "starting")
 BASE_CAPABILITIES = ["runtime.status", "runtime.health", "metrics.report", "commands.poll",
                      "skills.inventory", "skills.upload", "adapter.verbs"]
-
-
-def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def agent_version() -> str:
@@ -74,7 +70,7 @@ def heartbeat_body(agent_id: str, settings, revision_id, section: dict, sample, 
     rt = section["runtime"]
     return {
         "agent_id": agent_id,
-        "timestamp": now_iso(),
+        "timestamp": rfc3339(),
         "openclaw_status": _status(section),
         "current_config_revision_id": revision_id,
         "summary": {
@@ -105,7 +101,7 @@ def state_report_body(agent_id: str, settings, revision_id, section: dict, sampl
     health.update(section.get("health") or {})
     body = {
         "agent_id": agent_id,
-        "reported_at": now_iso(),
+        "reported_at": rfc3339(),
         "runtime": {
             "openclaw_status": _status(section),
             "openclaw_pid": rt.get("openclaw_pid"),

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from pathlib import Path
+
+from caldera import config
 
 _CANDIDATES = (
     Path(__file__).resolve().parents[2] / "schemas",  # a checkout
@@ -21,9 +22,9 @@ class SchemaError(ValueError):
 
 
 def schema_dir() -> Path:
-    override = os.environ.get("CALDERA_SCHEMA_DIR")
+    override = config.schema_dir_override()
     if override:
-        return Path(override)
+        return override
     for candidate in _CANDIDATES:
         if candidate.is_dir():
             return candidate

@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 from caldera.errors import CommandError
-from caldera.skills import inventory, store
+from caldera.host.timefmt import rfc3339
+from caldera.protocol.client import ApiError
+from caldera.skills import inventory, package, store
 from caldera.skills.inventory import DISABLED, DISCOVERED, MANAGED
 
 log = logging.getLogger("caldera.skills")
@@ -74,8 +76,6 @@ def _locate_for_package(ctx, payload: dict) -> Path:
 
 
 def collect_skill_package(ctx, payload: dict) -> dict:
-    from caldera.skills import package
-
     client = _client(ctx)
     skill = _locate_for_package(ctx, payload)
     cache = _state_dir(ctx) / "cache"
@@ -106,8 +106,6 @@ def collect_skill_package(ctx, payload: dict) -> dict:
 # ------------------------------------------------------------------ install / update
 
 def _download(ctx, version: str, dest: Path) -> int:
-    from caldera.protocol.client import ApiError
-
     try:
         return _client(ctx).download_skill(version, dest, cap=store.DOWNLOAD_CAP)
     except ApiError as exc:
@@ -132,7 +130,7 @@ def _install(ctx, payload: dict, update: bool) -> dict:
         name = name or store.check_name(skill.name, "the archive's top-level directory")
         skill_id = store.platform_id(payload.get("skill_id")) or name
         store.write_install_record(skill, {"skill_id": skill_id, "skill_version": version, "target_name": name,
-                                           "content_md5": content_md5, "installed_at": inventory.now_iso()})
+                                           "content_md5": content_md5, "installed_at": rfc3339()})
         target = root / name
         with inventory.exclusive_lock(state_dir):
             replaced = store.swap_in(skill, target)
@@ -196,7 +194,7 @@ def disable_skill(ctx, payload: dict) -> dict:
         with inventory.exclusive_lock(state_dir):
             store.move(path, dest)
         store.atomic_write_json(dest / inventory.DISABLED_RECORD,
-                                {"origin": str(path), "disabled_at": inventory.now_iso()}, mode=0o644)
+                                {"origin": str(path), "disabled_at": rfc3339()}, mode=0o644)
         result = {"target_name": path.name, "install_path": str(dest), "disabled": True, "disabled_from": str(path)}
     result.update(_resync(ctx, ctx.command_type))
     return result

@@ -16,12 +16,14 @@ import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
+from caldera import config
+from caldera.host.fsutil import atomic_write_json, ensure_dir
+from caldera.host.timefmt import rfc3339
 from caldera.skills import md5
 
-SKILL_DIRS_VAR = "CALDERA_SKILL_DIRS"
+SKILL_DIRS_VAR = config.SKILL_DIRS_VAR
 MANAGED, DISCOVERED, DISABLED = "managed", "discovered", "disabled"
 INSTALL_RECORD = ".caldera-install.json"
 DISABLED_RECORD = ".caldera-disabled.json"
@@ -54,10 +56,6 @@ class Scan:
         return [r for r in self.records if r["metadata"].get("status") == "active"]
 
 
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
 def managed_root(state_dir) -> Path:
     return Path(state_dir) / "skills"
 
@@ -73,10 +71,7 @@ def quarantine_root(state_dir) -> Path:
 def roots(state_dir, env: dict | None) -> tuple[list[Root], list[str]]:
     """(the roots, problems with CALDERA_SKILL_DIRS entries)."""
     out, problems = [Root(managed_root(state_dir), MANAGED)], []
-    for entry in ((env or {}).get(SKILL_DIRS_VAR) or "").split(":"):
-        entry = entry.strip()
-        if not entry:
-            continue
+    for entry in config.skill_dirs(env):
         if not os.path.isabs(entry):
             problems.append(f"{SKILL_DIRS_VAR}: {entry!r} is not an absolute path; left out")
             continue
@@ -216,7 +211,7 @@ def build_record(path: Path, root: Root, files: list, content_md5: str, runtime_
     return {"skill_id": _cut(skill_id), "skill_version": _cut(version), "identifier": identifier,
             "install_path": str(path), "content_md5": content_md5, "source": source, "type": SKILL_TYPE,
             "size_bytes": sum(f.size for f in files), "file_count": len(files),
-            "collected_at": now_iso(), "metadata": metadata}
+            "collected_at": rfc3339(), "metadata": metadata}
 
 
 def _column_problem(path: Path) -> str | None:
@@ -252,7 +247,6 @@ class Inventory:
     def _save_cache(self, entries: dict) -> None:
         if not self.persist:
             return
-        from caldera.host.fsutil import atomic_write_json, ensure_dir
 
         try:
             ensure_dir(self.cache_path.parent)
@@ -330,7 +324,7 @@ class Inventory:
 def body(agent_id: str, scan: Scan, trigger: str) -> dict:
     """The POST skills/inventory body. `full` only after a complete scan: ClawManager
     removes every skill a full report leaves out."""
-    return {"agent_id": agent_id, "reported_at": now_iso(),
+    return {"agent_id": agent_id, "reported_at": rfc3339(),
             "mode": "full" if scan.complete else "incremental", "trigger": trigger, "skills": scan.records}
 
 

@@ -15,6 +15,7 @@ import hashlib
 import os
 import posixpath
 import stat
+import zipfile
 from dataclasses import dataclass
 
 CHUNK = 1024 * 1024
@@ -200,7 +201,6 @@ def clean_archive_path(name: str) -> str | None:
 def content_md5_zip(zip_path) -> str:
     """The fingerprint of a skill zip: its single top-level directory is stripped
     exactly once, directory entries are ignored (what the server computes)."""
-    import zipfile
 
     with zipfile.ZipFile(zip_path) as zf:
         members = {}

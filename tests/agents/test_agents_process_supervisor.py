@@ -11,7 +11,8 @@ import pytest
 from caldera.agents.manifest import load_manifest
 from caldera.agents.process.driver import open_driver
 from caldera.agents.process.policy import RestartPolicy
-from caldera.agents.process.supervisor import FAILED, RUNNING, STOPPED, stop_group
+from caldera.agents.process.supervisor import FAILED, RUNNING, STOPPED
+from caldera.host.proc import stop_group
 from caldera.host.statefile import StateFile
 from caldera.redact import Redactor
 

@@ -1,5 +1,6 @@
 """Projection reading, provider plans, enforced settings and the TOML writer."""
 import os
+import stat
 import tomllib
 
 import pytest
@@ -119,6 +120,7 @@ def test_write_codex_home_is_private(tmp_path):
     plan = plan_for(tmp_path)
     home = tmp_path / "home"
     cc.write_codex_home(home, plan, cc.enforce(plan, network=True, request_retries=0, stream_retries=0))
-    assert cc.is_private_dir(home)
+    st = os.stat(home)  # a directory nobody but the owner may read, write or enter
+    assert stat.S_ISDIR(st.st_mode) and not st.st_mode & (stat.S_IRWXG | stat.S_IRWXO)
     assert oct(os.stat(home / "config.toml").st_mode & 0o777) == "0o600"
     assert CANARY not in (home / "config.toml").read_text()

@@ -1,5 +1,7 @@
 """`caldera status`: local, cheap, and it says how the connection is."""
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -77,3 +79,94 @@ def test_status_masks_secrets_the_adapter_prints(caldera_env):
         assert done.returncode == 0, done.stderr
         assert SECRET not in done.stdout and "abcdefghijklmnop" not in done.stdout
         assert "[REDACTED]" in done.stdout
+
+
+def test_status_shows_the_last_commands(caldera_env, tmp_path):
+    plane = PlaneServer(str(tmp_path / "p.db"), tokens={BOOT: 7}, heartbeat_interval=1, poll_interval=1).start()
+    install_agent(caldera_env, base_url=plane.url, instance_id=7)
+    daemon = Daemon()
+    try:
+        ids = [plane.store.enqueue(7, t) for t in ("pause", "make_coffee")]
+        wait_for(lambda: all(c["status"] in ("succeeded", "failed") for c in plane.store.commands(7)),
+                 what="both commands finished")
+        doc = json.loads(status("--json").stdout)
+        assert [(c["id"], c["status"]) for c in doc["commands"]] == [(ids[1], "failed"), (ids[0], "succeeded")]
+        text = status().stdout
+        assert f"#{ids[0]} pause succeeded" in text
+        assert f"#{ids[1]} make_coffee failed" in text and "unsupported command type: make_coffee" in text
+    finally:
+        daemon.stop()
+        plane.stop()
+
+
+def _watch(stdout, **kw):
+    return subprocess.Popen([sys.executable, "-m", "caldera.cli", "status", "--agent", "demo", "--watch", "0.2"],
+                            stdout=stdout, stderr=subprocess.PIPE, start_new_session=True, **kw)
+
+
+def _collect(fd, sink: list):
+    """Read fd until EOF (or EIO, a pty's end) into sink, on a thread."""
+    import threading
+
+    def pump():
+        while True:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                return
+            if not chunk:
+                return
+            sink.append(chunk)
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_watch_without_a_terminal_prints_successive_blocks(caldera_env):
+    install_agent(caldera_env)
+    proc = _watch(subprocess.PIPE)
+    sink: list[bytes] = []
+    reader = _collect(proc.stdout.fileno(), sink)
+    try:
+        wait_for(lambda: b"".join(sink).count(b"--- ") >= 3, timeout=60, what="three blocks")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    reader.join(10)
+    text = b"".join(sink).decode()
+    assert "\x1b" not in text  # no terminal codes in a log or a pipe
+    blocks = [b for b in text.split("--- ")[1:]]
+    for block in blocks[:3]:
+        assert "agent demo: Ready (ok)" in block and "[#####...............]  25%" in block
+        assert "connection: last heartbeat ok never" in block and "commands: none yet" in block
+    assert "Traceback" not in proc.stderr.read().decode()
+
+
+def test_watch_on_a_terminal_redraws_in_place(caldera_env):
+    import pty
+
+    install_agent(caldera_env)
+    master, slave = pty.openpty()
+    proc = _watch(slave)
+    os.close(slave)
+    sink: list[bytes] = []
+    reader = _collect(master, sink)
+    try:
+        wait_for(lambda: b"".join(sink).count(b"\x1b[H") >= 3, timeout=60, what="three redraws")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    reader.join(10)
+    os.close(master)
+    screen = b"".join(sink).decode()
+    assert screen.startswith("\x1b[2J\x1b[H")  # cleared once, then each frame starts at home
+    frame = screen.split("\x1b[H")[2]
+    assert "agent demo: Ready (ok)\x1b[K" in frame and frame.rstrip().endswith("\x1b[J")
+    assert "--- " not in screen and "Ctrl-C ends" in frame
+
+
+def test_watch_refuses_a_nonsense_interval(caldera_env):
+    install_agent(caldera_env)
+    done = status("--watch", "0")
+    assert done.returncode == 2 and "--watch" in done.stderr

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import json
 
+from caldera.agents.contract import ContractError  # noqa: F401 -- the adapter's answers raise it; re-exported
+
 # Answer.kind
 DONE, REFUSED, UNSUPPORTED, FAILED = "done", "refused", "unsupported", "failed"
 MESSAGE_MAX = 1000
 HELD_MAX_ITEMS = 50
-
-
-class ContractError(ValueError):
-    """An answer breaks the adapter contract; the message says how."""
 
 
 class Answer:

@@ -15,12 +15,12 @@ import logging
 import threading
 import time
 
-from caldera.agents import status
+from caldera.agents import status, window
 from caldera.agents.adapter import health, invoke, verbs
-from caldera.agents import window
 from caldera.agents.adapter.answer import DONE, FAILED, UNSUPPORTED, Answer, ContractError
-from caldera.errors import ConfigError
 from caldera.agents.manifest import CONTROLS, load_manifest
+from caldera.errors import ConfigError
+from caldera.protocol.schemas import SchemaError, validate
 
 log = logging.getLogger("caldera.agents.adapter")
 WAIT_SLACK = invoke.GRACE_SECONDS + 1.0  # TERM -> grace -> KILL, and the pool's hand-over
@@ -39,8 +39,6 @@ def open_driver(paths, manifest, *, pool, redactor, schema_checks: bool = True) 
 
 
 def schema_problem(name: str, document) -> str | None:
-    from caldera.protocol.schemas import SchemaError, validate
-
     try:
         validate(name, document)
     except SchemaError as exc:

@@ -29,6 +29,7 @@ from caldera.agents.process.statusfile import read_status_file
 from caldera.agents.process.supervisor import FAILED as P_FAILED
 from caldera.agents.process.supervisor import RUNNING, STARTING, STOPPED, Supervisor, supervise_loop
 from caldera.errors import ConfigError
+from caldera.host.timefmt import rfc3339
 
 log = logging.getLogger("caldera.agents.process")
 VERSION_MAX = 50
@@ -176,6 +177,17 @@ class ProcessDriver:
         return self._answer("settings set", "Saved; the agent was told (SIGHUP)." if told
                             else "Saved; the agent reads it when it starts.")
 
+    def check_told(self, content: dict) -> list:
+        """A config revision's `instructions`/`mcp`: why they may not be applied ([] = allowed)."""
+        from caldera.agents.process.told import check_told
+
+        return check_told(self, content)
+
+    def apply_told(self, content: dict) -> dict:
+        from caldera.agents.process.told import apply_told
+
+        return apply_told(self, content)
+
     def files_changed(self) -> bool:
         """A revision changed instructions or mcp: rebuild the agent's files, then SIGHUP it.
         True when a running agent was told."""
@@ -261,7 +273,7 @@ class ProcessDriver:
         info = self.process_info()
         read = read_status_file(self.spec.status_file, stale_after=3 * self.report_interval)
         started = (self.store.get("agent_process") or {}).get("started_at")
-        if read.body is not None and read.mtime and started and _iso(read.mtime) >= started:
+        if read.body is not None and read.mtime and started and rfc3339(read.mtime) >= started:
             self.supervisor.mark_running()
             info["status"] = self.supervisor.status if self.supervising else info["status"]
         body = dict(read.body or {})
@@ -307,12 +319,6 @@ class ProcessDriver:
 
 def _round(value):
     return None if value is None else round(value)
-
-
-def _iso(wall: float) -> str:
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(wall, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _observed(store) -> dict:

@@ -16,13 +16,8 @@ import stat
 from pathlib import Path
 
 from caldera.agents.adapter.invoke import adapter_env
+from caldera.config import llm_gateway
 
-# binding variable -> where its value is read, in order (the runtime's merged environment)
-LLM_GATEWAY = {
-    "CLAWMANAGER_LLM_BASE_URL": ("CLAWMANAGER_LLM_BASE_URL", "OPENAI_BASE_URL"),
-    "CLAWMANAGER_LLM_API_KEY": ("CLAWMANAGER_LLM_API_KEY", "OPENAI_API_KEY"),
-    "CLAWMANAGER_LLM_MODEL": ("CLAWMANAGER_LLM_MODEL", "OPENAI_MODEL"),
-}
 OPENAI_ALIAS = {"CLAWMANAGER_LLM_BASE_URL": "OPENAI_BASE_URL", "CLAWMANAGER_LLM_API_KEY": "OPENAI_API_KEY",
                 "CLAWMANAGER_LLM_MODEL": "OPENAI_MODEL"}
 SECRET_BINDING_KEYS = ("CLAWMANAGER_LLM_API_KEY",)
@@ -40,14 +35,9 @@ class AgentEnv:
 
 
 def gateway_values(runtime_env: dict) -> dict:
-    """ClawManager's AI Gateway as the runtime sees it (CLAWMANAGER_LLM_*, else OPENAI_*)."""
-    found = {}
-    for name, sources in LLM_GATEWAY.items():
-        for source in sources:
-            if runtime_env.get(source):
-                found[name] = runtime_env[source]
-                break
-    return found
+    """ClawManager's AI Gateway as the runtime sees it (config.llm_gateway: CLAWMANAGER_LLM_*, else
+    OPENAI_*), under the CLAWMANAGER_LLM_* names."""
+    return {f"CLAWMANAGER_LLM_{key.upper()}": value for key, value in llm_gateway(runtime_env).items() if value}
 
 
 def build_env(spec, *, agent_name: str, files: dict, runtime_env: dict, secrets_env: dict,

@@ -15,7 +15,6 @@ Durable keys in state.json:
 """
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import signal
 import threading
@@ -23,21 +22,17 @@ import time
 
 from caldera.agents.process.policy import ERROR, MAX_FAILURES, RESTART, RestartPolicy
 from caldera.host import proc
+from caldera.host.timefmt import rfc3339
 
 log = logging.getLogger("caldera.agents.process")
 POLL = 0.25
 STARTUP_GRACE = 5.0  # "starting" until this long up (or the status file is written)
-KILL_WAIT = 5.0  # after SIGKILL, how long to wait for the group to be gone
 KEY, HOLD = "agent_process", "agent_hold"
 STARTING, RUNNING, STOPPED, FAILED = "starting", "running", "stopped", "error"
 
 
 class LaunchError(Exception):
     """The agent could not be started (the message says why)."""
-
-
-def _iso(wall: float) -> str:
-    return dt.datetime.fromtimestamp(wall, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def describe_exit(returncode) -> tuple[int | None, int | None, str]:
@@ -176,7 +171,7 @@ class Supervisor:
             return
         self.popen, self.started_at = popen, self.clock()
         stat = proc.proc_stat(popen.pid, self.proc_root) or {}
-        self.store.set(KEY, {"pid": popen.pid, "start_time": stat.get("start_time"), "started_at": _iso(self.wall()),
+        self.store.set(KEY, {"pid": popen.pid, "start_time": stat.get("start_time"), "started_at": rfc3339(self.wall()),
                              "restarts": self.restarts, "last_exit": self.last_exit})
         if self.pump is not None:
             self.pump.note(f"started pid {popen.pid}")
@@ -186,7 +181,7 @@ class Supervisor:
 
     def _failed_start(self, reason: str) -> None:
         log.warning("agent not started: %s", reason)
-        self.last_exit = {"code": None, "signal": None, "at": _iso(self.wall()), "reason": f"could not start: {reason}"}
+        self.last_exit = {"code": None, "signal": None, "at": rfc3339(self.wall()), "reason": f"could not start: {reason}"}
         self._after_exit(uptime=0.0, failed=True, what=f"could not start: {reason}")
 
     def _exited(self, popen) -> None:
@@ -194,7 +189,7 @@ class Supervisor:
         code, sig, what = describe_exit(popen.returncode)
         proc.signal_pgid(popen.pid, signal.SIGKILL)  # what it left in its group goes with it
         self.popen = None
-        self.last_exit = {"code": code, "signal": sig, "at": _iso(self.wall()), "reason": what}
+        self.last_exit = {"code": code, "signal": sig, "at": rfc3339(self.wall()), "reason": what}
         if self.pump is not None:
             self.pump.note(f"pid {popen.pid} {what} after {uptime:.0f} s")
         log.warning("agent pid %d %s after %.0f s", popen.pid, what, uptime)
@@ -226,11 +221,11 @@ class Supervisor:
         popen = self.popen
         if popen is None:
             return
-        stop_group(popen.pid, self.stop_signal, self.stop_timeout, reap=popen.poll, tick=self._tick)
+        proc.stop_group(popen.pid, self.stop_signal, self.stop_timeout, reap=popen.poll, tick=self._tick)
         popen.wait()
         self.popen = None
         code, sig, what = describe_exit(popen.returncode)
-        self.last_exit = {"code": code, "signal": sig, "at": _iso(self.wall()), "reason": f"{why}: {what}"}
+        self.last_exit = {"code": code, "signal": sig, "at": rfc3339(self.wall()), "reason": f"{why}: {what}"}
         if self.pump is not None:
             self.pump.note(f"pid {popen.pid} {why} ({what})")
         log.info("agent pid %d %s (%s)", popen.pid, why, what)
@@ -247,7 +242,7 @@ class Supervisor:
             return
         log.warning("the previous runtime left its agent running (pid %d): stopping it", pid)
         alive = lambda: proc.same_process(pid, start_time, self.proc_root)  # noqa: E731
-        stop_group(pid, self.stop_signal, self.stop_timeout, reap=lambda: None if alive() else 0, tick=self._tick)
+        proc.stop_group(pid, self.stop_signal, self.stop_timeout, reap=lambda: None if alive() else 0, tick=self._tick)
         if alive():
             raise LaunchError(f"the previous agent (pid {pid}) could not be stopped; not starting a second one")
         self.notes.append(f"the previous runtime's agent (pid {pid}) was still running; it was stopped")
@@ -257,22 +252,6 @@ class Supervisor:
         record = self.store.get(KEY) or {}
         record.update(pid=None, start_time=None)
         self.store.set(KEY, record)
-
-
-def stop_group(pgid: int, stop_signal: int, timeout: float, *, reap, tick: threading.Event) -> bool:
-    """stop_signal to the group; SIGKILL to it after `timeout` s. `reap()` is not None once the
-    leader is gone. True when the group ended within the timeout (no KILL was needed)."""
-    proc.signal_pgid(pgid, stop_signal)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if reap() is not None and not proc.group_alive(pgid):
-            return True
-        tick.wait(0.05)
-    proc.signal_pgid(pgid, signal.SIGKILL)
-    deadline = time.monotonic() + KILL_WAIT
-    while time.monotonic() < deadline and (reap() is None or proc.group_alive(pgid)):
-        tick.wait(0.05)
-    return False
 
 
 def supervise_loop(supervisor: Supervisor, stop: threading.Event) -> None:

@@ -9,7 +9,7 @@ blueprint an operator installed. A revision that breaks this is refused whole, n
 from __future__ import annotations
 
 from caldera.agents.process import files
-from caldera.agents.process.spec import check_mcp_server
+from caldera.agents.manifest import check_mcp_server
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, ensure_dir
 

@@ -1,0 +1,104 @@
+"""`/agents/ID`: one instance at length (ID = the instance number or the agent id).
+
+Larger charts on the shared time axis, the adapter's status, the last state
+report's health entries, and the instance's newest commands with status,
+duration, result and error. Every value an agent sent is HTML-escaped.
+"""
+from __future__ import annotations
+
+import json
+import urllib.parse
+
+from caldera.plane.page_parts import (
+    LARGE, adapter_html, agent_head, e, layout, short_json, timeline, window_links, window_seconds)
+from caldera.host.timefmt import human_age
+
+COMMANDS_SHOWN = 100
+RESULT_CAP = 4000  # characters of a result shown unfolded
+
+
+def find_agent(store, ident: str) -> dict | None:
+    ident = urllib.parse.unquote(ident).strip("/")
+    for agent in store.agents():
+        if (ident.isdigit() and agent["instance_id"] == int(ident)) or (ident and agent["agent_id"] == ident):
+            return agent
+    return None
+
+
+def render(store, ident: str, query: dict) -> tuple[int, str]:
+    now = store.clock()
+    agent = find_agent(store, ident)
+    if agent is None:
+        content = (f'<h1>No such agent</h1><p>The plane has no instance or agent <code>{e(ident)}</code>.</p>'
+                   f'<p><a href="/">&larr; all agents</a></p>')
+        return 404, layout("caldera plane: not found", content, now)
+    instance = agent["instance_id"]
+    chosen, window = window_seconds(store, query)
+    last = store.reports(instance, last=True)
+    body = last["body"] if last and isinstance(last["body"], dict) else {}
+    host = agent["host_info"] if isinstance(agent["host_info"], dict) else {}
+    content = (f'<p><a href="/">&larr; all agents</a></p>'
+               f'<div class="agent" data-instance="{instance}" data-presence="{agent["presence"]}">'
+               f'{agent_head(agent, now, link=False)}'
+               f'<div class="meta">host {e(host.get("hostname") or "?")} &middot; agent {e(host.get("agent_name") or "?")}'
+               f' &middot; runtime {e(host.get("runtime_type") or "?")} &middot; from {e(agent["last_seen_ip"] or "?")}'
+               f' &middot; {window_links(f"/agents/{instance}", chosen)}</div>'
+               f'{timeline(store, agent, body, now, window, LARGE)}</div>'
+               f'<div class="cols"><div class="col panel"><h3>Agent</h3>{adapter_html(body.get("agent_status"))}</div>'
+               f'<div class="col panel"><h3>Health (last report{_age(last, now)})</h3>{_health(body)}</div></div>'
+               f'<h2>Commands</h2><div id="commands">'
+               f'{_commands(store.recent_commands(COMMANDS_SHOWN, instance_id=instance), now)}</div>')
+    return 200, layout(f"caldera plane: instance {instance}", content, now)
+
+
+def _age(last, now: float) -> str:
+    return f", {human_age(now - last['received_at'])}" if last else ""
+
+
+def _health(body: dict) -> str:
+    """The report's `health` object, one row per entry (nested values as compact JSON)."""
+    health = body.get("health")
+    if not isinstance(health, dict) or not health:
+        return '<p class="empty">No health entries reported.</p>'
+    rows = []
+    for key, value in health.items():
+        shown = value if isinstance(value, str) else short_json(value, 300)
+        cls = f' class="level-{value}"' if value in ("ok", "warn", "bad", "off") else ""
+        rows.append(f'<tr data-health="{e(key)}"><td>{e(key)}</td><td{cls}>{e(shown)}</td></tr>')
+    return "<table><tbody>" + "".join(rows) + "</tbody></table>"
+
+
+def duration(command: dict, now: float) -> str:
+    """Finished: start (or dispatch) to finish; still running: so far; never started: nothing."""
+    begun = command["started_at"] or command["dispatched_at"]
+    if begun is None:
+        return ""
+    end = command["finished_at"]
+    seconds = max(0.0, (end if end is not None else now) - begun)
+    text = f"{seconds:.1f} s" if seconds < 60 else f"{int(seconds // 60)} min {int(seconds % 60)} s"
+    return text if end is not None else f"{text} so far"
+
+
+def _result(value) -> str:
+    if value is None:
+        return ""
+    full = json.dumps(value, indent=1, sort_keys=True, ensure_ascii=False)
+    message = value.get("message") if isinstance(value, dict) else None
+    summary = message if isinstance(message, str) else short_json(value, 100)
+    if len(full) > RESULT_CAP:
+        full = full[:RESULT_CAP] + "\n… (cut; the whole result is in /plane/api/commands)"
+    return f"<details><summary>{e(summary)}</summary><pre>{e(full)}</pre></details>"
+
+
+def _commands(commands: list, now: float) -> str:
+    if not commands:
+        return '<p class="empty">No commands yet.</p>'
+    rows = []
+    for c in commands:
+        rows.append(f'<tr data-command="{c["id"]}"><td>{c["id"]}</td><td><code>{e(c["command_type"])}</code></td>'
+                    f'<td class="status-{e(c["status"])}">{e(c["status"])}</td>'
+                    f'<td>{human_age(now - c["issued_at"])}</td><td data-duration>{duration(c, now)}</td>'
+                    f'<td class="wrap" data-result>{_result(c["result"])}</td>'
+                    f'<td class="wrap error" data-error>{e(c["error_message"] or "")}</td></tr>')
+    return ('<table><thead><tr><th>id</th><th>type</th><th>status</th><th>issued</th><th>duration</th>'
+            '<th>result</th><th>error</th></tr></thead><tbody>' + "".join(rows) + "</tbody></table>")
