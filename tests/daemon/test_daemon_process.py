@@ -204,3 +204,28 @@ def test_report_once_reports_the_recorded_agent_and_starts_nothing(caldera_env, 
     finally:
         child.kill()
         child.wait()
+
+
+def test_kill9_of_caldera_run_then_a_new_one_never_runs_two_agents(caldera_env, plane):
+    _install(caldera_env, plane)
+    state_file = Path(os.environ["CALDERA_STATE_DIR"]) / "demo" / "state.json"
+    daemon = Daemon()
+    try:
+        first = wait_for(lambda: json.loads(state_file.read_text()).get("agent_process", {}).get("pid")
+                         if state_file.exists() else None, timeout=30, what="the first agent")
+        wait_for(lambda: _alive(first), timeout=30, what="the first agent alive")
+    finally:
+        daemon.kill9()  # the runtime's group only: the agent has its own session and survives
+    assert _alive(first)
+    daemon = Daemon()
+    try:
+        second = wait_for(lambda: (p := json.loads(state_file.read_text()).get("agent_process", {}).get("pid"))
+                          and p != first and p, timeout=30, what="the second agent")
+        assert not _alive(first) and _alive(second)
+        report = wait_for(lambda: (b := _last(plane)) and b["runtime"].get("openclaw_pid") == second and b,
+                          timeout=30, what="a report with the second pid")
+        reasons = [e["reason"] for e in report["health"]["entries"]]
+        assert any(f"agent (pid {first}) was still running; it was stopped" in r for r in reasons)
+    finally:
+        assert daemon.stop() == 0
+    assert not _alive(second)
