@@ -25,8 +25,10 @@ def main(args) -> int:
     try:
         manifest = load_manifest(paths.manifest_path, validate_schema=True)
     except ConfigError as exc:
-        report.breach("manifest", str(exc))
-        return _emit(args, paths, report)
+        found, kind = _every_problem(paths.manifest_path, str(exc))
+        for problem in found:
+            report.breach("manifest", problem)
+        return _emit(args, paths, report, f"the {kind} contract")
     report.ok("manifest", f"valid: runtime.type {manifest.runtime_type}, {len(manifest.settings_schema)} "
                           f"settings, controls {', '.join(manifest.controls or ('(all)',))}")
     if manifest.runtime_type == "process":
@@ -43,6 +45,29 @@ def main(args) -> int:
     else:
         run_checks(manifest, report, controls=args.controls)
     return _emit(args, paths, report)
+
+
+def _every_problem(path, first: str) -> tuple[list[str], str]:
+    """(problems, mode): the plain check stops at its first problem; the schema names every bad
+    key. Both are shown, the plain one first (it also says what a schema can't, e.g. min above
+    max), a schema problem about the same key only once."""
+    import yaml  # deferred: only a broken manifest pays for a second parse
+
+    from caldera.protocol.schemas import problems
+
+    try:
+        with open(path, "rb") as fh:
+            doc = yaml.safe_load(fh)
+    except (OSError, yaml.YAMLError):
+        return [first], "adapter"
+    runtime = doc.get("runtime") if isinstance(doc, dict) else None
+    kind = "process" if isinstance(runtime, dict) and runtime.get("type") == "process" else "adapter"
+    found = [first]
+    for problem in problems("manifest.schema.json", doc):
+        key = problem.split(": ", 1)[0]
+        if f": {key}:" not in first and f": {key} " not in first:
+            found.append(f"{path}: {problem}")
+    return found, kind
 
 
 def _emit(args, paths, report: Report, contract: str = "the adapter contract") -> int:

@@ -44,9 +44,12 @@ def test_check_start_on_the_example(caldera_env, tmp_path):
 def test_check_names_each_bad_key_and_a_crashing_agent(caldera_env, tmp_path):
     bad = tmp_path / "bad" / "caldera.agent.yaml"
     bad.parent.mkdir()
-    bad.write_text("name: bad\nruntime:\n  type: process\n  command: [python3, x.py]\n  restart: sometimes\n")
+    bad.write_text("name: bad\nruntime:\n  type: process\n  command: [python3, x.py]\n  restart: sometimes\n"
+                   "  stop_signal: SIGTERM\nbindings: [vault]\nenv: {N: 5}\n")
     done = caldera("check", "--manifest", str(bad), "--state-dir", str(tmp_path / "s"))
-    assert done.returncode == 1 and "runtime.restart: one of on-failure, always, never" in done.stdout
+    assert done.returncode == 1 and "4 breaches of the process contract" in done.stderr
+    for key in ("runtime.stop_signal", "runtime.restart", "bindings.0", "env.N"):  # each bad key, once
+        assert sum(f": {key}" in line for line in done.stdout.splitlines()) == 1, key
     crash = tmp_path / "crash" / "caldera.agent.yaml"
     crash.parent.mkdir()
     crash.write_text(f"name: crash\nruntime:\n  type: process\n  command: [{json.dumps(sys.executable)}, -c, "
