@@ -118,7 +118,11 @@ class ControlServer:
             if uid not in (os.getuid(), 0):
                 _send(conn, {"ok": False, "message": "refused: not the runtime's user or root", "held": []})
                 return
-            request = _recv(conn)
+            try:
+                request = _recv(conn)
+            except ValueError as exc:  # not UTF-8, not JSON, over 64 KiB: refused with a sentence
+                _send(conn, {"ok": False, "message": f"refused: {exc}", "held": []})
+                return
             conn.settimeout(None)
             reply = answer_of(self.driver, request) if isinstance(request, dict) else {
                 "ok": False, "message": "a request is one JSON object", "held": []}
