@@ -82,6 +82,11 @@ def test_the_v1_slots_and_the_three_commands(caldera_env, plane):
                         timeout=30, what="a heartbeat with the pid")
         assert beat["summary"]["runtime_pid"] == pid
         assert report["health"]["agent_process"]["pid"] == pid
+        import urllib.request
+
+        page = wait_for(lambda: (t := urllib.request.urlopen(plane.url + "/", timeout=10).read().decode())
+                        and f"pid {pid}" in t and t, timeout=30, what="the pid on the plane's status page")
+        assert "status running" in page or "status starting" in page
 
         cid = plane.store.enqueue(INSTANCE, "stop_openclaw", {})
         done = wait_for(lambda: _finished(plane, cid), timeout=30, what="stop_openclaw")
