@@ -217,7 +217,9 @@ def test_after_kill_9_of_the_runtime_the_survivor_is_stopped_never_doubled(tmp_p
                                 str(paths.state_dir)], start_new_session=True)
     try:
         first = wait_for(lambda: read_state(paths).get("agent_process", {}).get("pid"), "the first agent")
-        wait_for(lambda: alive(first), "the first agent alive")
+        status = paths.state_dir / "agent" / "status.json"
+        wait_for(lambda: alive(first) and status.exists(), "the first agent up (a survivor still starting "
+                                                          "would die of SIGPIPE printing into the dead pipe)")
         os.kill(runtime.pid, signal.SIGKILL)
         runtime.wait()
         assert alive(first)  # the survivor: its own session, so the kill did not reach it

@@ -86,7 +86,13 @@ def test_the_v1_slots_and_the_three_commands(caldera_env, plane):
 
         page = wait_for(lambda: (t := urllib.request.urlopen(plane.url + "/", timeout=10).read().decode())
                         and f"pid {pid}" in t and t, timeout=30, what="the pid on the plane's status page")
-        assert "status running" in page or "status starting" in page
+        assert f"pid {pid}</span>" in page
+        status_shown = page[page.find(f"pid {pid}") - 40:page.find(f"pid {pid}")]
+        assert "status running" in status_shown or "status starting" in status_shown, status_shown
+        # never a report that says stopped (or error) while it carries a pid: status and pid change together
+        for item in plane.store.reports(INSTANCE):
+            rt = item["body"]["runtime"]
+            assert rt["openclaw_pid"] is None or rt["openclaw_status"] in ("starting", "running"), rt
 
         cid = plane.store.enqueue(INSTANCE, "stop_openclaw", {})
         done = wait_for(lambda: _finished(plane, cid), timeout=30, what="stop_openclaw")
@@ -218,7 +224,10 @@ def test_kill9_of_caldera_run_then_a_new_one_never_runs_two_agents(caldera_env, 
     try:
         first = wait_for(lambda: json.loads(state_file.read_text()).get("agent_process", {}).get("pid")
                          if state_file.exists() else None, timeout=30, what="the first agent")
-        wait_for(lambda: _alive(first), timeout=30, what="the first agent alive")
+        # fully up (it printed, then wrote its status file): a survivor still starting would print into
+        # the dead runtime's pipe and die of SIGPIPE on its own, which is fine but not this test
+        status = state_file.parent / "agent" / "status.json"
+        wait_for(lambda: _alive(first) and status.exists(), timeout=30, what="the first agent up")
     finally:
         daemon.kill9()  # the runtime's group only: the agent has its own session and survives
     assert _alive(first)
@@ -230,7 +239,7 @@ def test_kill9_of_caldera_run_then_a_new_one_never_runs_two_agents(caldera_env, 
         report = wait_for(lambda: (b := _last(plane)) and b["runtime"].get("openclaw_pid") == second and b,
                           timeout=30, what="a report with the second pid")
         reasons = [e["reason"] for e in report["health"]["entries"]]
-        assert any(f"agent (pid {first}) was still running; it was stopped" in r for r in reasons)
+        assert any(f"agent (pid {first}) was still running; it was stopped" in r for r in reasons), (reasons, daemon.log())
     finally:
         assert daemon.stop() == 0
     assert not _alive(second)

@@ -76,7 +76,8 @@ class ProcessDriver:
     def supervise(self, stop: threading.Event) -> None:
         """Thread body: run the agent until `stop`, then stop it gracefully."""
         self.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.pump = self.supervisor.pump = LogPump(self.log_path)
+        self.pump = LogPump(self.log_path)
+        self.supervisor.attach_pump(self.pump)
         try:
             supervise_loop(self.supervisor, stop)
         finally:
@@ -92,8 +93,8 @@ class ProcessDriver:
             return
         self._manifest_problem = None
         self.manifest, self.spec = fresh, spec
-        self.supervisor.stop_signal, self.supervisor.stop_timeout = spec.stop_signal, spec.stop_timeout
-        self.supervisor.policy.mode = spec.restart
+        self.supervisor.configure(stop_signal=spec.stop_signal, stop_timeout=spec.stop_timeout,
+                                  restart=spec.restart)
 
     # ------------------------------------------------------------ start / stop / restart
 
@@ -101,48 +102,42 @@ class ProcessDriver:
         return Answer(verb=verb, kind=DONE if ok else FAILED, message=self.redactor(message),
                       reason=None if ok else self.redactor(message))
 
-    def _not_supervising(self, verb: str) -> Answer | None:
-        if self.supervising:
-            return None
-        return Answer(verb=verb, kind=REFUSED, message="this runtime only reports; the daemon (caldera run) "
-                                                       "runs the agent")
+    def _supervised(self, verb: str, act) -> Answer:
+        """act() when this driver supervises; a refusal with a sentence otherwise (report --once)."""
+        if not self.supervising:
+            return Answer(verb=verb, kind=REFUSED,
+                          message="this runtime only reports; the daemon (caldera run) runs the agent")
+        return act()
 
     def start(self, **kw) -> Answer:
-        refused = self._not_supervising("start")
-        if refused:
-            return refused
-        message = self.supervisor.start()
-        return self._answer("start", message, ok=self.supervisor.pid() is not None)
+        return self._supervised("start", lambda: self._started("start", self.supervisor.start()))
 
     def stop(self, **kw) -> Answer:
-        return self._not_supervising("stop") or self._answer("stop", self.supervisor.stop(hold="stopped"))
+        return self._supervised("stop", lambda: self._answer("stop", self.supervisor.stop(hold="stopped")))
 
     def restart(self, **kw) -> Answer:
-        refused = self._not_supervising("restart")
-        if refused:
-            return refused
-        message = self.supervisor.restart()
-        return self._answer("restart", message, ok=self.supervisor.pid() is not None)
+        return self._supervised("restart", lambda: self._started("restart", self.supervisor.restart()))
+
+    def _started(self, verb: str, message: str) -> Answer:
+        return self._answer(verb, message, ok=self.supervisor.pid() is not None)
 
     # ------------------------------------------------------------ the verbs
 
     def pause(self, **kw) -> Answer:
-        if self._not_supervising("pause"):
-            return self._not_supervising("pause")
-        message = self.supervisor.stop(hold="paused")
-        return self._answer("pause", "Paused; the agent stays stopped until resume. " + message)
+        return self._supervised("pause", lambda: self._answer(
+            "pause", "Paused; the agent stays stopped until resume. " + self.supervisor.stop(hold="paused")))
 
     def resume(self, **kw) -> Answer:
-        if self._not_supervising("resume"):
-            return self._not_supervising("resume")
-        was_held = self.supervisor.hold
-        message = self.supervisor.start()
-        text = ("Pause lifted. " if was_held == "paused" else "") + message
-        return self._answer("resume", text, ok=self.supervisor.pid() is not None)
+        def act():
+            lifted = "Pause lifted. " if self.supervisor.hold == "paused" else ""
+            return self._started("resume", lifted + self.supervisor.start())
+
+        return self._supervised("resume", act)
 
     def run_now(self, **kw) -> Answer:
-        if self._not_supervising("run-now"):
-            return self._not_supervising("run-now")
+        return self._supervised("run-now", self._run_now)
+
+    def _run_now(self) -> Answer:
         if self.supervisor.send(self.spec.run_now_signal):
             name = signal.Signals(self.spec.run_now_signal).name
             return self._answer("run-now", f"Requested ({name} sent to pid {self.supervisor.pid()}).")

@@ -58,15 +58,26 @@ class Supervisor:
         self.on_change, self.clock, self.wall, self.proc_root = on_change, clock, wall, proc_root
         self._op = threading.RLock()
         self._tick = threading.Event()  # never set: a plain timed wait inside stop escalation
+        self._view = threading.Lock()  # status, reason and popen change together (a report sees all three)
         self.popen = None
-        self.status = STOPPED
-        self.reason = ""  # why the status is what it is (a sentence)
+        held = store.get(HOLD)
+        self.status = STOPPED if held else STARTING  # until boot, which starts it unless it is held
+        self.reason = ("paused" if held == "paused" else "stopped by a command") if held else ""  # a sentence
         self.started_at: float | None = None  # monotonic
         self.next_start: float | None = None  # monotonic; None: not scheduled
         self.notes: list[str] = []  # one-off events worth a health entry (adoption)
         record = store.get(KEY) or {}
         self.restarts = int(record.get("restarts") or 0)
         self.last_exit = record.get("last_exit")
+
+    def attach_pump(self, pump) -> None:
+        """Where the agent's output goes (the supervisor thread makes it when it starts)."""
+        self.pump = pump
+
+    def configure(self, *, stop_signal: int, stop_timeout: float, restart: str) -> None:
+        """A reloaded manifest's stop and restart rules (the command itself applies at the next start)."""
+        with self._op:
+            self.stop_signal, self.stop_timeout, self.policy.mode = stop_signal, stop_timeout, restart
 
     # ------------------------------------------------------------ what reports read
 
@@ -75,15 +86,19 @@ class Supervisor:
         return self.store.get(HOLD)
 
     def pid(self) -> int | None:
+        """The agent's PID while the supervisor holds it (an exit is seen at the next turn, when
+        status and PID change together)."""
         popen = self.popen
-        return popen.pid if popen is not None and popen.returncode is None else None
+        return popen.pid if popen is not None else None
 
     def uptime(self) -> float | None:
         return None if self.pid() is None or self.started_at is None else self.clock() - self.started_at
 
     def snapshot(self) -> dict:
-        return {"status": self.status, "pid": self.pid(), "uptime": self.uptime(), "restarts": self.restarts,
-                "last_exit": self.last_exit, "hold": self.hold, "reason": self.reason,
+        with self._view:
+            status, reason, pid, uptime = self.status, self.reason, self.pid(), self.uptime()
+        return {"status": status, "pid": pid, "uptime": uptime, "restarts": self.restarts,
+                "last_exit": self.last_exit, "hold": self.hold, "reason": reason,
                 "next_start_in": None if self.next_start is None else max(0.0, self.next_start - self.clock())}
 
     # ------------------------------------------------------------ the thread's turn
@@ -133,8 +148,9 @@ class Supervisor:
                 self.store.set(HOLD, hold)
             self.next_start = None
             was = self.pid()
-            self._stop_child("paused" if hold == "paused" else "stopped by a command")
-            self._set(STOPPED, "paused" if hold == "paused" else "stopped by a command")
+            why = "paused" if hold == "paused" else "stopped by a command"
+            self._stop_child(why)
+            self._set(STOPPED, why, popen=None)
             return f"Stopped (pid {was})." if was else "The agent was not running."
 
     def restart(self) -> str:
@@ -144,8 +160,9 @@ class Supervisor:
 
     def send(self, sig: int) -> bool:
         """A signal to the agent's main process only (run-now, SIGHUP after settings)."""
-        pid = self.pid()
-        return pid is not None and proc.signal_pid(pid, sig)
+        popen = self.popen
+        # poll() first: a reaped child's PID may already belong to another process
+        return popen is not None and popen.poll() is None and proc.signal_pid(popen.pid, sig)
 
     def shutdown(self) -> None:
         """The runtime stops: stop the agent gracefully, keep `agent_hold` as it is."""
@@ -153,13 +170,17 @@ class Supervisor:
             self.next_start = None
             if self.pid() is not None:
                 self._stop_child("the runtime stopped")
-            self._set(STOPPED, "the runtime stopped")
+            self._set(STOPPED, "the runtime stopped", popen=None)
 
     # ------------------------------------------------------------ inside the lock
 
-    def _set(self, status: str, reason: str) -> None:
-        changed = (status, reason) != (self.status, self.reason)
-        self.status, self.reason = status, reason
+    def _set(self, status: str, reason: str, popen=False) -> None:
+        """The new status (and, given, the child: a Popen, or None once it is gone), as one change."""
+        with self._view:
+            changed = (status, reason) != (self.status, self.reason) or popen is not False
+            if popen is not False:
+                self.popen = popen
+            self.status, self.reason = status, reason
         if changed:
             self.on_change()
 
@@ -169,7 +190,8 @@ class Supervisor:
         except LaunchError as exc:
             self._failed_start(str(exc))
             return
-        self.popen, self.started_at = popen, self.clock()
+        self.started_at = self.clock()
+        self._set(STARTING, "", popen=popen)
         stat = proc.proc_stat(popen.pid, self.proc_root) or {}
         self.store.set(KEY, {"pid": popen.pid, "start_time": stat.get("start_time"), "started_at": rfc3339(self.wall()),
                              "restarts": self.restarts, "last_exit": self.last_exit})
@@ -177,7 +199,6 @@ class Supervisor:
             self.pump.note(f"started pid {popen.pid}")
             self.pump.attach(popen.stdout)
         log.info("agent started: pid %d", popen.pid)
-        self._set(STARTING, "")
 
     def _failed_start(self, reason: str) -> None:
         log.warning("agent not started: %s", reason)
@@ -188,7 +209,6 @@ class Supervisor:
         uptime = self.clock() - (self.started_at or self.clock())
         code, sig, what = describe_exit(popen.returncode)
         proc.signal_pgid(popen.pid, signal.SIGKILL)  # what it left in its group goes with it
-        self.popen = None
         self.last_exit = {"code": code, "signal": sig, "at": rfc3339(self.wall()), "reason": what}
         if self.pump is not None:
             self.pump.note(f"pid {popen.pid} {what} after {uptime:.0f} s")
@@ -200,21 +220,20 @@ class Supervisor:
         if action == RESTART:
             self.restarts += 1
             self.next_start = self.clock() + delay
-            self._set(STARTING, f"{what}; restarting in {delay:.0f} s")
+            self._set(STARTING, f"{what}; restarting in {delay:.0f} s", popen=None)
         elif action == ERROR:
             many = len(self.policy.failures) >= MAX_FAILURES
-            self._set(FAILED, f"{what}; " + ("5 failures within 10 minutes: waiting for a command (start or restart)"
+            self._set(FAILED, popen=None, reason=f"{what}; " + ("5 failures within 10 minutes: waiting for a command (start or restart)"
                                              if many else "not restarted (runtime.restart: "
                                              f"{self.policy.mode})"))
         else:
-            self._set(STOPPED, what)
+            self._set(STOPPED, what, popen=None)
         self._record()
 
     def _record(self) -> None:
+        """After an exit or a stop: the agent is gone; its restarts and last exit stay."""
         record = self.store.get(KEY) or {}
-        record.update(restarts=self.restarts, last_exit=self.last_exit)
-        if self.popen is None:
-            record.update(pid=None, start_time=None)
+        record.update(restarts=self.restarts, last_exit=self.last_exit, pid=None, start_time=None)
         self.store.set(KEY, record)
 
     def _stop_child(self, why: str) -> None:
@@ -223,7 +242,7 @@ class Supervisor:
             return
         proc.stop_group(popen.pid, self.stop_signal, self.stop_timeout, reap=popen.poll, tick=self._tick)
         popen.wait()
-        self.popen = None
+        self._set(STOPPED, why, popen=None)
         code, sig, what = describe_exit(popen.returncode)
         self.last_exit = {"code": code, "signal": sig, "at": rfc3339(self.wall()), "reason": f"{why}: {what}"}
         if self.pump is not None:
