@@ -63,9 +63,10 @@ def test_every_package_says_what_it_owns_and_may_import():
 
 
 def test_the_shared_agent_modules_import_no_mode():
-    """manifest, settings, window, revisions, blueprint, contract serve every mode: the knot
-    manifest <-> adapter stays untied (a mode imports them, never the other way round)."""
-    shared = ("manifest", "settings", "window", "revisions", "blueprint", "contract")
+    """manifest, settings, window, revisions, blueprint, contract, trust (the trust boundary) and
+    updates (blueprint updates in the state dir) serve every mode: the knot manifest <-> adapter
+    stays untied (a mode imports them, never the other way round)."""
+    shared = ("manifest", "settings", "window", "revisions", "blueprint", "contract", "trust", "updates")
     wrong = [f"{name}.py imports {target}" for name in shared
              for target, _ in imports(PACKAGE / "agents" / f"{name}.py")
              if target.startswith("caldera.agents.") and target.split(".")[2] not in shared]

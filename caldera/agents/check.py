@@ -8,6 +8,12 @@ verb), a path accepted as a log name, silent clamping in `settings set`, a slow
 `status`. By default nothing is changed for good: the `settings set` probes are
 ones a correct adapter refuses, and anything a wrong one took is put back.
 `--controls` also calls pause, resume and run-now (they act on the agent).
+
+Every probe runs, whatever an earlier one gave (a broken `settings set` is
+reported even when `settings get` failed), and each is listed with its result:
+`pass`, `fail`, or `not implemented` — exit 2 for a verb the adapter does not
+implement is what the contract asks for (seed 000's own minimal adapter has no
+`log NAME`), so it is no breach; only `status` is required of every adapter.
 Exit 0: no breach; 1: a breach; 2: usage (no such agent).
 """
 from __future__ import annotations
@@ -26,18 +32,29 @@ UNKNOWN_LOG = "caldera-check-no-such-log.log"
 UNKNOWN_VERB = "caldera-check-unknown-verb"
 
 
+PASS, FAIL, NOT_IMPLEMENTED, NOTE = "pass", "fail", "not implemented", "note"
+
+
 class Report:
+    """Each item: {check, result: pass|fail|not implemented|note, ok, detail}."""
+
     def __init__(self):
         self.items: list[dict] = []
 
+    def _add(self, check: str, result: str, detail: str) -> None:
+        self.items.append({"check": check, "result": result, "ok": result != FAIL, "detail": detail})
+
     def ok(self, check: str, detail: str) -> None:
-        self.items.append({"check": check, "ok": True, "detail": detail})
+        self._add(check, PASS, detail)
 
     def breach(self, check: str, detail: str) -> None:
-        self.items.append({"check": check, "ok": False, "detail": detail})
+        self._add(check, FAIL, detail)
+
+    def not_implemented(self, check: str, detail: str = "exit 2: the adapter does not implement this verb") -> None:
+        self._add(check, NOT_IMPLEMENTED, detail)
 
     def note(self, check: str, detail: str) -> None:
-        self.items.append({"check": check, "ok": True, "note": True, "detail": detail})
+        self._add(check, NOTE, detail)
 
     @property
     def breaches(self) -> int:
@@ -45,10 +62,13 @@ class Report:
 
 
 def run_checks(manifest, report: Report, *, controls: bool = False) -> Report:
+    """Every probe, each on its own: a failed one never skips a later one."""
     check_status(manifest, report)
     got = check_settings_get(manifest, report)
-    if got is not None:
-        check_settings_set(manifest, report, *got)
+    if manifest.settings_schema:
+        # Without a good `settings get` the set probes still run: no bounds to narrow with,
+        # and no original values to put back (a wrong adapter's acceptance is reported so).
+        check_settings_set(manifest, report, *(got or ({}, {})), originals_known=got is not None)
     check_logs(manifest, report)
     check_unknown_verb(manifest, report)
     if controls:
@@ -66,11 +86,13 @@ def _schema(name: str, document) -> str | None:
     return None
 
 
-def _not_done(check: str, answer, report: Report) -> None:
+def _not_done(check: str, answer, report: Report, required: bool = False) -> None:
     if answer.kind == FAILED:
         report.breach(check, answer.reason or "failed")
-    elif answer.kind == UNSUPPORTED:
+    elif answer.kind == UNSUPPORTED and required:
         report.breach(check, "exit 2 (not supported): every adapter answers this verb")
+    elif answer.kind == UNSUPPORTED:
+        report.not_implemented(check)
     else:
         report.breach(check, f"exit 1 (refused: {answer.message or 'no message'}); this verb must exit 0")
 
@@ -78,7 +100,7 @@ def _not_done(check: str, answer, report: Report) -> None:
 def check_status(manifest, report: Report) -> None:
     answer = invoke.call(manifest, "status")
     if answer.kind != DONE:
-        return _not_done("status", answer, report)
+        return _not_done("status", answer, report, required=True)
     problem = _schema("adapter-status.schema.json", answer.data)
     if problem is None:
         try:
@@ -131,7 +153,8 @@ def _outside(item: dict) -> float | int | None:
     return round(high + (item.get("step") or (0.01 if item["type"] == "percent" else max(1.0, abs(high) * 0.01))), 10)
 
 
-def check_settings_set(manifest, report: Report, originals: dict, bounds: dict) -> None:
+def check_settings_set(manifest, report: Report, originals: dict, bounds: dict, *,
+                       originals_known: bool = True) -> None:
     """Probes a correct adapter refuses; what a wrong one took is put back to `originals`."""
     narrowed = settings.narrow(manifest.settings_schema, bounds)
     probes = [("not JSON", "{not json", None,
@@ -153,8 +176,11 @@ def check_settings_set(manifest, report: Report, originals: dict, bounds: dict) 
         elif answer.kind == DONE or answer.returncode == 0:
             # Exit 0 is the breach, whatever it printed (a failure text on stdout is a second one).
             report.breach(check, wrong + (f" ({answer.reason})" if answer.kind == FAILED else ""))
-            if key is not None:
+            if key is not None and originals_known:
                 _restore(manifest, report, key, originals.get(key))
+            elif key is not None:
+                report.breach("settings set", f"could not put {key} back: settings get gave no original "
+                                              "value; check the agent's settings by hand")
         else:
             _not_done(check, answer, report)
 
@@ -179,9 +205,8 @@ def _restore(manifest, report: Report, key: str, value) -> None:
 def check_logs(manifest, report: Report) -> None:
     answer = invoke.call(manifest, "log --list")
     if answer.kind == UNSUPPORTED:
-        report.note("log --list", "exit 2: this agent offers no logs")
-        return
-    if answer.kind != DONE:
+        report.not_implemented("log --list", "exit 2: this agent offers no logs")
+    elif answer.kind != DONE:
         _not_done("log --list", answer, report)
     else:
         problem = _schema("adapter-log-list.schema.json", answer.data)
@@ -208,7 +233,7 @@ def check_logs(manifest, report: Report) -> None:
         elif probe.kind == DONE:
             report.breach(f"log {name}", wrong)
         elif probe.kind == UNSUPPORTED:
-            report.breach(f"log {name}", "exit 2: the log verb is known; an unknown name is exit 1")
+            report.not_implemented(f"log {name}", "exit 2: the adapter does not implement `log NAME`")
         else:
             _not_done(f"log {name}", probe, report)
 

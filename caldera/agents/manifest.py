@@ -42,12 +42,15 @@ class Manifest:
     would pay). Treat it as read-only; a changed file gives a new Manifest."""
 
     __slots__ = ("path", "doc", "name", "version", "runtime_type", "command", "workdir", "timeout_seconds",
-                 "settings_schema", "settings_defaults", "controls", "health", "account")
+                 "settings_schema", "settings_defaults", "controls", "health", "account", "update")
 
     def __init__(self, **fields):
         # path: Path; doc: the checked document; command: argv tuple (command[0] made absolute when
         # relative); workdir: absolute Path (a relative one is relative to the manifest's directory);
-        # settings_schema: tuple of dicts; controls: tuple, or None when the manifest names none.
+        # settings_schema: tuple of dicts; controls: tuple, or None when the manifest names none;
+        # update: None for the installed manifest, else {revision_id, version, applied_at} of the
+        # stored blueprint update over it (caldera.agents.updates).
+        fields.setdefault("update", None)
         for name in self.__slots__:
             setattr(self, name, fields.pop(name))
         if fields:
@@ -130,7 +133,8 @@ def _cache_get(cache_dir, key) -> dict | None:
     if file is None:
         return None
     try:
-        with open(file, "rb") as fh:
+        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # the state dir: never a planted link
+        with os.fdopen(fd, "rb") as fh:
             entry = json.loads(fh.read())
     except (OSError, ValueError):
         return None  # absent, unreadable or torn: parse the YAML instead

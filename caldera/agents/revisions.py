@@ -5,7 +5,9 @@
 byte span is cut out of the raw body by a small span-aware scanner, never
 re-serialised), stores the revision atomically under
 `<state>/config-revisions/`, applies what it carries and only then records
-`current_config_revision_id`. What a revision carries (docs/skills.md):
+`current_config_revision_id`. A revision that touches what the host runs
+(SPEC section 11, `caldera.agents.trust`) is refused as a whole before anything
+is stored or applied, its finish naming the key. What a revision carries (docs/skills.md):
 ClawManager's bootstrap manifest (`schemaVersion`, `mode`, `resources`,
 `payloads`) is recorded (its payloads reach an instance only as env vars at
 pod creation); caldera's keys `settings` (values, through the adapter's
@@ -20,16 +22,18 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from caldera.agents import window
-from caldera.agents.manifest import load_manifest
+from caldera.agents import trust, window
+from caldera.agents.updates import load_effective
 from caldera.config import load_settings
 from caldera.errors import CommandError, ConfigError
 from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, ensure_dir
+from caldera.host.jsonlimits import loads
 from caldera.protocol.client import ApiError, NotFound
 
 log = logging.getLogger("caldera.agents.revisions")
 STATE_KEY = "current_config_revision_id"
 KEEP = 10
+BODY_MAX_BYTES = 1024 * 1024  # the client's response cap
 _WS = b" \t\r\n"
 
 
@@ -147,9 +151,9 @@ def fetch(client, revision_id: int) -> tuple[dict, bytes]:
     except ApiError as exc:
         raise CommandError(f"fetching config revision {revision_id} failed: {exc}") from None
     try:
-        doc = json.loads(raw)
+        doc = loads(raw, max_bytes=BODY_MAX_BYTES, what="the answer")
     except ValueError as exc:
-        raise CommandError(f"config revision {revision_id}: the answer is not JSON ({exc})") from None
+        raise CommandError(f"config revision {revision_id}: the answer is not usable JSON ({exc})") from None
     if isinstance(doc, dict) and doc.get("success") is False:
         raise CommandError(f"config revision {revision_id}: {doc.get('error') or 'success: false'}")
     where = revision_path(doc)
@@ -193,14 +197,34 @@ def _prune(directory: Path) -> None:
 
 # ------------------------------------------------------------------ applying
 
-def _apply_manifest(ctx, text) -> dict:
-    if not isinstance(text, str):
-        raise CommandError("the revision's manifest must be caldera.agent.yaml text")
+def _driver(ctx):
+    return ctx.current.driver if ctx.current is not None else ctx.driver
+
+
+def _refusal(revision_id: int, problems: list) -> str:
+    return (f"config revision {revision_id} refused as a whole, nothing applied: " + "; ".join(problems)
+            + " (a revision may change only what the agent is told: docs/trust-boundary.md)")
+
+
+def _check_manifest(ctx, revision_id: int, text) -> None:
     try:
-        outcome = window.apply_manifest_update(ctx.paths, text)
+        window.check_proposed(ctx.paths, text)
+    except window.TrustError as exc:
+        raise CommandError(_refusal(revision_id, exc.problems)) from None
+    except ConfigError as exc:
+        raise CommandError(f"config revision {revision_id}: the manifest is refused, nothing applied: {exc}") from None
+
+
+def _apply_manifest(ctx, revision_id: int, text) -> dict:
+    driver = _driver(ctx)
+    try:
+        outcome = window.apply_manifest_update(
+            ctx.paths, text, revision_id=revision_id, previous_revision_id=ctx.state.get(STATE_KEY),
+            level_before=getattr(driver, "last_level", None))
+    except window.TrustError as exc:
+        raise CommandError(_refusal(revision_id, exc.problems)) from None
     except ConfigError as exc:
         raise CommandError(f"the revision's manifest is refused: {exc}") from None
-    driver = ctx.current.driver if ctx.current is not None else ctx.driver
     if driver is not None and hasattr(driver, "refresh_manifest"):
         driver.refresh_manifest()
     return {"applied": True, **outcome}
@@ -209,7 +233,7 @@ def _apply_manifest(ctx, text) -> dict:
 def _apply_settings(ctx, values) -> dict:
     if not isinstance(values, dict) or not values:
         raise CommandError("the revision's settings must be an object of values")
-    driver = ctx.current.driver if ctx.current is not None else ctx.driver
+    driver = _driver(ctx)
     if driver is None:
         raise CommandError("the revision carries settings, but this agent has no adapter to apply them")
     answer = driver.settings_set(values, cancel=ctx.cancel, deadline=ctx.deadline or None)
@@ -221,43 +245,55 @@ def _apply_settings(ctx, values) -> dict:
 TOLD = ("instructions", "mcp")  # what a revision may tell a process agent (SPEC 7b)
 
 
-def _process_told(ctx, content: dict):
-    """Process mode's `instructions`/`mcp`: checked (by the driver, agents/process/told.py) before
-    anything of the revision is applied; returns the function that applies them, or None."""
+def _told(ctx, revision_id: int, content: dict):
+    """`instructions` and `mcp`: the process driver checks them (agents/process/told.py, on top of
+    trust.check_content) before anything of the revision is stored or applied; returns the
+    function that applies them (its part of the finish result), or None."""
     keys = [key for key in TOLD if key in content]
     if not keys:
         return None
-    driver = ctx.current.driver if ctx.current is not None else ctx.driver
+    driver = _driver(ctx)
     if not hasattr(driver, "check_told"):
-        problems = [f"{key}: only a process-mode agent is told {key}" for key in keys]
-    else:
-        problems = driver.check_told(content)
+        # Told, not run (docs/trust-boundary.md): an adapter agent reads no file of the runtime's.
+        reasons = {"instructions": "adapter mode passes no instructions file", "mcp": "adapter mode passes no MCP config"}
+        return lambda: {key: {"applied": False, "reason": reasons[key]} for key in keys}
+    problems = driver.check_told(content)
     if problems:
-        raise CommandError("the revision is refused, nothing of it was applied: " + "; ".join(problems))
-    return lambda: driver.apply_told(content)
+        raise CommandError(_refusal(revision_id, problems))
+    return lambda: {"told": driver.apply_told(content)}
 
 
 def apply_revision(ctx, revision_id) -> dict:
-    """Fetch, verify, store and apply one revision; the finish result."""
+    """Fetch, verify, check against the trust boundary, store and apply one revision; the finish result."""
     revision_id = _revision_id(revision_id)
     if ctx.client is None:
         raise CommandError("apply_config_revision: the agent is not connected to a control plane")
     revision, raw_content = fetch(ctx.client, revision_id)
+    try:
+        content = loads(raw_content, max_bytes=BODY_MAX_BYTES, what="the revision's content")
+    except ValueError as exc:
+        raise CommandError(f"config revision {revision_id}: the content is not usable JSON ({exc})") from None
+    if isinstance(content, dict):
+        # Every check before anything is stored or applied: refused means nothing of it happened.
+        problems = trust.check_content(content)
+        if problems:
+            raise CommandError(_refusal(revision_id, problems))
+        if "manifest" in content:
+            _check_manifest(ctx, revision_id, content["manifest"])
+    told = _told(ctx, revision_id, content) if isinstance(content, dict) else None
     store(ctx.paths.state_dir, revision_id, revision, raw_content)
-    content = json.loads(raw_content)
     result = {"revision_id": revision_id, "revision_no": revision.get("revision_no"),
               "checksum": revision.get("checksum"), "stored": True}
-    told = _process_told(ctx, content) if isinstance(content, dict) else None
     if isinstance(content, dict):
         if "schemaVersion" in content or "resources" in content:
             result["bootstrap_manifest"] = {"mode": content.get("mode"),
                                             "resources": len(content.get("resources") or []), "recorded": True}
         if "manifest" in content:
-            result["manifest"] = _apply_manifest(ctx, content["manifest"])
+            result["manifest"] = _apply_manifest(ctx, revision_id, content["manifest"])
         if "settings" in content:
             result["settings"] = _apply_settings(ctx, content["settings"])
         if told is not None:
-            result["told"] = told()
+            result.update(told())
     ctx.state.set(STATE_KEY, revision_id)
     result["current_config_revision_id"] = revision_id
     ctx.report_now()
@@ -320,7 +356,7 @@ def _reload_manifest(ctx) -> dict:
     if not Path(ctx.paths.manifest_path).is_file():
         return {"present": False}
     try:
-        manifest = load_manifest(ctx.paths.manifest_path)
+        manifest = load_effective(ctx.paths)
     except ConfigError as exc:
         raise CommandError(f"the manifest was not reloaded (the running one is kept): {exc}") from None
     ctx.current.replace(manifest=manifest)

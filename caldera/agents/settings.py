@@ -4,6 +4,14 @@ Bounds only narrow (seed 000, "Grenzen verengen nur"): the offered min is the
 larger of the manifest's and the adapter's, the offered max the smaller. A set
 is checked against the manifest first (no adapter call), then against the
 narrowed schema, and only then handed to the adapter, which has the last word.
+The step grid is anchored at the manifest's `min` (`min + n × step`): narrowing
+moves only the bounds, never the grid, so an adapter narrowing `min 0.1` to
+`0.12` with `step 0.05` still accepts `0.2`. The 8 KiB cap counts the UTF-8
+bytes of the argument exactly as it is passed (`argument()`): `"€"` is three
+bytes, not a six-character `\u20ac` escape. Text that is not valid Unicode (a
+lone surrogate from a `\ud800` escape, or undecodable bytes on a command line)
+is refused where it names something (a key) and passed JSON-escaped where it
+is data (a string value).
 Plain Python only: the local `caldera settings` verb imports this.
 """
 from __future__ import annotations
@@ -12,6 +20,7 @@ import json
 import math
 
 from caldera.agents.contract import ContractError
+from caldera.host.jsonlimits import dumps_compact, escape_surrogates, text_problem
 
 SET_ARG_MAX_BYTES = 8 * 1024
 _TRUE = ("true", "yes", "on", "1")
@@ -26,8 +35,10 @@ def _fmt(value) -> str:
     return json.dumps(value)
 
 
-def value_problem(item: dict, value) -> str | None:
-    """Why `value` is not allowed for the setting `item`, or None. null (unset) is allowed."""
+def value_problem(item: dict, value, anchor=None) -> str | None:
+    """Why `value` is not allowed for the setting `item`, or None. null (unset) is allowed.
+
+    anchor: where the step grid starts (the manifest's own `min`, when `item` is narrowed)."""
     if value is None:
         return None
     kind = item["type"]
@@ -49,10 +60,10 @@ def value_problem(item: dict, value) -> str | None:
         return f"{_fmt(value)} is not a number"
     if kind == "percent" and not 0 <= value <= 1:
         return f"{_fmt(value)} is not a fraction from 0 to 1 (0.95 is 95 %)"
-    return _range_problem(item, value)
+    return _range_problem(item, value, item.get("min") if anchor is None else anchor)
 
 
-def _range_problem(item: dict, value) -> str | None:
+def _range_problem(item: dict, value, anchor) -> str | None:
     low, high = item.get("min"), item.get("max")
     if low is not None and high is not None and low > high:
         return f"no value is allowed: the minimum {_fmt(low)} is above the maximum {_fmt(high)}"
@@ -62,29 +73,50 @@ def _range_problem(item: dict, value) -> str | None:
         return f"{_fmt(value)} is above the maximum {_fmt(high)}"
     step = item.get("step")
     if step:
-        steps = (value - (low or 0)) / step
+        steps = (value - (anchor or 0)) / step
         if abs(steps - round(steps)) > 1e-9 * max(1.0, abs(steps)):
             return f"{_fmt(value)} is not a multiple of the step {_fmt(step)}"
     return None
 
 
-def check_values(values, schema) -> str | None:
-    """The first problem of a set request against `schema` (items), or None."""
+def argument(values: dict) -> str:
+    """The one `settings set` argument, exactly as passed: compact JSON, UTF-8 text, lone
+    surrogates JSON-escaped (so it always encodes, and the adapter decodes the same value)."""
+    return dumps_compact(values)
+
+
+def check_values(values, schema, grid=None) -> str | None:
+    """The first problem of a set request against `schema` (items), or None.
+
+    grid: the manifest's own items, whose `min` anchors the step grid when `schema`
+    is the narrowed one (None: `schema` is the manifest's)."""
     if not isinstance(values, dict) or not values:
         return "give at least one setting (KEY=VALUE or a JSON object)"
     by_key = {item["key"]: item for item in schema}
+    anchors = {item["key"]: item.get("min") for item in (grid if grid is not None else schema)}
     for key, value in values.items():
+        problem = key_problem(key)
+        if problem:
+            return problem
         item = by_key.get(key)
         if item is None:
             known = ", ".join(by_key) or "none"
             return f"{key}: not a setting of this agent (settings: {known})"
-        problem = value_problem(item, value)
+        problem = value_problem(item, value, anchors.get(key))
         if problem:
             return f"{key}: {problem}"
-    size = len(json.dumps(values, separators=(",", ":")).encode())
+    size = len(argument(values).encode("utf-8"))
     if size > SET_ARG_MAX_BYTES:
         return f"the values are {size} bytes, over the {SET_ARG_MAX_BYTES}-byte limit"
     return None
+
+
+def key_problem(key) -> str | None:
+    """A key names a setting: it must be text (refused with a sentence, never echoed broken)."""
+    if not isinstance(key, str):
+        return "a setting's key must be a string"
+    problem = text_problem(key)
+    return f"a setting's key must be valid text: {problem}" if problem else None
 
 
 def narrow(schema, bounds: dict | None) -> tuple:
@@ -145,7 +177,10 @@ def parse_pairs(pairs, schema) -> dict:
     for word in pairs:
         key, sep, raw = word.partition("=")
         if not sep or not key:
-            raise ValueError(f"{word!r}: write KEY=VALUE (KEY= unsets it)")
+            raise ValueError(f"{ascii(word)}: write KEY=VALUE (KEY= unsets it)")
+        problem = key_problem(key)
+        if problem:
+            raise ValueError(problem)
         item = by_key.get(key)
         if item is None:
             raise ValueError(f"{key}: not a setting of this agent (settings: {', '.join(by_key) or 'none'})")
@@ -164,7 +199,7 @@ def _typed(item: dict, raw: str):
             return True
         if text.lower() in _FALSE:
             return False
-        raise ValueError(f"{item['key']}={raw}: use true or false")
+        raise ValueError(f"{item['key']}={escape_surrogates(raw)}: use true or false")
     try:
         if kind == "integer":
             return int(text)
@@ -172,4 +207,4 @@ def _typed(item: dict, raw: str):
             return float(text[:-1]) / 100  # 95% means 0.95
         return float(text)
     except ValueError:
-        raise ValueError(f"{item['key']}={raw}: not a {'whole ' if kind == 'integer' else ''}number") from None
+        raise ValueError(f"{item['key']}={escape_surrogates(raw)}: not a {'whole ' if kind == 'integer' else ''}number") from None

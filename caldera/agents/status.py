@@ -2,7 +2,8 @@
 filter for both modes: adapter `status` answers and process mode's status file (section 7b).
 
 Unknown keys (top level and inside items) are dropped; strings are cut to
-1,000 characters and lists to 50 items, never rejected. A forwarded key of the
+1,000 characters and lists to 50 items, never rejected; a lone surrogate in a
+string (a "\ud800" escape) becomes U+FFFD. A forwarded key of the
 wrong type breaks the contract (ContractError): that status call counts as
 failed, the same verdict as adapter-status.schema.json.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 
 from caldera.agents.contract import ContractError
+from caldera.host.jsonlimits import scrub
 
 STRING_MAX = 1000
 LIST_MAX = 50
@@ -79,7 +81,7 @@ def _scalar(value, kind: str, where: str):
         return value
     if not isinstance(value, str):
         raise ContractError(f"status: {where}: must be a string")
-    return value[:STRING_MAX]
+    return scrub(value[:STRING_MAX])  # text shown to people: a lone surrogate becomes U+FFFD
 
 
 def not_answering(reason: str) -> dict:

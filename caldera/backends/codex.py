@@ -31,6 +31,8 @@ from caldera.backends.events import EVENT_TYPES
 from caldera.backends.normalize import Normalizer
 from caldera.errors import ConfigError
 from caldera.host import proc
+from caldera.host.jsonlimits import JSONLimitError
+from caldera.host.jsonlimits import loads as bounded_loads
 
 LINE_CAP = 32 * 1024 * 1024  # one stdout line (a huge aggregatedOutput stays well below)
 STDERR_KEEP = 64 * 1024
@@ -81,6 +83,9 @@ class _Slot:
         self.message = None
 
 
+LINE_JSON_MAX = 64 * 1024 * 1024  # one JSON-RPC line; the nesting limit is what matters
+
+
 class Dispatcher:
     """Turns stdout lines into messages. Separate from the process so that it can be benchmarked."""
 
@@ -97,7 +102,10 @@ class Dispatcher:
         if self.runlog is not None:
             self.runlog.write("s2c", text)
         try:
-            msg = json.loads(text)
+            msg = bounded_loads(text, max_bytes=LINE_JSON_MAX, what="backend stdout line")
+        except JSONLimitError as exc:  # too deep: one failed turn with the sentence, not a dead reader
+            self.inbox.put(("fatal", fk.BackendFailure(fk.BACKEND_JSON_PARSE_ERROR, str(exc))))
+            return
         except ValueError:
             self.inbox.put(("fatal", fk.BackendFailure(
                 fk.BACKEND_JSON_PARSE_ERROR, f"backend stdout line is not JSON: {text[:200]!r}")))
@@ -339,6 +347,9 @@ class CodexBackend(Backend):
             raise fk.BackendFailure(fk.BACKEND_FAILED, str(exc)) from None
         codex_toml = codex_config.enforce(plan, network=run.policy.network,
                                           request_retries=request_retries, stream_retries=stream_retries)
+        raw = projection.read("config.toml") or b""
+        for line in codex_config.withheld_lines(raw.decode("utf-8", "replace"), codex_config.dump_toml(codex_toml)):
+            redactor.add(line)  # no line of the config reaches an event beyond base URL, model, profile
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             os.chmod(run_dir, 0o700)

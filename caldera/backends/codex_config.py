@@ -261,6 +261,28 @@ def _bounded(value, cap: int) -> int:
     return min(value, cap) if isinstance(value, int) and value >= 0 else cap
 
 
+# Keys whose lines may appear in events (SPEC section 10: base URL, model and profile names).
+SHOWN_KEYS = ("base_url", "model", "model_provider", "profile", "name")
+_LINE_KEY = re.compile(r'^\s*"?([A-Za-z0-9_.-]+)"?\s*=')
+
+
+def withheld_lines(*texts: str) -> list[str]:
+    """Every line of the projected and the written config.toml that must never reach an event
+    or a log: all but blank lines, table headers and the SHOWN_KEYS. Fed to the Redactor, so a
+    config line echoed anywhere (a TOML error snippet on stderr, a warning) is masked whole."""
+    lines = set()
+    for text in texts:
+        for line in (text or "").splitlines():
+            stripped = line.strip()
+            if not stripped or (stripped.startswith("[") and stripped.endswith("]")):
+                continue
+            found = _LINE_KEY.match(stripped)
+            if found and found.group(1).split(".")[-1] in SHOWN_KEYS:
+                continue
+            lines.add(stripped)
+    return sorted(lines)
+
+
 def write_codex_home(home: Path, plan: ProviderPlan, config: dict) -> None:
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(home, 0o700)

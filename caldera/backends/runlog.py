@@ -14,6 +14,7 @@ import re
 import threading
 from pathlib import Path
 
+from caldera.errors import CommandError
 from caldera.host.timefmt import rfc3339
 
 LOG_CAP_BYTES = 64 * 1024 * 1024
@@ -35,7 +36,13 @@ class RunLog:
         self.full = False
         self._lock = threading.Lock()
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        # O_NOFOLLOW: logs/ is a directory an agent's commands can write to; a symlink planted
+        # at run-<id>.log must not make the runtime append its transcript to another file.
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise CommandError(f"the run log {self.path} cannot be opened ({exc.strerror}); "
+                               "a symlink there is never followed") from None
         self._fh = os.fdopen(fd, "w", encoding="utf-8", errors="replace", buffering=1 << 16)
 
     def write(self, channel: str, text: str) -> None:

@@ -6,7 +6,7 @@ import sys
 
 from caldera import config
 from caldera.agents.check import Report, run_checks
-from caldera.agents.manifest import load_manifest
+from caldera.agents.updates import load_effective
 from caldera.cli import add_agent_flags
 from caldera.errors import EXIT_FAILED, EXIT_OK, ConfigError
 
@@ -23,7 +23,7 @@ def main(args) -> int:
     paths = config.agent_from_args(args)
     report = Report()
     try:
-        manifest = load_manifest(paths.manifest_path, validate_schema=True)
+        manifest = load_effective(paths, validate_schema=True)
     except ConfigError as exc:
         found, kind = _every_problem(paths.manifest_path, str(exc))
         for problem in found:
@@ -80,7 +80,7 @@ def _emit(args, paths, report: Report, contract: str = "the adapter contract") -
         return code
     print(f"caldera check: {paths.name} ({paths.manifest_path})")
     for item in report.items:
-        mark = "FAIL" if not item["ok"] else ("note" if item.get("note") else "ok")
-        print(f"  {mark:<5} {item['check']}: {item['detail']}")
+        mark = {"fail": "FAIL"}.get(item["result"], item["result"])
+        print(f"  {mark:<15} {item['check']}: {item['detail']}")
     print(summary + ".", file=sys.stdout if not report.breaches else sys.stderr)
     return code

@@ -17,6 +17,7 @@ import threading
 
 from caldera.cli import add_agent_flags
 from caldera.errors import ConfigError, UsageError
+from caldera.host.jsonlimits import escape_surrogates
 
 BAR_WIDTH = 20
 WATCH_SECONDS = 2.0
@@ -68,13 +69,18 @@ def connection_info(paths, state: dict | None = None) -> dict:
     return conn
 
 
-def _agent_status(paths) -> dict | None:
+def _load(paths):
+    """The effective manifest (installed + stored update), or None when none is installed."""
     if not paths.manifest_path.is_file():
         return None
-    from caldera.agents.adapter.driver import adapter_status  # deferred: `caldera status --help` stays ~35 ms faster
-    from caldera.agents.manifest import load_manifest
+    from caldera.agents.updates import load_effective  # deferred: `caldera status --help` stays ~35 ms faster
 
-    manifest = load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
+    return load_effective(paths, cache_dir=paths.state_dir / "cache")
+
+
+def _agent_status(paths, manifest) -> dict | None:
+    from caldera.agents.adapter.driver import adapter_status  # deferred: `caldera status --help` stays ~35 ms faster
+
     if getattr(manifest, "runtime_type", None) == "process":
         return _process_status(paths, manifest)
     if getattr(manifest, "runtime_type", None) != "adapter":
@@ -100,6 +106,20 @@ def _process_status(paths, manifest) -> dict:
     return {"body": body, "process": info}
 
 
+def manifest_info(paths, manifest, state: dict) -> dict | None:
+    """Which manifest is in effect: the installed one (from /etc) and the stored update over it."""
+    if manifest is None:
+        return None
+    from caldera.agents.manifest import load_manifest  # deferred, as above
+
+    installed = load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
+    update = manifest.update or {}
+    return {"installed": {"path": str(paths.manifest_path), "version": installed.version},
+            "effective": {"source": "update" if manifest.update else "installed",
+                          "revision_id": update.get("revision_id"), "version": manifest.version},
+            "current_config_revision_id": state.get("current_config_revision_id")}
+
+
 def _redactor(paths):
     """Masks secrets.env's values where this user may read them, and every credential shape."""
     from caldera.config import read_env_file  # deferred: `caldera status --help` stays ~35 ms faster
@@ -117,7 +137,8 @@ def snapshot(paths, redact) -> dict:
     from caldera.host.fsutil import StateLock  # deferred: `caldera status --help` stays ~35 ms faster
     from caldera.protocol.outbox import outbox_depth
 
-    agent = redact(_agent_status(paths))
+    manifest = _load(paths)
+    agent = redact(_agent_status(paths, manifest))
     process = None
     if isinstance(agent, dict) and "process" in agent and "body" in agent:
         agent, process = agent["body"], agent["process"]
@@ -127,10 +148,16 @@ def snapshot(paths, redact) -> dict:
     # drop counters since the daemon started (outbox: superseded reports/inventories; events: run
     # events the plane never got; lanes: commands offered while stopping, kept for the next start)
     outbox = {"items": outbox_depth(paths.state_dir), "dropped": state.get("drops") or {}}
-    doc = {"agent_status": agent, "connection": conn, "outbox": outbox, "commands": redact(recent_commands(state))}
+    doc = {"agent_status": agent, "connection": conn, "outbox": outbox, "commands": redact(recent_commands(state)),
+           "manifest": manifest_info(paths, manifest, state)}
     if process is not None:
         doc["process"] = process
     return doc
+
+
+def dumps(doc) -> str:
+    """One JSON line; a lone surrogate an adapter sent (data) stays JSON-escaped, so printing never fails."""
+    return escape_surrogates(json.dumps(doc, ensure_ascii=False))
 
 
 def recent_commands(state: dict) -> list[dict]:
@@ -153,7 +180,7 @@ def main(args) -> int:
             raise UsageError("--watch takes a number of seconds above 0")
         return watch(paths, redact, args.json, args.watch)
     doc = snapshot(paths, redact)
-    print(json.dumps(doc) if args.json else render(paths.name, doc))
+    print(dumps(doc) if args.json else render(paths.name, doc))
     return 0
 
 
@@ -171,7 +198,7 @@ def watch(paths, redact, as_json: bool, seconds: float, out=None) -> int:
     while not stop.is_set():
         doc = snapshot(paths, redact)
         if as_json:
-            out.write(json.dumps(doc) + "\n")
+            out.write(dumps(doc) + "\n")
         elif in_place:
             lines = render(paths.name, doc).split("\n") + [f"(every {seconds:g} s; Ctrl-C ends)"]
             out.write(HOME + "".join(line + ERASE_LINE + "\n" for line in lines) + ERASE_BELOW)
@@ -204,6 +231,7 @@ def render(name, doc) -> str:
                     if conn.get("last_error") else ""))
     if conn.get("auth_blocked"):
         lines.append(f"  registration refused: {conn['auth_blocked']} (fix the configuration, then: systemctl reload)")
+    lines.extend(_manifest_lines(doc.get("manifest")))
     lines.append(f"daemon: {conn['daemon'] or 'not running'}")
     dropped = ", ".join(f"{name} {count}" for name, count in sorted((outbox.get("dropped") or {}).items()))
     lines.append(f"outbox: {outbox['items']} waiting" + (f"; dropped since the daemon started: {dropped}" if dropped else ""))
@@ -229,6 +257,17 @@ def _process_lines(info: dict) -> list[str]:
     if info.get("hold"):
         out.append(f"  held: {info['hold']} (caldera resume starts it)")
     return out
+
+
+def _manifest_lines(info) -> list[str]:
+    if not info:
+        return []
+    eff = info["effective"]
+    installed = f"installed {info['installed']['version'] or '(no version)'}"
+    if eff["source"] == "update":
+        return [f"manifest: {installed}; in effect: update {eff['version'] or '(no version)'} "
+                f"from config revision {eff['revision_id']}"]
+    return [f"manifest: {installed}, in effect (no update stored)"]
 
 
 def _command_lines(commands: list) -> list[str]:

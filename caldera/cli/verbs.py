@@ -14,6 +14,7 @@ import sys
 
 from caldera.cli import add_agent_flags
 from caldera.errors import EXIT_FAILED, EXIT_OK, ConfigError, UsageError
+from caldera.host.jsonlimits import escape_surrogates, scrub
 
 VERB_OF = {"pause": "pause", "resume": "resume", "run-now": "run-now"}
 
@@ -82,10 +83,10 @@ def _settings_set_args(args) -> None:
 def load_local(args):
     """(paths, manifest) for a local verb (adapter: the adapter directly; process: the daemon's socket)."""
     from caldera import config  # deferred: `caldera pause --help` stays ~35 ms faster
-    from caldera.agents.manifest import load_manifest
+    from caldera.agents.updates import load_effective
 
     paths = config.agent_from_args(args)
-    manifest = load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
+    manifest = load_effective(paths, cache_dir=paths.state_dir / "cache")
     if manifest.runtime_type not in ("adapter", "process"):
         raise ConfigError(f"{paths.manifest_path}: runtime.type: {manifest.runtime_type}: not known here")
     return paths, manifest
@@ -131,13 +132,14 @@ def emit(args, answer) -> int:
             payload.update(answer.data)
         if answer.ok and answer.verb == "log":
             payload.update({"name": args.name, "text": answer.text, "truncated": answer.truncated})
-        print(json.dumps(payload, ensure_ascii=False))
+        # Data passes JSON-escaped (a lone surrogate as \udXXX), so printing never fails.
+        print(escape_surrogates(json.dumps(payload, ensure_ascii=False)))
         return code
     if not answer.ok:
-        print(answer.message, file=sys.stderr)
+        print(scrub(answer.message or ""), file=sys.stderr)
         return code
     if answer.verb == "settings get":
-        print(format_settings(answer.data))
+        print(scrub(format_settings(answer.data)))
     elif answer.verb == "log --list":
         print("\n".join(answer.data["logs"]) if answer.data["logs"] else answer.message)
     elif answer.verb == "log":
@@ -145,7 +147,7 @@ def emit(args, answer) -> int:
         if answer.text and not answer.text.endswith("\n"):
             sys.stdout.write("\n")
     else:
-        print(answer.message)
+        print(scrub(answer.message or ""))
     return code
 
 

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from caldera.agents.adapter.driver import open_driver
-from caldera.agents.manifest import load_manifest
+from caldera.agents.updates import load_effective
 from caldera.backends.base import capabilities as backend_capabilities
 from caldera.backends.service import ActiveRuns
 from caldera.config import AgentPaths, Settings
@@ -106,7 +106,7 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
     )
     if with_driver and manifest is not None and getattr(manifest, "runtime_type", None) == "adapter":
         current.replace(driver=open_driver(paths, manifest, pool=parts.pool, redactor=redactor,
-                                           schema_checks=schema_checks))
+                                           schema_checks=schema_checks, state=parts.state))
     if with_driver and manifest is not None and getattr(manifest, "runtime_type", None) == "process":
         current.replace(driver=_process_driver(parts, manifest, supervise=schema_checks))
     if with_client and settings.enabled:
@@ -132,9 +132,10 @@ def _process_driver(parts: Parts, manifest, supervise: bool):
 
 
 def _load_manifest(paths: AgentPaths):
+    """The effective manifest: the installed one with a stored blueprint update over it."""
     if not paths.manifest_path.is_file():
         return None
-    return load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
+    return load_effective(paths, cache_dir=paths.state_dir / "cache")
 
 
 def _build_client(parts: Parts, transport_session):

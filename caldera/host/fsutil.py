@@ -13,6 +13,12 @@ import tempfile
 from pathlib import Path
 
 
+# Every file the runtime opens by name in its state dir is opened without following a
+# symlink: an agent's process (in adapter mode it runs as the same user) could plant one.
+# Writes go through mkstemp + os.replace, which never follow one either.
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def atomic_write_bytes(path, data: bytes, mode: int = 0o600) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -40,10 +46,11 @@ def atomic_write_json(path, obj, mode: int = 0o600) -> None:
 def read_json(path, default=None):
     """The parsed file, or `default` when it does not exist. A corrupt file raises ValueError."""
     try:
-        with open(path, "rb") as fh:
-            return json.loads(fh.read())
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW)
     except FileNotFoundError:
         return default
+    with os.fdopen(fd, "rb") as fh:
+        return json.loads(fh.read())
 
 
 def fsync_dir(path) -> None:
@@ -74,7 +81,7 @@ class StateLock:
         self._fd: int | None = None
 
     def acquire(self, blocking: bool = False) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)  # never truncate a link's target
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         except OSError as exc:
@@ -90,7 +97,7 @@ class StateLock:
     def holder(self) -> str | None:
         """'<pid> <role>' of whoever holds the lock, or None when it is free."""
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = os.open(self.path, os.O_RDONLY | NOFOLLOW)
         except FileNotFoundError:
             return None
         try:

@@ -50,7 +50,10 @@ class Sampler:
                  sys_root=None, clock=time.time):
         self.proc_root = str(proc_root)
         self.cgroup_root = str(cgroup_root)
-        self.sys_root = str(sys_root) if sys_root is not None else default_sys_root(self.cgroup_root)
+        self.sys_root = (str(sys_root) if sys_root is not None
+                         else default_sys_root(self.cgroup_root, self.proc_root))
+        # The host's own /proc: only then may a missing count fall back to os.cpu_count().
+        self._real_proc = os.path.normpath(self.proc_root) == "/proc"
         self.persistent_dir = os.path.abspath(str(persistent_dir))
         self.runtime_type = runtime_type
         self.runtime_name = runtime_name
@@ -132,11 +135,11 @@ class Sampler:
 
     def _cpu(self, layout, reasons) -> dict:
         online = self._online_cpus(reasons)
-        cpu: dict = {"cores": online}
+        cpu: dict = {"cores": online} if online is not None else {}
         load = self._guard(reasons, "cpu", self._loadavg, None)
         if load is not None:
             cpu["load"] = load
-        bounds = [online]
+        bounds = [online] if online is not None else []
         read = self._cg_read
         h = layout.for_controller("cpu")
         quota = self._guard(reasons, "cpu", lambda: cgroups.quota_cores(h, read), None) if h else None
@@ -146,18 +149,24 @@ class Sampler:
             if value is not None:
                 cpu[key] = _number(value)
                 bounds.append(value)
-        cpu["cores"] = _number(min(bounds))
-        cpu["online_cpus"] = online
+        if bounds:
+            cpu["cores"] = _number(min(bounds))
+        if online is not None:
+            cpu["online_cpus"] = online
         cpu.update(self._guard(reasons, "cpu", lambda: cgroups.cpu_stat(layout, read), {}))
         h = layout.for_controller("pids")
         if h is not None:
             cpu.update(self._guard(reasons, "cpu", lambda: cgroups.pids(h, read), {}))
         return cpu
 
-    def _online_cpus(self, reasons) -> int:
+    def _online_cpus(self, reasons) -> int | None:
+        """The online CPU count from the roots given; os.cpu_count() (this process's host) only
+        when the roots are the host's own, never for a tree the sampler was pointed at."""
         if self._cpu_count is None or self._count % CPU_COUNT_EVERY == 0:
             self._cpu_count = self._guard(reasons, "cpu", self._read_cpu_count, None)
         if self._cpu_count is None:
+            if not self._real_proc:
+                return None  # the reason is already in `reasons`
             reasons.append("cpu: CPU count from os.cpu_count()")
             return os.cpu_count() or 1
         return self._cpu_count
@@ -297,8 +306,15 @@ class Sampler:
         return {name: addrs for name, addrs in out.items() if name in names}
 
 
-def default_sys_root(cgroup_root: str) -> str:
-    """`<X>/sys` for a cgroup root `<X>/sys/fs/cgroup` (a fixture tree), else /sys."""
+def default_sys_root(cgroup_root: str, proc_root: str = "/proc") -> str:
+    """Where sysfs is when no --sys-root is given: `<X>/sys` next to a proc root `<X>/proc`
+    that is not the host's (a fixture tree: its CPU count, not the host's), else `<X>/sys`
+    for a cgroup root `<X>/sys/fs/cgroup`, else /sys. A proc root with no sysfs beside it
+    gets `<X>/proc/../sys`, which does not exist: the CPU count then comes from its
+    `stat`, never from the host's /sys."""
+    proc = os.path.normpath(proc_root)
+    if proc != "/proc":
+        return os.path.join(os.path.dirname(proc), "sys")
     norm = os.path.normpath(cgroup_root)
     head, tail = os.path.split(norm)
     if tail == "cgroup" and os.path.basename(head) == "fs":

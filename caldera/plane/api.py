@@ -317,6 +317,28 @@ def route(method: str, path: str):
     return None
 
 
+def preauth(plane: Plane, method: str, path: str, headers: dict) -> Response | None:
+    """The answer to a request whose token is wrong, decided before its body is read; None
+    when the body may be read. An unauthenticated client never makes the plane buffer a body
+    beyond the small cap of a path that is no route (a trailing slash: gin redirects first)."""
+    found = route(method, path)
+    if found is None:
+        return None
+    req = Request(method, path, headers, b"")
+    try:
+        if found[0] is register:
+            token = bearer(req)
+            if token is None:
+                raise ApiError(401, "Agent bootstrap token is required")
+            if plane.store.instance_for_token(token) is None:
+                raise ApiError(400, "invalid agent bootstrap token")
+        else:
+            _session(plane, req)
+    except ApiError as exc:
+        return error(exc.status, exc.message)
+    return None
+
+
 def dispatch(plane: Plane, req: Request) -> Response:
     found = route(req.method, req.path)
     if found is None:

@@ -20,11 +20,13 @@ import urllib.parse
 from caldera.plane import api
 from caldera.plane import page
 from caldera.plane.store import Store
+from caldera.plane.validation import BODY_MAX_BYTES
 
 log = logging.getLogger("caldera.plane")
 
-JSON_BODY_CAP = 16 * 1024 * 1024
+JSON_BODY_CAP = BODY_MAX_BYTES  # validation's cap: a larger JSON body is refused (413) unread
 UPLOAD_BODY_CAP = 256 * 1024 * 1024
+STRAY_BODY_CAP = 64 * 1024  # a request that matches no agent route (404s, the page)
 IDLE_TIMEOUT = 300  # seconds a keep-alive connection may stay silent
 
 
@@ -40,7 +42,11 @@ class _Fault:
 
 
 class _BadRequest(Exception):
-    pass
+    status = 400
+
+
+class _TooLarge(_BadRequest):
+    status = 413
 
 
 class PlaneServer:
@@ -117,6 +123,16 @@ class PlaneServer:
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
+
+    def _fault_pending(self, method: str, path: str) -> bool:
+        with self._lock:
+            return any(fault.matches(method, path) for fault in self._faults)
+
+    def preauth(self, method: str, path: str, headers: dict) -> api.Response | None:
+        """The 401/400 for a wrong token, before the body is read (an injected fault goes first)."""
+        if self._fault_pending(method, path):
+            return None
+        return api.preauth(self.plane, method, path, headers)
 
     def _take_fault(self, method: str, path: str) -> _Fault | None:
         with self._lock:
@@ -221,14 +237,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _serve(self):
         url = urllib.parse.urlsplit(self.path)
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        # Authenticate first, cap second, read last: a body is buffered only for a client
+        # that holds a valid token, and only up to the cap its route allows.
+        early = self.server_ref.preauth(self.command, url.path, headers)
+        if early is not None:
+            self._refuse_unread(url.path, early)
+            return
         try:
             body = self._read_body(url.path)
         except _BadRequest as exc:
-            self.close_connection = True
-            self.server_ref._record(self.command, url.path, 400)
-            self._send(api.error(400, str(exc)))
+            self._refuse_unread(url.path, api.error(exc.status, str(exc)))
             return
-        req = api.Request(self.command, url.path, {k.lower(): v for k, v in self.headers.items()}, body,
+        req = api.Request(self.command, url.path, headers, body,
                           self.client_address[0], query=dict(urllib.parse.parse_qsl(url.query)))
         try:
             resp = self.server_ref.handle(req)
@@ -247,8 +268,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.server_ref._record(self.command, url.path, resp.status)
         self._send(resp)
 
+    def _refuse_unread(self, path: str, resp: api.Response) -> None:
+        """Answer without reading (the rest of) the body; the connection can't be reused then."""
+        self.close_connection = True
+        resp.headers["Connection"] = "close"
+        self.server_ref._record(self.command, path, resp.status)
+        self._send(resp)
+
     def _read_body(self, path: str) -> bytes:
-        cap = UPLOAD_BODY_CAP if path.endswith("/skills/upload") else JSON_BODY_CAP
+        # No route, no use for a body: a stranger can't make the plane buffer megabytes there
+        # (a trailing-slash redirect is answered before any token check, as gin does).
+        known = api.route(self.command, path) is not None
+        cap = (UPLOAD_BODY_CAP if known and path.endswith("/skills/upload")
+               else JSON_BODY_CAP if known else STRAY_BODY_CAP)
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             return self._read_chunked(cap)  # HTTP/1.1: chunked wins over Content-Length
         length = self.headers.get("Content-Length")
@@ -257,7 +289,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not length.isdigit():
             raise _BadRequest(f"bad Content-Length {length!r}")
         if int(length) > cap:
-            raise _BadRequest(f"request body over {cap} bytes")
+            raise _TooLarge(f"request body of {length} bytes is over the {cap}-byte limit")
         return self.rfile.read(int(length))
 
     def _read_chunked(self, cap: int) -> bytes:
@@ -274,7 +306,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return b"".join(parts)
             size += n
             if size > cap:
-                raise _BadRequest(f"request body over {cap} bytes")
+                raise _TooLarge(f"request body over the {cap}-byte limit")
             parts.append(self.rfile.read(n))
             self.rfile.readline(8)
 

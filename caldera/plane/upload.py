@@ -15,6 +15,9 @@ import re
 import zipfile
 
 MAX_MEMBERS = 10_000
+MAX_UNPACKED = 512 * 1024 * 1024  # SPEC section 9, across all members
+MAX_RATIO = 100  # across all members: 300 members of 1 MiB each are judged together
+RATIO_FLOOR = 1024 * 1024  # under this in all, no archive is a bomb worth refusing
 
 
 class UploadError(ValueError):
@@ -76,10 +79,23 @@ def _is_metadata(path: str) -> bool:
     return parts[0] == "__MACOSX" or base in (".DS_Store", "Thumbs.db") or base.startswith("._")
 
 
-def _members(archive: zipfile.ZipFile) -> dict[str, bytes]:
+def check_totals(infos: list, archive_size: int) -> None:
+    """Total declared size and ratio across every member, from the central directory,
+    before one member is decompressed (zipfile stops each member at its declared size)."""
+    unpacked = sum(i.file_size for i in infos)
+    packed = sum(i.compress_size for i in infos)
+    if unpacked > MAX_UNPACKED:
+        raise UploadError(f"archive unpacks to {unpacked} bytes (at most {MAX_UNPACKED})")
+    if unpacked >= RATIO_FLOOR and unpacked > MAX_RATIO * max(min(packed, archive_size), 1):
+        raise UploadError(f"archive's compression ratio across its members is "
+                          f"{unpacked / max(min(packed, archive_size), 1):.0f} (at most {MAX_RATIO})")
+
+
+def _members(archive: zipfile.ZipFile, archive_size: int) -> dict[str, bytes]:
     infos = archive.infolist()
     if len(infos) > MAX_MEMBERS:
         raise UploadError(f"archive has {len(infos)} entries (at most {MAX_MEMBERS})")
+    check_totals(infos, archive_size)
     files = {}
     for info in infos:
         name = info.filename.replace("\\", "/")
@@ -98,7 +114,7 @@ def check_package(data: bytes) -> tuple[str, str]:
     """(top-level directory, content_md5) of a skill package, or UploadError naming the problem."""
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            files = _members(archive)
+            files = _members(archive, len(data))
     except zipfile.BadZipFile as exc:
         raise UploadError(f"zip: not a valid zip file ({exc})") from None
     groups: dict[str, dict[str, bytes]] = {}

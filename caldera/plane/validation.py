@@ -11,7 +11,13 @@ import functools
 import json
 import re
 
+from caldera.host.jsonlimits import JSONLimitError
+from caldera.host.jsonlimits import loads as bounded_loads
 from caldera.protocol import schemas
+
+BODY_MAX_BYTES = 8 * 1024 * 1024  # JSON bodies; the server refuses larger ones (413) before reading them
+
+
 class BodyError(ValueError):
     """The body breaks its schema; the message names the place (answered as 400)."""
 
@@ -39,13 +45,14 @@ def check(name: str, document) -> None:
 
 
 def parse_json_body(raw: bytes):
-    """The decoded body; an empty body is Go's 'EOF', bad JSON names the place."""
+    """The decoded body (the one bounded parser: 64 levels deep at most); an empty body is
+    Go's 'EOF', bad JSON names the place. Every failure is a BodyError, answered as 400."""
     if not raw.strip():
         raise BodyError("EOF")
     try:
-        return json.loads(raw)
-    except UnicodeDecodeError as exc:
-        raise BodyError(f"body is not UTF-8: {exc}") from None
+        return bounded_loads(raw, max_bytes=BODY_MAX_BYTES, what="body")
+    except JSONLimitError as exc:
+        raise BodyError(str(exc)) from None
     except ValueError as exc:
         raise BodyError(f"invalid JSON: {exc}") from None
 

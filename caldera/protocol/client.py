@@ -23,6 +23,7 @@ import uuid
 import requests
 
 from caldera import __version__, errors
+from caldera.host.jsonlimits import loads as bounded_loads
 log = logging.getLogger("caldera.protocol.client")
 
 API_PREFIX = "/api/v1/agent"
@@ -83,7 +84,7 @@ def parse_retry_after(value: str | None) -> float | None:
 
 def _error_message(body: bytes) -> str:
     try:
-        doc = json.loads(body)
+        doc = bounded_loads(body, max_bytes=BODY_CAP, what="the error body")
     except ValueError:
         return body[:200].decode("utf-8", "replace").strip() or "(empty body)"
     if isinstance(doc, dict):
@@ -109,9 +110,9 @@ def unwrap(body: bytes):
     if not body.strip():
         return None
     try:
-        doc = json.loads(body)
-    except ValueError as exc:
-        raise Invalid(200, f"response is not JSON: {exc}") from None
+        doc = bounded_loads(body, max_bytes=BODY_CAP, what="the response")
+    except ValueError as exc:  # incl. jsonlimits.JSONLimitError: too deep or too large, one failed call
+        raise Invalid(200, f"response is not usable JSON: {exc}") from None
     if isinstance(doc, dict) and "success" in doc:
         if doc.get("success") is False:
             raise Invalid(200, str(doc.get("error") or "the server said success: false"))

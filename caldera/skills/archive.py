@@ -74,6 +74,16 @@ def _ratio(info: zipfile.ZipInfo) -> None:
                            f"({info.file_size} bytes from {info.compress_size})")
 
 
+def total_ratio(members: list) -> None:
+    """The ratio across all members: 300 members of 1 MiB each under the per-member floor
+    are still a bomb when together they unpack to over 100 times their compressed size."""
+    unpacked = sum(i.file_size for i in members)
+    packed = sum(i.compress_size for i in members)
+    if unpacked >= RATIO_FLOOR and unpacked > MAX_RATIO * max(packed, 1):
+        raise ArchiveError(f"the archive's compression ratio across its members is {unpacked / max(packed, 1):.0f}, "
+                           f"over {MAX_RATIO} ({unpacked} bytes from {packed})")
+
+
 def _overlaps(members: list) -> None:
     """Two entries whose data share bytes are the zip form of a hard link (and of
     the overlapping-file bomb): refused."""
@@ -122,6 +132,7 @@ def check(zf: zipfile.ZipFile) -> Checked:
         files.append(info)
     if not tops:
         raise ArchiveError("the archive is empty")
+    total_ratio(files)
     _overlaps(files)
     return Checked(top=tops.pop(), members=files, unpacked=unpacked)
 

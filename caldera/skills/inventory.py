@@ -20,6 +20,7 @@ from pathlib import Path
 
 from caldera import config
 from caldera.host.fsutil import atomic_write_json, ensure_dir
+from caldera.host.jsonlimits import loads as bounded_loads
 from caldera.host.timefmt import rfc3339
 from caldera.skills import md5
 
@@ -154,7 +155,7 @@ def skill_metadata(path: Path) -> dict:
         text = _read_small(path / name)
         if text:
             try:
-                doc = json.loads(text)
+                doc = bounded_loads(text, max_bytes=4 * META_CAP, what=name)  # an agent writes these
             except ValueError:
                 continue
             if isinstance(doc, dict):
@@ -171,7 +172,7 @@ def skill_metadata(path: Path) -> dict:
 def read_record(path: Path, name: str) -> dict:
     text = _read_small(path / name)
     try:
-        doc = json.loads(text) if text else {}
+        doc = bounded_loads(text, max_bytes=4 * META_CAP, what=name) if text else {}
     except ValueError:
         return {}
     return doc if isinstance(doc, dict) else {}
@@ -339,7 +340,8 @@ def _flock(state_dir, kind: int):
     root = managed_root(state_dir)
     try:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        # O_NOFOLLOW: the skills root is a directory an agent can write to.
+        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
         yield  # another user's state dir (caldera skills as a person): read without the lock
         return

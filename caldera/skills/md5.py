@@ -37,6 +37,7 @@ class FileEntry:
     mtime_ns: int
     ctime_ns: int
     ino: int
+    nlink: int = 1  # > 1: a hard link (collect_skill_package refuses it)
 
 
 def name_problem(name: str) -> str | None:
@@ -54,19 +55,21 @@ def name_problem(name: str) -> str | None:
     return None
 
 
-def collect_files(root) -> list[FileEntry]:
+def collect_files(root, specials: list | None = None) -> list[FileEntry]:
     """The regular, non-hidden files under `root`, sorted by relative path.
 
     Raises SkillNameError for a name that cannot be hashed, ScanError when a
     directory or file cannot be read (the caller must not treat it as empty).
+    specials: when given, the relative paths of non-hidden fifos, sockets and
+    devices are appended to it (skipped for the fingerprint; a package refuses them).
     """
     out: list[FileEntry] = []
-    _walk(os.fspath(root), "", out)
+    _walk(os.fspath(root), "", out, specials)
     out.sort(key=lambda e: e.rel)
     return out
 
 
-def _walk(directory: str, prefix: str, out: list) -> None:
+def _walk(directory: str, prefix: str, out: list, specials: list | None = None) -> None:
     try:
         with os.scandir(directory) as it:
             entries = list(it)
@@ -86,9 +89,12 @@ def _walk(directory: str, prefix: str, out: list) -> None:
         except OSError as exc:
             raise ScanError(exc.errno, f"cannot stat: {exc.strerror}", entry.path) from None
         if stat.S_ISDIR(st.st_mode):
-            _walk(entry.path, rel + "/", out)
+            _walk(entry.path, rel + "/", out, specials)
         elif stat.S_ISREG(st.st_mode):
-            out.append(FileEntry(rel, entry.path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+            out.append(FileEntry(rel, entry.path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
+                                 st.st_nlink))
+        elif specials is not None and not stat.S_ISLNK(st.st_mode):
+            specials.append(rel)
         # symlinks, fifos, sockets, devices: skipped, never followed
 
 

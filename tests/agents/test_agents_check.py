@@ -55,3 +55,46 @@ def test_bad_manifest_exits_1_with_the_reason(tmp_path, caldera_env, capsys):
     code = main(["check", "--manifest", str(manifest), "--state-dir", str(tmp_path / "s")])
     out = capsys.readouterr()
     assert code == 1 and "'mcp' is not allowed" in out.out
+
+
+SEED_SETTINGS = """\
+settings:
+  schema:
+    - { key: max_7d, label: Weekly limit, type: percent, min: 0.1, max: 0.95 }
+  defaults: { max_7d: 0.75 }
+controls: [pause, resume, run_now]
+"""
+
+
+def test_seed_000s_minimal_adapter_passes_verbatim(tmp_path, caldera_env, capsys):
+    paths = make_agent(tmp_path, "seed_minimal.py", extra=SEED_SETTINGS)
+    code = main(["check", "--json", "--controls", "--manifest", str(paths.manifest_path),
+                 "--state-dir", str(tmp_path / "s")])
+    body = json.loads(capsys.readouterr().out)
+    assert code == 0, body
+    results = {(c["check"], c["result"]) for c in body["checks"]}
+    # It implements no `log NAME` (exit 2, as the contract allows): reported, not a breach.
+    assert ("log ../../etc/passwd", "not implemented") in results
+    assert ("log caldera-check-no-such-log.log", "not implemented") in results
+    assert ("unknown verb", "pass") in results and ("status", "pass") in results
+    assert ("settings set (not JSON)", "pass") in results
+    assert all(c["result"] in ("pass", "not implemented", "note") for c in body["checks"])
+    # The human report lists each probe with its result.
+    main(["check", "--manifest", str(paths.manifest_path), "--state-dir", str(tmp_path / "s")])
+    out = capsys.readouterr().out
+    assert "not implemented log ../../etc/passwd" in " ".join(out.split()) and "pass" in out
+
+
+def test_every_probe_runs_after_an_earlier_failure(tmp_path):
+    paths = make_agent(tmp_path, "broken_get.py")
+    report = run_checks(load_manifest(paths.manifest_path), Report())
+    by_check = {}
+    for item in report.items:
+        by_check.setdefault(item["check"], []).append(item)
+    assert by_check["settings get"][0]["result"] == "fail"
+    # The set probes ran anyway and found the clamping.
+    assert by_check["settings set (not JSON)"][0]["result"] == "fail"
+    assert "silent clamping" in by_check["settings set (max_7d above its maximum 1.0)"][0]["detail"]
+    assert any("could not put max_7d back" in i["detail"] for i in by_check["settings set"])
+    assert by_check["log --list"][0]["result"] == "not implemented"
+    assert "log ../../etc/passwd" in by_check  # the name probes still ran

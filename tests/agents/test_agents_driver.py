@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from adapter_helpers import make_agent, workdir
-from caldera.agents import window
+from caldera.agents import updates, window
+from caldera.agents.updates import load_effective
 from caldera.agents.adapter.driver import adapter_status, open_driver
 from caldera.errors import ConfigError
 from caldera.agents.manifest import load_manifest
@@ -141,13 +142,14 @@ def test_update_then_three_bad_reports_roll_back(tmp_path, pool):
     assert result["changed"] and result["previous_version"] == "0.1.0"
     driver.wall = lambda: 1010.0
     assert driver.report_section()["runtime"]["openclaw_version"] == "0.2.0"  # the driver picked it up
-    assert load_manifest(paths.manifest_path).version == "0.2.0"
+    assert load_effective(paths).version == "0.2.0"
+    assert load_manifest(paths.manifest_path).version == "0.1.0"  # the installed file is never written
     # The adapter now answers bad: three reports in a row inside the window roll back.
     (workdir(paths) / "recorder.py").write_text(
         'import json; print(json.dumps({"state": {"level": "bad", "label": "Broken"}}))\n')
     for n in range(3):
         section = driver.report_section()
-    assert load_manifest(paths.manifest_path).version == "0.1.0"
+    assert load_effective(paths).version == "0.1.0"
     assert driver.manifest.version == "0.1.0"
     entry = [e for e in section["health"]["entries"] if e["name"] == "Blueprint update"]
     assert entry and entry[0]["level"] == "bad" and "rolled back to 0.1.0" in entry[0]["reason"]
@@ -161,10 +163,10 @@ def test_a_good_report_resets_the_streak_and_the_window_closes(tmp_path):
     assert window.current(paths)["status"] == "open"
     closed = window.observe(paths, True, now=window.WINDOW_SECONDS + 1.0)
     assert closed["status"] == "closed"
-    assert not paths.manifest_path.with_name("caldera.agent.yaml.previous").exists()
+    assert not updates.previous_file(paths).exists()
     for _ in range(3):
         window.observe(paths, True, now=window.WINDOW_SECONDS + 2.0)
-    assert load_manifest(paths.manifest_path).version == "0.2.0"  # no rollback after the window
+    assert load_effective(paths).version == "0.2.0"  # no rollback after the window
 
 
 def test_a_bad_update_changes_nothing(tmp_path):

@@ -276,11 +276,13 @@ def test_instructions_and_mcp_and_what_a_revision_may_tell(tmp_path):
         mcp = json.loads(open(env["CALDERA_MCP_CONFIG"]).read())["mcpServers"]
         assert mcp == {"files": {"command": ["npx", "fs-server"]}, "search": {"url": "https://search.example/mcp"}}
         refused = check_told(run.driver, {"mcp": {"files": {"command": ["sh", "-c", "evil"]},
-                                                  "new": {"url": "https://x.example"},
+                                                  "files2": {"command": ["x"]},
                                                   "search": {"command": ["x"]}}})
-        assert len(refused) == 3 and all("mcp." in p for p in refused)
+        assert len(refused) == 3 and all(p.startswith("mcp.") for p in refused), refused
+        assert check_told(run.driver, {"mcp": {"files": {"url": "https://x.example"}}}) != []  # a command server
         assert check_told(run.driver, {"mcp": {"search": {"url": "ftp://x"}}}) != []
-        content = {"instructions": "Be thorough.\n", "mcp": {"search": {"url": "https://search2.example/mcp"}}}
+        content = {"instructions": "Be thorough.\n", "mcp": {"search": {"url": "https://search2.example/mcp"},
+                                                            "docs": {"url": "https://docs.example/mcp"}}}
         assert check_told(run.driver, content) == []
         status = paths.state_dir / "agent" / "status.json"
         wait_for(status.exists, "the status file")
@@ -289,6 +291,7 @@ def test_instructions_and_mcp_and_what_a_revision_may_tell(tmp_path):
         assert open(env["CALDERA_INSTRUCTIONS_FILE"]).read() == "Be thorough.\n"
         mcp = json.loads(open(env["CALDERA_MCP_CONFIG"]).read())["mcpServers"]
         assert mcp["search"] == {"url": "https://search2.example/mcp"} and mcp["files"]["command"] == ["npx", "fs-server"]
+        assert mcp["docs"] == {"url": "https://docs.example/mcp"}  # an added url server (trust.check_update allows it)
         wait_for(lambda: "hups=1" in status.read_text(), "the SIGHUP that tells the agent")
 
 

@@ -354,3 +354,12 @@ def test_every_failure_kind_is_reachable_and_known():
                                           fk.BACKEND_PROTOCOL_ERROR, fk.BACKEND_RESPONSE_INVALID,
                                           fk.BACKEND_SPAWN_FAILED, fk.BACKEND_TIMEOUT, fk.CANCELLED}
     assert reached == set(fk.FAILURE_KINDS) and len(fk.FAILURE_KINDS) == 11
+
+
+def test_a_stdout_line_nested_too_deep_is_one_failed_turn(tmp_path):
+    # A hostile (or broken) backend: one line of 20,000 nested arrays. The reader thread lives,
+    # the turn ends with one terminal_status naming the limit.
+    _, events, _ = run_mock(tmp_path, {"on_turn": [{"raw": "[" * 20000 + "]" * 20000}]})
+    data = _one_terminal(events)
+    assert data["failure_kind"] == fk.BACKEND_JSON_PARSE_ERROR
+    assert "nested deeper than 64 levels" in data["message"]

@@ -38,3 +38,40 @@ def test_known_value_in_every_form():
              urllib.parse.quote(value, safe="")]
     for form in forms:
         assert r.text(f"x {form} y") == f"x {MASK} y"
+
+
+def test_no_line_of_the_projected_config_reaches_an_event(tmp_path):
+    """SPEC section 10: base URL, model and profile names may appear; no other config line."""
+    from backends_helpers import (environment, execute, mock_binary, request, workspace,
+                                  write_projection)
+
+    secrets = write_projection(tmp_path, extra_toml='approval_note = "internal-only-setting"\n')
+    config = (secrets / "codex" / "config.toml").read_text()
+    snippet = [f"{n} | {line}" for n, line in enumerate(config.splitlines(), 1) if line.strip()]
+    # Codex echoing config lines: in a configWarning, a warning, and the stderr tail of its exit.
+    script = {"stderr": ["TOML parse error at line 7, column 1", *snippet], "on_turn": [
+        {"method": "configWarning", "params": {"summary": "Invalid configuration:\n" + "\n".join(snippet)}},
+        *({"method": "warning", "params": {"message": line}} for line in config.splitlines() if line.strip()),
+        {"exit": 3}]}
+    env = environment(tmp_path, mock_binary(tmp_path, script), secrets)
+    _, events = execute(request(workspace(tmp_path)), env)
+    text = json.dumps(events)
+    for hidden in ('env_key = \\"FAKE_PROVIDER_API_KEY\\"', 'wire_api = \\"responses\\"',
+                   'approval_note = \\"internal-only-setting\\"'):
+        assert hidden not in text, hidden
+    assert "http://127.0.0.1:9/v1" in text and "gpt-5.5" in text  # what may be shown still is
+
+
+def test_the_run_log_never_follows_a_planted_symlink(tmp_path):
+    from caldera.backends import runlog
+    from caldera.errors import CommandError
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("keep me\n")
+    path = runlog.log_path(logs, "run-9")
+    path.symlink_to(target)
+    with pytest.raises(CommandError, match="symlink there is never followed"):
+        runlog.RunLog(path, Redactor())
+    assert target.read_text() == "keep me\n"

@@ -92,3 +92,44 @@ def test_persistent_dir_defaults_to_the_environment(capsys, monkeypatch, tmp_pat
     info = json.loads(out)["system_info"]
     assert info["disk"]["mount_path"] == str(tmp_path)
     assert (info["runtime_type"], info["runtime_name"]) == ("myruntime", "myruntime")
+
+
+def _quota_case(tmp_path):
+    root = copy_case(tmp_path, "v1_limits")
+    group = f"{root}/sys/fs/cgroup/cpu,cpuacct/docker/abc"
+    with open(f"{group}/cpu.cfs_quota_us", "w") as fh:
+        fh.write("250000\n")  # 2.5 cores
+    with open(f"{root}/sys/fs/cgroup/cpuset/docker/abc/cpuset.effective_cpus", "w") as fh:
+        fh.write("0-7\n")
+    with open(f"{root}/sys/devices/system/cpu/online", "w") as fh:
+        fh.write("0-7\n")
+    return root
+
+
+def _cpu(capsys, *argv):
+    code, out, _ = run(capsys, "--json", *argv)
+    assert code == 0
+    doc = json.loads(out)
+    return doc["system_info"].get("cpu", {}), doc["health"]["metrics_collector_reasons"]
+
+
+def test_every_figure_comes_from_the_roots_given_cpu_count_included(capsys, tmp_path):
+    root = _quota_case(tmp_path)
+    cpu, _ = _cpu(capsys, *fixture_args(root))
+    assert cpu["online_cpus"] == 8 and cpu["quota_cores"] == 2.5 and cpu["cores"] == 2.5
+    # --proc-root alone: the CPU count is the tree's (its sys/ beside proc/), not this host's.
+    cpu, _ = _cpu(capsys, "--proc-root", f"{root}/proc", "--persistent-dir", f"{root}/persistent")
+    assert cpu["online_cpus"] == 8
+
+
+def test_cpu_count_from_the_trees_proc_stat_never_from_this_host(capsys, tmp_path):
+    root = _quota_case(tmp_path)
+    os.remove(f"{root}/sys/devices/system/cpu/online")
+    with open(f"{root}/proc/stat", "w") as fh:
+        fh.write("cpu  1 2 3 4\n" + "".join(f"cpu{n} 1 2 3 4\n" for n in range(3)) + "intr 0\n")
+    cpu, _ = _cpu(capsys, *fixture_args(root))
+    assert cpu["online_cpus"] == 3 and cpu["cores"] == 2.5
+    os.remove(f"{root}/proc/stat")
+    cpu, reasons = _cpu(capsys, *fixture_args(root))
+    assert "online_cpus" not in cpu and cpu["cores"] == 2.5  # the quota still bounds; no host figure
+    assert any("online" in r for r in reasons) and not any("os.cpu_count" in r for r in reasons)

@@ -170,3 +170,21 @@ def test_watch_refuses_a_nonsense_interval(caldera_env):
     install_agent(caldera_env)
     done = status("--watch", "0")
     assert done.returncode == 2 and "--watch" in done.stderr
+
+
+def test_status_shows_the_installed_and_the_effective_manifest(caldera_env):
+    from caldera.agents import updates
+    from caldera.agents.manifest import load_manifest
+    from caldera.config import agent_from_args
+    from core_helpers import Args
+
+    install_agent(caldera_env)
+    done = json.loads(status("--json").stdout)
+    assert done["manifest"]["effective"] == {"source": "installed", "revision_id": None,
+                                             "version": done["manifest"]["installed"]["version"]}
+    paths = agent_from_args(Args(agent="demo"))
+    doc = dict(load_manifest(paths.manifest_path).doc, version="2.0.0")
+    updates.write(paths, updates.record_for(doc, 42))
+    done = json.loads(status("--json").stdout)
+    assert done["manifest"]["effective"] == {"source": "update", "revision_id": 42, "version": "2.0.0"}
+    assert "in effect: update 2.0.0 from config revision 42" in status().stdout

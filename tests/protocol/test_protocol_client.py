@@ -219,3 +219,18 @@ def test_upload_reaches_a_real_server_unchunked(tmp_path):
         assert len(plane.store.uploads(7)) == 1
     finally:
         plane.stop()
+
+
+@responses.activate
+def test_a_body_nested_too_deep_is_one_failed_call(tmp_path):
+    client = make(tmp_path)
+    register_ok()
+    deep = b'{"success": true, "data": ' + b"[" * 20000 + b"]" * 20000 + b"}"
+    responses.add(responses.POST, API + "/heartbeat", body=deep)
+    responses.add(responses.POST, API + "/heartbeat", status=400, body=b"[" * 20000 + b"]" * 20000)
+    responses.add(responses.POST, API + "/heartbeat", json=ok({"has_pending_command": False}))
+    with pytest.raises(Invalid, match="nested deeper than 64 levels"):
+        client.heartbeat({})
+    with pytest.raises(Invalid):  # an error body too deep: still just that call's error
+        client.heartbeat({})
+    assert client.heartbeat({})["has_pending_command"] is False  # the next call works

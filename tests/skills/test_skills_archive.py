@@ -130,3 +130,18 @@ def test_download_failure_and_missing_version(installed, tmp_path):
     with pytest.raises(CommandError, match="needs skill_version"):
         run(runtime, "install_skill", {"target_name": "weather"})
     assert snapshot(tmp_path) == before
+
+
+def test_ratio_is_judged_across_members_too(tmp_path):
+    # 40 members of 100 KiB zeros: each under the per-member floor, together a bomb.
+    import zipfile as _zf
+    from caldera.skills import archive as _archive
+
+    path = tmp_path / "bomb.zip"
+    with _zf.ZipFile(path, "w", _zf.ZIP_DEFLATED) as zf:
+        zf.writestr("alpha/SKILL.md", "# alpha\n")
+        for n in range(40):
+            zf.writestr(f"alpha/data/{n}.bin", b"\0" * (100 * 1024))
+    with _archive.open_archive(path) as zf:
+        with pytest.raises(_archive.ArchiveError, match="ratio across its members"):
+            _archive.check(zf)

@@ -95,7 +95,13 @@ def test_manifest_goes_through_the_blueprint_update(tmp_path):
         rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(content), status=200)
         result = run(rt, "apply_config_revision", {"revision_id": 9})
     assert result["manifest"]["applied"] is True and result["manifest"]["version"] == "1.1.0"
-    assert "1.1.0" in rt.paths.manifest_path.read_text()
+    # Stored in the state dir over the installed manifest; /etc is never written (read-only there).
+    assert "1.0.0" in rt.paths.manifest_path.read_text()
+    assert sorted(p.name for p in rt.paths.config_dir.iterdir()) == ["caldera.agent.yaml"]
+    from caldera.agents.updates import load_effective
+
+    effective = load_effective(rt.paths)
+    assert effective.version == "1.1.0" and effective.update["revision_id"] == 9
 
 
 def test_reload_config_keeps_the_connection(tmp_path, caldera_env):
@@ -122,6 +128,44 @@ def test_process_told_keys_are_checked_before_anything_is_applied(tmp_path):
     content = b'{"mcp":{"files":{"command":["sh","-c","x"]}},"settings":{"t":1}}'
     with responses.RequestsMock() as rsps:
         rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(content), status=200)
-        with pytest.raises(CommandError, match="refused, nothing of it was applied: mcp: only a process-mode"):
+        with pytest.raises(CommandError, match="refused as a whole, nothing applied: mcp.files.command"):
             run(rt, "apply_config_revision", {"revision_id": 9})
     assert driver.calls == [] and rt.state.get("current_config_revision_id") == 4
+
+
+class ToldDriver(Driver):
+    """A process driver's two told methods (agents/process/told.py is tested with a real agent)."""
+
+    def __init__(self, problems):
+        super().__init__()
+        self.problems, self.applied = problems, []
+
+    def check_told(self, content):
+        return list(self.problems)
+
+    def apply_told(self, content):
+        self.applied.append(content)
+        return {"applied": sorted(k for k in ("instructions", "mcp") if k in content), "agent_told": True}
+
+
+def test_a_process_agent_is_told_instructions_after_the_checks(tmp_path):
+    driver = ToldDriver([])
+    rt = FakeRuntime(tmp_path, driver=driver)
+    content = b'{"instructions":"Be brief.","settings":{"t":1}}'
+    with responses.RequestsMock() as rsps:
+        rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(content), status=200)
+        result = run(rt, "apply_config_revision", {"revision_id": 9})
+    assert result["told"] == {"applied": ["instructions"], "agent_told": True}
+    assert driver.calls == [{"t": 1}] and rt.state.get("current_config_revision_id") == 9
+
+
+def test_a_process_agent_refusing_told_keys_refuses_the_whole_revision(tmp_path):
+    driver = ToldDriver(["instructions: the installed manifest declares no instructions file"])
+    rt = FakeRuntime(tmp_path, driver=driver)
+    content = b'{"instructions":"x","settings":{"t":1}}'
+    with responses.RequestsMock() as rsps:
+        rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(content), status=200)
+        with pytest.raises(CommandError, match="nothing applied: instructions: the installed manifest declares no"):
+            run(rt, "apply_config_revision", {"revision_id": 9})
+    assert driver.calls == [] and driver.applied == []
+    assert not (rt.paths.state_dir / "config-revisions" / "9.content.json").exists()  # not even stored

@@ -225,3 +225,36 @@ def test_notifier_skips_stats_and_still_sees_changes(rt, monkeypatch):
         assert inv.scan().hashed == 1  # the new directory was watched after the rescan
     finally:
         notifier.close()
+
+
+@pytest.mark.parametrize("plant", ["hardlink", "fifo"])
+def test_collect_refuses_hard_links_and_special_files(rt, tmp_path, plant):
+    notes = rt.paths.state_dir / "skills" / "notes"
+    if plant == "hardlink":
+        outside = tmp_path / "credential.txt"  # a file the runtime may read, outside the skill
+        outside.write_text("token=very-secret\n")
+        os.link(outside, notes / "innocent.txt")
+        expect = "'innocent.txt' is a hard link"
+    else:
+        os.mkfifo(notes / "pipe")
+        expect = "'pipe' is a special file"
+    expected = md5.content_md5_dir(notes)  # the fingerprint skips a FIFO and counts a hard link
+    with responses.RequestsMock() as rsps:  # no upload may happen: any request would fail here
+        with pytest.raises(CommandError, match=expect):
+            run(rt, "collect_skill_package", {"skill_id": "Notes", "skill_version": "2.0.1",
+                                              "identifier": "notes", "content_md5": expected,
+                                              "source": "discovered_in_instance"})
+        assert not rsps.calls
+    assert not list((rt.paths.state_dir / "cache").glob(".skill-package-*"))
+
+
+def test_package_refuses_a_file_swapped_after_the_walk(tmp_path):
+    from caldera.skills import package
+
+    skill = tmp_path / "notes"
+    write_tree(skill, {"SKILL.md": "x\n"})
+    entry = md5.collect_files(skill)[0]
+    (skill / "SKILL.md").unlink()
+    os.symlink("/etc/passwd", skill / "SKILL.md")  # swapped for a symlink: never followed
+    with pytest.raises(package.PackageError, match="cannot open it as a regular file"):
+        package._open_checked(entry)

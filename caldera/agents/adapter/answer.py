@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 
 from caldera.agents.contract import ContractError  # noqa: F401 -- the adapter's answers raise it; re-exported
+from caldera.host.jsonlimits import JSONLimitError, loads, scrub
 
 # Answer.kind
 DONE, REFUSED, UNSUPPORTED, FAILED = "done", "refused", "unsupported", "failed"
 MESSAGE_MAX = 1000
 HELD_MAX_ITEMS = 50
+JSON_MAX_BYTES = 512 * 1024  # above every verb's stdout cap: the cap that matters is the verb's
 
 
 class Answer:
@@ -47,7 +49,11 @@ class Answer:
 
 
 def parse_object(stdout: bytes, verb: str) -> dict:
-    """Exactly one JSON object and nothing else (whitespace aside), or ContractError."""
+    """Exactly one JSON object and nothing else (whitespace aside), or ContractError.
+
+    Parsed by the one bounded parser (caldera.host.jsonlimits): 20,000 nested
+    arrays are "output nested deeper than 64 levels", one failed call, never a
+    RecursionError in a loop."""
     try:
         text = stdout.decode("utf-8")
     except UnicodeDecodeError:
@@ -55,9 +61,11 @@ def parse_object(stdout: bytes, verb: str) -> dict:
     if not text.strip():
         raise ContractError(f"{verb}: printed nothing; one JSON object was expected")
     try:
-        value = json.loads(text)
+        value = loads(stdout, max_bytes=JSON_MAX_BYTES, what="output")
     except json.JSONDecodeError as exc:
         raise ContractError(f"{verb}: stdout must hold exactly one JSON object ({describe_stdout(text, exc)})") from None
+    except JSONLimitError as exc:
+        raise ContractError(f"{verb}: {exc}") from None
     if not isinstance(value, dict):
         raise ContractError(f"{verb}: printed a JSON {type(value).__name__}, not an object")
     return value
@@ -82,8 +90,10 @@ def check_answer_body(body: dict, verb: str) -> tuple[str | None, list]:
         raise ContractError(f"{verb}: 'message' must be a string")
     if not isinstance(held, list) or not all(isinstance(h, str) for h in held):
         raise ContractError(f"{verb}: 'held' must be a list of strings")
-    message = message[:MESSAGE_MAX] if message else message
-    return message, [h[:MESSAGE_MAX] for h in held[:HELD_MAX_ITEMS]]
+    # Sentences a person reads: a lone surrogate (a "\ud800" escape) becomes U+FFFD, so
+    # printing or encoding them can never fail.
+    message = scrub(message[:MESSAGE_MAX]) if message else message
+    return message, [scrub(h[:MESSAGE_MAX]) for h in held[:HELD_MAX_ITEMS]]
 
 
 def with_held(message: str | None, held: list) -> str:

@@ -15,10 +15,10 @@ import logging
 import threading
 import time
 
-from caldera.agents import status, window
+from caldera.agents import status, updates, window
 from caldera.agents.adapter import health, invoke, verbs
 from caldera.agents.adapter.answer import DONE, FAILED, UNSUPPORTED, Answer, ContractError
-from caldera.agents.manifest import CONTROLS, load_manifest
+from caldera.agents.manifest import CONTROLS
 from caldera.errors import ConfigError
 from caldera.protocol.schemas import SchemaError, validate
 
@@ -29,13 +29,18 @@ VERSION_MAX = 50
 BACKGROUND_WAIT = 1.0  # ClawManager's openclaw_version column
 
 
-def open_driver(paths, manifest, *, pool, redactor, schema_checks: bool = True) -> "Driver":
+def open_driver(paths, manifest, *, pool, redactor, schema_checks: bool = True, state=None) -> "Driver":
     """schema_checks: validate answers and the manifest with jsonschema too (the daemon,
     which pays the import once). `report --once` runs the plain-Python checks only, which
-    give the schemas' verdict (tests hold the two together) without the import."""
+    give the schemas' verdict (tests hold the two together) without the import.
+    state: the durable key-value state (`state.json`); a window rollback puts the previous
+    `current_config_revision_id` back in it. The driver starts from the effective manifest
+    (the installed one with a stored blueprint update over it)."""
     if manifest.runtime_type != "adapter":
         raise ConfigError(f"{manifest.path}: runtime.type: {manifest.runtime_type} is not adapter mode")
-    return Driver(paths, manifest, pool=pool, redactor=redactor, schema_checks=schema_checks)
+    driver = Driver(paths, manifest, pool=pool, redactor=redactor, schema_checks=schema_checks, state=state)
+    driver.refresh_manifest()
+    return driver
 
 
 def schema_problem(name: str, document) -> str | None:
@@ -71,8 +76,10 @@ def _status_body(answer: Answer, validate: bool) -> tuple[dict, bool]:
 
 class Driver:
     def __init__(self, paths, manifest, *, pool, redactor, clock=time.monotonic, wall=time.time,
-                 schema_checks: bool = True):
+                 schema_checks: bool = True, state=None):
         self.paths, self.manifest, self.pool, self.redactor = paths, manifest, pool, redactor
+        self.state = state
+        self.last_level: str | None = None  # the agent's level in the last report (for the window)
         self.schema_checks = schema_checks
         self.clock, self.wall = clock, wall
         self._lock = threading.Lock()
@@ -90,15 +97,16 @@ class Driver:
     def refresh_manifest(self) -> None:
         """Pick up a changed manifest (an update, a rollback, an edit); a bad one keeps the old."""
         try:
-            fresh = load_manifest(self.paths.manifest_path, cache_dir=self.paths.state_dir / "cache",
-                                  validate_schema=self.schema_checks)
+            fresh = updates.load_effective(self.paths, cache_dir=self.paths.state_dir / "cache",
+                                           validate_schema=self.schema_checks)
         except ConfigError as exc:
             if str(exc) != self._manifest_problem:
                 log.warning("manifest not reloaded, keeping the last good one: %s", exc)
             self._manifest_problem = str(exc)
             return
         self._manifest_problem = None
-        if fresh.doc != self.manifest.doc or fresh.workdir != self.manifest.workdir:
+        if (fresh.doc != self.manifest.doc or fresh.workdir != self.manifest.workdir
+                or fresh.update != getattr(self.manifest, "update", None)):
             log.info("manifest reloaded: %s %s", fresh.name, fresh.version or "")
             with self._lock:
                 self.manifest = fresh
@@ -204,6 +212,9 @@ class Driver:
             answer = future.result(timeout=timeout)
         except cf.TimeoutError:
             return status.not_answering(f"status: no answer within {timeout:.0f} s (the call is still running)"), False
+        except Exception as exc:  # a bug in our own code: this one report says so, the next one tries again
+            log.error("status call raised: %s", exc)
+            return status.not_answering(f"status: internal error ({type(exc).__name__})"), False
         return _status_body(answer, validate=self.schema_checks)
 
     def report_section(self) -> dict:
@@ -218,8 +229,10 @@ class Driver:
             entries.append({"name": "Manifest", "level": "warn",
                             "reason": f"not reloaded, the last good one is in use: {self._manifest_problem}"[:1000]})
         bad = status.level_of(body) == "bad" or (self._health_entry or {}).get("level") == "bad"
-        if window.observe(self.paths, bad, now=self.wall()):
-            self.refresh_manifest()  # a rollback put the previous manifest back
+        changed = window.observe(self.paths, bad, now=self.wall())
+        if changed:
+            self._after_window(changed)
+        self.last_level = "bad" if bad else status.level_of(body)
         entries.extend(window.health_entries(self.paths, now=self.wall()))
         values, bounds = self._settings
         agent = body.get("agent") or {}
@@ -235,6 +248,16 @@ class Driver:
             "controls": self.controls(),
         }
         return self.redactor(section)
+
+
+    def _after_window(self, record: dict) -> None:
+        """A rollback put the previous effective manifest back: use it, and report its revision."""
+        if record.get("status") == "rolled_back":
+            log.warning("blueprint update (revision %s) rolled back: %s", record.get("revision_id"),
+                        record.get("reason"))
+            if self.state is not None:
+                self.state.set(window.REVISION_KEY, record.get("previous_revision_id"))
+        self.refresh_manifest()
 
 
 def _running(future) -> bool:

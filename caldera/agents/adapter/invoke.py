@@ -15,6 +15,7 @@ import pwd
 import threading
 
 from caldera.host import proc
+from caldera.host.jsonlimits import scrub
 from caldera.agents.adapter.answer import (DONE, FAILED, MESSAGE_MAX, REFUSED, UNSUPPORTED, Answer,
                                     ContractError, check_answer_body, parse_object)
 
@@ -129,7 +130,7 @@ def refusal_message(stdout: bytes) -> str | None:
         text = stdout.decode("utf-8", "replace").strip()
         return text[:MESSAGE_MAX] or None
     message = body.get("message")
-    return message[:MESSAGE_MAX] if isinstance(message, str) and message else None
+    return scrub(message[:MESSAGE_MAX]) if isinstance(message, str) and message else None
 
 
 def run_health(manifest, *, cancel: threading.Event | None = None, environ=os.environ) -> proc.ProcResult:

@@ -4,10 +4,13 @@ A name comes from Caldera or a person, so it is checked here first; the
 adapter checks again (seed 000). Besides SPEC's list (empty, > 190 characters,
 a NUL, a leading '-', '/' or '\\', '.' or '..') control characters are refused
 too: no log name needs a newline, and one would forge lines in our own logs.
+A name that is not valid Unicode text (a lone surrogate) is refused with a
+sentence, never passed on (it can't be encoded into an argv).
 """
 from __future__ import annotations
 
 from caldera.agents.adapter.answer import ContractError
+from caldera.host.jsonlimits import text_problem
 
 NAME_MAX = 190
 LIST_MAX = 50
@@ -30,6 +33,9 @@ def name_problem(name) -> str | None:
         return "a log name must not be '.' or '..'"
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
         return "a log name must not contain control characters"
+    problem = text_problem(name)  # a lone surrogate (a "\ud800" escape, undecodable argv bytes)
+    if problem:
+        return f"a log name must be valid text: {problem}"
     return None
 
 

@@ -4,8 +4,6 @@
 """
 from __future__ import annotations
 
-import json
-
 from caldera.agents.adapter import invoke, logs
 from caldera.agents import settings
 from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, UNSUPPORTED, Answer, ContractError, with_held
@@ -80,10 +78,11 @@ def settings_set(manifest, values, *, cancel=None, bounds: dict | None = None) -
         if got.kind not in (DONE, UNSUPPORTED):
             # Without the adapter's bounds the narrowing can't be done: change nothing.
             return finish(got)
-    problem = settings.check_values(values, settings.narrow(manifest.settings_schema, bounds))
+    problem = settings.check_values(values, settings.narrow(manifest.settings_schema, bounds),
+                                    grid=manifest.settings_schema)
     if problem:
         return _refused(verb, NOTHING_CHANGED + problem)
-    arg = json.dumps(values, separators=(",", ":"), ensure_ascii=False)
+    arg = settings.argument(values)  # what the 8 KiB cap counted
     return finish(invoke.call(manifest, verb, (arg,), cancel=cancel), NOTHING_CHANGED)
 
 

@@ -19,6 +19,8 @@ import struct
 import threading
 from pathlib import Path
 
+from caldera.host.jsonlimits import loads
+
 log = logging.getLogger("caldera.agents.process")
 SOCKET_NAME = "control.sock"
 LINE_MAX = 64 * 1024
@@ -160,7 +162,7 @@ def _recv(conn: socket.socket):
         data += chunk
         if len(data) > LINE_MAX:
             raise ValueError("request over 64 KiB")
-    return json.loads(data.split(b"\n", 1)[0].decode("utf-8"))
+    return loads(data.split(b"\n", 1)[0], max_bytes=LINE_MAX, what="the request")
 
 
 def _send(conn: socket.socket, obj) -> None:
@@ -189,7 +191,7 @@ def call(state_dir, verb: str, args: dict | None = None, timeout: float = CLIENT
             data += chunk
             if len(data) > 8 * LINE_MAX + (1 << 20):  # a log tail (512 KiB) fits; more is not an answer
                 raise ValueError("reply too large")
-        return json.loads(data.decode("utf-8"))
+        return loads(data, max_bytes=len(data), what="the daemon's reply")
     finally:
         sock.close()
         os.close(dir_fd)

@@ -20,7 +20,8 @@ from caldera.agents import settings as settings_rules
 from caldera.agents import status
 from caldera.agents.adapter import logs as log_names
 from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, Answer
-from caldera.agents.manifest import CONTROLS, load_manifest
+from caldera.agents.manifest import CONTROLS
+from caldera.agents.updates import load_effective
 from caldera.agents.process import files
 from caldera.agents.process.launcher import Launcher
 from caldera.agents.process.logpump import LogPump
@@ -86,7 +87,7 @@ class ProcessDriver:
     def refresh_manifest(self) -> None:
         """A changed manifest applies at the agent's next start (never mid-run)."""
         try:
-            fresh = load_manifest(self.paths.manifest_path, cache_dir=self.paths.state_dir / "cache")
+            fresh = load_effective(self.paths, cache_dir=self.paths.state_dir / "cache")
             spec = build_spec(fresh, self.paths.state_dir)
         except ConfigError as exc:
             self._manifest_problem = str(exc)

@@ -5,7 +5,7 @@
   runtime re-checks every value it reads back against the manifest's schema.
 - `instructions`: a copy of the manifest's instructions file, or the content a
   config revision put in `<runtime state>/process/instructions` (that wins).
-- `mcp.json`: the manifest's `mcp` servers, with `url` entries a revision replaced
+- `mcp.json`: the manifest's `mcp` servers, with the `url` entries a revision changed or added
   (`<runtime state>/process/mcp-urls.json`); `command` entries only ever from the manifest.
 """
 from __future__ import annotations
@@ -63,9 +63,10 @@ def prepare(spec, runtime_state: Path, owner=None) -> dict:
     files["CALDERA_SETTINGS_FILE"] = settings_path(spec)
     if spec.instructions is not None:
         files["CALDERA_INSTRUCTIONS_FILE"] = _instructions(spec, runtime_state, owner)
-    if spec.mcp:
+    servers = effective_mcp(spec, runtime_state)
+    if servers:
         path = spec.state_dir / MCP
-        atomic_write_json(path, {"mcpServers": effective_mcp(spec, runtime_state)}, mode=0o600)
+        atomic_write_json(path, {"mcpServers": servers}, mode=0o600)
         _chown(path, owner)
         files["CALDERA_MCP_CONFIG"] = path
     return files
@@ -93,7 +94,8 @@ def effective_mcp(spec, runtime_state: Path) -> dict:
     except (OSError, ValueError):
         urls = {}
     for name, url in (urls.items() if isinstance(urls, dict) else ()):
-        if name in servers and "url" in servers[name] and isinstance(url, str):
+        # a url server changed or added; a command server is never replaced (checked again here)
+        if isinstance(url, str) and (name not in servers or "url" in servers[name]):
             servers[name] = {"url": url}
     return servers
 

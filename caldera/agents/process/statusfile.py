@@ -15,7 +15,9 @@ import os
 import stat
 import time
 
+from caldera.agents.contract import ContractError
 from caldera.agents.status import filter_status
+from caldera.host.jsonlimits import JSONLimitError, loads
 
 MAX_BYTES = 256 * 1024
 NAME = "Status file"
@@ -75,14 +77,15 @@ def _parse(data: bytes, mtime: float, now: float, stale_after: float) -> StatusR
         return StatusRead(problem=_entry("bad", f"status file is over {MAX_BYTES // 1024} KiB; it is not read"),
                           mtime=mtime)
     try:
-        raw = json.loads(data.decode("utf-8"))
-        body = filter_status(raw)
-    except UnicodeDecodeError:
-        return StatusRead(problem=_entry("bad", "status file is not UTF-8"), mtime=mtime)
+        raw = loads(data, max_bytes=MAX_BYTES, what="status file")  # the one bounded parser
     except json.JSONDecodeError as exc:
         return StatusRead(problem=_entry("bad", f"status file is not JSON ({exc.msg} at character {exc.pos})"),
                           mtime=mtime)
-    except (ValueError, RecursionError) as exc:  # ContractError is a ValueError
+    except JSONLimitError as exc:  # not UTF-8, nested too deep, NaN, a number Python won't convert
+        return StatusRead(problem=_entry("bad", str(exc)), mtime=mtime)
+    try:
+        body = filter_status(raw)
+    except ContractError as exc:
         return StatusRead(problem=_entry("bad", f"status file breaks the contract: {exc}"), mtime=mtime)
     problem = None
     age = now - mtime

@@ -1,12 +1,13 @@
 """What a config revision may tell a process agent (SPEC sections 7b and 11): the content of
-its `instructions` file, and the `url` of the `mcp` servers the manifest installed as url
-servers. Never a `command` entry, never a new server, never a path: those come from the
-blueprint an operator installed. A revision that breaks this is refused whole, naming the key.
-
-(The general rule for whole-manifest updates is the trust boundary of issue 14,
-`caldera.agents.trust`; this checks only the two content keys a revision carries.)
+its `instructions` file, and `mcp` url entries (changed or added). Never a `command` entry,
+never a path: those come from the blueprint an operator installed. The rule is the trust
+boundary's own (`caldera.agents.trust.check_update`); this adds what only process mode knows
+(an instructions file must be declared, the text's size, each entry's shape). A revision that
+breaks it is refused whole, naming the key.
 """
 from __future__ import annotations
+
+import copy
 
 from caldera.agents.process import files
 from caldera.agents.manifest import check_mcp_server
@@ -29,25 +30,25 @@ def check_told(driver, content: dict) -> list[str]:
         elif not isinstance(text, str) or len(text.encode("utf-8", "surrogatepass")) > files.INSTRUCTIONS_MAX:
             problems.append("instructions: must be text of at most 1 MiB")
     if "mcp" in content:
-        problems.extend(_mcp_problems(spec.mcp, content["mcp"]))
+        problems.extend(_mcp_problems(driver.manifest.doc, content["mcp"]))
     return problems
 
 
 def _mcp_problems(installed: dict, proposed) -> list[str]:
+    """The trust boundary's own rule (agents/trust.check_update: url entries may change, a
+    command entry never), then each entry's shape."""
     if not isinstance(proposed, dict):
         return ["mcp: must be a mapping of server name to {url: …}"]
-    problems = []
+    from caldera.agents import trust
+
+    after = copy.deepcopy(installed)
+    after["mcp"] = {**(installed.get("mcp") or {}), **proposed}
+    problems = trust.check_update(installed, after)
     for name, server in proposed.items():
-        base = installed.get(name)
-        if not isinstance(base, dict) or "url" not in base:
-            kind = "not installed" if base is None else "a command server the host starts"
-            problems.append(f"mcp.{name}: {kind}; a revision may only replace the url of an installed url server")
-            continue
-        if not isinstance(server, dict) or set(server) != {"url"}:
-            problems.append(f"mcp.{name}: a revision may carry only {{url: …}}, never a command")
+        if any(p.startswith(f"mcp.{name}") for p in problems):
             continue
         try:
-            check_mcp_server(name, server, "revision")
+            check_mcp_server(str(name), server, "revision")
         except ConfigError as exc:
             problems.append(str(exc).replace("revision: ", ""))
     return problems

@@ -1,0 +1,132 @@
+"""The one bounded JSON parser for everything the runtime did not write itself.
+
+Adapter answers, status files, control-plane bodies and the plane's request
+bodies all come through `loads`: a size cap checked before parsing, a nesting
+limit checked before the C decoder sees the text (it recurses, and 20,000
+nested arrays end in a RecursionError that would escape any `except
+ValueError`), and NaN/Infinity refused (not JSON, and not numbers a report
+can carry). A breach is a `JSONLimitError` (a `ValueError`) whose message is a
+sentence a person can read: "output nested deeper than 64 levels".
+
+Plain stdlib, and nothing built at import (the regexes compile on first use):
+local verbs import it.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+
+MAX_DEPTH = 64
+# Strings (with their escapes) hold no structure; everything left that is not a
+# bracket is dropped before the depth walk. An unterminated string runs to the end
+# (the decoder refuses it later): so every quote matches and the scan stays linear
+# even on hostile input like '"\\"\\"\\"…'.
+
+
+@functools.lru_cache(maxsize=None)
+def _patterns():
+    # The string pattern is the "unrolled loop" form: no two ways to match, linear time.
+    not_brackets = bytes(b for b in range(256) if b not in b"[]{}")  # a delete table for translate
+    return (re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL), not_brackets,
+            re.compile("[\ud800-\udfff]"))
+
+
+def too_deep(raw: bytes, max_depth: int = MAX_DEPTH) -> bool:
+    """True when arrays and objects in `raw` nest deeper than `max_depth` (brackets inside
+    strings don't count). One walk over the brackets alone, stopping at the first level
+    past the limit: 20,000 nested arrays are found after 65 steps."""
+    strings, not_brackets = _patterns()[:2]
+    level = 0
+    for byte in strings.sub(b"", raw).translate(None, not_brackets):
+        if byte == 0x5B or byte == 0x7B:  # [ {
+            level += 1
+            if level > max_depth:
+                return True
+        else:
+            level -= 1
+    return False
+
+
+class JSONLimitError(ValueError):
+    """The text is over a limit or not JSON; str() is the sentence to show."""
+
+
+def _refuse_constant(name: str):
+    raise JSONLimitError(f"{name} is not a JSON number")
+
+
+def depth(raw: bytes) -> int:
+    """The deepest nesting of arrays and objects in `raw` (brackets inside strings don't count)."""
+    if raw.count(b"[") + raw.count(b"{") <= 1:
+        return raw.count(b"[") + raw.count(b"{")
+    strings, not_brackets = _patterns()[:2]
+    brackets = strings.sub(b"", raw).translate(None, not_brackets)
+    level = deepest = 0
+    for byte in brackets:
+        if byte in (0x5B, 0x7B):  # [ {
+            level += 1
+            if level > deepest:
+                deepest = level
+        else:
+            level -= 1
+    return deepest
+
+
+def loads(data, *, max_bytes: int, max_depth: int = MAX_DEPTH, what: str = "the JSON"):
+    """Parse `data` (bytes or str) within the limits; JSONLimitError with a sentence otherwise.
+
+    Invalid UTF-8 is refused here too; lone surrogates written as `\\ud800`
+    escapes parse (they are valid JSON) and are the caller's to handle where
+    text names something (see `text_problem`).
+    """
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    if len(raw) > max_bytes:
+        raise JSONLimitError(f"{what} is {len(raw)} bytes, over the {max_bytes}-byte limit")
+    # Cheap first: with no more than max_depth brackets in all, nothing can nest deeper.
+    if raw.count(b"[") + raw.count(b"{") > max_depth and too_deep(raw, max_depth):
+        raise JSONLimitError(f"{what} nested deeper than {max_depth} levels")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise JSONLimitError(f"{what} is not UTF-8 (byte {exc.start})") from None
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:  # the depth walk should make this impossible; never let it escape
+        raise JSONLimitError(f"{what} nested too deeply") from None
+    except JSONLimitError:
+        raise
+    except json.JSONDecodeError:
+        raise  # callers describe the place (two objects, text before the object, …)
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise JSONLimitError(f"{what} is not usable JSON: {exc}") from None
+
+
+def text_problem(value: str) -> str | None:
+    """Why `value` is not valid Unicode text (a lone surrogate from a `\\udXXX` escape), or None."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"it holds a lone surrogate (U+{ord(value[exc.start]):04X}) that is not a character"
+    return None
+
+
+def escape_surrogates(text: str) -> str:
+    """`text` with every lone surrogate written as its `\\uXXXX` JSON escape (data passes intact)."""
+    if text.isascii():
+        return text
+    return _patterns()[2].sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def dumps_compact(value) -> str:
+    """Compact JSON with non-ASCII as UTF-8 text and lone surrogates JSON-escaped, so the result
+    always encodes to UTF-8 (argv, files) and decodes back to `value`."""
+    return escape_surrogates(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+
+
+def scrub(text: str) -> str:
+    """`text` with lone surrogates replaced by U+FFFD, for text shown to a person."""
+    if text.isascii():
+        return text
+    surrogate = _patterns()[2]
+    return surrogate.sub("\ufffd", text) if surrogate.search(text) else text
