@@ -366,3 +366,18 @@ def test_the_agent_runs_as_the_manifest_account(tmp_path):
             assert os.stat(root / "agentstate").st_uid == pwd.getpwnam("nobody").pw_uid
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_manifest_update_of_mcp_urls_reaches_the_running_agent(tmp_path):
+    extra = "mcp:\n  search: {url: 'https://search.example/mcp'}\n"
+    paths = make_process_agent(tmp_path, "run", extra=extra)
+    with Running(paths) as run:
+        pid = run.pid()
+        status = paths.state_dir / "agent" / "status.json"
+        wait_for(status.exists, "the status file")
+        paths.manifest_path.write_text(paths.manifest_path.read_text().replace("search.example", "search2.example"))
+        run.driver.refresh_manifest()
+        mcp = json.loads((paths.state_dir / "agent" / "mcp.json").read_text())["mcpServers"]
+        assert mcp == {"search": {"url": "https://search2.example/mcp"}}
+        wait_for(lambda: "hups=1" in status.read_text(), "the SIGHUP")
+        assert run.sup.pid() == pid  # told, not restarted

@@ -85,7 +85,8 @@ class ProcessDriver:
             self.pump.close()
 
     def refresh_manifest(self) -> None:
-        """A changed manifest applies at the agent's next start (never mid-run)."""
+        """A changed (effective) manifest applies at the agent's next start, never mid-run; only its
+        told part, the mcp entries, is rewritten and signalled at once."""
         try:
             fresh = load_effective(self.paths, cache_dir=self.paths.state_dir / "cache")
             spec = build_spec(fresh, self.paths.state_dir)
@@ -93,7 +94,10 @@ class ProcessDriver:
             self._manifest_problem = str(exc)
             return
         self._manifest_problem = None
+        told_changed = fresh.doc.get("mcp") != self.manifest.doc.get("mcp")
         self.manifest, self.spec = fresh, spec
+        if told_changed and self.supervising:
+            self.files_changed()  # an update's mcp url entries reach the running agent now (SIGHUP)
         self.supervisor.configure(stop_signal=spec.stop_signal, stop_timeout=spec.stop_timeout,
                                   restart=spec.restart)
 
