@@ -254,3 +254,51 @@ def test_redactor_learns_the_secret_values():
     redactor = Redactor()
     redactor.add("s3cret-value")
     assert "s3cret-value" not in redactor("got s3cret-value")
+
+
+# ---------------------------------------------------------------- agent.log
+
+def test_rotation_keeps_three_backups_of_the_bound_size(tmp_path):
+    from caldera.agents.process.logpump import RotatingFile
+
+    log = RotatingFile(tmp_path / "agent.log", max_bytes=100, backups=3)
+    for i in range(10):
+        log.write(bytes([65 + i]) * 60)
+    log.close()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["agent.log", "agent.log.1", "agent.log.2", "agent.log.3"]
+    assert all(p.stat().st_size <= 100 for p in tmp_path.iterdir())
+    assert (tmp_path / "agent.log").read_bytes() == b"J" * 60  # the newest
+    assert (tmp_path / "agent.log.3").read_bytes() == b"G" * 60  # older ones dropped
+
+
+def test_a_full_queue_drops_and_says_so_never_blocks(tmp_path):
+    import threading
+
+    from caldera.agents.process import logpump
+
+    gate = threading.Event()
+    original = logpump.RotatingFile.write
+
+    def held_write(self, data):
+        gate.wait(60)  # a disk that does not answer
+        original(self, data)
+
+    pump = logpump.LogPump(tmp_path / "agent.log", queue_chunks=2)
+    logpump.RotatingFile.write = held_write
+    try:
+        read, write = os.pipe()
+        with os.fdopen(read, "rb", buffering=0) as reader_end:
+            reader = pump.attach(reader_end)
+            with os.fdopen(write, "wb", buffering=0) as out:
+                for _ in range(300):  # 300 KB: more reads than the queue holds
+                    out.write(b"x" * 1000)  # never blocks for long: the reader drains the pipe
+            reader.join(60)
+            assert not reader.is_alive()
+        assert pump.dropped_total > 0
+        gate.set()
+        pump.close()
+    finally:
+        logpump.RotatingFile.write = original
+    text = (tmp_path / "agent.log").read_text()
+    assert "bytes of agent output dropped" in text
