@@ -7,12 +7,15 @@ STAMP := $(VENV)/.deps-$(DEPS)
 
 .PHONY: demo test bench deb clean
 
+# The editable install builds with the venv's own setuptools (--no-build-isolation: no
+# build environment to fetch); setuptools needs `wheel` for that, which a venv may lack.
+# One way, no fallback: a fallback would print the first attempt's error.
 $(STAMP): requirements/$(DEPS).txt
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements/$(DEPS).txt
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . || \
-	  $(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check wheel
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -108,7 +108,7 @@ check_mode() {  # PATH OWNER:GROUP MODE
 }
 check_mode /etc/caldera root:root 755
 check_mode /etc/caldera/agents root:root 755
-check_mode /var/lib/caldera caldera:caldera 750
+check_mode /var/lib/caldera caldera:caldera 711  # others reach an agent's status.json by name
 
 step "systemd-analyze verify"
 mkdir "$WORK/unit"

@@ -336,6 +336,12 @@ def merged_env(paths: AgentPaths, environ=os.environ) -> tuple[dict, dict]:
     return merged, secrets
 
 
+def changed_names(old: dict, new: dict) -> list[str]:
+    """The variables whose value differs between two merged environments (names only:
+    what a reload may log)."""
+    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+
 def lookup(env: dict, name: str) -> str | None:
     value = env.get(name)
     alias = ALIASES.get(name)

@@ -26,3 +26,86 @@ def caldera_env(tmp_path, monkeypatch):
     monkeypatch.setenv("CALDERA_CONFIG_DIR", str(config))
     monkeypatch.setenv("CALDERA_STATE_DIR", str(state))
     return tmp_path
+
+
+# ------------------------------------------------------------ no process left behind
+
+def _proc_table() -> dict:
+    """pid -> (ppid, state) for every process /proc shows."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (comm) "
+        table[int(entry)] = (int(fields[1]), fields[0].decode())
+    return table
+
+
+def _mentions(pid: int, needle: bytes) -> bool:
+    for name in ("cmdline", "environ"):
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as fh:
+                if needle in fh.read():
+                    return True
+        except OSError:
+            pass  # gone, or another user's: not one of ours
+    return False
+
+
+def _leftovers(basetemp: Path) -> dict:
+    """Live processes this session started: its descendants, and any process whose
+    command line or environment names the session's temp dir (a daemon started in
+    its own session, reparented to init when its parent exited)."""
+    table = _proc_table()
+    me, ours = os.getpid(), set()
+    frontier = [me]
+    while frontier:
+        parent = frontier.pop()
+        kids = [pid for pid, (ppid, _) in table.items() if ppid == parent and pid not in ours]
+        ours.update(kids)
+        frontier.extend(kids)
+    needle = str(basetemp).encode()
+    ours.update(pid for pid in table if pid != me and _mentions(pid, needle))
+    return {pid: _cmdline(pid) for pid in ours if table.get(pid, ("", "Z"))[1] not in ("Z", "X")}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:300]
+    except OSError:
+        return "?"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_behind(tmp_path_factory):
+    """After the whole session: no process a test started may still run. Each one found
+    is named (its command line shows the test's temp dir), then killed, and the session
+    fails: a process left behind keeps ports, locks and CPU, and hides a shutdown bug."""
+    import signal
+    import threading
+
+    if not os.path.isdir("/proc/self"):
+        yield
+        return
+    basetemp = tmp_path_factory.getbasetemp()
+    yield
+    left = _leftovers(basetemp)
+    pause = threading.Event()
+    for _ in range(50):  # a process may be in the middle of exiting: up to 5 s
+        if not left:
+            return
+        pause.wait(0.1)
+        left = _leftovers(basetemp)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    listing = "\n".join(f"  pid {pid}: {cmd}" for pid, cmd in sorted(left.items()))
+    pytest.fail(f"{len(left)} process(es) left behind by the tests (killed now):\n{listing}", pytrace=False)

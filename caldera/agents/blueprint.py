@@ -4,11 +4,13 @@ A blueprint is a directory or a `.tar.gz` holding `caldera.agent.yaml` (at its
 top, or in its one top-level directory) and, optionally, the agent's adapter.
 The manifest goes to `<config-dir>/agents/NAME/caldera.agent.yaml`; anything
 else the blueprint ships is the bundle, copied to `<config-dir>/agents/NAME/bundle/`,
-and a relative `runtime.workdir` is rebased into it. The state dir is made
-(0700). No agent process is installed: adapter mode starts nothing, and in process
-mode (SPEC 7b) `caldera run` starts and supervises the agent the manifest names. Where
-systemd runs (and the config dir is the one its unit reads) `caldera@NAME`
-is enabled; otherwise the way to start it is printed.
+and a relative `runtime.workdir` is rebased into it. `agent.env` and
+`secrets.env` are created from templates with the owners and modes the unit
+needs (as root: root:caldera 0640 and caldera:caldera 0600), so that the
+operator's `sudoedit` keeps them. The state dir is made (0711, caldera's). No
+agent process is started here (in process mode, SPEC 7b, `caldera run` starts and
+supervises the agent the manifest names) and the unit is not enabled: the printed next step
+is `systemctl enable --now caldera@NAME`, once the configuration is complete.
 Archive members are checked as for skills: no absolute paths, no `..`, no
 links, nothing but files and directories, at most 10,000 members and 512 MiB.
 """
@@ -25,7 +27,6 @@ from caldera import config
 from caldera.agents.manifest import load_manifest
 from caldera.agents.window import manifest_bytes_for_install
 from caldera.errors import ConfigError
-from caldera.host import proc
 from caldera.host.fsutil import atomic_write_bytes
 
 MANIFEST = "caldera.agent.yaml"
@@ -35,18 +36,26 @@ SYSTEMD_DIR = "/run/systemd/system"
 DEFAULT_CONFIG_ROOT = Path("/etc/caldera")
 SKIPPED = ("__pycache__", ".git")  # build leftovers, never part of a bundle
 AGENT_ENV_TEMPLATE = """\
-# Runtime settings for this agent (SPEC section 3). Secrets go to secrets.env (mode 0600).
+# Runtime settings for this agent (SPEC section 3). Secrets go to secrets.env.
+# Owner root:caldera, mode 0640 (sudoedit keeps both). After a change:
+# systemctl reload caldera@NAME
 # CALDERA_AGENT_ENABLED=true
 # CALDERA_BASE_URL=https://caldera.example.org
 # CALDERA_INSTANCE_ID=123
 """
+SECRETS_ENV_TEMPLATE = """\
+# Secrets for this agent. Owner caldera:caldera, mode 0600 (sudoedit keeps both;
+# the runtime refuses this file when others can read it).
+# CALDERA_TOKEN=...
+"""
+SERVICE_USER = "caldera"
 
 
 class Refused(Exception):
     """The blueprint can't be installed; nothing was written."""
 
 
-def install(source, *, name=None, environ=os.environ, systemd_dir=SYSTEMD_DIR, run=None) -> dict:
+def install(source, *, name=None, environ=os.environ, systemd_dir=SYSTEMD_DIR) -> dict:
     source = Path(source)
     with tempfile.TemporaryDirectory(prefix="caldera-init-") as tmp:
         tree = _unpack(source, Path(tmp)) if source.is_file() else _checked_dir(source)
@@ -63,7 +72,7 @@ def install(source, *, name=None, environ=os.environ, systemd_dir=SYSTEMD_DIR, r
         bundled = _install_tree(root, agents, config_dir)
     state_dir = config.state_root(environ) / name
     _make_state_dir(state_dir)
-    started = _enable(name, config.config_root(environ), systemd_dir, run)
+    started = _next_steps(name, config_dir, config.config_root(environ), systemd_dir)
     what = f"manifest and bundle ({bundled} files)" if bundled else "manifest"
     if manifest.runtime_type == "process":
         # Process mode (SPEC 7b): no unit of its own for the agent; the runtime starts it.
@@ -168,6 +177,8 @@ def _install_tree(root: Path, agents: Path, config_dir: Path) -> int:
         data, _ = manifest_bytes_for_install((root / MANIFEST).read_bytes(), staging)
         atomic_write_bytes(staging / MANIFEST, data, mode=0o644)
         atomic_write_bytes(staging / "agent.env", AGENT_ENV_TEMPLATE.encode(), mode=0o640)
+        atomic_write_bytes(staging / "secrets.env", SECRETS_ENV_TEMPLATE.encode(), mode=0o600)
+        _give_to_service_user(staging)
         os.rename(staging, config_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -191,34 +202,47 @@ def _copy_bundle(root: Path, bundle: Path) -> int:
     return files
 
 
+def _service_user():
+    """The `caldera` passwd entry when root installs for it; None otherwise (a test, a checkout)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return pwd.getpwnam(SERVICE_USER)
+    except KeyError:
+        return None  # no system user (a container without the package): root keeps it
+
+
+def _give_to_service_user(config_dir: Path) -> None:
+    """agent.env root:caldera 0640, secrets.env caldera:caldera 0600: the daemon (user
+    caldera) reads both, and `sudoedit` keeps an existing file's owner and mode."""
+    user = _service_user()
+    if user is None:
+        return
+    os.chown(config_dir / "agent.env", 0, user.pw_gid)
+    os.chown(config_dir / "secrets.env", user.pw_uid, user.pw_gid)
+
+
 def _make_state_dir(state_dir: Path) -> None:
-    for sub in ("", "logs", "cache"):
-        (state_dir / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
-    if os.geteuid() == 0:
-        try:
-            user = pwd.getpwnam("caldera")
-        except KeyError:
-            return  # no system user (a container, a test): root keeps it
+    # 0711, as systemd's StateDirectoryMode=: others reach status.json by name only.
+    for sub, mode in (("", 0o711), ("logs", 0o700), ("cache", 0o700)):
+        (state_dir / sub).mkdir(parents=True, exist_ok=True, mode=mode)
+        os.chmod(state_dir / sub, mode)
+    user = _service_user()
+    if user is not None:
         for sub in ("", "logs", "cache"):
             os.chown(state_dir / sub, user.pw_uid, user.pw_gid)
 
 
-def _enable(name: str, config_root: Path, systemd_dir, run) -> str:
-    """Enable caldera@NAME where systemd runs and its unit reads this config; else say how to start."""
+def _next_steps(name: str, config_dir: Path, config_root: Path, systemd_dir) -> str:
+    """How to start the agent once its configuration is complete. The unit is not enabled
+    here: an agent enabled before agent.env and secrets.env are filled would start unconfigured."""
     unit = f"caldera@{name}"
+    edit = f"Fill in {config_dir}/agent.env and secrets.env, then"
     by_hand = f"caldera run --agent {name}"
     if config_root != DEFAULT_CONFIG_ROOT:
         by_hand = f"CALDERA_CONFIG_DIR={config_root} {by_hand}"
     if not Path(systemd_dir).is_dir():
-        return f"systemd is not running here: start it with `{by_hand}` (or `caldera report --once` from cron)."
+        return f"systemd is not running here. {edit} start it with `{by_hand}` (or `caldera report --once` from cron)."
     if config_root != DEFAULT_CONFIG_ROOT:
-        return f"The {unit} unit reads {DEFAULT_CONFIG_ROOT}, not {config_root}: start it with `{by_hand}`."
-    if os.geteuid() != 0:
-        return f"Enable it as root: `systemctl enable --now {unit}`."
-    run = run or proc.run
-    result = run(["systemctl", "enable", "--now", unit], env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-                 timeout=30.0, stdout_cap=64 * 1024)
-    if result.ok:
-        return f"Enabled and started {unit}."
-    why = result.failure() or result.stderr.decode("utf-8", "replace").strip()[:300] or f"exit {result.returncode}"
-    return f"Could not enable {unit} ({why}): run `systemctl enable --now {unit}`."
+        return f"{edit} start it with `{by_hand}` (the {unit} unit reads {DEFAULT_CONFIG_ROOT}, not {config_root})."
+    return f"{edit}: sudo systemctl enable --now {unit}"

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import pwd
 import sys
 
 from caldera import __version__
+from caldera.config import state_root
 from caldera.errors import EXIT_FAILED, EXIT_USAGE, CalderaError, Retryable
+from caldera.host import privdrop
 
 # name -> (module, one-line help), in groups; `caldera --help` lists them in this order.
 GROUPS: dict[str, dict[str, tuple[str, str]]] = {
@@ -107,14 +111,42 @@ def main(argv: list[str] | None = None) -> int:
     parser, module = build_parser(argv[0])
     args = parser.parse_args(argv[1:])
     try:
+        _as_service_user(argv[0], args)
         return int(module.main(args) or 0)
     except CalderaError as exc:  # the taxonomy decides: configuration 2, the rest 1
         hint = " (try again later)" if isinstance(exc, Retryable) else ""
         print(f"caldera {argv[0]}: {exc}{hint}", file=sys.stderr)
         return exc.exit_code
+    except PermissionError as exc:  # a configuration problem too: a restart cannot fix it
+        print(f"caldera {argv[0]}: {_permission_sentence(exc)}", file=sys.stderr)
+        return EXIT_USAGE
     except OSError as exc:  # a file or directory problem: say which, without a traceback
         where = f" {exc.filename}" if exc.filename else ""
         print(f"caldera {argv[0]}:{where}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+
+
+# The commands that read or write an installed agent's state directory: as root they
+# run as the service user (caldera.host.privdrop), so root leaves no file there and they
+# see what the daemon sees (its HOME, its rights). `init` stays root: it writes /etc.
+STATE_COMMANDS = ("status", "pause", "resume", "run-now", "settings", "log", "run", "report", "skills",
+                  "check", "turn")
+
+
+def _as_service_user(name: str, args) -> None:
+    if name not in STATE_COMMANDS or getattr(args, "manifest", None) or getattr(args, "state_dir", None):
+        return
+    entry = privdrop.service_user_for(state_root())
+    if entry is not None:
+        privdrop.become(entry)
+
+
+def _permission_sentence(exc: PermissionError) -> str:
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        user = f"uid {os.geteuid()}"
+    what = exc.filename or "a file"
+    return f"{what}: permission denied for user {user} (check its owner and mode: docs/packaging.md)"

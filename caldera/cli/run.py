@@ -1,6 +1,10 @@
 """`caldera run [--agent NAME | --manifest PATH --state-dir DIR]`"""
 from __future__ import annotations
 
+import logging
+import os
+import sys
+
 from caldera.cli import add_agent_flags
 
 
@@ -30,4 +34,15 @@ def main(args) -> int:
     from caldera.host.memtune import limit_malloc_arenas
 
     limit_malloc_arenas()  # before any thread starts: see caldera/host/memtune.py
-    return daemon.run(open_parts(args, "daemon"))
+    code = daemon.run(open_parts(args, "daemon"))
+    if code == daemon.REEXEC:
+        _restart_in_place()
+    return code
+
+
+def _restart_in_place() -> None:
+    """After a reload that changed the configuration: the same command again, same PID
+    (systemd keeps tracking it; the new process says READY=1, which ends the reload)."""
+    logging.shutdown()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "caldera.cli", *sys.argv[1:]])

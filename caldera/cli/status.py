@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import signal
 import sys
 import threading
 
 from caldera.cli import add_agent_flags
-from caldera.errors import ConfigError, UsageError
+from caldera.errors import ConfigError, Refused, UsageError
 from caldera.host.jsonlimits import escape_surrogates
 
 BAR_WIDTH = 20
@@ -133,7 +134,10 @@ def _redactor(paths):
 
 
 def snapshot(paths, redact) -> dict:
-    """Everything `caldera status` shows, read once (the adapter is asked once)."""
+    """Everything `caldera status` shows, read once (the adapter is asked once). A user who
+    may not read the state dir (0711: an admin without sudo) gets the daemon's status.json."""
+    if paths.state_dir.is_dir() and not os.access(paths.state_dir, os.R_OK):
+        return _daemon_snapshot(paths)
     from caldera.host.fsutil import StateLock  # deferred: `caldera status --help` stays ~35 ms faster
     from caldera.protocol.outbox import outbox_depth
 
@@ -158,6 +162,42 @@ def snapshot(paths, redact) -> dict:
 def dumps(doc) -> str:
     """One JSON line; a lone surrogate an adapter sent (data) stays JSON-escaped, so printing never fails."""
     return escape_surrogates(json.dumps(doc, ensure_ascii=False))
+
+
+def _daemon_snapshot(paths) -> dict:
+    """status.json, which the daemon writes (redacted, 0644) before READY=1 and after each report."""
+    from caldera.host.fsutil import read_json  # deferred, as above
+
+    path = paths.state_dir / "status.json"
+    try:
+        snap = read_json(path, None)
+    except ValueError:
+        snap = None
+    if not isinstance(snap, dict):
+        raise Refused(f"{paths.state_dir} is not readable for this user and {path} is not there yet "
+                      f"(the daemon writes it); `sudo caldera status --agent {paths.name}` asks the adapter")
+    conn = dict(snap.get("connection") or {})
+    conn["last_successful"] = _ago(conn.get("last_heartbeat_ok_at"))
+    pid = snap.get("daemon_pid")
+    conn["daemon"] = f"pid {pid}" if isinstance(pid, int) and _alive(pid) else None
+    outbox = snap.get("outbox") if isinstance(snap.get("outbox"), dict) else {"items": "?"}
+    agent = snap.get("agent_status") if isinstance(snap.get("agent_status"), dict) else None
+    commands = recent_commands({"recent_commands": snap.get("recent_commands")})
+    doc = {"agent_status": agent, "connection": conn, "outbox": outbox, "commands": commands,
+           "snapshot_at": snap.get("written_at")}
+    if isinstance(snap.get("process"), dict):  # process mode, as of the daemon's last report
+        doc["process"] = snap["process"]
+    return doc
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # it runs, as another user
+    except OSError:
+        return False
+    return True
 
 
 def recent_commands(state: dict) -> list[dict]:
@@ -238,6 +278,9 @@ def render(name, doc) -> str:
     if doc.get("process") is not None:
         lines.extend(_process_lines(doc["process"]))
     lines.extend(_command_lines(doc.get("commands") or []))
+    if doc.get("snapshot_at"):
+        lines.append(f"(the daemon's snapshot of {_ago(doc['snapshot_at'])}; "
+                     f"`sudo caldera status --agent {name}` asks the adapter now)")
     return "\n".join(lines)
 
 

@@ -62,7 +62,8 @@ class Reports:
 
 
 def report_loop(client, reports: Reports, wake: Wakeups, live: LiveStatus, interval: Callable[[], float],
-                redactor) -> None:
+                redactor, after_report: Callable[[], None] = lambda: None) -> None:
+    """`after_report`: the daemon's status.json snapshot (caldera.daemon.snapshot)."""
     backoff, last_ok, failing = Backoff(), None, False
     last_sent = 0.0
     while not wake.stop.is_set():
@@ -84,4 +85,5 @@ def report_loop(client, reports: Reports, wake: Wakeups, live: LiveStatus, inter
                 log.warning("state report failed: %s (last successful was %s)", redactor(str(exc)), ago(last_ok))
             failing = True
             delay = max(interval(), backoff.after(exc))
+        after_report()
         wait_any(wake.stop, wake.report, delay)

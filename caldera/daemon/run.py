@@ -3,14 +3,15 @@
 Signals (SPEC section 4): the 1st SIGTERM/SIGINT drains (no new commands, the
 running one finishes within DRAIN_GRACE, the outbox is flushed for up to 10 s,
 a final report says `stopping`); the 2nd cancels the running command; the 3rd
-exits at once. SIGHUP lifts a blocked auth path (the configuration may be
-fixed). An intended stop exits 0 so that systemd does not fight it.
+exits at once. SIGHUP (`systemctl reload`) re-reads agent.env and secrets.env
+(caldera.daemon.reload): unchanged, it lifts a blocked auth path; changed, the
+daemon stops as on SIGTERM and `run` returns REEXEC, on which `caldera run`
+restarts itself in place. The handlers only count (caldera.daemon.signals); the
+main thread acts. An intended stop exits 0 so that systemd does not fight it.
 """
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import sys
 import threading
 import time
@@ -19,8 +20,11 @@ from caldera.daemon.executor import executor_for
 from caldera.daemon.heartbeat import ConnectionStatus, heartbeat_loop
 from caldera.daemon.lanes import Lanes
 from caldera.daemon.poller import poll_loop
+from caldera.daemon.reload import reread
 from caldera.daemon.reporter import report_loop
 from caldera.daemon.sender import flush, sender_loop
+from caldera.daemon.signals import Signals
+from caldera.daemon.snapshot import write_snapshot
 from caldera.daemon.wiring import Parts
 from caldera.host import sdnotify
 from caldera.host.fsutil import StateLock
@@ -31,35 +35,7 @@ log = logging.getLogger("caldera.daemon")
 DRAIN_GRACE = 30.0
 FLUSH_ON_STOP = 10.0
 LIVENESS = 90.0  # a loop silent for longer than this stops the watchdog pings
-
-
-class Signals:
-    """Counts SIGTERM/SIGINT; the main thread acts on the count."""
-
-    def __init__(self, wake, lanes: Lanes | None, auth=None):
-        self.wake, self.lanes, self.auth, self.count = wake, lanes, auth, 0
-        self.event = threading.Event()
-
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._stop)
-        signal.signal(signal.SIGINT, self._stop)
-        signal.signal(signal.SIGHUP, self._hup)
-
-    def _stop(self, signum, frame) -> None:
-        self.count += 1
-        if self.count == 1:
-            self.wake.draining.set()
-            self.wake.poll.set()
-        elif self.count == 2 and self.lanes is not None:
-            self.lanes.cancel.set()
-        elif self.count > 2:
-            os._exit(0)
-        self.event.set()
-
-    def _hup(self, signum, frame) -> None:
-        if self.auth is not None:
-            self.auth.unblock()
-            self.wake.heartbeat.set()
+REEXEC = -1  # run()'s answer after a reload that changed the configuration
 
 
 def start_threads(parts: Parts, lanes: Lanes, executor) -> list[threading.Thread]:
@@ -70,7 +46,7 @@ def start_threads(parts: Parts, lanes: Lanes, executor) -> list[threading.Thread
         ("heartbeat", heartbeat_loop, (client, parts.auth, parts.reports, status, wake, live,
                                        lanes.desired_revision)),
         ("reporter", report_loop, (client, parts.reports, wake, live, lambda: parts.settings.report_interval,
-                                   redactor)),
+                                   redactor, lambda: write_snapshot(parts))),
         ("poller", poll_loop, (client, parts.auth, executor, lanes, wake, live)),
         ("sender", sender_loop, (client, parts.outbox, wake, live, redactor)),
         ("skills", skills_loop, (parts.publisher, wake, live)),
@@ -84,25 +60,35 @@ def start_threads(parts: Parts, lanes: Lanes, executor) -> list[threading.Thread
 
 
 def run(parts: Parts) -> int:
+    """0 after a stop, 1 when another daemon runs this agent, REEXEC after a changing reload."""
     lock = StateLock(parts.paths.state_dir, "daemon")
     if not lock.acquire():
         print(f"caldera run: agent {parts.paths.name} is already run by pid {lock.holder()}", file=sys.stderr)
         return 1
-    with lock:
-        if not parts.settings.enabled or parts.client is None:
-            return _run_local(parts)
-        return _run_connected(parts)
-
-
-def _run_local(parts: Parts) -> int:
-    """CALDERA_AGENT_ENABLED is not true: no control plane; the CLI verbs still work."""
-    log.info("control plane disabled (CALDERA_AGENT_ENABLED is not true); staying local")
-    signals = Signals(parts.wake, None)
+    signals = Signals()
     signals.install()
+    try:
+        with lock:
+            if not parts.settings.enabled or parts.client is None:
+                return _run_local(parts, signals)
+            return _run_connected(parts, signals)
+    finally:
+        signals.close()
+
+
+def _run_local(parts: Parts, signals: Signals) -> int:
+    """CALDERA_AGENT_ENABLED is not true: no control plane; the CLI verbs still work."""
+    log.info("control plane disabled (CALDERA_AGENT_ENABLED is not true); staying local "
+             "(after editing %s: systemctl reload)", parts.paths.agent_env)
+    write_snapshot(parts)
     agent = start_agent_supervisor(parts)
     sdnotify.notify("READY=1")
     while signals.count == 0:
-        signals.event.wait(_watchdog_period())
+        signals.wait(_watchdog_period())
+        if signals.take_hup() and reread(parts):
+            sdnotify.notify("RELOADING=1")  # not STOPPING=1: systemd would wait for an exit
+            stop_agent_supervisor(agent)  # the restarted runtime starts it again, with the new env
+            return REEXEC
         sdnotify.notify("WATCHDOG=1")
     sdnotify.notify("STOPPING=1")
     stop_agent_supervisor(agent)
@@ -140,12 +126,10 @@ def _watchdog_period() -> float:
     return interval / 2 if interval else 3600.0
 
 
-def _run_connected(parts: Parts) -> int:
+def _run_connected(parts: Parts, signals: Signals) -> int:
     executor = executor_for(parts)
     lanes = Lanes(executor, on_idle=parts.wake.poll.set)
     parts.live.count_drops("lanes", lambda: lanes.refused)
-    signals = Signals(parts.wake, lanes, parts.auth)
-    signals.install()
     lanes.start()
     for command in executor.recover():
         lanes.submit(command)
@@ -153,14 +137,23 @@ def _run_connected(parts: Parts) -> int:
     threads = start_threads(parts, lanes, executor)
     log.info("caldera run: agent %s as %s against %s", parts.paths.name, parts.identity.agent_id,
              parts.settings.base_url)
+    write_snapshot(parts)  # `caldera status` works from the moment systemd says started
     sdnotify.notify("READY=1")
     names = [t.name for t in threads]
+    outcome = 0
     while signals.count == 0:
-        signals.event.wait(_watchdog_period())
+        signals.wait(_watchdog_period())
+        if signals.take_hup() and reread(parts):
+            outcome = REEXEC
+            break
         if signals.count == 0 and parts.live.alive(names, LIVENESS):
             sdnotify.notify("WATCHDOG=1")
-    sdnotify.notify("STOPPING=1")
-    stop_agent_supervisor(agent)
+    # RELOADING=1 keeps the unit `reloading` until the restarted daemon's READY=1;
+    # STOPPING=1 would make systemd wait for an exit that a reload never does.
+    sdnotify.notify("STOPPING=1" if outcome == 0 else "RELOADING=1")
+    stop_agent_supervisor(agent)  # the agent first: SIGTERM stops it gracefully (a reload restarts it)
+    parts.wake.draining.set()  # the poller fetches no more commands
+    parts.wake.poll.set()
     log.info("stopping: draining (a second signal cancels the running command)")
     _drain(lanes, signals)
     parts.wake.shutdown()
@@ -168,15 +161,14 @@ def _run_connected(parts: Parts) -> int:
         thread.join(FLUSH_ON_STOP + 5)
     _final_flush(parts)
     parts.pool.shutdown(wait=False, cancel_futures=True)
-    log.info("stopped")
-    return 0
+    log.info("stopped" if outcome == 0 else "stopped; restarting with the new configuration")
+    return outcome
 
 
 def _drain(lanes: Lanes, signals: Signals) -> None:
     deadline = time.monotonic() + DRAIN_GRACE
     while not lanes.idle() and time.monotonic() < deadline and signals.count < 2:
-        signals.event.clear()
-        signals.event.wait(0.2)
+        signals.wait(0.2)
     if not lanes.idle():
         lanes.cancel.set()
         log.warning("cancelling the running command")

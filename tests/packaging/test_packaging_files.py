@@ -47,10 +47,17 @@ def test_the_unit_runs_the_agent_named_by_the_instance(unit):
     assert one(unit, "ExecStart") == "/usr/bin/caldera run --agent %i"
     assert one(unit, "User") == "caldera"
     assert one(unit, "StateDirectory") == "caldera/%i"
-    assert one(unit, "StateDirectoryMode") == "0700"  # SPEC section 2: the state dir is 0700
-    assert unit["Service"]["EnvironmentFile"] == [
-        "-/etc/caldera/agents/%i/agent.env", "-/etc/caldera/agents/%i/secrets.env"]
+    # 0711, not SPEC section 2's 0700: status.json reachable by name (docs/packaging.md).
+    assert one(unit, "StateDirectoryMode") == "0711"
+    assert one(unit, "UMask") == "0077"  # every other file in it stays private
+    # The daemon reads agent.env and secrets.env itself, so a reload sees removed lines too.
+    assert "EnvironmentFile" not in unit["Service"]
     assert one(unit, "WantedBy", "Install") == "multi-user.target"
+
+
+def test_reload_is_sighup_to_the_main_process(unit):
+    reload = one(unit, "ExecReload")
+    assert reload.startswith("/bin/sh -c ") and "kill -HUP" in reload and "MAINPID" in reload
 
 
 def test_the_unit_stops_restarts_and_notifies_as_the_daemon_expects(unit):
@@ -121,7 +128,8 @@ def test_cron_file_is_a_guarded_commented_example():
     lines = CRON.read_text().splitlines()
     assert CRON.read_text().endswith("\n")  # cron ignores a last line without newline
     active = [l for l in lines if l.strip() and not l.lstrip().startswith("#")]
-    assert active == [], f"the cron file must ship commented: {active}"
+    # Only the environment is active: cron's own PATH lacks /usr/sbin and /sbin.
+    assert active == ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], f"the cron file must ship commented: {active}"
     examples = [l.lstrip("#").strip() for l in lines if re.match(r"^#\s*[*0-9]", l)]
     assert examples, "no example line"
     for line in examples:
@@ -129,6 +137,9 @@ def test_cron_file_is_a_guarded_commented_example():
         assert fields[5] == "caldera", "cron runs the report as user caldera"
         assert fields[6].startswith("test -x /usr/bin/caldera && "), "guard against removal"
         assert "report --once" in fields[6]
+        # Output and exit status reach syslog/the journal, not cron's mail.
+        assert fields[6].endswith("| logger -t caldera-report") and "exit status $?" in fields[6]
+        assert "%" not in fields[6]  # cron would turn it into a newline
 
 
 def test_changelog_version_is_the_package_version():
@@ -163,3 +174,27 @@ def test_manpage_covers_every_command_and_is_clean_roff(tmp_path):
     check = subprocess.run([groff, "-man", "-Tutf8", "-ww", "-z", str(page)], capture_output=True,
                            text=True, timeout=60)
     assert check.returncode == 0 and check.stderr == "", check.stderr
+
+
+def _script(name: str) -> str:
+    return (ROOT / "debian" / f"caldera.{name}").read_text()
+
+
+def test_maintainer_scripts_reload_systemd_and_go_through_deb_systemd_invoke():
+    postinst, prerm, postrm = _script("postinst"), _script("prerm"), _script("postrm")
+    # dh_installsystemd --no-enable --no-start adds no daemon-reload for a template unit.
+    assert "systemctl --system daemon-reload" in postinst
+    assert postinst.index("daemon-reload") < postinst.index("deb-systemd-invoke try-restart 'caldera@*.service'")
+    assert "deb-systemd-invoke stop 'caldera@*.service'" in prerm
+    for script in (postinst, prerm, postrm):  # only daemon-reload goes to systemctl directly
+        calls = re.findall(r"^\s*systemctl .*$", script, flags=re.M)
+        assert all("daemon-reload" in c for c in calls), calls
+    for action in ("purge)", "remove)"):
+        block = postrm[postrm.index(f"\t{action}"):]
+        block = block[:block.index(";;")]
+        assert "daemon-reload" in block, f"postrm {action} does not reload systemd"
+
+
+def test_one_version_is_checked_when_the_package_builds():
+    rules = (ROOT / "debian" / "rules").read_text()
+    assert "dpkg-parsechangelog -S Version" in rules and "caldera/__init__.py" in rules

@@ -1,0 +1,445 @@
+#!/bin/bash
+# The package under a real systemd (issue 18; docs/packaging.md, "CI under systemd").
+#
+# Boots a Debian 12 root with systemd in a container (systemd-nspawn), installs
+# the .deb there, starts `caldera plane serve`, creates an admin user with sudo
+# and runs README.md's "Install on a host" block AS WRITTEN IN README.md NOW
+# (extracted at test time; sudoedit through an editor script). Then checks:
+# registered + reporting + a command round trip within 60 s, `caldera status`
+# without sudo, root's CLI verbs leave no root-owned state, `systemctl reload`,
+# kill -9 -> restarted within 15 s with nothing lost, an upgrade restarts the
+# agent, `systemctl stop` <= 15 s, a broken config ends `failed` with <= 1
+# restart, the cron line, and `apt-get purge` leaves nothing running.
+#
+# Usage: .ci/systemd.sh [DEB | DIR-with-one-caldera_*.deb]
+#   without an argument it builds one (packaging/build-deb.sh, tests skipped:
+#   .ci/deb.sh runs them in its own build).
+# Needs root on Debian 12. Installs debootstrap and systemd-container itself.
+# The base root (debootstrap + the package's Debian dependencies) is cached in
+# $CALDERA_CI_CACHE (default /var/cache/caldera-ci), keyed on mirror + package list.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CACHE=${CALDERA_CI_CACHE:-/var/cache/caldera-ci}
+SUITE=bookworm
+# systemd as PID 1, sudo for the admin, and caldera's own Debian dependencies
+# (so that a cached run installs the .deb without touching the network).
+PACKAGES=(systemd systemd-sysv dbus sudo adduser python3 python3-requests python3-jsonschema python3-yaml)
+AGENT=task-agent
+INSTANCE=7
+TOKEN=ci-boot-$RANDOM$RANDOM$RANDOM
+INSTANCE2=8  # the agent installed but left unconfigured at first
+TOKEN2=ci-boot-$RANDOM$RANDOM$RANDOM
+NSPAWN_PID=
+CPID=
+WORK=
+t0=$(date +%s)
+
+step() { printf '\n== systemd: %s (%ds)\n' "$*" "$(( $(date +%s) - t0 ))"; }
+fail() {
+	printf 'systemd: FAILED: %s\n' "$*" >&2
+	if [ -n "$CPID" ]; then
+		echo "--- journal of caldera@$AGENT (last 60 lines)" >&2
+		inside journalctl -u "caldera@$AGENT" --no-pager -n 60 >&2 || true
+	fi
+	exit 1
+}
+# A command inside the container: every namespace of its PID 1, a clean environment.
+inside() { nsenter -t "$CPID" -a env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 HOME=/root "$@"; }
+as_admin() { inside runuser -l admin -c "$1"; }
+plane() { inside caldera plane "$@" --db /var/lib/ci-plane/plane.db; }
+unit_prop() { inside systemctl show -P "$1" "caldera@$AGENT"; }
+# wait_until SECONDS WHAT COMMAND...: poll every 0.5 s; the elapsed seconds on stdout.
+wait_until() {
+	local limit=$1 what=$2 start now
+	shift 2
+	start=$(date +%s%N)
+	while :; do
+		if "$@" >/dev/null 2>&1; then
+			now=$(date +%s%N)
+			awk -v a="$start" -v b="$now" 'BEGIN { printf "%.1f\n", (b - a) / 1e9 }'
+			return 0
+		fi
+		now=$(date +%s%N)
+		[ $(( (now - start) / 1000000000 )) -lt "$limit" ] || fail "$what: not within $limit s"
+		sleep 0.5
+	done
+}
+
+shutdown_container() {
+	[ -n "$NSPAWN_PID" ] || return 0
+	if kill -0 "$NSPAWN_PID" 2>/dev/null; then
+		# With -b, SIGTERM to systemd-nspawn becomes a clean poweroff of the container
+		# (its --kill-signal, SIGRTMIN+3 to the container's systemd).
+		kill -TERM "$NSPAWN_PID" 2>/dev/null || true
+		for _ in $(seq 60); do kill -0 "$NSPAWN_PID" 2>/dev/null || break; sleep 0.5; done
+		if kill -0 "$NSPAWN_PID" 2>/dev/null; then
+			echo "systemd: the container did not power off within 30 s; killing it" >&2
+			# PID 1 of the container first: its death ends every process of its
+			# namespace (killing only nspawn would orphan a running container).
+			[ -z "$CPID" ] || kill -KILL "$CPID" 2>/dev/null || true
+			kill -KILL "$NSPAWN_PID" 2>/dev/null || true
+		fi
+	fi
+	wait "$NSPAWN_PID" 2>/dev/null || true
+	NSPAWN_PID=
+	CPID=
+}
+cleanup() {
+	local rc=$?
+	shutdown_container
+	[ -z "$WORK" ] || rm -rf "$WORK"
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+[ "$(id -u)" -eq 0 ] || fail "needs root (debootstrap, systemd-nspawn, nsenter)"
+
+step "tools"
+need=()
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v systemd-nspawn >/dev/null 2>&1 || need+=(systemd-container)
+command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
+if [ ${#need[@]} -gt 0 ]; then
+	DEBIAN_FRONTEND=noninteractive apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+echo "$(systemd-nspawn --version | head -n 1), debootstrap $(dpkg-query -W -f '${Version}' debootstrap)"
+
+step "the .deb"
+DEB=${1:-}
+if [ -d "$DEB" ]; then
+	DEB=$(ls "$DEB"/caldera_*_all.deb | head -n 1)
+fi
+if [ -z "$DEB" ]; then
+	mkdir -p /tmp/caldera-ci-systemd-deb
+	DEB=$(DEB_BUILD_OPTIONS=nocheck "$ROOT/packaging/build-deb.sh" /tmp/caldera-ci-systemd-deb | tail -n 1)
+fi
+[ -f "$DEB" ] || fail "no .deb at '$DEB'"
+VERSION=$(dpkg-deb -f "$DEB" Version)
+echo "$DEB ($VERSION)"
+
+step "base root (debootstrap $SUITE, cached)"
+# The mirror apt on this machine already uses for the suite.
+MIRROR=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' 'Created-By: Packages' 2>/dev/null \
+	| awk -v s="$SUITE" '$2 == s { print $1; exit }')
+MIRROR=${MIRROR:-http://deb.debian.org/debian/}
+KEY=$(printf '%s\n' "$SUITE" "$MIRROR" "${PACKAGES[@]}" | sha256sum | cut -c1-12)
+BASE=$CACHE/$SUITE-$KEY
+mkdir -p "$CACHE"
+if [ -f "$BASE/.complete" ]; then
+	echo "cached: $BASE (mirror $MIRROR)"
+	t_base=cached
+else
+	b0=$(date +%s)
+	rm -rf "$BASE" "$BASE.tmp"
+	include=$(IFS=,; echo "${PACKAGES[*]}")
+	debootstrap --variant=minbase --include="$include" "$SUITE" "$BASE.tmp" "$MIRROR" > "$CACHE/debootstrap.log" 2>&1 \
+		|| { tail -n 30 "$CACHE/debootstrap.log"; fail "debootstrap"; }
+	# No package caches in the base; every run copies it.
+	rm -rf "$BASE.tmp"/var/cache/apt/archives/*.deb
+	mv "$BASE.tmp" "$BASE"
+	touch "$BASE/.complete"
+	t_base="$(( $(date +%s) - b0 )) s"
+	echo "built $BASE in $t_base (mirror $MIRROR; $(du -sh "$BASE" | cut -f1))"
+	# Older roots of another key are of no use any more.
+	find "$CACHE" -maxdepth 1 -name "$SUITE-*" ! -name "$SUITE-$KEY" -exec rm -rf {} +
+fi
+
+step "boot the container (systemd-nspawn -b)"
+WORK=$(mktemp -d /var/tmp/caldera-ci-systemd.XXXXXX)
+C=$WORK/root
+cp -a --reflink=auto "$BASE" "$C"
+rm -f "$C/.complete"
+echo caldera-ci > "$C/etc/hostname"
+printf '127.0.0.1\tlocalhost\n127.0.1.1\tcaldera-ci\n::1\tlocalhost ip6-localhost\n' > "$C/etc/hosts"
+# The operator's download: the .deb in the admin's home (made once the user exists).
+cp "$DEB" "$WORK/"
+b0=$(date +%s)
+systemd-nspawn -D "$C" -M caldera-ci -b --register=no --keep-unit --console=passive \
+	--resolv-conf=copy-host > "$WORK/console.log" 2>&1 &
+NSPAWN_PID=$!
+# Its PID 1: the child of systemd-nspawn that has become systemd (at first
+# that child is still nspawn's own helper).
+for _ in $(seq 300); do
+	CPID=$(ps -o pid=,comm= --ppid "$NSPAWN_PID" 2>/dev/null | awk '$2 == "systemd" { print $1; exit }' || true)
+	[ -n "$CPID" ] && break
+	kill -0 "$NSPAWN_PID" 2>/dev/null || break
+	sleep 0.1
+done
+[ -n "$CPID" ] || { cat "$WORK/console.log"; fail "no PID 1 under systemd-nspawn"; }
+# systemctl answers once PID 1 has its private bus up; then wait for the boot.
+state=
+for _ in $(seq 120); do
+	state=$(inside systemctl is-system-running --wait 2>/dev/null || true)
+	[ -n "$state" ] && break
+	sleep 0.25
+done
+[ "$state" = running ] || { inside systemctl --failed --no-pager || true; fail "system state '$state' (want running)"; }
+echo "PID 1 is host pid $CPID; system running after $(( $(date +%s) - b0 )) s"
+
+step "apt-get install ./$(basename "$DEB") (as root)"
+mkdir -p "$C/root/ci"
+cp "$DEB" "$C/root/ci/"
+if ! inside sh -c "cd /root/ci && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends ./$(basename "$DEB")" > "$WORK/apt.log" 2>&1; then
+	# A dependency the cached base lacks: fetch the lists once and retry.
+	inside sh -c "apt-get update -q && cd /root/ci && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends ./$(basename "$DEB")" \
+		> "$WORK/apt.log" 2>&1 || { cat "$WORK/apt.log"; fail "apt-get install"; }
+fi
+[ "$(unit_prop NeedDaemonReload)" = no ] || fail "NeedDaemonReload=yes after install: postinst did not daemon-reload"
+got=$(inside caldera --version)
+[ "$got" = "caldera $VERSION" ] || fail "caldera --version said '$got', want 'caldera $VERSION'"
+echo "installed; $got; no daemon-reload pending"
+
+step "caldera plane serve (inside)"
+inside systemd-run --quiet --unit=ci-plane -p User=caldera -p StateDirectory=ci-plane \
+	caldera plane serve --host 127.0.0.1 --port 0 --db /var/lib/ci-plane/plane.db \
+	--bootstrap-token "$TOKEN" --instance-id "$INSTANCE" --bootstrap-token "$TOKEN2" --instance-id "$INSTANCE2" \
+	--heartbeat-interval 2 --poll-interval 1 \
+	--url-file /var/lib/ci-plane/url
+wait_until 20 "the plane's URL file" test -s "$C/var/lib/ci-plane/url" >/dev/null
+URL=$(cat "$C/var/lib/ci-plane/url")
+echo "plane at $URL"
+
+step "admin user with sudo; the editor sudoedit runs"
+inside useradd -m -s /bin/bash -G sudo admin
+printf 'admin ALL=(ALL:ALL) NOPASSWD: ALL\n' > "$C/etc/sudoers.d/ci-admin"
+chmod 0440 "$C/etc/sudoers.d/ci-admin"
+cp "$DEB" "$C/home/admin/"
+# sudoedit copies the file to /var/tmp/<base>XXXXXXXX.env and runs the editor
+# as the admin; this editor sets the values as an operator would type them.
+cat > "$C/usr/local/bin/ci-editor" <<EOF
+#!/bin/sh
+set -e
+for f in "\$@"; do
+	case "\$(basename "\$f")" in
+		agent*) printf 'CALDERA_AGENT_ENABLED=true\nCALDERA_BASE_URL=%s\nCALDERA_INSTANCE_ID=%s\n' '$URL' '$INSTANCE' >> "\$f" ;;
+		secrets*) printf 'CALDERA_TOKEN=%s\n' '$TOKEN' >> "\$f" ;;
+		*) echo "ci-editor: what is \$f?" >&2; exit 1 ;;
+	esac
+done
+EOF
+chmod 0755 "$C/usr/local/bin/ci-editor"
+printf 'export EDITOR=/usr/local/bin/ci-editor\n' >> "$C/home/admin/.profile"
+inside chown -R admin:admin /home/admin
+
+step "README.md's \"Install on a host\" block, as the admin"
+# The first ```sh block after the heading, exactly as README.md has it now.
+awk '/^## Install on a host/ { sect = 1; next }
+	sect && /^## / { exit }
+	sect && !inblock && /^```sh/ { inblock = 1; next }
+	inblock && /^```/ { exit }
+	inblock { print }' "$ROOT/README.md" > "$C/home/admin/install.sh"
+[ -s "$C/home/admin/install.sh" ] || fail "README.md has no sh block under \"## Install on a host\""
+sed 's/^/  | /' "$C/home/admin/install.sh"
+grep -q "init .*--name $AGENT" "$C/home/admin/install.sh" || fail "the README block does not install an agent named $AGENT"
+grep -q "caldera status --agent $AGENT" "$C/home/admin/install.sh" || fail "the README block has no 'caldera status --agent $AGENT' line"
+r0=$(date +%s%N)
+# Each line as written, in the admin's login shell, stopping at the first failing one.
+as_admin 'bash -e -x ./install.sh' > "$WORK/readme.log" 2>&1 || { cat "$WORK/readme.log"; fail "the README block failed (above)"; }
+cat "$WORK/readme.log"
+t_readme=$(awk -v a="$r0" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
+
+step "registered, reporting and running commands within 60 s of the README block"
+cfg=$C/etc/caldera/agents/$AGENT
+# Owner names as the container knows them (stat on the host would use the host's passwd).
+incfg=/etc/caldera/agents/$AGENT
+inside stat -c '%n %U:%G %a' "$incfg/agent.env" "$incfg/secrets.env"
+[ "$(inside stat -c '%U:%G %a' "$incfg/secrets.env")" = "caldera:caldera 600" ] || fail "secrets.env is not caldera:caldera 0600 after sudoedit"
+[ "$(inside stat -c '%U:%G %a' "$incfg/agent.env")" = "root:caldera 640" ] || fail "agent.env is not root:caldera 0640 after sudoedit"
+registered() { plane agents --json | grep -q "\"$INSTANCE\"\\|: *$INSTANCE[,}]"; }
+reported() { [ -n "$(plane reports --instance "$INSTANCE" --last --json | tr -d '[]{} \n')" ]; }
+roundtrip() {  # enqueue collect_system_info; wait for `succeeded`
+	local id
+	id=$(plane enqueue --instance "$INSTANCE" collect_system_info)
+	# shellcheck disable=SC2317
+	done_ok() { plane commands --instance "$INSTANCE" --json | python3 -c '
+import json, sys
+want = int(sys.argv[1])
+rows = json.load(sys.stdin)
+rows = rows.get("commands", rows) if isinstance(rows, dict) else rows
+sys.exit(0 if any(int(r["id"]) == want and r["status"] == "succeeded" for r in rows) else 1)' "$id"; }
+	wait_until "$1" "command $id ($2) succeeded" done_ok
+}
+t_reg=$(wait_until 60 "registered with the plane" registered)
+t_rep=$(wait_until 60 "a state report" reported)
+t_cmd=$(roundtrip 60 "first round trip")
+t_working=$(awk -v a="$r0" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
+awk -v t="$t_working" 'BEGIN { exit !(t <= 60) }' || fail "README block to a finished command took $t_working s (over 60)"
+echo "after the README block: registered ${t_reg} s, reporting ${t_rep} s, a command round trip ${t_cmd} s more"
+echo "README block start to the first finished command: $t_working s"
+as_admin "caldera status --agent $AGENT" || fail "caldera status as the admin (no sudo)"
+
+step "root's CLI verbs leave no root-owned file in the state dir"
+pid_before=$(unit_prop MainPID)
+for verb in "pause" "resume" "status" "report --once --deadline 5"; do
+	as_admin "sudo caldera $verb --agent $AGENT" > "$WORK/verb.log" 2>&1 \
+		|| { cat "$WORK/verb.log"; fail "sudo caldera $verb"; }
+done
+left=$(inside find /var/lib/caldera ! -user caldera -printf '%u %p\n')
+[ -z "$left" ] || fail "not owned by caldera after the admin's sudo verbs: $left"
+[ "$(unit_prop ActiveState)" = active ] || fail "caldera@$AGENT is not active after the sudo verbs"
+[ "$(unit_prop MainPID)" = "$pid_before" ] || fail "caldera@$AGENT restarted during the sudo verbs"
+roundtrip 30 "after the sudo verbs" >/dev/null
+echo "state dir all caldera's; the unit kept running and runs commands"
+
+step "an installed but unconfigured agent: no crash loop; reload in local mode connects it"
+inside caldera init /usr/share/caldera/examples/task-agent --name idle-agent >/dev/null
+inside systemctl start caldera@idle-agent
+sleep 7  # longer than RestartSec=5: a crash loop would show as a restart
+idle() { inside systemctl show -P "$1" caldera@idle-agent; }
+[ "$(idle ActiveState)" = active ] || fail "unconfigured caldera@idle-agent is $(idle ActiveState)"
+[ "$(idle NRestarts)" = 0 ] || fail "unconfigured caldera@idle-agent restarted $(idle NRestarts) times"
+inside journalctl -u caldera@idle-agent --no-pager -o cat | grep -q 'staying local' || fail "no 'staying local' in the journal"
+icfg=$C/etc/caldera/agents/idle-agent
+printf 'CALDERA_AGENT_ENABLED=true\nCALDERA_BASE_URL=%s\nCALDERA_INSTANCE_ID=%s\n' "$URL" "$INSTANCE2" >> "$icfg/agent.env"
+printf 'CALDERA_TOKEN=%s\n' "$TOKEN2" >> "$icfg/secrets.env"
+inside systemctl reload caldera@idle-agent || fail "systemctl reload caldera@idle-agent"
+idle_reported() { [ -n "$(plane reports --instance "$INSTANCE2" --last --json | tr -d '[]{} \n')" ]; }
+t_idle=$(wait_until 30 "the idle agent reporting after reload" idle_reported)
+inside journalctl -u caldera@idle-agent --no-pager -o cat | grep 'reload:' || fail "the reload logged nothing"
+if inside journalctl -u caldera@idle-agent --no-pager -o cat | grep -qF "$TOKEN2"; then fail "the token reached the journal"; fi
+inside systemctl stop caldera@idle-agent
+echo "active in local mode, 0 restarts; after reload reporting within $t_idle s"
+
+step "systemctl reload re-reads agent.env and secrets.env"
+pid_before=$(unit_prop MainPID)
+cursor=$(inside journalctl -u "caldera@$AGENT" -n 0 --show-cursor --no-pager | sed -n 's/^-- cursor: //p')
+printf 'CALDERA_LOG_LEVEL=debug\n' >> "$cfg/agent.env"
+inside systemctl reload "caldera@$AGENT" || fail "systemctl reload caldera@$AGENT"
+reload_logged() { inside journalctl -u "caldera@$AGENT" --after-cursor "$cursor" --no-pager -o cat | grep -q 'CALDERA_LOG_LEVEL'; }
+t_reload=$(wait_until 30 "the journal naming CALDERA_LOG_LEVEL after reload" reload_logged)
+inside journalctl -u "caldera@$AGENT" --after-cursor "$cursor" --no-pager -o cat | grep -i reload || true
+if inside journalctl -u "caldera@$AGENT" --after-cursor "$cursor" --no-pager -o cat | grep -qF "$TOKEN"; then
+	fail "the token reached the journal"
+fi
+wait_until 30 "active after reload" sh -c "[ \"\$(nsenter -t $CPID -a systemctl is-active caldera@$AGENT)\" = active ]" >/dev/null
+roundtrip 30 "after reload" >/dev/null
+echo "reload logged in ${t_reload} s (main PID $pid_before -> $(unit_prop MainPID)); commands run"
+
+step "kill -9 of the main PID: restarted within 15 s, nothing lost"
+restarts=$(unit_prop NRestarts)
+pid_before=$(unit_prop MainPID)
+ids=()
+for _ in 1 2 3; do ids+=("$(plane enqueue --instance "$INSTANCE" collect_system_info)"); done
+inside sh -c "kill -9 $pid_before"  # the shell's kill: minbase has no /bin/kill
+back() { p=$(unit_prop MainPID); [ "$p" != 0 ] && [ "$p" != "$pid_before" ] && [ "$(unit_prop ActiveState)" = active ]; }
+t_restart=$(wait_until 15 "caldera@$AGENT active again after kill -9" back)
+[ "$(unit_prop NRestarts)" -eq $(( restarts + 1 )) ] || fail "NRestarts $(unit_prop NRestarts), want $(( restarts + 1 ))"
+# Nothing lost: each command ends (SPEC: one the kill interrupted is finished
+# `failed`, "interrupted: runtime restarted"; it is never run twice), the outbox empties.
+all_done() { plane commands --instance "$INSTANCE" --json | python3 -c '
+import json, sys
+want = {int(i) for i in sys.argv[1:]}
+rows = json.load(sys.stdin)
+rows = rows.get("commands", rows) if isinstance(rows, dict) else rows
+ended = {int(r["id"]): r for r in rows if int(r["id"]) in want and (r["status"] == "succeeded"
+         or (r["status"] == "failed" and "interrupted" in str(r.get("error_message"))))}
+if set(ended) != want:
+    sys.exit(1)
+print(" ".join("%d:%s" % (i, ended[i]["status"]) for i in sorted(ended)))' "${ids[@]}"; }
+wait_until 60 "the 3 commands queued around kill -9 ended" all_done >/dev/null
+ends=$(all_done)
+outbox_empty() { [ -z "$(inside find "/var/lib/caldera/$AGENT/outbox" -type f 2>/dev/null)" ]; }
+wait_until 30 "an empty outbox after the restart" outbox_empty >/dev/null
+echo "active again ${t_restart} s after kill -9; the 3 commands queued around it ended ($ends); outbox empty"
+
+step "upgrade (apt-get install --reinstall) restarts the running agent"
+pid_before=$(unit_prop MainPID)
+inside sh -c "cd /root/ci && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --reinstall ./$(basename "$DEB")" > "$WORK/apt.log" 2>&1 \
+	|| { cat "$WORK/apt.log"; fail "apt-get install --reinstall"; }
+[ "$(unit_prop MainPID)" != "$pid_before" ] || fail "the agent was not restarted by the upgrade"
+[ "$(unit_prop ActiveState)" = active ] || fail "caldera@$AGENT not active after the upgrade"
+[ "$(unit_prop NeedDaemonReload)" = no ] || fail "NeedDaemonReload=yes after the upgrade"
+roundtrip 30 "after the upgrade" >/dev/null
+echo "restarted by the upgrade (pid $pid_before -> $(unit_prop MainPID)), commands run"
+
+step "systemctl stop within 15 s"
+s0=$(date +%s%N)
+inside timeout 60 systemctl stop "caldera@$AGENT" || fail "systemctl stop"
+t_stop=$(awk -v a="$s0" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
+awk -v t="$t_stop" 'BEGIN { exit !(t <= 15) }' || fail "systemctl stop took $t_stop s"
+echo "stopped in $t_stop s ($(unit_prop ActiveState), result $(unit_prop Result))"
+
+step "a broken configuration ends failed, with at most one restart"
+broken() {  # broken DESCRIPTION SETUP-COMMAND NAMED: start, wait for `failed`, count restarts, restore
+	local what=$1 named=$3
+	cp -a "$cfg/agent.env" "$WORK/agent.env.good"
+	cp -a "$cfg/secrets.env" "$WORK/secrets.env.good"
+	eval "$2"
+	inside systemctl reset-failed "caldera@$AGENT" 2>/dev/null || true
+	inside systemctl start "caldera@$AGENT" 2>/dev/null || true
+	is_failed() { [ "$(unit_prop ActiveState)" = failed ]; }
+	wait_until 30 "caldera@$AGENT failed ($what)" is_failed >/dev/null
+	# Stay a while: a restart loop (RestartSec=5) would show up as NRestarts > 1.
+	sleep 7
+	[ "$(unit_prop ActiveState)" = failed ] || fail "$what: not failed any more: $(unit_prop ActiveState)"
+	n=$(unit_prop NRestarts)
+	[ "$n" -le 1 ] || fail "$what: $n restarts"
+	status=$(unit_prop ExecMainStatus)
+	[ "$status" = 2 ] || fail "$what: exit status $status, want 2"
+	msg=$(inside journalctl -u "caldera@$AGENT" --no-pager -o cat -n 20 | grep '^caldera run: ' | tail -n 1)
+	printf '%s\n' "$msg" | grep -qF "$named" || fail "$what: the journal's sentence does not name $named: '$msg'"
+	echo "$what: failed, $n restarts, exit $status: $msg"
+	cp -a "$WORK/agent.env.good" "$cfg/agent.env"
+	cp -a "$WORK/secrets.env.good" "$cfg/secrets.env"
+	inside systemctl reset-failed "caldera@$AGENT"
+}
+broken "bad CALDERA_BASE_URL" "printf 'CALDERA_BASE_URL=ftp://nowhere\n' >> '$cfg/agent.env'" CALDERA_BASE_URL
+broken "secrets.env readable by others" "chmod 0644 '$cfg/secrets.env'" secrets.env
+broken "agent.env not readable by caldera" "chmod 0600 '$cfg/agent.env'" agent.env
+
+step "the cron line, uncommented"
+inside systemctl start "caldera@$AGENT"
+line=$(sed -n 's/^#\(\*.*caldera report --once.*\)$/\1/p' "$C/etc/cron.d/caldera" | sed "s/NAME/$AGENT/g")
+[ -n "$line" ] || fail "no commented report --once line in /etc/cron.d/caldera"
+cron_path=$(sed -n 's/^PATH=//p' "$C/etc/cron.d/caldera")
+[ -n "$cron_path" ] || fail "/etc/cron.d/caldera sets no PATH"
+cmd=$(printf '%s\n' "$line" | cut -f 3-)
+user=$(printf '%s\n' "$line" | cut -f 2)
+echo "runs as $user: $cmd"
+# As cron would: that user, the file's PATH, /bin/sh, almost no environment.
+inside runuser -u "$user" -- env -i PATH="$cron_path" HOME=/var/lib/caldera SHELL=/bin/sh /bin/sh -c "$cmd" \
+	|| fail "the cron command exited non-zero"
+cron_logged() { inside journalctl -t caldera-report --no-pager -o cat | grep -q 'exit'; }
+wait_until 10 "the cron run's exit status in the journal" cron_logged >/dev/null
+inside journalctl -t caldera-report --no-pager -o cat | tail -n 3
+
+step "apt-get purge: nothing left running"
+[ "$(unit_prop ActiveState)" = active ] || fail "caldera@$AGENT not active before purge"
+inside systemctl stop ci-plane  # the test's own plane (user caldera too) ends first
+inside sh -c 'DEBIAN_FRONTEND=noninteractive apt-get purge -y -q caldera' > "$WORK/apt.log" 2>&1 \
+	|| { cat "$WORK/apt.log"; fail "apt-get purge"; }
+# (minbase has no ps: /proc, read by the container's python3)
+left=$(inside python3 -c '
+import os, pwd
+uid = pwd.getpwnam("caldera").pw_uid
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    if int(pid) == os.getpid():
+        continue
+    try:
+        cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+        owner = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        continue
+    if owner == uid or "/usr/bin/caldera" in cmd or "caldera.cli" in cmd:
+        print(pid, owner, cmd)
+')
+[ -z "$left" ] || fail "still running after purge: $left"
+load=$(unit_prop LoadState)
+[ "$load" = not-found ] || fail "caldera@$AGENT is still $load after purge (no daemon-reload?)"
+for path in /etc/caldera /var/lib/caldera /usr/bin/caldera /lib/systemd/system/caldera@.service; do
+	[ ! -e "$C$path" ] || fail "$path is left after purge"
+done
+echo "purged: no caldera process, unit not-found, trees gone"
+
+shutdown_container
+t_total=$(( $(date +%s) - t0 ))
+printf '\n== systemd: summary\n'
+printf 'base root        %s\n' "$t_base"
+printf 'README block     %s s (as the admin, from README.md)\n' "$t_readme"
+printf 'to registered    %s s, reporting %s s, first command +%s s (README start to a finished command: %s s)\n' "$t_reg" "$t_rep" "$t_cmd" "$t_working"
+printf 'kill -9 restart  %s s\n' "$t_restart"
+printf 'stop             %s s\n' "$t_stop"
+printf 'total            %s s\n' "$t_total"

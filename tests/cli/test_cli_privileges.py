@@ -1,0 +1,56 @@
+"""Root acting on an installed agent becomes its service user; permission errors exit 2."""
+import os
+import pwd
+
+import pytest
+
+from caldera.cli import main
+from caldera.host import privdrop
+from core_helpers import install_agent
+
+
+def _entry(uid):
+    return pwd.struct_passwd(("caldera", "x", uid, uid, "", "/var/lib/caldera", "/usr/sbin/nologin"))
+
+
+def test_nobody_switches_when_not_root(tmp_path, monkeypatch):
+    monkeypatch.setattr(privdrop.os, "geteuid", lambda: 1000)
+    assert privdrop.service_user_for(tmp_path) is None
+
+
+def test_root_switches_only_where_the_service_user_owns_the_state_root(tmp_path, monkeypatch):
+    owner = os.stat(tmp_path).st_uid or 4242
+    monkeypatch.setattr(privdrop.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(pwd, "getpwnam", lambda name: _entry(owner))
+    monkeypatch.setattr(privdrop.os, "stat", lambda path: os.stat_result((0, 0, 0, 0, owner, owner, 0, 0, 0, 0)))
+    assert privdrop.service_user_for(tmp_path).pw_uid == owner
+    monkeypatch.setattr(pwd, "getpwnam", lambda name: _entry(owner + 1))
+    assert privdrop.service_user_for(tmp_path) is None  # a checkout, a test dir: stays root
+    monkeypatch.setattr(pwd, "getpwnam", lambda name: (_ for _ in ()).throw(KeyError(name)))
+    assert privdrop.service_user_for(tmp_path) is None  # no such user
+
+
+def test_root_state_verbs_switch_before_they_run(caldera_env, monkeypatch):
+    install_agent(caldera_env)
+    seen = []
+    monkeypatch.setattr(privdrop, "service_user_for", lambda root: _entry(4242))
+    monkeypatch.setattr(privdrop, "become", lambda entry: seen.append(entry.pw_uid))
+    assert main(["pause", "--agent", "demo"]) == 0
+    assert main(["init", "/nonexistent"]) != 0  # init writes /etc as root: no switch
+    assert seen == [4242]
+
+
+def test_a_permission_error_exits_2_naming_the_file(caldera_env, monkeypatch, capsys):
+    config = install_agent(caldera_env)
+    real_open = open
+
+    def refusing_open(path, *args, **kwargs):
+        if str(path) == str(config / "agent.env"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", refusing_open)
+    assert main(["report", "--once", "--agent", "demo", "--deadline", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{config / 'agent.env'}: permission denied for user" in err
+    assert len(err.strip().splitlines()) == 1

@@ -1,0 +1,93 @@
+"""`systemctl reload` = SIGHUP: the daemon re-reads agent.env and secrets.env, logs the names
+that changed (never values) and restarts itself in place (same PID); local mode too."""
+import json
+import signal
+
+import pytest
+
+from core_helpers import BOOT, install_agent
+from daemon_helpers import Daemon, count, wait_for
+
+PlaneServer = pytest.importorskip("caldera.plane.server").PlaneServer
+INSTANCE = 7
+
+
+@pytest.fixture
+def plane(tmp_path):
+    server = PlaneServer(str(tmp_path / "plane.db"), tokens={BOOT: INSTANCE}, heartbeat_interval=1,
+                         poll_interval=1).start()
+    yield server
+    server.stop()
+
+
+def test_unconfigured_agent_stays_local_and_a_reload_connects_it_in_place(caldera_env, plane):
+    config = install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
+    (config / "agent.env").write_text("# not configured yet\n")
+    daemon = Daemon()
+    try:
+        wait_for(lambda: "staying local" in daemon.log(), what="local mode")
+        assert daemon.proc.poll() is None  # waits, does not exit (no crash loop under systemd)
+        (config / "agent.env").write_text(
+            f"CALDERA_AGENT_ENABLED=true\nCALDERA_BASE_URL={plane.url}\nCALDERA_INSTANCE_ID={INSTANCE}\n")
+        daemon.signal(signal.SIGHUP)
+        # The restarted process imports and registers anew: on a loaded machine that is
+        # more than the usual few seconds.
+        wait_for(lambda: plane.store.heartbeats(INSTANCE), timeout=30, what="heartbeat after the reload")
+        assert daemon.proc.poll() is None  # the same process (execv keeps the PID)
+    finally:
+        assert daemon.stop() == 0
+    log = daemon.log()
+    assert "reload: changed CALDERA_AGENT_ENABLED, CALDERA_BASE_URL, CALDERA_INSTANCE_ID" in log
+    assert plane.url not in log.split("reload: changed", 1)[1].splitlines()[0]  # names, not values
+    assert BOOT not in log
+
+
+def test_reload_of_a_changed_secret_names_it_and_hides_its_value(caldera_env, plane):
+    config = install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
+    daemon = Daemon()
+    try:
+        wait_for(lambda: plane.store.heartbeats(INSTANCE), what="first heartbeat")
+        (config / "secrets.env").write_text(f"CALDERA_TOKEN={BOOT}\nNEW_SECRET=reload-canary-93b1\n")
+        daemon.signal(signal.SIGHUP)
+        wait_for(lambda: "stopped; restarting with the new configuration" in daemon.log(), what="the reload")
+        before = len(plane.store.heartbeats(INSTANCE))
+        wait_for(lambda: len(plane.store.heartbeats(INSTANCE)) > before, timeout=30,
+                 what="heartbeats after the reload (a restarted process)")
+    finally:
+        assert daemon.stop() == 0
+    log = daemon.log()
+    assert "reload: changed NEW_SECRET, OTHER_SECRET" in log
+    assert "reload-canary-93b1" not in log
+
+
+def test_reload_without_change_or_with_a_broken_file_keeps_running(caldera_env, plane):
+    config = install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
+    daemon = Daemon()
+    try:
+        wait_for(lambda: plane.store.heartbeats(INSTANCE), what="first heartbeat")
+        daemon.signal(signal.SIGHUP)
+        wait_for(lambda: "unchanged" in daemon.log(), what="the no-change reload")
+        (config / "agent.env").write_text("CALDERA_AGENT_ENABLED=maybe\n")
+        daemon.signal(signal.SIGHUP)
+        wait_for(lambda: "keeping the running configuration" in daemon.log(), what="the refused reload")
+        before = count(plane, "POST", "/api/v1/agent/heartbeat")
+        wait_for(lambda: count(plane, "POST", "/api/v1/agent/heartbeat") > before, what="heartbeats go on")
+    finally:
+        assert daemon.stop() == 0
+    assert "CALDERA_AGENT_ENABLED" in daemon.log()  # the sentence names the variable
+    assert "restarting in place" not in daemon.log()
+
+
+def test_status_snapshot_is_written_for_users_without_access(caldera_env, plane):
+    install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
+    daemon = Daemon()
+    snapshot = caldera_env / "var" / "demo" / "status.json"
+    try:
+        wait_for(snapshot.exists, what="status.json")
+        assert snapshot.stat().st_mode & 0o777 == 0o644
+        wait_for(lambda: b'"Ready"' in snapshot.read_bytes(), what="the adapter's status in the snapshot")
+    finally:
+        assert daemon.stop() == 0
+    assert BOOT.encode() not in snapshot.read_bytes()
+    doc = json.loads(snapshot.read_text())
+    assert doc["daemon_pid"] == daemon.proc.pid and doc["outbox"]["items"] == 0
