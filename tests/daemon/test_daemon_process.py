@@ -243,3 +243,28 @@ def test_kill9_of_caldera_run_then_a_new_one_never_runs_two_agents(caldera_env, 
     finally:
         assert daemon.stop() == 0
     assert not _alive(second)
+
+
+def test_a_reload_restarts_the_agent_with_the_new_secret_never_two(caldera_env, plane):
+    config = _install(caldera_env, plane)
+    text = (config / "caldera.agent.yaml").read_text().replace(", run]", ", env]")
+    (config / "caldera.agent.yaml").write_text(text)
+    state = Path(os.environ["CALDERA_STATE_DIR"]) / "demo"
+    env_file = state / "agent" / "env.json"
+    daemon = Daemon()
+    try:
+        wait_for(lambda: env_file.exists() and env_file.stat().st_size, timeout=30, what="the agent's env")
+        first = json.loads((state / "state.json").read_text())["agent_process"]["pid"]
+        assert json.loads(env_file.read_text())["OTHER_SECRET"] == SECRET
+        (config / "secrets.env").write_text(f"CALDERA_TOKEN={BOOT}\nOTHER_SECRET=reloaded-secret-4411\n")
+        env_file.unlink()
+        daemon.signal(signal.SIGHUP)
+        wait_for(lambda: env_file.exists() and env_file.stat().st_size, timeout=60, what="the agent restarted")
+        assert json.loads(env_file.read_text())["OTHER_SECRET"] == "reloaded-secret-4411"
+        second = json.loads((state / "state.json").read_text())["agent_process"]["pid"]
+        assert second != first and not _alive(first) and _alive(second)
+        assert daemon.proc.poll() is None  # the same runtime process (re-exec keeps the PID)
+    finally:
+        assert daemon.stop() == 0
+    assert not _alive(second)
+    assert "reloaded-secret-4411" not in daemon.log()
