@@ -9,7 +9,6 @@ URL userinfo, credential query parameters and api_key/token/password fields.
 """
 from __future__ import annotations
 
-import base64
 import json
 import re
 import threading
@@ -43,24 +42,54 @@ _PATTERN_SOURCES = [
     ((r"(?i)(\"(?:api[_-]?key|apikey|token|access_token|refresh_token|id_token|password|secret|client_secret)\"\s*:\s*\")[^\"]*(\")"),
      r"\1" + MASK + r"\2", ('key"', 'token"', 'password"', 'secret"')),
     ((r"(?i)\b((?:api[_-]?key|apikey|access_token|refresh_token|password|passwd|client_secret)\s*[=:]\s*)[^\s,;\"'}]+"),
-     r"\1" + MASK, ("key", "token", "passw", "secret")),
+     r"\1" + MASK, ("key", "_token", "passw", "secret")),
 ]
 
 
-class _Compiled:
-    """The patterns, compiled on first use: importing this module (every quick CLI
-    verb does) costs no regex compilation; the first redaction pays it once."""
+# The keys whose values are masked whole in a JSON-shaped structure, lowercased: a set,
+# not a regex, so a quick CLI verb redacting its answer compiles nothing.
+_SECRET_KEYS = frozenset(
+    f"{head}{sep}{tail}" if tail else head
+    for head, tail in (("authorization", ""), ("proxy-authorization", ""), ("api", "key"), ("apikey", ""),
+                       ("token", ""), ("access", "token"), ("refresh", "token"), ("id", "token"),
+                       ("session", "token"), ("bootstrap", "token"), ("password", ""), ("passwd", ""),
+                       ("secret", ""), ("client", "secret"), ("private", "key"), ("cookie", ""),
+                       ("set-cookie", ""))
+    for sep in ("_", "-", "")
+)
 
-    _done = None
+
+def secret_key(key) -> bool:
+    """Whether a mapping key names a secret (_SECRET_KEY's verdict, as a set lookup)."""
+    return isinstance(key, str) and key.lower() in _SECRET_KEYS
+
+
+def _minimal(words) -> tuple:
+    """The words no other word is a substring of: a text holding none of these holds none
+    of `words` either, so testing these few is enough to rule them all out."""
+    unique = set(words)
+    return tuple(sorted(w for w in unique if not any(o != w and o in w for o in unique)))
+
+
+class _Compiled:
+    """The patterns, each compiled on its first use: importing this module (every quick
+    CLI verb does) compiles nothing, and a text no trigger is in compiles nothing."""
+
+    _triggers = None
+    _patterns: dict = {}
 
     @classmethod
-    def get(cls):
-        if cls._done is None:
-            patterns = [(re.compile(src), repl, triggers) for src, repl, triggers in _PATTERN_SOURCES]
-            trigger = re.compile("|".join(re.escape(t) for _, _, ts in _PATTERN_SOURCES for t in ts))
-            cls._done = (patterns, trigger, re.compile(_SECRET_KEY))
-        return cls._done
+    def triggers(cls) -> tuple:
+        if cls._triggers is None:
+            cls._triggers = _minimal(t for _, _, ts in _PATTERN_SOURCES for t in ts)
+        return cls._triggers
 
+    @classmethod
+    def pattern(cls, index: int):
+        compiled = cls._patterns.get(index)
+        if compiled is None:
+            compiled = cls._patterns[index] = re.compile(_PATTERN_SOURCES[index][0])
+        return compiled
 
 
 def _forms(value: str) -> set[str]:
@@ -69,6 +98,8 @@ def _forms(value: str) -> set[str]:
     for line in value.splitlines():
         if len(line.strip()) >= MIN_SECRET_LEN:
             forms.add(line.strip())
+    import base64  # deferred: every quick verb imports this module, few add a secret (~0.6 ms with binascii, struct)
+
     raw = value.encode()
     for enc in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
         text = enc.decode()
@@ -87,7 +118,9 @@ class Redactor:
     def __init__(self, values=()):
         self._lock = threading.Lock()
         self._forms: list[str] = []
-        self._regex: re.Pattern | None = None
+        # (regex of every form, _minimal(forms) as substring tests before it), replaced as one
+        # object so that a reader never pairs a new regex with old probes.
+        self._values: tuple | None = None
         for value in values:
             self.add(value)
 
@@ -101,20 +134,41 @@ class Redactor:
                 return
             # Longest first, so a value is masked whole before any of its parts.
             self._forms = sorted(known | new, key=len, reverse=True)
-            self._regex = re.compile("|".join(re.escape(f) for f in self._forms))
+            self._values = (re.compile("|".join(re.escape(f) for f in self._forms)), _minimal(self._forms))
 
     def text(self, value: str) -> str:
-        regex = self._regex
-        if regex is not None:
-            value = regex.sub(MASK, value)
+        # Substring tests first (str.find skips through text at memory speed), the regexes
+        # only where they can match: a run's transcript is mostly text holding no secret.
+        values = self._values
+        if values is not None and any(p in value for p in values[1]):
+            value = values[0].sub(MASK, value)
         low = value.lower()
-        patterns, any_trigger, _ = _Compiled.get()
-        if any_trigger.search(low) is None:  # the common case: nothing credential-shaped
+        if not any(t in low for t in _Compiled.triggers()):  # the common case: nothing credential-shaped
             return value
-        for pattern, repl, triggers in patterns:
+        for index, (_, repl, triggers) in enumerate(_PATTERN_SOURCES):
             if any(t in low for t in triggers):
-                value = pattern.sub(repl, value)
+                value = _Compiled.pattern(index).sub(repl, value)
         return value
+
+    def text_lines(self, lines: list) -> str:
+        """Lines (without newlines) redacted each as text() would, joined by newlines: the
+        secret values in one pass over the whole, and a credential pattern only on the lines
+        holding one of its triggers (not over the whole: a busy run log writes 64 KiB at once)."""
+        block = "\n".join(lines)
+        values = self._values
+        if values is not None and any(p in block for p in values[1]):
+            block = values[0].sub(MASK, block)
+        low = block.lower()
+        if not any(t in low for t in _Compiled.triggers()):
+            return block
+        hits = [(index, triggers) for index, (_, _, triggers) in enumerate(_PATTERN_SOURCES)
+                if any(t in low for t in triggers)]
+        out = block.split("\n")
+        for number, line_low in enumerate(low.split("\n")):
+            for index, triggers in hits:
+                if any(t in line_low for t in triggers):
+                    out[number] = _Compiled.pattern(index).sub(_PATTERN_SOURCES[index][1], out[number])
+        return "\n".join(out)
 
     def __call__(self, value):
         """Redact a str, bytes, or any JSON-shaped structure (a new object is returned)."""
@@ -123,8 +177,7 @@ class Redactor:
         if isinstance(value, bytes):
             return self.text(value.decode("utf-8", "replace"))
         if isinstance(value, dict):
-            return {k: (MASK if isinstance(k, str) and _Compiled.get()[2].match(k) and v not in (None, "")
-                        else self(v)) for k, v in value.items()}
+            return {k: (MASK if secret_key(k) and v not in (None, "") else self(v)) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return [self(v) for v in value]
         return value

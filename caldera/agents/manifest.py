@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 from caldera.agents.settings import value_problem
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_json
-from caldera.protocol.schemas import SchemaError, validate
 
 CACHE_NAME = "manifest.json"
 CACHE_FORMAT = 1
@@ -30,8 +28,25 @@ TOP_LEVEL = {"name", "version", "description", "runtime", "settings", "controls"
 CONTROLS = ("pause", "resume", "run_now")
 SETTING_TYPES = ("percent", "number", "integer", "boolean", "string", "enum")
 SETTING_KEYS = {"key", "label", "type", "min", "max", "step", "options", "max_length", "description"}
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# The name and key rules (^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$ and ^[A-Za-z_][A-Za-z0-9_]{0,63}$)
+# as character sets, not regexes: every quick verb checks its cached manifest, and two
+# regex compilations were a tenth of what `caldera pause` adds to a bare interpreter.
+_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_NAME_FIRST, _NAME_REST = _ALNUM, _ALNUM | frozenset("_.-")
+_KEY_FIRST = (_ALNUM - frozenset("0123456789")) | frozenset("_")
+_KEY_REST = _ALNUM | frozenset("_")
+
+
+def is_name(text: str) -> bool:
+    return _word(text, _NAME_FIRST, _NAME_REST)
+
+
+def is_key(text: str) -> bool:
+    return _word(text, _KEY_FIRST, _KEY_REST)
+
+
+def _word(text: str, first: frozenset, rest: frozenset) -> bool:
+    return 0 < len(text) <= 64 and text[0] in first and all(c in rest for c in text[1:])
 TIMEOUT_MIN, TIMEOUT_MAX = 1, 120
 MAX_SETTINGS = 100
 PROCESS_RUNTIME_KEYS = ("stop_signal", "stop_timeout_seconds", "restart", "run_now_signal")
@@ -118,6 +133,9 @@ def parse_text(text, path="caldera.agent.yaml") -> dict:
 
 
 def schema_check(doc, path) -> None:
+    # deferred: a quick verb never checks the schema (docs/performance.md, section 1)
+    from caldera.protocol.schemas import SchemaError, validate
+
     try:
         validate("manifest.schema.json", doc)
     except SchemaError as exc:
@@ -150,7 +168,6 @@ def _cache_put(cache_dir, key, doc) -> None:
     file = _cache_file(cache_dir)
     if file is None:
         return
-
     try:
         file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         atomic_write_json(file, {"key": key, "doc": doc})
@@ -204,7 +221,7 @@ def check_document(doc, path) -> None:
         if key not in TOP_LEVEL:
             raise ConfigError(f"{where}: unknown key '{key}'")
     name = doc.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not is_name(name):
         raise ConfigError(f"{where}: name: required, letters, digits, '.', '_' or '-' (at most 64)")
     for key in ("version", "description"):
         if key in doc and not isinstance(doc[key], str):
@@ -307,7 +324,7 @@ def _check_setting_item(item, at: str) -> None:
     for key in item:
         if key not in SETTING_KEYS:
             raise ConfigError(f"{at}.{key}: unknown key")
-    if not isinstance(item.get("key"), str) or not KEY_RE.match(item["key"]):
+    if not isinstance(item.get("key"), str) or not is_key(item["key"]):
         raise ConfigError(f"{at}.key: required, a letter or '_' then letters, digits or '_' (at most 64)")
     if item.get("type") not in SETTING_TYPES:
         raise ConfigError(f"{at}.type: one of {', '.join(SETTING_TYPES)}")

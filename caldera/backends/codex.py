@@ -35,6 +35,7 @@ from caldera.host.jsonlimits import JSONLimitError
 from caldera.host.jsonlimits import loads as bounded_loads
 
 LINE_CAP = 32 * 1024 * 1024  # one stdout line (a huge aggregatedOutput stays well below)
+READ_CHUNK = 64 * 1024  # one read of stdout: its whole lines are handled together
 STDERR_KEEP = 64 * 1024
 REQUEST_TIMEOUT = 30.0  # initialize / thread/start / turn/start
 INTERRUPT_GRACE = 5.0  # after turn/interrupt on cancel, before the kill
@@ -96,37 +97,61 @@ class Dispatcher:
         self.lock = threading.Lock()
 
     def line(self, raw: bytes) -> None:
-        text = raw.decode("utf-8", "replace").rstrip("\r\n")
-        if not text.strip():
+        self.block(raw)
+
+    def block(self, data: bytes) -> None:
+        """Whole lines read together (pump_stdout): one run-log write and one inbox item
+        ("batch", [(kind, msg), …]) for all of them, in order, instead of one each: a
+        queue put and get, a timestamp and a redaction per line were most of the cost of
+        a busy turn (bench/bench_codex.py, docs/performance.md)."""
+        text = data.decode("utf-8", "replace")
+        lines = text.split("\n")
+        if "\r" in text:
+            lines = [line.rstrip("\r") for line in lines]
+        lines = [line for line in lines if line and not line.isspace()]
+        if not lines:
             return
         if self.runlog is not None:
-            self.runlog.write("s2c", text)
-        try:
-            msg = bounded_loads(text, max_bytes=LINE_JSON_MAX, what="backend stdout line")
-        except JSONLimitError as exc:  # too deep: one failed turn with the sentence, not a dead reader
-            self.inbox.put(("fatal", fk.BackendFailure(fk.BACKEND_JSON_PARSE_ERROR, str(exc))))
+            self.runlog.write_lines("s2c", lines)
+        batch: list = []
+        for line in lines:
+            try:
+                msg = bounded_loads(line, max_bytes=LINE_JSON_MAX, what="backend stdout line")
+            except JSONLimitError as exc:  # too deep: one failed turn with the sentence, not a dead reader
+                self._fatal(batch, fk.BACKEND_JSON_PARSE_ERROR, str(exc))
+                continue
+            except ValueError:
+                self._fatal(batch, fk.BACKEND_JSON_PARSE_ERROR, f"backend stdout line is not JSON: {line[:200]!r}")
+                continue
+            if not isinstance(msg, dict):
+                self._fatal(batch, fk.BACKEND_PROTOCOL_ERROR, f"backend sent a JSON {type(msg).__name__}, not an object")
+            elif "method" in msg:
+                batch.append(("request" if "id" in msg else "notification", msg))
+            elif "id" in msg:
+                self._flush(batch)  # what came before a response is queued before it is seen
+                self._respond(msg)
+            else:
+                self._fatal(batch, fk.BACKEND_PROTOCOL_ERROR, "backend message has neither method nor id")
+        self._flush(batch)
+
+    def _flush(self, batch: list) -> None:
+        if batch:
+            self.inbox.put(("batch", batch[:]))
+            batch.clear()
+
+    def _fatal(self, batch: list, kind: str, message: str) -> None:
+        self._flush(batch)
+        self.inbox.put(("fatal", fk.BackendFailure(kind, message)))
+
+    def _respond(self, msg: dict) -> None:
+        with self.lock:
+            slot = self.pending.pop(msg["id"], None)
+        if slot is None:
+            if self.runlog is not None:
+                self.runlog.note(f"response to unknown request id {msg['id']!r}")
             return
-        except ValueError:
-            self.inbox.put(("fatal", fk.BackendFailure(
-                fk.BACKEND_JSON_PARSE_ERROR, f"backend stdout line is not JSON: {text[:200]!r}")))
-            return
-        if not isinstance(msg, dict):
-            self.inbox.put(("fatal", fk.BackendFailure(
-                fk.BACKEND_PROTOCOL_ERROR, f"backend sent a JSON {type(msg).__name__}, not an object")))
-        elif "method" in msg:
-            self.inbox.put(("request" if "id" in msg else "notification", msg))
-        elif "id" in msg:
-            with self.lock:
-                slot = self.pending.pop(msg["id"], None)
-            if slot is None:
-                if self.runlog is not None:
-                    self.runlog.note(f"response to unknown request id {msg['id']!r}")
-                return
-            slot.message = msg
-            slot.event.set()
-        else:
-            self.inbox.put(("fatal", fk.BackendFailure(
-                fk.BACKEND_PROTOCOL_ERROR, "backend message has neither method nor id")))
+        slot.message = msg
+        slot.event.set()
 
     def expect(self, request_id) -> _Slot:
         slot = _Slot()
@@ -141,18 +166,46 @@ class Dispatcher:
             slot.event.set()  # message stays None: the process is gone
 
 
+def handle_batch(batch: list, normalizer, answer) -> dict | None:
+    """One ("batch", …) inbox item through the normalizer (requests to `answer`); the
+    turn/completed message when it comes (what follows it in the batch is dropped, as
+    the inbox's rest was when the loop ended one message at a time)."""
+    for kind, msg in batch:
+        if kind == "notification":
+            method = msg.get("method")
+            if method == "turn/completed":
+                return msg
+            normalizer.notification(method, msg.get("params"))
+        else:
+            answer(msg)
+    return None
+
+
 def pump_stdout(stream, dispatcher: Dispatcher) -> None:
-    """Reader thread body: every stdout line to the dispatcher, then EOF."""
+    """Reader thread body: stdout in chunks of up to READ_CHUNK bytes, each chunk's whole
+    lines to the dispatcher at once (Dispatcher.block), the last line at EOF, then EOF."""
+    parts: list = []  # the line being read, in pieces (a long line is not copied per chunk)
+    size = 0
     try:
         while True:
-            raw = stream.readline(LINE_CAP)
-            if not raw:
+            chunk = stream.read1(READ_CHUNK)
+            if not chunk:
                 break
-            if not raw.endswith(b"\n") and len(raw) >= LINE_CAP:
-                dispatcher.inbox.put(("fatal", fk.BackendFailure(
-                    fk.BACKEND_PROTOCOL_ERROR, f"backend stdout line longer than {LINE_CAP} bytes")))
-                break
-            dispatcher.line(raw)
+            end = chunk.rfind(b"\n")
+            if end < 0:
+                parts.append(chunk)
+                size += len(chunk)
+                if size >= LINE_CAP:
+                    dispatcher.inbox.put(("fatal", fk.BackendFailure(
+                        fk.BACKEND_PROTOCOL_ERROR, f"backend stdout line longer than {LINE_CAP} bytes")))
+                    return
+                continue
+            head = b"".join((*parts, chunk[:end])) if parts else chunk[:end]
+            rest = chunk[end + 1:]
+            parts, size = ([rest], len(rest)) if rest else ([], 0)
+            dispatcher.block(head)
+        if parts:
+            dispatcher.block(b"".join(parts))  # a last line without its newline
     except (OSError, ValueError) as exc:  # the pipe was closed under us at shutdown
         if dispatcher.runlog is not None:
             dispatcher.runlog.note(f"stdout reader stopped: {exc}")
@@ -472,6 +525,11 @@ class CodexBackend(Backend):
             try:
                 kind, msg = server.inbox.get(timeout=POLL)
             except queue.Empty:
+                continue
+            if kind == "batch":
+                done = handle_batch(msg, norm, lambda request: self._answer(context, request))
+                if done is not None:
+                    return self._completed(context, done.get("params"))
                 continue
             if kind == "notification":
                 if msg.get("method") == "turn/completed":

@@ -46,21 +46,30 @@ class RunLog:
         self._fh = os.fdopen(fd, "w", encoding="utf-8", errors="replace", buffering=1 << 16)
 
     def write(self, channel: str, text: str) -> None:
-        line = f"{rfc3339(millis=True)} {channel} {self.redactor.text(text.rstrip(chr(10)))}\n"
+        self._append(f"{rfc3339(millis=True)} {channel} {self.redactor.text(text.rstrip(chr(10)))}\n")
+
+    def write_lines(self, channel: str, lines: list) -> None:
+        """Several records of one channel (lines without newlines) at once: one redaction
+        over their joined text, one timestamp, one append."""
+        block = self.redactor.text_lines(lines)
+        prefix = f"{rfc3339(millis=True)} {channel} "
+        self._append(prefix + block.replace("\n", "\n" + prefix) + "\n")
+
+    def _append(self, text: str) -> None:
         with self._lock:
             if self.full or self._fh.closed:
                 return
-            size = len(line)  # characters: close enough to bytes for a cap
+            size = len(text)  # characters: close enough to bytes for a cap
             if self.size + size > self.cap:
                 self.full = True
                 self._fh.write(f"{rfc3339(millis=True)} note run log reached {self.cap} bytes; transcript cut here\n")
                 return
             self.size += size
-            self._fh.write(line)
+            self._fh.write(text)
 
     def event(self, event: dict) -> None:
-        # Events are redacted already; the second pass costs little and keeps one rule.
-        self.write("event", json.dumps(event, ensure_ascii=False, separators=(",", ":")))
+        # EventSink.emit redacted the event's data already, and the rest is ours: no second pass.
+        self._append(f"{rfc3339(millis=True)} event {json.dumps(event, ensure_ascii=False, separators=(',', ':'))}\n")
 
     def note(self, text: str) -> None:
         self.write("note", text)

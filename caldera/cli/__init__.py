@@ -10,7 +10,7 @@ must not pay for the daemon's dependencies. Each sub-command module exposes
 """
 from __future__ import annotations
 
-import argparse
+import gc
 import importlib
 import os
 import pwd
@@ -50,10 +50,12 @@ GROUPS: dict[str, dict[str, tuple[str, str]]] = {
         "demo": ("caldera.cli.demo", "the main job: embedded plane + example agent on loopback"),
     },
 }
+# The modules of the verbs a person types and waits for (bench/bench_pause.py).
+QUICK_MODULES = frozenset({"caldera.cli.verbs", "caldera.cli.status"})
 COMMANDS: dict[str, tuple[str, str]] = {name: entry for group in GROUPS.values() for name, entry in group.items()}
 
 
-def add_agent_flags(parser: argparse.ArgumentParser) -> None:
+def add_agent_flags(parser) -> None:
     """The flags every agent command takes (SPEC section 4)."""
     parser.add_argument("--agent", metavar="NAME", help="the installed agent to act on")
     parser.add_argument("--manifest", metavar="PATH", help="run an agent from any directory")
@@ -61,28 +63,73 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
     add_json_flag(parser)
 
 
-def add_json_flag(parser: argparse.ArgumentParser) -> None:
+def add_json_flag(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object for machines")
 
 
-def _top_parser() -> argparse.ArgumentParser:
+DESCRIPTION = "Host runtime that connects agents to their control plane."
+EPILOG_TAIL = "exit codes: 0 done, 1 refused or failed, 2 usage or configuration error"
+
+
+def _epilog() -> str:
     lines = "\n\n".join(f"{title}:\n" + "\n".join(f"  {name:<10} {text}" for name, (_, text) in group.items())
                         for title, group in GROUPS.items())
-    parser = argparse.ArgumentParser(
-        prog="caldera",
-        description="Host runtime that connects agents to their control plane.",
-        epilog=f"{lines}\n\nexit codes: 0 done, 1 refused or failed, 2 usage or configuration error",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    return f"{lines}\n\n{EPILOG_TAIL}"
+
+
+def top_help() -> str:
+    """`caldera --help`, written out here: the same text argparse prints for _top_parser,
+    without importing argparse (with gettext and its formatter, about 15 % of a bare
+    interpreter start; bench/bench_pause.py holds `caldera --help` to 1.15 x `python -c pass`)."""
+    return (f"usage: caldera [-h] [--version] [COMMAND]\n\n{DESCRIPTION}\n\n"
+            "positional arguments:\n  COMMAND\n\n"
+            "options:\n  -h, --help  show this help message and exit\n"
+            "  --version   show program's version number and exit\n\n"
+            f"{_epilog()}\n")
+
+
+def _top_parser():
+    import argparse  # deferred: `caldera --help` does without it (top_help)
+
+    parser = argparse.ArgumentParser(prog="caldera", description=DESCRIPTION, epilog=_epilog(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"caldera {__version__}")
     parser.add_argument("command", nargs="?", choices=list(COMMANDS), metavar="COMMAND")
     return parser
 
 
-def build_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
-    """The parser of one sub-command, and its module (imported now)."""
+def _formatter_class():
+    """argparse's HelpFormatter with the same width rule but without `import shutil`
+    (which pulls in bz2, lzma and zlib): argparse builds a formatter at every
+    add_argument to check the metavar, so each quick verb paid ~2 ms for it."""
+    import argparse  # deferred: as in build_parser
+
+    class Formatter(argparse.HelpFormatter):
+        def __init__(self, prog, indent_increment=2, max_help_position=24, width=None):
+            super().__init__(prog, indent_increment, max_help_position, width or _columns() - 2)
+
+    return Formatter
+
+
+def _columns() -> int:
+    # shutil.get_terminal_size's rule: $COLUMNS, else the terminal on stdout, else 80.
+    try:
+        return int(os.environ.get("COLUMNS", "")) or 80
+    except ValueError:
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+def build_parser(name: str):
+    """(the parser of one sub-command, its module (imported now))."""
+    import argparse  # deferred: `caldera --help` does without it (top_help)
+
     module = importlib.import_module(COMMANDS[name][0])
-    parser = argparse.ArgumentParser(prog=f"caldera {name}", description=COMMANDS[name][1])
+    parser = argparse.ArgumentParser(prog=f"caldera {name}", description=COMMANDS[name][1],
+                                     formatter_class=_formatter_class())
     parser.set_defaults(command=name)
     if _takes_name(module):
         module.configure(parser, name)
@@ -98,16 +145,53 @@ def _takes_name(module) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    as_program = argv is None  # the console script and `python -m caldera.cli`; tests pass argv
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["__complete"]:  # hidden: bash completion's helper (packaging/caldera.bash-completion)
+    if argv in ([], ["--help"], ["-h"]):
+        sys.stdout.write(top_help())
+        code = EXIT_USAGE if not argv else 0
+        if as_program:
+            _exit_now(code)
+        return code
+    if argv[0] == "__complete":  # hidden: bash completion's helper (packaging/caldera.bash-completion)
         from caldera.cli import complete  # deferred: only a completion pays for it
 
         return complete.main(argv[1:])
-    if not argv or argv[0] not in COMMANDS:
+    if argv[0] not in COMMANDS:
         top = _top_parser()
         args = top.parse_args(argv)  # handles --help, --version and unknown commands (exit 2)
         top.print_help()
         return EXIT_USAGE
+    collecting = gc.isenabled()
+    quick = COMMANDS[argv[0]][0] in QUICK_MODULES
+    if quick:
+        # A quick verb lives for milliseconds and builds no cycles worth collecting; the
+        # collector's passes over the imported modules' objects were ~1 ms of its cost.
+        gc.disable()
+    try:
+        code = _command(argv)
+    finally:
+        if collecting:
+            gc.enable()  # main() is also called in-process (tests, demo)
+    if quick and as_program:
+        _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> None:
+    """End a quick verb without the interpreter's finalisation (tearing down ~100 modules
+    cost ~6 ms of CPU, more than the verb's own work; docs/performance.md). Safe here: a
+    quick verb leaves no thread, no child, no logging handler and no file open, so flushing
+    the two standard streams is all that finalisation would have done for it."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`caldera log | head`): nothing left to say
+            code = code or 1
+    os._exit(code)
+
+
+def _command(argv: list[str]) -> int:
     parser, module = build_parser(argv[0])
     args = parser.parse_args(argv[1:])
     try:

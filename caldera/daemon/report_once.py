@@ -54,7 +54,9 @@ def report_once(parts: Parts, deadline: float) -> int:
         print(f"caldera report: not delivered: {redactor(str(exc))}", file=sys.stderr)
         return 1
     try:
-        parts.publisher.scan_and_send("startup")  # no watcher here: one full inventory per run (outbox)
+        # No watcher here: one scan per run, sent only when it differs from what the plane
+        # last accepted (skills/publish.py), so an unchanged host costs the plane nothing.
+        parts.publisher.scan_and_send_if_changed("startup")
         ran = _run_commands(parts, executor, cancel, deadline)
         if ran:  # commands changed the state: report it once more (else the first report stands)
             client.state_report(parts.reports.state_report())

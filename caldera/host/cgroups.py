@@ -59,13 +59,22 @@ def read_text(path: str) -> str | None:
     return b"".join(chunks).decode("ascii", "replace")
 
 
+def read_kept(files, path: str) -> str | None:
+    """read_text through a KeptFiles: one pread on a descriptor kept open."""
+    try:
+        return files.read(path)
+    except OSError as exc:
+        raise FigureError(f"cannot read {path}: {exc.strerror}") from exc
+
+
 class CachedReader:
     """read_text that remembers which cgroup files are absent (cpu.max at v2's root,
     pids.max where no limit is set): they only appear when a controller is enabled, so
     they are looked for again every `recheck` samples, or at once after `forget()`."""
 
-    def __init__(self, recheck: int = 60):
+    def __init__(self, recheck: int = 60, files=None):
         self.recheck = recheck
+        self.files = files  # a KeptFiles (one pread per file on a kept descriptor), or None: read_text
         self._absent: set = set()
         self._reads = 0
 
@@ -76,11 +85,13 @@ class CachedReader:
 
     def forget(self) -> None:
         self._absent.clear()
+        if self.files is not None:
+            self.files.close()  # another group: its files are other files
 
     def __call__(self, path: str) -> str | None:
         if path in self._absent:
             return None
-        text = read_text(path)
+        text = read_text(path) if self.files is None else read_kept(self.files, path)
         if text is None:
             self._absent.add(path)
         return text

@@ -9,25 +9,27 @@ import errno
 import fcntl
 import json
 import os
-import tempfile
 from pathlib import Path
 
 
 # Every file the runtime opens by name in its state dir is opened without following a
 # symlink: an agent's process (in adapter mode it runs as the same user) could plant one.
-# Writes go through mkstemp + os.replace, which never follow one either.
+# Writes go through a new temp file (O_CREAT|O_EXCL) + os.replace, which never follow one either.
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def atomic_write_bytes(path, data: bytes, mode: int = 0o600) -> None:
+def atomic_write_bytes(path, data: bytes, mode: int = 0o600, *, durable: bool = True) -> None:
+    """durable=False: still atomic (old file or new one), but no fsync: for caches, whose
+    loss after a power cut only costs the work of rebuilding them."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temp_beside(path)
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -35,12 +37,26 @@ def atomic_write_bytes(path, data: bytes, mode: int = 0o600) -> None:
         except FileNotFoundError:
             pass
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
-def atomic_write_json(path, obj, mode: int = 0o600) -> None:
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """tempfile.mkstemp's guarantees without importing tempfile (it pulls in shutil, bz2,
+    lzma and random: a tenth of what a quick verb adds to its floor, docs/performance.md):
+    a new file (O_EXCL: never an existing file nor a link), 0600, a random name beside `path`."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{os.urandom(6).hex()}.tmp"
+        try:
+            return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600), str(tmp)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def atomic_write_json(path, obj, mode: int = 0o600, *, durable: bool = True) -> None:
     data = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
-    atomic_write_bytes(path, data, mode)
+    atomic_write_bytes(path, data, mode, durable=durable)
 
 
 def read_json(path, default=None):

@@ -14,10 +14,12 @@ import os
 import socket
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 from caldera.host import cgroups
 from caldera.host.cgroups import FigureError, read_text
+from caldera.host.keptfiles import KeptFiles
 from caldera.host.timefmt import rfc3339
 
 log = logging.getLogger(__name__)
@@ -66,7 +68,13 @@ class Sampler:
         self._p_dev, self._p_trie, self._p_route, self._p_inet6 = (
             f"{proc}/net/{name}" for name in ("dev", "fib_trie", "route", "if_inet6"))
         self._p_net = f"{self.sys_root}/class/net"
-        self._cg_read = cgroups.CachedReader(recheck=CPU_COUNT_EVERY)
+        # Descriptors kept open only on the real pseudo-filesystems (keptfiles.py says why).
+        real = (self.proc_root, self.cgroup_root, self.sys_root) == ("/proc", "/sys/fs/cgroup", "/sys")
+        self._files = KeptFiles(keep=real)
+        self._host_files = KeptFiles(keep=real)  # /proc and /sys: kept across cgroup layout changes
+        weakref.finalize(self, self._files.close)
+        weakref.finalize(self, self._host_files.close)
+        self._cg_read = cgroups.CachedReader(recheck=CPU_COUNT_EVERY, files=self._files)
         self._lock = threading.Lock()  # the reporter loop and a command may sample at once
         self._layout_key = None
         self._layout = cgroups.Layout()
@@ -94,7 +102,16 @@ class Sampler:
             return Sample(info, "degraded" if reasons else "ok", reasons,
                           disk_used, self.disk_limit_bytes)
 
+    def close(self) -> None:
+        """Close the kept descriptors (they are closed when the Sampler is collected, too)."""
+        with self._lock:
+            self._files.close()
+            self._host_files.close()
+
     # --- plumbing --------------------------------------------------------------
+
+    def _read(self, path: str) -> str | None:
+        return cgroups.read_kept(self._host_files, path)
 
     @staticmethod
     def _guard(reasons, group, fn, default):
@@ -118,7 +135,7 @@ class Sampler:
         self._logged = current
 
     def _current_layout(self) -> cgroups.Layout:
-        text = read_text(self._p_cgroup)
+        text = self._read(self._p_cgroup)
         if text is None:
             raise FigureError(f"no {self._p_cgroup}: host figures only")
         if text != self._layout_key:  # moved to another group (or first sample)
@@ -173,11 +190,11 @@ class Sampler:
 
     def _read_cpu_count(self) -> int:
         path = os.path.join(self.sys_root, "devices", "system", "cpu", "online")
-        text = read_text(path)
+        text = self._read(path)
         if text is not None:
             return cgroups.count_cpu_list(path, text)
         path = self._p_stat
-        text = read_text(path)
+        text = self._read(path)
         if text is None:
             raise FigureError(f"no {self.sys_root}/devices/system/cpu/online and no {path}")
         count = sum(1 for line in text.splitlines() if line.startswith("cpu") and line[3:4].isdigit())
@@ -187,7 +204,7 @@ class Sampler:
 
     def _loadavg(self) -> dict:
         path = self._p_loadavg
-        text = read_text(path)
+        text = self._read(path)
         if text is None:
             raise FigureError(f"no {path}")
         parts = text.split()
@@ -225,7 +242,7 @@ class Sampler:
 
     def _meminfo(self) -> tuple[int, int]:
         path = self._p_meminfo
-        text = read_text(path)
+        text = self._read(path)
         if text is None:
             raise FigureError(f"no {path}")
         values = {}
@@ -264,7 +281,7 @@ class Sampler:
 
     def _network(self, layout, reasons) -> dict:
         path = self._p_dev
-        text = read_text(path)
+        text = self._read(path)
         if text is None:
             raise FigureError(f"no {path}")
         counters = parse_net_dev(path, text)
@@ -278,14 +295,14 @@ class Sampler:
     def _status(self, name, reasons) -> str:
         base = f"{self._p_net}/{name}"
         try:
-            state = read_text(f"{base}/operstate")
+            state = self._read(f"{base}/operstate")
             if state is None:
                 return "unknown"  # no sysfs here (some containers): not a failure
             state = state.strip()
             if state == "up":
                 return "up"
             if state == "unknown":  # tun, dummy and others without carrier reporting
-                flags = read_text(f"{base}/flags")
+                flags = self._read(f"{base}/flags")
                 return "up" if flags and int(flags.strip(), 16) & IFF_UP else "down"
             return "down"
         except (FigureError, ValueError) as exc:
@@ -294,12 +311,12 @@ class Sampler:
 
     def _addresses(self, names) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
-        trie = read_text(self._p_trie)
-        route = read_text(self._p_route)
+        trie = self._read(self._p_trie)
+        route = self._read(self._p_route)
         if trie is not None and route is not None:
             for addr, name in ipv4_addresses(trie, route):
                 out.setdefault(name, []).append(addr)
-        inet6 = read_text(self._p_inet6)
+        inet6 = self._read(self._p_inet6)
         if inet6 is not None:
             for addr, name in ipv6_addresses(inet6):
                 out.setdefault(name, []).append(addr)
@@ -324,7 +341,7 @@ def default_sys_root(cgroup_root: str, proc_root: str = "/proc") -> str:
 
 def _read_optional(path):
     try:
-        return read_text(path)
+        return read_text(path)  # once per layout change: not worth a kept descriptor
     except FigureError:  # mountinfo only refines discovery; the suffix rule still applies
         return None
 

@@ -2,6 +2,7 @@
 for people: "12 s ago", "5 min ago", "3 h ago" (logs, status, the plane's page)."""
 from __future__ import annotations
 
+import functools
 import time
 
 
@@ -9,10 +10,17 @@ def rfc3339(ts: float | None = None, millis: bool = False) -> str:
     """`ts` (default: now) as RFC 3339 UTC with a `Z`, to the second: `2026-12-03T05:30:00Z`.
     `millis=True` adds three truncated fractional digits (`…:00.250Z`), for run events."""
     ts = time.time() if ts is None else ts
-    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts))
+    text = _second(int(ts)) if ts >= 0 else time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts))
     if millis:
         text += f".{int(ts % 1 * 1000):03d}"
     return text + "Z"
+
+
+@functools.lru_cache(maxsize=4)
+def _second(second: int) -> str:
+    # strftime and gmtime once a second, not once a record: a busy run log writes thousands
+    # a second (bench/bench_codex.py)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
 
 
 def human_age(seconds: float | None) -> str:

@@ -25,6 +25,13 @@ from caldera.plane import history
 
 ONLINE_SECONDS, STALE_SECONDS = 45, 120
 REPORTS_KEPT, HEARTBEATS_KEPT = 100, 200
+# Growth that does not follow the fleet's history (issue 16; docs/plane.md, "What the plane keeps"):
+# the latest inventory per instance and 19 before it; finished commands, reports, heartbeats and
+# run events older than a week, and finished commands past the newest 500 per instance.
+INVENTORIES_KEPT = 20
+PRUNE_AGE_SECONDS = 7 * 86400
+COMMANDS_KEPT = 500
+PRUNE_EVERY_SECONDS = 300
 DEFAULT_TIMEOUT, COLLECT_PACKAGE_TIMEOUT = 300, 600
 TERMINAL = ("succeeded", "failed")
 SKIP_START = ("running",) + TERMINAL
@@ -65,6 +72,8 @@ CREATE TABLE IF NOT EXISTS commands (
 CREATE INDEX IF NOT EXISTS commands_pending ON commands (instance_id, status, issued_at, id);
 CREATE TABLE IF NOT EXISTS inventories (
   id INTEGER PRIMARY KEY AUTOINCREMENT, instance_id INTEGER NOT NULL, received_at REAL, body TEXT);
+CREATE INDEX IF NOT EXISTS inventories_instance ON inventories (instance_id, id);
+CREATE INDEX IF NOT EXISTS commands_finished ON commands (instance_id, finished_at);
 CREATE TABLE IF NOT EXISTS instance_skills (
   id INTEGER PRIMARY KEY AUTOINCREMENT, instance_id INTEGER NOT NULL, skill_key TEXT NOT NULL,
   name TEXT, content_md5 TEXT, install_path TEXT, source_type TEXT, skill_version TEXT,
@@ -165,6 +174,7 @@ class Store:
         self.history_bucket_seconds = int(history_bucket_seconds)
         self.history_seconds = float(history_days) * 86400
         self._history_pruned_at = None
+        self._pruned_at = 0.0
 
     def close(self) -> None:
         with self._lock:
@@ -276,6 +286,7 @@ class Store:
                                  (instance_id,)).fetchone() is not None
             inst = db.execute("SELECT desired_power_state, desired_config_revision_id FROM instances WHERE id=?",
                               (instance_id,)).fetchone()
+        self._prune_now_and_then(now)
         answer = {"server_time": now, "has_pending_command": pending,
                   "desired_power_state": inst["desired_power_state"]}
         if inst["desired_config_revision_id"] is not None:
@@ -316,6 +327,36 @@ class Store:
             self._append(db, "reports", instance_id, now, body, REPORTS_KEPT)
             history.record_report(db, instance_id, now, body, self.history_bucket_seconds)
             self._prune_history(db, now)
+
+    # ---- pruning -----------------------------------------------------------------
+
+    def _prune_now_and_then(self, now: float) -> None:
+        """prune() at most every PRUNE_EVERY_SECONDS, from the heartbeat path (the plane has
+        no housekeeping thread, and heartbeats come from every runtime every 10 s)."""
+        if now - self._pruned_at >= PRUNE_EVERY_SECONDS:
+            self._pruned_at = now
+            self.prune(now)
+
+    def prune(self, now: float | None = None) -> dict:
+        """Drop what is old or past its count; how many rows of each table went.
+
+        Pending and running commands are never dropped, nor an instance's newest report,
+        heartbeat or inventory, however old."""
+        cutoff = (self.clock() if now is None else now) - PRUNE_AGE_SECONDS
+        terminal = ",".join("?" * len(TERMINAL))
+        gone = {}
+        with self._tx() as db:
+            gone["commands"] = db.execute(
+                f"DELETE FROM commands WHERE status IN ({terminal}) AND (finished_at < ? OR id IN ("
+                f"SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY instance_id ORDER BY id DESC) AS n"
+                f" FROM commands WHERE status IN ({terminal})) WHERE n > ?))",
+                (*TERMINAL, cutoff, *TERMINAL, COMMANDS_KEPT)).rowcount
+            for table in ("reports", "heartbeats", "inventories"):
+                gone[table] = db.execute(
+                    f"DELETE FROM {table} WHERE received_at < ? AND id NOT IN "
+                    f"(SELECT MAX(id) FROM {table} GROUP BY instance_id)", (cutoff,)).rowcount
+            gone["run_events"] = db.execute("DELETE FROM run_events WHERE received_at < ?", (cutoff,)).rowcount
+        return gone
 
     # ---- commands ----------------------------------------------------------------
 
@@ -521,8 +562,7 @@ class Store:
                 cond = f" AND skill_key NOT IN ({marks})" if seen else ""
                 db.execute(f"UPDATE instance_skills SET status='removed', updated_at=? WHERE instance_id=?{cond}",
                            (now, instance_id, *seen))
-            db.execute("INSERT INTO inventories (instance_id, received_at, body) VALUES (?,?,?)",
-                       (instance_id, now, _dumps(body)))
+            self._append(db, "inventories", instance_id, now, body, INVENTORIES_KEPT)
 
     def _upsert_skill(self, db, instance_id: int, rec: dict, now: float, collect: bool) -> str:
         md5 = rec["content_md5"].strip()

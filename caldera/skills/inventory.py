@@ -251,7 +251,9 @@ class Inventory:
 
         try:
             ensure_dir(self.cache_path.parent)
-            atomic_write_json(self.cache_path, {"version": 1, "entries": entries})
+            # No fsync: a cache lost in a power cut costs one rehash, and two fsyncs were
+            # a tenth of a full scan of 10,000 small files (bench/bench_skills.py).
+            atomic_write_json(self.cache_path, {"version": 1, "entries": entries}, durable=False)
         except OSError:
             pass  # the cache only saves work; a read-only state dir must not fail a scan
 
@@ -303,12 +305,12 @@ class Inventory:
             sig = signature(path) if cached and cached.get("root") == root.kind else None
             if sig is not None and cached.get("sig") == sig:
                 record = cached["record"]
-            else:  # one walk: the signature comes from the same file list that is hashed
-                files = md5.collect_files(path)
+            else:  # one walk: the signature comes from the same files, as they were hashed
+                files, content_md5 = md5.hash_skill(path)
                 if not files:
                     return  # an empty (or hidden-only) directory is not a skill: nothing to fingerprint
                 sig = signature(path, files)
-                record = build_record(path, root, files, md5.content_md5_files(files), self.runtime_type)
+                record = build_record(path, root, files, content_md5, self.runtime_type)
                 result.hashed += 1
         except md5.SkillNameError as exc:
             result.problems.append(f"{path}: refused: {exc}; left out")

@@ -14,11 +14,13 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
-import stat
 import zipfile
-from dataclasses import dataclass
+from typing import NamedTuple
 
 CHUNK = 1024 * 1024
+# The inventory hashes through one reused buffer: a fresh 1 MiB bytes per read cost a
+# page fault per 4 KiB and an allocation per small file (a third of a full scan).
+HASH_BUFFER = 256 * 1024
 
 
 class SkillNameError(ValueError):
@@ -29,8 +31,9 @@ class ScanError(OSError):
     """A file or directory of a skill could not be read: the scan is incomplete."""
 
 
-@dataclass(frozen=True)
-class FileEntry:
+class FileEntry(NamedTuple):
+    """One file (a tuple: ten thousand of them are built per scan of a big skill tree)."""
+
     rel: str  # relative POSIX path, as hashed
     path: str  # absolute path on disk
     size: int
@@ -69,7 +72,8 @@ def collect_files(root, specials: list | None = None) -> list[FileEntry]:
     return out
 
 
-def _walk(directory: str, prefix: str, out: list, specials: list | None = None) -> None:
+def _walk(directory: str, prefix: str, out: list, specials: list | None = None, with_stat: bool = True) -> None:
+    """FileEntry for each regular file under directory; (rel, path) pairs without with_stat."""
     try:
         with os.scandir(directory) as it:
             entries = list(it)
@@ -77,32 +81,104 @@ def _walk(directory: str, prefix: str, out: list, specials: list | None = None) 
         raise ScanError(exc.errno, f"cannot read directory: {exc.strerror}", directory) from None
     for entry in entries:
         name = entry.name
-        if name.startswith("."):
+        if name[0] == ".":
             continue  # hidden: never part of the fingerprint (nor of the package)
-        problem = name_problem(name)
         rel = f"{prefix}{name}"
-        if problem:
-            shown = rel.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-            raise SkillNameError(f"{shown!r}: the name {problem}")
+        if not name.isascii() or not name.isprintable() or name != name.strip() or "\\" in name:
+            problem = name_problem(name)  # the full check only for the names that can fail it
+            if problem:
+                shown = rel.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+                raise SkillNameError(f"{shown!r}: the name {problem}")
         try:
-            st = entry.stat(follow_symlinks=False)
+            # d_type from the directory read: only regular files cost a stat
+            if entry.is_dir(follow_symlinks=False):
+                _walk(entry.path, rel + "/", out, specials, with_stat)
+            elif entry.is_file(follow_symlinks=False):
+                if not with_stat:
+                    out.append((rel, entry.path))
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                out.append(FileEntry(rel, entry.path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
+                                     st.st_nlink))
+            elif specials is not None and not entry.is_symlink():
+                specials.append(rel)
         except OSError as exc:
             raise ScanError(exc.errno, f"cannot stat: {exc.strerror}", entry.path) from None
-        if stat.S_ISDIR(st.st_mode):
-            _walk(entry.path, rel + "/", out, specials)
-        elif stat.S_ISREG(st.st_mode):
-            out.append(FileEntry(rel, entry.path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
-                                 st.st_nlink))
-        elif specials is not None and not stat.S_ISLNK(st.st_mode):
-            specials.append(rel)
         # symlinks, fifos, sockets, devices: skipped, never followed
+
+
+def hash_skill(root) -> tuple[list[FileEntry], str | None]:
+    """collect_files() and content_md5_files() in one pass, for the inventory: the walk
+    reads names and d_types only, each file is opened once and its figures come from
+    fstat on the open descriptor (so the signature describes the bytes hashed).
+    ([], None) for a skill with no file. Raises like collect_files()."""
+    found: list = []
+    _walk(os.fspath(root), "", found, with_stat=False)
+    if not found:
+        return [], None
+    paths = dict(found)
+    md5 = hashlib.md5()
+    update = md5.update
+    buffer = bytearray(HASH_BUFFER)
+    files = []
+    for rel, is_file in ordered(paths):
+        if not is_file:
+            update(rel.encode("utf-8") + b"\ndir\n")
+            continue
+        files.append(_hash_file(update, rel.encode("utf-8") + b"\nfile\n", paths[rel], rel, buffer))
+    return files, md5.hexdigest()
+
+
+def _hash_file(update, header: bytes, path: str, rel: str, buffer: bytearray) -> FileEntry:
+    """Feed `header`, the file's bytes and the closing newline; the file's FileEntry."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise ScanError(exc.errno, f"cannot read: {exc.strerror}", path) from None
+    try:
+        st = os.fstat(fd)
+        if st.st_size < len(buffer):  # most skill files: one read of their own size, one update
+            data = os.read(fd, st.st_size + 1)
+            if len(data) <= st.st_size:
+                update(b"".join((header, data, b"\n")))
+            else:  # grew since the fstat: read the rest as a big file
+                update(header + data)
+                _update_rest(update, fd, buffer)
+        else:
+            update(header)
+            _update_rest(update, fd, buffer)
+    except OSError as exc:
+        raise ScanError(exc.errno, f"cannot read: {exc.strerror}", path) from None
+    finally:
+        os.close(fd)
+    return FileEntry(rel, path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_nlink)
+
+
+def _update_rest(update, fd: int, buffer: bytearray) -> None:
+    for chunk in _chunks(fd, buffer):
+        update(chunk)
+    update(b"\n")
+
+
+def _chunks(fd: int, buffer: bytearray):
+    """The rest of fd through one reused buffer: each chunk is a view the next read
+    overwrites (a fresh 1 MiB bytes per read cost a page fault per 4 KiB)."""
+    view = memoryview(buffer)
+    while True:
+        n = os.readv(fd, [buffer])
+        if n == 0:
+            return
+        yield view[:n]
+        if n < len(buffer):
+            return  # a short read of a regular file is its end: no read to learn it
 
 
 def stat_signature(root) -> str:
     """The cheap change check: sha1 over (path, size, mtime, ctime, inode) of the same
     files collect_files() would list, without building them or checking names.
-    Any content change moves mtime/ctime; any add, remove or rename moves the list."""
-    lines = []
+    Any content change moves mtime/ctime; any add, remove or rename moves the list.
+    (Tuples hashed through repr: the per-file work stays in C; docs/performance.md.)"""
+    rows = []
     stack = [(os.fspath(root), "")]
     while stack:
         directory, prefix = stack.pop()
@@ -112,25 +188,24 @@ def stat_signature(root) -> str:
                     name = entry.name
                     if name[0] == ".":
                         continue
-                    st = entry.stat(follow_symlinks=False)
-                    mode = st.st_mode
-                    if stat.S_ISDIR(mode):
+                    if entry.is_dir(follow_symlinks=False):
                         stack.append((entry.path, f"{prefix}{name}/"))
-                    elif stat.S_ISREG(mode):
-                        lines.append(f"{prefix}{name}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\n")
+                    elif entry.is_file(follow_symlinks=False):
+                        st = entry.stat(follow_symlinks=False)
+                        rows.append((prefix + name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
         except OSError as exc:
             raise ScanError(exc.errno, f"cannot read: {exc.strerror}", exc.filename or directory) from None
-    return _lines_digest(lines)
+    return _rows_digest(rows)
 
 
 def files_signature(files: list) -> str:
     """stat_signature() of an already collected file list (the same digest, no second walk)."""
-    return _lines_digest([f"{f.rel}\0{f.size}\0{f.mtime_ns}\0{f.ctime_ns}\0{f.ino}\n" for f in files])
+    return _rows_digest([(f.rel, f.size, f.mtime_ns, f.ctime_ns, f.ino) for f in files])
 
 
-def _lines_digest(lines: list) -> str:
-    lines.sort()
-    return hashlib.sha1("".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
+def _rows_digest(rows: list) -> str:
+    rows.sort()
+    return "2:" + hashlib.sha1(repr(rows).encode("ascii", "backslashreplace")).hexdigest()
 
 
 def parent_dirs(rel: str) -> list[str]:
@@ -141,22 +216,28 @@ def parent_dirs(rel: str) -> list[str]:
 def ordered(rels) -> list[tuple[str, bool]]:
     """(path, is_file) for the files and their derived directories, globally sorted."""
     files = set(rels)
-    dirs = {d for rel in files for d in parent_dirs(rel)}
-    return sorted([(d, False) for d in dirs] + [(f, True) for f in files], key=lambda p: p[0])
+    dirs: set = set()
+    for rel in files:
+        parent = rel.rpartition("/")[0]
+        while parent and parent not in dirs:  # a parent already seen has its own parents too
+            dirs.add(parent)
+            parent = parent.rpartition("/")[0]
+    # A path is a file or a directory, never both: sorting the pairs sorts by path.
+    return sorted([(d, False) for d in dirs] + [(f, True) for f in files])
 
 
 def digest(items, read) -> str:
     """items: relative file paths; read(rel) yields that file's bytes in chunks."""
     md5 = hashlib.md5()
+    update = md5.update
     for path, is_file in ordered(items):
-        md5.update(path.encode("utf-8") + b"\n")
         if not is_file:
-            md5.update(b"dir\n")
+            update(path.encode("utf-8") + b"\ndir\n")
             continue
-        md5.update(b"file\n")
+        update(path.encode("utf-8") + b"\nfile\n")
         for chunk in read(path):
-            md5.update(chunk)
-        md5.update(b"\n")
+            update(chunk)
+        update(b"\n")
     return md5.hexdigest()
 
 
@@ -175,7 +256,21 @@ def read_chunks(path: str):
 
 def content_md5_files(files: list[FileEntry]) -> str:
     by_rel = {f.rel: f.path for f in files}
-    return digest(by_rel, lambda rel: read_chunks(by_rel[rel]))
+    buffer = bytearray(HASH_BUFFER)
+
+    def read(rel):
+        fd = os.open(by_rel[rel], os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        try:
+            yield from _chunks(fd, buffer)
+        finally:
+            os.close(fd)
+
+    try:
+        return digest(by_rel, read)
+    except OSError as exc:
+        if isinstance(exc, ScanError):
+            raise
+        raise ScanError(exc.errno, f"cannot read: {exc.strerror}", exc.filename) from None
 
 
 def content_md5_dir(root) -> str:

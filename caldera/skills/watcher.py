@@ -49,8 +49,12 @@ def check_once(publisher: publish.Publisher, scanner: inventory.Inventory, trigg
     """One turn; True when an inventory was queued."""
     scan = scanner.scan()
     publisher.on_count(len(scan.active))
-    forced = trigger in ("startup", "command")
-    if not forced and publish.sent_digest(scan) == publisher.state.get(publish.SENT_KEY):
+    if trigger == "command":  # the plane asked (or a command changed the skills): always send
+        publisher.send(scan, trigger)
+        return True
+    if publisher.accepted(scan):  # the plane has this very inventory (also at startup)
         return False
+    if trigger != "startup" and publish.sent_digest(scan) == publisher.state.get(publish.SENT_KEY):
+        return False  # queued already, not yet accepted: the sender delivers it
     publisher.send(scan, trigger)
     return True

@@ -178,3 +178,37 @@ def test_a_bad_update_changes_nothing(tmp_path):
             window.apply_manifest_update(paths, text)
     assert paths.manifest_path.read_bytes() == before
     assert window.current(paths) is None
+
+
+def _status_calls(paths) -> int:
+    log = workdir(paths) / "calls.log"
+    return sum(1 for line in log.read_text().splitlines() if line == '["status"]') if log.exists() else 0
+
+
+def test_a_fresh_status_answer_is_reused_until_a_verb_or_its_age_drops_it(tmp_path, pool):
+    from caldera.agents.adapter import driver as driver_mod
+
+    paths = make_agent(tmp_path, "recorder.py")
+    driver = _driver(paths, pool)
+    now = [1000.0]
+    driver.clock = lambda: now[0]
+    driver.report_section()
+    now[0] += driver_mod.STATUS_FRESH - 1
+    driver.report_section()
+    assert _status_calls(paths) == 1  # fresh: the periodic report did not spawn the adapter
+    assert driver.pause().ok
+    driver.report_section()
+    assert _status_calls(paths) == 2  # a verb went through: the next report asks again
+    now[0] += driver_mod.STATUS_FRESH
+    driver.report_section()
+    assert _status_calls(paths) == 3  # too old: asked again
+
+
+def test_an_unanswered_status_is_never_reused(tmp_path, pool):
+    paths = make_agent(tmp_path, "recorder.py", extra="")
+    driver = _driver(paths, pool)
+    (workdir(paths) / "recorder.py").write_text("import sys; sys.exit(3)\n")
+    assert driver.report_section()["health"]["adapter"] == "error"
+    (workdir(paths) / "recorder.py").write_text(
+        'import json; print(json.dumps({"state": {"level": "ok", "label": "Back"}}))\n')
+    assert driver.report_section()["health"]["adapter"] == "ok"  # asked again at once

@@ -88,3 +88,21 @@ def test_dir_and_zip_agree(tmp_path):
     path.write_bytes(zip_bytes([(f"myskill/{k}", v) for k, v in files.items()]))
     assert md5.content_md5_dir(skill) == md5.content_md5_zip(path) == md5.content_md5_mapping(files)
     assert md5.content_md5_dir(skill) != hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def test_hash_skill_is_collect_files_and_content_md5_in_one_pass(tmp_path):
+    skill = tmp_path / "s"
+    (skill / "utils").mkdir(parents=True)
+    (skill / "utils.py").write_bytes(b"u")
+    (skill / "utils" / "a.py").write_bytes(b"a" * 300_000)  # bigger than the hash buffer
+    (skill / "SKILL.md").write_text("---\nname: s\n---\n")
+    (skill / "empty").write_bytes(b"")
+    (skill / ".hidden").write_text("x")
+    files, digest = md5.hash_skill(skill)
+    listed = md5.collect_files(skill)
+    assert digest == md5.content_md5_files(listed) == md5.content_md5_mapping(
+        {f.rel: (skill / f.rel).read_bytes() for f in listed})
+    assert files == listed
+    assert md5.files_signature(files) == md5.stat_signature(skill)
+    (tmp_path / "empty-skill" / ".git").mkdir(parents=True)
+    assert md5.hash_skill(tmp_path / "empty-skill") == ([], None)

@@ -65,14 +65,14 @@ def test_unreadable_root_is_not_full(rt, tmp_path):
 
 
 def test_incomplete_scan_never_sends_full(rt, monkeypatch):
-    real = md5.collect_files
+    real = md5.hash_skill  # the inventory walks and hashes a skill in one pass
 
     def failing(root):
         if root.name == "plain":
             raise md5.ScanError(13, "cannot read directory: Permission denied", str(root))
         return real(root)
 
-    monkeypatch.setattr(md5, "collect_files", failing)
+    monkeypatch.setattr(md5, "hash_skill", failing)
     with pytest.raises(CommandError, match="incomplete"):
         run(rt, "sync_skill_inventory", {"trigger": "manual", "mode": "full"})
     [body] = rt.inventories()

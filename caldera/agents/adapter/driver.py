@@ -25,6 +25,14 @@ from caldera.protocol.schemas import SchemaError, validate
 log = logging.getLogger("caldera.agents.adapter")
 WAIT_SLACK = invoke.GRACE_SECONDS + 1.0  # TERM -> grace -> KILL, and the pool's hand-over
 SETTINGS_TTL = 60.0  # seconds a `settings get` answer is used for reports
+# Seconds a `status` answer stands for a new call in the periodic reports (docs/adapter.md,
+# "How fresh a report is"). Every verb sent through the driver (pause, resume, run-now,
+# settings set, …) and a changed manifest drop it, so a report after a command always asks
+# the adapter. 30 s: under the plane's 45 s "online" window, so what the plane shows is
+# never older than what it counts as live; and the adapter (a process per call) is spawned
+# every 30 s instead of every 5 s when nothing happens (bench/bench_runtime.py). While a
+# blueprint update's window is open every report asks: its verdicts decide a rollback.
+STATUS_FRESH = 30.0
 VERSION_MAX = 50
 BACKGROUND_WAIT = 1.0  # ClawManager's openclaw_version column
 
@@ -84,6 +92,8 @@ class Driver:
         self.clock, self.wall = clock, wall
         self._lock = threading.Lock()
         self._status_future: cf.Future | None = None
+        self._status_kept: tuple | None = None  # (clock, body) of the last answered `status`
+        self._status_generation = 0  # moved by forget_status: an answer asked before is not kept
         self._settings_future: cf.Future | None = None
         self._settings = ({}, {})  # (values, bounds) of the last good `settings get`
         self._settings_at: float | None = None
@@ -112,6 +122,7 @@ class Driver:
                 self.manifest = fresh
                 self._settings_at = None
                 self._health_due = 0.0
+                self._status_kept = None
 
     # ------------------------------------------------------------ the pool
 
@@ -121,6 +132,7 @@ class Driver:
     def run(self, fn, *args, cancel=None, deadline: float | None = None, **kwargs) -> Answer:
         """Run a verb function on the pool and wait for it (a command's thread may wait)."""
         cancel = cancel or threading.Event()
+        self.forget_status()  # a verb may change what `status` says: the next report asks again
         future = self._submit(fn, self.manifest, *args, cancel=cancel, **kwargs)
         wait = None if deadline is None else max(0.0, deadline - self.clock())
         try:
@@ -129,7 +141,13 @@ class Driver:
             cancel.set()  # proc.run kills the adapter's group on it
             answer = verbs.finish(Answer(verb=getattr(fn, "__name__", "verb"), kind=FAILED,
                                          reason="no answer before the command's deadline"))
+        self.forget_status()  # and once more when it is done: a report may have asked meanwhile
         return verbs.redact_answer(answer, self.redactor)
+
+    def forget_status(self) -> None:
+        with self._lock:
+            self._status_kept = None
+            self._status_generation += 1
 
     # ------------------------------------------------------------ the verbs
 
@@ -203,7 +221,20 @@ class Driver:
                 log.warning("settings get failed: %s", self.redactor(answer.reason or answer.message or ""))
 
     def status_body(self) -> tuple[dict, bool]:
-        """(filtered body, answered) within status timeout + grace + 1 s, never longer."""
+        """(filtered body, answered) within status timeout + grace + 1 s, never longer; the
+        last answered body while it is younger than STATUS_FRESH."""
+        with self._lock:
+            kept, generation = self._status_kept, self._status_generation
+        if kept is not None and self.clock() - kept[0] < STATUS_FRESH and not _window_open(self.paths):
+            return kept[1], True
+        asked_at = self.clock()
+        body, answered = self._ask_status()
+        with self._lock:
+            if answered and generation == self._status_generation:
+                self._status_kept = (asked_at, body)
+        return body, answered
+
+    def _ask_status(self) -> tuple[dict, bool]:
         future = self._status_future
         if future is None or future.done():
             future = self._status_future = self._submit(invoke.call, self.manifest, "status")
@@ -258,6 +289,10 @@ class Driver:
             if self.state is not None:
                 self.state.set(window.REVISION_KEY, record.get("previous_revision_id"))
         self.refresh_manifest()
+
+
+def _window_open(paths) -> bool:
+    return (window.current(paths) or {}).get("status") == "open"
 
 
 def _running(future) -> bool:
