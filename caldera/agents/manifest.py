@@ -410,6 +410,12 @@ TOKENS = ("CALDERA_TOKEN", "CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN", "CLAWMANAGER_INS
 PATH_FORMS = {"status": "file", "logs": "dir", "state": "dir", "instructions": "file"}
 
 
+def _match(pattern: str, text: str) -> bool:
+    import re  # deferred: only a process manifest's keys pay for regexes (docs/performance.md)
+
+    return re.match(pattern, text) is not None
+
+
 def _fail(where: str, text: str) -> None:
     raise ConfigError(f"{where}: {text}")
 
@@ -458,7 +464,7 @@ def check_process_keys(doc: dict, where: str) -> None:
     _check_env(doc.get("env"), where)
     _check_mcp(doc.get("mcp"), where)
     account = doc.get("account")
-    if isinstance(account, str) and not re.match(ACCOUNT_RE, account):
+    if isinstance(account, str) and not _match(ACCOUNT_RE, account):
         _fail(where, "account: true, false, or a system user name to run the agent as")
 
 
@@ -468,7 +474,7 @@ def _check_names(value, key: str, limit: int, where: str) -> None:
     if not isinstance(value, list) or len(value) > limit:
         _fail(where, f"{key}: a list of at most {limit} variable names")
     for item in value:
-        if not isinstance(item, str) or not re.match(ENV_NAME_RE, item):
+        if not isinstance(item, str) or not _match(ENV_NAME_RE, item):
             _fail(where, f"{key}: {item!r} is not a variable name (letters, digits, '_')")
         if item in RESERVED_ENV:
             _fail(where, f"{key}: {item} is set by the runtime itself")
@@ -484,7 +490,7 @@ def _check_env(env, where: str) -> None:
     if not isinstance(env, dict) or len(env) > MAX_ENV:
         _fail(where, f"env: a mapping of at most {MAX_ENV} NAME: value pairs")
     for name, value in env.items():
-        if not isinstance(name, str) or not re.match(ENV_NAME_RE, name):
+        if not isinstance(name, str) or not _match(ENV_NAME_RE, name):
             _fail(where, f"env: {name!r} is not a variable name")
         if name in RESERVED_ENV or name.startswith(("CLAWMANAGER_", "CALDERA_TOKEN")):
             _fail(where, f"env.{name}: set by the runtime or a binding, not by the manifest")
@@ -498,7 +504,7 @@ def _check_mcp(mcp, where: str) -> None:
     if not isinstance(mcp, dict) or len(mcp) > MAX_MCP:
         _fail(where, f"mcp: a mapping of at most {MAX_MCP} servers, name: {{command: [...]}} or {{url: ...}}")
     for name, server in mcp.items():
-        if not isinstance(name, str) or not re.match(MCP_NAME_RE, name):
+        if not isinstance(name, str) or not _match(MCP_NAME_RE, name):
             _fail(where, f"mcp: {name!r} is not a server name")
         check_mcp_server(name, server, where)
 
@@ -513,5 +519,5 @@ def check_mcp_server(name: str, server, where: str) -> None:
             _fail(where, f"{at}.command: a non-empty argv list, never a shell string")
     else:
         url = server["url"]
-        if not isinstance(url, str) or not re.match(r"^https?://[^\s]+$", url) or len(url) > VALUE_MAX:
+        if not isinstance(url, str) or not _match(r"^https?://[^\s]+$", url) or len(url) > VALUE_MAX:
             _fail(where, f"{at}.url: an http(s) URL")
