@@ -27,11 +27,12 @@ ALIASES = {
     "CALDERA_PROTOCOL_VERSION": "CLAWMANAGER_AGENT_PROTOCOL_VERSION",
     "CALDERA_PERSISTENT_DIR": "CLAWMANAGER_AGENT_PERSISTENT_DIR",
     "CALDERA_DISK_LIMIT_BYTES": "CLAWMANAGER_AGENT_DISK_LIMIT_BYTES",
-    "CALDERA_RUNTIME_TYPE": None,
+    "CALDERA_RUNTIME_TYPE": "CLAWMANAGER_AGENT_RUNTIME_TYPE",  # also CLAWMANAGER_RUNTIME_TYPE (see load_settings)
     "CALDERA_CA_BUNDLE": None,
     "CALDERA_LOG_LEVEL": None,
     "CALDERA_REPORT_INTERVAL_SECONDS": None,
 }
+INJECTED_SECRETS = ("CLAWMANAGER_LLM_API_KEY", "OPENAI_API_KEY", "CLAWMANAGER_INSTANCE_TOKEN")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # Patterns as strings: `re` compiles (and caches) them on first use, so a quick
 # verb that never reads an env file does not pay for compiling them at import.
@@ -183,8 +184,10 @@ def persistent_dir(environ=os.environ) -> str | None:
 
 
 def runtime_type_name(environ=os.environ) -> str:
-    """CALDERA_RUNTIME_TYPE unchecked, "caldera" when unset (`caldera sample` labels only)."""
-    return environ.get("CALDERA_RUNTIME_TYPE") or "caldera"
+    """CALDERA_RUNTIME_TYPE (else ClawManager's CLAWMANAGER_AGENT_RUNTIME_TYPE, CLAWMANAGER_RUNTIME_TYPE)
+    unchecked, "caldera" when unset (`caldera sample` labels only)."""
+    return (environ.get("CALDERA_RUNTIME_TYPE") or environ.get("CLAWMANAGER_AGENT_RUNTIME_TYPE")
+            or environ.get("CLAWMANAGER_RUNTIME_TYPE") or "caldera")
 
 
 def schema_dir_override(environ=os.environ) -> Path | None:
@@ -368,7 +371,8 @@ def load_settings(paths: AgentPaths, environ=os.environ) -> Settings:
     protocol = lookup(env, "CALDERA_PROTOCOL_VERSION") or "v1"
     if protocol != "v1":
         raise ConfigError(f"{_var('CALDERA_PROTOCOL_VERSION')}={protocol!r}: only v1 is spoken")
-    runtime_type = lookup(env, "CALDERA_RUNTIME_TYPE") or "caldera"
+    # ClawManager's instance agents read CLAWMANAGER_AGENT_RUNTIME_TYPE, then CLAWMANAGER_RUNTIME_TYPE.
+    runtime_type = lookup(env, "CALDERA_RUNTIME_TYPE") or env.get("CLAWMANAGER_RUNTIME_TYPE") or "caldera"
     if not re.match(_RUNTIME_TYPE_RE, runtime_type):
         raise ConfigError(f"CALDERA_RUNTIME_TYPE={runtime_type!r}: lowercase letters, digits, '_' or '-', at most 32")
     log_level = (lookup(env, "CALDERA_LOG_LEVEL") or "info").lower()
@@ -379,7 +383,9 @@ def load_settings(paths: AgentPaths, environ=os.environ) -> Settings:
         raise ConfigError(f"CALDERA_CA_BUNDLE: no such file: {ca_bundle}")
     report_interval = _parse_float(env, "CALDERA_REPORT_INTERVAL_SECONDS", 5.0, minimum=2.0)
     persistent = lookup(env, "CALDERA_PERSISTENT_DIR")
-    secret_values = tuple(v for v in (token, *secrets.values()) if v)
+    # ClawManager's gateway key and instance token travel in the environment: mask them too.
+    injected = (env.get(name) for name in INJECTED_SECRETS)
+    secret_values = tuple(v for v in (token, *secrets.values(), *injected) if v)
     return Settings(
         enabled=enabled, base_url=base_url, bootstrap_token=token, instance_id=instance_id,
         protocol_version=protocol, persistent_dir=Path(persistent) if persistent else paths.state_dir,

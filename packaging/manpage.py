@@ -28,7 +28,7 @@ FILES = (
     ("/lib/systemd/system/caldera@.service", "the template unit: caldera run --agent NAME"),
     ("/etc/cron.d/caldera", "commented example of one-shot reports for hosts without a daemon"),
     ("/usr/share/caldera/schemas/", "the JSON schemas of the protocol, the commands and the adapter contract"),
-    ("/usr/share/caldera/examples/", "example agents (task-agent: an adapter-mode agent)"),
+    ("/usr/share/caldera/examples/", "example agents (task-agent: an adapter-mode agent; inbox-watcher: a process-mode agent)"),
     ("/usr/share/bash-completion/completions/caldera",
      "bash completion: commands, flags, agent names, log names, setting keys (never the control plane)"),
 )

@@ -8,7 +8,8 @@ and a relative `runtime.workdir` is rebased into it. `agent.env` and
 `secrets.env` are created from templates with the owners and modes the unit
 needs (as root: root:caldera 0640 and caldera:caldera 0600), so that the
 operator's `sudoedit` keeps them. The state dir is made (0711, caldera's). No
-agent process is started and the unit is not enabled: the printed next step
+agent process is started here (in process mode, SPEC 7b, `caldera run` starts and
+supervises the agent the manifest names) and the unit is not enabled: the printed next step
 is `systemctl enable --now caldera@NAME`, once the configuration is complete.
 Archive members are checked as for skills: no absolute paths, no `..`, no
 links, nothing but files and directories, at most 10,000 members and 512 MiB.
@@ -73,14 +74,17 @@ def install(source, *, name=None, environ=os.environ, systemd_dir=SYSTEMD_DIR) -
     _make_state_dir(state_dir)
     started = _next_steps(name, config_dir, config.config_root(environ), systemd_dir)
     what = f"manifest and bundle ({bundled} files)" if bundled else "manifest"
+    if manifest.runtime_type == "process":
+        # Process mode (SPEC 7b): no unit of its own for the agent; the runtime starts it.
+        started += " Process mode: the runtime starts and supervises the agent (cron's report --once does not)."
     return {"message": f"Installed {name} ({what}) in {config_dir}; state in {state_dir}. {started}",
             "name": name, "config_dir": str(config_dir), "state_dir": str(state_dir), "bundle_files": bundled}
 
 
 def _load(root: Path):
     manifest = load_manifest(root / MANIFEST, validate_schema=True)
-    if manifest.runtime_type != "adapter":
-        raise Refused(f"runtime.type: {manifest.runtime_type}: this caldera installs adapter-mode blueprints only")
+    if manifest.runtime_type not in ("adapter", "process"):
+        raise Refused(f"runtime.type: {manifest.runtime_type}: not a mode this caldera knows")
     return manifest
 
 

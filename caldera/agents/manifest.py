@@ -22,8 +22,9 @@ from caldera.host.fsutil import atomic_write_json
 CACHE_NAME = "manifest.json"
 CACHE_FORMAT = 1
 FORBIDDEN_IN_ADAPTER_MODE = ("status", "logs", "state", "secrets", "bindings", "instructions", "mcp")
+FORBIDDEN_IN_ADAPTER_MODE_EXTRA = ("env",)  # process mode's plain environment for the agent
 TOP_LEVEL = {"name", "version", "description", "runtime", "settings", "controls", "health", "account",
-             *FORBIDDEN_IN_ADAPTER_MODE}
+             *FORBIDDEN_IN_ADAPTER_MODE, *FORBIDDEN_IN_ADAPTER_MODE_EXTRA}
 CONTROLS = ("pause", "resume", "run_now")
 SETTING_TYPES = ("percent", "number", "integer", "boolean", "string", "enum")
 SETTING_KEYS = {"key", "label", "type", "min", "max", "step", "options", "max_length", "description"}
@@ -48,6 +49,7 @@ def _word(text: str, first: frozenset, rest: frozenset) -> bool:
     return 0 < len(text) <= 64 and text[0] in first and all(c in rest for c in text[1:])
 TIMEOUT_MIN, TIMEOUT_MAX = 1, 120
 MAX_SETTINGS = 100
+PROCESS_RUNTIME_KEYS = ("stop_signal", "stop_timeout_seconds", "restart", "run_now_signal")
 
 
 class Manifest:
@@ -210,7 +212,7 @@ def check_document(doc, path) -> None:
         raise ConfigError(f"{where}: the manifest must be a mapping (name:, runtime:, …)")
     runtime = doc.get("runtime")
     if isinstance(runtime, dict) and runtime.get("type") == "adapter":
-        for key in FORBIDDEN_IN_ADAPTER_MODE:
+        for key in (*FORBIDDEN_IN_ADAPTER_MODE, *FORBIDDEN_IN_ADAPTER_MODE_EXTRA):
             if key in doc:
                 raise ConfigError(
                     f"{where}: '{key}' is not allowed with runtime.type: adapter (in adapter mode the "
@@ -228,8 +230,17 @@ def check_document(doc, path) -> None:
     _check_settings(doc.get("settings"), where)
     _check_controls(doc, where)
     _check_health(doc.get("health"), where)
-    if "account" in doc and not isinstance(doc["account"], bool):
+    if isinstance(runtime, dict) and runtime.get("type") == "process":
+        _check_process(doc, where)
+    elif "account" in doc and not isinstance(doc["account"], bool):
         raise ConfigError(f"{where}: account: must be true or false")
+
+
+def _check_process(doc, where: str) -> None:
+    check_process_runtime(doc["runtime"], where)
+    check_process_keys(doc, where)
+    if "account" in doc and not isinstance(doc["account"], (bool, str)):
+        raise ConfigError(f"{where}: account: true, false, or a system user name to run the agent as")
 
 
 def _is_int(value) -> bool:
@@ -262,6 +273,8 @@ def _check_runtime(runtime, where: str) -> None:
     if kind not in ("adapter", "process"):
         raise ConfigError(f"{where}: runtime.type: must be adapter or process")
     allowed = ("type", "command", "workdir", "timeout_seconds")
+    if kind == "process":
+        allowed += PROCESS_RUNTIME_KEYS
     for key in runtime:
         if key not in allowed:
             raise ConfigError(f"{where}: runtime.{key}: unknown key for runtime.type: {kind}")
@@ -377,3 +390,134 @@ def _check_health(health, where: str) -> None:
             raise ConfigError(f"{where}: health.interval_seconds: a whole number from 10 to 86400")
     if "timeout_seconds" in health:
         _check_timeout(health["timeout_seconds"], "health.timeout_seconds", where)
+
+
+# ---------------------------------------------------------------- process mode's keys (SPEC 7b)
+
+RESTART_POLICIES = ("on-failure", "always", "never")
+SIGNALS = ("TERM", "INT", "HUP", "QUIT", "USR1", "USR2", "KILL", "WINCH")
+STOP_TIMEOUT_DEFAULT, STOP_TIMEOUT_MIN, STOP_TIMEOUT_MAX = 10, 1, 300
+BINDINGS = ("llm_gateway",)
+ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+ACCOUNT_RE = r"^[a-z_][a-z0-9_-]{0,31}\$?$"
+MCP_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+MAX_ENV, MAX_SECRETS, MAX_MCP = 100, 50, 50
+VALUE_MAX = 4096
+# Names the runtime sets itself: the manifest's env can't shadow them.
+RESERVED_ENV = ("PATH", "HOME", "LANG", "TZ", "CALDERA_AGENT", "CALDERA_AGENT_STATE_DIR", "CALDERA_SETTINGS_FILE",
+                "CALDERA_INSTRUCTIONS_FILE", "CALDERA_MCP_CONFIG")
+TOKENS = ("CALDERA_TOKEN", "CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN", "CLAWMANAGER_INSTANCE_TOKEN")
+PATH_FORMS = {"status": "file", "logs": "dir", "state": "dir", "instructions": "file"}
+
+
+def _match(pattern: str, text: str) -> bool:
+    import re  # deferred: only a process manifest's keys pay for regexes (docs/performance.md)
+
+    return re.match(pattern, text) is not None
+
+
+def _fail(where: str, text: str) -> None:
+    raise ConfigError(f"{where}: {text}")
+
+
+def path_value(doc: dict, key: str, where: str) -> str | None:
+    """The path a key names (string or {file|dir: path}); ConfigError naming the key."""
+    if key not in doc:
+        return None
+    value, inner = doc[key], PATH_FORMS[key]
+    if isinstance(value, dict):
+        if set(value) != {inner}:
+            _fail(where, f"{key}: a path, or a mapping with only '{inner}:'")
+        value = value[inner]
+    if not isinstance(value, str) or not value or "\0" in value:
+        _fail(where, f"{key}: must be a path (a non-empty string)")
+    if ".." in Path(value).parts:
+        _fail(where, f"{key}: '..' is not allowed in the path")
+    return value
+
+
+def check_process_runtime(runtime: dict, where: str) -> None:
+    """The runtime.* keys only process mode has."""
+    for key in ("stop_signal", "run_now_signal"):
+        if key in runtime and runtime[key] not in SIGNALS:
+            _fail(where, f"runtime.{key}: one of {', '.join(SIGNALS)} (without SIG)")
+    if "stop_timeout_seconds" in runtime:
+        value = runtime["stop_timeout_seconds"]
+        if not _is_int(value) or not STOP_TIMEOUT_MIN <= value <= STOP_TIMEOUT_MAX:
+            _fail(where, f"runtime.stop_timeout_seconds: a whole number from {STOP_TIMEOUT_MIN} to {STOP_TIMEOUT_MAX}")
+    if "restart" in runtime and runtime["restart"] not in RESTART_POLICIES:
+        _fail(where, f"runtime.restart: one of {', '.join(RESTART_POLICIES)}")
+
+
+def check_process_keys(doc: dict, where: str) -> None:
+    """status, logs, state, secrets, bindings, instructions, mcp, env, account (as a user name)."""
+    for key in PATH_FORMS:
+        path_value(doc, key, where)
+    _check_names(doc.get("secrets"), "secrets", MAX_SECRETS, where)
+    bindings = doc.get("bindings")
+    if bindings is not None:
+        if not isinstance(bindings, list) or not all(isinstance(b, str) for b in bindings):
+            _fail(where, f"bindings: a list, a subset of {', '.join(BINDINGS)}")
+        for item in bindings:
+            if item not in BINDINGS:
+                _fail(where, f"bindings: '{item}' is not one of {', '.join(BINDINGS)}")
+    _check_env(doc.get("env"), where)
+    _check_mcp(doc.get("mcp"), where)
+    account = doc.get("account")
+    if isinstance(account, str) and not _match(ACCOUNT_RE, account):
+        _fail(where, "account: true, false, or a system user name to run the agent as")
+
+
+def _check_names(value, key: str, limit: int, where: str) -> None:
+    if value is None:
+        return
+    if not isinstance(value, list) or len(value) > limit:
+        _fail(where, f"{key}: a list of at most {limit} variable names")
+    for item in value:
+        if not isinstance(item, str) or not _match(ENV_NAME_RE, item):
+            _fail(where, f"{key}: {item!r} is not a variable name (letters, digits, '_')")
+        if item in RESERVED_ENV:
+            _fail(where, f"{key}: {item} is set by the runtime itself")
+        if item in TOKENS:
+            _fail(where, f"{key}: {item} is the runtime's own token; it never reaches the agent")
+    if len(set(value)) != len(value):
+        _fail(where, f"{key}: a name is listed twice")
+
+
+def _check_env(env, where: str) -> None:
+    if env is None:
+        return
+    if not isinstance(env, dict) or len(env) > MAX_ENV:
+        _fail(where, f"env: a mapping of at most {MAX_ENV} NAME: value pairs")
+    for name, value in env.items():
+        if not isinstance(name, str) or not _match(ENV_NAME_RE, name):
+            _fail(where, f"env: {name!r} is not a variable name")
+        if name in RESERVED_ENV or name.startswith(("CLAWMANAGER_", "CALDERA_TOKEN")):
+            _fail(where, f"env.{name}: set by the runtime or a binding, not by the manifest")
+        if not isinstance(value, str) or "\0" in value or len(value) > VALUE_MAX:
+            _fail(where, f"env.{name}: a plain string value (quote numbers), at most {VALUE_MAX} characters")
+
+
+def _check_mcp(mcp, where: str) -> None:
+    if mcp is None:
+        return
+    if not isinstance(mcp, dict) or len(mcp) > MAX_MCP:
+        _fail(where, f"mcp: a mapping of at most {MAX_MCP} servers, name: {{command: [...]}} or {{url: ...}}")
+    for name, server in mcp.items():
+        if not isinstance(name, str) or not _match(MCP_NAME_RE, name):
+            _fail(where, f"mcp: {name!r} is not a server name")
+        check_mcp_server(name, server, where)
+
+
+def check_mcp_server(name: str, server, where: str) -> None:
+    at = f"mcp.{name}"
+    if not isinstance(server, dict) or len(server) != 1 or next(iter(server)) not in ("command", "url"):
+        _fail(where, f"{at}: exactly one of command: [argv] or url: https://…")
+    if "command" in server:
+        argv = server["command"]
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and a and "\0" not in a for a in argv):
+            _fail(where, f"{at}.command: a non-empty argv list, never a shell string")
+    else:
+        url = server["url"]
+        if not isinstance(url, str) or not _match(r"^https?://[^\s]+$", url) or len(url) > VALUE_MAX:
+            _fail(where, f"{at}.url: an http(s) URL")

@@ -248,6 +248,27 @@ def _apply_settings(ctx, values) -> dict:
     return {"applied": True, "keys": sorted(values)}
 
 
+TOLD = ("instructions", "mcp")  # what a revision may tell a process agent (SPEC 7b)
+
+
+def _told(ctx, revision_id: int, content: dict):
+    """`instructions` and `mcp`: the process driver checks them (agents/process/told.py, on top of
+    trust.check_content) before anything of the revision is stored or applied; returns the
+    function that applies them (its part of the finish result), or None."""
+    keys = [key for key in TOLD if key in content]
+    if not keys:
+        return None
+    driver = _driver(ctx)
+    if not hasattr(driver, "check_told"):
+        # Told, not run (docs/trust-boundary.md): an adapter agent reads no file of the runtime's.
+        reasons = {"instructions": "adapter mode passes no instructions file", "mcp": "adapter mode passes no MCP config"}
+        return lambda: {key: {"applied": False, "reason": reasons[key]} for key in keys}
+    problems = driver.check_told(content)
+    if problems:
+        raise CommandError(_refusal(revision_id, problems))
+    return lambda: {"told": driver.apply_told(content)}
+
+
 def apply_revision(ctx, revision_id) -> dict:
     """Fetch, verify, check against the trust boundary, store and apply one revision; the finish result."""
     revision_id = _revision_id(revision_id)
@@ -265,6 +286,7 @@ def apply_revision(ctx, revision_id) -> dict:
             raise CommandError(_refusal(revision_id, problems))
         if "manifest" in content:
             _check_manifest(ctx, revision_id, content["manifest"])
+    told = _told(ctx, revision_id, content) if isinstance(content, dict) else None
     store(ctx.paths.state_dir, revision_id, revision, raw_content)
     result = {"revision_id": revision_id, "revision_no": revision.get("revision_no"),
               "checksum": revision.get("checksum"), "stored": True}
@@ -276,10 +298,8 @@ def apply_revision(ctx, revision_id) -> dict:
             result["manifest"] = _apply_manifest(ctx, revision_id, content["manifest"])
         if "settings" in content:
             result["settings"] = _apply_settings(ctx, content["settings"])
-        if "instructions" in content:
-            # Told, not run (docs/trust-boundary.md): process mode writes it to the agent's
-            # instructions file; an adapter agent reads no file of the runtime's.
-            result["instructions"] = {"applied": False, "reason": "adapter mode passes no instructions file"}
+        if told is not None:
+            result.update(told())
     ctx.state.set(STATE_KEY, revision_id)
     result["current_config_revision_id"] = revision_id
     ctx.report_now()

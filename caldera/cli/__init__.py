@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         return complete.main(argv[1:])
     if argv[0] not in COMMANDS:
         top = _top_parser()
-        args = top.parse_args(argv)  # handles --help, --version and unknown commands (exit 2)
+        top.parse_args(argv)  # handles --help, --version and unknown commands (exit 2)
         top.print_help()
         return EXIT_USAGE
     collecting = gc.isenabled()

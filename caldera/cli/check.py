@@ -15,6 +15,8 @@ def configure(parser) -> None:
     add_agent_flags(parser)
     parser.add_argument("--controls", action="store_true",
                         help="also call pause, resume and run-now (they act on the agent)")
+    parser.add_argument("--start", action="store_true",
+                        help="process mode: start the agent once in a scratch state dir and check its status file")
 
 
 def main(args) -> int:
@@ -23,10 +25,19 @@ def main(args) -> int:
     try:
         manifest = load_effective(paths, validate_schema=True)
     except ConfigError as exc:
-        report.breach("manifest", str(exc))
-        return _emit(args, paths, report)
+        found, kind = _every_problem(paths.manifest_path, str(exc))
+        for problem in found:
+            report.breach("manifest", problem)
+        return _emit(args, paths, report, f"the {kind} contract")
     report.ok("manifest", f"valid: runtime.type {manifest.runtime_type}, {len(manifest.settings_schema)} "
                           f"settings, controls {', '.join(manifest.controls or ('(all)',))}")
+    if manifest.runtime_type == "process":
+        from caldera.agents.process.check import check_manifest, check_start
+
+        check_manifest(paths, manifest, report)
+        if args.start and not report.breaches:
+            check_start(paths, manifest, report)
+        return _emit(args, paths, report, "the process contract")
     if manifest.runtime_type != "adapter":
         report.breach("manifest", "runtime.type is not adapter: this check covers adapter mode only")
     elif not manifest.workdir.is_dir():
@@ -36,10 +47,33 @@ def main(args) -> int:
     return _emit(args, paths, report)
 
 
-def _emit(args, paths, report: Report) -> int:
+def _every_problem(path, first: str) -> tuple[list[str], str]:
+    """(problems, mode): the plain check stops at its first problem; the schema names every bad
+    key. Both are shown, the plain one first (it also says what a schema can't, e.g. min above
+    max), a schema problem about the same key only once."""
+    import yaml  # deferred: only a broken manifest pays for a second parse
+
+    from caldera.protocol.schemas import problems
+
+    try:
+        with open(path, "rb") as fh:
+            doc = yaml.safe_load(fh)
+    except (OSError, yaml.YAMLError):
+        return [first], "adapter"
+    runtime = doc.get("runtime") if isinstance(doc, dict) else None
+    kind = "process" if isinstance(runtime, dict) and runtime.get("type") == "process" else "adapter"
+    found = [first]
+    for problem in problems("manifest.schema.json", doc):
+        key = problem.split(": ", 1)[0]
+        if f": {key}:" not in first and f": {key} " not in first:
+            found.append(f"{path}: {problem}")
+    return found, kind
+
+
+def _emit(args, paths, report: Report, contract: str = "the adapter contract") -> int:
     code = EXIT_FAILED if report.breaches else EXIT_OK
-    summary = (f"{report.breaches} breach{'es' if report.breaches != 1 else ''} of the adapter contract"
-               if report.breaches else "no breach of the adapter contract")
+    summary = (f"{report.breaches} breach{'es' if report.breaches != 1 else ''} of {contract}"
+               if report.breaches else f"no breach of {contract}")
     if args.json:
         print(json.dumps({"ok": not report.breaches, "message": summary, "held": [],
                           "agent": paths.name, "checks": report.items}))

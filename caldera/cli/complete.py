@@ -123,6 +123,17 @@ def _log_names(before: list[str], environ) -> list[str]:
     """One `log --list` call to the adapter (its own timeout applies)."""
     from caldera.agents.adapter import verbs  # deferred: only a log-name completion calls the adapter
 
-    answer = verbs.log_list(_manifest(before, environ))
+    manifest = _manifest(before, environ)
+    if manifest.runtime_type == "process":
+        # Process mode: the command is the agent itself, never called with verbs; ask its daemon.
+        from caldera.agents.process import control  # deferred, as above
+
+        paths = config.agent_from_args(_agent_args(before), environ)
+        try:
+            reply = control.call(paths.state_dir, "log --list", timeout=5.0)
+        except (control.NoDaemon, OSError, ValueError):
+            return []
+        return [str(name) for name in ((reply.get("data") or {}).get("logs") or [])]
+    answer = verbs.log_list(manifest)
     logs = (answer.data or {}).get("logs") if isinstance(answer.data, dict) else None
     return [str(name) for name in logs or []]

@@ -1,13 +1,15 @@
 """`caldera demo`: the main job on loopback, with nothing to set up.
 
-It starts the embedded plane on a free loopback port, installs the example
-adapter agent (`examples/task-agent`) into a temporary config/state tree, runs
-`caldera run` against the plane as a child process, queues
-`collect_system_info`, `pause`, `settings_set` and `run_now`, waits for their
-results and prints what the plane saw: presence, figures, the agent's state and
-gauges, the command results, and the status page's address. Then it keeps
+It starts the embedded plane on a free loopback port, installs the two example
+agents into a temporary config/state tree — the adapter agent (`examples/task-agent`,
+instance 1) and the process agent (`examples/inbox-watcher`, instance 2, SPEC 7b: the
+runtime starts and supervises it) — runs one `caldera run` per agent against the plane
+as child processes, queues commands for each (`collect_system_info`, `pause`,
+`settings_set`, `run_now`; `restart_openclaw` for the process agent), waits for their
+results and prints what the plane saw of each: presence, figures, the agent's state and
+gauges, its PID, the command results, and the status page's address. Then it keeps
 running until Ctrl-C (or `--seconds N`, or at once with `--once`) and stops the
-runtime (SIGTERM to its process group, then SIGKILL after a grace) and the plane.
+runtimes (SIGTERM to each process group, then SIGKILL after a grace) and the plane.
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ from caldera.plane.server import PlaneServer
 
 AGENT_NAME = "task-agent"
 INSTANCE_ID = 1
+PROCESS_AGENT = "inbox-watcher"
+PROCESS_INSTANCE = 2
 ONLINE_TIMEOUT = 45.0
 COMMAND_TIMEOUT = 90.0
 STOP_GRACE = 20.0
@@ -40,10 +44,17 @@ DEMO_COMMANDS = [
     ("settings_set", {"values": {"max_7d": 0.5, "note": "set by caldera demo"}}),
     ("run_now", {}),
 ]
-_BLUEPRINTS = (
-    Path(__file__).resolve().parents[2] / "examples" / AGENT_NAME,  # a checkout
-    Path("/usr/share/caldera/examples") / AGENT_NAME,  # the Debian package
+PROCESS_COMMANDS = [
+    ("collect_system_info", {}),
+    ("settings_set", {"values": {"interval_seconds": 10}}),
+    ("run_now", {}),
+    ("restart_openclaw", {}),
+]
+_EXAMPLES = (
+    Path(__file__).resolve().parents[2] / "examples",  # a checkout
+    Path("/usr/share/caldera/examples"),  # the Debian package
 )
+_BLUEPRINTS = tuple(root / AGENT_NAME for root in _EXAMPLES)
 
 
 def configure(parser) -> None:
@@ -52,6 +63,8 @@ def configure(parser) -> None:
     parser.add_argument("--once", action="store_true", help="exit after printing what the plane saw")
     parser.add_argument("--seconds", type=float, metavar="N", help="keep running N seconds after printing, then exit")
     parser.add_argument("--keep", action="store_true", help="keep the temporary tree (logs, database) afterwards")
+    parser.add_argument("--no-process", action="store_true",
+                        help=f"leave out the process-mode example ({PROCESS_AGENT})")
 
 
 def _blueprint(arg: str | None) -> Path:
@@ -76,36 +89,46 @@ class Demo:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("CALDERA_", "CLAWMANAGER_"))}
         self.env.update(CALDERA_CONFIG_DIR=str(self.config_dir), CALDERA_STATE_DIR=str(self.state_dir))
         self.plane = None
-        self.proc: subprocess.Popen | None = None
+        self.procs: dict[str, subprocess.Popen] = {}  # agent name -> its `caldera run`
         self.log_path = root / "caldera-run.log"
+        self.tokens = {INSTANCE_ID: "agt_boot_" + secrets.token_hex(24),
+                       PROCESS_INSTANCE: "agt_boot_" + secrets.token_hex(24)}
+
+    @property
+    def proc(self) -> subprocess.Popen | None:
+        """The first runtime that ended (for the messages), else the first one."""
+        ended = [p for p in self.procs.values() if p.poll() is not None]
+        return (ended or list(self.procs.values()) or [None])[0]
 
     def start_plane(self, port: int) -> None:
-        self.token = "agt_boot_" + secrets.token_hex(24)
-        self.plane = PlaneServer(self.root / "plane.db", port=port, tokens={self.token: INSTANCE_ID},
+        self.token = self.tokens[INSTANCE_ID]
+        self.plane = PlaneServer(self.root / "plane.db", port=port,
+                                 tokens={token: iid for iid, token in self.tokens.items()},
                                  heartbeat_interval=5, poll_interval=1).start()
 
-    def install_agent(self, blueprint: Path) -> str:
-        self.config_dir.mkdir(parents=True)
-        self.state_dir.mkdir(parents=True)
+    def install_agent(self, blueprint: Path, instance_id: int = INSTANCE_ID) -> str:
+        self.config_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
         result = bp.install(blueprint, environ=self.env, systemd_dir=self.root / "no-systemd")
         config_dir = Path(result["config_dir"])
         agent_env = (f"CALDERA_AGENT_ENABLED=true\nCALDERA_BASE_URL={self.plane.url}\n"
-                     f"CALDERA_INSTANCE_ID={INSTANCE_ID}\nCALDERA_PERSISTENT_DIR={self.state_dir}\n")
+                     f"CALDERA_INSTANCE_ID={instance_id}\nCALDERA_PERSISTENT_DIR={self.state_dir}\n")
         atomic_write_bytes(config_dir / "agent.env", agent_env.encode(), mode=0o640)
-        atomic_write_bytes(config_dir / "secrets.env", f"CALDERA_TOKEN={self.token}\n".encode(), mode=0o600)
+        atomic_write_bytes(config_dir / "secrets.env", f"CALDERA_TOKEN={self.tokens[instance_id]}\n".encode(),
+                           mode=0o600)
         return result["name"]
 
     def start_runtime(self, name: str) -> None:
-        log = open(self.log_path, "wb")
+        log = open(self.log_path, "ab")
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "caldera.cli", "run", "--agent", name],
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=self.env, cwd=self.root, start_new_session=True)
+            self.procs[name] = subprocess.Popen([sys.executable, "-m", "caldera.cli", "run", "--agent", name],
+                                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                                env=self.env, cwd=self.root, start_new_session=True)
         finally:
             log.close()
 
     def runtime_alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return bool(self.procs) and all(p.poll() is None for p in self.procs.values())
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -115,9 +138,10 @@ class Demo:
         return "\n".join(text.splitlines()[-lines:])
 
     def close(self, keep: bool) -> None:
-        if self.runtime_alive():
-            # TERM lets the runtime drain; KILL after the grace
-            proc.kill_group(self.proc, STOP_GRACE)
+        for runtime in self.procs.values():
+            if runtime.poll() is None:
+                # TERM lets the runtime drain (and stop its agent); KILL after the grace
+                proc.kill_group(runtime, STOP_GRACE)
         if self.plane is not None:
             self.plane.stop()
         if keep:
@@ -143,13 +167,24 @@ def _wait(demo: Demo, what: str, check, timeout: float) -> bool:
     return False
 
 
-def _online(store) -> bool:
-    agent = store.agents()[0]
-    return agent["presence"] == "online" and store.reports(INSTANCE_ID, last=True) is not None
+def _online(store, instance_ids=(INSTANCE_ID,)) -> bool:
+    agents = {a["instance_id"]: a for a in store.agents()}
+    return all(i in agents and agents[i]["presence"] == "online" and store.reports(i, last=True) is not None
+               for i in instance_ids)
 
 
 def _all_done(store, ids) -> bool:
-    return all(store.command(INSTANCE_ID, cid)["status"] in ("succeeded", "failed") for cid in ids)
+    """ids: (instance_id, command_id) pairs."""
+    return all(store.command(iid, cid)["status"] in ("succeeded", "failed") for iid, cid in ids)
+
+
+def _process_blueprint(no_process: bool) -> Path | None:
+    if no_process:
+        return None
+    for root in _EXAMPLES:
+        if (root / PROCESS_AGENT / "caldera.agent.yaml").is_file():
+            return root / PROCESS_AGENT
+    return None
 
 
 def main(args) -> int:
@@ -167,22 +202,31 @@ def main(args) -> int:
 def _run(demo: Demo, blueprint: Path, args) -> int:
     demo.start_plane(args.port)
     print(f"plane listening on {demo.plane.url} (status page {demo.plane.url}/)", flush=True)
-    name = demo.install_agent(blueprint)
-    print(f"installed {name} from {blueprint} into {demo.root}", flush=True)
-    demo.start_runtime(name)
-    print(f"started caldera run --agent {name} (pid {demo.proc.pid}); waiting for it to come online…", flush=True)
+    agents = [(INSTANCE_ID, blueprint, DEMO_COMMANDS)]
+    process = _process_blueprint(getattr(args, "no_process", False))
+    if process is not None:
+        agents.append((PROCESS_INSTANCE, process, PROCESS_COMMANDS))
+    for instance_id, source, _ in agents:
+        name = demo.install_agent(source, instance_id)
+        print(f"installed {name} (instance {instance_id}) from {source} into {demo.root}", flush=True)
+        demo.start_runtime(name)
+        print(f"started caldera run --agent {name} (pid {demo.procs[name].pid})", flush=True)
+    print("waiting for the agents to come online…", flush=True)
     store = demo.plane.store
-    if not _wait(demo, "the agent to come online", lambda: _online(store), ONLINE_TIMEOUT):
+    instances = tuple(i for i, _, _ in agents)
+    if not _wait(demo, "the agents to come online", lambda: _online(store, instances), ONLINE_TIMEOUT):
         return EXIT_FAILED if not demo.stop.is_set() else EXIT_OK
     ids = []
-    for command_type, payload in DEMO_COMMANDS:
-        ids.append(store.enqueue(INSTANCE_ID, command_type, payload))
-        print(f"queued {command_type} (command {ids[-1]})", flush=True)
+    for instance_id, _, commands in agents:
+        for command_type, payload in commands:
+            ids.append((instance_id, store.enqueue(instance_id, command_type, payload)))
+            print(f"queued {command_type} for instance {instance_id} (command {ids[-1][1]})", flush=True)
     if not _wait(demo, "the command results", lambda: _all_done(store, ids), COMMAND_TIMEOUT):
         return EXIT_FAILED if not demo.stop.is_set() else EXIT_OK
     demo.stop.wait(1.5)  # let the report that follows the last command arrive
-    print()
-    print(report_view.render(store, INSTANCE_ID, ids))
+    for instance_id in instances:
+        print()
+        print(report_view.render(store, instance_id, [cid for iid, cid in ids if iid == instance_id]))
     print(f"\nstatus page: {demo.plane.url}/")
     if args.once:
         return EXIT_OK

@@ -82,9 +82,29 @@ def _load(paths):
 def _agent_status(paths, manifest) -> dict | None:
     from caldera.agents.adapter.driver import adapter_status  # deferred: `caldera status --help` stays ~35 ms faster
 
+    if getattr(manifest, "runtime_type", None) == "process":
+        return _process_status(paths, manifest)
     if getattr(manifest, "runtime_type", None) != "adapter":
         return None
     return adapter_status(paths, manifest)
+
+
+def _process_status(paths, manifest) -> dict:
+    """Process mode: the daemon's view over its control socket; without a daemon, what
+    state.json and /proc say (the agent is not running then, or was left by a killed runtime)."""
+    from caldera.agents.process.cli import ask
+
+    reply = ask(paths, "status")
+    if reply is not None and reply.get("ok"):
+        return {"body": reply.get("agent_status"), "process": reply.get("process")}
+    from caldera.agents.process.driver import open_driver
+    from caldera.host.statefile import StateFile
+    from caldera.redact import Redactor
+
+    driver = open_driver(paths, manifest, store=StateFile(paths.state_dir / "state.json"), redactor=Redactor(),
+                         supervise=False)
+    body, info = driver.status_body()
+    return {"body": body, "process": info}
 
 
 def manifest_info(paths, manifest, state: dict) -> dict | None:
@@ -123,6 +143,9 @@ def snapshot(paths, redact) -> dict:
 
     manifest = _load(paths)
     agent = redact(_agent_status(paths, manifest))
+    process = None
+    if isinstance(agent, dict) and "process" in agent and "body" in agent:
+        agent, process = agent["body"], agent["process"]
     state = _state(paths)
     conn = redact(connection_info(paths, state))
     conn["daemon"] = StateLock(paths.state_dir, "status").holder() if paths.state_dir.is_dir() else None
@@ -131,8 +154,11 @@ def snapshot(paths, redact) -> dict:
     outbox = {"items": outbox_depth(paths.state_dir), "dropped": state.get("drops") or {},
               "held_back": redact(held_items(paths.state_dir / "outbox")),  # failed deliveries, with why
               "rejected": rejected_count(paths.state_dir)}
-    return {"agent_status": agent, "connection": conn, "outbox": outbox, "commands": redact(recent_commands(state)),
-            "manifest": manifest_info(paths, manifest, state)}
+    doc = {"agent_status": agent, "connection": conn, "outbox": outbox, "commands": redact(recent_commands(state)),
+           "manifest": manifest_info(paths, manifest, state)}
+    if process is not None:
+        doc["process"] = process
+    return doc
 
 
 def dumps(doc) -> str:
@@ -159,8 +185,11 @@ def _daemon_snapshot(paths) -> dict:
     outbox = snap.get("outbox") if isinstance(snap.get("outbox"), dict) else {"items": "?"}
     agent = snap.get("agent_status") if isinstance(snap.get("agent_status"), dict) else None
     commands = recent_commands({"recent_commands": snap.get("recent_commands")})
-    return {"agent_status": agent, "connection": conn, "outbox": outbox, "commands": commands,
-            "snapshot_at": snap.get("written_at")}
+    doc = {"agent_status": agent, "connection": conn, "outbox": outbox, "commands": commands,
+           "snapshot_at": snap.get("written_at")}
+    if isinstance(snap.get("process"), dict):  # process mode, as of the daemon's last report
+        doc["process"] = snap["process"]
+    return doc
 
 
 def _alive(pid: int) -> bool:
@@ -253,11 +282,31 @@ def render(name, doc) -> str:
         what = f"{held['kind']} of command {held['command_id']}" if held.get("command_id") is not None else held["kind"]
         lines.append(f"  held back: {what}, {held['attempts']} tries since {held['since']}, next {held['next_try_at']}: "
                      f"{held['reason']}")
+    if doc.get("process") is not None:
+        lines.extend(_process_lines(doc["process"]))
     lines.extend(_command_lines(doc.get("commands") or []))
     if doc.get("snapshot_at"):
         lines.append(f"(the daemon's snapshot of {_ago(doc['snapshot_at'])}; "
                      f"`sudo caldera status --agent {name}` asks the adapter now)")
     return "\n".join(lines)
+
+
+def _process_lines(info: dict) -> list[str]:
+    """Process mode: pid, uptime, restarts, last exit, the hold."""
+    from caldera.host.timefmt import human_age  # deferred, as above
+
+    if info.get("pid"):
+        up = human_age(info["uptime_seconds"]).replace(" ago", "") if info.get("uptime_seconds") is not None else "?"
+        line = f"process: pid {info['pid']}, {info.get('status')}, up {up}"
+    else:
+        line = f"process: not running ({info.get('status')}" + (f": {info['reason']}" if info.get("reason") else "") + ")"
+    out = [line + f", {info.get('restarts') or 0} restart{'' if info.get('restarts') == 1 else 's'}"]
+    last = info.get("last_exit")
+    if last:
+        out.append(f"  last exit: {last.get('reason')} ({_ago(last.get('at'))})")
+    if info.get("hold"):
+        out.append(f"  held: {info['hold']} (caldera resume starts it)")
+    return out
 
 
 def _manifest_lines(info) -> list[str]:

@@ -51,7 +51,12 @@ def main(args) -> int:
         args.json = True
     paths, manifest = load_local(args)
     redactor = local_redactor(paths)
-    answer = _dispatch(args, manifest)
+    if manifest.runtime_type == "process":
+        from caldera.agents.process.cli import dispatch as process_dispatch  # deferred: adapter verbs never pay
+
+        answer = process_dispatch(args, paths, manifest)
+    else:
+        answer = _dispatch(args, manifest)
     from caldera.agents.adapter.verbs import redact_answer  # deferred: `caldera pause --help` stays ~35 ms faster
 
     answer = redact_answer(answer, redactor)
@@ -76,15 +81,14 @@ def _settings_set_args(args) -> None:
 
 
 def load_local(args):
-    """(paths, manifest) for a local verb; the manifest must be an adapter one."""
+    """(paths, manifest) for a local verb (adapter: the adapter directly; process: the daemon's socket)."""
     from caldera import config  # deferred: `caldera pause --help` stays ~35 ms faster
     from caldera.agents.updates import load_effective
 
     paths = config.agent_from_args(args)
     manifest = load_effective(paths, cache_dir=paths.state_dir / "cache")
-    if manifest.runtime_type != "adapter":
-        raise ConfigError(f"{paths.manifest_path}: runtime.type: {manifest.runtime_type}: "
-                          "the local verbs of this caldera drive adapter agents only")
+    if manifest.runtime_type not in ("adapter", "process"):
+        raise ConfigError(f"{paths.manifest_path}: runtime.type: {manifest.runtime_type}: not known here")
     return paths, manifest
 
 

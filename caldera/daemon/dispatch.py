@@ -29,9 +29,9 @@ HANDLERS: dict[str, str] = {
     "settings_set": "caldera.agents.adapter.commands:settings_set",
     "log_list": "caldera.agents.adapter.commands:log_list",
     "log_get": "caldera.agents.adapter.commands:log_get",
-    "start_openclaw": "caldera.agents.adapter.commands:process_only",
-    "stop_openclaw": "caldera.agents.adapter.commands:process_only",
-    "restart_openclaw": "caldera.agents.adapter.commands:process_only",
+    "start_openclaw": "caldera.agents.process.commands:start_openclaw",
+    "stop_openclaw": "caldera.agents.process.commands:stop_openclaw",
+    "restart_openclaw": "caldera.agents.process.commands:restart_openclaw",
     # skills (SPEC section 9)
     "sync_skill_inventory": "caldera.skills.commands:sync_skill_inventory",
     "refresh_skill_inventory": "caldera.skills.commands:refresh_skill_inventory",

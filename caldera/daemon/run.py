@@ -87,15 +87,44 @@ def _run_local(parts: Parts, signals: Signals) -> int:
     log.info("control plane disabled (CALDERA_AGENT_ENABLED is not true); staying local "
              "(after editing %s: systemctl reload)", parts.paths.agent_env)
     write_snapshot(parts)
+    agent = start_agent_supervisor(parts)
     sdnotify.notify("READY=1")
     while signals.count == 0:
         signals.wait(_watchdog_period())
         if signals.take_hup() and reread(parts):
             sdnotify.notify("RELOADING=1")  # not STOPPING=1: systemd would wait for an exit
+            stop_agent_supervisor(agent)  # the restarted runtime starts it again, with the new env
             return REEXEC
         sdnotify.notify("WATCHDOG=1")
     sdnotify.notify("STOPPING=1")
+    stop_agent_supervisor(agent)
     return 0
+
+
+def start_agent_supervisor(parts):
+    """Process mode: the supervisor thread and the CLI's control socket; None otherwise."""
+    driver = parts.current.driver
+    if not hasattr(driver, "supervise"):
+        return None
+    from caldera.agents.process.control import ControlServer
+
+    stop = threading.Event()
+    thread = threading.Thread(target=driver.supervise, args=(stop,), name="supervisor")
+    thread.start()
+    server = ControlServer(driver, parts.paths.state_dir, parts.redactor)
+    server.start()
+    return stop, thread, server
+
+
+def stop_agent_supervisor(agent) -> None:
+    """The agent first (SIGTERM to the runtime stops it gracefully), then the control socket."""
+    if agent is None:
+        return
+    stop, thread, server = agent
+    log.info("stopping the agent")
+    stop.set()
+    thread.join()
+    server.close()
 
 
 def _watchdog_period() -> float:
@@ -110,6 +139,7 @@ def _run_connected(parts: Parts, signals: Signals) -> int:
     lanes.start()
     for command in executor.recover():
         lanes.submit(command)
+    agent = start_agent_supervisor(parts)
     threads = start_threads(parts, lanes, executor)
     log.info("caldera run: agent %s as %s against %s", parts.paths.name, parts.identity.agent_id,
              parts.settings.base_url)
@@ -127,6 +157,7 @@ def _run_connected(parts: Parts, signals: Signals) -> int:
     # RELOADING=1 keeps the unit `reloading` until the restarted daemon's READY=1;
     # STOPPING=1 would make systemd wait for an exit that a reload never does.
     sdnotify.notify("STOPPING=1" if outcome == 0 else "RELOADING=1")
+    stop_agent_supervisor(agent)  # the agent first: SIGTERM stops it gracefully (a reload restarts it)
     parts.wake.draining.set()  # the poller fetches no more commands
     parts.wake.poll.set()
     log.info("stopping: draining (a second signal cancels the running command)")

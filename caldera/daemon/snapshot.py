@@ -31,6 +31,9 @@ def write_snapshot(parts) -> None:
         "outbox": {"items": parts.outbox.depth(), "dropped": parts.state.get(DROPS_KEY) or {}},
         "recent_commands": parts.state.get(RECENT_KEY) or [],
     }
+    process = ((parts.live.last_section or {}).get("health") or {}).get("agent_process")
+    if process is not None:  # process mode: pid, uptime, restarts, last exit, hold (agents/process)
+        doc["process"] = process
     path = parts.paths.state_dir / NAME
     try:
         atomic_write_json(path, parts.redactor(doc), mode=0o644)

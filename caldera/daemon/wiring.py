@@ -107,6 +107,8 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
     if with_driver and manifest is not None and getattr(manifest, "runtime_type", None) == "adapter":
         current.replace(driver=open_driver(paths, manifest, pool=parts.pool, redactor=redactor,
                                            schema_checks=schema_checks, state=parts.state))
+    if with_driver and manifest is not None and getattr(manifest, "runtime_type", None) == "process":
+        current.replace(driver=_process_driver(parts, manifest, supervise=schema_checks))
     if with_client and settings.enabled:
         client, auth = _build_client(parts, transport_session)
         parts = replace(parts, client=client, auth=auth)
@@ -116,6 +118,17 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
 def _capabilities(settings: Settings) -> list[str]:
     extra = backend_capabilities(settings.env)
     return BASE_CAPABILITIES + [c for c in extra if c not in BASE_CAPABILITIES]
+
+
+def _process_driver(parts: Parts, manifest, supervise: bool):
+    """Process mode (SPEC 7b). The daemon (the caller that pays for schema checks) supervises;
+    `report --once` gets a driver that only reports what state.json and /proc say."""
+    from caldera.agents.process.driver import open_driver as open_process_driver
+
+    driver = open_process_driver(parts.paths, manifest, store=parts.state, redactor=parts.redactor,
+                                 report_interval=parts.current.settings.report_interval, supervise=supervise,
+                                 report_now=parts.wake.report_now)
+    return driver
 
 
 def _load_manifest(paths: AgentPaths):

@@ -182,3 +182,80 @@ def _pump(proc, out: _Buffer, err: _Buffer, result: ProcResult, deadline: float,
         result.timed_out = True
     finally:
         sel.close()
+
+
+# ---------------------------------------------------------------- long-lived children (process mode)
+
+def spawn(argv: list, *, env: dict, cwd: str, user=None, group=None) -> subprocess.Popen:
+    """Start a long-lived child: argv (no shell), its own session and process group, stdin
+    from /dev/null, stdout and stderr on one pipe (the caller pumps it). user/group: run as
+    that account (the runtime must be root for another one). Raises OSError."""
+    kwargs = {}
+    if user is not None:
+        kwargs.update(user=user, group=group, extra_groups=[])
+    return subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, **kwargs)
+
+
+def signal_pid(pid: int, sig: int) -> bool:
+    """Send sig to one process; False when it is gone (or not ours to signal)."""
+    try:
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def signal_pgid(pgid: int, sig: int) -> bool:
+    """Send sig to a whole process group; False when no process of it is left."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    return signal_pgid(pgid, 0)
+
+
+def proc_stat(pid: int, proc_root: str = "/proc") -> dict | None:
+    """{state, pgrp, start_time} of /proc/PID/stat (start_time in clock ticks since boot), or None."""
+    try:
+        with open(f"{proc_root}/{int(pid)}/stat", "rb") as fh:
+            raw = fh.read(4096).decode("ascii", "replace")
+    except (OSError, ValueError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    fields = raw[raw.rfind(")") + 2:].split()
+    try:
+        return {"state": fields[0], "pgrp": int(fields[2]), "start_time": int(fields[19])}
+    except (IndexError, ValueError):
+        return None
+
+
+def same_process(pid: int, start_time: int, proc_root: str = "/proc") -> bool:
+    """Is PID still the process that started at `start_time` (not a reused PID, not a zombie)?"""
+    stat = proc_stat(pid, proc_root)
+    return stat is not None and stat["start_time"] == start_time and stat["state"] not in ("Z", "X")
+
+
+STOP_KILL_WAIT = 5.0  # after SIGKILL, how long stop_group waits for the group to be gone
+
+
+def stop_group(pgid: int, stop_signal: int, timeout: float, *, reap, tick: threading.Event) -> bool:
+    """Process mode's graceful stop: `stop_signal` (the manifest's) to the group, SIGKILL to it after
+    `timeout` s. Unlike `kill_group` it waits until the whole group is gone (grandchildren too),
+    and works by id, for an agent that is not our child (a killed runtime's survivor): `reap()`
+    is not None once the leader is gone. True when the group ended within the timeout."""
+    signal_pgid(pgid, stop_signal)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if reap() is not None and not group_alive(pgid):
+            return True
+        tick.wait(0.05)
+    signal_pgid(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + STOP_KILL_WAIT
+    while time.monotonic() < deadline and (reap() is None or group_alive(pgid)):
+        tick.wait(0.05)
+    return False

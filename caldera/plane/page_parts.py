@@ -51,11 +51,13 @@ def agent_head(agent: dict, now: float, link: bool) -> str:
     name = f'<a href="/agents/{instance}">instance {instance}</a>' if link else f"instance {instance}"
     seen = human_age(now - agent["last_seen"] if agent["last_seen"] else None)
     version = f' &middot; {e(agent["agent_version"])}' if agent["agent_version"] else ""
+    # process mode: the PID of the agent the runtime supervises (seed 004's openclaw_pid)
+    pid = f' &middot; pid {int(agent["openclaw_pid"])}' if agent.get("openclaw_pid") is not None else ""
     return (f'<div class="agent-head"><strong>{name}</strong>'
             f'<span class="agent-id">{e(agent["agent_id"] or "not registered")}</span>'
             f'<span class="presence {agent["presence"]}">{agent["presence"]}</span>'
             f'<span class="meta">last seen {seen}{version} &middot; '
-            f'status {e(agent["openclaw_status"] or "unknown")}</span></div>')
+            f'status {e(agent["openclaw_status"] or "unknown")}{pid}</span></div>')
 
 
 def bar(name: str, fraction: float, label: str, cls: str = "") -> str:

@@ -26,6 +26,11 @@ def render(store, instance_id: int, command_ids=None) -> str:
              f"{agent['agent_version'] or '-'}, status {agent['openclaw_status'] or 'unknown'}"]
     last = store.reports(instance_id, last=True)
     body = last["body"] if last else {}
+    runtime = body.get("runtime") if isinstance(body.get("runtime"), dict) else {}
+    if runtime.get("openclaw_pid") is not None:  # process mode: the agent the runtime supervises
+        proc = (body.get("health") or {}).get("agent_process") or {}
+        lines.append(f"  process   pid {runtime['openclaw_pid']}, {runtime.get('openclaw_status') or '?'}, "
+                     f"{proc.get('restarts', 0)} restart(s), version {runtime.get('openclaw_version') or '-'}")
     figs = figures(body.get("system_info"))
     for key, title in (("cpu", "CPU"), ("memory", "memory"), ("disk", "disk")):
         if key in figs:

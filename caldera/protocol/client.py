@@ -328,7 +328,12 @@ class Transport:
                         if target is None:
                             answer = self._answer(resp, url, stream_to, cap, raw)
                 except requests.RequestException as exc:
-                    raise self._cut_short(watch, left, f"{type(exc).__name__}: {_short(exc)}") from None
+                    # a timeout cut to the time left is the deadline too, whichever of it and the
+                    # watch fired first
+                    at_deadline = ((isinstance(exc, requests.ConnectTimeout) and left < TIMEOUT[0])
+                                   or (isinstance(exc, requests.ReadTimeout) and left < TIMEOUT[1]))
+                    raise self._cut_short(watch, left, f"{type(exc).__name__}: {_short(exc)}",
+                                          at_deadline) from None
                 except ApiError:
                     if watch.fired:  # what was read is whatever arrived before the socket was shut
                         raise self._cut_short(watch, left, "answer cut short") from None
@@ -345,9 +350,9 @@ class Transport:
         return self.session.request(method, url, data=data, headers=headers, timeout=timeout, stream=True,
                                     allow_redirects=False)
 
-    def _cut_short(self, watch, left: float, what: str) -> Retryable:
+    def _cut_short(self, watch, left: float, what: str, at_deadline: bool = False) -> Retryable:
         self._note_reachable(False)
-        if watch.fired == "deadline":
+        if watch.fired == "deadline" or (at_deadline and not watch.fired):
             return Retryable(None, f"no complete answer within {left:.0f} s ({what})")
         if watch.fired:
             return Retryable(None, f"interrupted: {watch.fired}")

@@ -152,6 +152,7 @@ def state_report_body(agent_id: str, settings, revision_id, section: dict, sampl
         "runtime": {
             "openclaw_status": _status(section),
             "openclaw_pid": rt.get("openclaw_pid"),
+            "runtime_pid": rt.get("openclaw_pid"),
             "openclaw_version": rt.get("openclaw_version"),
             "current_config_revision_id": revision_id,
             "runtime_type": settings.runtime_type,

@@ -54,3 +54,10 @@ def validate(name: str, document) -> None:
         err = errors[0]
         where = "/".join(str(p) for p in err.path) or "(top level)"
         raise SchemaError(f"{where}: {err.message}")
+
+
+def problems(name: str, document) -> list[str]:
+    """Every problem of `document` against schema `name`, "path: message", ordered by path
+    (`caldera check` names each bad key, not only the first)."""
+    errors = sorted(_validator(name).iter_errors(document), key=lambda e: [str(p) for p in e.path])
+    return [f"{'.'.join(str(p) for p in e.path) or '(top level)'}: {e.message}" for e in errors]

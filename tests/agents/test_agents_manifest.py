@@ -156,6 +156,32 @@ CORPUS = [
     (_doc(settings={"schema": [{"key": "x", "type": "number"}], "defaults": {"x": "a"}}), False, True),
     (_doc(settings={"schema": [{"key": "x", "type": "number"}], "defaults": {"y": 1}}), False, True),
     (_doc(settings={"schema": [{"key": "x", "type": "number"}, {"key": "x", "type": "number"}]}), False, True),
+    # process mode (SPEC 7b)
+    (_doc(runtime_type="process", runtime_stop_signal="INT", runtime_stop_timeout_seconds=300,
+          runtime_restart="always", runtime_run_now_signal="USR2", status="s.json", logs={"dir": "l"},
+          state="/srv/a", instructions={"file": "p.md"}, secrets=["API_KEY"], bindings=["llm_gateway"],
+          env={"MODE": "x"}, mcp={"fs": {"command": ["npx", "fs"]}, "web": {"url": "https://w.example/mcp"}},
+          account="agent"), True, False),
+    (_doc(runtime_type="process", account=True), True, False),
+    (_doc(runtime_restart="always"), False, False),  # adapter mode has no restart
+    (_doc(env={"A": "b"}), False, False),
+    (_doc(account="agent"), False, False),
+    (_doc(runtime_type="process", runtime_stop_signal="SIGTERM"), False, False),
+    (_doc(runtime_type="process", runtime_stop_timeout_seconds=0), False, False),
+    (_doc(runtime_type="process", runtime_restart="sometimes"), False, False),
+    (_doc(runtime_type="process", status="../x"), False, False),
+    (_doc(runtime_type="process", status={"path": "x"}), False, False),
+    (_doc(runtime_type="process", secrets=["CALDERA_TOKEN"]), False, False),
+    (_doc(runtime_type="process", secrets=["PATH"]), False, False),
+    (_doc(runtime_type="process", secrets=["A", "A"]), False, False),
+    (_doc(runtime_type="process", bindings=["vault"]), False, False),
+    (_doc(runtime_type="process", env={"N": 5}), False, False),
+    (_doc(runtime_type="process", env={"HOME": "/x"}), False, False),
+    (_doc(runtime_type="process", mcp={"fs": {"command": "npx fs"}}), False, False),
+    (_doc(runtime_type="process", mcp={"fs": {"url": "ftp://x"}}), False, False),
+    (_doc(runtime_type="process", mcp={"fs": {"url": "https://x", "command": ["a"]}}), False, False),
+    (_doc(runtime_type="process", account="Root User"), False, False),
+    (_doc(runtime_type="process", env={"CLAWMANAGER_X": "y"}), False, True),  # plain only: a prefix rule
 ]
 
 

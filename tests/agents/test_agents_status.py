@@ -1,7 +1,7 @@
 """The status body: forwarded keys only, cut not rejected; wrong types break the contract."""
 import pytest
 
-from caldera.agents.adapter import status
+from caldera.agents import status
 from caldera.agents.adapter.answer import ContractError
 
 

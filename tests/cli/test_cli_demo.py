@@ -28,6 +28,10 @@ def test_demo_shows_what_the_plane_saw_and_exits_cleanly():
         line = next(line for line in out.splitlines() if line.strip().startswith("#") and command in line)
         assert "succeeded" in line, line
     assert "status page: http://127.0.0.1:" in out and "stopping" in out
+    # the process-mode example beside it (instance 2): supervised, its pid on the plane
+    assert "caldera-2-main" in out and "  process   pid " in out
+    line = next(line for line in out.splitlines() if "restart_openclaw" in line and line.strip().startswith("#"))
+    assert "succeeded" in line and "Restarted (pid" in line
 
 
 def test_demo_refuses_a_missing_blueprint(tmp_path):

@@ -117,3 +117,55 @@ def test_reload_config_keeps_the_connection(tmp_path, caldera_env):
     assert "CALDERA_LOG_LEVEL" in result["changed_keys"]
     assert any(n.startswith("base_url") for n in result["not_applied"])
     assert result["manifest"]["version"] == "2.0.0"
+
+
+def test_process_told_keys_are_checked_before_anything_is_applied(tmp_path):
+    """A revision whose `mcp` tries to change a command entry is refused whole: its settings
+    are not applied either, and the current revision id stays (agents/process/told.py)."""
+    driver = Driver()
+    rt = FakeRuntime(tmp_path, driver=driver)
+    rt.state.set("current_config_revision_id", 4)
+    content = b'{"mcp":{"files":{"command":["sh","-c","x"]}},"settings":{"t":1}}'
+    with responses.RequestsMock() as rsps:
+        rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(content), status=200)
+        with pytest.raises(CommandError, match="refused as a whole, nothing applied: mcp.files.command"):
+            run(rt, "apply_config_revision", {"revision_id": 9})
+    assert driver.calls == [] and rt.state.get("current_config_revision_id") == 4
+
+
+class ToldDriver(Driver):
+    """A process driver's two told methods (agents/process/told.py is tested with a real agent)."""
+
+    def __init__(self, problems):
+        super().__init__()
+        self.problems, self.applied = problems, []
+
+    def check_told(self, content):
+        return list(self.problems)
+
+    def apply_told(self, content):
+        self.applied.append(content)
+        return {"applied": sorted(k for k in ("instructions", "mcp") if k in content), "agent_told": True}
+
+
+def test_a_process_agent_is_told_instructions_after_the_checks(tmp_path):
+    driver = ToldDriver([])
+    rt = FakeRuntime(tmp_path, driver=driver)
+    content = b'{"instructions":"Be brief.","settings":{"t":1}}'
+    with responses.RequestsMock() as rsps:
+        rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(content), status=200)
+        result = run(rt, "apply_config_revision", {"revision_id": 9})
+    assert result["told"] == {"applied": ["instructions"], "agent_told": True}
+    assert driver.calls == [{"t": 1}] and rt.state.get("current_config_revision_id") == 9
+
+
+def test_a_process_agent_refusing_told_keys_refuses_the_whole_revision(tmp_path):
+    driver = ToldDriver(["instructions: the installed manifest declares no instructions file"])
+    rt = FakeRuntime(tmp_path, driver=driver)
+    content = b'{"instructions":"x","settings":{"t":1}}'
+    with responses.RequestsMock() as rsps:
+        rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(content), status=200)
+        with pytest.raises(CommandError, match="nothing applied: instructions: the installed manifest declares no"):
+            run(rt, "apply_config_revision", {"revision_id": 9})
+    assert driver.calls == [] and driver.applied == []
+    assert not (rt.paths.state_dir / "config-revisions" / "9.content.json").exists()  # not even stored

@@ -15,8 +15,8 @@ import logging
 import threading
 import time
 
-from caldera.agents import updates, window
-from caldera.agents.adapter import health, invoke, status, verbs
+from caldera.agents import status, updates, window
+from caldera.agents.adapter import health, invoke, verbs
 from caldera.agents.adapter.answer import DONE, FAILED, UNSUPPORTED, Answer, ContractError
 from caldera.agents.manifest import CONTROLS
 from caldera.errors import ConfigError

@@ -1,4 +1,5 @@
-"""The status body: only the forwarded keys, cut to the protocol's limits (SPEC section 7).
+"""The status body: only the forwarded keys, cut to the protocol's limits (SPEC section 7). One
+filter for both modes: adapter `status` answers and process mode's status file (section 7b).
 
 Unknown keys (top level and inside items) are dropped; strings are cut to
 1,000 characters and lists to 50 items, never rejected; a lone surrogate in a
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from caldera.agents.adapter.answer import ContractError
+from caldera.agents.contract import ContractError
 from caldera.host.jsonlimits import scrub
 
 STRING_MAX = 1000

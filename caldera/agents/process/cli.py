@@ -1,0 +1,54 @@
+"""The host's verbs in process mode: `caldera pause|resume|run-now|settings|log` ask the
+daemon that owns the agent, over its control socket. Without a daemon there is no
+process to act on: the verb says so and exits 1 (SPEC section 7b)."""
+from __future__ import annotations
+
+from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, Answer
+from caldera.agents.process import control
+from caldera.errors import UsageError
+
+NO_DAEMON = ("no caldera runtime is running for agent {name}; in process mode the verbs act through it "
+             "(start it: systemctl start caldera@{name}, or caldera run --agent {name})")
+
+
+def ask(paths, verb: str, args: dict | None = None) -> dict | None:
+    """The daemon's reply, or None when no daemon listens."""
+    try:
+        return control.call(paths.state_dir, verb, args)
+    except control.NoDaemon:
+        return None
+    except PermissionError:
+        return {"ok": False, "message": f"{paths.state_dir}: permission denied (run as the runtime's user or root)",
+                "held": []}
+
+
+def to_answer(verb: str, reply: dict) -> Answer:
+    ok = bool(reply.get("ok"))
+    answer = Answer(verb=reply.get("verb") or verb, kind=DONE if ok else REFUSED, message=reply.get("message"),
+                    held=reply.get("held") or [])
+    answer.data = reply.get("data")
+    answer.text, answer.truncated = reply.get("text"), bool(reply.get("truncated"))
+    return answer
+
+
+def dispatch(args, paths, manifest) -> Answer:
+    if args.command in ("pause", "resume", "run-now"):
+        verb, payload = args.command, None
+    elif args.command == "settings" and args.action == "get":
+        verb, payload = "settings get", None
+    elif args.command == "settings":
+        from caldera.agents.settings import parse_pairs
+
+        try:
+            values = parse_pairs(args.pairs, manifest.settings_schema)
+        except ValueError as exc:
+            raise UsageError(f"settings set: {exc}") from None
+        verb, payload = "settings set", {"values": values}
+    elif args.name is not None and not args.list:
+        verb, payload = "log", {"name": args.name}
+    else:
+        verb, payload = "log --list", None
+    reply = ask(paths, verb, payload)
+    if reply is None:
+        return Answer(verb=verb, kind=FAILED, message=NO_DAEMON.format(name=paths.name))
+    return to_answer(verb, reply)

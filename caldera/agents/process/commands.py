@@ -1,0 +1,41 @@
+"""`start_openclaw`, `stop_openclaw`, `restart_openclaw` (seed 004's v1 slots; SPEC sections 7b, 8).
+
+They act on the process the runtime supervises. In adapter mode caldera starts
+and stops nothing, so they fail there with a sentence saying so. (pause, resume,
+run_now, settings_* and log_* go through `caldera.agents.adapter.commands`, which
+calls the driver: the process driver answers them the same way.)
+"""
+from __future__ import annotations
+
+from caldera.errors import CommandError
+
+
+def _process_driver(ctx):
+    driver = ctx.driver
+    if driver is None or not hasattr(driver, "supervisor"):
+        raise CommandError(f"{ctx.command_type} acts only in process mode; this agent runs in adapter mode, "
+                           "where caldera starts and stops nothing (use pause / resume)")
+    return driver
+
+
+def _act(ctx, method: str) -> dict:
+    driver = _process_driver(ctx)
+    answer = getattr(driver, method)()
+    ctx.report_now()
+    info = driver.process_info()
+    result = {**answer.payload(), "pid": info["pid"], "openclaw_status": info["status"]}
+    if not answer.ok:
+        raise CommandError(answer.message or f"{method} failed", result=result)
+    return result
+
+
+def start_openclaw(ctx, payload: dict) -> dict:
+    return _act(ctx, "start")
+
+
+def stop_openclaw(ctx, payload: dict) -> dict:
+    return _act(ctx, "stop")
+
+
+def restart_openclaw(ctx, payload: dict) -> dict:
+    return _act(ctx, "restart")

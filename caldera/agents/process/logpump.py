@@ -1,0 +1,128 @@
+"""The agent's stdout/stderr -> `<state>/logs/agent.log`, rotated at 10 MiB x 3, without
+ever blocking the agent (SPEC section 7b).
+
+Two threads with a bounded queue between them: the reader drains the pipe as
+fast as the agent writes (so the agent never waits on a full pipe), the writer
+puts chunks on disk. When the disk is slower than the agent and the queue is full
+(QUEUE_CHUNKS x CHUNK = 4 MiB, the bound on the runtime's memory), chunks are
+dropped and counted, and the writer says so in the log: losing log lines is
+better than stalling the agent or growing without bound.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from pathlib import Path
+
+CHUNK = 64 * 1024
+QUEUE_CHUNKS = 64
+MAX_BYTES = 10 * 1024 * 1024
+BACKUPS = 3
+log = logging.getLogger("caldera.agents.process")
+
+
+class RotatingFile:
+    """Append-only file rotated at max_bytes: name -> name.1 -> … -> name.BACKUPS (dropped)."""
+
+    def __init__(self, path, max_bytes: int = MAX_BYTES, backups: int = BACKUPS):
+        self.path, self.max_bytes, self.backups = Path(path), max_bytes, backups
+        self._fh = None
+        self._size = 0
+        self.written = 0  # bytes written since start, over every rotation
+
+    def _open(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        self._fh = os.fdopen(fd, "ab", buffering=0)
+        self._size = os.fstat(fd).st_size
+
+    def write(self, data: bytes) -> None:
+        if self._fh is None:
+            self._open()
+        if self._size and self._size + len(data) > self.max_bytes:
+            self._rotate()
+        self._fh.write(data)
+        self._size += len(data)
+        self.written += len(data)
+
+    def _rotate(self) -> None:
+        self.close()
+        for index in range(self.backups - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{index}")
+            if older.exists():
+                os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
+        os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+        self._open()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+class LogPump:
+    """One writer thread for the agent's log; `attach(pipe)` starts a reader for one child."""
+
+    def __init__(self, path, *, max_bytes: int = MAX_BYTES, backups: int = BACKUPS, queue_chunks: int = QUEUE_CHUNKS):
+        self.file = RotatingFile(path, max_bytes, backups)
+        self.queue: queue.Queue = queue.Queue(queue_chunks)
+        self.dropped = 0  # bytes dropped since the last marker (the reader adds, the writer reports)
+        self.dropped_total = 0
+        self._lock = threading.Lock()
+        self._writer = threading.Thread(target=self._write_loop, name="agent-log-writer", daemon=True)
+        self._writer.start()
+
+    def attach(self, pipe) -> threading.Thread:
+        reader = threading.Thread(target=self._read_loop, args=(pipe,), name="agent-log-reader", daemon=True)
+        reader.start()
+        return reader
+
+    def note(self, line: str) -> None:
+        """A line from the runtime itself (start, exit), in the same log."""
+        self._put(f"[caldera] {line}\n".encode())
+
+    def _put(self, chunk: bytes) -> None:
+        try:
+            self.queue.put_nowait(chunk)
+        except queue.Full:
+            with self._lock:
+                self.dropped += len(chunk)
+                self.dropped_total += len(chunk)
+
+    def _read_loop(self, pipe) -> None:
+        fd = pipe.fileno()
+        try:
+            while True:
+                chunk = os.read(fd, CHUNK)
+                if not chunk:
+                    break
+                self._put(chunk)
+        except OSError as exc:
+            log.warning("agent output: reading the pipe failed: %s", exc)
+        finally:
+            pipe.close()
+
+    def _write_loop(self) -> None:
+        while True:
+            chunk = self.queue.get()
+            if chunk is None:
+                break
+            with self._lock:
+                dropped, self.dropped = self.dropped, 0
+            try:
+                if dropped:
+                    self.file.write(f"\n[caldera] {dropped} bytes of agent output dropped: "
+                                    f"the log was written slower than the agent printed\n".encode())
+                self.file.write(chunk)
+            except OSError as exc:  # a full or broken disk: say so once per chunk, keep draining
+                log.warning("agent.log: write failed: %s", exc)
+        self.file.close()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Flush what is queued and end the writer (readers end with their pipes)."""
+        try:
+            self.queue.put(None, timeout=timeout)
+        except queue.Full:
+            pass
+        self._writer.join(timeout)
