@@ -37,6 +37,7 @@ def main(args) -> int:
     code = daemon.run(open_parts(args, "daemon"))
     if code == daemon.REEXEC:
         _restart_in_place()
+    daemon.arm_exit_guard()  # nothing may hold the process at the interpreter's exit
     return code
 
 

@@ -14,7 +14,9 @@ systemd does not fight it.
 """
 from __future__ import annotations
 
+import faulthandler
 import logging
+import os
 import sys
 import threading
 import time
@@ -41,6 +43,7 @@ LOOPS_END = 2.0  # of it, for the loops to see the stop (their requests are inte
 FINAL_REPORT = 3.0  # of it, kept for the final report
 LIVENESS = 90.0  # a loop silent for longer than this stops the watchdog pings
 REEXEC = -1  # run()'s answer after a reload that changed the configuration
+EXIT_GUARD = 10.0  # after run() returned: the longest the interpreter's exit may take
 
 
 def start_threads(parts: Parts, lanes: Lanes, executor) -> list[threading.Thread]:
@@ -210,3 +213,21 @@ def _final_flush(parts: Parts, stop_by: float) -> None:
             log.warning("final state report not sent: no time left")
     except Exception as exc:  # noqa: BLE001
         log.warning("final state report not delivered: %s", parts.redactor(str(exc)))
+
+
+def arm_exit_guard(seconds: float = EXIT_GUARD) -> threading.Timer:
+    """After the stop sequence: if the interpreter's exit is still held `seconds` later
+    (a non-daemon thread that does not end: a pool worker, a lane), say where every thread
+    is and exit 0. Every result is durable by now (journal, outbox), and a daemon asked to
+    stop must stop: systemd would otherwise wait for TimeoutStopSec and kill it."""
+    def fire():
+        log.error("still running %g s after stopping; every thread's stack follows; exiting", seconds)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit(0)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+

@@ -124,3 +124,19 @@ def test_wakeups_shutdown_ends_every_wait():
     wake.shutdown()
     thread.join(5)
     assert done.is_set() and wake.stop.is_set()
+
+
+def test_exit_guard_ends_a_process_held_at_exit_and_says_where(tmp_path):
+    """A non-daemon thread that never ends would hold the interpreter's exit for ever:
+    the guard dumps every thread's stack and exits 0."""
+    import subprocess
+    import sys
+
+    script = ("import threading, time\n"
+              "from caldera.daemon.run import arm_exit_guard\n"
+              "threading.Thread(target=threading.Event().wait, name='stuck-worker').start()\n"
+              "arm_exit_guard(0.5)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    assert "still running 0.5 s after stopping" in done.stderr
+    assert "Thread 0x" in done.stderr  # faulthandler's dump of every thread
