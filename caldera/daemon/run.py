@@ -109,7 +109,7 @@ def start_agent_supervisor(parts):
     driver = parts.current.driver
     if not hasattr(driver, "supervise"):
         return None
-    from caldera.agents.process.control import ControlServer
+    from caldera.agents.process.control import ControlServer  # deferred: only process mode has a socket
 
     stop = threading.Event()
     thread = threading.Thread(target=driver.supervise, args=(stop,), name="supervisor")
