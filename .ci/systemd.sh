@@ -341,7 +341,8 @@ if set(ended) != want:
 print(" ".join("%d:%s" % (i, ended[i]["status"]) for i in sorted(ended)))' "${ids[@]}"; }
 wait_until 60 "the 3 commands queued around kill -9 ended" all_done >/dev/null
 ends=$(all_done)
-outbox_empty() { [ -z "$(inside find "/var/lib/caldera/$AGENT/outbox" -type f 2>/dev/null)" ]; }
+# Outbox items only (NNN-kind.json): the dir also keeps the accepted-inventory digest and rejected/.
+outbox_empty() { [ -z "$(inside find "/var/lib/caldera/$AGENT/outbox" -maxdepth 1 -type f -name '[0-9]*.json' 2>/dev/null)" ]; }
 wait_until 30 "an empty outbox after the restart" outbox_empty >/dev/null
 echo "active again ${t_restart} s after kill -9; the 3 commands queued around it ended ($ends); outbox empty"
 
