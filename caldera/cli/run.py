@@ -31,19 +31,29 @@ def open_parts(args, role: str):
 def main(args) -> int:
     # deferred, as above
     from caldera.daemon import run as daemon
+    from caldera.daemon.signals import Signals
     from caldera.host.memtune import limit_malloc_arenas
 
+    # First: a SIGTERM during start-up is then a graceful stop, and one held across a
+    # restart in place reaches a handler (caldera.daemon.signals).
+    signals = Signals()
+    signals.install()
     limit_malloc_arenas()  # before any thread starts: see caldera/host/memtune.py
-    code = daemon.run(open_parts(args, "daemon"))
+    code = daemon.run(open_parts(args, "daemon"), signals)
     if code == daemon.REEXEC:
-        _restart_in_place()
+        _restart_in_place(signals)  # returns only when a stop came at the last moment
+        code = 0
     daemon.arm_exit_guard()  # nothing may hold the process at the interpreter's exit
     return code
 
 
-def _restart_in_place() -> None:
+def _restart_in_place(signals) -> None:
     """After a reload that changed the configuration: the same command again, same PID
-    (systemd keeps tracking it; the new process says READY=1, which ends the reload)."""
+    (systemd keeps tracking it; the new process says READY=1, which ends the reload).
+    The signals are held (the kernel keeps them for the new process); a stop that a
+    thread other than this one took meanwhile is counted by now, and wins."""
     logging.shutdown()
     sys.stderr.flush()
+    if signals.count:
+        return
     os.execv(sys.executable, [sys.executable, "-m", "caldera.cli", *sys.argv[1:]])

@@ -68,21 +68,28 @@ def start_threads(parts: Parts, lanes: Lanes, executor) -> list[threading.Thread
     return threads
 
 
-def run(parts: Parts) -> int:
-    """0 after a stop, 1 when another daemon runs this agent, REEXEC after a changing reload."""
+def run(parts: Parts, signals: Signals) -> int:
+    """0 after a stop, 1 when another daemon runs this agent, REEXEC after a changing reload
+    (the signals are then held: see caldera.daemon.signals). `signals` were installed by the
+    caller before it built the parts, so that a SIGTERM during start-up is a graceful stop."""
     lock = StateLock(parts.paths.state_dir, "daemon")
     if not lock.acquire():
         print(f"caldera run: agent {parts.paths.name} is already run by pid {lock.holder()}", file=sys.stderr)
         return 1
-    signals = Signals()
-    signals.install()
-    try:
-        with lock:
-            if not parts.settings.enabled or parts.client is None:
-                return _run_local(parts, signals)
-            return _run_connected(parts, signals)
-    finally:
-        signals.close()
+    with lock:
+        if not parts.settings.enabled or parts.client is None:
+            return _run_local(parts, signals)
+        return _run_connected(parts, signals)
+
+
+def _restart_or_stop(signals: Signals) -> int:
+    """After a changing reload's stop sequence: REEXEC, unless a SIGTERM/SIGINT came
+    meanwhile: the operator's stop wins over the reload (`systemctl reload` then `stop`)."""
+    if signals.hold():
+        return REEXEC
+    log.info("a stop was asked during the reload: stopping, not restarting")
+    sdnotify.notify("STOPPING=1")
+    return 0
 
 
 def _run_local(parts: Parts, signals: Signals) -> int:
@@ -97,7 +104,7 @@ def _run_local(parts: Parts, signals: Signals) -> int:
         if signals.take_hup() and reread(parts):
             sdnotify.notify("RELOADING=1")  # not STOPPING=1: systemd would wait for an exit
             stop_agent_supervisor(agent)  # the restarted runtime starts it again, with the new env
-            return REEXEC
+            return _restart_or_stop(signals)
         sdnotify.notify("WATCHDOG=1")
     sdnotify.notify("STOPPING=1")
     stop_agent_supervisor(agent)
@@ -167,6 +174,8 @@ def _run_connected(parts: Parts, signals: Signals) -> int:
     _drain(lanes, signals, parts.client.transport.abort)
     _stop(parts, threads, time.monotonic() + STOP_BUDGET)
     parts.pool.shutdown(wait=False, cancel_futures=True)
+    if outcome == REEXEC:
+        outcome = _restart_or_stop(signals)
     log.info("stopped" if outcome == 0 else "stopped; restarting with the new configuration")
     return outcome
 

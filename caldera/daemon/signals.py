@@ -7,12 +7,23 @@ thread between two bytecodes, possibly while that thread holds the lock inside
 `Event.set()` then waits for that same lock forever: the daemon hung on
 SIGTERM in about one build in three (issue 18). `os.write` on a non-blocking
 pipe takes no lock.
+
+A reload that changed the configuration restarts the daemon in place (`os.execv`),
+and a signal must not fall into that gap: a SIGTERM counted by the old process
+and then exec'd away leaves a new daemon that nobody asked to stop running on
+(systemd then waits TimeoutStopSec and kills it). So the old process `hold()`s
+the three signals before its last look at the count: from then on the kernel
+keeps them pending, across execve (the mask and pending signals survive it), and
+the new process's `install()` sets its handlers first and unblocks them second,
+so a held SIGTERM arrives at a handler that drains and stops.
 """
 from __future__ import annotations
 
 import os
 import select
 import signal
+
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Signals:
@@ -23,9 +34,18 @@ class Signals:
         self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def install(self) -> None:
+        """Handlers first, then unblock: a signal held across a restart in place is delivered now."""
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         signal.signal(signal.SIGHUP, self._hup)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
+
+    def hold(self) -> bool:
+        """Before a restart in place: block the three signals in this (the main) thread, so
+        that the kernel keeps any that come from now on for the restarted process; True when
+        none asked to stop so far. Call it from the main thread, the one that calls execv."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+        return self.count == 0
 
     def close(self) -> None:
         for fd in (self._read, self._write):

@@ -29,6 +29,7 @@ class Daemon:
         env["CALDERA_CONFIG_DIR"] = os.environ["CALDERA_CONFIG_DIR"]
         env["CALDERA_STATE_DIR"] = os.environ["CALDERA_STATE_DIR"]
         env["CALDERA_LOG_LEVEL"] = "debug"
+        env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT dumps every thread's stack (Daemon.stop)
         env.update(extra_env or {})
         self.stderr_path = Path(os.environ["CALDERA_STATE_DIR"]) / f"daemon-{time.monotonic_ns()}.stderr"
         self._stderr = open(self.stderr_path, "wb")
@@ -44,10 +45,22 @@ class Daemon:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+                self._dump_and_kill()
         self._stderr.close()
         return self.proc.returncode
+
+    def _dump_and_kill(self):
+        """A daemon that did not stop: its threads' stacks (faulthandler on SIGABRT) and
+        its log go to the test's captured output, so that a CI failure names the cause."""
+        self.proc.send_signal(signal.SIGABRT)
+        try:
+            self.proc.wait(3)
+        except subprocess.TimeoutExpired:
+            pass
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        print(f"--- the daemon did not stop; its log and stacks ({self.stderr_path}):")
+        print(self.log()[-20000:])
 
     def kill9(self):
         os.killpg(self.proc.pid, signal.SIGKILL)

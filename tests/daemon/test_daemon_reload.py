@@ -2,6 +2,7 @@
 that changed (never values) and restarts itself in place (same PID); local mode too."""
 import json
 import signal
+import threading
 
 import pytest
 
@@ -91,3 +92,19 @@ def test_status_snapshot_is_written_for_users_without_access(caldera_env, plane)
     assert BOOT.encode() not in snapshot.read_bytes()
     doc = json.loads(snapshot.read_text())
     assert doc["daemon_pid"] == daemon.proc.pid and doc["outbox"]["items"] == 0
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.3, 1.0, 2.5])
+def test_a_stop_during_a_reload_stops_the_daemon(caldera_env, plane, delay):
+    # `systemctl reload` then `systemctl stop`: the SIGTERM may come while the old process
+    # stops, while it execs, or while the new one starts. Once it was counted by the old
+    # process and exec'd away, and the restarted daemon ran on until SIGKILL.
+    config = install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
+    daemon = Daemon()
+    wait_for(lambda: plane.store.heartbeats(INSTANCE), what="first heartbeat")
+    (config / "secrets.env").write_text(f"CALDERA_TOKEN={BOOT}\nNEW_SECRET=reload-canary-93b1\n")
+    daemon.signal(signal.SIGHUP)
+    wait_for(lambda: "reload: changed NEW_SECRET" in daemon.log(), what="the reload")
+    threading.Event().wait(delay)
+    assert daemon.stop() == 0  # on its own, gracefully: not killed after the helper's 30 s
+    assert "INFO caldera.daemon: stopped" in daemon.log()

@@ -42,3 +42,29 @@ def test_the_handler_takes_no_lock_the_main_thread_may_hold(signals):
     with held:
         os.kill(os.getpid(), signal.SIGTERM)
         assert signals.count == 1  # the handler ran, and returned, inside the `with`
+
+
+def test_a_signal_held_for_a_restart_in_place_reaches_the_next_handlers(signals):
+    # hold() blocks the three signals in the main thread before execv; the kernel keeps
+    # one that arrives then (execve keeps it pending) until install() unblocks them.
+    import threading
+
+    main = threading.main_thread().ident
+    try:
+        assert signals.hold() is True  # no stop asked so far
+        signal.pthread_kill(main, signal.SIGTERM)  # to this thread, which blocks it now
+        assert signal.SIGTERM in signal.sigpending()
+        assert signals.count == 0  # held, not taken: an execv here would hand it on
+        signals.install()  # the restarted process: handlers first, then unblock
+        assert signals.count == 1
+        assert signal.SIGTERM not in signal.sigpending()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
+
+
+def test_hold_says_a_stop_was_asked_before_it(signals):
+    os.kill(os.getpid(), signal.SIGTERM)
+    try:
+        assert signals.hold() is False  # the reload must not restart: the stop wins
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
