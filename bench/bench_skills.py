@@ -77,6 +77,25 @@ def stat_walk(root: str) -> tuple[float, float]:
     return _children_cpu() - before, time.perf_counter() - start
 
 
+def dir_reads(root: str) -> tuple[float, float]:
+    """A floor of any stat path, in this process: reading every directory of the tree
+    (names and d_types, no stat at all), which even a check of the directories alone needs."""
+    before, start = _self_cpu(), time.perf_counter()
+    for _ in os.walk(os.path.join(root, "state", "skills")):
+        pass
+    return _self_cpu() - before, time.perf_counter() - start
+
+
+def lstats(paths: list) -> tuple[float, float]:
+    """The other floor: one lstat per file with the paths already known (no directory read).
+    A file edited in place changes only its own mtime/ctime, so a check without inotify
+    must look at every file."""
+    before, start = _self_cpu(), time.perf_counter()
+    for path in paths:
+        os.lstat(path)
+    return _self_cpu() - before, time.perf_counter() - start
+
+
 def timed_scan(inv, expect_hashed: int | None) -> tuple[float, float]:
     before, start = _self_cpu(), time.perf_counter()
     scan = inv.scan()
@@ -100,10 +119,13 @@ def one_tree(name: str, root: str, rounds: int) -> dict:
     notifier = notify.Notifier.open()
     watched = inventory.Inventory(os.path.join(root, "state"), {}, "caldera", notifier=notifier)
     watched.scan()  # the watcher's first scan: signatures checked, watches set
-    times = {"md5sum": [], "full": [], "unchanged": [], "watched": [], "find_stat": []}
+    times = {"md5sum": [], "full": [], "unchanged": [], "watched": [], "find_stat": [], "dirs": [], "lstat": []}
+    paths = [os.path.join(d, f) for d, _, files in os.walk(os.path.join(root, "state", "skills")) for f in files]
     for _ in range(rounds):
         times["md5sum"].append(md5sum(root))
         times["find_stat"].append(stat_walk(root))
+        times["dirs"].append(dir_reads(root))
+        times["lstat"].append(lstats(paths))
         times["full"].append(full(root))
         times["unchanged"].append(unchanged(root))
         if notifier is not None:
@@ -116,13 +138,18 @@ def one_tree(name: str, root: str, rounds: int) -> dict:
     out = {"bench": f"skills-{name}", "md5sum_cpu_s": round(cpu["md5sum"], 4), "full_cpu_s": round(cpu["full"], 4),
            "ratio": round(cpu["full"] / cpu["md5sum"], 2), "wall_ratio": round(wall["full"] / wall["md5sum"], 2),
            "rescan_stat_share": round(cpu["unchanged"] / cpu["full"], 4),
-           "rescan_stat_vs_find": round(cpu["unchanged"] / cpu["find_stat"], 2), "target": FULL_TARGET}
+           "rescan_stat_vs_find": round(cpu["unchanged"] / cpu["find_stat"], 2), "target": FULL_TARGET,
+           "floor_dir_reads_share": round(cpu["dirs"] / cpu["full"], 4),
+           "floor_lstat_share": round(cpu["lstat"] / cpu["full"], 4)}
     print(f"  find -exec md5sum       cpu {cpu['md5sum']:.3f} s   wall {wall['md5sum']:.3f} s")
     print(f"  caldera full inventory  cpu {cpu['full']:.3f} s   wall {wall['full']:.3f} s   "
           f"{out['ratio']:.2f} x md5sum (target <= {FULL_TARGET}; wall {out['wall_ratio']:.2f} x)")
     print(f"  unchanged, stat path    cpu {cpu['unchanged']:.4f} s   {100 * out['rescan_stat_share']:.1f} % of full "
           f"(target <= {100 * RESCAN_TARGET:.0f} %); {out['rescan_stat_vs_find']:.2f} x `find -printf` "
           f"of the same stat figures ({cpu['find_stat']:.4f} s)")
+    print(f"  floors of any stat path: reading the directories alone {100 * out['floor_dir_reads_share']:.1f} %, "
+          f"one lstat per known file alone {100 * out['floor_lstat_share']:.1f} % of full "
+          f"({len(paths)} files; above 5 %: no stat path can meet the target, only inotify)")
     if "watched" in cpu:
         out["rescan_inotify_share"] = round(cpu["watched"] / cpu["full"], 4)
         print(f"  unchanged, inotify path cpu {cpu['watched']:.4f} s   {100 * out['rescan_inotify_share']:.1f} % of full")

@@ -241,6 +241,7 @@ class Inventory:
         self.persist, self.notifier, self._scans, self._trust = persist, notifier, 0, False
         self.cache_path = self.state_dir / "cache" / CACHE_NAME
         self._cache = self._load_cache()
+        self._hash_buffer: bytearray | None = None
 
     def _load_cache(self) -> dict:
         try:
@@ -284,10 +285,17 @@ class Inventory:
                     continue
                 for path in paths:
                     self._scan_one(path, root, result, entries, seen)
+        self._hash_buffer = None  # the daemon keeps its Inventory: not 256 KiB more while idle
         if entries != self._cache:  # unchanged: no write (and no fsync) at all
             self._save_cache(entries)
         self._cache = entries
         return result
+
+    def _buffer(self) -> bytearray:
+        """One read buffer for the skills a scan hashes (md5.hash_skill says why)."""
+        if self._hash_buffer is None:
+            self._hash_buffer = bytearray(md5.HASH_BUFFER)
+        return self._hash_buffer
 
     def _scan_one(self, path: Path, root: Root, result: Scan, entries: dict, seen: dict) -> None:
         problem = _column_problem(path)
@@ -311,7 +319,7 @@ class Inventory:
             if sig is not None and cached.get("sig") == sig:
                 record = cached["record"]
             else:  # one walk: the signature comes from the same files, as they were hashed
-                files, content_md5 = md5.hash_skill(path)
+                files, content_md5 = md5.hash_skill(path, self._buffer())
                 if not files:
                     return  # an empty (or hidden-only) directory is not a skill: nothing to fingerprint
                 sig = signature(path, files)

@@ -90,6 +90,33 @@ def test_dir_and_zip_agree(tmp_path):
     assert md5.content_md5_dir(skill) != hashlib.md5(path.read_bytes()).hexdigest()
 
 
+def test_every_size_around_the_read_paths_hashes_the_same_through_a_shared_buffer(tmp_path):
+    sizes = [0, 1, md5.SMALL_FILE - 1, md5.SMALL_FILE, md5.SMALL_FILE + 1, md5.HASH_BUFFER - 1,
+             md5.HASH_BUFFER, md5.HASH_BUFFER + 1, 2 * md5.HASH_BUFFER + 7]
+    buffer = bytearray(md5.HASH_BUFFER)  # one buffer for both skills, as a scan passes it
+    for name in ("one", "two"):
+        files = {f"f{size}.bin": os.urandom(size) for size in sizes}
+        skill = write_tree(tmp_path / name, files)
+        listed, digest = md5.hash_skill(skill, buffer)
+        assert digest == md5.content_md5_mapping(files)
+        assert [f.size for f in listed] == [len(files[f.rel]) for f in listed]
+
+
+def test_a_small_file_that_grew_after_its_fstat_is_hashed_whole(tmp_path, monkeypatch):
+    data = os.urandom(md5.HASH_BUFFER + 5000)  # grown past the buffer: the rest is read as a big file
+    skill = write_tree(tmp_path / "s", {"grown.bin": data, "small.txt": b"abc"})
+    real = os.fstat
+
+    def stale(fd):  # the size the file had when fstat ran, before a writer appended to it
+        st = real(fd)
+        return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, st.st_uid, st.st_gid,
+                               min(st.st_size, 100), st.st_atime, st.st_mtime, st.st_ctime))
+
+    monkeypatch.setattr(md5.os, "fstat", stale)
+    _, digest = md5.hash_skill(skill)
+    assert digest == md5.content_md5_mapping({"grown.bin": data, "small.txt": b"abc"})
+
+
 def test_hash_skill_is_collect_files_and_content_md5_in_one_pass(tmp_path):
     skill = tmp_path / "s"
     (skill / "utils").mkdir(parents=True)

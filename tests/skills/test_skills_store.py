@@ -67,10 +67,10 @@ def test_unreadable_root_is_not_full(rt, tmp_path):
 def test_incomplete_scan_never_sends_full(rt, monkeypatch):
     real = md5.hash_skill  # the inventory walks and hashes a skill in one pass
 
-    def failing(root):
+    def failing(root, *args):
         if root.name == "plain":
             raise md5.ScanError(13, "cannot read directory: Permission denied", str(root))
-        return real(root)
+        return real(root, *args)
 
     monkeypatch.setattr(md5, "hash_skill", failing)
     with pytest.raises(CommandError, match="incomplete"):
