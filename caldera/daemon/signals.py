@@ -1,12 +1,19 @@
 """The daemon's signals: SIGTERM/SIGINT (counted: drain, cancel, exit) and SIGHUP (reload).
 
-The handlers only count and write one byte to a pipe; the main thread waits on
-that pipe and does the work. Why: a Python signal handler runs in the main
-thread between two bytecodes, possibly while that thread holds the lock inside
-`threading.Event.wait()` (taken on entry and on return). A handler calling
-`Event.set()` then waits for that same lock forever: the daemon hung on
-SIGTERM in about one build in three (issue 18). `os.write` on a non-blocking
-pipe takes no lock.
+The handlers only count; the main thread waits on a pipe and does the work.
+The pipe is the interpreter's wakeup fd (`signal.set_wakeup_fd`): CPython's C
+handler writes the signal's number into it at once, in whichever thread the
+kernel delivered the signal to. Both halves matter:
+- A Python handler runs in the main thread between two bytecodes, possibly while
+  that thread holds the lock inside `threading.Event.wait()`; a handler calling
+  `Event.set()` then waits for that lock forever (the daemon hung on SIGTERM in
+  about one build in three, issue 18). Counting takes no lock.
+- The kernel may deliver a process-directed signal to any thread that does not
+  block it. Then the main thread's `select` is not interrupted, and a Python
+  handler (which would have poked the pipe itself) only runs when the main thread
+  next runs bytecode: up to the wait's timeout, an hour without a watchdog. A
+  daemon sat through a SIGHUP and, in an earlier build, through a SIGTERM so.
+  The C handler's write wakes the `select` wherever the signal landed.
 
 A reload that changed the configuration restarts the daemon in place (`os.execv`),
 and a signal must not fall into that gap: a SIGTERM counted by the old process
@@ -27,14 +34,25 @@ HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Signals:
+    """Each signal is counted twice, by its Python handler and by its byte in the pipe, and
+    each count may lag the other for a moment (the handler runs at the main thread's next
+    bytecode; the byte is read at the next wait), so the answer is the larger of the two."""
+
     def __init__(self):
-        self.count = 0  # SIGTERM + SIGINT received
-        self._hups = 0  # SIGHUP received
+        self._handled = {"stop": 0, "hup": 0}  # by the handlers
+        self._piped = {"stop": 0, "hup": 0}  # by the wakeup bytes
         self._hups_seen = 0
         self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
+    @property
+    def count(self) -> int:
+        """SIGTERM + SIGINT received."""
+        return max(self._handled["stop"], self._piped["stop"])
+
     def install(self) -> None:
-        """Handlers first, then unblock: a signal held across a restart in place is delivered now."""
+        """The wakeup fd and the handlers first, then unblock: a signal held across a
+        restart in place is delivered now. From the main thread (as signal.signal wants)."""
+        signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)  # full: a wake-up is pending already
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         signal.signal(signal.SIGHUP, self._hup)
@@ -45,9 +63,13 @@ class Signals:
         that the kernel keeps any that come from now on for the restarted process; True when
         none asked to stop so far. Call it from the main thread, the one that calls execv."""
         signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+        self._drain()
         return self.count == 0
 
     def close(self) -> None:
+        """In-process users (tests): the interpreter must not write to a closed (or reused) fd."""
+        if signal.set_wakeup_fd(-1) not in (self._write, -1):
+            raise RuntimeError("another wakeup fd was set after these signals were installed")
         for fd in (self._read, self._write):
             os.close(fd)
 
@@ -55,31 +77,34 @@ class Signals:
         """Until a signal arrives (or arrived since the last wait) or `timeout` passes."""
         ready, _, _ = select.select([self._read], [], [], max(0.0, timeout))
         if ready:
-            try:
-                while os.read(self._read, 512):
-                    pass
-            except BlockingIOError:
-                pass  # drained
+            self._drain()
 
     def take_hup(self) -> bool:
         """True once for each burst of SIGHUPs since the last call."""
-        if self._hups == self._hups_seen:
+        hups = max(self._handled["hup"], self._piped["hup"])
+        if hups == self._hups_seen:
             return False
-        self._hups_seen = self._hups
+        self._hups_seen = hups
         return True
 
+    def _drain(self) -> None:
+        try:
+            while True:
+                data = os.read(self._read, 512)
+                if not data:
+                    return
+                for signum in data:
+                    if signum == signal.SIGHUP:
+                        self._piped["hup"] += 1
+                    elif signum in (signal.SIGTERM, signal.SIGINT):
+                        self._piped["stop"] += 1
+        except BlockingIOError:
+            pass  # drained
+
     def _stop(self, signum, frame) -> None:
-        self.count += 1
-        if self.count >= 3:
+        self._handled["stop"] += 1
+        if self._handled["stop"] >= 3:
             os._exit(0)  # the third: at once, as SPEC section 4 says
-        self._poke()
 
     def _hup(self, signum, frame) -> None:
-        self._hups += 1
-        self._poke()
-
-    def _poke(self) -> None:
-        try:
-            os.write(self._write, b"!")
-        except BlockingIOError:
-            pass  # the pipe is full: a wake-up is pending already
+        self._handled["hup"] += 1

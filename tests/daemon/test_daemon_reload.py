@@ -101,10 +101,13 @@ def test_a_stop_during_a_reload_stops_the_daemon(caldera_env, plane, delay):
     # process and exec'd away, and the restarted daemon ran on until SIGKILL.
     config = install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
     daemon = Daemon()
-    wait_for(lambda: plane.store.heartbeats(INSTANCE), what="first heartbeat")
-    (config / "secrets.env").write_text(f"CALDERA_TOKEN={BOOT}\nNEW_SECRET=reload-canary-93b1\n")
-    daemon.signal(signal.SIGHUP)
-    wait_for(lambda: "reload: changed NEW_SECRET" in daemon.log(), what="the reload")
-    threading.Event().wait(delay)
-    assert daemon.stop() == 0  # on its own, gracefully: not killed after the helper's 30 s
+    try:
+        wait_for(lambda: plane.store.heartbeats(INSTANCE), what="first heartbeat")
+        (config / "secrets.env").write_text(f"CALDERA_TOKEN={BOOT}\nNEW_SECRET=reload-canary-93b1\n")
+        daemon.signal(signal.SIGHUP)
+        wait_for(lambda: "reload: changed NEW_SECRET" in daemon.log(), what="the reload")
+        threading.Event().wait(delay)
+    finally:
+        code = daemon.stop()
+    assert code == 0  # on its own, gracefully: not killed after the helper's 30 s
     assert "INFO caldera.daemon: stopped" in daemon.log()

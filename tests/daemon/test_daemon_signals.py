@@ -33,6 +33,21 @@ def test_a_signal_before_the_wait_is_not_lost(signals):
     assert signals.count == 0
 
 
+def test_a_signal_taken_by_another_thread_wakes_the_main_threads_wait(signals):
+    # The kernel may hand a process-directed signal to any thread. The main thread's
+    # select is then not interrupted, and the Python handler waits for the main thread's
+    # next bytecode: a daemon sat in its wait (an hour without a watchdog) through a SIGHUP.
+    # The C handler writes the wakeup byte in the thread that took the signal.
+    import threading
+
+    taker = threading.Thread(target=lambda: signal.pthread_kill(threading.get_ident(), signal.SIGHUP))
+    taker.start()
+    taker.join()
+    signals.wait(5)  # returns at once: the byte is in the pipe (5 s only bounds a failure)
+    assert signals._piped["hup"] == 1  # counted from the pipe, written at C level by the taker
+    assert signals.take_hup() is True
+
+
 def test_the_handler_takes_no_lock_the_main_thread_may_hold(signals):
     # The old handler called Event.set(): run while the main thread held that Event's
     # lock (inside Event.wait), it waited for it forever. Hold a lock here and signal.
