@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from caldera.agents import blueprint as bp
 from caldera.errors import EXIT_FAILED, EXIT_OK, UsageError
 from caldera.host import proc
 from caldera.host.fsutil import atomic_write_bytes
+from caldera.host.stopsignals import stop_on_signals
 from caldera.plane import report_view
 from caldera.plane.server import PlaneServer
 
@@ -189,8 +189,7 @@ def _process_blueprint(no_process: bool) -> Path | None:
 
 def main(args) -> int:
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop_on_signals(stop)
     blueprint = _blueprint(args.blueprint)
     demo = Demo(Path(tempfile.mkdtemp(prefix="caldera-demo-")), stop)
     try:

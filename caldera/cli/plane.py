@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 from caldera import config
 from caldera.errors import EXIT_FAILED, EXIT_OK, UsageError
 from caldera.host.fsutil import atomic_write_bytes
+from caldera.host.stopsignals import stop_on_signals
 from caldera.host.timefmt import human_age
 from caldera.plane.api import rfc3339
 from caldera.plane.figures import figures
@@ -125,8 +125,7 @@ def serve(args) -> int:
         token_file = _first_instance(plane.store, db_path)
         print(f"instance 1 created; its bootstrap token is in {token_file} (0600)")
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop_on_signals(stop)
     plane.start()
     if args.url_file:
         atomic_write_bytes(args.url_file, (plane.url + "\n").encode(), mode=0o644)

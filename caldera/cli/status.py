@@ -12,13 +12,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import signal
 import sys
 import threading
 
 from caldera.cli import add_agent_flags
 from caldera.errors import ConfigError, Refused, UsageError
 from caldera.host.jsonlimits import escape_surrogates
+from caldera.host.stopsignals import stop_on_signals
 
 BAR_WIDTH = 20
 WATCH_SECONDS = 2.0
@@ -230,8 +230,7 @@ def watch(paths, redact, as_json: bool, seconds: float, out=None) -> int:
     """Redraw until SIGINT/SIGTERM; exit 0."""
     out = out or sys.stdout
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop_on_signals(stop)
     in_place = out.isatty() and not as_json
     if in_place:
         out.write(CLEAR)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import uuid
 from pathlib import Path
@@ -19,6 +18,7 @@ from caldera import config
 from caldera.backends import base, service
 from caldera.cli import add_agent_flags
 from caldera.errors import ConfigError, UsageError
+from caldera.host.stopsignals import on_signals
 from caldera.redact import Redactor
 
 
@@ -84,13 +84,14 @@ def _turn(args) -> int:
                "backend_profile": args.backend, "workspace": os.path.abspath(args.workspace),
                "execution_policy": policy, "model": args.model}
     registry = service.ActiveRuns()
-    previous = _on_signals(lambda: _interrupt(registry, request["run_id"]))
+    # The first SIGINT/SIGTERM interrupts the turn (from the relay thread, not from the
+    # handler: caldera/host/stopsignals.py); a second one is the default action.
+    restore = on_signals(lambda: _interrupt(registry, request["run_id"]), once=True)
     try:
         result = service.execute(request, environment, roots=None, registry=registry,
                                  listeners=[_printer(args.json, redactor)])
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore()
     if not args.json:
         print(f"{result['status']}" + (f" ({result['failure_kind']})" if result.get("failure_kind") else "")
               + f"; log: {result['log']}", file=sys.stderr)
@@ -101,19 +102,6 @@ def _interrupt(registry, run_id: str) -> None:
     handle = registry.get(run_id)
     if handle is not None:
         handle.interrupt()
-
-
-def _on_signals(callback) -> dict:
-    """First SIGINT/SIGTERM interrupts the turn; a second one is the default action."""
-    previous = {}
-
-    def handler(signum, frame):
-        signal.signal(signum, previous.get(signum, signal.SIG_DFL))
-        callback()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous[sig] = signal.signal(sig, handler)
-    return previous
 
 
 def _printer(as_json: bool, redactor):
