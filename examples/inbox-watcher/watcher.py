@@ -106,13 +106,21 @@ def write_status() -> None:
     os.replace(tmp, os.path.join(STATE, "status.json"))  # atomic: caldera never reads half a file
 
 
+def later(*steps) -> None:
+    """Run `steps` in order, outside the signal handler that calls this."""
+    threading.Thread(target=lambda: [step() for step in steps], daemon=True).start()
+
+
 def main() -> int:
     os.makedirs(INBOX, exist_ok=True)
     os.makedirs(LOGS, exist_ok=True)
     load_settings()
-    signal.signal(signal.SIGUSR1, lambda *_: (wake.set(), setattr(wake, "reason", "run now")))
-    signal.signal(signal.SIGHUP, lambda *_: (load_settings(), say("settings re-read"), wake.set()))
-    signal.signal(signal.SIGTERM, lambda *_: (stopping.set(), wake.set()))
+    # A handler runs in the main thread between two bytecodes, maybe while it holds an
+    # Event's lock inside wait(): setting the Event right there could wait forever. So the
+    # handlers hand the work to a short-lived thread.
+    signal.signal(signal.SIGUSR1, lambda *_: later(lambda: setattr(wake, "reason", "run now"), wake.set))
+    signal.signal(signal.SIGHUP, lambda *_: later(load_settings, lambda: say("settings re-read"), wake.set))
+    signal.signal(signal.SIGTERM, lambda *_: later(stopping.set, wake.set))
     say(f"inbox-watcher {VERSION} watching {INBOX}")
     write_status()
     while not stopping.is_set():

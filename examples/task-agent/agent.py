@@ -51,8 +51,11 @@ def check() -> int:
 def main(argv) -> int:
     if not argv:
         stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        # Not stop.set() in the handler: it runs in this thread between two bytecodes, maybe
+        # while this thread holds the Event's lock inside wait(), and would wait for it forever.
+        set_later = lambda *_: threading.Thread(target=stop.set, daemon=True).start()  # noqa: E731
+        signal.signal(signal.SIGTERM, set_later)
+        signal.signal(signal.SIGINT, set_later)
         timer(stop)
         return 0
     if argv == ["pause"]:
