@@ -31,8 +31,7 @@ from caldera.backends.events import EVENT_TYPES
 from caldera.backends.normalize import Normalizer
 from caldera.errors import ConfigError
 from caldera.host import proc
-from caldera.host.jsonlimits import JSONLimitError
-from caldera.host.jsonlimits import loads as bounded_loads
+from caldera.host.jsonlimits import JSONLimitError, line_parser
 
 LINE_CAP = 32 * 1024 * 1024  # one stdout line (a huge aggregatedOutput stays well below)
 READ_CHUNK = 64 * 1024  # one read of stdout: its whole lines are handled together
@@ -95,6 +94,7 @@ class Dispatcher:
         self.runlog = runlog
         self.pending: dict = {}
         self.lock = threading.Lock()
+        self.parse = line_parser(max_bytes=LINE_JSON_MAX, what="backend stdout line")
 
     def line(self, raw: bytes) -> None:
         self.block(raw)
@@ -114,9 +114,10 @@ class Dispatcher:
         if self.runlog is not None:
             self.runlog.write_lines("s2c", lines)
         batch: list = []
+        parse = self.parse
         for line in lines:
             try:
-                msg = bounded_loads(line, max_bytes=LINE_JSON_MAX, what="backend stdout line")
+                msg = parse(line)
             except JSONLimitError as exc:  # too deep: one failed turn with the sentence, not a dead reader
                 self._fatal(batch, fk.BACKEND_JSON_PARSE_ERROR, str(exc))
                 continue
