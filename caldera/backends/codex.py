@@ -182,9 +182,60 @@ def handle_batch(batch: list, normalizer, answer) -> dict | None:
     return None
 
 
-def pump_stdout(stream, dispatcher: Dispatcher) -> None:
+class Handoff:
+    """The reader thread's end of a Channel: whole-line blocks of stdout go over as bytes."""
+
+    def __init__(self, queue_: queue.Queue, runlog):
+        self.inbox = queue_
+        self.runlog = runlog
+
+    def block(self, data: bytes) -> None:
+        self.inbox.put(("raw", data))
+
+    def fail_all(self) -> None:
+        """Nothing here: the channel fails waiting requests when it reaches the EOF."""
+
+
+class Channel:
+    """Codex stdout between the reader thread and the turn loop.
+
+    The reader thread only reads and cuts whole-line blocks (pump_stdout into `reader_end`);
+    the thread that uses the messages parses them (`pump`, `next`): the run-log write, the
+    bounded parse, response routing and the normaliser then run on one thread. Parsing in
+    the reader thread made every message cross cores and the GIL on its way to the turn
+    loop: 72k lines per CPU s against 92k with bytes handed over (bench/bench_codex.py,
+    docs/performance.md section 5)."""
+
+    def __init__(self, runlog):
+        self.handoff: queue.Queue = queue.Queue()  # ("raw", bytes) | ("fatal", failure) | EOF
+        self.inbox: queue.Queue = queue.Queue()  # parsed, in order: ("batch", …) | ("fatal", …) | EOF
+        self.dispatcher = Dispatcher(self.inbox, runlog)
+        self.reader_end = Handoff(self.handoff, runlog)
+
+    def pump(self, timeout: float) -> None:
+        """Parse what the reader handed over next (waiting up to `timeout`; queue.Empty if
+        nothing came): responses reach their requests, everything else queues in order."""
+        kind, msg = self.handoff.get(timeout=timeout)
+        if kind == "raw":
+            self.dispatcher.block(msg)
+            return
+        if kind == "eof":
+            self.dispatcher.fail_all()  # after every response before the EOF was routed
+        self.inbox.put((kind, msg))
+
+    def next(self, timeout: float) -> tuple:
+        """The next parsed item (queue.Empty when the reader handed nothing over in `timeout`)."""
+        while True:
+            try:
+                return self.inbox.get_nowait()
+            except queue.Empty:
+                self.pump(timeout)
+
+
+def pump_stdout(stream, dispatcher) -> None:
     """Reader thread body: stdout in chunks of up to READ_CHUNK bytes, each chunk's whole
-    lines to the dispatcher at once (Dispatcher.block), the last line at EOF, then EOF."""
+    lines to `dispatcher` at once (its block(): a Channel's Handoff in a run, a Dispatcher
+    in tests), the last line at EOF, then EOF."""
     parts: list = []  # the line being read, in pieces (a long line is not copied per chunk)
     size = 0
     try:
@@ -240,8 +291,9 @@ class AppServer:
     def __init__(self, argv: list, env: dict, cwd: str, runlog, redactor):
         self.argv, self.env, self.cwd = argv, env, cwd
         self.runlog, self.redactor = runlog, redactor
-        self.inbox: queue.Queue = queue.Queue()
-        self.dispatcher = Dispatcher(self.inbox, runlog)
+        self.channel = Channel(runlog)
+        self.inbox = self.channel.inbox
+        self.dispatcher = self.channel.dispatcher
         self.stderr_tail: collections.deque = collections.deque()
         self.proc: subprocess.Popen | None = None
         self.threads: list[threading.Thread] = []
@@ -257,7 +309,7 @@ class AppServer:
             raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED,
                                     f"cannot start {self.argv[0]}: {exc.strerror or exc}") from None
         for name, target, args in (
-                ("codex-stdout", pump_stdout, (self.proc.stdout, self.dispatcher)),
+                ("codex-stdout", pump_stdout, (self.proc.stdout, self.channel.reader_end)),
                 ("codex-stderr", pump_stderr, (self.proc.stderr, self.stderr_tail, self.runlog))):
             thread = threading.Thread(target=target, args=args, name=name, daemon=True)
             thread.start()
@@ -469,11 +521,15 @@ class CodexBackend(Backend):
         server = context.server
         _, slot = server.call(method, params)
         limit = time.monotonic() + REQUEST_TIMEOUT
-        while not slot.event.wait(POLL):
+        while not slot.event.is_set():
             if self._stop_reason(context):
                 raise _Stop()
             if time.monotonic() >= limit:
                 raise fk.BackendFailure(fk.BACKEND_FAILED, f"no answer to {method} within {REQUEST_TIMEOUT:.0f} s")
+            try:
+                server.channel.pump(POLL)  # the response is routed here; notifications queue for the loop
+            except queue.Empty:
+                continue
         msg = slot.message
         if msg is None:  # the process went away
             self._raise_fatal_if_any(context)
@@ -524,7 +580,7 @@ class CodexBackend(Backend):
                 server.kill()
                 return self._end_stopped(context)
             try:
-                kind, msg = server.inbox.get(timeout=POLL)
+                kind, msg = server.channel.next(POLL)
             except queue.Empty:
                 continue
             if kind == "batch":
