@@ -171,12 +171,16 @@ def handle_batch(batch: list, normalizer, answer) -> dict | None:
     """One ("batch", …) inbox item through the normalizer (requests to `answer`); the
     turn/completed message when it comes (what follows it in the batch is dropped, as
     the inbox's rest was when the loop ended one message at a time)."""
+    handler_for = normalizer.handler_for  # bound once: this loop runs for every stdout line
     for kind, msg in batch:
         if kind == "notification":
             method = msg.get("method")
             if method == "turn/completed":
                 return msg
-            normalizer.notification(method, msg.get("params"))
+            handler = handler_for(method)
+            if handler is not None:  # most lines are deltas no handler wants (agentMessage/delta)
+                params = msg.get("params")
+                handler(params if isinstance(params, dict) else {})
         else:
             answer(msg)
     return None

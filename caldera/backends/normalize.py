@@ -52,6 +52,10 @@ class Normalizer:
         if handler is not None:
             handler(params if isinstance(params, dict) else {})
 
+    def handler_for(self, method):
+        """The function that takes `method`'s params (a dict), or None: nothing to normalise."""
+        return self._handlers.get(method)
+
     def _config_warning(self, p):
         self.sink.emit("backend_status", {"phase": "warning", "message": str(p.get("summary") or "")})
 
@@ -92,9 +96,12 @@ class Normalizer:
         item_id = p.get("itemId")
         if item_id not in self.open_items:
             return
-        parts = self.deltas.setdefault(item_id, [0])
-        delta = str(p.get("delta") or "")
+        parts = self.deltas.get(item_id)
+        if parts is None:
+            parts = self.deltas[item_id] = [0]
         if parts[0] < DELTA_KEEP_BYTES:
+            delta = p.get("delta")
+            delta = delta if type(delta) is str else str(delta or "")
             parts.append(delta)
             parts[0] += len(delta)
 

@@ -69,8 +69,8 @@ def test_handle_batch_stops_at_turn_completed():
     seen = []
 
     class Norm:
-        def notification(self, method, params):
-            seen.append(method)
+        def handler_for(self, method):
+            return lambda params: seen.append(method)
 
     batch = [("notification", {"method": "a"}), ("request", {"method": "ask", "id": 1}),
              ("notification", {"method": "turn/completed", "params": {"turn": {}}}), ("notification", {"method": "z"})]
