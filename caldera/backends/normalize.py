@@ -44,6 +44,9 @@ class Normalizer:
             "thread/tokenUsage/updated": self._usage,
             "error": self._error,
         }
+        # handler_for(method): the function that takes `method`'s params (a dict), or None
+        # (nothing to normalise). The dict's own get: no Python frame on every stdout line.
+        self.handler_for = self._handlers.get
 
     # -- notifications ------------------------------------------------------
 
@@ -51,10 +54,6 @@ class Normalizer:
         handler = self._handlers.get(method)
         if handler is not None:
             handler(params if isinstance(params, dict) else {})
-
-    def handler_for(self, method):
-        """The function that takes `method`'s params (a dict), or None: nothing to normalise."""
-        return self._handlers.get(method)
 
     def _config_warning(self, p):
         self.sink.emit("backend_status", {"phase": "warning", "message": str(p.get("summary") or "")})
