@@ -27,6 +27,7 @@ from pathlib import Path
 from caldera import __version__, config
 from caldera.backends import codex_config, failures as fk
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest
+from caldera.backends.codex_deltas import unused_delta
 from caldera.backends.events import EVENT_TYPES
 from caldera.backends.normalize import Normalizer
 from caldera.errors import ConfigError
@@ -89,12 +90,14 @@ LINE_JSON_MAX = 64 * 1024 * 1024  # one JSON-RPC line; the nesting limit is what
 class Dispatcher:
     """Turns stdout lines into messages. Separate from the process so that it can be benchmarked."""
 
-    def __init__(self, inbox: queue.Queue, runlog):
+    def __init__(self, inbox: queue.Queue, runlog, skip_unused: bool = False):
         self.inbox = inbox
         self.runlog = runlog
         self.pending: dict = {}
         self.lock = threading.Lock()
         self.parse = line_parser(max_bytes=LINE_JSON_MAX, what="backend stdout line")
+        # In a run, agentMessage deltas nothing consumes are validated and dropped (codex_deltas).
+        self.skip_unused = skip_unused
 
     def line(self, raw: bytes) -> None:
         self.block(raw)
@@ -115,7 +118,10 @@ class Dispatcher:
             self.runlog.write_lines("s2c", lines)
         batch: list = []
         parse = self.parse
+        skip, most_chars = self.skip_unused, LINE_JSON_MAX // 4
         for line in lines:
+            if skip and unused_delta(line, most_chars):
+                continue
             try:
                 msg = parse(line)
             except JSONLimitError as exc:  # too deep: one failed turn with the sentence, not a dead reader
@@ -213,7 +219,7 @@ class Channel:
     def __init__(self, runlog):
         self.handoff: queue.Queue = queue.Queue()  # ("raw", bytes) | ("fatal", failure) | EOF
         self.inbox: queue.Queue = queue.Queue()  # parsed, in order: ("batch", …) | ("fatal", …) | EOF
-        self.dispatcher = Dispatcher(self.inbox, runlog)
+        self.dispatcher = Dispatcher(self.inbox, runlog, skip_unused=True)
         self.reader_end = Handoff(self.handoff, runlog)
 
     def pump(self, timeout: float) -> None:
