@@ -36,6 +36,7 @@ from caldera.host.jsonlimits import JSONLimitError, line_parser
 
 LINE_CAP = 32 * 1024 * 1024  # one stdout line (a huge aggregatedOutput stays well below)
 READ_CHUNK = 64 * 1024  # one read of stdout: its whole lines are handled together
+HANDOFF_BLOCKS = 64  # read blocks waiting for the turn loop (<= 4 MiB); then codex waits on its pipe
 STDERR_KEEP = 64 * 1024
 REQUEST_TIMEOUT = 30.0  # initialize / thread/start / turn/start
 INTERRUPT_GRACE = 5.0  # after turn/interrupt on cancel, before the kill
@@ -193,14 +194,27 @@ def handle_batch(batch: list, normalizer, answer) -> dict | None:
 
 
 class Handoff:
-    """The reader thread's end of a Channel: whole-line blocks of stdout go over as bytes."""
+    """The reader thread's end of a Channel: whole-line blocks of stdout go over as bytes,
+    at most HANDOFF_BLOCKS waiting. A full channel stops the reader, and the pipe then
+    stops codex: memory stays flat however fast codex writes. Once the channel is closed
+    (the run is over, nobody reads) what comes is dropped instead of waited on."""
 
     def __init__(self, queue_: queue.Queue, runlog):
-        self.inbox = queue_
+        self._queue = queue_
         self.runlog = runlog
+        self.closed = threading.Event()
+        self.inbox = self  # pump_stdout puts its fatal and EOF items here too
+
+    def put(self, item) -> None:
+        while not self.closed.is_set():
+            try:
+                self._queue.put(item, timeout=POLL)
+                return
+            except queue.Full:
+                continue
 
     def block(self, data: bytes) -> None:
-        self.inbox.put(("raw", data))
+        self.put(("raw", data))
 
     def fail_all(self) -> None:
         """Nothing here: the channel fails waiting requests when it reaches the EOF."""
@@ -217,7 +231,7 @@ class Channel:
     docs/performance.md section 5)."""
 
     def __init__(self, runlog):
-        self.handoff: queue.Queue = queue.Queue()  # ("raw", bytes) | ("fatal", failure) | EOF
+        self.handoff: queue.Queue = queue.Queue(HANDOFF_BLOCKS)  # ("raw", bytes) | ("fatal", failure) | EOF
         self.inbox: queue.Queue = queue.Queue()  # parsed, in order: ("batch", …) | ("fatal", …) | EOF
         self.dispatcher = Dispatcher(self.inbox, runlog, skip_unused=True)
         self.reader_end = Handoff(self.handoff, runlog)
@@ -232,6 +246,10 @@ class Channel:
         if kind == "eof":
             self.dispatcher.fail_all()  # after every response before the EOF was routed
         self.inbox.put((kind, msg))
+
+    def close(self) -> None:
+        """Nobody reads any more: a reader waiting on a full channel gives up."""
+        self.reader_end.closed.set()
 
     def next(self, timeout: float) -> tuple:
         """The next parsed item (queue.Empty when the reader handed nothing over in `timeout`)."""
@@ -376,6 +394,7 @@ class AppServer:
             self.proc.stdin.close()
         except (BrokenPipeError, OSError, ValueError):
             pass  # already gone
+        self.channel.close()  # a reader waiting on a full channel would keep codex blocked on stdout
         if self.returncode(grace) is None:
             self.kill()
         proc.signal_group(self.proc, signal.SIGKILL)  # agent commands left in the group

@@ -131,3 +131,22 @@ def test_the_channel_fails_waiting_requests_at_eof_after_routing_the_rest():
         kinds.append(channel.next(timeout=1)[0])
     assert kinds == ["fatal", "eof"] and answered.message == {"id": 1, "result": {"ok": True}}
     assert unanswered.event.is_set() and unanswered.message is None
+
+
+def test_a_full_channel_holds_the_reader_back_until_read_or_closed():
+    """Memory stays flat: the reader waits on a full hand-over (and codex on its pipe)
+    instead of queueing without bound; closing the channel lets a waiting reader end."""
+    import threading
+
+    from caldera.backends.codex import Handoff
+
+    handoff = queue.Queue(1)
+    end = Handoff(handoff, None)
+    reader = threading.Thread(target=pump_stdout, args=(_Chunks(b'{"a":1}\n{"b":2}\n{"c":3}\n', 8), end))
+    reader.start()
+    reader.join(0.2)
+    assert reader.is_alive() and handoff.qsize() == 1  # one block over, the reader waits with the next
+    assert handoff.get_nowait() == ("raw", b'{"a":1}')
+    end.closed.set()
+    reader.join(10)
+    assert not reader.is_alive()
