@@ -2,9 +2,10 @@
 
 1. Normalisation throughput: a 100,000-line app-server stream (built from the message
    shapes of a recorded real tool turn: deltas, items, diffs, usage) through the whole
-   path a run uses: Dispatcher (parse, route) -> Normalizer -> EventSink (redaction,
-   caps) -> RunLog (redacted transcript on disk), fed through a pipe to the real reader
-   thread body. Target >= 150,000 lines per CPU second (issue 16), memory flat; printed
+   path a run uses: the real reader thread body hands whole-line blocks to a Channel,
+   whose Dispatcher (run log, parse, route) -> Normalizer -> EventSink (redaction, caps)
+   -> RunLog (redacted transcript on disk) run on the consuming thread, as in a turn;
+   fed through a pipe. Target >= 150,000 lines per CPU second (issue 16), memory flat; printed
    beside json.loads alone on the same lines.
 2. Overhead on a real minimal turn against the local fake provider: caldera's
    `service.execute` vs a bare script driving `codex app-server` itself (both with a
