@@ -1,9 +1,10 @@
 """The Codex backend: the native `codex app-server`, JSON-RPC over stdio.
 
 One run = one process in its own process group with a private CODEX_HOME (0700)
-built by `codex_config`. A reader thread turns stdout lines into messages (a
-response goes to the request waiting for it, everything else into the inbox the
-turn loop reads); another keeps a bounded, redacted stderr tail. The turn loop
+built by `codex_config`. A reader thread hands stdout over in whole-line blocks
+(`Channel`); the thread waiting for them turns them into messages (a response goes
+to the request waiting for it, everything else, in order, to the turn loop); another
+reader keeps a bounded, redacted stderr tail. The turn loop
 answers approval requests from the policy (declined: there is no approver in a
 control-plane run, and the policy is never widened), normalises notifications,
 and interrupts on `agent_interrupt`, on cancel and on the policy's deadline
@@ -185,7 +186,7 @@ def handle_batch(batch: list, normalizer, answer) -> dict | None:
             if method == "turn/completed":
                 return msg
             handler = handler_for(method)
-            if handler is not None:  # most lines are deltas no handler wants (agentMessage/delta)
+            if handler is not None:  # a line no handler wants (rate limits, …) costs no call
                 params = msg.get("params")
                 handler(params if isinstance(params, dict) else {})
         else:
@@ -227,7 +228,7 @@ class Channel:
     the thread that uses the messages parses them (`pump`, `next`): the run-log write, the
     bounded parse, response routing and the normaliser then run on one thread. Parsing in
     the reader thread made every message cross cores and the GIL on its way to the turn
-    loop: 72k lines per CPU s against 92k with bytes handed over (bench/bench_codex.py,
+    loop: 72k lines per CPU s against 90-97k with bytes handed over (bench/bench_codex.py,
     docs/performance.md section 5)."""
 
     def __init__(self, runlog):

@@ -117,8 +117,8 @@ def line_parser(*, max_bytes: int, max_depth: int = MAX_DEPTH, what: str = "the 
     value from the first to the last character) goes straight to the C scanner of the one
     decoder (NaN refused there too); any other line, and any line the scanner refuses, goes
     through `loads`, which raises the sentence (or the JSONDecodeError) a caller expects.
-    `loads` costs ~1 µs a line more in checks and calls (a busy Codex turn sends ~1,700 lines
-    a second; bench/bench_codex.py, docs/performance.md section 5)."""
+    `loads` costs ~1 µs a line more in its checks and calls, on every line of Codex's stdout
+    (bench/bench_codex.py, docs/performance.md section 5)."""
     scan = _decoder().scan_once
     most_chars = max_bytes // 4  # a character is at most 4 bytes of UTF-8
 
