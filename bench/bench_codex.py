@@ -2,9 +2,10 @@
 
 1. Normalisation throughput: a 100,000-line app-server stream (built from the message
    shapes of a recorded real tool turn: deltas, items, diffs, usage) through the whole
-   path a run uses: Dispatcher (parse, route) -> Normalizer -> EventSink (redaction,
-   caps) -> RunLog (redacted transcript on disk), fed through a pipe to the real reader
-   thread body. Target >= 150,000 lines per CPU second (issue 16), memory flat; printed
+   path a run uses: the real reader thread body hands whole-line blocks to a Channel,
+   whose Dispatcher (run log, parse, route) -> Normalizer -> EventSink (redaction, caps)
+   -> RunLog (redacted transcript on disk) run on the consuming thread, as in a turn;
+   fed through a pipe. Target >= 150,000 lines per CPU second (issue 16), memory flat; printed
    beside json.loads alone on the same lines.
 2. Overhead on a real minimal turn against the local fake provider: caldera's
    `service.execute` vs a bare script driving `codex app-server` itself (both with a
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import resource
 import statistics
 import subprocess
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "backends"))
 
-from caldera.backends.codex import Dispatcher, handle_batch, pump_stdout  # noqa: E402
+from caldera.backends.codex import Channel, handle_batch, pump_stdout  # noqa: E402
 from caldera.backends.events import EventSink  # noqa: E402
 from caldera.backends.normalize import Normalizer  # noqa: E402
 from caldera.backends.runlog import RunLog  # noqa: E402
@@ -85,17 +85,17 @@ def _rss_kib() -> int:
 
 def bench_normalise(lines: int) -> dict:
     """The stream through a pipe, as codex writes it: a feeder thread writes, the real reader
-    thread body (pump_stdout) reads and dispatches, this thread consumes the inbox as the
-    turn loop does (handle_batch -> Normalizer -> EventSink -> RunLog). Lines per second of
-    this process's CPU time (all three threads), so other loads on the machine do not count."""
+    thread body (pump_stdout) reads and hands whole-line blocks over, this thread takes them
+    from the Channel as the turn loop does (parse and run log -> handle_batch -> Normalizer
+    -> EventSink -> RunLog). Lines per second of this process's CPU time (all three threads),
+    so other loads on the machine do not count."""
     data = b"".join(stream(lines))
     with tempfile.TemporaryDirectory(prefix="bench-codex-") as tmp:
         redactor = Redactor([CANARY, "another-secret-value-42", "gw-key-0123456789"])
         log = RunLog(Path(tmp) / "run-bench.log", redactor)
         sink = EventSink("bench", redactor, log)
         norm = Normalizer(sink)
-        inbox: queue.Queue = queue.Queue()
-        dispatcher = Dispatcher(inbox, log)
+        channel = Channel(log)
         read_fd, write_fd = os.pipe()
 
         def feed():
@@ -107,12 +107,13 @@ def bench_normalise(lines: int) -> dict:
         rss = [_rss_kib()]
         cpu0, wall0 = time.process_time(), time.perf_counter()
         feeder = threading.Thread(target=feed, daemon=True)
-        reader = threading.Thread(target=pump_stdout, args=(os.fdopen(read_fd, "rb"), dispatcher), daemon=True)
+        reader = threading.Thread(target=pump_stdout, args=(os.fdopen(read_fd, "rb"), channel.reader_end),
+                                  daemon=True)
         feeder.start()
         reader.start()
         batches = 0
         while True:
-            kind, msg = inbox.get()
+            kind, msg = channel.next(timeout=None)
             if kind == "eof":
                 break
             if kind == "batch":

@@ -76,6 +76,7 @@ class _Compiled:
     CLI verb does) compiles nothing, and a text no trigger is in compiles nothing."""
 
     _triggers = None
+    _split = None
     _patterns: dict = {}
 
     @classmethod
@@ -85,11 +86,37 @@ class _Compiled:
         return cls._triggers
 
     @classmethod
+    def split_triggers(cls) -> tuple:
+        """(the triggers without "=", those with it): a text holding no "=" (one memchr)
+        holds none of the second, so their scans are skipped (each short-needle scan of a
+        64 KiB block costs ~35 µs; docs/performance.md section 5)."""
+        if cls._split is None:
+            every = cls.triggers()
+            cls._split = (tuple(t for t in every if "=" not in t), tuple(t for t in every if "=" in t))
+        return cls._split
+
+    @classmethod
     def pattern(cls, index: int):
         compiled = cls._patterns.get(index)
         if compiled is None:
             compiled = cls._patterns[index] = re.compile(_PATTERN_SOURCES[index][0])
         return compiled
+
+
+_PLAIN = (int, float, bool)
+
+
+def _has_trigger(low: str) -> bool:
+    """Whether the lowercased text holds one of the patterns' trigger words."""
+    plain, with_equals = _Compiled.split_triggers()
+    for trigger in plain:
+        if trigger in low:
+            return True
+    if "=" in low:
+        for trigger in with_equals:
+            if trigger in low:
+                return True
+    return False
 
 
 def _forms(value: str) -> set[str]:
@@ -139,11 +166,15 @@ class Redactor:
     def text(self, value: str) -> str:
         # Substring tests first (str.find skips through text at memory speed), the regexes
         # only where they can match: a run's transcript is mostly text holding no secret.
+        # Plain loops, not any(generator): this runs on every string of every event.
         values = self._values
-        if values is not None and any(p in value for p in values[1]):
-            value = values[0].sub(MASK, value)
+        if values is not None:
+            for probe in values[1]:
+                if probe in value:
+                    value = values[0].sub(MASK, value)
+                    break
         low = value.lower()
-        if not any(t in low for t in _Compiled.triggers()):  # the common case: nothing credential-shaped
+        if not _has_trigger(low):  # the common case: nothing credential-shaped
             return value
         for index, (_, repl, triggers) in enumerate(_PATTERN_SOURCES):
             if any(t in low for t in triggers):
@@ -156,10 +187,13 @@ class Redactor:
         holding one of its triggers (not over the whole: a busy run log writes 64 KiB at once)."""
         block = "\n".join(lines)
         values = self._values
-        if values is not None and any(p in block for p in values[1]):
-            block = values[0].sub(MASK, block)
+        if values is not None:
+            for probe in values[1]:
+                if probe in block:
+                    block = values[0].sub(MASK, block)
+                    break
         low = block.lower()
-        if not any(t in low for t in _Compiled.triggers()):
+        if not _has_trigger(low):
             return block
         hits = [(index, triggers) for index, (_, _, triggers) in enumerate(_PATTERN_SOURCES)
                 if any(t in low for t in triggers)]
@@ -177,7 +211,15 @@ class Redactor:
         if isinstance(value, bytes):
             return self.text(value.decode("utf-8", "replace"))
         if isinstance(value, dict):
-            return {k: (MASK if secret_key(k) and v not in (None, "") else self(v)) for k, v in value.items()}
+            out = {}
+            for k, v in value.items():
+                if secret_key(k) and v not in (None, ""):
+                    out[k] = MASK
+                elif v is None or type(v) in _PLAIN:  # nothing to redact in a number (most event fields)
+                    out[k] = v
+                else:
+                    out[k] = self(v)
+            return out
         if isinstance(value, (list, tuple)):
             return [self(v) for v in value]
         return value

@@ -1,9 +1,10 @@
 """The Codex backend: the native `codex app-server`, JSON-RPC over stdio.
 
 One run = one process in its own process group with a private CODEX_HOME (0700)
-built by `codex_config`. A reader thread turns stdout lines into messages (a
-response goes to the request waiting for it, everything else into the inbox the
-turn loop reads); another keeps a bounded, redacted stderr tail. The turn loop
+built by `codex_config`. A reader thread hands stdout over in whole-line blocks
+(`Channel`); the thread waiting for them turns them into messages (a response goes
+to the request waiting for it, everything else, in order, to the turn loop); another
+reader keeps a bounded, redacted stderr tail. The turn loop
 answers approval requests from the policy (declined: there is no approver in a
 control-plane run, and the policy is never widened), normalises notifications,
 and interrupts on `agent_interrupt`, on cancel and on the policy's deadline
@@ -27,15 +28,16 @@ from pathlib import Path
 from caldera import __version__, config
 from caldera.backends import codex_config, failures as fk
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest
+from caldera.backends.codex_deltas import unused_delta
 from caldera.backends.events import EVENT_TYPES
 from caldera.backends.normalize import Normalizer
 from caldera.errors import ConfigError
 from caldera.host import proc
-from caldera.host.jsonlimits import JSONLimitError
-from caldera.host.jsonlimits import loads as bounded_loads
+from caldera.host.jsonlimits import JSONLimitError, line_parser
 
 LINE_CAP = 32 * 1024 * 1024  # one stdout line (a huge aggregatedOutput stays well below)
 READ_CHUNK = 64 * 1024  # one read of stdout: its whole lines are handled together
+HANDOFF_BLOCKS = 64  # read blocks waiting for the turn loop (<= 4 MiB); then codex waits on its pipe
 STDERR_KEEP = 64 * 1024
 REQUEST_TIMEOUT = 30.0  # initialize / thread/start / turn/start
 INTERRUPT_GRACE = 5.0  # after turn/interrupt on cancel, before the kill
@@ -90,11 +92,14 @@ LINE_JSON_MAX = 64 * 1024 * 1024  # one JSON-RPC line; the nesting limit is what
 class Dispatcher:
     """Turns stdout lines into messages. Separate from the process so that it can be benchmarked."""
 
-    def __init__(self, inbox: queue.Queue, runlog):
+    def __init__(self, inbox: queue.Queue, runlog, skip_unused: bool = False):
         self.inbox = inbox
         self.runlog = runlog
         self.pending: dict = {}
         self.lock = threading.Lock()
+        self.parse = line_parser(max_bytes=LINE_JSON_MAX, what="backend stdout line")
+        # In a run, agentMessage deltas nothing consumes are validated and dropped (codex_deltas).
+        self.skip_unused = skip_unused
 
     def line(self, raw: bytes) -> None:
         self.block(raw)
@@ -114,9 +119,13 @@ class Dispatcher:
         if self.runlog is not None:
             self.runlog.write_lines("s2c", lines)
         batch: list = []
+        parse = self.parse
+        skip, most_chars = self.skip_unused, LINE_JSON_MAX // 4
         for line in lines:
+            if skip and unused_delta(line, most_chars):
+                continue
             try:
-                msg = bounded_loads(line, max_bytes=LINE_JSON_MAX, what="backend stdout line")
+                msg = parse(line)
             except JSONLimitError as exc:  # too deep: one failed turn with the sentence, not a dead reader
                 self._fatal(batch, fk.BACKEND_JSON_PARSE_ERROR, str(exc))
                 continue
@@ -170,20 +179,92 @@ def handle_batch(batch: list, normalizer, answer) -> dict | None:
     """One ("batch", …) inbox item through the normalizer (requests to `answer`); the
     turn/completed message when it comes (what follows it in the batch is dropped, as
     the inbox's rest was when the loop ended one message at a time)."""
+    handler_for = normalizer.handler_for  # bound once: this loop runs for every stdout line
     for kind, msg in batch:
         if kind == "notification":
             method = msg.get("method")
             if method == "turn/completed":
                 return msg
-            normalizer.notification(method, msg.get("params"))
+            handler = handler_for(method)
+            if handler is not None:  # a line no handler wants (rate limits, …) costs no call
+                params = msg.get("params")
+                handler(params if isinstance(params, dict) else {})
         else:
             answer(msg)
     return None
 
 
-def pump_stdout(stream, dispatcher: Dispatcher) -> None:
+class Handoff:
+    """The reader thread's end of a Channel: whole-line blocks of stdout go over as bytes,
+    at most HANDOFF_BLOCKS waiting. A full channel stops the reader, and the pipe then
+    stops codex: memory stays flat however fast codex writes. Once the channel is closed
+    (the run is over, nobody reads) what comes is dropped instead of waited on."""
+
+    def __init__(self, queue_: queue.Queue, runlog):
+        self._queue = queue_
+        self.runlog = runlog
+        self.closed = threading.Event()
+        self.inbox = self  # pump_stdout puts its fatal and EOF items here too
+
+    def put(self, item) -> None:
+        while not self.closed.is_set():
+            try:
+                self._queue.put(item, timeout=POLL)
+                return
+            except queue.Full:
+                continue
+
+    def block(self, data: bytes) -> None:
+        self.put(("raw", data))
+
+    def fail_all(self) -> None:
+        """Nothing here: the channel fails waiting requests when it reaches the EOF."""
+
+
+class Channel:
+    """Codex stdout between the reader thread and the turn loop.
+
+    The reader thread only reads and cuts whole-line blocks (pump_stdout into `reader_end`);
+    the thread that uses the messages parses them (`pump`, `next`): the run-log write, the
+    bounded parse, response routing and the normaliser then run on one thread. Parsing in
+    the reader thread made every message cross cores and the GIL on its way to the turn
+    loop: 72k lines per CPU s against 90-97k with bytes handed over (bench/bench_codex.py,
+    docs/performance.md section 5)."""
+
+    def __init__(self, runlog):
+        self.handoff: queue.Queue = queue.Queue(HANDOFF_BLOCKS)  # ("raw", bytes) | ("fatal", failure) | EOF
+        self.inbox: queue.Queue = queue.Queue()  # parsed, in order: ("batch", …) | ("fatal", …) | EOF
+        self.dispatcher = Dispatcher(self.inbox, runlog, skip_unused=True)
+        self.reader_end = Handoff(self.handoff, runlog)
+
+    def pump(self, timeout: float) -> None:
+        """Parse what the reader handed over next (waiting up to `timeout`; queue.Empty if
+        nothing came): responses reach their requests, everything else queues in order."""
+        kind, msg = self.handoff.get(timeout=timeout)
+        if kind == "raw":
+            self.dispatcher.block(msg)
+            return
+        if kind == "eof":
+            self.dispatcher.fail_all()  # after every response before the EOF was routed
+        self.inbox.put((kind, msg))
+
+    def close(self) -> None:
+        """Nobody reads any more: a reader waiting on a full channel gives up."""
+        self.reader_end.closed.set()
+
+    def next(self, timeout: float) -> tuple:
+        """The next parsed item (queue.Empty when the reader handed nothing over in `timeout`)."""
+        while True:
+            try:
+                return self.inbox.get_nowait()
+            except queue.Empty:
+                self.pump(timeout)
+
+
+def pump_stdout(stream, dispatcher) -> None:
     """Reader thread body: stdout in chunks of up to READ_CHUNK bytes, each chunk's whole
-    lines to the dispatcher at once (Dispatcher.block), the last line at EOF, then EOF."""
+    lines to `dispatcher` at once (its block(): a Channel's Handoff in a run, a Dispatcher
+    in tests), the last line at EOF, then EOF."""
     parts: list = []  # the line being read, in pieces (a long line is not copied per chunk)
     size = 0
     try:
@@ -239,8 +320,9 @@ class AppServer:
     def __init__(self, argv: list, env: dict, cwd: str, runlog, redactor):
         self.argv, self.env, self.cwd = argv, env, cwd
         self.runlog, self.redactor = runlog, redactor
-        self.inbox: queue.Queue = queue.Queue()
-        self.dispatcher = Dispatcher(self.inbox, runlog)
+        self.channel = Channel(runlog)
+        self.inbox = self.channel.inbox
+        self.dispatcher = self.channel.dispatcher
         self.stderr_tail: collections.deque = collections.deque()
         self.proc: subprocess.Popen | None = None
         self.threads: list[threading.Thread] = []
@@ -256,7 +338,7 @@ class AppServer:
             raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED,
                                     f"cannot start {self.argv[0]}: {exc.strerror or exc}") from None
         for name, target, args in (
-                ("codex-stdout", pump_stdout, (self.proc.stdout, self.dispatcher)),
+                ("codex-stdout", pump_stdout, (self.proc.stdout, self.channel.reader_end)),
                 ("codex-stderr", pump_stderr, (self.proc.stderr, self.stderr_tail, self.runlog))):
             thread = threading.Thread(target=target, args=args, name=name, daemon=True)
             thread.start()
@@ -313,6 +395,7 @@ class AppServer:
             self.proc.stdin.close()
         except (BrokenPipeError, OSError, ValueError):
             pass  # already gone
+        self.channel.close()  # a reader waiting on a full channel would keep codex blocked on stdout
         if self.returncode(grace) is None:
             self.kill()
         proc.signal_group(self.proc, signal.SIGKILL)  # agent commands left in the group
@@ -468,11 +551,15 @@ class CodexBackend(Backend):
         server = context.server
         _, slot = server.call(method, params)
         limit = time.monotonic() + REQUEST_TIMEOUT
-        while not slot.event.wait(POLL):
+        while not slot.event.is_set():
             if self._stop_reason(context):
                 raise _Stop()
             if time.monotonic() >= limit:
                 raise fk.BackendFailure(fk.BACKEND_FAILED, f"no answer to {method} within {REQUEST_TIMEOUT:.0f} s")
+            try:
+                server.channel.pump(POLL)  # the response is routed here; notifications queue for the loop
+            except queue.Empty:
+                continue
         msg = slot.message
         if msg is None:  # the process went away
             self._raise_fatal_if_any(context)
@@ -523,7 +610,7 @@ class CodexBackend(Backend):
                 server.kill()
                 return self._end_stopped(context)
             try:
-                kind, msg = server.inbox.get(timeout=POLL)
+                kind, msg = server.channel.next(POLL)
             except queue.Empty:
                 continue
             if kind == "batch":

@@ -44,6 +44,9 @@ class Normalizer:
             "thread/tokenUsage/updated": self._usage,
             "error": self._error,
         }
+        # handler_for(method): the function that takes `method`'s params (a dict), or None
+        # (nothing to normalise). The dict's own get: no Python frame on every stdout line.
+        self.handler_for = self._handlers.get
 
     # -- notifications ------------------------------------------------------
 
@@ -92,9 +95,12 @@ class Normalizer:
         item_id = p.get("itemId")
         if item_id not in self.open_items:
             return
-        parts = self.deltas.setdefault(item_id, [0])
-        delta = str(p.get("delta") or "")
+        parts = self.deltas.get(item_id)
+        if parts is None:
+            parts = self.deltas[item_id] = [0]
         if parts[0] < DELTA_KEEP_BYTES:
+            delta = p.get("delta")
+            delta = delta if type(delta) is str else str(delta or "")
             parts.append(delta)
             parts[0] += len(delta)
 

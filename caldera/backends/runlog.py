@@ -8,6 +8,7 @@ so and the rest of the transcript is dropped (the events still flow).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -19,6 +20,12 @@ from caldera.host.timefmt import rfc3339
 
 LOG_CAP_BYTES = 64 * 1024 * 1024
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@functools.lru_cache(maxsize=None)
+def _encoder() -> json.JSONEncoder:
+    # What json.dumps(…, ensure_ascii=False, separators=…) builds on every call: built once.
+    return json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def log_path(logs_dir, run_id: str) -> Path:
@@ -69,7 +76,7 @@ class RunLog:
 
     def event(self, event: dict) -> None:
         # EventSink.emit redacted the event's data already, and the rest is ours: no second pass.
-        self._append(f"{rfc3339(millis=True)} event {json.dumps(event, ensure_ascii=False, separators=(',', ':'))}\n")
+        self._append(f"{rfc3339(millis=True)} event {_encoder().encode(event)}\n")
 
     def note(self, text: str) -> None:
         self.write("note", text)

@@ -75,3 +75,11 @@ def test_the_run_log_never_follows_a_planted_symlink(tmp_path):
     with pytest.raises(CommandError, match="symlink there is never followed"):
         runlog.RunLog(path, Redactor())
     assert target.read_text() == "keep me\n"
+
+
+def test_triggers_behind_an_equals_sign_are_still_found_in_text_and_blocks():
+    """The "=" gate skips the scans of sig= / signature= / token= only when no "=" is there."""
+    r = Redactor()
+    for line in ["https://h/p?sig=abcdefgh", "u?signature=abcdefgh", "a?token=abcdefgh&x=1", "k;SIG=abcdefgh"]:
+        assert "abcdefgh" not in r.text(line) and "abcdefgh" not in r.text_lines(["no trigger here", line])
+    assert r.text("plain words, no equals sign") == "plain words, no equals sign"

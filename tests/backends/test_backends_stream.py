@@ -69,8 +69,8 @@ def test_handle_batch_stops_at_turn_completed():
     seen = []
 
     class Norm:
-        def notification(self, method, params):
-            seen.append(method)
+        def handler_for(self, method):
+            return lambda params: seen.append(method)
 
     batch = [("notification", {"method": "a"}), ("request", {"method": "ask", "id": 1}),
              ("notification", {"method": "turn/completed", "params": {"turn": {}}}), ("notification", {"method": "z"})]
@@ -86,3 +86,67 @@ def test_text_lines_redacts_each_line_as_text_does():
              "https://h/p?token=zzz&x=1", "nothing at all"]
     assert r.text_lines(lines) == "\n".join(r.text(line) for line in lines)
     assert MASK in r.text_lines(lines) and "hunter2" not in r.text_lines(lines)
+
+
+def _channel_items(channel):
+    items = []
+    while True:
+        kind, msg = channel.next(timeout=1)
+        if kind == "eof":
+            return items
+        items.extend(msg if kind == "batch" else [(kind, msg)])
+
+
+def test_the_channel_parses_on_the_consumer_side_in_order_and_redacts_across_reads(tmp_path):
+    """The run path: the reader thread hands bytes over, the turn loop's side parses. A secret
+    cut by a read, its JSON-escaped form and a credential behind "=" are masked in the run log;
+    a response is routed, and what came before it stays in order."""
+    from caldera.backends.codex import Channel
+
+    secret = 'pass"word\nsecond-line-of-it'  # travels JSON-escaped: pass\"word\nsecond…
+    log = RunLog(tmp_path / "run.log", Redactor([secret]))
+    channel = Channel(log)
+    slot = channel.dispatcher.expect(3)
+    msgs = [{"method": "item/agentMessage/delta", "params": {"delta": f"part {n} " + secret}} for n in range(30)]
+    msgs.insert(10, {"method": "x", "params": {"url": "https://h/p?x=1&sig=abcdef012345"}})
+    data = b"".join(json.dumps(m).encode() + b"\n" for m in msgs) + b'{"id": 3, "result": {}}\n'
+    pump_stdout(_Chunks(data, 29), channel.reader_end)  # 29-byte reads: every secret straddles one
+    got = _channel_items(channel)
+    log.close()
+    assert [m for _, m in got] == msgs and slot.event.is_set() and slot.message == {"id": 3, "result": {}}
+    text = (tmp_path / "run.log").read_text()
+    assert "pass\\\"word" not in text and "second-line-of-it" not in text and "abcdef012345" not in text
+    assert text.count(MASK) == 31
+
+
+def test_the_channel_fails_waiting_requests_at_eof_after_routing_the_rest():
+    from caldera.backends.codex import Channel
+
+    channel = Channel(None)
+    answered, unanswered = channel.dispatcher.expect(1), channel.dispatcher.expect(2)
+    pump_stdout(_Chunks(b'{"id": 1, "result": {"ok": true}}\nnot json\n', 8), channel.reader_end)
+    assert not answered.event.is_set()  # nothing is parsed in the reader thread
+    kinds = []
+    while not kinds or kinds[-1] != "eof":
+        kinds.append(channel.next(timeout=1)[0])
+    assert kinds == ["fatal", "eof"] and answered.message == {"id": 1, "result": {"ok": True}}
+    assert unanswered.event.is_set() and unanswered.message is None
+
+
+def test_a_full_channel_holds_the_reader_back_until_read_or_closed():
+    """Memory stays flat: the reader waits on a full hand-over (and codex on its pipe)
+    instead of queueing without bound; closing the channel lets a waiting reader end."""
+    import threading
+
+    from caldera.backends.codex import Handoff
+
+    handoff = queue.Queue(1)
+    end = Handoff(handoff, None)
+    reader = threading.Thread(target=pump_stdout, args=(_Chunks(b'{"a":1}\n{"b":2}\n{"c":3}\n', 8), end))
+    reader.start()
+    reader.join(0.2)
+    assert reader.is_alive() and handoff.qsize() == 1  # one block over, the reader waits with the next
+    assert handoff.get_nowait() == ("raw", b'{"a":1}')
+    end.closed.set()
+    reader.join(10)
+    assert not reader.is_alive()

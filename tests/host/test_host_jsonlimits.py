@@ -63,3 +63,23 @@ def json_ok(doc) -> bool:
         return False
     return True
 
+
+
+_LINES = ['{"method":"a","params":{"x":[1,2.5,-3e4,true,null]}}', ' {"a":1}', '{"a":1} ', '{"a":1}{"b":2}',
+          '[NaN]', '{"a":Infinity}', '{"a":-Infinity}', '[' * 64 + ']' * 64, '[' * 65 + ']' * 65,
+          '{"a":' + '[' * 20000 + ']' * 20000 + '}', '{"n":' + '7' * 5000 + '}', '{"a":"' + 'x' * 300 + '"}',
+          '{"a":"\\ud800"}', '{"a":"tab\there"}', '"just a string"', 'not json', '', '{"a":1', '{"a":"\\q"}']
+
+
+@pytest.mark.parametrize("line", _LINES)
+def test_the_line_parser_gives_the_verdicts_of_loads(line):
+    """The per-line fast path (Codex stdout) accepts, refuses and words a refusal as loads does."""
+    parse = jl.line_parser(max_bytes=256, what="line")
+
+    def verdict(fn):
+        try:
+            return "ok", fn(line)
+        except ValueError as exc:
+            return type(exc).__name__, str(exc)
+
+    assert verdict(parse) == verdict(lambda text: jl.loads(text, max_bytes=256, what="line"))
