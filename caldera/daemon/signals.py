@@ -32,12 +32,21 @@ class Signals:
         self._hups = 0  # SIGHUP received
         self._hups_seen = 0
         self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._previous_wakeup: int | None = None  # the wakeup fd install() replaced
 
     def install(self) -> None:
-        """Handlers first, then unblock: a signal held across a restart in place is delivered now."""
+        """Handlers first, then unblock: a signal held across a restart in place is delivered now.
+
+        The pipe is also the interpreter's wakeup fd: the kernel may hand a process's signal
+        to any thread, and Python runs the handler (which pokes the pipe) only in the main
+        thread, when it next runs bytecode. A SIGTERM taken by a loop's thread while the
+        main thread sat in `wait()` (an hour's timeout without a watchdog) went unseen until
+        a second signal: bench/bench_runtime.py saw a daemon ignore SIGTERM for 60 s. The C
+        handler writes the wakeup byte from whichever thread took the signal."""
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         signal.signal(signal.SIGHUP, self._hup)
+        self._previous_wakeup = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
 
     def hold(self) -> bool:
@@ -48,6 +57,10 @@ class Signals:
         return self.count == 0
 
     def close(self) -> None:
+        """From the main thread (as install): the pipe stops being the wakeup fd first."""
+        if self._previous_wakeup is not None:
+            signal.set_wakeup_fd(self._previous_wakeup)
+            self._previous_wakeup = None
         for fd in (self._read, self._write):
             os.close(fd)
 

@@ -24,6 +24,22 @@ def test_a_signal_wakes_the_wait_and_is_counted(signals):
     assert signals.count == 1
 
 
+def test_a_signal_another_thread_takes_still_wakes_the_main_thread():
+    """The kernel may hand SIGTERM to any thread; the main thread, waiting, must wake at once
+    (it used to sleep until its timeout: the Python handler runs only in the main thread)."""
+    import subprocess
+    import sys
+
+    code = ("import signal, threading, time\nfrom caldera.daemon.signals import Signals\n"
+            "sig = Signals()\nsig.install()\n"
+            "def other():\n    time.sleep(0.3)\n    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)\n"
+            "threading.Thread(target=other).start()\n"
+            "start = time.monotonic()\nsig.wait(30)\n"
+            "print(sig.count, time.monotonic() - start < 10)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["1", "True"], done.stderr
+
+
 def test_a_signal_before_the_wait_is_not_lost(signals):
     os.kill(os.getpid(), signal.SIGHUP)
     os.kill(os.getpid(), signal.SIGHUP)
