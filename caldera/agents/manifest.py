@@ -2,8 +2,9 @@
 
 The checks here are plain Python and give the same verdict as
 `schemas/manifest.schema.json` (a test holds the two together on a corpus);
-`validate_schema=True` also runs the schema through `caldera.protocol.schemas` (the
-daemon and `caldera check` do, paying the jsonschema import once). Local verbs
+`validate_schema=True` also runs the schema through `caldera.protocol.schemas`
+(`caldera check` and `caldera init` do; the daemon runs the plain checks only,
+docs/performance.md section 2). Local verbs
 must feel instant, so they never import jsonschema, and they do not pay for
 PyYAML either when the manifest has not changed: the parsed document is cached
 as JSON in `<state-dir>/cache/manifest.json`, keyed by the manifest's path,

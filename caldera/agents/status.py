@@ -5,7 +5,9 @@ Unknown keys (top level and inside items) are dropped; strings are cut to
 1,000 characters and lists to 50 items, never rejected; a lone surrogate in a
 string (a "\ud800" escape) becomes U+FFFD. A forwarded key of the
 wrong type breaks the contract (ContractError): that status call counts as
-failed, the same verdict as adapter-status.schema.json.
+failed, the same verdict as adapter-status.schema.json, except that a null
+forwarded key counts as absent and items past the 50th are never read
+(tests/agents/test_agents_status.py holds the two together on a corpus).
 """
 from __future__ import annotations
 

@@ -18,12 +18,10 @@ import os
 from dataclasses import dataclass, field
 
 from caldera.backends import failures as fk
-from caldera.backends.codex_config import gateway_settings
 from caldera.backends.events import EVENT_TYPES
+# re-exported: the daemon imports them from the light registry (see there)
+from caldera.backends.registry import DEFAULT_PROFILE, PROFILES, capabilities  # noqa: F401
 
-DEFAULT_PROFILE = "codex"
-# profile name -> "module:Class"; the class is imported only when a run needs it.
-PROFILES = {"codex": "caldera.backends.codex:CodexBackend"}
 SANDBOXES = ("read-only", "workspace-write")
 APPROVALS = ("never", "on-request")
 
@@ -91,18 +89,6 @@ def get_backend(profile: str) -> Backend:
         raise ValueError(f"unknown backend profile {profile!r} (known: {', '.join(PROFILES)})")
     module, cls = target.split(":")
     return getattr(importlib.import_module(module), cls)()
-
-
-def capabilities(env: dict | None = None) -> list[str]:
-    """Capability strings for `register.capabilities` (cheap: no process is started)."""
-    env = os.environ if env is None else env
-    caps = ["agent.run", "agent.interrupt"]
-    for name in PROFILES:
-        caps.append(f"backend.{name}")
-
-    if gateway_settings(env) is not None:
-        caps.append("llm.gateway")
-    return caps
 
 
 def describe(env: dict | None = None, probe: bool = False) -> dict:

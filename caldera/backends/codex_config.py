@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from caldera.backends.failures import BACKEND_FAILED, SECRET_UNAVAILABLE, BackendFailure
-from caldera.config import llm_gateway
+from caldera.backends.registry import gateway_settings  # noqa: F401 -- re-exported (codex.py)
 from caldera.host.fsutil import atomic_write_bytes
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -147,13 +147,6 @@ def plan_provider(projection: Projection, environ: dict, model: str | None = Non
     if isinstance(provider, dict):
         plan.base_url = provider.get("base_url")
     return plan
-
-
-def gateway_settings(environ: dict) -> dict | None:
-    found = llm_gateway(environ)
-    if not (found["base_url"] and found["api_key"]):
-        return None
-    return found
 
 
 def _gateway_plan(gateway: dict, model: str | None) -> ProviderPlan:

@@ -21,15 +21,13 @@ from pathlib import Path
 
 from caldera import config
 from caldera.backends import base, events, runlog as runlog_mod
+# re-exported: the daemon builds ActiveRuns from the light registry (see there)
+from caldera.backends.registry import ActiveRuns, Refused  # noqa: F401
 from caldera.errors import ConfigError
 
 DEFAULT_TIMEOUT_SECONDS = 600
 DEFAULT_MAX_TIMEOUT_SECONDS = 3600
 FINISH_MARGIN = 5.0  # seconds kept back from the command's deadline to end the run cleanly
-
-
-class Refused(Exception):
-    """The request is wider than the agent's configured policy, or otherwise not allowed."""
 
 
 # ---------------------------------------------------------------- policy
@@ -93,33 +91,6 @@ def check_workspace(workspace: str, roots: list[Path] | None) -> str:
 
 
 # ---------------------------------------------------------------- active runs
-
-class ActiveRuns:
-    """run_id -> handle, so that agent_interrupt reaches a running agent_run."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._runs: dict[str, "RunHandle"] = {}
-        self.events_dropped = 0  # run events the plane never got (it was away too long)
-
-    def count_dropped(self, n: int) -> None:
-        with self._lock:
-            self.events_dropped += n
-
-    def add(self, handle: "RunHandle") -> None:
-        with self._lock:
-            if handle.run_id in self._runs:
-                raise Refused(f"run {handle.run_id} is already running")
-            self._runs[handle.run_id] = handle
-
-    def remove(self, run_id: str) -> None:
-        with self._lock:
-            self._runs.pop(run_id, None)
-
-    def get(self, run_id: str) -> "RunHandle | None":
-        with self._lock:
-            return self._runs.get(run_id)
-
 
 class RunHandle:
     def __init__(self, run_id: str, backend):

@@ -8,6 +8,11 @@ import sys
 from caldera.cli import add_agent_flags
 
 
+# The flags are add_agent_flags' only: the daemon parses them without argparse
+# (caldera.cli.plain_agent_args says why).
+AGENT_FLAGS_ONLY = True
+
+
 def configure(parser) -> None:
     add_agent_flags(parser)
 
@@ -21,9 +26,8 @@ def open_parts(args, role: str):
 
     paths = agent_from_args(args)
     settings = load_settings(paths)
-    # The daemon validates adapter answers with jsonschema (imported once, then cheap);
-    # a one-shot report uses the equivalent plain checks and skips the import.
-    parts = build_parts(paths, settings, schema_checks=(role == "daemon"))
+    # Only the daemon supervises a process-mode agent; a one-shot report reads its state.
+    parts = build_parts(paths, settings, supervise=(role == "daemon"))
     logsetup.setup(settings.log_level, parts.redactor)
     return parts
 

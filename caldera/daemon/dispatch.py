@@ -79,7 +79,7 @@ class CommandContext:
     wake: Any = None  # caldera.daemon.wakeups.Wakeups
     live: Any = None  # caldera.daemon.live.LiveStatus
     reports: Any = None  # caldera.daemon.reporter.Reports
-    runs: Any = None  # caldera.backends.service.ActiveRuns
+    runs: Any = None  # caldera.backends.registry.ActiveRuns
     publisher: Any = None  # caldera.skills.publish.Publisher
 
     @classmethod

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field, replace
 
 from caldera.agents.adapter.driver import open_driver
 from caldera.agents.updates import load_effective
-from caldera.backends.base import capabilities as backend_capabilities
-from caldera.backends.service import ActiveRuns
+# The registry, not base/service: those (with codex_config's tomllib) wait for the first
+# agent_run (≈ 0.3 MB of code objects an adapter daemon never runs; docs/performance.md).
+from caldera.backends.registry import ActiveRuns, capabilities as backend_capabilities
 from caldera.config import AgentPaths, Settings
 from caldera.daemon.live import LiveStatus
 from caldera.daemon.reporter import Reports
@@ -63,7 +64,7 @@ class Parts:
     sampler: Sampler
     pool: ThreadPoolExecutor
     identity: Identity
-    runs: object  # caldera.backends.service.ActiveRuns: the code-agent runs going on now
+    runs: object  # caldera.backends.registry.ActiveRuns: the code-agent runs going on now
     reports: Reports
     publisher: Publisher
     client: object | None = None  # ControlPlaneClient when the agent is enabled
@@ -75,7 +76,9 @@ class Parts:
 
 
 def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = True, with_driver: bool = True,
-                transport_session=None, schema_checks: bool = True) -> Parts:
+                transport_session=None, supervise: bool = True) -> Parts:
+    """supervise: the daemon supervises a process-mode agent; `report --once` passes False
+    and gets a driver that only reports what state.json and /proc say."""
     ensure_dir(paths.state_dir)
     for sub in STATE_SUBDIRS:
         ensure_dir(paths.state_dir / sub)
@@ -105,10 +108,15 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
                             state=state, on_count=live.set_skill_count, report_now=wake.report_now),
     )
     if with_driver and manifest is not None and getattr(manifest, "runtime_type", None) == "adapter":
+        # The plain checks of the adapter's answers and of the manifest (the schemas' verdict:
+        # tests hold the two together), as `report --once` has them: jsonschema on every
+        # report kept ≈ 0.3 MB in the daemon (the manifest schema and its validator, and the
+        # errors its branches leave for the cyclic GC; docs/performance.md, section 2) and
+        # cost CPU each time. Command payloads are still validated against their schemas.
         current.replace(driver=open_driver(paths, manifest, pool=parts.pool, redactor=redactor,
-                                           schema_checks=schema_checks, state=parts.state))
+                                           schema_checks=False, state=parts.state))
     if with_driver and manifest is not None and getattr(manifest, "runtime_type", None) == "process":
-        current.replace(driver=_process_driver(parts, manifest, supervise=schema_checks))
+        current.replace(driver=_process_driver(parts, manifest, supervise=supervise))
     if with_client and settings.enabled:
         client, auth = _build_client(parts, transport_session)
         parts = replace(parts, client=client, auth=auth)
@@ -121,8 +129,9 @@ def _capabilities(settings: Settings) -> list[str]:
 
 
 def _process_driver(parts: Parts, manifest, supervise: bool):
-    """Process mode (SPEC 7b). The daemon (the caller that pays for schema checks) supervises;
-    `report --once` gets a driver that only reports what state.json and /proc say."""
+    """Process mode (SPEC 7b). The daemon supervises; `report --once` gets a driver that
+    only reports what state.json and /proc say."""
+    # deferred: an adapter-mode daemon never loads process mode (≈ 225 KB, tracemalloc)
     from caldera.agents.process.driver import open_driver as open_process_driver
 
     driver = open_process_driver(parts.paths, manifest, store=parts.state, redactor=parts.redactor,

@@ -348,7 +348,7 @@ class Transport:
     def _send(self, method, url, data, headers, left: float):
         timeout = (min(TIMEOUT[0], left), min(TIMEOUT[1], left))
         return self.session.request(method, url, data=data, headers=headers, timeout=timeout, stream=True,
-                                    allow_redirects=False)
+                                    allow_redirects=False, auth=_headers_as_given)
 
     def _cut_short(self, watch, left: float, what: str, at_deadline: bool = False) -> Retryable:
         self._note_reachable(False)
@@ -414,6 +414,14 @@ def _stream(resp, dest, cap: int) -> int:
         fh.flush()
         os.fsync(fh.fileno())
     return size
+
+
+def _headers_as_given(prepared):
+    """The request's auth: its own headers (the Bearer token, set above). With no auth
+    given, requests reads ~/.netrc on every request (importing netrc and shlex into the
+    daemon, ≈ 50 KB for good) and a matching entry would replace our Authorization
+    header with Basic credentials."""
+    return prepared
 
 
 def _short(exc: Exception) -> str:

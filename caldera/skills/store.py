@@ -19,7 +19,7 @@ from pathlib import Path
 
 from caldera.errors import CommandError
 from caldera.host.fsutil import atomic_write_json, ensure_dir
-from caldera.skills import archive, inventory, md5
+from caldera.skills import inventory, md5
 
 STAGING_PREFIX = ".caldera-staging-"
 OLD_PREFIX = ".caldera-old-"
@@ -185,6 +185,10 @@ def stage(root: Path) -> Path:
 
 def unpack(zip_path: Path, staging: Path, expected_md5: str | None) -> tuple[Path, str]:
     """Check and extract; (the skill's staged directory, its content_md5)."""
+    # deferred: the daemon's skills watcher imports this module for recover() at start; the
+    # archive checks (≈ 35 KB of code objects, tracemalloc) wait for the first install
+    from caldera.skills import archive
+
     try:
         (staging / "tree").mkdir(mode=0o700)
         skill = archive.extract(zip_path, staging / "tree")

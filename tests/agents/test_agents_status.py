@@ -44,3 +44,65 @@ def test_not_answering_body_and_levels():
     assert status.openclaw_status(body) == "error"
     assert status.openclaw_status({"state": {"level": "off"}}) == "stopped"
     assert status.openclaw_status({}) == "unknown"
+
+
+# The daemon checks status answers with the plain filter only (docs/performance.md, section
+# 2); it gives adapter-status.schema.json's verdict on this corpus. (verdict, lenient):
+# `lenient` marks the two places where the filter accepts what the schema refuses, on
+# purpose: a forwarded key that is null counts as absent, and items past the 50th of a list
+# are cut unread (they are never forwarded). `caldera check` runs the schema and names them.
+STATUS_CORPUS = [
+    ({}, True, False),
+    ({"state": {"level": "ok", "label": "Idle", "since": "2026-10-03T12:41:01Z"}, "detail": "d"}, True, False),
+    ({"gauges": [{"name": "q", "used": 0.5, "label": "half", "resets_at": "t"}, {"used": 0}, {"used": 1}]},
+     True, False),
+    ({"active": [{"id": 7, "title": "t", "started_at": "s", "log": "l"}, {"id": "r-1"}]}, True, False),
+    ({"runs": [{"id": 1.5, "outcome": "ok", "finished_at": "f"}]}, True, False),
+    ({"health": [{"name": "n", "level": "warn", "reason": "r"}], "agent": {"version": "1", "commit": "c"}},
+     True, False),
+    ({"next_run": {"at": "a", "reason": "r"}, "held": ["x", "y"], "unknown": {"any": ["thing"]}}, True, False),
+    ({"state": {"level": "ok", "extra": 5}}, True, False),
+    ({"detail": "x" * 5000, "held": ["h"] * 80}, True, False),
+    ({"state": {"level": "great"}}, False, False),
+    ({"state": "ok"}, False, False),
+    ({"detail": 5}, False, False),
+    ({"detail": True}, False, False),
+    ({"gauges": [{"used": 1.5}]}, False, False),
+    ({"gauges": [{"used": -0.1}]}, False, False),
+    ({"gauges": [{"used": "0.5"}]}, False, False),
+    ({"gauges": [{"used": True}]}, False, False),
+    ({"gauges": {"used": 0.5}}, False, False),
+    ({"gauges": ["x"]}, False, False),
+    ({"active": [{"id": True}]}, False, False),
+    ({"active": [{"id": [1]}]}, False, False),
+    ({"runs": [{"title": 3}]}, False, False),
+    ({"health": [{"level": "fine"}]}, False, False),
+    ({"agent": "1.0"}, False, False),
+    ({"agent": {"version": 1}}, False, False),
+    ({"next_run": {"at": 5}}, False, False),
+    ({"held": "paused"}, False, False),
+    ({"held": [1]}, False, False),
+    ([], False, False),
+    ("ok", False, False),
+    ({"detail": None}, False, True),
+    ({"state": {"level": None}}, False, True),
+    ({"held": ["h"] * 50 + [5]}, False, True),
+]
+
+
+@pytest.mark.parametrize("raw, valid, lenient", STATUS_CORPUS)
+def test_the_filter_gives_the_schemas_verdict(raw, valid, lenient):
+    from caldera.protocol import schemas
+
+    try:
+        schemas.validate("adapter-status.schema.json", raw)
+        schema_says = True
+    except schemas.SchemaError:
+        schema_says = False
+    try:
+        status.filter_status(raw)
+        filter_says = True
+    except ContractError:
+        filter_says = False
+    assert schema_says is valid
+    assert filter_says is (valid or lenient)

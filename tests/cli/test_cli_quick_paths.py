@@ -22,6 +22,36 @@ def test_help_and_no_arguments(capsys):
     assert capsys.readouterr().out == cli.top_help()
 
 
+RUN_ARGVS = [[], ["--agent", "bench"], ["--agent=bench"], ["--agent", "a", "--agent", "b"], ["--json"],
+             ["--manifest", "/x/m.yaml", "--state-dir", "/tmp/s"], ["--manifest=/m", "--state-dir=", "--json"],
+             ["--agent", ""], ["--agent=-x"], ["--agent", "a=b"]]
+# argparse's business: help, abbreviations, values that look like options, errors.
+RUN_ARGVS_FOR_ARGPARSE = [["--help"], ["-h"], ["--ag", "x"], ["--agent", "-x"], ["--agent"], ["--json=1"],
+                          ["extra"], ["--agent", "x", "extra"], ["--state-dir", "--agent", "x"], ["--"]]
+
+
+def test_run_flags_without_argparse_are_what_argparse_parses():
+    parser, _ = cli.build_parser("run")
+    for argv in RUN_ARGVS:
+        assert vars(cli.plain_agent_args("run", argv)) == vars(parser.parse_args(argv)), argv
+    for argv in RUN_ARGVS_FOR_ARGPARSE:
+        assert cli.plain_agent_args("run", argv) is None, argv
+
+
+def test_the_daemon_parses_its_flags_without_argparse(tmp_path):
+    """`caldera run --agent NAME` (the systemd unit's line) never imports argparse; here the
+    agent is not installed, so the command ends with its configuration error (exit 2)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom caldera import cli\nrc = cli.main(['run', '--agent', 'nobody'])\n"
+            "print(rc, 'argparse' in sys.modules)\n")
+    env = dict(os.environ, CALDERA_CONFIG_DIR=str(tmp_path / "etc"), CALDERA_STATE_DIR=str(tmp_path / "var"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert done.stdout.split() == ["2", "False"], done.stderr
+
+
 def test_name_and_key_rules_match_the_schema_patterns():
     for word in WORDS:
         # re's `$` also matches before a final newline; the set rule refuses that too.

@@ -48,6 +48,24 @@ def test_envelope_and_bare_objects_and_bearer(tmp_path):
 
 
 @responses.activate
+def test_a_netrc_entry_for_the_plane_never_replaces_the_bearer_token(tmp_path, monkeypatch):
+    """requests applies ~/.netrc when a request has no auth of its own; its Basic credentials
+    would replace the session token (and the daemon would read the file on every request)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".netrc").write_text("machine 127.0.0.1 login someone password netrc-password\n")
+    (home / ".netrc").chmod(0o600)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("NETRC", raising=False)
+    client = make(tmp_path)
+    register_ok()
+    responses.add(responses.POST, API + "/heartbeat", json=ok({}))
+    client.heartbeat({})
+    assert [c.request.headers["Authorization"] for c in responses.calls] == [
+        "Bearer boot-token-xyz", "Bearer agt_sess_one"]
+
+
+@responses.activate
 def test_next_command_null_means_idle(tmp_path):
     client = make(tmp_path)
     register_ok()

@@ -4,9 +4,10 @@ the health check on its interval, settings cached, the blueprint window.
 Every adapter call runs on the daemon's ThreadPoolExecutor, so a hanging
 adapter never blocks a loop: the report loop waits for `status` at most its
 timeout plus the kill grace plus a second, and then reports "Adapter not
-answering" without the answer. Answers are checked against the published
-schemas here (jsonschema is paid for once, in the daemon) and then by the
-same plain checks the local verbs use.
+answering" without the answer. Answers get the plain checks the local verbs
+use (they give the published schemas' verdict; tests hold the two together);
+`schema_checks=True` runs the schemas too (jsonschema: not in the daemon, where
+it cost memory and CPU on every report; docs/performance.md, section 2).
 """
 from __future__ import annotations
 
@@ -38,9 +39,9 @@ BACKGROUND_WAIT = 1.0  # ClawManager's openclaw_version column
 
 
 def open_driver(paths, manifest, *, pool, redactor, schema_checks: bool = True, state=None) -> "Driver":
-    """schema_checks: validate answers and the manifest with jsonschema too (the daemon,
-    which pays the import once). `report --once` runs the plain-Python checks only, which
-    give the schemas' verdict (tests hold the two together) without the import.
+    """schema_checks: validate answers and the manifest with jsonschema too. The daemon and
+    `report --once` run the plain-Python checks only, which give the schemas' verdict
+    (tests hold the two together) without jsonschema's validators and their garbage.
     state: the durable key-value state (`state.json`); a window rollback puts the previous
     `current_config_revision_id` back in it. The driver starts from the effective manifest
     (the installed one with a stored blueprint update over it)."""

@@ -1,0 +1,69 @@
+"""What the daemon needs of the backends before any run: the profile names, the
+capabilities they give `register`, and the registry of the runs going on now.
+
+Light on purpose (no backend, no TOML parser, no event or failure tables): a daemon
+that never gets an `agent_run` imports only this module of the backends; the rest
+(base, service, codex_config with tomllib, events, failures, runlog: ≈ 0.3 MB of
+code objects, measured with tracemalloc) waits for the first run (docs/performance.md,
+section 2). `base` and `service` re-export these names.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+from caldera.config import llm_gateway
+
+DEFAULT_PROFILE = "codex"
+# profile name -> "module:Class"; the class is imported only when a run needs it.
+PROFILES = {"codex": "caldera.backends.codex:CodexBackend"}
+
+
+class Refused(Exception):
+    """The request is wider than the agent's configured policy, or otherwise not allowed."""
+
+
+def gateway_settings(environ: dict) -> dict | None:
+    found = llm_gateway(environ)
+    if not (found["base_url"] and found["api_key"]):
+        return None
+    return found
+
+
+def capabilities(env: dict | None = None) -> list[str]:
+    """Capability strings for `register.capabilities` (cheap: no process is started)."""
+    env = os.environ if env is None else env
+    caps = ["agent.run", "agent.interrupt"]
+    for name in PROFILES:
+        caps.append(f"backend.{name}")
+
+    if gateway_settings(env) is not None:
+        caps.append("llm.gateway")
+    return caps
+
+
+class ActiveRuns:
+    """run_id -> handle, so that agent_interrupt reaches a running agent_run."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._runs: dict[str, object] = {}  # caldera.backends.service.RunHandle
+        self.events_dropped = 0  # run events the plane never got (it was away too long)
+
+    def count_dropped(self, n: int) -> None:
+        with self._lock:
+            self.events_dropped += n
+
+    def add(self, handle) -> None:
+        with self._lock:
+            if handle.run_id in self._runs:
+                raise Refused(f"run {handle.run_id} is already running")
+            self._runs[handle.run_id] = handle
+
+    def remove(self, run_id: str) -> None:
+        with self._lock:
+            self._runs.pop(run_id, None)
+
+    def get(self, run_id: str):
+        with self._lock:
+            return self._runs.get(run_id)
