@@ -208,6 +208,17 @@ def plane_db_path(environ=os.environ, euid: int | None = None, home: Path | None
     return (Path.home() if home is None else home) / ".local" / "state" / "caldera" / "plane" / "plane.db"
 
 
+# The old daemon's signal pipe across a restart in place: "<fd>:<inode>" (caldera.daemon.signals).
+SIGNAL_HANDOVER_VAR = "CALDERA_SIGNAL_HANDOVER"
+
+
+def take_signal_handover(environ=os.environ) -> tuple[int, int] | None:
+    """(fd, inode) of the pipe a restarted daemon inherits, taken out of the environment
+    so that no child sees it; None when there is none (or the value is not one)."""
+    fd, _, inode = (environ.pop(SIGNAL_HANDOVER_VAR, None) or "").partition(":")
+    return (int(fd), int(inode)) if fd.isdigit() and inode.isdigit() else None
+
+
 def codex_binary(environ=os.environ) -> str | None:
     """CALDERA_CODEX_BIN: the Codex binary to run instead of `codex` on PATH."""
     return environ.get("CALDERA_CODEX_BIN") or None

@@ -399,10 +399,19 @@ class AppServer:
         if self.returncode(grace) is None:
             self.kill()
         proc.signal_group(self.proc, signal.SIGKILL)  # agent commands left in the group
-        for thread in self.threads:
+        held = []
+        # self.threads are the stdout and stderr readers, in that order (start()).
+        for thread, stream in zip(self.threads, (self.proc.stdout, self.proc.stderr)):
             thread.join(timeout=2.0)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            stream.close()
+            if thread.is_alive():
+                # A process outside the group (a command that ran `setsid`) still holds the
+                # pipe: closing the stream would wait on the reader's lock for as long as that
+                # process lives. The daemon thread keeps it; the turn is over regardless.
+                held.append(thread.name)
+            else:
+                stream.close()
+        if held and self.runlog is not None:
+            self.runlog.note(f"{', '.join(held)} still held open by a process outside codex's group; left behind")
         return self.proc.returncode
 
     def kill(self, grace: float = 1.0) -> None:

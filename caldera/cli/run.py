@@ -55,9 +55,11 @@ def _restart_in_place(signals) -> None:
     """After a reload that changed the configuration: the same command again, same PID
     (systemd keeps tracking it; the new process says READY=1, which ends the reload).
     The signals are held (the kernel keeps them for the new process); a stop that a
-    thread other than this one took meanwhile is counted by now, and wins."""
+    thread other than this one took meanwhile is counted by now, and wins; one it takes
+    after this look leaves its byte in the pipe handed over to the new process."""
     logging.shutdown()
     sys.stderr.flush()
     if signals.count:
         return
+    signals.hand_over()
     os.execv(sys.executable, [sys.executable, "-m", "caldera.cli", *sys.argv[1:]])

@@ -77,6 +77,10 @@ def run(parts: Parts, signals: Signals) -> int:
         print(f"caldera run: agent {parts.paths.name} is already run by pid {lock.holder()}", file=sys.stderr)
         return 1
     with lock:
+        if signals.count:  # asked to stop during start-up (or held across a restart): start nothing
+            log.info("stopped before starting: a stop was asked during start-up")
+            sdnotify.notify("STOPPING=1")
+            return 0
         if not parts.settings.enabled or parts.client is None:
             return _run_local(parts, signals)
         return _run_connected(parts, signals)

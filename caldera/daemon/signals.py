@@ -22,13 +22,19 @@ and then exec'd away leaves a new daemon that nobody asked to stop running on
 the three signals before its last look at the count: from then on the kernel
 keeps them pending, across execve (the mask and pending signals survive it), and
 the new process's `install()` sets its handlers first and unblocks them second,
-so a held SIGTERM arrives at a handler that drains and stops.
+so a held SIGTERM arrives at a handler that drains and stops. One that another
+thread took meanwhile (only the main thread blocks them) left its byte in the
+pipe: the pipe's read end is handed over across execv (`hand_over`) and the new
+process counts what it holds.
 """
 from __future__ import annotations
 
 import os
 import select
 import signal
+import stat
+
+from caldera.config import SIGNAL_HANDOVER_VAR, take_signal_handover
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -57,6 +63,31 @@ class Signals:
         signal.signal(signal.SIGINT, self._stop)
         signal.signal(signal.SIGHUP, self._hup)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
+        handover = take_signal_handover()
+        if handover is not None:
+            self._adopt(*handover)
+
+    def hand_over(self) -> None:
+        """Just before a restart in place, after the last look at the count: keep the pipe's
+        read end open across execv and name it in the environment. A signal that another
+        thread took after that look left its byte there; the restarted process counts it."""
+        os.set_inheritable(self._read, True)
+        os.environ[SIGNAL_HANDOVER_VAR] = f"{self._read}:{os.fstat(self._read).st_ino}"
+
+    def _adopt(self, fd: int, inode: int) -> None:
+        """Count what the old process's pipe still holds, then close it. A descriptor that is
+        not that pipe (a stale variable) is left alone."""
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return
+        if not stat.S_ISFIFO(st.st_mode) or st.st_ino != inode:
+            return
+        try:
+            os.set_blocking(fd, False)
+            self._drain(fd)
+        finally:
+            os.close(fd)
 
     def hold(self) -> bool:
         """Before a restart in place: block the three signals in this (the main) thread, so
@@ -87,10 +118,10 @@ class Signals:
         self._hups_seen = hups
         return True
 
-    def _drain(self) -> None:
+    def _drain(self, fd: int | None = None) -> None:
         try:
             while True:
-                data = os.read(self._read, 512)
+                data = os.read(self._read if fd is None else fd, 512)
                 if not data:
                     return
                 for signum in data:
@@ -100,11 +131,18 @@ class Signals:
                         self._piped["stop"] += 1
         except BlockingIOError:
             pass  # drained
+        self._exit_if_third()
 
     def _stop(self, signum, frame) -> None:
         self._handled["stop"] += 1
-        if self._handled["stop"] >= 3:
-            os._exit(0)  # the third: at once, as SPEC section 4 says
+        self._exit_if_third()
+
+    def _exit_if_third(self) -> None:
+        """The third SIGTERM/SIGINT exits at once (SPEC section 4), by either count: the
+        handler calls of signals that came while the main thread was inside one long C
+        call may run merged into one, while each left its byte in the pipe."""
+        if self.count >= 3:
+            os._exit(0)
 
     def _hup(self, signum, frame) -> None:
         self._handled["hup"] += 1

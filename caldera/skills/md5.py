@@ -11,9 +11,11 @@ same `collect_files()` list, so the inventory and the package always agree.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import posixpath
+import stat
 import zipfile
 from typing import NamedTuple
 
@@ -142,11 +144,14 @@ def hash_skill(root, buffer: bytearray | None = None) -> tuple[list[FileEntry], 
 def _hash_file(update, header: bytes, path: str, rel: str, buffer: bytearray) -> FileEntry:
     """Feed `header`, the file's bytes and the closing newline; the file's FileEntry."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        # O_NONBLOCK: a file swapped for a fifo since the walk must not block the scan on open
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise ScanError(exc.errno, f"cannot read: {exc.strerror}", path) from None
     try:
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ScanError(errno.EINVAL, "no longer a regular file", path)
         if st.st_size <= SMALL_FILE:  # most skill files: one read into the buffer, one update
             n = os.readv(fd, [buffer])
             if n <= st.st_size:
@@ -253,12 +258,15 @@ def digest(items, read) -> str:
 
 
 def read_chunks(path: str):
-    # O_NOFOLLOW: a file swapped for a symlink between the walk and the read is not followed.
+    # O_NOFOLLOW: a file swapped for a symlink between the walk and the read is not followed;
+    # O_NONBLOCK and the type check: one swapped for a fifo does not block the read.
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise ScanError(exc.errno, f"cannot read: {exc.strerror}", path) from None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ScanError(errno.EINVAL, "cannot read: no longer a regular file", path)
         while chunk := os.read(fd, CHUNK):  # no buffered file object: many small files
             yield chunk
     finally:

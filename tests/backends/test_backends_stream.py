@@ -150,3 +150,33 @@ def test_a_full_channel_holds_the_reader_back_until_read_or_closed():
     end.closed.set()
     reader.join(10)
     assert not reader.is_alive()
+
+
+def test_close_returns_while_a_process_outside_the_group_holds_stdout(tmp_path):
+    # A command codex ran may `setsid` out of the process group: the group's SIGKILL misses
+    # it, and it keeps codex's stdout and stderr open. close() used to close the streams
+    # under the blocked readers and wait as long as that process lived.
+    import os
+    import signal
+    import threading
+
+    from caldera.backends.codex import AppServer
+
+    pidfile = tmp_path / "escaped.pid"
+    # The escaped process writes its pid once it is out of the group; codex's stand-in waits for it.
+    script = (f"setsid sh -c 'echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile} && exec sleep 60' & "
+              f"while [ ! -s {pidfile} ]; do sleep 0.05; done; exit 0")
+    redactor = Redactor([])
+    log = RunLog(tmp_path / "run.log", redactor)
+    server = AppServer(["sh", "-c", script], {"PATH": os.environ["PATH"]}, str(tmp_path), log, redactor)
+    server.start()
+    try:
+        assert server.returncode(10) == 0  # the stand-in is gone; the escaped process holds the pipes
+        closer = threading.Thread(target=server.close, kwargs={"grace": 0.5}, daemon=True)
+        closer.start()
+        closer.join(20)  # bounds a failure only; it returns in about 2 s (the readers' join)
+        assert not closer.is_alive(), "close() waited for the escaped process"
+        log.close()
+        assert "still held open by a process outside codex's group" in (tmp_path / "run.log").read_text()
+    finally:
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)

@@ -83,3 +83,51 @@ def test_hold_says_a_stop_was_asked_before_it(signals):
         assert signals.hold() is False  # the reload must not restart: the stop wins
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
+
+
+def test_the_third_stop_exits_by_the_pipe_count_too(tmp_path):
+    # Three SIGTERMs that arrive while the main thread is inside one long C call leave three
+    # bytes in the pipe, but their Python handler calls may run merged into one: the third
+    # must still exit at once. The bytes are written here as the C handler writes them.
+    import subprocess
+    import sys
+
+    code = ("import os, signal\nfrom caldera.daemon.signals import Signals\n"
+            "sig = Signals()\nsig.install()\n"
+            "os.write(sig._write, bytes([signal.SIGTERM]) * 3)\n"
+            "sig.wait(5)\nprint('still running', sig.count)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "still running" not in done.stdout, (done.stdout, done.stderr)
+
+
+def test_a_stop_taken_after_the_last_look_reaches_the_restarted_process(tmp_path):
+    # After the last look at the count, a SIGTERM another thread takes only leaves its byte
+    # in the pipe (its Python handler would run after execv, i.e. never). The pipe's read
+    # end is handed over; the restarted process counts it. The byte is written here as the
+    # C handler writes it; the second script stands for the restarted daemon.
+    import subprocess
+    import sys
+
+    after = tmp_path / "after.py"
+    after.write_text("import os\nfrom caldera.daemon.signals import Signals\n"
+                     "sig = Signals()\nsig.install()\n"
+                     "print('count', sig.count, 'var' if 'CALDERA_SIGNAL_HANDOVER' in os.environ else 'clean')\n")
+    code = ("import os, signal, sys\nfrom caldera.daemon.signals import Signals\n"
+            "sig = Signals()\nsig.install()\nassert sig.hold()\n"
+            "os.write(sig._write, bytes([signal.SIGTERM]))\n"
+            "sig.hand_over()\n"
+            f"os.execv(sys.executable, [sys.executable, {str(after)!r}])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["count", "1", "clean"], (done.stdout, done.stderr)
+
+
+def test_a_stale_handover_variable_is_ignored(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import os\nfrom caldera.daemon.signals import Signals\n"
+            "sig = Signals()\nsig.install()\nos.fstat(0)\nprint('count', sig.count)\n")
+    env = {**os.environ, "CALDERA_SIGNAL_HANDOVER": "0:12345"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env,
+                          stdin=subprocess.PIPE)  # fd 0 is a pipe, but not that one: left open
+    assert done.stdout.split() == ["count", "0"], (done.stdout, done.stderr)

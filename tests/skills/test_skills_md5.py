@@ -133,3 +133,35 @@ def test_hash_skill_is_collect_files_and_content_md5_in_one_pass(tmp_path):
     assert md5.files_signature(files) == md5.stat_signature(skill)
     (tmp_path / "empty-skill" / ".git").mkdir(parents=True)
     assert md5.hash_skill(tmp_path / "empty-skill") == ([], None)
+
+
+def test_a_file_swapped_for_a_fifo_after_the_walk_is_refused_not_waited_on(tmp_path, monkeypatch):
+    # The walk saw a regular file; a fifo with no writer now stands in its place. Opening it
+    # for reading used to block the scan for good.
+    skill = write_tree(tmp_path / "s", {"a.txt": b"a", "b.txt": b"b"})
+    real_walk = md5._walk
+
+    def walk_then_swap(directory, prefix, out, specials=None, with_stat=True):
+        real_walk(directory, prefix, out, specials, with_stat)
+        if prefix == "":
+            os.unlink(skill / "b.txt")
+            os.mkfifo(skill / "b.txt")
+
+    import threading
+
+    outcome = []
+
+    def hash_it():
+        try:
+            md5.hash_skill(skill)
+        except md5.ScanError as exc:
+            outcome.append(str(exc))
+
+    monkeypatch.setattr(md5, "_walk", walk_then_swap)
+    worker = threading.Thread(target=hash_it, daemon=True)
+    worker.start()
+    worker.join(10)  # bounds a failure only
+    assert not worker.is_alive(), "the scan blocked on the fifo"
+    assert outcome and "no longer a regular file" in outcome[0] and "b.txt" in outcome[0]
+    with pytest.raises(md5.ScanError, match="no longer a regular file"):
+        list(md5.read_chunks(str(skill / "b.txt")))
