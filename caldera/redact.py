@@ -163,16 +163,20 @@ class Redactor:
             self._forms = sorted(known | new, key=len, reverse=True)
             self._values = (re.compile("|".join(re.escape(f) for f in self._forms)), _minimal(self._forms))
 
-    def text(self, value: str) -> str:
-        # Substring tests first (str.find skips through text at memory speed), the regexes
-        # only where they can match: a run's transcript is mostly text holding no secret.
-        # Plain loops, not any(generator): this runs on every string of every event.
+    def _mask_values(self, text: str) -> str:
+        """The known secret values masked; the one regex runs only when a probe is present.
+        Plain loops, not any(generator): this runs on every string of every event."""
         values = self._values
         if values is not None:
             for probe in values[1]:
-                if probe in value:
-                    value = values[0].sub(MASK, value)
-                    break
+                if probe in text:
+                    return values[0].sub(MASK, text)
+        return text
+
+    def text(self, value: str) -> str:
+        # Substring tests first (str.find skips through text at memory speed), the regexes
+        # only where they can match: a run's transcript is mostly text holding no secret.
+        value = self._mask_values(value)
         low = value.lower()
         if not _has_trigger(low):  # the common case: nothing credential-shaped
             return value
@@ -185,13 +189,7 @@ class Redactor:
         """Lines (without newlines) redacted each as text() would, joined by newlines: the
         secret values in one pass over the whole, and a credential pattern only on the lines
         holding one of its triggers (not over the whole: a busy run log writes 64 KiB at once)."""
-        block = "\n".join(lines)
-        values = self._values
-        if values is not None:
-            for probe in values[1]:
-                if probe in block:
-                    block = values[0].sub(MASK, block)
-                    break
+        block = self._mask_values("\n".join(lines))
         low = block.lower()
         if not _has_trigger(low):
             return block

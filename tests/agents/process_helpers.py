@@ -5,10 +5,9 @@ import json
 import os
 import shutil
 import sys
-import threading
-import time
 from pathlib import Path
 
+import daemon_helpers
 from caldera.config import AgentPaths
 
 HERE = Path(__file__).resolve().parent
@@ -34,15 +33,21 @@ def make_process_agent(tmp_path: Path, mode: str = "run", *, extra: str = "", ru
 
 
 def wait_for(check, what: str, timeout: float = WAIT, step: float = 0.05):
-    """Poll `check()` until it is truthy; fail naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        pause.wait(step)
-    raise AssertionError(f"timed out waiting for {what}")
+    """Poll `check()` until it is truthy; fail naming `what` after `timeout` (the daemon
+    tests' poller, with `what` second as these tests spell it)."""
+    return daemon_helpers.wait_for(check, timeout=timeout, step=step, what=what)
+
+
+def manifest_doc(base: dict, **over) -> dict:
+    """A copy of the manifest document `base` with top-level keys replaced and
+    `runtime_<key>=` setting runtime.<key>."""
+    doc = json.loads(json.dumps(base))
+    for key, value in over.items():
+        if key.startswith("runtime_"):
+            doc["runtime"][key[8:]] = value
+        else:
+            doc[key] = value
+    return doc
 
 
 def alive(pid: int) -> bool:

@@ -8,19 +8,14 @@ import pytest
 import yaml
 
 from caldera.errors import ConfigError
+from process_helpers import manifest_doc
 from caldera.agents.manifest import FORBIDDEN_IN_ADAPTER_MODE, check_document, load_manifest, schema_check
 
 BASE = {"name": "a", "runtime": {"type": "adapter", "command": ["./adapter"], "workdir": "."}}
 
 
 def _doc(**over):
-    doc = json.loads(json.dumps(BASE))
-    for key, value in over.items():
-        if key.startswith("runtime_"):
-            doc["runtime"][key[8:]] = value
-        else:
-            doc[key] = value
-    return doc
+    return manifest_doc(BASE, **over)
 
 
 def _write(tmp_path, doc, name="caldera.agent.yaml"):

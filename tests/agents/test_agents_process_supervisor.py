@@ -352,7 +352,7 @@ def test_the_agent_runs_as_the_manifest_account(tmp_path):
     root = Path(tempfile.mkdtemp(prefix="caldera-acct-"))  # outside pytest's 0700 tree: nobody must reach it
     try:
         os.chmod(root, 0o755)
-        paths = make_process_agent(root, "env", extra=f"account: nobody\n")
+        paths = make_process_agent(root, "env", extra="account: nobody\n")
         text = paths.manifest_path.read_text().replace("state: agent\n", f"state: {root / 'agentstate'}\n")
         text = text.replace(json.dumps(sys.executable), "/usr/bin/python3")  # the venv may be out of its reach
         paths.manifest_path.write_text(text)

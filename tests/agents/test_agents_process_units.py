@@ -13,18 +13,13 @@ from caldera.agents.process.statusfile import MAX_BYTES, read_status_file
 from caldera.errors import ConfigError
 from caldera.host import proc
 from caldera.redact import Redactor
+from process_helpers import manifest_doc
 
 BASE = {"name": "p", "runtime": {"type": "process", "command": ["./agent"]}}
 
 
 def _doc(**over):
-    doc = json.loads(json.dumps(BASE))
-    for key, value in over.items():
-        if key.startswith("runtime_"):
-            doc["runtime"][key[8:]] = value
-        else:
-            doc[key] = value
-    return doc
+    return manifest_doc(BASE, **over)
 
 
 # ---------------------------------------------------------------- restart policy

@@ -183,7 +183,7 @@ def test_bad_binary_path_is_spawn_failed(tmp_path):
 
 def test_cli_turn_json_lines_and_no_leak_on_stdout_or_stderr(tmp_path):
     (workspace(tmp_path) / "README.md").write_text("x\n")
-    script = [{"call": "exec_command", "args": {"cmd": f"echo $FAKE_PROVIDER_API_KEY; env"}},
+    script = [{"call": "exec_command", "args": {"cmd": "echo $FAKE_PROVIDER_API_KEY; env"}},
               {"text": f"I will not say {CANARY}"}]
     with FakeProvider(script) as provider:
         sec = write_projection(tmp_path, base_url=provider.url)

@@ -2,8 +2,6 @@
 import os
 import pwd
 
-import pytest
-
 from caldera.cli import main
 from caldera.host import privdrop
 from core_helpers import install_agent

@@ -6,11 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
-import pytest
+from process_helpers import wait_for
+
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "inbox-watcher"
@@ -19,16 +18,6 @@ EXAMPLE = REPO / "examples" / "inbox-watcher"
 def caldera(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "caldera.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ))
-
-
-def wait_for(check, what, timeout=60.0):
-    deadline, pause = time.monotonic() + timeout, threading.Event()
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        pause.wait(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_check_start_on_the_example(caldera_env, tmp_path):

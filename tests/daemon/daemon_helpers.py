@@ -9,6 +9,7 @@ from pathlib import Path
 
 from core_helpers import BOOT
 
+INSTANCE = 7  # the daemon tests' instance on their loopback plane (conftest.py)
 WAIT = 10.0  # upper bound for an event the contract says happens within a few seconds
 
 

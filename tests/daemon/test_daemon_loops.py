@@ -1,9 +1,8 @@
-import json
 """Loops driven with a fast clock: each wait records its delay and returns at once."""
+import json
 import random
 import threading
 
-import pytest
 import responses
 
 from caldera.protocol.retry import Backoff

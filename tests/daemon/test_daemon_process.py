@@ -3,19 +3,14 @@ the v1 slots in heartbeats and reports, start/stop/restart_openclaw, the CLI thr
 control socket, and SIGTERM stopping the agent first."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from core_helpers import BOOT, SECRET, install_agent
-from daemon_helpers import Daemon, wait_for
+from daemon_helpers import Daemon, INSTANCE, wait_for
 
-PlaneServer = pytest.importorskip("caldera.plane.server").PlaneServer
-INSTANCE = 7
 FAKE = Path(__file__).resolve().parent.parent / "agents" / "process_agents" / "fake_agent.py"
 MANIFEST = """\
 name: {name}
@@ -29,14 +24,6 @@ status: status.json
 state: agent
 secrets: [OTHER_SECRET]
 """
-
-
-@pytest.fixture
-def plane(tmp_path):
-    server = PlaneServer(str(tmp_path / "plane.db"), tokens={BOOT: INSTANCE}, heartbeat_interval=1,
-                         poll_interval=1).start()
-    yield server
-    server.stop()
 
 
 def _install(root, plane):

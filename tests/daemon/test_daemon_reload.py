@@ -7,18 +7,7 @@ import threading
 import pytest
 
 from core_helpers import BOOT, install_agent
-from daemon_helpers import Daemon, count, wait_for
-
-PlaneServer = pytest.importorskip("caldera.plane.server").PlaneServer
-INSTANCE = 7
-
-
-@pytest.fixture
-def plane(tmp_path):
-    server = PlaneServer(str(tmp_path / "plane.db"), tokens={BOOT: INSTANCE}, heartbeat_interval=1,
-                         poll_interval=1).start()
-    yield server
-    server.stop()
+from daemon_helpers import Daemon, INSTANCE, count, wait_for
 
 
 def test_unconfigured_agent_stays_local_and_a_reload_connects_it_in_place(caldera_env, plane):
@@ -47,10 +36,8 @@ def test_reload_of_a_changed_secret_names_it_and_hides_its_value(caldera_env, pl
     config = install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
     daemon = Daemon()
     try:
-        wait_for(lambda: plane.store.heartbeats(INSTANCE), what="first heartbeat")
-        (config / "secrets.env").write_text(f"CALDERA_TOKEN={BOOT}\nNEW_SECRET=reload-canary-93b1\n")
-        daemon.signal(signal.SIGHUP)
-        wait_for(lambda: "stopped; restarting with the new configuration" in daemon.log(), what="the reload")
+        _reload_with_a_new_secret(config, daemon, plane)
+        wait_for(lambda: "stopped; restarting with the new configuration" in daemon.log(), what="the restart")
         before = len(plane.store.heartbeats(INSTANCE))
         wait_for(lambda: len(plane.store.heartbeats(INSTANCE)) > before, timeout=30,
                  what="heartbeats after the reload (a restarted process)")
@@ -102,12 +89,18 @@ def test_a_stop_during_a_reload_stops_the_daemon(caldera_env, plane, delay):
     config = install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
     daemon = Daemon()
     try:
-        wait_for(lambda: plane.store.heartbeats(INSTANCE), what="first heartbeat")
-        (config / "secrets.env").write_text(f"CALDERA_TOKEN={BOOT}\nNEW_SECRET=reload-canary-93b1\n")
-        daemon.signal(signal.SIGHUP)
-        wait_for(lambda: "reload: changed NEW_SECRET" in daemon.log(), what="the reload")
+        _reload_with_a_new_secret(config, daemon, plane)
         threading.Event().wait(delay)
     finally:
         code = daemon.stop()
     assert code == 0  # on its own, gracefully: not killed after the helper's 30 s
     assert "INFO caldera.daemon: stopped" in daemon.log()
+
+
+def _reload_with_a_new_secret(config, daemon, plane) -> None:
+    """Once the daemon heartbeats: a new secret in secrets.env, SIGHUP, and the reload seen
+    deciding to restart in place."""
+    wait_for(lambda: plane.store.heartbeats(INSTANCE), what="first heartbeat")
+    (config / "secrets.env").write_text(f"CALDERA_TOKEN={BOOT}\nNEW_SECRET=reload-canary-93b1\n")
+    daemon.signal(signal.SIGHUP)
+    wait_for(lambda: "reload: changed NEW_SECRET" in daemon.log(), what="the reload")

@@ -9,18 +9,9 @@ import time
 import pytest
 
 from core_helpers import BOOT, SECRET, install_agent
-from daemon_helpers import Daemon, count, wait_for
+from daemon_helpers import Daemon, INSTANCE, count, wait_for
 
 PlaneServer = pytest.importorskip("caldera.plane.server").PlaneServer
-INSTANCE = 7
-
-
-@pytest.fixture
-def plane(tmp_path):
-    server = PlaneServer(str(tmp_path / "plane.db"), tokens={BOOT: INSTANCE}, heartbeat_interval=1,
-                         poll_interval=1).start()
-    yield server
-    server.stop()
 
 
 def commands(plane):

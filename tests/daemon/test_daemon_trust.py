@@ -8,13 +8,9 @@ import json
 import os
 from pathlib import Path
 
-import pytest
+from core_helpers import install_agent
+from daemon_helpers import Daemon, INSTANCE, wait_for
 
-from core_helpers import BOOT, install_agent
-from daemon_helpers import Daemon, wait_for
-
-PlaneServer = pytest.importorskip("caldera.plane.server").PlaneServer
-INSTANCE = 7
 
 MANIFEST = """name: demo
 version: 1.0.0
@@ -41,14 +37,6 @@ elif verb[:2] == ["settings", "set"]:
 else:
     sys.exit(2)
 """
-
-
-@pytest.fixture
-def plane(tmp_path):
-    server = PlaneServer(str(tmp_path / "plane.db"), tokens={BOOT: INSTANCE}, heartbeat_interval=1,
-                         poll_interval=1).start()
-    yield server
-    server.stop()
 
 
 def _finished(plane, cid):

@@ -244,7 +244,6 @@ def test_config_revision_raw_keeps_bytes(tmp_path):
 
 def test_upload_reaches_a_real_server_unchunked(tmp_path):
     """Against the plane over HTTP: one Content-Length, no chunked framing (Go's server reads it)."""
-    import io
     import zipfile
 
     from caldera.plane.server import PlaneServer

@@ -2,7 +2,6 @@
 written out by hand in the test, per ClawManager's spec."""
 import hashlib
 import os
-import zipfile
 
 import pytest
 from skills_helpers import hand_md5, write_tree, zip_bytes

@@ -3,12 +3,11 @@ failing plane (issue 13): one-shot commands retried within their timeout, upload
 skill_id only as skill_<n>, SKILL.md checked first, archive metadata out of md5 and
 zip, Unicode names reported, column limits, one timestamp format, URL path values."""
 import dataclasses
-import io
 import time
 import zipfile
 
 import pytest
-from fault_helpers import API, FaultPlane
+from fault_helpers import FaultPlane
 from skills_helpers import FakeRuntime, ctx, multipart_fields, write_tree, zip_bytes
 
 import skills_helpers

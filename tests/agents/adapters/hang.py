@@ -1,8 +1,6 @@
 #!/usr/bin/env python3
 """Hangs in every verb, with a child in its process group that must die with it."""
-import os
 import subprocess
-import sys
 import time
 
 child = subprocess.Popen(["sleep", "3600"])

@@ -1,0 +1,14 @@
+"""The daemon tests' loopback plane: instance 7, the bootstrap token BOOT, 1 s intervals
+(a module that needs another plane defines its own `plane` fixture, which wins)."""
+import pytest
+
+from core_helpers import BOOT
+from daemon_helpers import INSTANCE
+
+
+@pytest.fixture
+def plane(tmp_path):
+    server = pytest.importorskip("caldera.plane.server").PlaneServer(
+        str(tmp_path / "plane.db"), tokens={BOOT: INSTANCE}, heartbeat_interval=1, poll_interval=1).start()
+    yield server
+    server.stop()
