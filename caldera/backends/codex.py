@@ -44,6 +44,7 @@ INTERRUPT_GRACE = 5.0  # after turn/interrupt on cancel, before the kill
 TIMEOUT_GRACE = 2.0  # after turn/interrupt on the policy deadline, before the kill
 CLOSE_GRACE = 2.0  # after closing stdin (codex exits in <= 0.06 s)
 POLL = 0.05
+STDERR_SETTLE = 2.0  # after an early exit: how long to wait for the stderr that explains it
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 TRIPLES = {"x86_64": ("codex-linux-x64", "x86_64-unknown-linux-musl"),
            "aarch64": ("codex-linux-arm64", "aarch64-unknown-linux-musl")}
@@ -383,7 +384,13 @@ class AppServer:
         except subprocess.TimeoutExpired:
             return None
 
-    def stderr_summary(self, lines: int = 3, limit: int = 500) -> str:
+    def stderr_summary(self, lines: int = 3, limit: int = 500, settle: float = 0.0) -> str:
+        """The last stderr lines, redacted; `settle` waits that long for the reader to reach EOF.
+
+        After an early exit, stdout's EOF can be seen before the stderr reader has read the
+        lines that explain it (the two pipes are read by two threads)."""
+        if settle and len(self.threads) > 1:
+            self.threads[1].join(timeout=settle)  # start(): stdout reader, then stderr reader
         text = " | ".join(list(self.stderr_tail)[-lines:])
         return self.redactor.text(text[-limit:])
 
@@ -575,7 +582,7 @@ class CodexBackend(Backend):
             rc = server.returncode(wait=2.0)
             kind = fk.BACKEND_SPAWN_FAILED if before_init else fk.BACKEND_FAILED
             raise fk.BackendFailure(kind, f"codex app-server exited (rc {rc}) before answering {method}: "
-                                          f"{server.stderr_summary() or 'no stderr'}")
+                                          f"{server.stderr_summary(settle=STDERR_SETTLE) or 'no stderr'}")
         if "error" in msg:
             error = msg["error"] if isinstance(msg["error"], dict) else {"message": str(msg["error"])}
             raise fk.BackendFailure(fk.BACKEND_FAILED, f"{method} failed: {error.get('message')}")
@@ -640,9 +647,10 @@ class CodexBackend(Backend):
                 if context.reason:
                     return self._end_stopped(context)
                 rc = server.returncode(wait=2.0)
+                hint = server.stderr_summary(settle=STDERR_SETTLE)
                 return norm.finish("failed", fk.BACKEND_FAILED,
-                                   f"codex app-server exited (rc {rc}) before the turn completed",
-                                   self._extra(context))
+                                   f"codex app-server exited (rc {rc}) before the turn completed"
+                                   + (f": {hint}" if hint else ""), self._extra(context))
 
     def _grace(self, context: CodexContext) -> float:
         return TIMEOUT_GRACE if context.reason == "timeout" else INTERRUPT_GRACE

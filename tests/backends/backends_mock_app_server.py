@@ -4,6 +4,8 @@
 Usage: backends_mock_app_server.py --script FILE app-server
 The script (JSON) says what to do:
   "exit_before_init": RC        print a usage line to stderr and exit RC at once
+  "late_stderr": S              with exit_before_init: close stdout and exit; a child prints
+                                the usage line S s later (EOF and exit come before the reason)
   "stderr": [lines]             written to stderr at start
   "initialize": {...}|"error"|"no_result"   the initialize answer (default: a normal result)
   "thread_start": same shape    the thread/start answer
@@ -11,6 +13,8 @@ The script (JSON) says what to do:
   "on_turn": [steps]            after turn/start; a step is a message to send (strings
                                 "$THREAD", "$TURN" and "$ENV:NAME" are substituted) or
                                 {"raw": line} | {"exit": rc} | {"sleep": s} |
+                                {"exit": rc, "late_stderr": [s, line]} (close stdout, exit;
+                                a child writes line to stderr s later) |
                                 {"request": msg} (wait for the reply, then send it back
                                 as an agentMessage) | {"wait_interrupt": true}
   "interrupt": "honor" (default) | "ignore"
@@ -67,11 +71,25 @@ def read_message():
     return msg
 
 
+def late_stderr(delay, text):
+    """Close stdout and let a child explain on stderr after this process has exited: the
+    runtime sees the EOF and the exit status before the reason (as a loaded machine can)."""
+    sys.stdout.flush()
+    os.close(1)
+    if os.fork() == 0:
+        time.sleep(delay)
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+        os._exit(0)
+
+
 def run_turn(script):
     for step in script.get("on_turn", []):
         if isinstance(step, dict) and "raw" in step:
             send(step["raw"])
         elif isinstance(step, dict) and "exit" in step:
+            if "late_stderr" in step:
+                late_stderr(*step["late_stderr"])
             sys.exit(step["exit"])
         elif isinstance(step, dict) and "sleep" in step:
             time.sleep(step["sleep"])
@@ -103,7 +121,11 @@ def main():
         sys.stderr.write(subst(line) + "\n")
         sys.stderr.flush()
     if "exit_before_init" in script:
-        sys.stderr.write("error: unexpected argument found\n\nUsage: codex app-server [OPTIONS]\n")
+        usage = "error: unexpected argument found\n\nUsage: codex app-server [OPTIONS]"
+        if "late_stderr" in script:
+            late_stderr(script["late_stderr"], usage)
+        else:
+            sys.stderr.write(usage + "\n")
         sys.exit(script["exit_before_init"])
     while True:
         msg = read_message()

@@ -295,6 +295,20 @@ def test_exit_before_initialize_is_spawn_failed_with_stderr_hint(tmp_path):
     assert "Usage: codex app-server" in data["message"]
 
 
+def test_exit_before_initialize_names_the_stderr_that_comes_after_stdout_eof(tmp_path):
+    # Two readers, two pipes: the EOF on stdout can be seen before stderr's last lines are read.
+    _, events, _ = run_mock(tmp_path, {"exit_before_init": 2, "late_stderr": 0.5})
+    data = events[-1]["data"]
+    assert data["failure_kind"] == fk.BACKEND_SPAWN_FAILED
+    assert "Usage: codex app-server" in data["message"]
+
+
+def test_exit_mid_turn_names_its_stderr(tmp_path):
+    _, events, _ = run_mock(tmp_path, {"on_turn": [{"exit": 3, "late_stderr": [0.5, "panic: model stream broke"]}]})
+    assert _kind(events) == fk.BACKEND_FAILED
+    assert "rc 3" in events[-1]["data"]["message"] and "panic: model stream broke" in events[-1]["data"]["message"]
+
+
 def test_exit_mid_turn_is_backend_failed(tmp_path):
     _, events, _ = run_mock(tmp_path, {"on_turn": [{"exit": 3}]})
     assert _kind(events) == fk.BACKEND_FAILED and "rc 3" in events[-1]["data"]["message"]
