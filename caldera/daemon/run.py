@@ -195,6 +195,7 @@ def _stop(parts: Parts, threads: list[threading.Thread], stop_by: float) -> None
         log.info("stopping: %d request(s) interrupted; %s", interrupted,
                  f"loops still busy: {', '.join(stuck)}" if stuck else "every loop ended")
     _final_flush(parts, stop_by)
+    write_snapshot(parts)  # `caldera status` after the stop shows what it left (the outbox after the flush)
 
 
 def _drain(lanes: Lanes, signals: Signals, abort) -> None:

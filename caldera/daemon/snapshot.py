@@ -2,8 +2,9 @@
 
 The state directory is 0711 and its files 0600 (user caldera): an admin
 without sudo can reach this one file by name and nothing else. The daemon
-writes it before READY=1 and after every state report: the adapter's status
-as last reported, the connection, the outbox depth and its own PID, through
+writes it before READY=1, after every state report and once after the stop
+(the outbox as the final flush left it): the adapter's status as last
+reported, the connection, the outbox depth and its own PID, through
 the Redactor (no secret in it, like everything `caldera status` prints).
 """
 from __future__ import annotations

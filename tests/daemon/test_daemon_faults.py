@@ -3,6 +3,8 @@ state-report floor, the oversized command and one-shot retries inside commands.
 
 The bounds given to `wait()` are generous ceilings (before issue 13 these took 88 s and
 30 s): they fail only when the stop is not bounded at all, never on a slow machine."""
+import json
+import signal
 import subprocess
 import sys
 import threading
@@ -37,6 +39,24 @@ def test_sigterm_ends_run_while_the_server_hangs(caldera_env, plane):
     finally:
         daemon.stop()
     assert "stopped" in daemon.log()
+
+
+def test_status_json_after_a_stop_shows_what_the_final_flush_left(caldera_env, plane):
+    install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
+    away = plane.fault(r"/inventory$", status=503, times=None)
+    snapshot = caldera_env / "var" / "demo" / "status.json"
+    daemon = Daemon()
+    try:
+        wait_for(lambda: plane.seen(r"/inventory$"), what="a refused inventory")
+        wait_for(lambda: snapshot.exists() and json.loads(snapshot.read_text())["outbox"]["items"] == 1,
+                 what="the kept inventory in status.json")
+        with plane._lock:
+            plane.faults.remove(away)
+        daemon.signal(signal.SIGTERM)
+        assert daemon.proc.wait(25) == 0
+    finally:
+        daemon.stop()
+    assert json.loads(snapshot.read_text())["outbox"]["items"] == 0  # delivered by the final flush
 
 
 def test_report_once_returns_by_its_deadline_while_the_server_trickles(caldera_env, plane):
