@@ -44,6 +44,12 @@ FINAL_REPORT = 3.0  # of it, kept for the final report
 LIVENESS = 90.0  # a loop silent for longer than this stops the watchdog pings
 REEXEC = -1  # run()'s answer after a reload that changed the configuration
 EXIT_GUARD = 10.0  # after run() returned: the longest the interpreter's exit may take
+# A process agent's graceful stop may take stop_timeout_seconds (up to 300 s), more than the
+# unit's TimeoutStopSec=90s: while it stops, systemd is asked for EXTEND_BY more every
+# EXTEND_EVERY, then once for what the rest of the stop may take (drain, lanes, budget, exit).
+EXTEND_EVERY = 10.0
+EXTEND_BY = 30.0
+REST_OF_STOP = DRAIN_GRACE + 10.0 + STOP_BUDGET + EXIT_GUARD + 5.0
 
 
 def start_threads(parts: Parts, lanes: Lanes, executor) -> list[threading.Thread]:
@@ -137,8 +143,16 @@ def stop_agent_supervisor(agent) -> None:
     stop, thread, server = agent
     log.info("stopping the agent")
     stop.set()
-    thread.join()
+    while thread.is_alive():
+        sdnotify.notify(_extend(EXTEND_BY))  # a no-op outside systemd
+        thread.join(EXTEND_EVERY)
+    sdnotify.notify(_extend(REST_OF_STOP))
     server.close()
+
+
+def _extend(seconds: float) -> str:
+    """systemd lets a stopping unit run past TimeoutStopSec while it keeps asking for more."""
+    return f"EXTEND_TIMEOUT_USEC={int(seconds * 1_000_000)}"
 
 
 def _watchdog_period() -> float:

@@ -8,7 +8,8 @@ tests) there is no socket and every call is a cheap no-op returning False.
 
 Who sends what is the daemon's business (docs/packaging.md, "sd_notify"):
 `READY=1` once its loops run, `WATCHDOG=1` from its own liveness check only,
-`STOPPING=1` when it starts draining.
+`STOPPING=1` when it starts draining, `EXTEND_TIMEOUT_USEC=` while a process
+agent's graceful stop outlasts the unit's `TimeoutStopSec`.
 """
 from __future__ import annotations
 

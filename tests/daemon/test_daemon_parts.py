@@ -140,3 +140,37 @@ def test_exit_guard_ends_a_process_held_at_exit_and_says_where(tmp_path):
     assert done.returncode == 0
     assert "still running 0.5 s after stopping" in done.stderr
     assert "Thread 0x" in done.stderr  # faulthandler's dump of every thread
+
+
+def test_a_long_agent_stop_keeps_asking_systemd_for_more_time(tmp_path, monkeypatch):
+    # TimeoutStopSec=90s, stop_timeout_seconds up to 300: while the agent stops, the daemon
+    # extends the unit's stop timeout, then asks once for the rest of its own stop.
+    import socket
+
+    path = str(tmp_path / "notify")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(path)
+    listener.settimeout(5)
+    monkeypatch.setenv("NOTIFY_SOCKET", path)
+    monkeypatch.setattr(daemon_run, "EXTEND_EVERY", 0.1)
+    stop, closed = threading.Event(), []
+
+    class Server:
+        def close(self):
+            closed.append(True)
+
+    agent_stopping = threading.Thread(target=lambda: (stop.wait(), threading.Event().wait(0.45)))
+    agent_stopping.start()
+    daemon_run.stop_agent_supervisor((stop, agent_stopping, Server()))
+    messages = []
+    listener.setblocking(False)
+    while True:
+        try:
+            messages.append(listener.recv(4096).decode())
+        except BlockingIOError:
+            break
+    listener.close()
+    assert closed == [True] and not agent_stopping.is_alive()
+    assert len(messages) >= 3 and set(messages[:-1]) == {"EXTEND_TIMEOUT_USEC=30000000"}
+    assert messages[-1] == f"EXTEND_TIMEOUT_USEC={int(daemon_run.REST_OF_STOP * 1_000_000)}"
+    assert daemon_run.REST_OF_STOP >= daemon_run.DRAIN_GRACE + daemon_run.STOP_BUDGET + daemon_run.EXIT_GUARD
