@@ -90,7 +90,7 @@ class Pass:
         except (KeyError, ValueError) as exc:
             return self._reject(name, f"malformed outbox item: {exc}")
         publish.delivered(self.outbox.dir, item)  # an inventory: the digest the plane accepted
-        self.outbox.done(name)
+        self.outbox.delivered(name, item)
         return True
 
     def _hold(self, name: str, item: dict, exc: BaseException) -> bool:

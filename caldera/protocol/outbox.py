@@ -34,6 +34,9 @@ log = logging.getLogger("caldera.protocol.outbox")
 
 MAX_ITEMS = 10_000
 MAX_BYTES = 64 * 1024 * 1024
+DELIVERED = ".finishes-delivered"  # the command ids of the last finishes the plane took
+DELIVERED_KEPT = 256
+STALE_TEMP = 600.0  # seconds: a temp file this old is an atomic write cut short by a crash
 DROPPABLE = ("inventory",)  # superseded by a newer one; never "finish" or "start"
 FIRST = ("start", "finish")  # results go before everything else
 REASON_CAP = 500
@@ -62,6 +65,20 @@ class Outbox:
         self.rejected = 0
         names = self._names()
         self._seq = int(names[-1].split("-")[0]) if names else 0
+        self._sweep_stale_temps()
+
+    def _sweep_stale_temps(self) -> None:
+        """A kill -9 or a power cut during an atomic write leaves `.NAME.XXXX.tmp` behind; the
+        item itself was never written (its command is settled by the journal). Only old ones
+        go: another writer's (report --once) write in progress is never touched."""
+        cutoff = time.time() - STALE_TEMP
+        for name in os.listdir(self.dir):
+            if name.startswith(".") and name.endswith(".tmp"):
+                try:
+                    if os.lstat(self.dir / name).st_mtime < cutoff:
+                        os.unlink(self.dir / name)
+                except FileNotFoundError:
+                    continue
 
     def _names(self) -> list[str]:
         return sorted(n for n in os.listdir(self.dir) if n.endswith(".json") and n[0].isdigit())
@@ -92,6 +109,28 @@ class Outbox:
             except ValueError:
                 log.error("outbox item %s is not JSON; moved to outbox/rejected/", name)
                 self.reject(name, "the stored item is not JSON")
+
+    def delivered(self, name: str, item: dict) -> None:
+        """The plane took `item`: a finish's command id is recorded before the item goes, so
+        that a restart between the delivery and the journal's last write knows the command
+        is settled (caldera.daemon.executor.recover) and never finishes it a second time."""
+        if item.get("kind") == "finish":
+            with self._lock:
+                ids = self._delivered_ids()
+                ids = ([item.get("command_id")] + [i for i in ids if i != item.get("command_id")])[:DELIVERED_KEPT]
+                atomic_write_bytes(self.dir / DELIVERED, json.dumps(ids).encode(), mode=0o600)
+        self.done(name)
+
+    def _delivered_ids(self) -> list:
+        try:
+            with open(self.dir / DELIVERED, "rb") as fh:
+                ids = json.loads(fh.read())
+        except FileNotFoundError:
+            return []
+        except ValueError:
+            log.warning("%s is not JSON; starting it again", DELIVERED)
+            return []
+        return ids if isinstance(ids, list) else []
 
     def done(self, name: str) -> None:
         with self._lock:
@@ -150,6 +189,9 @@ class Outbox:
         return held_items(self.dir)
 
     def has_finish(self, command_id) -> bool:
+        """A finish for this command is waiting here or was taken by the plane."""
+        if command_id in self._delivered_ids():
+            return True
         return any(item.get("command_id") == command_id and item.get("kind") == "finish"
                    for _, item in self.items())
 

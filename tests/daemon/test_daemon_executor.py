@@ -133,6 +133,32 @@ def test_recovery_runs_unbegun_and_fails_interrupted_never_reruns(runtime):
     assert set(runtime.state.get("commands")) == {"11"}
 
 
+def test_a_finish_delivered_before_the_journal_was_cleared_is_not_finished_again(runtime):
+    # kill -9 after the sender delivered the finish but before the executor's last journal
+    # write: the restarted daemon must not send a second ("interrupted") finish for it.
+    command = {"id": 21, "command_type": "collect_system_info", "payload": {}}
+    executor_for(runtime).journal_fetched(command)
+    executor_for(runtime)._journal_phase(21, "executing")
+    executor_for(runtime)._put_finish(command, "succeeded", {"message": "done"}, "")
+    [(name, item)] = list(runtime.outbox.items())
+    runtime.outbox.delivered(name, item)  # what the sender does when the plane took it
+    assert executor_for(runtime).recover() == []
+    assert finishes(runtime) == [] and runtime.state.get("commands") == {}
+
+
+def test_the_outbox_sweeps_only_stale_temp_files(tmp_path):
+    import os
+
+    directory = tmp_path / "outbox"
+    directory.mkdir()
+    stale, fresh = directory / ".000000000004-finish.json.0a1b.tmp", directory / ".000000000005-finish.json.2c3d.tmp"
+    stale.write_bytes(b"{")
+    fresh.write_bytes(b"{")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    Outbox(directory)
+    assert not stale.exists() and fresh.exists()
+
+
 def test_finish_results_are_redacted(runtime):
 
     executor_for(runtime)._put_finish({"id": 5}, "failed", {"echo": f"token={BOOT}"}, f"saw {BOOT}")

@@ -100,7 +100,9 @@ def test_kill9_with_queued_finishes_delivers_all_runs_none_twice(caldera_env, pl
     daemon = Daemon()
     ids = [plane.store.enqueue(INSTANCE, "collect_system_info", {}) for _ in range(3)]
     outbox = caldera_env / "var" / "demo" / "outbox"
-    wait_for(lambda: outbox.is_dir() and len([n for n in os.listdir(outbox) if "finish" in n]) == 3,
+    # real items only: a `.NNN-finish.json.XXXX.tmp` is a finish still being written
+    wait_for(lambda: outbox.is_dir() and len([n for n in os.listdir(outbox) if n.endswith("-finish.json")
+                                              and n[0].isdigit()]) == 3,
              timeout=20, what="three finishes queued")
     daemon.kill9()
     plane.clear_faults()  # the outage is over
