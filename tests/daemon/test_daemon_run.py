@@ -4,7 +4,6 @@ import signal
 import subprocess
 import sys
 import os
-import time
 
 import pytest
 
@@ -22,9 +21,9 @@ def test_register_heartbeat_report_then_commands_run(caldera_env, plane):
     install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
     daemon = Daemon()
     try:
-        wait_for(lambda: plane.store.reports(INSTANCE), timeout=5, what="first state report")
+        wait_for(lambda: plane.store.reports(INSTANCE), what="first state report")
         assert count(plane, "POST", "/api/v1/agent/register") == 1
-        wait_for(lambda: plane.store.heartbeats(INSTANCE), timeout=5, what="first heartbeat")
+        wait_for(lambda: plane.store.heartbeats(INSTANCE), what="first heartbeat")
         report = plane.store.reports(INSTANCE, last=True)
         report = report[-1] if isinstance(report, list) else report
         body = report.get("body", report)
@@ -52,10 +51,9 @@ def test_pending_hint_starts_command_without_waiting_for_poll(caldera_env, tmp_p
         wait_for(lambda: server.store.heartbeats(INSTANCE), what="first heartbeat")
         wait_for(lambda: count(server, "GET", "/api/v1/agent/commands/next") >= 1, what="first poll")
         cid = server.store.enqueue(INSTANCE, "collect_system_info", {})
-        enqueued = time.monotonic()
         # heartbeat interval 1 s; the poll interval is an hour, so only the hint can start it
-        wait_for(lambda: commands(server)[cid]["status"] != "pending", timeout=3, what="command dispatched")
-        assert time.monotonic() - enqueued < 3
+        # within the wait (no stopwatch here: a slow machine must not fail this)
+        wait_for(lambda: commands(server)[cid]["status"] != "pending", what="command dispatched")
     finally:
         daemon.stop()
         server.stop()
