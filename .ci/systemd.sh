@@ -9,7 +9,9 @@
 # without sudo, root's CLI verbs leave no root-owned state, `systemctl reload`,
 # kill -9 -> restarted within 15 s with nothing lost, an upgrade restarts the
 # agent, `systemctl stop` <= 15 s, a broken config ends `failed` with <= 1
-# restart, the cron line, and `apt-get purge` leaves nothing running.
+# restart, the cron line, a process agent's 25 s graceful stop outlasting a
+# TimeoutStopSec=10s drop-in (the daemon's EXTEND_TIMEOUT_USEC: Result=success,
+# no kill), and `apt-get purge` leaves nothing running.
 #
 # Usage: .ci/systemd.sh [DEB | DIR-with-one-caldera_*.deb]
 #   without an argument it builds one (packaging/build-deb.sh, tests skipped:
