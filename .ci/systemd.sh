@@ -465,7 +465,7 @@ t_slow=$(awk -v a="$s0" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1
 slow_journal=$(inside journalctl -u "caldera@$SLOW" --after-cursor "$cursor" --no-pager -o cat)
 printf '%s\n' "$slow_journal" | sed 's/^/  | /'
 result=$(slow_prop Result)
-[ "$result" = success ] || slow_fail "Result=$result after a ${t_slow} s stop (want success: was the stop cut at TimeoutStopSec=10s?)"
+[ "$result" = success ] || slow_fail "Result=$result after a ${t_slow} s stop (want success; timeout: systemd killed at TimeoutStopSec=10s or at the end of the last EXTEND_TIMEOUT_USEC)"
 if printf '%s\n' "$slow_journal" | grep -iE 'timed out|killing'; then slow_fail "systemd timed out or killed during the stop (above)"; fi
 awk -v t="$t_slow" -v n="$SLOW_EXIT_AFTER" 'BEGIN { exit !(t >= n - 5 && t <= n + 20) }' \
 	|| slow_fail "systemctl stop took $t_slow s (the agent exits $SLOW_EXIT_AFTER s after SIGTERM)"
