@@ -9,7 +9,9 @@
 # without sudo, root's CLI verbs leave no root-owned state, `systemctl reload`,
 # kill -9 -> restarted within 15 s with nothing lost, an upgrade restarts the
 # agent, `systemctl stop` <= 15 s, a broken config ends `failed` with <= 1
-# restart, the cron line, and `apt-get purge` leaves nothing running.
+# restart, the cron line, a process agent's 40 s graceful stop outlasting a
+# TimeoutStopSec=10s drop-in (the daemon's EXTEND_TIMEOUT_USEC: Result=success,
+# no kill), and `apt-get purge` leaves nothing running.
 #
 # Usage: .ci/systemd.sh [DEB | DIR-with-one-caldera_*.deb]
 #   without an argument it builds one (packaging/build-deb.sh, tests skipped:
@@ -407,6 +409,74 @@ cron_logged() { inside journalctl -t caldera-report --no-pager -o cat | grep -q 
 wait_until 10 "the cron run's exit status in the journal" cron_logged >/dev/null
 inside journalctl -t caldera-report --no-pager -o cat | tail -n 3
 
+step "a process agent's long graceful stop outlasts TimeoutStopSec (EXTEND_TIMEOUT_USEC)"
+# A process agent that ignores SIGTERM and ends by itself 40 s later (stop_timeout_seconds: 60),
+# in a unit whose drop-in cuts TimeoutStopSec to 10 s: without the daemon's EXTEND_TIMEOUT_USEC
+# systemd kills the unit at 10 s (Result=timeout); with it the stop ends gracefully after ~40 s.
+# 40 s, not less: the first request only reaches 30 s, so the stop lives on the renewals
+# (every 10 s) too; a daemon that asked once and stopped asking would be killed at 30 s.
+# Local mode (no agent.env values): the extension lives in the agent's stop, which both modes share.
+SLOW=slow-stop
+SLOW_EXIT_AFTER=40
+slow_prop() { inside systemctl show -P "$1" "caldera@$SLOW"; }
+slow_fail() {
+	echo "--- journal of caldera@$SLOW (last 40 lines)" >&2
+	inside journalctl -u "caldera@$SLOW" --no-pager -n 40 >&2 || true
+	fail "$@"
+}
+mkdir -p "$C/root/ci/$SLOW"
+cat > "$C/root/ci/$SLOW/caldera.agent.yaml" <<EOF
+name: $SLOW
+version: 1.0.0
+description: CI only - ignores SIGTERM and exits by itself $SLOW_EXIT_AFTER s later.
+runtime:
+  type: process
+  command: [python3, slow_stop.py]
+  stop_signal: TERM
+  stop_timeout_seconds: 60
+  restart: never
+EOF
+cat > "$C/root/ci/$SLOW/slow_stop.py" <<EOF
+import os, signal, time
+state = os.environ["CALDERA_AGENT_STATE_DIR"]
+termed = []
+signal.signal(signal.SIGTERM, lambda *_: termed.append(time.monotonic()))
+open(os.path.join(state, "ready"), "w").close()  # only now is SIGTERM caught
+while not termed:
+    time.sleep(0.2)
+print("SIGTERM: exiting by myself in $SLOW_EXIT_AFTER s", flush=True)
+while time.monotonic() < termed[0] + $SLOW_EXIT_AFTER:
+    time.sleep(0.2)
+with open(os.path.join(state, "graceful-exit"), "w") as fh:
+    fh.write("%.1f s after SIGTERM\n" % (time.monotonic() - termed[0]))
+EOF
+inside caldera init "/root/ci/$SLOW" --name "$SLOW" >/dev/null || slow_fail "caldera init of the $SLOW blueprint"
+mkdir -p "$C/etc/systemd/system/caldera@$SLOW.service.d"
+printf '[Service]\nTimeoutStopSec=10s\n' > "$C/etc/systemd/system/caldera@$SLOW.service.d/ci-short-stop.conf"
+inside systemctl daemon-reload
+[ "$(slow_prop TimeoutStopUSec)" = 10s ] || slow_fail "the drop-in did not set TimeoutStopSec=10s: $(slow_prop TimeoutStopUSec)"
+inside systemctl start "caldera@$SLOW" || slow_fail "systemctl start caldera@$SLOW"
+slow_state=$C/var/lib/caldera/$SLOW/agent
+wait_until 30 "the $SLOW agent running with its SIGTERM handler" test -e "$slow_state/ready" >/dev/null
+cursor=$(inside journalctl -u "caldera@$SLOW" -n 0 --show-cursor --no-pager | sed -n 's/^-- cursor: //p')
+s0=$(date +%s%N)
+inside timeout 90 systemctl stop "caldera@$SLOW" || slow_fail "systemctl stop caldera@$SLOW"
+t_slow=$(awk -v a="$s0" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
+slow_journal=$(inside journalctl -u "caldera@$SLOW" --after-cursor "$cursor" --no-pager -o cat)
+printf '%s\n' "$slow_journal" | sed 's/^/  | /'
+result=$(slow_prop Result)
+[ "$result" = success ] || slow_fail "Result=$result after a ${t_slow} s stop (want success; timeout: systemd killed at TimeoutStopSec=10s or at the end of the last EXTEND_TIMEOUT_USEC)"
+if printf '%s\n' "$slow_journal" | grep -iE 'timed out|killing'; then slow_fail "systemd timed out or killed during the stop (above)"; fi
+awk -v t="$t_slow" -v n="$SLOW_EXIT_AFTER" 'BEGIN { exit !(t >= n - 5 && t <= n + 20) }' \
+	|| slow_fail "systemctl stop took $t_slow s (the agent exits $SLOW_EXIT_AFTER s after SIGTERM)"
+[ -s "$slow_state/graceful-exit" ] || slow_fail "the agent left no graceful-exit marker: it did not end by itself"
+printf '%s\n' "$slow_journal" | grep -q 'the runtime stopped (exited with status 0)' \
+	|| slow_fail "the journal does not say the agent exited with status 0"
+echo "stopped in $t_slow s (TimeoutStopSec=10s): Result=$result, no timeout or kill; the agent: $(cat "$slow_state/graceful-exit")"
+# Gone again, so that nothing later sees it: the drop-in (purge removes /etc/caldera, not it).
+rm -rf "$C/etc/systemd/system/caldera@$SLOW.service.d"
+inside systemctl daemon-reload
+
 step "apt-get purge: nothing left running"
 [ "$(unit_prop ActiveState)" = active ] || fail "caldera@$AGENT not active before purge"
 inside systemctl stop ci-plane  # the test's own plane (user caldera too) ends first
@@ -443,4 +513,5 @@ printf 'README block     %s s (as the admin, from README.md)\n' "$t_readme"
 printf 'to registered    %s s, reporting %s s, first command +%s s (README start to a finished command: %s s)\n' "$t_reg" "$t_rep" "$t_cmd" "$t_working"
 printf 'kill -9 restart  %s s\n' "$t_restart"
 printf 'stop             %s s\n' "$t_stop"
+printf 'long agent stop  %s s (TimeoutStopSec=10s; the agent exits %s s after SIGTERM)\n' "$t_slow" "$SLOW_EXIT_AFTER"
 printf 'total            %s s\n' "$t_total"
