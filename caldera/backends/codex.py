@@ -392,7 +392,7 @@ class AppServer:
         if settle and len(self.threads) > 1:
             self.threads[1].join(timeout=settle)  # start(): stdout reader, then stderr reader
         text = " | ".join(list(self.stderr_tail)[-lines:])
-        return self.redactor.text(text[-limit:])
+        return self.redactor.text(text)[-limit:]  # masked whole, then cut: no secret cut in two
 
     def close(self, grace: float = CLOSE_GRACE) -> int | None:
         """Close stdin (codex exits at once), then TERM -> KILL the whole group if needed."""

@@ -47,9 +47,21 @@ EXIT_GUARD = 10.0  # after run() returned: the longest the interpreter's exit ma
 # A process agent's graceful stop may take stop_timeout_seconds (up to 300 s), more than the
 # unit's TimeoutStopSec=90s: while it stops, systemd is asked for EXTEND_BY more every
 # EXTEND_EVERY, then once for what the rest of the stop may take (drain, lanes, budget, exit).
+# Bounded: past what a stop can take (a verb's stop holding the supervisor, then its own: each
+# stop_timeout + KILL wait + reap wait, 2 * (t + 15) s, + 10 s), the daemon stops asking, says
+# which thread is stuck and goes on; systemd then kills the unit at the last extension.
 EXTEND_EVERY = 10.0
 EXTEND_BY = 30.0
 REST_OF_STOP = DRAIN_GRACE + 10.0 + STOP_BUDGET + EXIT_GUARD + 5.0
+
+
+def agent_stop_limit(stop_timeout: float) -> float:
+    return 2 * (stop_timeout + 15.0) + 10.0
+
+
+# The first watchdog ping goes with READY=1: after a restart in place systemd's watchdog kept
+# running through the reload, and the next ping would come only a watchdog period later.
+READY = "READY=1\nWATCHDOG=1"
 
 
 def start_threads(parts: Parts, lanes: Lanes, executor) -> list[threading.Thread]:
@@ -108,7 +120,7 @@ def _run_local(parts: Parts, signals: Signals) -> int:
              "(after editing %s: systemctl reload)", parts.paths.agent_env)
     write_snapshot(parts)
     agent = start_agent_supervisor(parts)
-    sdnotify.notify("READY=1")
+    sdnotify.notify(READY)
     while signals.count == 0:
         signals.wait(_watchdog_period())
         if signals.take_hup() and reread(parts):
@@ -133,19 +145,24 @@ def start_agent_supervisor(parts):
     thread.start()
     server = ControlServer(driver, parts.paths.state_dir, parts.redactor)
     server.start()
-    return stop, thread, server
+    return stop, thread, server, lambda: agent_stop_limit(driver.spec.stop_timeout)
 
 
 def stop_agent_supervisor(agent) -> None:
-    """The agent first (SIGTERM to the runtime stops it gracefully), then the control socket."""
+    """The agent first (SIGTERM to the runtime stops it gracefully), then the control socket.
+    While it stops, systemd is asked for more time (EXTEND_TIMEOUT_USEC), up to a bound."""
     if agent is None:
         return
-    stop, thread, server = agent
+    stop, thread, server, limit = agent
     log.info("stopping the agent")
     stop.set()
-    while thread.is_alive():
+    give_up = time.monotonic() + limit()
+    while thread.is_alive() and time.monotonic() < give_up:
         sdnotify.notify(_extend(EXTEND_BY))  # a no-op outside systemd
-        thread.join(EXTEND_EVERY)
+        thread.join(min(EXTEND_EVERY, max(0.0, give_up - time.monotonic())))
+    if thread.is_alive():
+        log.error("the agent's stop did not end within %.0f s (thread %s still busy); going on without it",
+                  limit(), thread.name)
     sdnotify.notify(_extend(REST_OF_STOP))
     server.close()
 
@@ -172,7 +189,7 @@ def _run_connected(parts: Parts, signals: Signals) -> int:
     log.info("caldera run: agent %s as %s against %s", parts.paths.name, parts.identity.agent_id,
              parts.settings.base_url)
     write_snapshot(parts)  # `caldera status` works from the moment systemd says started
-    sdnotify.notify("READY=1")
+    sdnotify.notify(READY)
     names = [t.name for t in threads]
     outcome = 0
     while signals.count == 0:
@@ -185,9 +202,9 @@ def _run_connected(parts: Parts, signals: Signals) -> int:
     # RELOADING=1 keeps the unit `reloading` until the restarted daemon's READY=1;
     # STOPPING=1 would make systemd wait for an exit that a reload never does.
     sdnotify.notify("STOPPING=1" if outcome == 0 else "RELOADING=1")
-    stop_agent_supervisor(agent)  # the agent first: SIGTERM stops it gracefully (a reload restarts it)
-    parts.wake.draining.set()  # the poller fetches no more commands
+    parts.wake.draining.set()  # the poller fetches no more commands (the agent's stop may take minutes)
     parts.wake.poll.set()
+    stop_agent_supervisor(agent)  # the agent first: SIGTERM stops it gracefully (a reload restarts it)
     log.info("stopping: draining (a second signal cancels the running command)")
     _drain(lanes, signals, parts.client.transport.abort)
     _stop(parts, threads, time.monotonic() + STOP_BUDGET)

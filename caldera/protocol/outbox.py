@@ -19,14 +19,17 @@ finish results are never dropped.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from pathlib import Path
 
-from caldera.host.fsutil import atomic_write_bytes, ensure_dir
+from caldera.host import jsonlimits
+from caldera.host.fsutil import NOFOLLOW, atomic_write_bytes, ensure_dir
 from caldera.host.timefmt import rfc3339
 from caldera.protocol.payloads import finite
 
@@ -36,6 +39,7 @@ MAX_ITEMS = 10_000
 MAX_BYTES = 64 * 1024 * 1024
 DELIVERED = ".finishes-delivered"  # the command ids of the last finishes the plane took
 DELIVERED_KEPT = 256
+DELIVERED_MAX_BYTES = 64 * 1024  # 256 ids with room; a larger file is not ours
 STALE_TEMP = 600.0  # seconds: a temp file this old is an atomic write cut short by a crash
 DROPPABLE = ("inventory",)  # superseded by a newer one; never "finish" or "start"
 FIRST = ("start", "finish")  # results go before everything else
@@ -70,7 +74,8 @@ class Outbox:
     def _sweep_stale_temps(self) -> None:
         """A kill -9 or a power cut during an atomic write leaves `.NAME.XXXX.tmp` behind; the
         item itself was never written (its command is settled by the journal). Only old ones
-        go: another writer's (report --once) write in progress is never touched."""
+        go: `report --once` opens the outbox beside a running daemon before it takes the lock,
+        and a write in progress is seconds old at most."""
         cutoff = time.time() - STALE_TEMP
         for name in os.listdir(self.dir):
             if name.startswith(".") and name.endswith(".tmp"):
@@ -79,6 +84,8 @@ class Outbox:
                         os.unlink(self.dir / name)
                 except FileNotFoundError:
                     continue
+                except OSError as exc:  # e.g. a directory of that name: not ours to remove
+                    log.warning("outbox: left %s in place: %s", name, exc.strerror or exc)
 
     def _names(self) -> list[str]:
         return sorted(n for n in os.listdir(self.dir) if n.endswith(".json") and n[0].isdigit())
@@ -115,22 +122,35 @@ class Outbox:
         that a restart between the delivery and the journal's last write knows the command
         is settled (caldera.daemon.executor.recover) and never finishes it a second time."""
         if item.get("kind") == "finish":
+            command_id = str(item.get("command_id"))
             with self._lock:
-                ids = self._delivered_ids()
-                ids = ([item.get("command_id")] + [i for i in ids if i != item.get("command_id")])[:DELIVERED_KEPT]
-                atomic_write_bytes(self.dir / DELIVERED, json.dumps(ids).encode(), mode=0o600)
+                ids = [command_id] + [i for i in self._delivered_ids() if i != command_id]
+                try:
+                    atomic_write_bytes(self.dir / DELIVERED, json.dumps(ids[:DELIVERED_KEPT]).encode(), mode=0o600)
+                except OSError as exc:  # the record only saves a redundant finish: never hold one up
+                    log.warning("could not record that finish %s was delivered (%s); a restart now could "
+                                "finish command %s once more", name, exc.strerror or exc, command_id)
         self.done(name)
 
-    def _delivered_ids(self) -> list:
+    def _delivered_ids(self) -> list[str]:
+        """The record's ids as strings (the journal keys commands by their id as a string);
+        [] when it is missing or unusable: a planted fifo, link, directory or huge file is
+        refused, never waited on or read whole."""
         try:
-            with open(self.dir / DELIVERED, "rb") as fh:
-                ids = json.loads(fh.read())
+            fd = os.open(self.dir / DELIVERED, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
+            with os.fdopen(fd, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                    raise OSError(errno.EINVAL, "not a regular file")
+                raw = fh.read(DELIVERED_MAX_BYTES + 1)
+            ids = jsonlimits.loads(raw, max_bytes=DELIVERED_MAX_BYTES, what=DELIVERED)
         except FileNotFoundError:
             return []
-        except ValueError:
-            log.warning("%s is not JSON; starting it again", DELIVERED)
+        except (OSError, ValueError) as exc:
+            log.warning("outbox: %s is unusable (%s); starting it again", DELIVERED, getattr(exc, "strerror", None) or exc)
             return []
-        return ids if isinstance(ids, list) else []
+        if not isinstance(ids, list):
+            return []
+        return [str(i) for i in ids if isinstance(i, (str, int)) and not isinstance(i, bool)]
 
     def done(self, name: str) -> None:
         with self._lock:
@@ -190,9 +210,10 @@ class Outbox:
 
     def has_finish(self, command_id) -> bool:
         """A finish for this command is waiting here or was taken by the plane."""
-        if command_id in self._delivered_ids():
+        wanted = str(command_id)
+        if wanted in self._delivered_ids():
             return True
-        return any(item.get("command_id") == command_id and item.get("kind") == "finish"
+        return any(str(item.get("command_id")) == wanted and item.get("kind") == "finish"
                    for _, item in self.items())
 
     def _enforce_bounds(self) -> None:

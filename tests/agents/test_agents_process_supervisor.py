@@ -65,10 +65,22 @@ def test_starts_one_agent_reports_its_pid_version_and_filtered_status(tmp_path):
         assert read_state(paths)["agent_process"]["pid"] == pid
         assert os.getpgid(pid) == pid  # its own process group
         # the log is written by its own thread (a slow disk never blocks the agent): wait for it
-        agent_log = paths.state_dir / "logs" / "agent.log"
-        wait_for(lambda: b"agent up" in agent_log.read_bytes(), "the agent's output in agent.log")
+        agent_log = paths.state_dir / "logs" / "agent.log"  # opened by the writer at its first write
+        wait_for(lambda: agent_log.exists() and b"agent up" in agent_log.read_bytes(), "the agent's output in agent.log")
     assert not alive(pid)
     assert run.driver.report_section()["runtime"]["openclaw_pid"] is None
+
+
+def test_a_start_that_waited_for_the_runtime_stop_starts_nothing(tmp_path):
+    # `caldera start` or `resume` through the control socket waits for the supervisor while the
+    # runtime stops its agent; once it gets its turn, no child may start without a supervisor.
+    paths = make_process_agent(tmp_path, "run")
+    with Running(paths) as run:
+        pid = run.pid()
+    assert not alive(pid) and run.sup.status == STOPPED
+    answer = run.driver.start()
+    assert run.sup.pid() is None and answer.kind == "failed" and "stopping" in answer.message
+    assert run.sup.hold is None  # nothing recorded either: the next runtime starts it as before
 
 
 def test_the_manifest_version_when_the_status_file_has_none(tmp_path):
@@ -193,7 +205,7 @@ def test_run_now_settings_and_logs(tmp_path):
         wait_for(lambda: "hups=1" in status_file.read_text(), "the SIGHUP after the change")
         assert run.driver.settings_get().data["values"] == {"level": 4}
         assert run.driver.log_list().data["logs"] == ["agent.log"]
-        assert "agent up" in run.driver.log_get("agent.log").text
+        wait_for(lambda: "agent up" in run.driver.log_get("agent.log").text, "the agent's output through log_get")
         assert run.driver.log_get("../state.json").message.startswith("a log name is a name")
         assert run.driver.log_get("nope.log").message == "There is no such log."
 

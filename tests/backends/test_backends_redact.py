@@ -83,3 +83,17 @@ def test_triggers_behind_an_equals_sign_are_still_found_in_text_and_blocks():
     for line in ["https://h/p?sig=abcdefgh", "u?signature=abcdefgh", "a?token=abcdefgh&x=1", "k;SIG=abcdefgh"]:
         assert "abcdefgh" not in r.text(line) and "abcdefgh" not in r.text_lines(["no trigger here", line])
     assert r.text("plain words, no equals sign") == "plain words, no equals sign"
+
+
+def test_the_stderr_summary_masks_before_it_cuts():
+    # A secret straddling the 500-character cut must not leave its tail in the failure message.
+    import collections
+
+    from caldera.backends.codex import AppServer
+
+    secret = "s3cr3t-" + "7h8I9j0K1l2M3n4O5p6q7R8s9" * 2
+    server = AppServer.__new__(AppServer)  # only the summary's two fields are used
+    server.threads, server.redactor = [], Redactor([secret])
+    server.stderr_tail = collections.deque([secret + " " + "x" * (500 - len(secret) // 2)])
+    summary = server.stderr_summary()
+    assert len(summary) <= 500 and not any(secret[i:] in summary for i in range(len(secret) - 8))

@@ -75,6 +75,8 @@ def test_the_example_under_caldera_run(caldera_env):
         wait_for(lambda: index.exists() and "report.txt" in index.read_text(), "the run to index the file")
         assert "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03" in index.read_text()
         assert caldera("settings", "set", "interval_seconds=10", "--agent", "inbox-watcher").returncode == 0
+        agent_log = state / "logs" / "agent.log"  # the agent answers the SIGHUP in its own time
+        wait_for(lambda: agent_log.exists() and "settings re-read" in agent_log.read_text(), "the settings re-read")
         logs = caldera("log", "--agent", "inbox-watcher", "--json")
         assert json.loads(logs.stdout)["logs"] == ["agent.log", "watcher.log"]
         human = caldera("status", "--agent", "inbox-watcher")
@@ -83,6 +85,5 @@ def test_the_example_under_caldera_run(caldera_env):
         os.kill(runtime.pid, signal.SIGTERM)
         runtime.wait(60)
     assert runtime.returncode == 0
-    assert "settings re-read" in (state / "logs" / "agent.log").read_text()
     done = caldera("pause", "--agent", "inbox-watcher")
     assert done.returncode == 1 and "no caldera runtime is running" in done.stderr

@@ -1,4 +1,6 @@
 import json
+import os
+import threading
 import time
 
 import pytest
@@ -146,17 +148,78 @@ def test_a_finish_delivered_before_the_journal_was_cleared_is_not_finished_again
     assert finishes(runtime) == [] and runtime.state.get("commands") == {}
 
 
-def test_the_outbox_sweeps_only_stale_temp_files(tmp_path):
-    import os
+def test_the_sender_records_a_delivered_finish_and_deletes_it(tmp_path):
+    from caldera.daemon.sender import flush
 
+    class Plane:
+        def __init__(self):
+            self.finished = []
+
+        def finish_command(self, command_id, body):
+            self.finished.append(command_id)
+
+    box, plane = Outbox(tmp_path / "outbox"), Plane()
+    box.put("finish", {"command_id": 31, "body": {"status": "succeeded"}})
+    assert flush(plane, box, threading.Event(), deadline=time.monotonic() + 5)
+    assert plane.finished == [31] and box.depth() == 0
+    assert box.has_finish(31) and box.has_finish("31")  # the journal's keys are strings
+
+
+def _planted(directory, kind):
+    record = directory / ".finishes-delivered"
+    if kind == "fifo":
+        os.mkfifo(record)
+    elif kind == "directory":
+        record.mkdir()
+    elif kind == "link":
+        os.symlink("/dev/zero", record)
+    elif kind == "huge":
+        record.write_bytes(b"[" + b"1," * 100_000 + b"1]")
+    elif kind == "deep":
+        record.write_bytes(b"[" * 100_000)
+    elif kind == "not a list":
+        record.write_bytes(b'{"1": true}')
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "link", "huge", "deep", "not a list"])
+def test_a_hostile_delivered_record_never_holds_up_a_finish(tmp_path, kind):
+    # The record only saves a redundant finish: whatever sits at its name, the finish is
+    # delivered once, leaves the outbox, and nothing waits on the file.
+    from caldera.daemon.sender import flush
+
+    class Plane:
+        finished = []
+
+        def finish_command(self, command_id, body):
+            self.finished.append(command_id)
+
+    directory = tmp_path / "outbox"
+    directory.mkdir()
+    _planted(directory, kind)
+    box = Outbox(directory)
+    box.put("finish", {"command_id": 7, "body": {}})
+    box.put("finish", {"command_id": 8, "body": {}})
+    done = threading.Event()  # in a thread: a record that blocks fails the test, never hangs it
+    worker = threading.Thread(target=lambda: box.has_finish(7)
+                              and flush(Plane(), box, threading.Event(), deadline=time.monotonic() + 5)
+                              and done.set(), daemon=True)
+    worker.start()
+    worker.join(20)
+    assert done.is_set() and Plane.finished == [7, 8] and box.depth() == 0
+
+
+def test_the_outbox_sweeps_only_stale_temp_files(tmp_path):
     directory = tmp_path / "outbox"
     directory.mkdir()
     stale, fresh = directory / ".000000000004-finish.json.0a1b.tmp", directory / ".000000000005-finish.json.2c3d.tmp"
     stale.write_bytes(b"{")
     fresh.write_bytes(b"{")
-    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    odd = directory / ".old-directory.tmp"  # not a file we wrote: left, and the outbox still opens
+    odd.mkdir()
+    for path in (stale, odd):
+        os.utime(path, (time.time() - 3600, time.time() - 3600))
     Outbox(directory)
-    assert not stale.exists() and fresh.exists()
+    assert not stale.exists() and fresh.exists() and odd.is_dir()
 
 
 def test_finish_results_are_redacted(runtime):

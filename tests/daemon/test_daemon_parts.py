@@ -142,35 +142,72 @@ def test_exit_guard_ends_a_process_held_at_exit_and_says_where(tmp_path):
     assert "Thread 0x" in done.stderr  # faulthandler's dump of every thread
 
 
-def test_a_long_agent_stop_keeps_asking_systemd_for_more_time(tmp_path, monkeypatch):
-    # TimeoutStopSec=90s, stop_timeout_seconds up to 300: while the agent stops, the daemon
-    # extends the unit's stop timeout, then asks once for the rest of its own stop.
+def _notify_listener(tmp_path, monkeypatch):
     import socket
 
     path = str(tmp_path / "notify")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     listener.bind(path)
-    listener.settimeout(5)
+    listener.settimeout(10)
     monkeypatch.setenv("NOTIFY_SOCKET", path)
-    monkeypatch.setattr(daemon_run, "EXTEND_EVERY", 0.1)
-    stop, closed = threading.Event(), []
+    return listener
 
-    class Server:
-        def close(self):
-            closed.append(True)
 
-    agent_stopping = threading.Thread(target=lambda: (stop.wait(), threading.Event().wait(0.45)))
-    agent_stopping.start()
-    daemon_run.stop_agent_supervisor((stop, agent_stopping, Server()))
+def _drain(listener):
     messages = []
     listener.setblocking(False)
     while True:
         try:
             messages.append(listener.recv(4096).decode())
         except BlockingIOError:
-            break
+            return messages
+
+
+class _Server:
+    def __init__(self):
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_long_agent_stop_keeps_asking_systemd_for_more_time(tmp_path, monkeypatch):
+    # TimeoutStopSec=90s, stop_timeout_seconds up to 300: while the agent stops, the daemon
+    # extends the unit's stop timeout, then asks once for the rest of its own stop.
+    listener = _notify_listener(tmp_path, monkeypatch)
+    monkeypatch.setattr(daemon_run, "EXTEND_EVERY", 0.05)
+    stop, seen, server = threading.Event(), [], _Server()
+
+    def agent_stopping():  # ends only after the daemon asked twice: no timing in the test
+        stop.wait()
+        seen.extend(listener.recv(4096).decode() for _ in range(2))
+
+    thread = threading.Thread(target=agent_stopping)
+    thread.start()
+    daemon_run.stop_agent_supervisor((stop, thread, server, lambda: 60.0))
+    messages = seen + _drain(listener)
     listener.close()
-    assert closed == [True] and not agent_stopping.is_alive()
+    assert server.closed and not thread.is_alive()
     assert len(messages) >= 3 and set(messages[:-1]) == {"EXTEND_TIMEOUT_USEC=30000000"}
     assert messages[-1] == f"EXTEND_TIMEOUT_USEC={int(daemon_run.REST_OF_STOP * 1_000_000)}"
     assert daemon_run.REST_OF_STOP >= daemon_run.DRAIN_GRACE + daemon_run.STOP_BUDGET + daemon_run.EXIT_GUARD
+
+
+def test_an_agent_stop_that_never_ends_stops_asking_and_says_so(tmp_path, monkeypatch, caplog):
+    # A supervisor stuck for good (a child the kernel never lets go) must not make the unit
+    # unkillable: past the bound the daemon stops extending and goes on with its own stop.
+    listener = _notify_listener(tmp_path, monkeypatch)
+    monkeypatch.setattr(daemon_run, "EXTEND_EVERY", 0.05)
+    stop, stuck, server = threading.Event(), threading.Event(), _Server()
+    thread = threading.Thread(target=stuck.wait, daemon=True)
+    thread.start()
+    try:
+        daemon_run.stop_agent_supervisor((stop, thread, server, lambda: 0.3))
+        assert thread.is_alive() and server.closed
+        messages = _drain(listener)
+        assert messages[-1] == f"EXTEND_TIMEOUT_USEC={int(daemon_run.REST_OF_STOP * 1_000_000)}"
+        assert "did not end within" in caplog.text and thread.name in caplog.text
+        assert daemon_run.agent_stop_limit(300) >= 2 * 300  # a verb's stop, then the runtime's own
+    finally:
+        stuck.set()
+        listener.close()

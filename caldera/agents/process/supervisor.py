@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import subprocess
 import threading
 import time
 
@@ -27,6 +28,7 @@ from caldera.host.timefmt import rfc3339
 log = logging.getLogger("caldera.agents.process")
 POLL = 0.25
 STARTUP_GRACE = 5.0  # "starting" until this long up (or the status file is written)
+REAP_WAIT = 10.0  # after the group's SIGKILL: a process in uninterruptible sleep may never go
 KEY, HOLD = "agent_process", "agent_hold"
 STARTING, RUNNING, STOPPED, FAILED = "starting", "running", "stopped", "error"
 
@@ -60,6 +62,7 @@ class Supervisor:
         self._tick = threading.Event()  # never set: a plain timed wait inside stop escalation
         self._view = threading.Lock()  # status, reason and popen change together (a report sees all three)
         self.popen = None
+        self._shut = False  # shutdown() ran: nothing starts the agent again in this runtime
         held = store.get(HOLD)
         self.status = STOPPED if held else STARTING  # until boot, which starts it unless it is held
         self.reason = ("paused" if held == "paused" else "stopped by a command") if held else ""  # a sentence
@@ -132,6 +135,8 @@ class Supervisor:
 
     def start(self) -> str:
         with self._op:
+            if self._shut:  # a CLI verb that waited for the stop: no child after the runtime's stop
+                return "The runtime is stopping: the agent is not started."
             self.store.set(HOLD, None)
             self.policy.reset()
             if self.pid() is not None:
@@ -167,6 +172,7 @@ class Supervisor:
     def shutdown(self) -> None:
         """The runtime stops: stop the agent gracefully, keep `agent_hold` as it is."""
         with self._op:
+            self._shut = True
             self.next_start = None
             if self.pid() is not None:
                 self._stop_child("the runtime stopped")
@@ -241,7 +247,11 @@ class Supervisor:
         if popen is None:
             return
         proc.stop_group(popen.pid, self.stop_signal, self.stop_timeout, reap=popen.poll, tick=self._tick)
-        popen.wait()
+        try:
+            popen.wait(timeout=REAP_WAIT)
+        except subprocess.TimeoutExpired:  # the stop must end; what the kernel holds is reported
+            log.error("agent pid %d still not gone %g s after SIGKILL (uninterruptible sleep?); "
+                      "not waiting for it any longer", popen.pid, REAP_WAIT)
         self._set(STOPPED, why, popen=None)
         code, sig, what = describe_exit(popen.returncode)
         self.last_exit = {"code": code, "signal": sig, "at": rfc3339(self.wall()), "reason": f"{why}: {what}"}

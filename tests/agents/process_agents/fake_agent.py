@@ -59,9 +59,10 @@ if mode == "stubborn":
         fh.write(str(os.getpid()))
     while True:
         time.sleep(1)
-if mode == "env":
-    with open(os.path.join(state, "env.json"), "w") as fh:
+if mode == "env":  # atomically: the test reads it as soon as it exists
+    with open(os.path.join(state, ".env.json.tmp"), "w") as fh:
         json.dump(dict(os.environ), fh)
+    os.replace(os.path.join(state, ".env.json.tmp"), os.path.join(state, "env.json"))
 signal.signal(signal.SIGUSR1, on_usr1)
 signal.signal(signal.SIGHUP, on_hup)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
