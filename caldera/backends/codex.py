@@ -39,6 +39,7 @@ LINE_CAP = 32 * 1024 * 1024  # one stdout line (a huge aggregatedOutput stays we
 READ_CHUNK = 64 * 1024  # one read of stdout: its whole lines are handled together
 HANDOFF_BLOCKS = 64  # read blocks waiting for the turn loop (<= 4 MiB); then codex waits on its pipe
 STDERR_KEEP = 64 * 1024
+STDERR_LINE = 64 * 1024
 REQUEST_TIMEOUT = 30.0  # initialize / thread/start / turn/start
 INTERRUPT_GRACE = 5.0  # after turn/interrupt on cancel, before the kill
 TIMEOUT_GRACE = 2.0  # after turn/interrupt on the policy deadline, before the kill
@@ -300,7 +301,9 @@ def pump_stderr(stream, tail: collections.deque, runlog) -> None:
     """Reader thread body: stderr lines, ANSI stripped, into the run log and a bounded tail."""
     size = 0
     try:
-        for raw in iter(lambda: stream.readline(8192), b""):
+        # Whole lines up to STDERR_LINE (a piece of a longer one is a record of its own): each
+        # record is masked alone, so a smaller piece could cut a secret in two.
+        for raw in iter(lambda: stream.readline(STDERR_LINE), b""):
             text = _ANSI.sub("", raw.decode("utf-8", "replace")).rstrip()
             if not text:
                 continue

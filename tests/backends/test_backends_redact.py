@@ -97,3 +97,29 @@ def test_the_stderr_summary_masks_before_it_cuts():
     server.stderr_tail = collections.deque([secret + " " + "x" * (500 - len(secret) // 2)])
     summary = server.stderr_summary()
     assert len(summary) <= 500 and not any(secret[i:] in summary for i in range(len(secret) - 8))
+
+
+def test_a_long_stderr_line_is_masked_whole(tmp_path):
+    # A secret past the first 8 KiB of one stderr line: read as one record, masked as one.
+    import collections
+    import io
+
+    from caldera.backends.codex import pump_stderr
+
+    secret = "s3cr3t-" + "Q1w2E3r4T5y6U7i8O9p0" * 2
+    line = ("x" * (8192 - 10) + secret + " and more\n").encode()
+    tail = collections.deque()
+
+    class Log:
+        def __init__(self):
+            self.records = []
+
+        def write(self, channel, text):
+            self.records.append(Redactor([secret]).text(text))
+
+        def note(self, text):
+            self.records.append(text)
+
+    log = Log()
+    pump_stderr(io.BytesIO(line), tail, log)
+    assert len(log.records) == 1 and not any(secret[i:i + 12] in log.records[0] for i in range(len(secret) - 12))
