@@ -51,11 +51,11 @@ def agent_run(ctx, payload: dict) -> dict:
 
 def agent_interrupt(ctx, payload: dict) -> dict:
     run_id = payload["run_id"]
-    handle = ctx.runs.get(run_id)
-    if handle is None:
-        raise CommandError(f"no run {run_id} is running here")
-    handle.interrupt(ctx.command if hasattr(ctx, "command") else None)
-    return {"run_id": run_id, "interrupt": "requested"}
+    reached = ctx.runs.interrupt(run_id, ctx.command if hasattr(ctx, "command") else None)
+    if reached is None:
+        raise CommandError(f"no run {run_id} is running or waiting here")
+    # "queued": accepted but not started; it ends cancelled as soon as its turn is prepared
+    return {"run_id": run_id, "interrupt": "requested", "run": reached}
 
 
 def _note(redactor):

@@ -42,13 +42,47 @@ def capabilities(env: dict | None = None) -> list[str]:
     return caps
 
 
+QUEUED_KEPT = 1000  # accepted runs not yet started that are remembered (oldest forgotten first)
+
+
 class ActiveRuns:
-    """run_id -> handle, so that agent_interrupt reaches a running agent_run."""
+    """run_id -> handle, so that agent_interrupt reaches a running agent_run; and the runs
+    accepted but not started yet (queued behind another run, or between the command's start
+    and the turn's), so that an interrupt sent then is not lost: the run is interrupted as
+    soon as it starts."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._runs: dict[str, object] = {}  # caldera.backends.service.RunHandle
+        self._queued: dict[str, bool] = {}  # run_id -> interrupted before it started
         self.events_dropped = 0  # run events the plane never got (it was away too long)
+
+    def queue(self, run_id) -> None:
+        """An agent_run with this id was accepted (journaled); its turn has not started."""
+        if not isinstance(run_id, str):
+            return
+        with self._lock:
+            self._queued.setdefault(run_id, False)
+            while len(self._queued) > QUEUED_KEPT:
+                self._queued.pop(next(iter(self._queued)))
+
+    def forget(self, run_id) -> None:
+        """The run's command is finished: whatever it did, nothing waits for it any more."""
+        with self._lock:
+            self._queued.pop(run_id, None)
+
+    def interrupt(self, run_id: str, command=None) -> str | None:
+        """'running' or 'queued' when the interrupt reached the run (now, or at its start);
+        None when no such run is running or waiting here."""
+        with self._lock:
+            handle = self._runs.get(run_id)
+            if handle is None and run_id in self._queued:
+                self._queued[run_id] = True
+                return "queued"
+        if handle is None:
+            return None
+        handle.interrupt(command)
+        return "running"
 
     def count_dropped(self, n: int) -> None:
         with self._lock:
@@ -59,6 +93,9 @@ class ActiveRuns:
             if handle.run_id in self._runs:
                 raise Refused(f"run {handle.run_id} is already running")
             self._runs[handle.run_id] = handle
+            early = self._queued.pop(handle.run_id, False)
+        if early:  # interrupted while it waited: the turn is interrupted as soon as it is prepared
+            handle.interrupt()
 
     def remove(self, run_id: str) -> None:
         with self._lock:

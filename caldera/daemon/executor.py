@@ -45,6 +45,7 @@ class Executor:
     redactor: Callable
     report_now: Callable[[], None]
     context: Callable[[dict, threading.Event, float], CommandContext]
+    runs: object = None  # caldera.backends.registry.ActiveRuns: accepted agent runs, for agent_interrupt
 
     # ------------------------------------------------------------ journal
 
@@ -52,6 +53,13 @@ class Executor:
         cid = str(command["id"])
         self.state.update(JOURNAL_KEY, lambda j: {**(j or {}), cid: {"phase": "fetched", "command": command,
                                                                     "fetched_at": rfc3339()}})
+        self._announce(command)
+
+    def _announce(self, command: dict) -> None:
+        """An accepted agent_run is known from now on: an interrupt that arrives before its turn
+        starts (queued behind another run, or just after its start) reaches it then."""
+        if self.runs is not None and command.get("command_type") == "agent_run":
+            self.runs.queue((command.get("payload") or {}).get("run_id"))
 
     def _journal_phase(self, command_id, phase: str) -> None:
         cid = str(command_id)
@@ -74,6 +82,7 @@ class Executor:
         for cid, entry in sorted((self.state.get(JOURNAL_KEY) or {}).items()):
             command = entry.get("command") or {"id": cid}
             if entry.get("phase") == "fetched":
+                self._announce(command)
                 to_run.append(command)
                 continue
             if not self.outbox.has_finish(command.get("id")):
@@ -96,6 +105,8 @@ class Executor:
         else:
             status, result, error = self.run_handler(command, cancel, deadline)
         self._put_finish(command, status, result, error)
+        if self.runs is not None and ctype == "agent_run":
+            self.runs.forget((command.get("payload") or {}).get("run_id"))
         self._remember(command, status, error)
         self._journal_remove(cid)
         log.info("command %s (%s) %s%s", cid, ctype, status, f": {error}" if error else "")
@@ -211,6 +222,6 @@ def _validate(ctype: str, payload) -> None:
 def executor_for(parts) -> Executor:
     """The executor of a runtime's parts: handlers get a CommandContext of those parts."""
     return Executor(agent_id=parts.identity.agent_id, client=parts.client, state=parts.state, outbox=parts.outbox,
-                    redactor=parts.redactor, report_now=parts.wake.report_now,
+                    redactor=parts.redactor, report_now=parts.wake.report_now, runs=parts.runs,
                     context=lambda command, cancel, deadline: CommandContext.for_command(parts, command, cancel,
                                                                                           deadline))

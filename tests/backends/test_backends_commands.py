@@ -135,10 +135,26 @@ def test_agent_interrupt_reaches_the_running_run(tmp_path):
     wait.wait(0.3)
     answer = commands.agent_interrupt(fake_ctx(runtime), {"run_id": "r1"})
     thread.join(15)
-    assert answer == {"run_id": "r1", "interrupt": "requested"}
+    assert answer == {"run_id": "r1", "interrupt": "requested", "run": "running"}
     assert box["error"].result["status"] == "cancelled" and box["error"].result["failure_kind"] == "cancelled"
-    with pytest.raises(CommandError, match="no run r1 is running"):
+    with pytest.raises(CommandError, match="no run r1 is running or waiting here"):
         commands.agent_interrupt(fake_ctx(runtime), {"run_id": "r1"})
+
+
+def test_an_interrupt_before_the_turn_started_ends_the_run_at_its_start(tmp_path):
+    # The plane shows a run `running` from its start; an interrupt fetched before the turn is
+    # prepared (or while the run waits behind another) must not be lost as "no such run".
+    ws, env = _setup(tmp_path, script={"on_turn": []})  # without the interrupt it would wait
+    runtime = fake_runtime(tmp_path, env)
+    runtime.runs.queue("r3")  # what the executor does when it journals the agent_run
+    answer = commands.agent_interrupt(fake_ctx(runtime), {"run_id": "r3"})
+    assert answer == {"run_id": "r3", "interrupt": "requested", "run": "queued"}
+    with pytest.raises(CommandError) as exc:
+        commands.agent_run(fake_ctx(runtime), {"run_id": "r3", "prompt": "hi", "workspace": str(ws)})
+    assert exc.value.result["status"] == "cancelled" and exc.value.result["failure_kind"] == "cancelled"
+    runtime.runs.forget("r3")  # the executor, once the run's finish is recorded
+    with pytest.raises(CommandError, match="no run r3 is running or waiting here"):
+        commands.agent_interrupt(fake_ctx(runtime), {"run_id": "r3"})
 
 
 def test_same_run_id_twice_at_once_is_refused(tmp_path):

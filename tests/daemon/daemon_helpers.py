@@ -58,7 +58,10 @@ class Daemon:
             self.proc.wait(3)
         except subprocess.TimeoutExpired:
             pass
-        os.killpg(self.proc.pid, signal.SIGKILL)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # the abort ended it (and its group): the stacks are in its log
         self.proc.wait()
         print(f"--- the daemon did not stop; its log and stacks ({self.stderr_path}):")
         print(self.log()[-20000:])

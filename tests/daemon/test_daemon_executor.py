@@ -148,6 +148,14 @@ def test_a_finish_delivered_before_the_journal_was_cleared_is_not_finished_again
     assert finishes(runtime) == [] and runtime.state.get("commands") == {}
 
 
+def test_an_accepted_agent_run_is_known_to_interrupts_until_its_finish(runtime):
+    command = {"id": 41, "command_type": "agent_run", "payload": {"run_id": "r-41"}}  # no prompt: refused
+    executor_for(runtime).journal_fetched(command)
+    assert runtime.runs.interrupt("r-41") == "queued"  # before its turn: not lost
+    assert executor_for(runtime).execute(command) == "failed"
+    assert runtime.runs.interrupt("r-41") is None  # finished: nothing waits for it any more
+
+
 def test_the_sender_records_a_delivered_finish_and_deletes_it(tmp_path):
     from caldera.daemon.sender import flush
 
