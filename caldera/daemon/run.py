@@ -31,7 +31,7 @@ from caldera.daemon.sender import flush, sender_loop
 from caldera.daemon.signals import Signals
 from caldera.daemon.snapshot import write_snapshot
 from caldera.daemon.wiring import Parts
-from caldera.host import sdnotify
+from caldera.host import proc, sdnotify
 from caldera.host.fsutil import StateLock
 from caldera.skills.watcher import skills_loop
 
@@ -44,24 +44,23 @@ FINAL_REPORT = 3.0  # of it, kept for the final report
 LIVENESS = 90.0  # a loop silent for longer than this stops the watchdog pings
 REEXEC = -1  # run()'s answer after a reload that changed the configuration
 EXIT_GUARD = 10.0  # after run() returned: the longest the interpreter's exit may take
+# The first watchdog ping goes with READY=1: after a restart in place systemd's watchdog kept
+# running through the reload, and the next ping would come only a watchdog period later.
+READY = "READY=1\nWATCHDOG=1"
 # A process agent's graceful stop may take stop_timeout_seconds (up to 300 s), more than the
 # unit's TimeoutStopSec=90s: while it stops, systemd is asked for EXTEND_BY more every
 # EXTEND_EVERY, then once for what the rest of the stop may take (drain, lanes, budget, exit).
-# Bounded: past what a stop can take (a verb's stop holding the supervisor, then its own: each
-# stop_timeout + KILL wait + reap wait, 2 * (t + 15) s, + 10 s), the daemon stops asking, says
-# which thread is stuck and goes on; systemd then kills the unit at the last extension.
 EXTEND_EVERY = 10.0
 EXTEND_BY = 30.0
 REST_OF_STOP = DRAIN_GRACE + 10.0 + STOP_BUDGET + EXIT_GUARD + 5.0
 
 
 def agent_stop_limit(stop_timeout: float) -> float:
-    return 2 * (stop_timeout + 15.0) + 10.0
-
-
-# The first watchdog ping goes with READY=1: after a restart in place systemd's watchdog kept
-# running through the reload, and the next ping would come only a watchdog period later.
-READY = "READY=1\nWATCHDOG=1"
+    """How long the agent's stop may take before the daemon stops asking for time, says which
+    thread is stuck and goes on (systemd then kills the unit at the last extension): a stop
+    verb's stop may hold the supervisor, then comes the runtime's own, each the signal's
+    timeout, the KILL wait and the reap wait; 10 s for the log pump's flush."""
+    return 2 * (stop_timeout + proc.STOP_KILL_WAIT + proc.REAP_WAIT) + 10.0
 
 
 def start_threads(parts: Parts, lanes: Lanes, executor) -> list[threading.Thread]:

@@ -241,6 +241,7 @@ def same_process(pid: int, start_time: int, proc_root: str = "/proc") -> bool:
 
 
 STOP_KILL_WAIT = 5.0  # after SIGKILL, how long stop_group waits for the group to be gone
+REAP_WAIT = 10.0  # then the leader's reap: a process in uninterruptible sleep may never go
 
 
 def stop_group(pgid: int, stop_signal: int, timeout: float, *, reap, tick: threading.Event) -> bool:

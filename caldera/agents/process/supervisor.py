@@ -28,7 +28,6 @@ from caldera.host.timefmt import rfc3339
 log = logging.getLogger("caldera.agents.process")
 POLL = 0.25
 STARTUP_GRACE = 5.0  # "starting" until this long up (or the status file is written)
-REAP_WAIT = 10.0  # after the group's SIGKILL: a process in uninterruptible sleep may never go
 KEY, HOLD = "agent_process", "agent_hold"
 STARTING, RUNNING, STOPPED, FAILED = "starting", "running", "stopped", "error"
 
@@ -248,10 +247,10 @@ class Supervisor:
             return
         proc.stop_group(popen.pid, self.stop_signal, self.stop_timeout, reap=popen.poll, tick=self._tick)
         try:
-            popen.wait(timeout=REAP_WAIT)
+            popen.wait(timeout=proc.REAP_WAIT)
         except subprocess.TimeoutExpired:  # the stop must end; what the kernel holds is reported
             log.error("agent pid %d still not gone %g s after SIGKILL (uninterruptible sleep?); "
-                      "not waiting for it any longer", popen.pid, REAP_WAIT)
+                      "not waiting for it any longer", popen.pid, proc.REAP_WAIT)
         self._set(STOPPED, why, popen=None)
         code, sig, what = describe_exit(popen.returncode)
         self.last_exit = {"code": code, "signal": sig, "at": rfc3339(self.wall()), "reason": f"{why}: {what}"}
