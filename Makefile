@@ -5,7 +5,7 @@ DEPS ?= newest
 VENV ?= .venv
 STAMP := $(VENV)/.deps-$(DEPS)
 
-.PHONY: demo test bench deb clean
+.PHONY: demo test lint bench deb clean
 
 # The editable install builds with the venv's own setuptools (--no-build-isolation: no
 # build environment to fetch); setuptools needs `wheel` for that, which a venv may lack.
@@ -26,6 +26,19 @@ test: $(STAMP)
 	@$(VENV)/bin/python -m pytest -q -ra tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no test" >&2; fi; exit $$rc
 
+# ruff and mypy (setup.cfg, pyproject.toml) from the developer set, in a venv of their own:
+# any finding fails. The runtime's dependencies are unchanged.
+LINT_VENV ?= .venv-lint
+$(LINT_VENV)/.deps-dev: requirements/dev.txt requirements/newest.txt
+	rm -rf $(LINT_VENV)
+	$(PYTHON) -m venv $(LINT_VENV)
+	$(LINT_VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements/dev.txt
+	touch $@
+
+lint: $(LINT_VENV)/.deps-dev
+	$(LINT_VENV)/bin/ruff check caldera tests bench examples bin
+	$(LINT_VENV)/bin/mypy
+
 bench: $(STAMP)
 	$(VENV)/bin/python bench/run_all.py
 
@@ -33,4 +46,4 @@ deb:
 	packaging/build-deb.sh
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) $(LINT_VENV) build dist *.egg-info

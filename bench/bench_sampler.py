@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import importlib.util
+import json
 import os
 import statistics
 import sys

@@ -1,10 +1,10 @@
 import os
 
 import pytest
+from core_helpers import BOOT, Args, install_agent
 
 from caldera.config import agent_from_args, load_settings
 from caldera.errors import ConfigError
-from core_helpers import BOOT, Args, install_agent
 
 
 def test_settings_merge_env_then_agent_env_then_secrets(caldera_env, monkeypatch):

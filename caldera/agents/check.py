@@ -21,8 +21,7 @@ from __future__ import annotations
 import json
 
 from caldera.agents import settings, status
-from caldera.agents.adapter import invoke, logs
-from caldera.agents.adapter import health
+from caldera.agents.adapter import health, invoke, logs
 from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, UNSUPPORTED, ContractError, parse_object
 from caldera.protocol.schemas import SchemaError, validate
 

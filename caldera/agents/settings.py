@@ -9,7 +9,7 @@ moves only the bounds, never the grid, so an adapter narrowing `min 0.1` to
 `0.12` with `step 0.05` still accepts `0.2`. The 8 KiB cap counts the UTF-8
 bytes of the argument exactly as it is passed (`argument()`): `"€"` is three
 bytes, not a six-character `\u20ac` escape. Text that is not valid Unicode (a
-lone surrogate from a `\ud800` escape, or undecodable bytes on a command line)
+lone surrogate from a `\\ud800` JSON escape, or undecodable bytes on a command line)
 is refused where it names something (a key) and passed JSON-escaped where it
 is data (a string value).
 Plain Python only: the local `caldera settings` verb imports this.

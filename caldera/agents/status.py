@@ -3,7 +3,7 @@ filter for both modes: adapter `status` answers and process mode's status file (
 
 Unknown keys (top level and inside items) are dropped; strings are cut to
 1,000 characters and lists to 50 items, never rejected; a lone surrogate in a
-string (a "\ud800" escape) becomes U+FFFD. A forwarded key of the
+string (a "\\ud800" JSON escape) becomes U+FFFD. A forwarded key of the
 wrong type breaks the contract (ContractError): that status call counts as
 failed, the same verdict as adapter-status.schema.json, except that a null
 forwarded key counts as absent and items past the 50th are never read

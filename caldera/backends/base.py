@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from caldera.backends import failures as fk
 from caldera.backends.events import EVENT_TYPES
+
 # re-exported: the daemon imports them from the light registry (see there)
 from caldera.backends.registry import DEFAULT_PROFILE, PROFILES, capabilities  # noqa: F401
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from caldera import __version__, config
-from caldera.backends import codex_config, failures as fk
+from caldera.backends import codex_config
+from caldera.backends import failures as fk
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest
 from caldera.backends.codex_deltas import unused_delta
 from caldera.backends.events import EVENT_TYPES

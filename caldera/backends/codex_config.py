@@ -55,7 +55,7 @@ class Projection:
         self.root, self.flat, self.label = root, flat, label
 
     @classmethod
-    def locate(cls, secrets_dir=None, credentials_dir=None) -> "Projection":
+    def locate(cls, secrets_dir=None, credentials_dir=None) -> Projection:
         if secrets_dir and Path(secrets_dir, "codex").is_dir():
             return cls(Path(secrets_dir, "codex"), label=f"{secrets_dir}/codex")
         if credentials_dir:

@@ -28,7 +28,7 @@ _PREFIX = '{"method":"' + METHOD + '","params":{'
 _STRING = r'"[^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*)*"'
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _shape():
     # Compiled on first use: only a Codex run needs it.
     return re.compile(re.escape(_PREFIX) + f'"threadId":{_STRING},"turnId":{_STRING},"itemId":{_STRING},'

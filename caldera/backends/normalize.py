@@ -9,6 +9,7 @@ Rules taken from what Codex 0.169.0 sends (codex-notes sections 4 and 9):
 - On interrupt, in-flight items never complete: they are closed here at the end.
 """
 from __future__ import annotations
+
 import json
 
 from caldera.backends import failures as fk

@@ -22,7 +22,7 @@ LOG_CAP_BYTES = 64 * 1024 * 1024
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _encoder() -> json.JSONEncoder:
     # What json.dumps(…, ensure_ascii=False, separators=…) builds on every call: built once.
     return json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))

@@ -20,7 +20,9 @@ import time
 from pathlib import Path
 
 from caldera import config
-from caldera.backends import base, events, runlog as runlog_mod
+from caldera.backends import base, events
+from caldera.backends import runlog as runlog_mod
+
 # re-exported: the daemon builds ActiveRuns from the light registry (see there)
 from caldera.backends.registry import ActiveRuns, Refused  # noqa: F401
 from caldera.errors import ConfigError

@@ -7,7 +7,6 @@ import sys
 
 from caldera.cli import add_agent_flags
 
-
 # The flags are add_agent_flags' only: the daemon parses them without argparse
 # (caldera.cli.plain_agent_args says why).
 AGENT_FLAGS_ONLY = True

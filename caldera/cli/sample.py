@@ -17,7 +17,6 @@ from caldera.errors import EXIT_OK, UsageError
 from caldera.host.sampler import Sample, Sampler
 
 
-
 def configure(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object for machines")
     parser.add_argument("--proc-root", default="/proc", metavar="P", help="procfs root (default /proc)")

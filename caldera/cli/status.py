@@ -39,10 +39,10 @@ def _ago(iso: str | None) -> str:
     if not iso:
         return "never"
     try:
-        when = dt.datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+        when = dt.datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
     except ValueError:
         return iso
-    return human_age((dt.datetime.now(dt.timezone.utc) - when).total_seconds())
+    return human_age((dt.datetime.now(dt.UTC) - when).total_seconds())
 
 
 def bar(used) -> str:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from caldera.errors import CommandError
 
@@ -83,7 +84,7 @@ class CommandContext:
     publisher: Any = None  # caldera.skills.publish.Publisher
 
     @classmethod
-    def for_command(cls, parts, command: dict, cancel: threading.Event, deadline: float) -> "CommandContext":
+    def for_command(cls, parts, command: dict, cancel: threading.Event, deadline: float) -> CommandContext:
         current = parts.current
         return cls(command=command, cancel=cancel, deadline=deadline, agent_id=parts.identity.agent_id,
                    paths=parts.paths, settings=current.settings, driver=current.driver, current=current,

@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from caldera.daemon import dispatch
 from caldera.daemon.dispatch import DEFAULT_TIMEOUT_SECONDS, CommandContext
 from caldera.errors import AuthBlocked, CalderaError, CommandError, Retryable
-from caldera.protocol import schemas
 from caldera.host.timefmt import rfc3339
+from caldera.protocol import schemas
 from caldera.protocol.client import NotFound, Unsendable
 from caldera.protocol.payloads import finish_body
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from caldera.daemon.live import LiveStatus, ago
 from caldera.daemon.reporter import REVISION_KEY, Reports

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from caldera.daemon.executor import Executor
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from caldera.host.timefmt import human_age
 from caldera.protocol.payloads import default_section

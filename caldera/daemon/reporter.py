@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from caldera.daemon.live import DROPS_KEY, LiveStatus, ago
 from caldera.daemon.wakeups import Wakeups, wait_any

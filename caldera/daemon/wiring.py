@@ -14,9 +14,11 @@ from dataclasses import dataclass, field, replace
 
 from caldera.agents.adapter.driver import open_driver
 from caldera.agents.updates import load_effective
+
 # The registry, not base/service: those (with codex_config's tomllib) wait for the first
 # agent_run (≈ 0.3 MB of code objects an adapter daemon never runs; docs/performance.md).
-from caldera.backends.registry import ActiveRuns, capabilities as backend_capabilities
+from caldera.backends.registry import ActiveRuns
+from caldera.backends.registry import capabilities as backend_capabilities
 from caldera.config import AgentPaths, Settings
 from caldera.daemon.live import LiveStatus
 from caldera.daemon.reporter import Reports

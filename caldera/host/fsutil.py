@@ -11,7 +11,6 @@ import json
 import os
 from pathlib import Path
 
-
 # Every file the runtime opens by name in its state dir is opened without following a
 # symlink: an agent's process (in adapter mode it runs as the same user) could plant one.
 # Writes go through a new temp file (O_CREAT|O_EXCL) + os.replace, which never follow one either.

@@ -24,7 +24,7 @@ MAX_DEPTH = 64
 # even on hostile input like '"\\"\\"\\"…'.
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _patterns():
     # The string pattern is the "unrolled loop" form: no two ways to match, linear time.
     not_brackets = bytes(b for b in range(256) if b not in b"[]{}")  # a delete table for translate
@@ -56,7 +56,7 @@ def _refuse_constant(name: str):
     raise JSONLimitError(f"{name} is not a JSON number")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _decoder() -> json.JSONDecoder:
     # What json.loads(text, parse_constant=…) builds on every call (a decoder and its C
     # scanner, ~3 µs): built once. A busy Codex run parses ~100,000 lines a minute.

@@ -18,7 +18,7 @@ import os
 import select
 import signal
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 STOPPING = (signal.SIGINT, signal.SIGTERM)
 

@@ -9,9 +9,18 @@ from __future__ import annotations
 import json
 import urllib.parse
 
-from caldera.plane.page_parts import (
-    LARGE, adapter_html, agent_head, e, layout, short_json, timeline, window_links, window_seconds)
 from caldera.host.timefmt import human_age
+from caldera.plane.page_parts import (
+    LARGE,
+    adapter_html,
+    agent_head,
+    e,
+    layout,
+    short_json,
+    timeline,
+    window_links,
+    window_seconds,
+)
 
 COMMANDS_SHOWN = 100
 RESULT_CAP = 4000  # characters of a result shown unfolded

@@ -53,7 +53,7 @@ class ApiError(Exception):
 
 def rfc3339(ts: float) -> str:
     """Go's RFC3339Nano in UTC: fractional digits without trailing zeros."""
-    when = dt.datetime.fromtimestamp(ts, dt.timezone.utc)
+    when = dt.datetime.fromtimestamp(ts, dt.UTC)
     frac = f"{when.microsecond:06d}".rstrip("0")
     return when.strftime("%Y-%m-%dT%H:%M:%S") + (f".{frac}" if frac else "") + "Z"
 

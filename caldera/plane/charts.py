@@ -41,7 +41,7 @@ class Axis:
         value = max(0.0, min(value, vmax))
         return PAD + (1 - value / vmax) * (self.height - 2 * PAD)
 
-    def resized(self, width: int, height: int) -> "Axis":
+    def resized(self, width: int, height: int) -> Axis:
         return dataclasses.replace(self, width=width, height=height, max_points=max(2, width // 3))
 
 
@@ -186,7 +186,7 @@ def _merge_down(segments, axis: Axis, rank: dict):
 # ---- time labels ---------------------------------------------------------------------------
 
 def clock_label(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%H:%M:%S")
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%H:%M:%S")
 
 
 def ticks(axis: Axis, count: int = 5) -> list[tuple[float, str]]:
@@ -196,7 +196,7 @@ def ticks(axis: Axis, count: int = 5) -> list[tuple[float, str]]:
     out = []
     for i in range(count):
         t = axis.t0 + span * i / (count - 1)
-        out.append((100.0 * i / (count - 1), dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime(fmt)))
+        out.append((100.0 * i / (count - 1), dt.datetime.fromtimestamp(t, dt.UTC).strftime(fmt)))
     return out
 
 

@@ -10,10 +10,19 @@ same larger, the last report's health and the instance's command history.
 """
 from __future__ import annotations
 
+from caldera.host.timefmt import human_age
 from caldera.plane import agent_page, api
 from caldera.plane.page_parts import (
-    SMALL, adapter_html, agent_head, e, layout, short_json, timeline, window_links, window_seconds)
-from caldera.host.timefmt import human_age
+    SMALL,
+    adapter_html,
+    agent_head,
+    e,
+    layout,
+    short_json,
+    timeline,
+    window_links,
+    window_seconds,
+)
 
 RECENT_COMMANDS = 20
 HTML = "text/html; charset=utf-8"

@@ -9,9 +9,9 @@ import json
 import string
 from pathlib import Path
 
+from caldera.host.timefmt import human_age
 from caldera.plane import api, charts
 from caldera.plane.figures import LEVELS, figures, human_bytes
-from caldera.host.timefmt import human_age
 
 REFRESH_SECONDS = 5
 WINDOWS = {"1h": 3600, "6h": 6 * 3600, "1d": 86400, "7d": 7 * 86400}

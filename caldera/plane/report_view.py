@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-from caldera.plane.figures import figures, human_bytes
 from caldera.host.timefmt import human_age
+from caldera.plane.figures import figures, human_bytes
 
 BAR_WIDTH = 24
 

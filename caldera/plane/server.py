@@ -17,8 +17,7 @@ import threading
 import time
 import urllib.parse
 
-from caldera.plane import api
-from caldera.plane import page
+from caldera.plane import api, page
 from caldera.plane.store import Store
 from caldera.plane.validation import BODY_MAX_BYTES
 
@@ -77,7 +76,7 @@ class PlaneServer:
     def port(self) -> int:
         return self._httpd.server_address[1]
 
-    def start(self) -> "PlaneServer":
+    def start(self) -> PlaneServer:
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="plane-http", daemon=True)
         self._thread.start()

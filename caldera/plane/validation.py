@@ -22,7 +22,7 @@ class BodyError(ValueError):
     """The body breaks its schema; the message names the place (answered as 400)."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _validator(name: str):
     import jsonschema  # deferred: see module docstring
 

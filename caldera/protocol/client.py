@@ -26,9 +26,9 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
 from urllib.parse import urljoin, urlsplit
 
 import requests

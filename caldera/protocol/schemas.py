@@ -44,7 +44,7 @@ def _schema(name: str) -> dict:
     return _load(schema_dir() / name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load(path: Path) -> dict:
     with open(path, encoding="utf-8") as fh:
         return json.load(fh)
@@ -54,7 +54,7 @@ def _only_an_object(schema) -> bool:
     return isinstance(schema, dict) and schema.get("type") == "object" and set(schema) <= ANNOTATIONS | {"type"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _validator(name: str):
     import jsonschema  # deferred: see module docstring
 

@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 
 from caldera.errors import AuthBlocked  # noqa: F401 -- re-exported: callers catch it from here too
-from caldera.protocol.client import Forbidden, Invalid, SessionMismatch, Unaccepted, Unauthorized
 from caldera.host.fsutil import atomic_write_json, read_json
+from caldera.protocol.client import Forbidden, Invalid, SessionMismatch, Unaccepted, Unauthorized
 
 log = logging.getLogger("caldera.protocol.session")
 

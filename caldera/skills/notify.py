@@ -32,7 +32,7 @@ class Notifier:
         self._overflow = False
 
     @classmethod
-    def open(cls) -> "Notifier | None":
+    def open(cls) -> Notifier | None:
         """A notifier, or None where inotify is not available (the stat check is used)."""
         try:
             libc = ctypes.CDLL(None, use_errno=True)

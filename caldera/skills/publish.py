@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from caldera.host.fsutil import NOFOLLOW, atomic_write_bytes
 from caldera.skills import inventory

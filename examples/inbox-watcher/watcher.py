@@ -26,11 +26,11 @@ wake = threading.Event()
 stopping = threading.Event()
 runs = []  # the last runs, newest last (the status file keeps 10)
 settings = {}
-since = dt.datetime.now(dt.timezone.utc)
+since = dt.datetime.now(dt.UTC)
 
 
 def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def say(text: str) -> None:

@@ -16,7 +16,7 @@ import json
 import os
 import re
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 VERSION = "1.0.0"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,7 +46,7 @@ def path(name: str) -> str:
 
 
 def now_iso(ts: float | None = None) -> str:
-    moment = datetime.fromtimestamp(ts if ts is not None else time.time(), timezone.utc)
+    moment = datetime.fromtimestamp(ts if ts is not None else time.time(), UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -134,7 +134,7 @@ def next_run_at(now: float | None = None) -> float:
 
 
 def log_name(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("run-%Y%m%d-%H%M%S.log")
+    return datetime.fromtimestamp(ts, UTC).strftime("run-%Y%m%d-%H%M%S.log")
 
 
 def run_once(reason: str) -> dict:
@@ -166,4 +166,4 @@ def since(name: str) -> str | None:
 
 
 def add_seconds_iso(ts: float, seconds: float) -> str:
-    return now_iso((datetime.fromtimestamp(ts, timezone.utc) + timedelta(seconds=seconds)).timestamp())
+    return now_iso((datetime.fromtimestamp(ts, UTC) + timedelta(seconds=seconds)).timestamp())

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import daemon_helpers
+
 from caldera.config import AgentPaths
 
 HERE = Path(__file__).resolve().parent

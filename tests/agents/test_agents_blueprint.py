@@ -4,11 +4,11 @@ import json
 import tarfile
 
 import pytest
-
 from adapter_helpers import EXAMPLE, copy_example
+
 from caldera.agents import blueprint
-from caldera.cli import main
 from caldera.agents.manifest import load_manifest
+from caldera.cli import main
 
 
 def _tar(path, members):

@@ -2,9 +2,10 @@
 import json
 
 from adapter_helpers import copy_example, make_agent, workdir
+
 from caldera.agents.check import Report, run_checks
-from caldera.cli import main
 from caldera.agents.manifest import load_manifest
+from caldera.cli import main
 
 
 def _breaches(paths):

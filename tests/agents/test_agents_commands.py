@@ -4,14 +4,14 @@ import dataclasses
 import threading
 
 import pytest
-
 from adapter_helpers import calls, make_agent
+
 from caldera.agents.adapter import commands
 from caldera.agents.adapter.driver import open_driver
+from caldera.agents.manifest import load_manifest
 from caldera.daemon.dispatch import CommandContext
 from caldera.daemon.wakeups import Wakeups
 from caldera.errors import CommandError
-from caldera.agents.manifest import load_manifest
 from caldera.redact import Redactor
 
 

@@ -6,13 +6,13 @@ import time
 
 import pytest
 import yaml
-
 from adapter_helpers import make_agent, workdir
+
 from caldera.agents import updates, window
-from caldera.agents.updates import load_effective
 from caldera.agents.adapter.driver import adapter_status, open_driver
-from caldera.errors import ConfigError
 from caldera.agents.manifest import load_manifest
+from caldera.agents.updates import load_effective
+from caldera.errors import ConfigError
 from caldera.redact import Redactor
 
 

@@ -98,7 +98,7 @@ def test_a_settings_value_that_is_not_text_passes_json_escaped(tmp_path, pool):
     done = cli(paths, "settings", "set", "--json", '{"note": "a\\ud800b"}')
     assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
     sent = [json.loads(line) for line in (workdir(paths) / "argv.log").read_text().splitlines()]
-    arg = bytes.fromhex([a for a in sent if a[:2] == ["settings".encode().hex(), "set".encode().hex()]][0][2])
+    arg = bytes.fromhex([a for a in sent if a[:2] == [b"settings".hex(), b"set".hex()]][0][2])
     assert arg == b'{"note":"a\\ud800b"}' and json.loads(arg) == {"note": "a\ud800b"}
     # A key that is not text names nothing: refused with a sentence, no adapter call.
     answer = verbs.settings_set(load_manifest(paths.manifest_path), {"no\ud800te": "x"})

@@ -4,8 +4,8 @@ import os
 import time
 
 import pytest
-
 from adapter_helpers import calls, make_agent, workdir
+
 from caldera.agents.adapter import invoke, verbs
 from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, UNSUPPORTED
 from caldera.agents.manifest import load_manifest

@@ -1,7 +1,7 @@
 """Log names are refused by the runtime without calling the adapter."""
 import pytest
-
 from adapter_helpers import calls, make_agent
+
 from caldera.agents.adapter import logs, verbs
 from caldera.agents.manifest import load_manifest
 

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 import yaml
-
-from caldera.errors import ConfigError
 from process_helpers import manifest_doc
+
 from caldera.agents.manifest import FORBIDDEN_IN_ADAPTER_MODE, check_document, load_manifest, schema_check
+from caldera.errors import ConfigError
 
 BASE = {"name": "a", "runtime": {"type": "adapter", "command": ["./adapter"], "workdir": "."}}
 

@@ -7,6 +7,7 @@ import signal
 import threading
 
 import pytest
+from process_helpers import alive, kill_quietly, make_process_agent, read_state, wait_for
 
 from caldera.agents.manifest import load_manifest
 from caldera.agents.process.driver import open_driver
@@ -15,8 +16,6 @@ from caldera.agents.process.supervisor import FAILED, RUNNING, STOPPED
 from caldera.host.proc import stop_group
 from caldera.host.statefile import StateFile
 from caldera.redact import Redactor
-
-from process_helpers import alive, kill_quietly, make_process_agent, read_state, wait_for
 
 
 class Running:
@@ -336,9 +335,10 @@ def test_the_health_check_runs_as_in_adapter_mode(tmp_path):
 
 
 def test_account_must_exist_and_needs_root_for_another_user():
+    import pwd
+
     from caldera.agents.process.launcher import account_ids
     from caldera.agents.process.supervisor import LaunchError
-    import pwd
 
     with pytest.raises(LaunchError, match="no such user"):
         account_ids("no-such-user-caldera")
@@ -356,10 +356,9 @@ def test_account_must_exist_and_needs_root_for_another_user():
 def test_the_agent_runs_as_the_manifest_account(tmp_path):
     import pwd
     import shutil
+    import sys
     import tempfile
     from pathlib import Path
-
-    import sys
 
     from process_helpers import FAKE
 

@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+from process_helpers import manifest_doc
 
 from caldera.agents.manifest import check_document, load_manifest
 from caldera.agents.process import environment
@@ -13,7 +14,6 @@ from caldera.agents.process.statusfile import MAX_BYTES, read_status_file
 from caldera.errors import ConfigError
 from caldera.host import proc
 from caldera.redact import Redactor
-from process_helpers import manifest_doc
 
 BASE = {"name": "p", "runtime": {"type": "process", "command": ["./agent"]}}
 

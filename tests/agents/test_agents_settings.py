@@ -1,8 +1,8 @@
 """Settings: the manifest allows 0.1-1.0, the adapter says 0.1-0.95: 0.95 is offered,
 0.97 is refused without calling the adapter, 0.9 reaches it."""
 import pytest
-
 from adapter_helpers import calls, make_agent, workdir
+
 from caldera.agents import settings
 from caldera.agents.adapter import verbs
 from caldera.agents.manifest import load_manifest

@@ -4,11 +4,11 @@ import os
 import threading
 
 import pytest
-
 from backends_helpers import CANARY, fake_ctx, fake_runtime, mock_binary, write_projection
+
 from caldera.backends import commands, service
-from caldera.protocol.client import NotFound, Retryable
 from caldera.errors import CommandError
+from caldera.protocol.client import NotFound, Retryable
 
 
 def _completed():

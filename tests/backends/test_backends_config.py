@@ -4,8 +4,8 @@ import stat
 import tomllib
 
 import pytest
-
 from backends_helpers import CANARY, KEY_ENV, write_projection
+
 from caldera.backends import codex_config as cc
 from caldera.backends import failures as fk
 

@@ -9,9 +9,20 @@ import time
 from pathlib import Path
 
 import pytest
+from backends_helpers import (
+    CANARY,
+    KEY_ENV,
+    environment,
+    everything_text,
+    execute,
+    mock_binary,
+    of_type,
+    request,
+    types,
+    workspace,
+    write_projection,
+)
 
-from backends_helpers import (CANARY, KEY_ENV, environment, everything_text, execute, mock_binary,
-                              of_type, request, types, workspace, write_projection)
 from caldera.backends import failures as fk
 from caldera.backends import service
 

@@ -17,10 +17,20 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from backends_fake_provider import FakeProvider
-from backends_helpers import (CANARY, KEY_ENV, environment, everything_text, execute, of_type, request,
-                              types, workspace, write_projection)
+from backends_helpers import (
+    CANARY,
+    KEY_ENV,
+    environment,
+    everything_text,
+    execute,
+    of_type,
+    request,
+    types,
+    workspace,
+    write_projection,
+)
+
 from caldera.backends import failures as fk
 from caldera.backends import service
 

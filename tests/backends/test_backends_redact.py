@@ -42,8 +42,7 @@ def test_known_value_in_every_form():
 
 def test_no_line_of_the_projected_config_reaches_an_event(tmp_path):
     """SPEC section 10: base URL, model and profile names may appear; no other config line."""
-    from backends_helpers import (environment, execute, mock_binary, request, workspace,
-                                  write_projection)
+    from backends_helpers import environment, execute, mock_binary, request, workspace, write_projection
 
     secrets = write_projection(tmp_path, extra_toml='approval_note = "internal-only-setting"\n')
     config = (secrets / "codex" / "config.toml").read_text()

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from core_helpers import install_agent
 
 SCRIPT = Path(__file__).resolve().parents[2] / "packaging" / "bash-completion" / "caldera"

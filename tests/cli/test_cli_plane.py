@@ -7,10 +7,10 @@ import sys
 import time
 
 import pytest
+from plane_helpers import Agent
 
 from caldera.cli import main
 from caldera.plane.store import Store
-from plane_helpers import Agent
 
 
 @pytest.fixture

@@ -2,9 +2,10 @@
 import os
 import pwd
 
+from core_helpers import install_agent
+
 from caldera.cli import main
 from caldera.host import privdrop
-from core_helpers import install_agent
 
 
 def _entry(uid):

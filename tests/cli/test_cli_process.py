@@ -10,7 +10,6 @@ from pathlib import Path
 
 from process_helpers import wait_for
 
-
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "inbox-watcher"
 

@@ -3,9 +3,9 @@ import json
 import os
 
 import pytest
+from sampler_helpers import case_root, copy_case
 
 from caldera import cli
-from sampler_helpers import case_root, copy_case
 
 
 def run(capsys, *argv):

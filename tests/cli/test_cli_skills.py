@@ -5,6 +5,8 @@ import os
 from skills_helpers import write_tree
 
 from caldera import cli
+
+
 def _agent(tmp):
     config = tmp / "etc" / "agents" / "demo"
     config.mkdir(parents=True)

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from core_helpers import BOOT, SECRET, install_agent
 from daemon_helpers import Daemon, wait_for
 
@@ -188,10 +187,11 @@ def test_status_shows_held_back_and_rejected_outbox_items(caldera_env):
     assert "held back: finish of command 12, 1 tries" in human and "1 rejected for good" in human
 
 def test_status_shows_the_installed_and_the_effective_manifest(caldera_env):
+    from core_helpers import Args
+
     from caldera.agents import updates
     from caldera.agents.manifest import load_manifest
     from caldera.config import agent_from_args
-    from core_helpers import Args
 
     install_agent(caldera_env)
     done = json.loads(status("--json").stdout)

@@ -1,9 +1,10 @@
 """`caldera status` by a user who may not read the state dir: the daemon's status.json."""
 import json
 
+from core_helpers import install_agent
+
 from caldera.cli import main
 from caldera.cli import status as status_cli
-from core_helpers import install_agent
 
 
 def test_status_without_access_prints_the_snapshot(caldera_env, monkeypatch, capsys):

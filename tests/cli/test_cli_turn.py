@@ -3,6 +3,7 @@ import json
 import os
 
 from backends_helpers import CANARY, mock_binary, write_projection
+
 from caldera import cli
 from caldera.backends import base
 

@@ -4,8 +4,8 @@ import subprocess
 import sys
 
 import pytest
-
 from adapter_helpers import REPO, calls, copy_example, make_agent, workdir
+
 from caldera.cli import main
 
 

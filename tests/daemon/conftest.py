@@ -1,7 +1,6 @@
 """The daemon tests' loopback plane: instance 7, the bootstrap token BOOT, 1 s intervals
 (a module that needs another plane defines its own `plane` fixture, which wins)."""
 import pytest
-
 from core_helpers import BOOT
 from daemon_helpers import INSTANCE
 

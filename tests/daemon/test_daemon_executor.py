@@ -5,10 +5,10 @@ import time
 
 import pytest
 import responses
+from core_helpers import BOOT, install_agent, make_parts
 
 from caldera.daemon.executor import INTERRUPTED, executor_for
 from caldera.protocol.outbox import Outbox
-from core_helpers import BOOT, install_agent, make_parts
 
 BASE = "http://127.0.0.1:9"
 API = BASE + "/api/v1/agent"

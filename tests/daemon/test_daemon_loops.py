@@ -4,10 +4,10 @@ import random
 import threading
 
 import responses
-
-from caldera.protocol.retry import Backoff
-from caldera.daemon import sender
 from core_helpers import install_agent, make_parts
+
+from caldera.daemon import sender
+from caldera.protocol.retry import Backoff
 
 BASE = "http://127.0.0.1:9"
 API = BASE + "/api/v1/agent"
@@ -88,9 +88,10 @@ def test_redacting_log_filter_masks_canaries(caldera_env, capsys):
     import io
     import logging
 
+    from core_helpers import BOOT, SECRET
+
     from caldera.host import logsetup
     from caldera.redact import Redactor
-    from core_helpers import BOOT, SECRET
 
     stream = io.StringIO()
     root = logging.getLogger("caldera")

@@ -4,6 +4,7 @@ import threading
 
 import pytest
 import responses
+from core_helpers import install_agent, make_parts
 
 from caldera import errors
 from caldera.cli import main as cli_main
@@ -12,7 +13,6 @@ from caldera.daemon.executor import executor_for
 from caldera.daemon.lanes import Lanes, LanesClosed
 from caldera.protocol import client as api
 from caldera.protocol.retry import Backoff
-from core_helpers import install_agent, make_parts
 
 BASE = "http://127.0.0.1:9"
 API = BASE + "/api/v1/agent"

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from core_helpers import BOOT, SECRET, install_agent
-from daemon_helpers import Daemon, INSTANCE, wait_for
+from daemon_helpers import INSTANCE, Daemon, wait_for
 
 FAKE = Path(__file__).resolve().parent.parent / "agents" / "process_agents" / "fake_agent.py"
 MANIFEST = """\

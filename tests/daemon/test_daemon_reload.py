@@ -5,9 +5,8 @@ import signal
 import threading
 
 import pytest
-
 from core_helpers import BOOT, install_agent
-from daemon_helpers import Daemon, INSTANCE, count, wait_for
+from daemon_helpers import INSTANCE, Daemon, count, wait_for
 
 
 def test_unconfigured_agent_stays_local_and_a_reload_connects_it_in_place(caldera_env, plane):

@@ -1,14 +1,13 @@
 """The daemon end to end: `caldera run` as a real process against the embedded plane over HTTP."""
 import json
+import os
 import signal
 import subprocess
 import sys
-import os
 
 import pytest
-
 from core_helpers import BOOT, SECRET, install_agent
-from daemon_helpers import Daemon, INSTANCE, count, wait_for
+from daemon_helpers import INSTANCE, Daemon, count, wait_for
 
 PlaneServer = pytest.importorskip("caldera.plane.server").PlaneServer
 

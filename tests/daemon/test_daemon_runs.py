@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from core_helpers import BOOT, install_agent
 from daemon_helpers import Daemon, wait_for
 

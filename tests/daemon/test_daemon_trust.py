@@ -9,8 +9,7 @@ import os
 from pathlib import Path
 
 from core_helpers import install_agent
-from daemon_helpers import Daemon, INSTANCE, wait_for
-
+from daemon_helpers import INSTANCE, Daemon, wait_for
 
 MANIFEST = """name: demo
 version: 1.0.0

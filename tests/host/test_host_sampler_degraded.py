@@ -2,9 +2,10 @@
 import os
 import shutil
 
+from sampler_helpers import HOST_AVAILABLE, HOST_TOTAL, copy_case, sampler_for, write
+
 from caldera.host import cgroups
 from caldera.host.sampler import Sampler
-from sampler_helpers import HOST_AVAILABLE, HOST_TOTAL, copy_case, sampler_for, write
 
 
 def test_unparseable_memory_limit_falls_back_to_meminfo_and_says_so(tmp_path):

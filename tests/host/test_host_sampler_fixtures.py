@@ -5,10 +5,16 @@ on each says how); the whole `system_info` is compared, so a stray or missing
 key fails too.
 """
 import pytest
-
 from sampler_helpers import (
-    DISK_USED, HOST_AVAILABLE, HOST_TOTAL, INTERFACES, SAMPLED_AT, case_root, disk,
-    install_fake_statvfs, sampler_for,
+    DISK_USED,
+    HOST_AVAILABLE,
+    HOST_TOTAL,
+    INTERFACES,
+    SAMPLED_AT,
+    case_root,
+    disk,
+    install_fake_statvfs,
+    sampler_for,
 )
 
 LOAD = {"1m": 0.64, "5m": 0.52, "15m": 0.40}

@@ -2,11 +2,11 @@
 import os
 
 import pytest
+from sampler_helpers import copy_case, sampler_for, write
 
 from caldera.host import cgroups
 from caldera.host.cgroups import FigureError
 from caldera.host.sampler import default_sys_root, ipv4_addresses, ipv6_addresses, parse_net_dev
-from sampler_helpers import copy_case, sampler_for, write
 
 
 @pytest.mark.parametrize("text,count", [("0-3", 4), ("0", 1), ("0-3,8,10-11\n", 7), ("", 0)])

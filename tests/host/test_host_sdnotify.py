@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from caldera.host import sdnotify
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -126,7 +126,7 @@ def system_info(cpu: float, memory: float, disk: float, rx: int, tx: int, cores:
                                        {"name": "eth0", "rx_bytes": rx, "tx_bytes": tx}]}}
 
 
-def feed_history(agent_: "Agent", clock_: Clock, minutes: int = 120, gap=(80, 92)) -> list[dict]:
+def feed_history(agent_: Agent, clock_: Clock, minutes: int = 120, gap=(80, 92)) -> list[dict]:
     """Two hours of reports a minute apart (heartbeats between), silent for the minutes in `gap`.
 
     CPU waves, memory climbs, the disk fills slowly, traffic bursts; the adapter's

@@ -10,13 +10,13 @@ the adapter's levels, and that the command history shows status, result and erro
 import math
 
 import pytest
-
-from caldera.plane import figures
-from caldera.plane.server import PlaneServer
 from core_helpers import BOOT, install_agent
 from daemon_helpers import Daemon, wait_for
 from plane_helpers import all_points, expected_xy, read_charts
 from test_plane_page import dump_dom, need_chromium
+
+from caldera.plane import figures
+from caldera.plane.server import PlaneServer
 
 INSTANCE = 1
 RANK = {"ok": 0, "off": 1, "warn": 2, "bad": 3}

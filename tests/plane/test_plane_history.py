@@ -1,9 +1,9 @@
 """The page's history store (per-bucket means, rates, levels, pruning) and the chart geometry."""
 import pytest
+from plane_helpers import Clock, system_info
 
 from caldera.plane import charts
 from caldera.plane.store import Store
-from plane_helpers import Clock, system_info
 
 MIN = 60
 

@@ -5,8 +5,8 @@ import socket
 import zipfile
 
 import pytest
-
 from plane_helpers import AGENT, agent, clock, plane  # noqa: F401
+
 from caldera.plane import upload
 
 

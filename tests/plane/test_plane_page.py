@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from plane_helpers import AGENT, agent, all_points, clock, expected_xy, feed_history, plane, read_charts  # noqa: F401
 
 from caldera.plane import figures
-from plane_helpers import (AGENT, agent, all_points, clock, expected_xy, feed_history, plane,  # noqa: F401
-                           read_charts)
 
 SYSTEM_INFO = {
     "cpu": {"cores": 4, "load": {"1m": 1.0, "5m": 0.5, "15m": 0.2}},

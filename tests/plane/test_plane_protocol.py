@@ -5,9 +5,7 @@ import re
 
 import pytest
 import requests
-
 from plane_helpers import AGENT, BOOT, Agent, agent, clock, error_of, plane, skill_zip  # noqa: F401
-
 
 # ---- register and sessions -----------------------------------------------------------------
 

@@ -61,7 +61,7 @@ class FaultPlane:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
 
-    def start(self) -> "FaultPlane":
+    def start(self) -> FaultPlane:
         self._thread.start()
         return self
 

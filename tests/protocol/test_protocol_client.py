@@ -4,10 +4,18 @@ import threading
 import pytest
 import responses
 
-from caldera.protocol.client import (BODY_CAP, ControlPlaneClient, Forbidden, Invalid, NotFound, Retryable, Unaccepted,
-                            Transport)
-from caldera.redact import Redactor
+from caldera.protocol.client import (
+    BODY_CAP,
+    ControlPlaneClient,
+    Forbidden,
+    Invalid,
+    NotFound,
+    Retryable,
+    Transport,
+    Unaccepted,
+)
 from caldera.protocol.session import Auth, AuthBlocked, SessionFile
+from caldera.redact import Redactor
 
 BASE = "http://127.0.0.1:9"
 API = BASE + "/api/v1/agent"

@@ -8,8 +8,17 @@ from fault_helpers import API, FaultPlane
 
 from caldera.daemon import sender
 from caldera.protocol import client as client_mod
-from caldera.protocol.client import (ControlPlaneClient, Forbidden, NEXT_CAP, Redirected, Retryable, Transport,
-                                     Unaccepted, Unsendable, encode_body)
+from caldera.protocol.client import (
+    NEXT_CAP,
+    ControlPlaneClient,
+    Forbidden,
+    Redirected,
+    Retryable,
+    Transport,
+    Unaccepted,
+    Unsendable,
+    encode_body,
+)
 from caldera.protocol.outbox import Outbox, held_items, outbox_health
 from caldera.protocol.session import Auth, SessionFile
 from caldera.redact import Redactor

@@ -5,6 +5,7 @@ import jsonschema
 import pytest
 
 from caldera.protocol import schemas
+
 ALL = sorted(p.relative_to(schemas.schema_dir()).as_posix() for p in schemas.schema_dir().rglob("*.json"))
 
 

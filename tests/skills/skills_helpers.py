@@ -12,10 +12,10 @@ from caldera.daemon.dispatch import CommandContext
 from caldera.daemon.live import LiveStatus
 from caldera.daemon.wakeups import Wakeups
 from caldera.daemon.wiring import Current
-from caldera.skills.publish import Publisher
+from caldera.host.statefile import StateFile
 from caldera.protocol.outbox import Outbox
 from caldera.redact import Redactor
-from caldera.host.statefile import StateFile
+from caldera.skills.publish import Publisher
 
 BASE = "http://127.0.0.1:9"
 API = BASE + "/api/v1/agent"

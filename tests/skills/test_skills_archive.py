@@ -135,6 +135,7 @@ def test_download_failure_and_missing_version(installed, tmp_path):
 def test_ratio_is_judged_across_members_too(tmp_path):
     # 40 members of 100 KiB zeros: each under the per-member floor, together a bomb.
     import zipfile as _zf
+
     from caldera.skills import archive as _archive
 
     path = tmp_path / "bomb.zip"

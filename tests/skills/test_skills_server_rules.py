@@ -7,10 +7,10 @@ import time
 import zipfile
 
 import pytest
+import skills_helpers
 from fault_helpers import FaultPlane
 from skills_helpers import FakeRuntime, ctx, multipart_fields, write_tree, zip_bytes
 
-import skills_helpers
 from caldera.daemon import dispatch
 from caldera.errors import CommandError
 from caldera.skills import inventory, md5, package

@@ -38,7 +38,7 @@ VERSION_MAX = 50
 BACKGROUND_WAIT = 1.0  # ClawManager's openclaw_version column
 
 
-def open_driver(paths, manifest, *, pool, redactor, schema_checks: bool = True, state=None) -> "Driver":
+def open_driver(paths, manifest, *, pool, redactor, schema_checks: bool = True, state=None) -> Driver:
     """schema_checks: validate answers and the manifest with jsonschema too. The daemon and
     `report --once` run the plain-Python checks only, which give the schemas' verdict
     (tests hold the two together) without jsonschema's validators and their garbage.

@@ -7,6 +7,7 @@ exit 0 is ok, anything else (a timeout too) is bad with the reason.
 from __future__ import annotations
 
 from caldera.agents.adapter import invoke
+
 NAME = "Health check"
 DEFAULT_INTERVAL = 60
 REASON_MAX = 300

@@ -14,10 +14,19 @@ import os
 import pwd
 import threading
 
+from caldera.agents.adapter.answer import (
+    DONE,
+    FAILED,
+    MESSAGE_MAX,
+    REFUSED,
+    UNSUPPORTED,
+    Answer,
+    ContractError,
+    check_answer_body,
+    parse_object,
+)
 from caldera.host import proc
 from caldera.host.jsonlimits import scrub
-from caldera.agents.adapter.answer import (DONE, FAILED, MESSAGE_MAX, REFUSED, UNSUPPORTED, Answer,
-                                    ContractError, check_answer_body, parse_object)
 
 KIB = 1024
 GRACE_SECONDS = 2.0

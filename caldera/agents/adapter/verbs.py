@@ -4,8 +4,8 @@
 """
 from __future__ import annotations
 
-from caldera.agents.adapter import invoke, logs
 from caldera.agents import settings
+from caldera.agents.adapter import invoke, logs
 from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, UNSUPPORTED, Answer, ContractError, with_held
 
 ADAPTER_FAILED = "The agent's adapter failed: "

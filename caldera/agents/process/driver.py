@@ -21,7 +21,6 @@ from caldera.agents import status
 from caldera.agents.adapter import logs as log_names
 from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, Answer
 from caldera.agents.manifest import CONTROLS
-from caldera.agents.updates import load_effective
 from caldera.agents.process import files
 from caldera.agents.process.launcher import Launcher
 from caldera.agents.process.logpump import LogPump
@@ -29,6 +28,7 @@ from caldera.agents.process.spec import build_spec
 from caldera.agents.process.statusfile import read_status_file
 from caldera.agents.process.supervisor import FAILED as P_FAILED
 from caldera.agents.process.supervisor import RUNNING, STARTING, STOPPED, Supervisor, supervise_loop
+from caldera.agents.updates import load_effective
 from caldera.errors import ConfigError
 from caldera.host.timefmt import rfc3339
 
@@ -42,7 +42,7 @@ LABELS = {STARTING: ("warn", "Starting"), RUNNING: ("ok", "Running"), STOPPED: (
 
 
 def open_driver(paths, manifest, *, store, redactor, report_interval: float = 5.0, environ=os.environ,
-                supervise: bool = True, report_now=None) -> "ProcessDriver":
+                supervise: bool = True, report_now=None) -> ProcessDriver:
     """supervise=False: a driver that only reports (report --once); it starts nothing.
     report_now: called when the agent's state changes (the daemon's report wake-up)."""
     if manifest.runtime_type != "process":
@@ -334,7 +334,7 @@ def _observed(store) -> dict:
         import datetime as dt
 
         try:
-            started = dt.datetime.strptime(record["started_at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+            started = dt.datetime.strptime(record["started_at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
             uptime = time.time() - started.timestamp()
         except ValueError:
             uptime = None

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import copy
 
-from caldera.agents.process import files
 from caldera.agents.manifest import check_mcp_server
+from caldera.agents.process import files
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, ensure_dir
 

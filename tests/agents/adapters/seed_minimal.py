@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Adapter for an agent whose state is a few files in its working directory."""
-import json, os, sys
+import json
+import os
+import sys
+
 
 def say(message, held=None, code=0):
     print(json.dumps({"message": message, **({"held": held} if held else {})}))
