@@ -22,7 +22,6 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-CACHE=${CALDERA_CI_CACHE:-/var/cache/caldera-ci}
 SUITE=bookworm
 # systemd as PID 1, sudo for the admin, and caldera's own Debian dependencies
 # (so that a cached run installs the .deb without touching the network).
@@ -123,31 +122,11 @@ VERSION=$(dpkg-deb -f "$DEB" Version)
 echo "$DEB ($VERSION)"
 
 step "base root (debootstrap $SUITE, cached)"
-# The mirror apt on this machine already uses for the suite.
-MIRROR=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' 'Created-By: Packages' 2>/dev/null \
-	| awk -v s="$SUITE" '$2 == s { print $1; exit }')
-MIRROR=${MIRROR:-http://deb.debian.org/debian/}
-KEY=$(printf '%s\n' "$SUITE" "$MIRROR" "${PACKAGES[@]}" | sha256sum | cut -c1-12)
-BASE=$CACHE/$SUITE-$KEY
-mkdir -p "$CACHE"
-if [ -f "$BASE/.complete" ]; then
-	echo "cached: $BASE (mirror $MIRROR)"
-	t_base=cached
-else
-	b0=$(date +%s)
-	rm -rf "$BASE" "$BASE.tmp"
-	include=$(IFS=,; echo "${PACKAGES[*]}")
-	debootstrap --variant=minbase --include="$include" "$SUITE" "$BASE.tmp" "$MIRROR" > "$CACHE/debootstrap.log" 2>&1 \
-		|| { tail -n 30 "$CACHE/debootstrap.log"; fail "debootstrap"; }
-	# No package caches in the base; every run copies it.
-	rm -rf "$BASE.tmp"/var/cache/apt/archives/*.deb
-	mv "$BASE.tmp" "$BASE"
-	touch "$BASE/.complete"
-	t_base="$(( $(date +%s) - b0 )) s"
-	echo "built $BASE in $t_base (mirror $MIRROR; $(du -sh "$BASE" | cut -f1))"
-	# Older roots of another key are of no use any more.
-	find "$CACHE" -maxdepth 1 -name "$SUITE-*" ! -name "$SUITE-$KEY" -exec rm -rf {} +
-fi
+# shellcheck source=.ci/root.sh
+. "$ROOT/.ci/root.sh"
+b0=$(date +%s)
+BASE=$(base_root "$SUITE" "${PACKAGES[@]}") || fail "debootstrap $SUITE"
+t_base="$(( $(date +%s) - b0 )) s"
 
 step "boot the container (systemd-nspawn -b)"
 WORK=$(mktemp -d /var/tmp/caldera-ci-systemd.XXXXXX)
