@@ -20,12 +20,27 @@ MAY_IMPORT = {
     "base": {"base"},
 }
 BASE = {"config", "errors", "redact", "__init__", "__version__"}
+# The one upward import allowed, and only for types (inside `if TYPE_CHECKING:`, never run):
+# a command handler in agents/, skills/ or backends/ names the context the daemon gives it.
+TYPE_ONLY_UP = {"caldera.daemon.dispatch"}
 
 
 def layer_of(dotted: str) -> str:
     parts = dotted.split(".")
     name = parts[1] if len(parts) > 1 else "__init__"
     return "base" if name in BASE else name
+
+
+def type_only_lines(tree: ast.AST) -> set[int]:
+    """The lines of the imports inside `if TYPE_CHECKING:` blocks."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for inner in node.body:
+                for sub in ast.walk(inner):
+                    if isinstance(sub, (ast.Import, ast.ImportFrom)):
+                        lines.add(sub.lineno)
+    return lines
 
 
 def imports(path: Path):
@@ -43,11 +58,24 @@ def test_imports_only_go_down():
     wrong = []
     for path in sorted(PACKAGE.rglob("*.py")):
         me = layer_of(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
+        typing_only = type_only_lines(ast.parse(path.read_text(encoding="utf-8")))
         for target, line in imports(path):
+            if target in TYPE_ONLY_UP and line in typing_only:
+                continue
             other = layer_of(target)
             if other != me and other not in MAY_IMPORT[me]:
                 wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({me}) imports {target} ({other})")
     assert wrong == []
+
+
+def test_a_type_only_import_is_allowed_up_only_inside_type_checking(tmp_path):
+    source = tmp_path / "handler.py"
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                      "    from caldera.daemon.dispatch import CommandContext\n"
+                      "from caldera.daemon.dispatch import HANDLERS\n")
+    tree = ast.parse(source.read_text())
+    assert sorted(imports(source)) == [("caldera.daemon.dispatch", 3), ("caldera.daemon.dispatch", 4)]
+    assert type_only_lines(tree) == {3}  # line 4 runs: it is still an upward import
 
 
 def test_the_top_level_names_the_layers():
