@@ -1,12 +1,15 @@
 """The backend adapter contract of seed 003, the run request and policy, and the
 registry of backend profiles.
 
-    resolve_profile(profile) -> capability
-    prepare(run, command, secret_projection) -> context
+    resolve_profile(profile, env, probe) -> capability record
+    prepare(run, environment, sink) -> context
     start_turn(context) -> events (through the context's EventSink)
-    interrupt(context, command)
+    interrupt(context)
     finalize(context) -> terminal status
-    redact(value) -> redacted value
+
+Seed 003 also hands `prepare` and `interrupt` the command, and names a `redact(value)`:
+no backend here uses the command, and every event is redacted by the EventSink with the
+Environment's Redactor, so neither is part of the class.
 
 `run_turn` drives one turn through the contract and guarantees exactly one
 terminal_status, failures before anything was spawned included.
@@ -15,13 +18,19 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from caldera.backends import failures as fk
-from caldera.backends.events import EVENT_TYPES
+from caldera.backends.events import EVENT_TYPES, EventSink
 
-# re-exported: the daemon imports them from the light registry (see there)
-from caldera.backends.registry import DEFAULT_PROFILE, PROFILES, capabilities  # noqa: F401
+# also named here (base.capabilities): the daemon imports them from the light registry (see there)
+from caldera.backends.registry import DEFAULT_PROFILE, PROFILES, capabilities
+
+if TYPE_CHECKING:
+    from caldera.redact import Redactor
 
 SANDBOXES = ("read-only", "workspace-write")
 APPROVALS = ("never", "on-request")
@@ -34,12 +43,12 @@ class Policy:
     approval: str = "never"
     network: bool = False
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"timeout_seconds": self.timeout_seconds, "sandbox": self.sandbox,
                 "approval": self.approval, "network": self.network}
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunRequest:
     run_id: str
     prompt: str
@@ -49,42 +58,50 @@ class RunRequest:
     model: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Environment:
     """What a backend may use from the runtime: no daemon needed (tests, `caldera turn`)."""
-    redactor: object
+    redactor: Redactor
     logs_dir: str
     runs_dir: str
     secrets_dir: str | None = None
     credentials_dir: str | None = None
-    env: dict = field(default_factory=dict)  # agent.env merged over os.environ
+    env: dict[str, str] = field(default_factory=dict)  # agent.env merged over os.environ
 
 
-class Backend:
+class RunContext(Protocol):
+    """What `service` sets on a prepared context: the command's cancel (timeout or operator)
+    and whether that cancel was the command's own deadline."""
+    cancel: threading.Event | None
+    cancel_is_timeout: Callable[[], bool] | None
+
+
+ContextT = TypeVar("ContextT", bound=RunContext)
+
+
+class Backend(Generic[ContextT]):
     """The seed-003 contract. A backend instance serves many runs; state lives in contexts."""
 
-    name = ""
+    name: ClassVar[str] = ""
 
-    def resolve_profile(self, profile: str) -> dict:
+    def resolve_profile(self, profile: str, env: Mapping[str, str] | None = None,
+                        probe: bool = False) -> dict[str, Any]:
         raise NotImplementedError
 
-    def prepare(self, run: RunRequest, command: dict | None, environment: Environment, sink):
+    def prepare(self, run: RunRequest, environment: Environment, sink: EventSink) -> ContextT:
         raise NotImplementedError
 
-    def start_turn(self, context) -> None:
+    def start_turn(self, context: ContextT) -> None:
         raise NotImplementedError
 
-    def interrupt(self, context, command: dict | None = None) -> bool:
+    def interrupt(self, context: ContextT) -> bool:
         raise NotImplementedError
 
-    def finalize(self, context) -> dict:
+    def finalize(self, context: ContextT) -> dict[str, Any]:
         raise NotImplementedError
 
-    def redact(self, context, value):
-        return context.redactor(value)
 
-
-def get_backend(profile: str) -> Backend:
+def get_backend(profile: str) -> Backend[Any]:
     target = PROFILES.get(profile or DEFAULT_PROFILE)
     if target is None:
         raise ValueError(f"unknown backend profile {profile!r} (known: {', '.join(PROFILES)})")
@@ -92,7 +109,7 @@ def get_backend(profile: str) -> Backend:
     return getattr(importlib.import_module(module), cls)()
 
 
-def describe(env: dict | None = None, probe: bool = False) -> dict:
+def describe(env: Mapping[str, str] | None = None, probe: bool = False) -> dict[str, Any]:
     """`caldera backends --json`: every profile's capability record."""
     env = os.environ if env is None else env
     return {"default": DEFAULT_PROFILE, "capabilities": capabilities(env),
@@ -101,8 +118,8 @@ def describe(env: dict | None = None, probe: bool = False) -> dict:
             "event_types": list(EVENT_TYPES), "failure_kinds": list(fk.FAILURE_KINDS)}
 
 
-def run_turn(backend: Backend, run: RunRequest, command, environment: Environment, sink,
-             on_prepared=None) -> dict:
+def run_turn(backend: Backend[ContextT], run: RunRequest, environment: Environment, sink: EventSink,
+             on_prepared: Callable[[ContextT], None] | None = None) -> dict[str, Any]:
     """prepare -> start_turn -> finalize; returns the terminal event's data.
 
     `on_prepared(context)` is called once the context exists (before any process), so that
@@ -110,7 +127,7 @@ def run_turn(backend: Backend, run: RunRequest, command, environment: Environmen
     """
     context = None
     try:
-        context = backend.prepare(run, command, environment, sink)
+        context = backend.prepare(run, environment, sink)
         if on_prepared is not None:
             on_prepared(context)
         backend.start_turn(context)
@@ -126,10 +143,10 @@ def run_turn(backend: Backend, run: RunRequest, command, environment: Environmen
     if not sink.done:  # a bug path: never leave a run without its terminal event
         sink.emit("terminal_status", {"status": "failed", "failure_kind": fk.BACKEND_FAILED,
                                       "message": "the backend ended without a terminal status"})
-    return sink.terminal["data"]
+    return sink.terminal_data()
 
 
-def _fail(sink, kind: str, message: str) -> None:
+def _fail(sink: EventSink, kind: str, message: str) -> None:
     if not sink.done:
         sink.emit("error", {"failure_kind": kind, "message": message})
         sink.emit("terminal_status", {"status": "failed", "failure_kind": kind, "message": message})

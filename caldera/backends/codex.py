@@ -1,62 +1,52 @@
-"""The Codex backend: the native `codex app-server`, JSON-RPC over stdio.
+"""The Codex backend: one turn of the native `codex app-server`.
 
-One run = one process in its own process group with a private CODEX_HOME (0700)
-built by `codex_config`. A reader thread hands stdout over in whole-line blocks
-(`Channel`); the thread waiting for them turns them into messages (a response goes
-to the request waiting for it, everything else, in order, to the turn loop); another
-reader keeps a bounded, redacted stderr tail. The turn loop
-answers approval requests from the policy (declined: there is no approver in a
-control-plane run, and the policy is never widened), normalises notifications,
-and interrupts on `agent_interrupt`, on cancel and on the policy's deadline
-(then kills after a grace: backend-timeout).
+One run = one process (appserver.py: its own process group, JSON-RPC over stdio) with a
+private CODEX_HOME (0700) built by `codex_config`. The turn loop answers approval requests
+from the policy (declined: there is no approver in a control-plane run, and the policy is
+never widened), normalises notifications, and interrupts on `agent_interrupt`, on cancel
+and on the policy's deadline (then kills after a grace: backend-timeout).
 """
 from __future__ import annotations
 
-import collections
-import json
 import os
 import queue
-import re
 import shutil
-import signal
-import subprocess
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from caldera import __version__, config
 from caldera.backends import codex_config
 from caldera.backends import failures as fk
+from caldera.backends.appserver import AppServer, Batch, Message
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest
-from caldera.backends.codex_deltas import unused_delta
-from caldera.backends.events import EVENT_TYPES
+from caldera.backends.events import EVENT_TYPES, EventSink
 from caldera.backends.normalize import Normalizer
+from caldera.backends.registry import gateway_settings
 from caldera.errors import ConfigError
 from caldera.host import proc
-from caldera.host.jsonlimits import JSONLimitError, line_parser
 
-LINE_CAP = 32 * 1024 * 1024  # one stdout line (a huge aggregatedOutput stays well below)
-READ_CHUNK = 64 * 1024  # one read of stdout: its whole lines are handled together
-HANDOFF_BLOCKS = 64  # read blocks waiting for the turn loop (<= 4 MiB); then codex waits on its pipe
-STDERR_KEEP = 64 * 1024
-STDERR_LINE = 64 * 1024
+if TYPE_CHECKING:
+    from caldera.redact import Redactor
+
 REQUEST_TIMEOUT = 30.0  # initialize / thread/start / turn/start
 INTERRUPT_GRACE = 5.0  # after turn/interrupt on cancel, before the kill
 TIMEOUT_GRACE = 2.0  # after turn/interrupt on the policy deadline, before the kill
-CLOSE_GRACE = 2.0  # after closing stdin (codex exits in <= 0.06 s)
-POLL = 0.05
+POLL = 0.05  # the turn loop's tick: how often it looks at its stop reasons while codex is quiet
 STDERR_SETTLE = 2.0  # after an early exit: how long to wait for the stderr that explains it
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 TRIPLES = {"x86_64": ("codex-linux-x64", "x86_64-unknown-linux-musl"),
            "aarch64": ("codex-linux-arm64", "aarch64-unknown-linux-musl")}
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-_EOF = ("eof", None)
+_ExcInfo = tuple[type[BaseException], BaseException, TracebackType]
 
 
 # ---------------------------------------------------------------- the binary
 
-def find_binary(env: dict) -> str | None:
+def find_binary(env: Mapping[str, str]) -> str | None:
     """CALDERA_CODEX_BIN, else `codex` on PATH (the npm wrapper resolved to its native binary)."""
     explicit = config.codex_binary(env)
     if explicit:
@@ -79,113 +69,16 @@ def native_for(path: str) -> str:
     return path
 
 
-# ---------------------------------------------------------------- JSON-RPC over stdio
+# ---------------------------------------------------------------- the turn
 
-class _Slot:
-    __slots__ = ("event", "message")
-
-    def __init__(self):
-        self.event = threading.Event()
-        self.message = None
-
-
-LINE_JSON_MAX = 64 * 1024 * 1024  # one JSON-RPC line; the nesting limit is what matters
-
-
-class Dispatcher:
-    """Turns stdout lines into messages. Separate from the process so that it can be benchmarked."""
-
-    def __init__(self, inbox: queue.Queue, runlog, skip_unused: bool = False):
-        self.inbox = inbox
-        self.runlog = runlog
-        self.pending: dict = {}
-        self.lock = threading.Lock()
-        self.parse = line_parser(max_bytes=LINE_JSON_MAX, what="backend stdout line")
-        # In a run, agentMessage deltas nothing consumes are validated and dropped (codex_deltas).
-        self.skip_unused = skip_unused
-
-    def line(self, raw: bytes) -> None:
-        self.block(raw)
-
-    def block(self, data: bytes) -> None:
-        """Whole lines read together (pump_stdout): one run-log write and one inbox item
-        ("batch", [(kind, msg), …]) for all of them, in order, instead of one each: a
-        queue put and get, a timestamp and a redaction per line were most of the cost of
-        a busy turn (bench/bench_codex.py, docs/performance.md)."""
-        text = data.decode("utf-8", "replace")
-        lines = text.split("\n")
-        if "\r" in text:
-            lines = [line.rstrip("\r") for line in lines]
-        lines = [line for line in lines if line and not line.isspace()]
-        if not lines:
-            return
-        if self.runlog is not None:
-            self.runlog.write_lines("s2c", lines)
-        batch: list = []
-        parse = self.parse
-        skip, most_chars = self.skip_unused, LINE_JSON_MAX // 4
-        for line in lines:
-            if skip and unused_delta(line, most_chars):
-                continue
-            try:
-                msg = parse(line)
-            except JSONLimitError as exc:  # too deep: one failed turn with the sentence, not a dead reader
-                self._fatal(batch, fk.BACKEND_JSON_PARSE_ERROR, str(exc))
-                continue
-            except ValueError:
-                self._fatal(batch, fk.BACKEND_JSON_PARSE_ERROR, f"backend stdout line is not JSON: {line[:200]!r}")
-                continue
-            if not isinstance(msg, dict):
-                self._fatal(batch, fk.BACKEND_PROTOCOL_ERROR, f"backend sent a JSON {type(msg).__name__}, not an object")
-            elif "method" in msg:
-                batch.append(("request" if "id" in msg else "notification", msg))
-            elif "id" in msg:
-                self._flush(batch)  # what came before a response is queued before it is seen
-                self._respond(msg)
-            else:
-                self._fatal(batch, fk.BACKEND_PROTOCOL_ERROR, "backend message has neither method nor id")
-        self._flush(batch)
-
-    def _flush(self, batch: list) -> None:
-        if batch:
-            self.inbox.put(("batch", batch[:]))
-            batch.clear()
-
-    def _fatal(self, batch: list, kind: str, message: str) -> None:
-        self._flush(batch)
-        self.inbox.put(("fatal", fk.BackendFailure(kind, message)))
-
-    def _respond(self, msg: dict) -> None:
-        with self.lock:
-            slot = self.pending.pop(msg["id"], None)
-        if slot is None:
-            if self.runlog is not None:
-                self.runlog.note(f"response to unknown request id {msg['id']!r}")
-            return
-        slot.message = msg
-        slot.event.set()
-
-    def expect(self, request_id) -> _Slot:
-        slot = _Slot()
-        with self.lock:
-            self.pending[request_id] = slot
-        return slot
-
-    def fail_all(self) -> None:
-        with self.lock:
-            slots, self.pending = list(self.pending.values()), {}
-        for slot in slots:
-            slot.event.set()  # message stays None: the process is gone
-
-
-def handle_batch(batch: list, normalizer, answer) -> dict | None:
+def handle_batch(batch: Batch, normalizer: Normalizer, answer: Callable[[Message], None]) -> Message | None:
     """One ("batch", …) inbox item through the normalizer (requests to `answer`); the
     turn/completed message when it comes (what follows it in the batch is dropped, as
     the inbox's rest was when the loop ended one message at a time)."""
     handler_for = normalizer.handler_for  # bound once: this loop runs for every stdout line
     for kind, msg in batch:
         if kind == "notification":
-            method = msg.get("method")
+            method = msg["method"]  # the Dispatcher batches only messages with a method
             if method == "turn/completed":
                 return msg
             handler = handler_for(method)
@@ -197,240 +90,6 @@ def handle_batch(batch: list, normalizer, answer) -> dict | None:
     return None
 
 
-class Handoff:
-    """The reader thread's end of a Channel: whole-line blocks of stdout go over as bytes,
-    at most HANDOFF_BLOCKS waiting. A full channel stops the reader, and the pipe then
-    stops codex: memory stays flat however fast codex writes. Once the channel is closed
-    (the run is over, nobody reads) what comes is dropped instead of waited on."""
-
-    def __init__(self, queue_: queue.Queue, runlog):
-        self._queue = queue_
-        self.runlog = runlog
-        self.closed = threading.Event()
-        self.inbox = self  # pump_stdout puts its fatal and EOF items here too
-
-    def put(self, item) -> None:
-        while not self.closed.is_set():
-            try:
-                self._queue.put(item, timeout=POLL)
-                return
-            except queue.Full:
-                continue
-
-    def block(self, data: bytes) -> None:
-        self.put(("raw", data))
-
-    def fail_all(self) -> None:
-        """Nothing here: the channel fails waiting requests when it reaches the EOF."""
-
-
-class Channel:
-    """Codex stdout between the reader thread and the turn loop.
-
-    The reader thread only reads and cuts whole-line blocks (pump_stdout into `reader_end`);
-    the thread that uses the messages parses them (`pump`, `next`): the run-log write, the
-    bounded parse, response routing and the normaliser then run on one thread. Parsing in
-    the reader thread made every message cross cores and the GIL on its way to the turn
-    loop: 72k lines per CPU s against 90-97k with bytes handed over (bench/bench_codex.py,
-    docs/performance.md section 5)."""
-
-    def __init__(self, runlog):
-        self.handoff: queue.Queue = queue.Queue(HANDOFF_BLOCKS)  # ("raw", bytes) | ("fatal", failure) | EOF
-        self.inbox: queue.Queue = queue.Queue()  # parsed, in order: ("batch", …) | ("fatal", …) | EOF
-        self.dispatcher = Dispatcher(self.inbox, runlog, skip_unused=True)
-        self.reader_end = Handoff(self.handoff, runlog)
-
-    def pump(self, timeout: float) -> None:
-        """Parse what the reader handed over next (waiting up to `timeout`; queue.Empty if
-        nothing came): responses reach their requests, everything else queues in order."""
-        kind, msg = self.handoff.get(timeout=timeout)
-        if kind == "raw":
-            self.dispatcher.block(msg)
-            return
-        if kind == "eof":
-            self.dispatcher.fail_all()  # after every response before the EOF was routed
-        self.inbox.put((kind, msg))
-
-    def close(self) -> None:
-        """Nobody reads any more: a reader waiting on a full channel gives up."""
-        self.reader_end.closed.set()
-
-    def next(self, timeout: float) -> tuple:
-        """The next parsed item (queue.Empty when the reader handed nothing over in `timeout`)."""
-        while True:
-            try:
-                return self.inbox.get_nowait()
-            except queue.Empty:
-                self.pump(timeout)
-
-
-def pump_stdout(stream, dispatcher) -> None:
-    """Reader thread body: stdout in chunks of up to READ_CHUNK bytes, each chunk's whole
-    lines to `dispatcher` at once (its block(): a Channel's Handoff in a run, a Dispatcher
-    in tests), the last line at EOF, then EOF."""
-    parts: list = []  # the line being read, in pieces (a long line is not copied per chunk)
-    size = 0
-    try:
-        while True:
-            chunk = stream.read1(READ_CHUNK)
-            if not chunk:
-                break
-            end = chunk.rfind(b"\n")
-            if end < 0:
-                parts.append(chunk)
-                size += len(chunk)
-                if size >= LINE_CAP:
-                    dispatcher.inbox.put(("fatal", fk.BackendFailure(
-                        fk.BACKEND_PROTOCOL_ERROR, f"backend stdout line longer than {LINE_CAP} bytes")))
-                    return
-                continue
-            head = b"".join((*parts, chunk[:end])) if parts else chunk[:end]
-            rest = chunk[end + 1:]
-            parts, size = ([rest], len(rest)) if rest else ([], 0)
-            dispatcher.block(head)
-        if parts:
-            dispatcher.block(b"".join(parts))  # a last line without its newline
-    except (OSError, ValueError) as exc:  # the pipe was closed under us at shutdown
-        if dispatcher.runlog is not None:
-            dispatcher.runlog.note(f"stdout reader stopped: {exc}")
-    finally:
-        dispatcher.fail_all()
-        dispatcher.inbox.put(_EOF)
-
-
-def pump_stderr(stream, tail: collections.deque, runlog) -> None:
-    """Reader thread body: stderr lines, ANSI stripped, into the run log and a bounded tail."""
-    size = 0
-    try:
-        # Whole lines up to STDERR_LINE (a piece of a longer one is a record of its own): each
-        # record is masked alone, so a smaller piece could cut a secret in two.
-        for raw in iter(lambda: stream.readline(STDERR_LINE), b""):
-            text = _ANSI.sub("", raw.decode("utf-8", "replace")).rstrip()
-            if not text:
-                continue
-            if runlog is not None:
-                runlog.write("stderr", text)
-            tail.append(text)
-            size += len(text)
-            while size > STDERR_KEEP and tail:
-                size -= len(tail.popleft())
-    except (OSError, ValueError) as exc:
-        if runlog is not None:
-            runlog.note(f"stderr reader stopped: {exc}")
-
-
-class AppServer:
-    """One `codex app-server` process and its JSON-RPC channel."""
-
-    def __init__(self, argv: list, env: dict, cwd: str, runlog, redactor):
-        self.argv, self.env, self.cwd = argv, env, cwd
-        self.runlog, self.redactor = runlog, redactor
-        self.channel = Channel(runlog)
-        self.inbox = self.channel.inbox
-        self.dispatcher = self.channel.dispatcher
-        self.stderr_tail: collections.deque = collections.deque()
-        self.proc: subprocess.Popen | None = None
-        self.threads: list[threading.Thread] = []
-        self._next_id = 1
-        self._write_lock = threading.Lock()
-
-    def start(self) -> None:
-        try:
-            self.proc = subprocess.Popen(
-                self.argv, cwd=self.cwd, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
-        except OSError as exc:
-            raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED,
-                                    f"cannot start {self.argv[0]}: {exc.strerror or exc}") from None
-        for name, target, args in (
-                ("codex-stdout", pump_stdout, (self.proc.stdout, self.channel.reader_end)),
-                ("codex-stderr", pump_stderr, (self.proc.stderr, self.stderr_tail, self.runlog))):
-            thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-            thread.start()
-            self.threads.append(thread)
-
-    def send(self, message: dict) -> bool:
-        line = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
-        self.runlog.write("c2s", line)
-        with self._write_lock:
-            try:
-                self.proc.stdin.write(line.encode("utf-8") + b"\n")
-                self.proc.stdin.flush()
-                return True
-            except (BrokenPipeError, ValueError, OSError):
-                return False  # the process is gone; the reader reports EOF
-
-    def call(self, method: str, params) -> tuple[int, _Slot]:
-        request_id = self._next_id
-        self._next_id += 1
-        slot = self.dispatcher.expect(request_id)
-        if not self.send({"method": method, "id": request_id, "params": params}):
-            slot.event.set()
-        return request_id, slot
-
-    def notify(self, method: str, params=None) -> None:
-        message = {"method": method}
-        if params is not None:
-            message["params"] = params
-        self.send(message)
-
-    def respond(self, request_id, result=None, error=None) -> None:
-        message = {"id": request_id}
-        if error is not None:
-            message["error"] = error
-        else:
-            message["result"] = result if result is not None else {}
-        self.send(message)
-
-    def returncode(self, wait: float = 0.0) -> int | None:
-        try:
-            return self.proc.wait(timeout=wait) if wait else self.proc.poll()
-        except subprocess.TimeoutExpired:
-            return None
-
-    def stderr_summary(self, lines: int = 3, limit: int = 500, settle: float = 0.0) -> str:
-        """The last stderr lines, redacted; `settle` waits that long for the reader to reach EOF.
-
-        After an early exit, stdout's EOF can be seen before the stderr reader has read the
-        lines that explain it (the two pipes are read by two threads)."""
-        if settle and len(self.threads) > 1:
-            self.threads[1].join(timeout=settle)  # start(): stdout reader, then stderr reader
-        text = " | ".join(list(self.stderr_tail)[-lines:])
-        return self.redactor.text(text)[-limit:]  # masked whole, then cut: no secret cut in two
-
-    def close(self, grace: float = CLOSE_GRACE) -> int | None:
-        """Close stdin (codex exits at once), then TERM -> KILL the whole group if needed."""
-        if self.proc is None:
-            return None
-        try:
-            self.proc.stdin.close()
-        except (BrokenPipeError, OSError, ValueError):
-            pass  # already gone
-        self.channel.close()  # a reader waiting on a full channel would keep codex blocked on stdout
-        if self.returncode(grace) is None:
-            self.kill()
-        proc.signal_group(self.proc, signal.SIGKILL)  # agent commands left in the group
-        held = []
-        # self.threads are the stdout and stderr readers, in that order (start()).
-        for thread, stream in zip(self.threads, (self.proc.stdout, self.proc.stderr)):
-            thread.join(timeout=2.0)
-            if thread.is_alive():
-                # A process outside the group (a command that ran `setsid`) still holds the
-                # pipe: closing the stream would wait on the reader's lock for as long as that
-                # process lives. The daemon thread keeps it; the turn is over regardless.
-                held.append(thread.name)
-            else:
-                stream.close()
-        if held and self.runlog is not None:
-            self.runlog.note(f"{', '.join(held)} still held open by a process outside codex's group; left behind")
-        return self.proc.returncode
-
-    def kill(self, grace: float = 1.0) -> None:
-        proc.kill_group(self.proc, grace, reap=2.0)
-
-
-# ---------------------------------------------------------------- the backend
-
 class _Stop(Exception):
     """Cancel or deadline reached while waiting for a response (before the turn loop)."""
 
@@ -439,43 +98,46 @@ class _Stop(Exception):
 class CodexContext:
     run: RunRequest
     environment: Environment
-    sink: object
+    sink: EventSink
     normalizer: Normalizer
     binary: str
     run_dir: Path
     plan: codex_config.ProviderPlan
     deadline: float  # time.monotonic() of the policy timeout
     cancel: threading.Event | None = None  # the command's cancel (timeout or operator)
-    cancel_is_timeout: object = None  # callable: was the cancel the command's own deadline?
+    cancel_is_timeout: Callable[[], bool] | None = None  # was the cancel the command's own deadline?
     interrupt_event: threading.Event = field(default_factory=threading.Event)
     server: AppServer | None = None
     thread_id: str | None = None
     turn_id: str | None = None
     reason: str | None = None  # "cancelled" | "timeout" once we stop the turn
-    stop_sent_at: float | None = None
+    stop_sent_at: float = 0.0  # time.monotonic() when the reason was set and turn/interrupt sent
     started: float = field(default_factory=time.monotonic)
 
     @property
-    def redactor(self):
+    def redactor(self) -> Redactor:
         return self.environment.redactor
 
 
-class CodexBackend(Backend):
+class CodexBackend(Backend[CodexContext]):
     name = "codex"
 
-    def resolve_profile(self, profile: str = "codex", env: dict | None = None, probe: bool = False) -> dict:
+    def resolve_profile(self, profile: str = "codex", env: Mapping[str, str] | None = None,
+                        probe: bool = False) -> dict[str, Any]:
         env = os.environ if env is None else env
         binary = find_binary(env)
-        info = {"name": "codex", "default": True, "transport": "codex app-server (JSON-RPC over stdio)",
-                "binary": binary, "available": bool(binary and os.access(binary, os.X_OK)),
-                "sandboxes": list(SANDBOXES), "approvals": list(APPROVALS), "network": True,
-                "interrupt": True, "events": list(EVENT_TYPES), "failure_kinds": list(fk.FAILURE_KINDS),
-                "llm_gateway": codex_config.gateway_settings(env) is not None}
-        if probe and info["available"]:
+        available = bool(binary and os.access(binary, os.X_OK))
+        info: dict[str, Any] = {
+            "name": "codex", "default": True, "transport": "codex app-server (JSON-RPC over stdio)",
+            "binary": binary, "available": available,
+            "sandboxes": list(SANDBOXES), "approvals": list(APPROVALS), "network": True,
+            "interrupt": True, "events": list(EVENT_TYPES), "failure_kinds": list(fk.FAILURE_KINDS),
+            "llm_gateway": gateway_settings(env) is not None}
+        if probe and available and binary:
             info["version"] = _version(binary)
         return info
 
-    def prepare(self, run: RunRequest, command, environment: Environment, sink) -> CodexContext:
+    def prepare(self, run: RunRequest, environment: Environment, sink: EventSink) -> CodexContext:
         """Everything that can fail before a process exists: binary, projection, CODEX_HOME."""
         redactor = environment.redactor
         projection = codex_config.Projection.locate(environment.secrets_dir, environment.credentials_dir)
@@ -516,7 +178,7 @@ class CodexBackend(Backend):
             raise fk.BackendFailure(fk.BACKEND_FAILED, f"cannot prepare the run directory: {exc}") from None
         return context
 
-    def _process_env(self, context: CodexContext) -> dict:
+    def _process_env(self, context: CodexContext) -> dict[str, str]:
         # Only what Codex needs: nothing of the runtime's own environment (its tokens) leaks in.
         env = {"PATH": context.environment.env.get("PATH") or DEFAULT_PATH,
                "HOME": str(context.run_dir / "home"), "LANG": "C.UTF-8",
@@ -532,15 +194,15 @@ class CodexBackend(Backend):
         context.server = server
         server.start()
         try:
-            self._handshake(context)
+            self._handshake(context, server)
         except _Stop:
             self._end_stopped(context)
             return
-        self._loop(context)
+        self._loop(context, server)
 
-    def _handshake(self, context: CodexContext) -> None:
-        server, sink, run = context.server, context.sink, context.run
-        init = self._request(context, "initialize", {
+    def _handshake(self, context: CodexContext, server: AppServer) -> None:
+        sink, run = context.sink, context.run
+        init = self._request(context, server, "initialize", {
             "clientInfo": {"name": "caldera", "title": "caldera", "version": __version__},
             "capabilities": None}, before_init=True)
         sink.emit("backend_status", {"phase": "ready", "user_agent": init.get("userAgent"),
@@ -550,7 +212,7 @@ class CodexBackend(Backend):
                   "sandbox": run.policy.sandbox, "ephemeral": True, "modelProvider": context.plan.provider}
         if context.plan.model:
             params["model"] = context.plan.model
-        started = self._request(context, "thread/start", params)
+        started = self._request(context, server, "thread/start", params)
         thread = started.get("thread")
         if not isinstance(thread, dict) or not isinstance(thread.get("id"), str):
             raise fk.BackendFailure(fk.BACKEND_RESPONSE_INVALID, "thread/start result has no thread.id")
@@ -559,17 +221,17 @@ class CodexBackend(Backend):
             "phase": "thread_started", "thread_id": context.thread_id, "model": started.get("model"),
             "model_provider": started.get("modelProvider"), "sandbox": run.policy.sandbox,
             "approval": run.policy.approval, "network": run.policy.network, "cwd": run.workspace})
-        turn = self._request(context, "turn/start", {
+        turn = self._request(context, server, "turn/start", {
             "threadId": context.thread_id,
             "input": [{"type": "text", "text": run.prompt, "text_elements": []}]}).get("turn")
         if not isinstance(turn, dict) or not isinstance(turn.get("id"), str):
             raise fk.BackendFailure(fk.BACKEND_RESPONSE_INVALID, "turn/start result has no turn.id")
         context.turn_id = turn["id"]
 
-    def _request(self, context: CodexContext, method: str, params, before_init: bool = False) -> dict:
+    def _request(self, context: CodexContext, server: AppServer, method: str, params: Message,
+                 before_init: bool = False) -> Message:
         """Send a request and wait for its result; notifications queue up meanwhile."""
-        server = context.server
-        _, slot = server.call(method, params)
+        slot = server.call(method, params)
         limit = time.monotonic() + REQUEST_TIMEOUT
         while not slot.event.is_set():
             if self._stop_reason(context):
@@ -582,7 +244,9 @@ class CodexBackend(Backend):
                 continue
         msg = slot.message
         if msg is None:  # the process went away
-            self._raise_fatal_if_any(context)
+            failure = server.channel.queued_failure()  # a parse/protocol failure explains it better
+            if failure is not None:
+                raise failure
             rc = server.returncode(wait=2.0)
             kind = fk.BACKEND_SPAWN_FAILED if before_init else fk.BACKEND_FAILED
             raise fk.BackendFailure(kind, f"codex app-server exited (rc {rc}) before answering {method}: "
@@ -594,20 +258,6 @@ class CodexBackend(Backend):
             raise fk.BackendFailure(fk.BACKEND_RESPONSE_INVALID, f"{method} response has no result object")
         return msg["result"]
 
-    def _raise_fatal_if_any(self, context: CodexContext) -> None:
-        """A parse/protocol failure the reader queued explains an early EOF better than the EOF."""
-        pending = []
-        while True:
-            try:
-                item = context.server.inbox.get_nowait()
-            except queue.Empty:
-                break
-            if item[0] == "fatal":
-                raise item[1]
-            pending.append(item)
-        for item in pending:
-            context.server.inbox.put(item)
-
     def _stop_reason(self, context: CodexContext) -> str | None:
         if context.interrupt_event.is_set():
             return "cancelled"
@@ -618,36 +268,29 @@ class CodexBackend(Backend):
             return "timeout"
         return None
 
-    def _loop(self, context: CodexContext) -> None:
-        server, norm = context.server, context.normalizer
+    def _loop(self, context: CodexContext, server: AppServer) -> None:
+        norm = context.normalizer
         while True:
             if context.reason is None:
                 context.reason = self._stop_reason(context)
                 if context.reason:
-                    self._send_interrupt(context)
+                    self._send_interrupt(context, server)
             elif time.monotonic() - context.stop_sent_at > self._grace(context):
-                server.runlog.note("no turn/completed after turn/interrupt: killing the backend")
+                server.note("no turn/completed after turn/interrupt: killing the backend")
                 server.kill()
                 return self._end_stopped(context)
             try:
-                kind, msg = server.channel.next(POLL)
+                item = server.channel.next(POLL)
             except queue.Empty:
                 continue
-            if kind == "batch":
-                done = handle_batch(msg, norm, lambda request: self._answer(context, request))
+            if item[0] == "batch":
+                done = handle_batch(item[1], norm, lambda request: self._answer(context, server, request))
                 if done is not None:
-                    return self._completed(context, done.get("params"))
-                continue
-            if kind == "notification":
-                if msg.get("method") == "turn/completed":
-                    return self._completed(context, msg.get("params"))
-                norm.notification(msg.get("method"), msg.get("params"))
-            elif kind == "request":
-                self._answer(context, msg)
-            elif kind == "fatal":
+                    return self._completed(context, server, done.get("params"))
+            elif item[0] == "fatal":
                 server.kill()
-                return norm.finish("failed", msg.kind, msg.message, self._extra(context))
-            elif kind == "eof":
+                return norm.finish("failed", item[1].kind, item[1].message, self._extra(context))
+            else:  # EOF: codex is gone
                 if context.reason:
                     return self._end_stopped(context)
                 rc = server.returncode(wait=2.0)
@@ -659,17 +302,17 @@ class CodexBackend(Backend):
     def _grace(self, context: CodexContext) -> float:
         return TIMEOUT_GRACE if context.reason == "timeout" else INTERRUPT_GRACE
 
-    def _send_interrupt(self, context: CodexContext) -> None:
+    def _send_interrupt(self, context: CodexContext, server: AppServer) -> None:
         context.stop_sent_at = time.monotonic()
         context.sink.emit("backend_status", {"phase": "interrupting", "reason": context.reason})
         if context.thread_id and context.turn_id:
-            context.server.call("turn/interrupt", {"threadId": context.thread_id, "turnId": context.turn_id})
+            server.call("turn/interrupt", {"threadId": context.thread_id, "turnId": context.turn_id})
 
-    def _completed(self, context: CodexContext, params) -> None:
+    def _completed(self, context: CodexContext, server: AppServer, params: Any) -> None:
         norm = context.normalizer
         turn = (params or {}).get("turn") if isinstance(params, dict) else None
         if isinstance(turn, dict) and context.turn_id and turn.get("id") not in (None, context.turn_id):
-            context.server.runlog.note(f"turn/completed for another turn {turn.get('id')!r}")
+            server.note(f"turn/completed for another turn {turn.get('id')!r}")
         try:
             status, kind, message = norm.outcome(params)
         except fk.BackendFailure as exc:
@@ -689,42 +332,43 @@ class CodexBackend(Backend):
     def _timeout_message(self, context: CodexContext) -> str:
         return f"the run passed its timeout of {context.run.policy.timeout_seconds} s"
 
-    def _extra(self, context: CodexContext) -> dict:
+    def _extra(self, context: CodexContext) -> dict[str, Any]:
         return {"duration_ms": int((time.monotonic() - context.started) * 1000)}
 
-    def _answer(self, context: CodexContext, msg: dict) -> None:
+    def _answer(self, context: CodexContext, server: AppServer, msg: Message) -> None:
         """Server-to-client requests: approvals are declined (the policy is never widened), the rest refused."""
         method, params = msg.get("method"), msg.get("params") or {}
         if method in ("item/commandExecution/requestApproval", "item/fileChange/requestApproval"):
-            context.server.respond(msg["id"], {"decision": "decline"})
+            server.respond(msg["id"], {"decision": "decline"})
         elif method in ("execCommandApproval", "applyPatchApproval"):
-            context.server.respond(msg["id"], {"decision": "denied"})
+            server.respond(msg["id"], {"decision": "denied"})
         else:
-            context.server.respond(msg["id"], error={"code": -32601, "message": f"caldera does not support {method}"})
+            server.respond(msg["id"], error={"code": -32601, "message": f"caldera does not support {method}"})
         context.sink.emit("tool_call", {
             "item_id": params.get("itemId"), "tool": "approval", "status": "declined", "request": method,
             "command": params.get("command") if isinstance(params.get("command"), str) else None,
             "reason": "the execution policy allows no approvals in unattended runs"})
 
-    def interrupt(self, context: CodexContext, command=None) -> bool:
+    def interrupt(self, context: CodexContext) -> bool:
         """Ask the turn loop to interrupt (turn/interrupt, then kill after the grace)."""
         already = context.interrupt_event.is_set()
         context.interrupt_event.set()
         return not already
 
-    def finalize(self, context: CodexContext) -> dict:
+    def finalize(self, context: CodexContext) -> dict[str, Any]:
         try:
             if context.server is not None and context.server.proc is not None:
                 rc = context.server.close()
-                context.sink.runlog.note(f"codex app-server ended, rc {rc}")
+                context.server.note(f"codex app-server ended, rc {rc}")
         finally:
             shutil.rmtree(context.run_dir, ignore_errors=False, onerror=_note_rmtree(context))
-        return context.sink.terminal["data"] if context.sink.terminal else {}
+        return context.sink.terminal_data()
 
 
-def _note_rmtree(context):
-    def onerror(func, path, exc_info):
-        context.sink.runlog.note(f"could not remove {path}: {exc_info[1]}")
+def _note_rmtree(context: CodexContext) -> Callable[[Callable[..., object], str, _ExcInfo], None]:
+    def onerror(func: Callable[..., object], path: str, exc_info: _ExcInfo) -> None:
+        if context.sink.runlog is not None:
+            context.sink.runlog.note(f"could not remove {path}: {exc_info[1]}")
     return onerror
 
 

@@ -17,11 +17,13 @@ import json
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from caldera.backends.failures import BACKEND_FAILED, SECRET_UNAVAILABLE, BackendFailure
-from caldera.backends.registry import gateway_settings  # noqa: F401 -- re-exported (codex.py)
+from caldera.backends.registry import gateway_settings
 from caldera.host.fsutil import atomic_write_bytes
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -36,10 +38,10 @@ _SECRETISH_KEY = re.compile(r"(?i)(token|secret|password|passwd|api[_-]?key|bear
 @dataclass
 class ProviderPlan:
     """What a run needs to start Codex: config, environment, secrets to mask."""
-    config: dict
-    env: dict = field(default_factory=dict)  # NAME -> value for Codex's environment
+    config: dict[str, Any]
+    env: dict[str, str] = field(default_factory=dict)  # NAME -> value for Codex's environment
     auth_json: bytes | None = None
-    secret_values: list = field(default_factory=list)
+    secret_values: list[str] = field(default_factory=list)
     source: str = "projection"  # or "gateway"
     provider: str = "openai"
     model: str | None = None
@@ -48,14 +50,18 @@ class ProviderPlan:
 
 # ---------------------------------------------------------------- projection
 
+@dataclass(frozen=True)
 class Projection:
-    """Read-only view of the projected files of one backend."""
+    """Read-only view of the projected files of one backend: under `root`, or flat in
+    `flat` (systemd's credentials, named `codex_<name>`), or nowhere (both None)."""
 
-    def __init__(self, root: Path | None, flat: Path | None = None, label: str = "secrets/codex"):
-        self.root, self.flat, self.label = root, flat, label
+    root: Path | None
+    flat: Path | None = None
+    label: str = "secrets/codex"
 
     @classmethod
-    def locate(cls, secrets_dir=None, credentials_dir=None) -> Projection:
+    def locate(cls, secrets_dir: str | os.PathLike[str] | None = None,
+               credentials_dir: str | os.PathLike[str] | None = None) -> Projection:
         if secrets_dir and Path(secrets_dir, "codex").is_dir():
             return cls(Path(secrets_dir, "codex"), label=f"{secrets_dir}/codex")
         if credentials_dir:
@@ -84,7 +90,7 @@ class Projection:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise BackendFailure(SECRET_UNAVAILABLE, f"{self.label}/{name}: cannot read ({exc.strerror})")
+            raise BackendFailure(SECRET_UNAVAILABLE, f"{self.label}/{name}: cannot read ({exc.strerror})") from None
         if len(data) > MAX_SECRET_FILE_BYTES:
             raise BackendFailure(SECRET_UNAVAILABLE, f"{self.label}/{name}: larger than 1 MiB")
         return data
@@ -96,7 +102,7 @@ class Projection:
             except FileNotFoundError:
                 return []
             except OSError as exc:
-                raise BackendFailure(SECRET_UNAVAILABLE, f"{self.label}/env: cannot list ({exc.strerror})")
+                raise BackendFailure(SECRET_UNAVAILABLE, f"{self.label}/env: cannot list ({exc.strerror})") from None
             return sorted(n for n in entries if ENV_NAME_RE.match(n))
         if self.flat is not None:
             return sorted(n[len("codex_env_"):] for n in os.listdir(self.flat)
@@ -108,7 +114,7 @@ def _env_value(raw: bytes, label: str) -> str:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise BackendFailure(SECRET_UNAVAILABLE, f"{label}: not UTF-8")
+        raise BackendFailure(SECRET_UNAVAILABLE, f"{label}: not UTF-8") from None
     text = text.rstrip("\r\n")  # files usually end in a newline; the value does not
     if "\0" in text:
         raise BackendFailure(SECRET_UNAVAILABLE, f"{label}: holds a NUL byte")
@@ -117,7 +123,7 @@ def _env_value(raw: bytes, label: str) -> str:
 
 # ---------------------------------------------------------------- plan
 
-def plan_provider(projection: Projection, environ: dict, model: str | None = None) -> ProviderPlan:
+def plan_provider(projection: Projection, environ: Mapping[str, str], model: str | None = None) -> ProviderPlan:
     """The provider plan from the projection, else from the AI gateway variables."""
 
     raw_config = projection.read("config.toml")
@@ -135,7 +141,7 @@ def plan_provider(projection: Projection, environ: dict, model: str | None = Non
         config = tomllib.loads(raw_config.decode("utf-8")) if raw_config else {}
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         # tomllib's message gives line and column only, never the content.
-        raise BackendFailure(BACKEND_FAILED, f"{projection.label}/config.toml is not valid TOML: {exc}")
+        raise BackendFailure(BACKEND_FAILED, f"{projection.label}/config.toml is not valid TOML: {exc}") from None
     secrets = list(env.values()) + _secretish_values(config)
     if auth_json is not None:
         secrets += _json_strings(auth_json)
@@ -149,7 +155,7 @@ def plan_provider(projection: Projection, environ: dict, model: str | None = Non
     return plan
 
 
-def _gateway_plan(gateway: dict, model: str | None) -> ProviderPlan:
+def _gateway_plan(gateway: dict[str, Any], model: str | None) -> ProviderPlan:
     provider = {"name": "AI gateway", "base_url": gateway["base_url"], "env_key": GATEWAY_KEY_ENV,
                 "wire_api": "responses"}
     config = {"model_provider": GATEWAY_PROVIDER, "model_providers": {GATEWAY_PROVIDER: provider}}
@@ -189,7 +195,7 @@ def _check_required(plan: ProviderPlan, projection: Projection) -> None:
                 raise BackendFailure(SECRET_UNAVAILABLE, f"provider {plan.provider!r} auth reads {arg}: not readable")
 
 
-def _secretish_values(config, key: str = "") -> list:
+def _secretish_values(config: Any, key: str = "") -> list[str]:
     """String values under secret-looking keys (experimental_bearer_token, http_headers …)."""
     out = []
     if isinstance(config, dict):
@@ -206,7 +212,7 @@ def _secretish_values(config, key: str = "") -> list:
     return out
 
 
-def _json_strings(raw: bytes) -> list:
+def _json_strings(raw: bytes) -> list[str]:
     """Every string value in auth.json (the whole file is sensitive)."""
     try:
         doc = json.loads(raw)
@@ -227,7 +233,7 @@ def _json_strings(raw: bytes) -> list:
 
 # ---------------------------------------------------------------- enforced settings
 
-def enforce(plan: ProviderPlan, *, network: bool, request_retries: int, stream_retries: int) -> dict:
+def enforce(plan: ProviderPlan, *, network: bool, request_retries: int, stream_retries: int) -> dict[str, Any]:
     """The config Codex gets: the projection's, with the runtime's settings on top."""
     config = json.loads(json.dumps(plan.config, default=str))  # deep copy; dates become strings
     config.pop("profile", None)  # a profile could re-select another provider; the plan chose one
@@ -250,7 +256,7 @@ def enforce(plan: ProviderPlan, *, network: bool, request_retries: int, stream_r
     return config
 
 
-def _bounded(value, cap: int) -> int:
+def _bounded(value: Any, cap: int) -> int:
     return min(value, cap) if isinstance(value, int) and value >= 0 else cap
 
 
@@ -276,7 +282,7 @@ def withheld_lines(*texts: str) -> list[str]:
     return sorted(lines)
 
 
-def write_codex_home(home: Path, plan: ProviderPlan, config: dict) -> None:
+def write_codex_home(home: Path, plan: ProviderPlan, config: dict[str, Any]) -> None:
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(home, 0o700)
     atomic_write_bytes(home / "config.toml", dump_toml(config).encode("utf-8"), mode=0o600)
@@ -293,7 +299,7 @@ def _key(key: str) -> str:
     return key if _BARE_KEY.match(key) else json.dumps(key, ensure_ascii=False)
 
 
-def _value(value) -> str:
+def _value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -309,7 +315,7 @@ def _value(value) -> str:
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
-def dump_toml(doc: dict, prefix: str = "") -> str:
+def dump_toml(doc: dict[str, Any], prefix: str = "") -> str:
     """TOML for a tomllib-shaped dict: scalars first, then one [table] per nested dict."""
     lines, tables = [], []
     for key, value in doc.items():

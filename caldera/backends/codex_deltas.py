@@ -1,8 +1,8 @@
 """Codex's most frequent stdout line, checked without being built: `item/agentMessage/delta`.
 
-The assistant's text streams as one notification per token or so (about half the lines of
-a busy turn, and of the bench's stream), all of one shape (codex-notes section 4; the key
-order is what Codex 0.169.0 writes):
+The assistant's text streams as one notification per token or so (the most frequent line
+of a busy turn: docs/performance.md section 5), all of one shape (codex-notes section 4;
+the key order is what Codex 0.169.0 writes):
 
     {"method":"item/agentMessage/delta","params":{"threadId":"…","turnId":"…","itemId":"…","delta":"…"},"emittedAtMs":N}
 
@@ -13,8 +13,8 @@ can miss a chunk), so the Dispatcher only has to know the line is valid JSON wit
 strings without raw control characters and with only JSON's escapes, an integer without
 leading zeros, nothing else. A line it matches is one `json` parses (depth 2, no NaN,
 within the length given); any other line (another shape, key order, spacing) goes
-through the bounded parser as before. ~0.9 µs a line instead of ~2.1 µs for the C
-decoder (docs/performance.md section 5).
+through the bounded parser as before. Cheaper than the C decoder (by how much:
+docs/performance.md section 5).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ _STRING = r'"[^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]
 
 
 @functools.cache
-def _shape():
+def _shape() -> re.Pattern[str]:
     # Compiled on first use: only a Codex run needs it.
     return re.compile(re.escape(_PREFIX) + f'"threadId":{_STRING},"turnId":{_STRING},"itemId":{_STRING},'
                       f'"delta":{_STRING}' + r'\},"emittedAtMs":(?:0|[1-9][0-9]{0,15})\}')

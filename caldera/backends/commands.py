@@ -1,22 +1,29 @@
 """Control-plane commands `agent_run` and `agent_interrupt` (SPEC sections 8 and 10).
 
-Usable without the daemon: a handler needs only `ctx` with `paths` (`state_dir`,
-`secrets_dir`), `settings.env`, `redactor`, `client` (or None), `agent_id`, `runs`
-(the ActiveRuns registry), `cancel` and `deadline`.
+Of the CommandContext a handler uses only `paths` (`state_dir`, `secrets_dir`),
+`settings.env`, `redactor`, `client` (or None), `agent_id`, `runs` (the ActiveRuns
+registry), `cancel` and `deadline`.
 """
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from caldera.backends import base, service
+from caldera.backends.events import Listener
 from caldera.backends.poster import EventPoster
 from caldera.errors import CommandError
+
+if TYPE_CHECKING:
+    from caldera.daemon.dispatch import CommandContext
+    from caldera.redact import Redactor
 
 log = logging.getLogger("caldera.backends")
 
 
-def environment_for(ctx) -> base.Environment:
+def environment_for(ctx: CommandContext) -> base.Environment:
     env = dict(ctx.settings.env)
     state = ctx.paths.state_dir
     return base.Environment(
@@ -26,9 +33,10 @@ def environment_for(ctx) -> base.Environment:
         env=env)
 
 
-def agent_run(ctx, payload: dict) -> dict:
+def agent_run(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
     environment = environment_for(ctx)
-    listeners, poster = [], None
+    listeners: list[Listener] = []
+    poster = None
     if ctx.client is not None:
         poster = EventPoster(ctx.client, ctx.agent_id, payload["run_id"], _note(ctx.redactor))
         listeners.append(poster)
@@ -49,14 +57,14 @@ def agent_run(ctx, payload: dict) -> dict:
                        result=result)
 
 
-def agent_interrupt(ctx, payload: dict) -> dict:
+def agent_interrupt(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
     run_id = payload["run_id"]
-    reached = ctx.runs.interrupt(run_id, ctx.command if hasattr(ctx, "command") else None)
+    reached = ctx.runs.interrupt(run_id)
     if reached is None:
         raise CommandError(f"no run {run_id} is running or waiting here")
     # "queued": accepted but not started; it ends cancelled as soon as its turn is prepared
     return {"run_id": run_id, "interrupt": "requested", "run": reached}
 
 
-def _note(redactor):
+def _note(redactor: Redactor) -> Callable[[str], None]:
     return lambda text: log.warning("%s", redactor.text(text))

@@ -8,8 +8,17 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from caldera.host.timefmt import rfc3339
+
+if TYPE_CHECKING:
+    from caldera.backends.runlog import RunLog
+    from caldera.redact import Redactor
+
+Event = dict[str, Any]  # {run_id, seq, ts, type, data}
+Listener = Callable[[Event], None]
 
 EVENT_TYPES = ("backend_status", "assistant_message", "tool_call", "command_output",
                "diff", "error", "terminal_status")
@@ -29,7 +38,7 @@ def cut_utf8(text: str, limit: int) -> tuple[str, bool]:
     return raw[:end].decode("utf-8"), True
 
 
-def split_utf8(text: str, part_bytes: int = TEXT_PART_BYTES, max_parts: int | None = None):
+def split_utf8(text: str, part_bytes: int = TEXT_PART_BYTES, max_parts: int | None = None) -> tuple[list[str], bool]:
     """Parts of at most `part_bytes` each (character boundaries), and whether parts were dropped."""
     parts = []
     rest = text
@@ -44,17 +53,18 @@ def split_utf8(text: str, part_bytes: int = TEXT_PART_BYTES, max_parts: int | No
 
 
 class EventSink:
-    def __init__(self, run_id: str, redactor, runlog=None, listeners=()):
+    def __init__(self, run_id: str, redactor: Redactor, runlog: RunLog | None = None,
+                 listeners: Iterable[Listener] = ()):
         self.run_id = run_id
         self.redactor = redactor
         self.runlog = runlog
         self.listeners = list(listeners)
         self.total = 0
-        self.last = collections.deque(maxlen=KEEP_LAST)
-        self.terminal: dict | None = None
+        self.last: collections.deque[Event] = collections.deque(maxlen=KEEP_LAST)
+        self.terminal: Event | None = None
         self._lock = threading.Lock()
 
-    def emit(self, type_: str, data: dict) -> dict | None:
+    def emit(self, type_: str, data: dict[str, Any]) -> Event | None:
         if type_ not in EVENT_TYPES:
             raise ValueError(f"unknown event type {type_!r}")
         with self._lock:
@@ -72,7 +82,7 @@ class EventSink:
             listener(event)
         return event
 
-    def text_events(self, type_: str, base: dict, key: str, text: str, max_parts: int) -> None:
+    def text_events(self, type_: str, base: dict[str, Any], key: str, text: str, max_parts: int) -> None:
         """One event per part of `text` (≤ 8 KiB each); `truncated` says the rest is in the log."""
         text = self.redactor.text(text)  # redact before cutting: a secret must not straddle parts
         parts, dropped = split_utf8(text, TEXT_PART_BYTES, max_parts)
@@ -89,3 +99,7 @@ class EventSink:
     @property
     def done(self) -> bool:
         return self.terminal is not None
+
+    def terminal_data(self) -> dict[str, Any]:
+        """The terminal event's data ({} while the run has none)."""
+        return self.terminal["data"] if self.terminal is not None else {}

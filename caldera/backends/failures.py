@@ -11,6 +11,7 @@ become `backend-failed`.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 SECRET_UNAVAILABLE = "secret-unavailable"
 PROVIDER_AUTH_FAILED = "provider-auth-failed"
@@ -57,7 +58,7 @@ class BackendFailure(Exception):
         self.message = message
 
 
-def http_status(error_info) -> int | None:
+def http_status(error_info: Any) -> int | None:
     """The HTTP status inside a CodexErrorInfo, whichever variant holds it."""
     if isinstance(error_info, dict):
         for key in _STATUS_VARIANTS:
@@ -69,12 +70,12 @@ def http_status(error_info) -> int | None:
     return None
 
 
-def _has_null_connection_failure(error_info) -> bool:
+def _has_null_connection_failure(error_info: Any) -> bool:
     inner = error_info.get("httpConnectionFailed") if isinstance(error_info, dict) else None
     return isinstance(inner, dict) and inner.get("httpStatusCode") is None
 
 
-def classify_turn_error(error) -> str:
+def classify_turn_error(error: Any) -> str:
     """failureKind for a Codex TurnError `{message, codexErrorInfo, additionalDetails}`."""
     if not isinstance(error, dict):
         return BACKEND_FAILED
@@ -105,7 +106,7 @@ def classify_turn_error(error) -> str:
 _RETRY_RE = re.compile(r"Reconnecting\.\.\.\s*(\d+)\s*/\s*(\d+)")
 
 
-def retry_attempt(message) -> tuple[int | None, int | None]:
+def retry_attempt(message: str | None) -> tuple[int | None, int | None]:
     """(attempt, max) from "Reconnecting... n/N", else (None, None)."""
     m = _RETRY_RE.search(message or "")
     return (int(m.group(1)), int(m.group(2))) if m else (None, None)

@@ -11,9 +11,17 @@ Rules taken from what Codex 0.169.0 sends (codex-notes sections 4 and 9):
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from caldera.backends import failures as fk
 from caldera.backends.events import DIFF_CAP_BYTES, cut_utf8
+
+if TYPE_CHECKING:
+    from caldera.backends.events import EventSink
+
+Params = dict[str, Any]  # a notification's params (an object; {} when absent or not one)
+Handler = Callable[[Params], None]
 
 ASSISTANT_MAX_PARTS = 8  # 64 KiB of assistant text in events; the rest is in the run log
 OUTPUT_MAX_PARTS = 4  # 32 KiB of one command's output
@@ -25,16 +33,17 @@ _TOOL_ITEMS = {"commandExecution": "command", "fileChange": "file_change", "mcpT
 
 
 class Normalizer:
-    def __init__(self, sink):
+    def __init__(self, sink: EventSink):
         self.sink = sink
-        self.open_items: dict[str, dict] = {}
-        self.deltas: dict[str, list] = {}
+        self.open_items: dict[Any, dict[str, Any]] = {}  # item id -> the item as it started
+        # item id -> [bytes kept, delta, delta, …]: a command's output seen before it completes
+        self.deltas: dict[Any, list[Any]] = {}
         self.diff: str | None = None
-        self.usage: dict | None = None
+        self.usage: dict[str, Any] | None = None
         self.error_emitted = False
-        self.last_error: dict | None = None
+        self.last_error: dict[str, Any] | None = None
         self.retries = 0
-        self._handlers = {
+        self._handlers: dict[str, Handler] = {
             "configWarning": self._config_warning,
             "warning": self._warning,
             "turn/started": self._turn_started,
@@ -47,26 +56,21 @@ class Normalizer:
         }
         # handler_for(method): the function that takes `method`'s params (a dict), or None
         # (nothing to normalise). The dict's own get: no Python frame on every stdout line.
-        self.handler_for = self._handlers.get
+        self.handler_for: Callable[[str], Handler | None] = self._handlers.get
 
     # -- notifications ------------------------------------------------------
 
-    def notification(self, method: str, params) -> None:
-        handler = self._handlers.get(method)
-        if handler is not None:
-            handler(params if isinstance(params, dict) else {})
-
-    def _config_warning(self, p):
+    def _config_warning(self, p: Params) -> None:
         self.sink.emit("backend_status", {"phase": "warning", "message": str(p.get("summary") or "")})
 
-    def _warning(self, p):
+    def _warning(self, p: Params) -> None:
         self.sink.emit("backend_status", {"phase": "warning", "message": str(p.get("message") or "")})
 
-    def _turn_started(self, p):
+    def _turn_started(self, p: Params) -> None:
         turn = p.get("turn") or {}
         self.sink.emit("backend_status", {"phase": "turn_started", "turn_id": turn.get("id")})
 
-    def _item_started(self, p):
+    def _item_started(self, p: Params) -> None:
         item = p.get("item")
         if not isinstance(item, dict) or not item.get("id"):
             return
@@ -76,7 +80,7 @@ class Normalizer:
         if kind in _TOOL_ITEMS:
             self.sink.emit("tool_call", self._tool_summary(item, "started"))
 
-    def _item_completed(self, p):
+    def _item_completed(self, p: Params) -> None:
         item = p.get("item")
         if not isinstance(item, dict):
             return
@@ -92,7 +96,7 @@ class Normalizer:
         elif kind in _TOOL_ITEMS:
             self.sink.emit("tool_call", self._tool_summary(item, str(item.get("status") or "completed")))
 
-    def _output_delta(self, p):
+    def _output_delta(self, p: Params) -> None:
         item_id = p.get("itemId")
         if item_id not in self.open_items:
             return
@@ -105,17 +109,18 @@ class Normalizer:
             parts.append(delta)
             parts[0] += len(delta)
 
-    def _diff(self, p):
+    def _diff(self, p: Params) -> None:
         if isinstance(p.get("diff"), str):
             self.diff = p["diff"]
 
-    def _usage(self, p):
+    def _usage(self, p: Params) -> None:
         usage = p.get("tokenUsage")
         if isinstance(usage, dict) and isinstance(usage.get("total"), dict):
             self.usage = usage["total"]
 
-    def _error(self, p):
-        error = p.get("error") if isinstance(p.get("error"), dict) else {"message": str(p.get("error"))}
+    def _error(self, p: Params) -> None:
+        raw = p.get("error")
+        error: dict[str, Any] = raw if isinstance(raw, dict) else {"message": str(raw)}
         kind = fk.classify_turn_error(error)
         if p.get("willRetry"):
             self.retries += 1
@@ -130,9 +135,9 @@ class Normalizer:
 
     # -- summaries ----------------------------------------------------------
 
-    def _tool_summary(self, item: dict, status: str) -> dict:
-        kind = item.get("type")
-        data = {"item_id": item.get("id"), "tool": _TOOL_ITEMS.get(kind, kind), "status": status}
+    def _tool_summary(self, item: dict[str, Any], status: str) -> dict[str, Any]:
+        kind: Any = item.get("type")
+        data: dict[str, Any] = {"item_id": item.get("id"), "tool": _TOOL_ITEMS.get(kind, kind), "status": status}
         if kind == "commandExecution":
             data.update(command=_short(item.get("command")), cwd=item.get("cwd"))
         elif kind == "fileChange":
@@ -145,14 +150,14 @@ class Normalizer:
             data["query"] = _short(item.get("query"))
         return data
 
-    def _command_output(self, item: dict, status: str, output: str) -> None:
+    def _command_output(self, item: dict[str, Any], status: str, output: str) -> None:
         base = {"item_id": item.get("id"), "command": _short(item.get("command")), "status": status,
                 "exit_code": item.get("exitCode"), "duration_ms": item.get("durationMs")}
         self.sink.text_events("command_output", base, "output", output, OUTPUT_MAX_PARTS)
 
-    def emit_error(self, kind: str, error: dict | None, message: str | None = None) -> None:
+    def emit_error(self, kind: str, error: dict[str, Any] | None, message: str | None = None) -> None:
         error = error or {}
-        data = {"failure_kind": kind, "message": message or str(error.get("message") or kind)}
+        data: dict[str, Any] = {"failure_kind": kind, "message": message or str(error.get("message") or kind)}
         if error.get("codexErrorInfo") is not None:
             data["codex_error_info"] = error["codexErrorInfo"]
         if error.get("additionalDetails"):
@@ -162,10 +167,12 @@ class Normalizer:
 
     # -- the end ------------------------------------------------------------
 
-    def outcome(self, params) -> tuple[str, str | None, str | None]:
+    def outcome(self, params: Any) -> tuple[str, str | None, str | None]:
         """(status, failure_kind, message) from `turn/completed`; BackendFailure if it is malformed."""
         turn = params.get("turn") if isinstance(params, dict) else None
-        status = turn.get("status") if isinstance(turn, dict) else None
+        if not isinstance(turn, dict):
+            turn = {}
+        status = turn.get("status")
         if status not in TURN_STATUSES:
             raise fk.BackendFailure(fk.BACKEND_RESPONSE_INVALID,
                                     f"turn/completed without a valid turn.status (got {status!r})")
@@ -177,7 +184,7 @@ class Normalizer:
         message = str((error or {}).get("message") or "the turn failed")
         return "failed", fk.classify_turn_error(error), message
 
-    def finish(self, status: str, kind: str | None, message: str | None, extra: dict | None = None) -> None:
+    def finish(self, status: str, kind: str | None, message: str | None, extra: dict[str, Any] | None = None) -> None:
         """Close open items, send the latest diff, the error if not yet sent, then terminal_status."""
         for item_id, item in list(self.open_items.items()):
             if item.get("type") == "commandExecution":
@@ -204,7 +211,7 @@ class Normalizer:
         self.sink.emit("terminal_status", data)
 
 
-def _short(value, limit: int = 2048):
+def _short(value: Any, limit: int = 2048) -> str | None:
     """A summary field: strings (or lists joined) cut to 2 KiB."""
     if value is None:
         return None

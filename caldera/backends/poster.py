@@ -6,16 +6,23 @@ Other errors keep the batch (bounded) for the next attempt; nothing here blocks 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from caldera.protocol.client import ApiError, NotFound
+
+if TYPE_CHECKING:
+    from caldera.protocol.client import ControlPlaneClient
+
+Note = Callable[[str], None]  # where a posting problem is told (a log line)
 
 BATCH = 100
 INTERVAL = 1.0
 MAX_PENDING = 2000
 
 
-def post_events_loop(client, agent_id: str, run_id: str, pending: list, lock: threading.Lock,
-                     stop: threading.Event, note) -> None:
+def post_events_loop(client: ControlPlaneClient, agent_id: str, run_id: str, pending: list[dict[str, Any]],
+                     lock: threading.Lock, stop: threading.Event, note: Note) -> None:
     """Thread body: every INTERVAL (or when stopped) send what is pending, BATCH at a time."""
 
     while True:
@@ -42,8 +49,8 @@ def post_events_loop(client, agent_id: str, run_id: str, pending: list, lock: th
 class EventPoster:
     """A sink listener plus its thread; `close()` flushes once more and joins."""
 
-    def __init__(self, client, agent_id: str, run_id: str, note):
-        self.pending: list = []
+    def __init__(self, client: ControlPlaneClient, agent_id: str, run_id: str, note: Note):
+        self.pending: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.dropped = 0
@@ -51,7 +58,7 @@ class EventPoster:
                                        args=(client, agent_id, run_id, self.pending, self.lock, self.stop, note))
         self.thread.start()
 
-    def __call__(self, event: dict) -> None:
+    def __call__(self, event: dict[str, Any]) -> None:
         with self.lock:
             self.pending.append(event)
             if len(self.pending) > MAX_PENDING:  # the plane is away: keep the newest

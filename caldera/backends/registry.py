@@ -3,16 +3,21 @@ capabilities they give `register`, and the registry of the runs going on now.
 
 Light on purpose (no backend, no TOML parser, no event or failure tables): a daemon
 that never gets an `agent_run` imports only this module of the backends; the rest
-(base, service, codex_config with tomllib, events, failures, runlog: ≈ 0.3 MB of
-code objects, measured with tracemalloc) waits for the first run (docs/performance.md,
-section 2). `base` and `service` re-export these names.
+(base, service, codex_config with tomllib, events, failures, runlog) waits for the
+first run (what that saves: docs/performance.md, section 2). `base` and `service`
+re-export these names.
 """
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from caldera.config import llm_gateway
+
+if TYPE_CHECKING:
+    from caldera.backends.service import RunHandle
 
 DEFAULT_PROFILE = "codex"
 # profile name -> "module:Class"; the class is imported only when a run needs it.
@@ -23,14 +28,14 @@ class Refused(Exception):
     """The request is wider than the agent's configured policy, or otherwise not allowed."""
 
 
-def gateway_settings(environ: dict) -> dict | None:
+def gateway_settings(environ: Mapping[str, str]) -> dict[str, Any] | None:
     found = llm_gateway(environ)
     if not (found["base_url"] and found["api_key"]):
         return None
     return found
 
 
-def capabilities(env: dict | None = None) -> list[str]:
+def capabilities(env: Mapping[str, str] | None = None) -> list[str]:
     """Capability strings for `register.capabilities` (cheap: no process is started)."""
     env = os.environ if env is None else env
     caps = ["agent.run", "agent.interrupt"]
@@ -51,13 +56,13 @@ class ActiveRuns:
     and the turn's), so that an interrupt sent then is not lost: the run is interrupted as
     soon as it starts."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._runs: dict[str, object] = {}  # caldera.backends.service.RunHandle
+        self._runs: dict[str, RunHandle] = {}
         self._queued: dict[str, bool] = {}  # run_id -> interrupted before it started
         self.events_dropped = 0  # run events the plane never got (it was away too long)
 
-    def queue(self, run_id) -> None:
+    def queue(self, run_id: object) -> None:
         """An agent_run with this id was accepted (journaled); its turn has not started."""
         if not isinstance(run_id, str):
             return
@@ -66,12 +71,14 @@ class ActiveRuns:
             while len(self._queued) > QUEUED_KEPT:
                 self._queued.pop(next(iter(self._queued)))
 
-    def forget(self, run_id) -> None:
+    def forget(self, run_id: object) -> None:
         """The run's command is finished: whatever it did, nothing waits for it any more."""
+        if not isinstance(run_id, str):  # never queued
+            return
         with self._lock:
             self._queued.pop(run_id, None)
 
-    def interrupt(self, run_id: str, command=None) -> str | None:
+    def interrupt(self, run_id: str) -> str | None:
         """'running' or 'queued' when the interrupt reached the run (now, or at its start);
         None when no such run is running or waiting here."""
         with self._lock:
@@ -81,14 +88,14 @@ class ActiveRuns:
                 return "queued"
         if handle is None:
             return None
-        handle.interrupt(command)
+        handle.interrupt()
         return "running"
 
     def count_dropped(self, n: int) -> None:
         with self._lock:
             self.events_dropped += n
 
-    def add(self, handle) -> None:
+    def add(self, handle: RunHandle) -> None:
         with self._lock:
             if handle.run_id in self._runs:
                 raise Refused(f"run {handle.run_id} is already running")
@@ -101,6 +108,6 @@ class ActiveRuns:
         with self._lock:
             self._runs.pop(run_id, None)
 
-    def get(self, run_id: str):
+    def get(self, run_id: str) -> RunHandle | None:
         with self._lock:
             return self._runs.get(run_id)

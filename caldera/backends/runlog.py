@@ -14,9 +14,13 @@ import os
 import re
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from caldera.errors import CommandError
 from caldera.host.timefmt import rfc3339
+
+if TYPE_CHECKING:
+    from caldera.redact import Redactor
 
 LOG_CAP_BYTES = 64 * 1024 * 1024
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -28,14 +32,14 @@ def _encoder() -> json.JSONEncoder:
     return json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
-def log_path(logs_dir, run_id: str) -> Path:
+def log_path(logs_dir: str | os.PathLike[str], run_id: str) -> Path:
     if not RUN_ID_RE.match(run_id or ""):
         raise ValueError(f"run_id {run_id!r}: use 1-128 letters, digits, '.', '_' or '-'")
     return Path(logs_dir) / f"run-{run_id}.log"
 
 
 class RunLog:
-    def __init__(self, path, redactor, cap: int = LOG_CAP_BYTES):
+    def __init__(self, path: str | os.PathLike[str], redactor: Redactor, cap: int = LOG_CAP_BYTES):
         self.path = Path(path)
         self.redactor = redactor
         self.cap = cap
@@ -55,7 +59,7 @@ class RunLog:
     def write(self, channel: str, text: str) -> None:
         self._append(f"{rfc3339(millis=True)} {channel} {self.redactor.text(text.rstrip(chr(10)))}\n")
 
-    def write_lines(self, channel: str, lines: list) -> None:
+    def write_lines(self, channel: str, lines: list[str]) -> None:
         """Several records of one channel (lines without newlines) at once: one redaction
         over their joined text, one timestamp, one append."""
         block = self.redactor.text_lines(lines)
@@ -74,7 +78,7 @@ class RunLog:
             self.size += size
             self._fh.write(text)
 
-    def event(self, event: dict) -> None:
+    def event(self, event: dict[str, Any]) -> None:
         # EventSink.emit redacted the event's data already, and the rest is ours: no second pass.
         self._append(f"{rfc3339(millis=True)} event {_encoder().encode(event)}\n")
 

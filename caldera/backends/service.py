@@ -17,7 +17,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from caldera import config
 from caldera.backends import base, events
@@ -34,14 +36,14 @@ FINISH_MARGIN = 5.0  # seconds kept back from the command's deadline to end the 
 
 # ---------------------------------------------------------------- policy
 
-def caps(env: dict) -> dict:
+def caps(env: Mapping[str, str]) -> dict[str, Any]:
     try:
         return config.run_caps(env, sandboxes=base.SANDBOXES, default_max_timeout=DEFAULT_MAX_TIMEOUT_SECONDS)
     except ConfigError as exc:
         raise Refused(str(exc)) from None
 
 
-def policy_from_request(requested: dict | None, env: dict) -> base.Policy:
+def policy_from_request(requested: dict[str, Any] | None, env: Mapping[str, str]) -> base.Policy:
     """The run's policy: the request within the caps. A wider request is refused, not narrowed."""
     requested = requested or {}
     limits = caps(env)
@@ -69,11 +71,11 @@ def policy_from_request(requested: dict | None, env: dict) -> base.Policy:
     return base.Policy(timeout_seconds=timeout, sandbox=sandbox, approval=approval, network=network)
 
 
-def workspace_roots(env: dict) -> list[Path]:
+def workspace_roots(env: Mapping[str, str]) -> list[Path]:
     return [Path(os.path.realpath(p)) for p in config.workspace_roots(env)]
 
 
-def check_workspace(workspace: str, roots: list[Path] | None) -> str:
+def check_workspace(workspace: object, roots: list[Path] | None) -> str:
     """The workspace's real path; Refused unless it is a directory under one of `roots`.
 
     `roots=None` skips the roots check (the local `caldera turn`, where the person at the
@@ -95,32 +97,35 @@ def check_workspace(workspace: str, roots: list[Path] | None) -> str:
 # ---------------------------------------------------------------- active runs
 
 class RunHandle:
-    def __init__(self, run_id: str, backend):
+    """One run in ActiveRuns: an interrupt reaches its backend once the turn is prepared."""
+
+    def __init__(self, run_id: str, backend: base.Backend[Any]):
         self.run_id = run_id
         self.backend = backend
-        self.context = None
+        self.context: base.RunContext | None = None  # the backend's, once prepared
         self.interrupted = False
         self._lock = threading.Lock()
 
-    def prepared(self, context) -> None:
+    def prepared(self, context: base.RunContext) -> None:
         with self._lock:
             self.context = context
             early = self.interrupted
         if early:
             self.backend.interrupt(context)
 
-    def interrupt(self, command=None) -> None:
+    def interrupt(self) -> None:
         with self._lock:
             self.interrupted = True
             context = self.context
         if context is not None:
-            self.backend.interrupt(context, command)
+            self.backend.interrupt(context)
 
 
 # ---------------------------------------------------------------- one run
 
-def execute(request: dict, environment: base.Environment, *, roots, listeners=(), cancel=None,
-            deadline: float | None = None, registry: ActiveRuns | None = None) -> dict:
+def execute(request: dict[str, Any], environment: base.Environment, *, roots: list[Path] | None,
+            listeners: Iterable[events.Listener] = (), cancel: threading.Event | None = None,
+            deadline: float | None = None, registry: ActiveRuns | None = None) -> dict[str, Any]:
     """Run one turn described by an agent_run-shaped `request`; return the finish result.
 
     Never raises for the run's own failures: they are in the result (status, failure_kind)
@@ -134,13 +139,14 @@ def execute(request: dict, environment: base.Environment, *, roots, listeners=()
         _run(request, environment, sink, roots, cancel, deadline, registry)
     finally:
         log.close()
-    terminal = sink.terminal["data"]
+    terminal = sink.terminal_data()
     return {"run_id": run_id, "status": terminal["status"], "failure_kind": terminal.get("failure_kind"),
             "message": terminal.get("message"), "events_total": sink.total, "events": list(sink.last),
             "log": str(log.path)}
 
 
-def _run(request, environment, sink, roots, cancel, deadline, registry) -> None:
+def _run(request: dict[str, Any], environment: base.Environment, sink: events.EventSink, roots: list[Path] | None,
+         cancel: threading.Event | None, deadline: float | None, registry: ActiveRuns | None) -> None:
     try:
         workspace = check_workspace(request.get("workspace"), roots)
         policy = policy_from_request(request.get("execution_policy"), environment.env)
@@ -162,12 +168,12 @@ def _run(request, environment, sink, roots, cancel, deadline, registry) -> None:
             sink.emit("terminal_status", {"status": "blocked", "failure_kind": None, "message": str(exc)})
             return
     try:
-        def prepared(context):
+        def prepared(context: base.RunContext) -> None:
             context.cancel = cancel
             context.cancel_is_timeout = (lambda: deadline is not None and time.monotonic() >= deadline - 1.0)
             handle.prepared(context)
 
-        base.run_turn(backend, run, None, environment, sink, on_prepared=prepared)
+        base.run_turn(backend, run, environment, sink, on_prepared=prepared)
     finally:
         if registry is not None:
             registry.remove(run.run_id)

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from caldera.backends import failures as fk
-from caldera.backends.codex import Dispatcher
+from caldera.backends.appserver import Dispatcher
 from caldera.backends.codex_deltas import METHOD, unused_delta
 from caldera.backends.events import EventSink
 from caldera.backends.normalize import Normalizer

@@ -111,9 +111,9 @@ def test_codex_home_is_private_and_holds_enforced_config(tmp_path):
     sec = write_projection(tmp_path)
     env = environment(tmp_path, mock_binary(tmp_path, script), sec)
     seen = {}
-    from caldera.backends import codex
+    from caldera.backends import appserver
 
-    original = codex.AppServer.start
+    original = appserver.AppServer.start
 
     def spy(self):
         import os
@@ -124,11 +124,11 @@ def test_codex_home_is_private_and_holds_enforced_config(tmp_path):
         seen["env"] = dict(self.env)
         return original(self)
 
-    codex.AppServer.start = spy
+    appserver.AppServer.start = spy
     try:
         execute(request(workspace(tmp_path)), env)
     finally:
-        codex.AppServer.start = original
+        appserver.AppServer.start = original
     import tomllib
     config = tomllib.loads(seen["config"])
     assert seen["mode"] == 0o700

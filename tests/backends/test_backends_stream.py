@@ -4,7 +4,8 @@ import json
 import queue
 
 from caldera.backends import failures as fk
-from caldera.backends.codex import Dispatcher, handle_batch, pump_stdout
+from caldera.backends.appserver import Channel, Dispatcher, pump_stdout
+from caldera.backends.codex import handle_batch
 from caldera.backends.runlog import RunLog
 from caldera.redact import MASK, Redactor
 
@@ -23,23 +24,14 @@ class _Chunks(io.RawIOBase):
         return out
 
 
-def _drain(inbox):
-    items = []
-    while True:
-        kind, msg = inbox.get_nowait()
-        if kind == "eof":
-            return items
-        items.extend(msg if kind == "batch" else [(kind, msg)])
-
-
 def test_lines_split_across_reads_arrive_whole_and_in_order(tmp_path):
     msgs = [{"method": "item/agentMessage/delta", "params": {"delta": "x" * n}} for n in range(50)]
     data = b"".join(json.dumps(m).encode() + b"\n" for m in msgs) + b'{"method": "last"}'  # no final newline
-    inbox = queue.Queue()
     log = RunLog(tmp_path / "run.log", Redactor())
-    pump_stdout(_Chunks(data, 37), Dispatcher(inbox, log))
+    channel = Channel(log)
+    pump_stdout(_Chunks(data, 37), channel.reader_end)  # fewer blocks than the channel holds
+    got = _channel_items(channel)
     log.close()
-    got = _drain(inbox)
     assert [m for _, m in got] == [*msgs, {"method": "last"}]
     lines = (tmp_path / "run.log").read_text().splitlines()
     assert len(lines) == 51 and all(" s2c {" in line for line in lines)
@@ -101,8 +93,6 @@ def test_the_channel_parses_on_the_consumer_side_in_order_and_redacts_across_rea
     """The run path: the reader thread hands bytes over, the turn loop's side parses. A secret
     cut by a read, its JSON-escaped form and a credential behind "=" are masked in the run log;
     a response is routed, and what came before it stays in order."""
-    from caldera.backends.codex import Channel
-
     secret = 'pass"word\nsecond-line-of-it'  # travels JSON-escaped: pass\"word\nsecond…
     log = RunLog(tmp_path / "run.log", Redactor([secret]))
     channel = Channel(log)
@@ -120,8 +110,6 @@ def test_the_channel_parses_on_the_consumer_side_in_order_and_redacts_across_rea
 
 
 def test_the_channel_fails_waiting_requests_at_eof_after_routing_the_rest():
-    from caldera.backends.codex import Channel
-
     channel = Channel(None)
     answered, unanswered = channel.dispatcher.expect(1), channel.dispatcher.expect(2)
     pump_stdout(_Chunks(b'{"id": 1, "result": {"ok": true}}\nnot json\n', 8), channel.reader_end)
@@ -138,7 +126,7 @@ def test_a_full_channel_holds_the_reader_back_until_read_or_closed():
     instead of queueing without bound; closing the channel lets a waiting reader end."""
     import threading
 
-    from caldera.backends.codex import Handoff
+    from caldera.backends.appserver import Handoff
 
     handoff = queue.Queue(1)
     end = Handoff(handoff, None)
@@ -160,7 +148,7 @@ def test_close_returns_while_a_process_outside_the_group_holds_stdout(tmp_path):
     import signal
     import threading
 
-    from caldera.backends.codex import AppServer
+    from caldera.backends.appserver import AppServer
 
     pidfile = tmp_path / "escaped.pid"
     # The escaped process writes its pid once it is out of the group; codex's stand-in waits for it.
