@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from types import ModuleType, SimpleNamespace
     from typing import TypeAlias
 
-    # A sub-command's arguments: argparse's, or the fast path's (fastpath.agent_args).
+    # A command's arguments as _command hands them over: argparse's, or the fast path's
+    # (fastpath.agent_args) for a command whose only flags are add_agent_flags' (`run`).
     Args: TypeAlias = argparse.Namespace | SimpleNamespace
 
 # name -> (module, one-line help), in groups; `caldera --help` lists them in this order.

@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     import argparse
     from pathlib import Path
 
-    from caldera.cli import Args
     from caldera.config import AgentPaths
 
 
@@ -27,7 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="process mode: start the agent once in a scratch state dir and check its status file")
 
 
-def main(args: Args) -> int:
+def main(args: argparse.Namespace) -> int:
     paths = config.agent_from_args(args)
     report = Report()
     try:
@@ -78,7 +77,7 @@ def _every_problem(path: Path, first: str) -> tuple[list[str], str]:
     return found, kind
 
 
-def _emit(args: Args, paths: AgentPaths, report: Report, contract: str = "the adapter contract") -> int:
+def _emit(args: argparse.Namespace, paths: AgentPaths, report: Report, contract: str = "the adapter contract") -> int:
     code = EXIT_FAILED if report.breaches else EXIT_OK
     summary = (f"{report.breaches} breach{'es' if report.breaches != 1 else ''} of {contract}"
                if report.breaches else f"no breach of {contract}")

@@ -36,7 +36,6 @@ from caldera.plane.server import PlaneServer
 if TYPE_CHECKING:
     import argparse
 
-    from caldera.cli import Args
     from caldera.plane.store import Store
 
 AGENT_NAME = "task-agent"
@@ -195,7 +194,7 @@ def _process_blueprint(no_process: bool) -> Path | None:
     return None
 
 
-def main(args: Args) -> int:
+def main(args: argparse.Namespace) -> int:
     stop = threading.Event()
     stop_on_signals(stop)
     blueprint = _blueprint(args.blueprint)
@@ -210,7 +209,7 @@ def main(args: Args) -> int:
 DemoAgent = tuple[int, Path, list[tuple[str, dict[str, Any]]]]
 
 
-def _run(demo: Demo, blueprint: Path, args: Args) -> int:
+def _run(demo: Demo, blueprint: Path, args: argparse.Namespace) -> int:
     plane = demo.start_plane(args.port)
     print(f"plane listening on {plane.url} (status page {plane.url}/)", flush=True)
     agents: list[DemoAgent] = [(INSTANCE_ID, blueprint, DEMO_COMMANDS)]

@@ -12,8 +12,6 @@ from caldera.errors import EXIT_FAILED, EXIT_OK
 if TYPE_CHECKING:
     import argparse
 
-    from caldera.cli import Args
-
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("blueprint", metavar="BLUEPRINT", help="a directory or .tar.gz with caldera.agent.yaml")
@@ -21,7 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_json_flag(parser)
 
 
-def main(args: Args) -> int:
+def main(args: argparse.Namespace) -> int:
     try:
         result = install(args.blueprint, name=args.name)
     except Refused as exc:
@@ -29,7 +27,7 @@ def main(args: Args) -> int:
     return _emit(args, {"ok": True, "held": [], **result}, EXIT_OK)
 
 
-def _emit(args: Args, payload: dict[str, Any], code: int) -> int:
+def _emit(args: argparse.Namespace, payload: dict[str, Any], code: int) -> int:
     if args.json:
         print(json.dumps(payload))
     else:

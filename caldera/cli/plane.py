@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Sequence
 
-    from caldera.cli import Args
 
 DEFAULT_PORT = 8930
 TIME_KEYS = ("issued_at", "dispatched_at", "started_at", "finished_at", "registered_at", "last_heartbeat_at",
@@ -93,13 +92,13 @@ def _db_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", metavar="PATH", help=f"the plane's database (default {default_db_path()})")
 
 
-def main(args: Args) -> int:
+def main(args: argparse.Namespace) -> int:
     return VERBS[args.verb](args)
 
 
 # ---- serve ------------------------------------------------------------------------------
 
-def _tokens(args: Args) -> dict[str, int] | None:
+def _tokens(args: argparse.Namespace) -> dict[str, int] | None:
     """{token: instance} from the flags; None keeps the database's; a fresh database gets instance 1."""
     if len(args.bootstrap_token) != len(args.instance_id):
         raise UsageError("give --bootstrap-token and --instance-id in pairs")
@@ -112,7 +111,7 @@ def _tokens(args: Args) -> dict[str, int] | None:
     return None
 
 
-def serve(args: Args) -> int:
+def serve(args: argparse.Namespace) -> int:
     db_path = Path(args.db) if args.db else default_db_path()
     if args.heartbeat_interval < 1 or args.poll_interval < 1:
         raise UsageError("--heartbeat-interval and --poll-interval must be at least 1 second")
@@ -153,7 +152,7 @@ def _first_instance(store: Store, db_path: Path) -> Path:
 
 # ---- operator verbs ------------------------------------------------------------------------
 
-def _open(args: Args) -> Store:
+def _open(args: argparse.Namespace) -> Store:
     path = Path(args.db) if args.db else default_db_path()
     if not path.exists():
         raise UsageError(f"no plane database at {path} (start `caldera plane serve` or pass --db)")
@@ -175,7 +174,7 @@ def _print_json(doc: dict[str, Any]) -> None:
     print(json.dumps(_times(doc), indent=2, sort_keys=True, default=str))
 
 
-def enqueue(args: Args) -> int:
+def enqueue(args: argparse.Namespace) -> int:
     try:
         payload = json.loads(args.payload)
     except ValueError as exc:
@@ -208,7 +207,7 @@ def _check_payload(command_type: str, payload: dict[str, Any]) -> None:
         raise UsageError(f"{command_type} payload: {exc} (--no-check sends it anyway)") from None
 
 
-def agents(args: Args) -> int:
+def agents(args: argparse.Namespace) -> int:
     store = _open(args)
     try:
         rows = store.agents()
@@ -228,7 +227,7 @@ def agents(args: Args) -> int:
     return EXIT_OK
 
 
-def commands(args: Args) -> int:
+def commands(args: argparse.Namespace) -> int:
     store = _open(args)
     try:
         rows = store.commands(args.instance)
@@ -246,7 +245,7 @@ def commands(args: Args) -> int:
     return EXIT_OK
 
 
-def reports(args: Args) -> int:
+def reports(args: argparse.Namespace) -> int:
     store = _open(args)
     try:
         found = store.reports(args.instance, last=args.last)

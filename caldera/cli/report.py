@@ -11,8 +11,6 @@ from caldera.errors import UsageError
 if TYPE_CHECKING:
     import argparse
 
-    from caldera.cli import Args
-
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true", required=True, help="one report, then exit")
@@ -21,7 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_agent_flags(parser)
 
 
-def main(args: Args) -> int:
+def main(args: argparse.Namespace) -> int:
     # here, not at the top: the daemon's modules import requests; `caldera report --help` does without them
     from caldera.cli.run import open_parts
     from caldera.daemon.report_once import report_once, take_lock

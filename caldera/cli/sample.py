@@ -20,7 +20,6 @@ from caldera.host.sampler import Sample, Sampler
 if TYPE_CHECKING:
     import argparse
 
-    from caldera.cli import Args
     from caldera.config import Environ
 
 
@@ -37,7 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(default: <X>/sys for a cgroup root <X>/sys/fs/cgroup, else /sys)")
 
 
-def main(args: Args, environ: Environ | None = None, out: TextIO | None = None) -> int:
+def main(args: argparse.Namespace, environ: Environ | None = None, out: TextIO | None = None) -> int:
     environ = os.environ if environ is None else environ
     out = sys.stdout if out is None else out
     persistent = args.persistent_dir or config.persistent_dir(environ) or "."

@@ -15,8 +15,6 @@ from caldera.skills import inventory
 if TYPE_CHECKING:
     import argparse
 
-    from caldera.cli import Args
-
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_agent_flags(parser)
@@ -31,7 +29,7 @@ def _size(n: int) -> str:
     return f"{size:.1f} GiB"
 
 
-def main(args: Args) -> int:
+def main(args: argparse.Namespace) -> int:
     paths = agent_from_args(args)
     settings = load_settings(paths)
     inv = inventory.Inventory(paths.state_dir, settings.env, settings.runtime_type, persist=False)

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from typing import Any, TextIO
 
     from caldera.agents.manifest import Manifest
-    from caldera.cli import Args
     from caldera.config import AgentPaths
     from caldera.redact import Redactor
 
@@ -226,7 +225,7 @@ def recent_commands(state: dict[str, Any]) -> list[dict[str, Any]]:
     return (running + done)[:COMMANDS_SHOWN]
 
 
-def main(args: Args) -> int:
+def main(args: argparse.Namespace) -> int:
     from caldera.config import agent_from_args  # here: `status --help` does without it
 
     paths = agent_from_args(args)

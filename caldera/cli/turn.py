@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     import argparse
 
     from caldera.backends.registry import ActiveRuns
-    from caldera.cli import Args
 
 # (env, state_dir, secrets_dir, secret values) of the agent a turn runs for
 AgentContext = tuple[dict[str, str], Path | None, Path | None, tuple[str, ...]]
@@ -48,13 +47,13 @@ def configure(parser: argparse.ArgumentParser, name: str) -> None:
         parser.add_argument("prompt", metavar="PROMPT")
 
 
-def main(args: Args) -> int:
+def main(args: argparse.Namespace) -> int:
     if args.command == "backends":
         return _backends(args)
     return _turn(args)
 
 
-def _agent_context(args: Args) -> AgentContext:
+def _agent_context(args: argparse.Namespace) -> AgentContext:
     """(env, state_dir, secrets_dir, redactor values) of the selected agent, or standalone."""
     explicit = args.agent or args.manifest or config.selected_agent()
     try:
@@ -67,14 +66,14 @@ def _agent_context(args: Args) -> AgentContext:
     return dict(settings.env), paths.state_dir, paths.secrets_dir, settings.secret_values
 
 
-def _standalone_state(args: Args) -> Path:
+def _standalone_state(args: argparse.Namespace) -> Path:
     if args.state_dir:
         return Path(args.state_dir)
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(base) / "caldera" / "turn"
 
 
-def _turn(args: Args) -> int:
+def _turn(args: argparse.Namespace) -> int:
     env, state_dir, secrets_dir, secret_values = _agent_context(args)
     if state_dir is None:
         state_dir = _standalone_state(args)
@@ -145,7 +144,7 @@ def _human(event: dict[str, Any]) -> str:
         f"{k}={v}" for k, v in data.items() if k != "phase" and v not in (None, "", [], {}))
 
 
-def _backends(args: Args) -> int:
+def _backends(args: argparse.Namespace) -> int:
     env, _, _, secret_values = _agent_context(args)
     info = base.describe(env, probe=True)
 

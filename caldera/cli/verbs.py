@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
     from caldera.agents.adapter.answer import Answer
     from caldera.agents.manifest import Manifest
-    from caldera.cli import Args
     from caldera.config import AgentPaths
     from caldera.redact import Redactor
 
@@ -54,7 +53,7 @@ def _late_agent_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, metavar=meta, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
-def main(args: Args) -> int:
+def main(args: argparse.Namespace) -> int:
     if args.command == "settings" and args.action == "set":
         _settings_set_args(args)
     if getattr(args, "late_json", False):
@@ -73,7 +72,7 @@ def main(args: Args) -> int:
     return emit(args, answer)
 
 
-def _settings_set_args(args: Args) -> None:
+def _settings_set_args(args: argparse.Namespace) -> None:
     """`--json '{…}'` is the values; `--json` alone (or before KEY=VALUE) is the output format."""
     value = args.set_json
     if isinstance(value, str):
@@ -90,7 +89,7 @@ def _settings_set_args(args: Args) -> None:
         raise UsageError("settings set: give KEY=VALUE… or --json '{…}'")
 
 
-def load_local(args: Args) -> tuple[AgentPaths, Manifest]:
+def load_local(args: argparse.Namespace) -> tuple[AgentPaths, Manifest]:
     """(paths, manifest) for a local verb (adapter: the adapter directly; process: the daemon's socket)."""
     from caldera import config  # here, as the adapter's verbs below
     from caldera.agents.updates import load_effective
@@ -115,7 +114,7 @@ def local_redactor(paths: AgentPaths) -> Redactor:
         return Redactor()
 
 
-def _dispatch(args: Args, manifest: Manifest) -> Answer:
+def _dispatch(args: argparse.Namespace, manifest: Manifest) -> Answer:
     from caldera.agents.adapter import verbs  # here: `caldera pause --help` does without the adapter's verbs
     if args.command in VERB_OF:
         return verbs.control(manifest, VERB_OF[args.command])
@@ -134,7 +133,7 @@ def _dispatch(args: Args, manifest: Manifest) -> Answer:
     return verbs.log_list(manifest)
 
 
-def emit(args: Args, answer: Answer) -> int:
+def emit(args: argparse.Namespace, answer: Answer) -> int:
     code = EXIT_OK if answer.ok else EXIT_FAILED
     if args.json:
         print(_json_line(args, answer))
@@ -156,7 +155,7 @@ def emit(args: Args, answer: Answer) -> int:
     return code
 
 
-def _json_line(args: Args, answer: Answer) -> str:
+def _json_line(args: argparse.Namespace, answer: Answer) -> str:
     """`--json`'s one object; data passes JSON-escaped (a lone surrogate as \\udXXX), so printing never fails."""
     payload = answer.payload()
     if answer.ok and answer.data is not None and answer.verb in ("settings get", "log --list"):
