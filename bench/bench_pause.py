@@ -4,7 +4,8 @@
 1. `caldera pause` on the example adapter: overhead = caldera pause - the adapter called
    directly (`python3 adapter.py pause`), set against the floor of any Python CLI that
    spawns a process, `python -c "import argparse, json, subprocess"`. Target <= 1.2 x.
-2. `caldera --help` against `python -c pass`. Target <= 1.15 x.
+2. `caldera --help` against `python -c pass`, for information: --help is argparse's own
+   again and its 1.15 x target is retired (docs/performance.md, section 1).
 
 Measure: CPU time (user+sys) of each child and its children, from
 resource.getrusage(RUSAGE_CHILDREN) deltas, so that the other loads on a shared machine
@@ -43,7 +44,8 @@ def measured(argv, **kw) -> tuple[float, float]:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
 
 
-def report(name, samples, keys, numerator, floor_key, target) -> dict:
+def report(name, samples, keys, numerator, floor_key, target=None) -> dict:
+    """target None: printed for information, never a failure."""
     med = {k: statistics.median(s[0] for s in samples[k]) for k in keys}
     wall = {k: statistics.median(s[1] for s in samples[k]) for k in keys}
     for key in keys:
@@ -51,10 +53,11 @@ def report(name, samples, keys, numerator, floor_key, target) -> dict:
     value = numerator(med)
     ratio = value / med[floor_key]
     wall_ratio = numerator(wall) / wall[floor_key]
-    print(f"  {name}: {value * 1000:.1f} ms cpu = {ratio:.2f} x the floor (target <= {target} x; "
-          f"wall {wall_ratio:.2f} x)")
+    aim = f"target <= {target} x" if target is not None else "no target"
+    print(f"  {name}: {value * 1000:.1f} ms cpu = {ratio:.2f} x the floor ({aim}; wall {wall_ratio:.2f} x)")
     return {"bench": name, "cpu_ms": round(value * 1000, 1), "floor_cpu_ms": round(med[floor_key] * 1000, 1),
-            "ratio": round(ratio, 2), "wall_ratio": round(wall_ratio, 2), "target": target, "ok": ratio <= target}
+            "ratio": round(ratio, 2), "wall_ratio": round(wall_ratio, 2), "target": target,
+            "ok": target is None or ratio <= target}
 
 
 def main() -> int:
@@ -88,7 +91,7 @@ def main() -> int:
     pause = report("pause", samples, ("caldera", "direct", "floor"), lambda m: m["caldera"] - m["direct"],
                    "floor", 1.2)
     print("caldera --help:")
-    helped = report("help", samples, ("help", "pass"), lambda m: m["help"], "pass", 1.15)
+    helped = report("help", samples, ("help", "pass"), lambda m: m["help"], "pass")
     for line in (pause, helped):
         print(json.dumps({**line, "runs": args.runs}))
     return 0

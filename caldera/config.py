@@ -15,6 +15,13 @@ from pathlib import Path
 
 from caldera.errors import ConfigError
 
+TYPE_CHECKING = False  # typing's constant without importing typing (caldera/cli/fastpath.py)
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, MutableMapping
+    from typing import Any
+
+    Environ = Mapping[str, str]
+
 MANIFEST_NAME = "caldera.agent.yaml"
 STATE_SUBDIR_IN_INSTANCE = "caldera-agent"
 
@@ -43,24 +50,27 @@ _ENV_LINE_RE = r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$"
 
 class AgentPaths:
     """Where one agent's files are. (Plain classes, not dataclasses: `dataclasses`
-    imports `inspect`, which a person typing `caldera pause` should not wait for.)"""
+    imports `inspect`, which a person typing `caldera pause` should not wait for;
+    docs/performance.md, section 1.)"""
 
     __slots__ = ("name", "config_dir", "manifest_path", "state_dir")
 
-    def __init__(self, name: str, config_dir: Path, manifest_path: Path, state_dir: Path):
+    def __init__(self, name: str, config_dir: Path, manifest_path: Path, state_dir: Path) -> None:
         self.name = name
         self.config_dir = config_dir  # holds the manifest, agent.env, secrets.env, secrets/
         self.manifest_path = manifest_path
         self.state_dir = state_dir
 
-    def __eq__(self, other):
-        return isinstance(other, AgentPaths) and all(
-            getattr(self, k) == getattr(other, k) for k in self.__slots__)
+    def _key(self) -> tuple[str, Path, Path, Path]:
+        return self.name, self.config_dir, self.manifest_path, self.state_dir
 
-    def __hash__(self):
-        return hash(tuple(getattr(self, k) for k in self.__slots__))
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AgentPaths) and self._key() == other._key()
 
-    def __repr__(self):
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
         return f"AgentPaths(name={self.name!r}, config_dir={str(self.config_dir)!r}, state_dir={str(self.state_dir)!r})"
 
     @property
@@ -77,28 +87,43 @@ class AgentPaths:
 
 
 class Settings:
-    """The agent's validated settings (SPEC section 3); `env` is the merged KEY=VALUEs and
-    `secret_values` every value the Redactor must mask. Its repr shows no value of either."""
+    """The agent's validated settings (SPEC section 3), read-only; `env` is the merged
+    KEY=VALUEs and `secret_values` every value the Redactor must mask. Its repr shows no
+    value of either. (A plain class for AgentPaths' reason.)"""
 
     FIELDS = ("enabled", "base_url", "bootstrap_token", "instance_id", "protocol_version", "persistent_dir",
               "disk_limit_bytes", "runtime_type", "ca_bundle", "log_level", "report_interval", "env",
               "secret_values")
     __slots__ = FIELDS
+    enabled: bool
+    base_url: str | None
+    bootstrap_token: str | None
+    instance_id: int | None
+    protocol_version: str
+    persistent_dir: Path
+    disk_limit_bytes: int | None
+    runtime_type: str
+    ca_bundle: str | None
+    log_level: str
+    report_interval: float
+    env: dict[str, str]
+    secret_values: tuple[str, ...]
 
-    def __init__(self, **values):
-        missing = set(self.FIELDS) - set(values) - {"env", "secret_values"}
-        unknown = set(values) - set(self.FIELDS)
-        if missing or unknown:
-            raise TypeError(f"Settings: missing {sorted(missing)}, unknown {sorted(unknown)}")
-        values.setdefault("env", {})
-        values.setdefault("secret_values", ())
-        for key, value in values.items():
+    def __init__(self, *, enabled: bool, base_url: str | None, bootstrap_token: str | None,
+                 instance_id: int | None, protocol_version: str, persistent_dir: Path,
+                 disk_limit_bytes: int | None, runtime_type: str, ca_bundle: str | None, log_level: str,
+                 report_interval: float, env: dict[str, str] | None = None,
+                 secret_values: tuple[str, ...] = ()) -> None:
+        given = (enabled, base_url, bootstrap_token, instance_id, protocol_version, persistent_dir,
+                 disk_limit_bytes, runtime_type, ca_bundle, log_level, report_interval,
+                 {} if env is None else env, secret_values)
+        for key, value in zip(self.FIELDS, given, strict=True):
             object.__setattr__(self, key, value)
 
-    def __setattr__(self, key, value):
+    def __setattr__(self, key: str, value: object) -> None:
         raise AttributeError("Settings are read-only")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         shown = ("enabled", "base_url", "instance_id", "runtime_type", "log_level")
         return "Settings(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in shown) + ", ...)"
 
@@ -113,15 +138,15 @@ def valid_agent_name(name: str) -> bool:
     return bool(re.match(_NAME_RE, name))
 
 
-def config_root(environ=os.environ) -> Path:
+def config_root(environ: Environ = os.environ) -> Path:
     return Path(environ.get("CALDERA_CONFIG_DIR") or "/etc/caldera")
 
 
-def state_root(environ=os.environ) -> Path:
+def state_root(environ: Environ = os.environ) -> Path:
     return Path(environ.get("CALDERA_STATE_DIR") or "/var/lib/caldera")
 
 
-def installed_agents(environ=os.environ) -> list[str]:
+def installed_agents(environ: Environ = os.environ) -> list[str]:
     agents = config_root(environ) / "agents"
     try:
         return sorted(p.name for p in agents.iterdir() if (p / MANIFEST_NAME).is_file())
@@ -129,10 +154,11 @@ def installed_agents(environ=os.environ) -> list[str]:
         return []
 
 
-def agent_from_args(args, environ=os.environ) -> AgentPaths:
-    """The agent a command acts on: --manifest, --agent, CALDERA_AGENT, or the only one installed."""
-    manifest = getattr(args, "manifest", None)
-    state_dir = getattr(args, "state_dir", None)
+def agent_from_args(args: object, environ: Environ = os.environ) -> AgentPaths:
+    """The agent a command acts on: --manifest, --agent, CALDERA_AGENT, or the only one installed.
+    `args`: the command's arguments; `agent`, `manifest` and `state_dir` are read where present."""
+    manifest: str | None = getattr(args, "manifest", None)
+    state_dir: str | None = getattr(args, "state_dir", None)
     if manifest:
         path = Path(manifest).resolve()
         if not path.is_file():
@@ -140,7 +166,20 @@ def agent_from_args(args, environ=os.environ) -> AgentPaths:
         name = manifest_name(path)
         state = Path(state_dir).resolve() if state_dir else Path.cwd() / ".caldera-state" / name
         return AgentPaths(name, path.parent, path, state)
-    name = getattr(args, "agent", None) or selected_agent(environ)
+    name = _installed_name(getattr(args, "agent", None) or selected_agent(environ), environ)
+    config_dir = config_root(environ) / "agents" / name
+    instance_dir = persistent_dir(environ)  # inside a ClawManager instance the platform injects it
+    if state_dir:
+        state = Path(state_dir).resolve()
+    elif not environ.get("CALDERA_STATE_DIR") and instance_dir:
+        state = Path(instance_dir) / STATE_SUBDIR_IN_INSTANCE
+    else:
+        state = state_root(environ) / name
+    return AgentPaths(name, config_dir, config_dir / MANIFEST_NAME, state)
+
+
+def _installed_name(name: str | None, environ: Environ) -> str:
+    """The installed agent named (else the only one installed); ConfigError otherwise."""
     if not name:
         found = installed_agents(environ)
         if len(found) != 1:
@@ -150,22 +189,10 @@ def agent_from_args(args, environ=os.environ) -> AgentPaths:
         name = found[0]
     if not re.match(_NAME_RE, name):
         raise ConfigError(f"agent name {name!r}: use letters, digits, '.', '_' or '-'")
-    config_dir = config_root(environ) / "agents" / name
-    if not (config_dir / MANIFEST_NAME).is_file():
-        found = ", ".join(installed_agents(environ)) or "none"
-        raise ConfigError(f"no agent {name!r} is installed (installed: {found})")
-    if state_dir:
-        state = Path(state_dir).resolve()
-    elif not environ.get("CALDERA_STATE_DIR") and _instance_persistent_dir(config_dir, environ):
-        state = Path(_instance_persistent_dir(config_dir, environ)) / STATE_SUBDIR_IN_INSTANCE
-    else:
-        state = state_root(environ) / name
-    return AgentPaths(name, config_dir, config_dir / MANIFEST_NAME, state)
-
-
-def _instance_persistent_dir(config_dir: Path, environ) -> str | None:
-    # Inside a ClawManager instance the platform injects the persistent dir.
-    return persistent_dir(environ)
+    if not (config_root(environ) / "agents" / name / MANIFEST_NAME).is_file():
+        listing = ", ".join(installed_agents(environ)) or "none"
+        raise ConfigError(f"no agent {name!r} is installed (installed: {listing})")
+    return name
 
 
 # ---------------------------------------------------------------- single variables
@@ -173,30 +200,30 @@ def _instance_persistent_dir(config_dir: Path, environ) -> str | None:
 # that a variable's name, alias and default live here. `environ` is the process
 # environment unless a caller passes the agent's merged settings (`Settings.env`).
 
-def selected_agent(environ=os.environ) -> str | None:
+def selected_agent(environ: Environ = os.environ) -> str | None:
     """CALDERA_AGENT: the agent a command acts on when no --agent/--manifest is given."""
     return environ.get("CALDERA_AGENT") or None
 
 
-def persistent_dir(environ=os.environ) -> str | None:
+def persistent_dir(environ: Environ = os.environ) -> str | None:
     """CALDERA_PERSISTENT_DIR, else ClawManager's CLAWMANAGER_AGENT_PERSISTENT_DIR."""
     return environ.get("CALDERA_PERSISTENT_DIR") or environ.get("CLAWMANAGER_AGENT_PERSISTENT_DIR") or None
 
 
-def runtime_type_name(environ=os.environ) -> str:
+def runtime_type_name(environ: Environ = os.environ) -> str:
     """CALDERA_RUNTIME_TYPE (else ClawManager's CLAWMANAGER_AGENT_RUNTIME_TYPE, CLAWMANAGER_RUNTIME_TYPE)
     unchecked, "caldera" when unset (`caldera sample` labels only)."""
     return (environ.get("CALDERA_RUNTIME_TYPE") or environ.get("CLAWMANAGER_AGENT_RUNTIME_TYPE")
             or environ.get("CLAWMANAGER_RUNTIME_TYPE") or "caldera")
 
 
-def schema_dir_override(environ=os.environ) -> Path | None:
+def schema_dir_override(environ: Environ = os.environ) -> Path | None:
     """CALDERA_SCHEMA_DIR: a schemas directory that wins over the installed ones."""
     raw = environ.get("CALDERA_SCHEMA_DIR")
     return Path(raw) if raw else None
 
 
-def plane_db_path(environ=os.environ, euid: int | None = None, home: Path | None = None) -> Path:
+def plane_db_path(environ: Environ = os.environ, euid: int | None = None, home: Path | None = None) -> Path:
     """The plane's database: CALDERA_PLANE_DB, else <CALDERA_STATE_DIR>/plane/plane.db, else
     /var/lib/caldera/plane/plane.db for root, ~/.local/state/caldera/plane/plane.db for anyone else."""
     if environ.get("CALDERA_PLANE_DB"):
@@ -212,26 +239,26 @@ def plane_db_path(environ=os.environ, euid: int | None = None, home: Path | None
 SIGNAL_HANDOVER_VAR = "CALDERA_SIGNAL_HANDOVER"
 
 
-def take_signal_handover(environ=os.environ) -> tuple[int, int] | None:
+def take_signal_handover(environ: MutableMapping[str, str] = os.environ) -> tuple[int, int] | None:
     """(fd, inode) of the pipe a restarted daemon inherits, taken out of the environment
     so that no child sees it; None when there is none (or the value is not one)."""
     fd, _, inode = (environ.pop(SIGNAL_HANDOVER_VAR, None) or "").partition(":")
     return (int(fd), int(inode)) if fd.isdigit() and inode.isdigit() else None
 
 
-def codex_binary(environ=os.environ) -> str | None:
+def codex_binary(environ: Environ = os.environ) -> str | None:
     """CALDERA_CODEX_BIN: the Codex binary to run instead of `codex` on PATH."""
     return environ.get("CALDERA_CODEX_BIN") or None
 
 
-def codex_retries(environ, request_default: int, stream_default: int) -> tuple[int, int]:
+def codex_retries(environ: Environ, request_default: int, stream_default: int) -> tuple[int, int]:
     """(CALDERA_CODEX_REQUEST_MAX_RETRIES, CALDERA_CODEX_STREAM_MAX_RETRIES), each a whole
     number >= 0 or its default when unset; ConfigError naming the variable otherwise."""
     return (_count(environ, "CALDERA_CODEX_REQUEST_MAX_RETRIES", request_default),
             _count(environ, "CALDERA_CODEX_STREAM_MAX_RETRIES", stream_default))
 
 
-def _count(environ, name: str, default: int) -> int:
+def _count(environ: Environ, name: str, default: int) -> int:
     raw = environ.get(name)
     if raw in (None, ""):
         return default
@@ -254,13 +281,13 @@ _RUN_TRUE = {"1", "true", "yes", "on"}
 _RUN_FALSE = {"", "0", "false", "no", "off"}
 
 
-def llm_gateway(environ) -> dict:
+def llm_gateway(environ: Environ) -> dict[str, str | None]:
     """{base_url, api_key, model}: ClawManager's AI-gateway variables, OPENAI_* second; None when unset."""
     return {key: next((environ[n] for n in names if environ.get(n)), None)
             for key, names in _LLM_GATEWAY_VARS.items()}
 
 
-def run_caps(environ, *, sandboxes, default_max_timeout: int) -> dict:
+def run_caps(environ: Environ, *, sandboxes: Iterable[str], default_max_timeout: int) -> dict[str, Any]:
     """The agent's caps on a code-agent run: CALDERA_RUN_MAX_TIMEOUT_SECONDS, CALDERA_RUN_MAX_SANDBOX
     (one of `sandboxes`, the widest allowed), CALDERA_RUN_ALLOW_NETWORK/_APPROVAL. ConfigError when bad."""
     try:
@@ -275,7 +302,7 @@ def run_caps(environ, *, sandboxes, default_max_timeout: int) -> dict:
             "allow_approval": _run_flag(environ, "CALDERA_RUN_ALLOW_APPROVAL")}
 
 
-def _run_flag(environ, name: str) -> bool:
+def _run_flag(environ: Environ, name: str) -> bool:
     raw = str(environ.get(name) or "").strip().lower()
     if raw in _RUN_TRUE:
         return True
@@ -284,7 +311,7 @@ def _run_flag(environ, name: str) -> bool:
     raise ConfigError(f"{name}={environ.get(name)!r} in agent.env is not a boolean")
 
 
-def workspace_roots(environ) -> list[str]:
+def workspace_roots(environ: Environ) -> list[str]:
     """CALDERA_WORKSPACE_ROOTS: the directories a control-plane run may work in (colon-separated)."""
     return [p for p in (environ.get("CALDERA_WORKSPACE_ROOTS") or "").split(":") if p.strip()]
 
@@ -292,7 +319,7 @@ def workspace_roots(environ) -> list[str]:
 SKILL_DIRS_VAR = "CALDERA_SKILL_DIRS"
 
 
-def skill_dirs(environ) -> list[str]:
+def skill_dirs(environ: Environ | None) -> list[str]:
     """CALDERA_SKILL_DIRS: extra skill directories (colon-separated, stripped, unchecked)."""
     return [e.strip() for e in ((environ or {}).get(SKILL_DIRS_VAR) or "").split(":") if e.strip()]
 
@@ -312,7 +339,7 @@ def manifest_name(path: Path) -> str:
 
 # ---------------------------------------------------------------- env files
 
-def read_env_file(path: Path, secret: bool = False) -> dict:
+def read_env_file(path: Path, secret: bool = False) -> dict[str, str]:
     """KEY=VALUE lines as systemd's EnvironmentFile= reads them; {} when absent."""
     try:
         st = os.stat(path)
@@ -322,7 +349,7 @@ def read_env_file(path: Path, secret: bool = False) -> dict:
         raise ConfigError(
             f"{path} is readable by group or others (mode {stat.S_IMODE(st.st_mode):o}): "
             f"run chmod 600 {path}")
-    values = {}
+    values: dict[str, str] = {}
     with open(path, encoding="utf-8") as fh:
         for number, raw in enumerate(fh, 1):
             line = raw.strip()
@@ -338,7 +365,7 @@ def read_env_file(path: Path, secret: bool = False) -> dict:
     return values
 
 
-def merged_env(paths: AgentPaths, environ=os.environ) -> tuple[dict, dict]:
+def merged_env(paths: AgentPaths, environ: Environ = os.environ) -> tuple[dict[str, str], dict[str, str]]:
     """(everything merged, just secrets.env)."""
     secrets = read_env_file(paths.secrets_env, secret=True)
     merged = dict(environ)
@@ -347,13 +374,13 @@ def merged_env(paths: AgentPaths, environ=os.environ) -> tuple[dict, dict]:
     return merged, secrets
 
 
-def changed_names(old: dict, new: dict) -> list[str]:
+def changed_names(old: Environ, new: Environ) -> list[str]:
     """The variables whose value differs between two merged environments (names only:
     what a reload may log)."""
     return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
 
 
-def lookup(env: dict, name: str) -> str | None:
+def lookup(env: Environ, name: str) -> str | None:
     value = env.get(name)
     alias = ALIASES.get(name)
     if (value is None or value == "") and alias:
@@ -368,7 +395,7 @@ def _var(name: str) -> str:
 
 # ---------------------------------------------------------------- settings
 
-def load_settings(paths: AgentPaths, environ=os.environ) -> Settings:
+def load_settings(paths: AgentPaths, environ: Environ = os.environ) -> Settings:
     env, secrets = merged_env(paths, environ)
     enabled = _parse_bool(env, "CALDERA_AGENT_ENABLED")
     base_url = _parse_url(env) if (enabled or lookup(env, "CALDERA_BASE_URL")) else None
@@ -406,7 +433,7 @@ def load_settings(paths: AgentPaths, environ=os.environ) -> Settings:
     )
 
 
-def _parse_bool(env, name) -> bool:
+def _parse_bool(env: Environ, name: str) -> bool:
     raw = lookup(env, name)
     if raw is None:
         return False
@@ -418,7 +445,7 @@ def _parse_bool(env, name) -> bool:
     raise ConfigError(f"{_var(name)}={raw!r}: use true or false")
 
 
-def _parse_int(env, name, minimum=None) -> int | None:
+def _parse_int(env: Environ, name: str, minimum: int | None = None) -> int | None:
     raw = lookup(env, name)
     if raw is None:
         return None
@@ -431,7 +458,7 @@ def _parse_int(env, name, minimum=None) -> int | None:
     return value
 
 
-def _parse_float(env, name, default, minimum) -> float:
+def _parse_float(env: Environ, name: str, default: float, minimum: float) -> float:
     raw = lookup(env, name)
     if raw is None:
         return default
@@ -444,7 +471,7 @@ def _parse_float(env, name, default, minimum) -> float:
     return value
 
 
-def _parse_url(env) -> str:
+def _parse_url(env: Environ) -> str:
     raw = lookup(env, "CALDERA_BASE_URL")
     if raw is None:
         raise ConfigError(f"{_var('CALDERA_BASE_URL')} is required when the agent is enabled")
@@ -464,7 +491,7 @@ def _parse_url(env) -> str:
 
 
 def _is_loopback(host: str) -> bool:
-    import ipaddress  # deferred: ~1 ms that the quick verbs, which never read base_url, skip
+    import ipaddress  # here: the quick verbs never read base_url (docs/performance.md, section 1)
 
     if host == "localhost":
         return True

@@ -14,6 +14,11 @@ daemon's loops and the CLI act on the kind, never on a module's own exception ty
 `error_message`. The protocol client's HTTP errors (`caldera.protocol.client`) are
 subclasses of these.
 """
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing's constant without importing typing (caldera/cli/fastpath.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -28,7 +33,7 @@ class CalderaError(Exception):
 class Retryable(CalderaError):
     """Try later: network trouble, 429, 5xx, a timeout. `retry_after` is the server's floor."""
 
-    def __init__(self, message: str, retry_after: float | None = None):
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
 
@@ -36,7 +41,7 @@ class Retryable(CalderaError):
 class AuthBlocked(CalderaError):
     """Registration was refused; no call is made until `retry_after` passes (or SIGHUP)."""
 
-    def __init__(self, reason: str, retry_after: float):
+    def __init__(self, reason: str, retry_after: float) -> None:
         super().__init__(f"registration refused: {reason} (next try in {retry_after:.0f} s)")
         self.reason, self.retry_after = reason, retry_after
 
@@ -58,7 +63,7 @@ class ConfigError(UsageError):
 class CommandError(Refused):
     """A control-plane command failed; the message becomes finish.error_message."""
 
-    def __init__(self, message: str, result: dict | None = None):
+    def __init__(self, message: str, result: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.result = result
 

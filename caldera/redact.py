@@ -14,6 +14,11 @@ import re
 import threading
 import urllib.parse
 
+TYPE_CHECKING = False  # typing's constant without importing typing (caldera/cli/fastpath.py)
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
 MASK = "[REDACTED]"
 MIN_SECRET_LEN = 6  # shorter values would mask ordinary words
 
@@ -24,9 +29,9 @@ _SECRET_KEY = (
 )
 # (pattern, replacement, triggers): a pattern runs only when one of its trigger
 # substrings is in the lowercased text. Most log lines hold none, and a substring
-# test costs a fraction of a regex scan: this keeps redaction at a few microseconds
-# per line (bench/bench_codex.py). Every trigger is a substring every match must contain.
-_PATTERN_SOURCES = [
+# test costs a fraction of a regex scan (docs/performance.md, section 5). Every trigger
+# is a substring every match must contain.
+_PATTERN_SOURCES: list[tuple[str, str, tuple[str, ...]]] = [
     # Authorization: Bearer xxx / Basic xxx (header form, any case)
     ((r"(?i)\b((?:proxy-)?authorization\"?\s*[:=]\s*\"?)(?:(?:bearer|basic|token)\s+)?[^\s\"',}]+"),
      r"\1" + MASK, ("authorization",)),
@@ -59,12 +64,12 @@ _SECRET_KEYS = frozenset(
 )
 
 
-def secret_key(key) -> bool:
+def secret_key(key: object) -> bool:
     """Whether a mapping key names a secret (_SECRET_KEY's verdict, as a set lookup)."""
     return isinstance(key, str) and key.lower() in _SECRET_KEYS
 
 
-def _minimal(words) -> tuple:
+def _minimal(words: Iterable[str]) -> tuple[str, ...]:
     """The words no other word is a substring of: a text holding none of these holds none
     of `words` either, so testing these few is enough to rule them all out."""
     unique = set(words)
@@ -75,28 +80,27 @@ class _Compiled:
     """The patterns, each compiled on its first use: importing this module (every quick
     CLI verb does) compiles nothing, and a text no trigger is in compiles nothing."""
 
-    _triggers = None
-    _split = None
-    _patterns: dict = {}
+    _triggers: tuple[str, ...] | None = None
+    _split: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+    _patterns: dict[int, re.Pattern[str]] = {}
 
     @classmethod
-    def triggers(cls) -> tuple:
+    def triggers(cls) -> tuple[str, ...]:
         if cls._triggers is None:
             cls._triggers = _minimal(t for _, _, ts in _PATTERN_SOURCES for t in ts)
         return cls._triggers
 
     @classmethod
-    def split_triggers(cls) -> tuple:
+    def split_triggers(cls) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(the triggers without "=", those with it): a text holding no "=" (one memchr)
-        holds none of the second, so their scans are skipped (each short-needle scan of a
-        64 KiB block costs ~35 µs; docs/performance.md section 5)."""
+        holds none of the second, so their scans are skipped (docs/performance.md, section 5)."""
         if cls._split is None:
             every = cls.triggers()
             cls._split = (tuple(t for t in every if "=" not in t), tuple(t for t in every if "=" in t))
         return cls._split
 
     @classmethod
-    def pattern(cls, index: int):
+    def pattern(cls, index: int) -> re.Pattern[str]:
         compiled = cls._patterns.get(index)
         if compiled is None:
             compiled = cls._patterns[index] = re.compile(_PATTERN_SOURCES[index][0])
@@ -125,7 +129,7 @@ def _forms(value: str) -> set[str]:
     for line in value.splitlines():
         if len(line.strip()) >= MIN_SECRET_LEN:
             forms.add(line.strip())
-    import base64  # deferred: every quick verb imports this module, few add a secret (~0.6 ms with binascii, struct)
+    import base64  # here: every quick verb imports this module, few add a secret (docs/performance.md, section 1)
 
     raw = value.encode()
     for enc in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
@@ -142,16 +146,16 @@ def _forms(value: str) -> set[str]:
 class Redactor:
     """Thread-safe: loops add secrets (a new session token) while others redact."""
 
-    def __init__(self, values=()):
+    def __init__(self, values: Iterable[object] = ()) -> None:
         self._lock = threading.Lock()
         self._forms: list[str] = []
         # (regex of every form, _minimal(forms) as substring tests before it), replaced as one
         # object so that a reader never pairs a new regex with old probes.
-        self._values: tuple | None = None
+        self._values: tuple[re.Pattern[str], tuple[str, ...]] | None = None
         for value in values:
             self.add(value)
 
-    def add(self, value) -> None:
+    def add(self, value: object) -> None:
         if not isinstance(value, str) or len(value) < MIN_SECRET_LEN:
             return
         with self._lock:
@@ -185,7 +189,7 @@ class Redactor:
                 value = _Compiled.pattern(index).sub(repl, value)
         return value
 
-    def text_lines(self, lines: list) -> str:
+    def text_lines(self, lines: list[str]) -> str:
         """Lines (without newlines) redacted each as text() would, joined by newlines: the
         secret values in one pass over the whole, and a credential pattern only on the lines
         holding one of its triggers (not over the whole: a busy run log writes 64 KiB at once)."""
@@ -202,14 +206,14 @@ class Redactor:
                     out[number] = _Compiled.pattern(index).sub(_PATTERN_SOURCES[index][1], out[number])
         return "\n".join(out)
 
-    def __call__(self, value):
+    def __call__(self, value: Any) -> Any:
         """Redact a str, bytes, or any JSON-shaped structure (a new object is returned)."""
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, bytes):
             return self.text(value.decode("utf-8", "replace"))
         if isinstance(value, dict):
-            out = {}
+            out: dict[Any, Any] = {}
             for k, v in value.items():
                 if secret_key(k) and v not in (None, ""):
                     out[k] = MASK
@@ -221,5 +225,3 @@ class Redactor:
         if isinstance(value, (list, tuple)):
             return [self(v) for v in value]
         return value
-
-    redact = __call__

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from caldera import config
 from caldera.agents.check import Report, run_checks
@@ -10,8 +11,14 @@ from caldera.agents.updates import load_effective
 from caldera.cli import add_agent_flags
 from caldera.errors import EXIT_FAILED, EXIT_OK, ConfigError
 
+if TYPE_CHECKING:
+    import argparse
+    from pathlib import Path
 
-def configure(parser) -> None:
+    from caldera.config import AgentPaths
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
     add_agent_flags(parser)
     parser.add_argument("--controls", action="store_true",
                         help="also call pause, resume and run-now (they act on the agent)")
@@ -19,7 +26,7 @@ def configure(parser) -> None:
                         help="process mode: start the agent once in a scratch state dir and check its status file")
 
 
-def main(args) -> int:
+def main(args: argparse.Namespace) -> int:
     paths = config.agent_from_args(args)
     report = Report()
     try:
@@ -47,11 +54,11 @@ def main(args) -> int:
     return _emit(args, paths, report)
 
 
-def _every_problem(path, first: str) -> tuple[list[str], str]:
+def _every_problem(path: Path, first: str) -> tuple[list[str], str]:
     """(problems, mode): the plain check stops at its first problem; the schema names every bad
     key. Both are shown, the plain one first (it also says what a schema can't, e.g. min above
     max), a schema problem about the same key only once."""
-    import yaml  # deferred: only a broken manifest pays for a second parse
+    import yaml  # here: only a broken manifest pays for a second parse
 
     from caldera.protocol.schemas import problems
 
@@ -70,7 +77,7 @@ def _every_problem(path, first: str) -> tuple[list[str], str]:
     return found, kind
 
 
-def _emit(args, paths, report: Report, contract: str = "the adapter contract") -> int:
+def _emit(args: argparse.Namespace, paths: AgentPaths, report: Report, contract: str = "the adapter contract") -> int:
     code = EXIT_FAILED if report.breaches else EXIT_OK
     summary = (f"{report.breaches} breach{'es' if report.breaches != 1 else ''} of {contract}"
                if report.breaches else f"no breach of {contract}")

@@ -12,11 +12,17 @@ a completion must never spill a traceback onto a person's prompt line.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from caldera import config
 from caldera.cli import COMMANDS, build_parser
+
+if TYPE_CHECKING:
+    from caldera.agents.manifest import Manifest
+    from caldera.config import Environ
 
 AGENT_VALUED = ("--agent",)
 FILE_VALUED = ("--manifest", "--state-dir", "--db", "--blueprint", "--url-file", "--payload")
@@ -39,7 +45,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def complete(words: list[str], cword: int, environ=os.environ) -> list[str]:
+def complete(words: list[str], cword: int, environ: Environ = os.environ) -> list[str]:
     """Candidates for words[cword] (words[0] is `caldera`), unfiltered."""
     before = words[1:cword]
     current = words[cword] if cword < len(words) else ""
@@ -79,7 +85,7 @@ def _parser(command: str, rest: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> dict | None:
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser] | None:
     for action in parser._actions:  # argparse keeps sub-parsers here; there is no public accessor
         if isinstance(action, argparse._SubParsersAction):
             return action.choices
@@ -100,33 +106,33 @@ def _is_flag_value(before: list[str], word: str) -> bool:
 
 
 def _agent_args(before: list[str]) -> argparse.Namespace:
-    found = {"agent": None, "manifest": None, "state_dir": None}
-    for flag, value in zip(before, before[1:]):
+    found: dict[str, str | None] = {"agent": None, "manifest": None, "state_dir": None}
+    for flag, value in itertools.pairwise(before):
         if flag in ("--agent", "--manifest", "--state-dir"):
             found[flag[2:].replace("-", "_")] = value
     return argparse.Namespace(**found)
 
 
-def _manifest(before: list[str], environ):
-    from caldera.agents.manifest import load_manifest  # deferred: a command-name completion never reads one
+def _manifest(before: list[str], environ: Environ) -> Manifest:
+    from caldera.agents.manifest import load_manifest  # here: a command-name completion never reads one
 
     paths = config.agent_from_args(_agent_args(before), environ)
     return load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
 
 
-def _setting_keys(before: list[str], environ) -> list[str]:
+def _setting_keys(before: list[str], environ: Environ) -> list[str]:
     """From the manifest's settings schema: no adapter call at all."""
     return [str(item["key"]) for item in _manifest(before, environ).settings_schema if item.get("key")]
 
 
-def _log_names(before: list[str], environ) -> list[str]:
+def _log_names(before: list[str], environ: Environ) -> list[str]:
     """One `log --list` call to the adapter (its own timeout applies)."""
-    from caldera.agents.adapter import verbs  # deferred: only a log-name completion calls the adapter
+    from caldera.agents.adapter import verbs  # here: only a log-name completion calls the adapter
 
     manifest = _manifest(before, environ)
     if manifest.runtime_type == "process":
         # Process mode: the command is the agent itself, never called with verbs; ask its daemon.
-        from caldera.agents.process import control  # deferred, as above
+        from caldera.agents.process import control  # here, as above
 
         paths = config.agent_from_args(_agent_args(before), environ)
         try:

@@ -3,19 +3,23 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING, Any
 
 from caldera.agents.blueprint import Refused, install
 from caldera.cli import add_json_flag
 from caldera.errors import EXIT_FAILED, EXIT_OK
 
+if TYPE_CHECKING:
+    import argparse
 
-def configure(parser) -> None:
+
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("blueprint", metavar="BLUEPRINT", help="a directory or .tar.gz with caldera.agent.yaml")
     parser.add_argument("--name", metavar="NAME", help="the agent's name (default: the manifest's name)")
     add_json_flag(parser)
 
 
-def main(args) -> int:
+def main(args: argparse.Namespace) -> int:
     try:
         result = install(args.blueprint, name=args.name)
     except Refused as exc:
@@ -23,7 +27,7 @@ def main(args) -> int:
     return _emit(args, {"ok": True, "held": [], **result}, EXIT_OK)
 
 
-def _emit(args, payload: dict, code: int) -> int:
+def _emit(args: argparse.Namespace, payload: dict[str, Any], code: int) -> int:
     if args.json:
         print(json.dumps(payload))
     else:

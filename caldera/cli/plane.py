@@ -11,6 +11,7 @@ import secrets
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from caldera import config
 from caldera.errors import EXIT_FAILED, EXIT_OK, UsageError
@@ -23,6 +24,11 @@ from caldera.plane.server import PlaneServer
 from caldera.plane.store import Store
 from caldera.protocol import schemas
 
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
+
+
 DEFAULT_PORT = 8930
 TIME_KEYS = ("issued_at", "dispatched_at", "started_at", "finished_at", "registered_at", "last_heartbeat_at",
              "last_reported_at", "last_seen", "session_expires_at", "received_at", "updated_at")
@@ -32,7 +38,7 @@ def default_db_path() -> Path:
     return config.plane_db_path()
 
 
-def configure(parser) -> None:
+def configure(parser: argparse.ArgumentParser) -> None:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
 
@@ -82,18 +88,17 @@ def configure(parser) -> None:
     reports.add_argument("--json", action="store_true")
 
 
-def _db_flag(parser) -> None:
+def _db_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", metavar="PATH", help=f"the plane's database (default {default_db_path()})")
 
 
-def main(args) -> int:
-    return {"serve": serve, "enqueue": enqueue, "agents": agents, "commands": commands,
-            "reports": reports}[args.verb](args)
+def main(args: argparse.Namespace) -> int:
+    return VERBS[args.verb](args)
 
 
 # ---- serve ------------------------------------------------------------------------------
 
-def _tokens(args, db_path: Path) -> dict | None:
+def _tokens(args: argparse.Namespace) -> dict[str, int] | None:
     """{token: instance} from the flags; None keeps the database's; a fresh database gets instance 1."""
     if len(args.bootstrap_token) != len(args.instance_id):
         raise UsageError("give --bootstrap-token and --instance-id in pairs")
@@ -102,17 +107,17 @@ def _tokens(args, db_path: Path) -> dict | None:
             raise UsageError("--bootstrap-token must not be empty")
         if any(n < 1 for n in args.instance_id):
             raise UsageError("--instance-id must be an integer >= 1")
-        return dict(zip(args.bootstrap_token, args.instance_id))
+        return dict(zip(args.bootstrap_token, args.instance_id, strict=True))
     return None
 
 
-def serve(args) -> int:
+def serve(args: argparse.Namespace) -> int:
     db_path = Path(args.db) if args.db else default_db_path()
     if args.heartbeat_interval < 1 or args.poll_interval < 1:
         raise UsageError("--heartbeat-interval and --poll-interval must be at least 1 second")
     if not 0 < args.history_days <= 366:
         raise UsageError("--history-days must be more than 0 and at most 366")
-    tokens = _tokens(args, db_path)
+    tokens = _tokens(args)
     try:
         plane = PlaneServer(db_path, host=args.host, port=args.port, tokens=tokens or {},
                             heartbeat_interval=args.heartbeat_interval, poll_interval=args.poll_interval,
@@ -137,7 +142,7 @@ def serve(args) -> int:
     return EXIT_OK
 
 
-def _first_instance(store, db_path: Path) -> Path:
+def _first_instance(store: Store, db_path: Path) -> Path:
     token = "agt_boot_" + secrets.token_hex(24)
     path = db_path.parent / "bootstrap-1.token"
     atomic_write_bytes(path, (token + "\n").encode(), mode=0o600)
@@ -147,14 +152,14 @@ def _first_instance(store, db_path: Path) -> Path:
 
 # ---- operator verbs ------------------------------------------------------------------------
 
-def _open(args):
+def _open(args: argparse.Namespace) -> Store:
     path = Path(args.db) if args.db else default_db_path()
     if not path.exists():
         raise UsageError(f"no plane database at {path} (start `caldera plane serve` or pass --db)")
     return Store(path)
 
 
-def _times(value):
+def _times(value: Any) -> Any:
     """A copy with Unix times under TIME_KEYS as RFC 3339 strings."""
 
     if isinstance(value, list):
@@ -165,11 +170,11 @@ def _times(value):
     return value
 
 
-def _print_json(doc) -> None:
+def _print_json(doc: dict[str, Any]) -> None:
     print(json.dumps(_times(doc), indent=2, sort_keys=True, default=str))
 
 
-def enqueue(args) -> int:
+def enqueue(args: argparse.Namespace) -> int:
     try:
         payload = json.loads(args.payload)
     except ValueError as exc:
@@ -193,7 +198,7 @@ def enqueue(args) -> int:
     return EXIT_OK
 
 
-def _check_payload(command_type: str, payload: dict) -> None:
+def _check_payload(command_type: str, payload: dict[str, Any]) -> None:
     name = f"commands/{command_type}.schema.json"
     try:
         if schemas.schema_exists(name):
@@ -202,7 +207,7 @@ def _check_payload(command_type: str, payload: dict) -> None:
         raise UsageError(f"{command_type} payload: {exc} (--no-check sends it anyway)") from None
 
 
-def agents(args) -> int:
+def agents(args: argparse.Namespace) -> int:
     store = _open(args)
     try:
         rows = store.agents()
@@ -222,7 +227,7 @@ def agents(args) -> int:
     return EXIT_OK
 
 
-def commands(args) -> int:
+def commands(args: argparse.Namespace) -> int:
     store = _open(args)
     try:
         rows = store.commands(args.instance)
@@ -240,7 +245,7 @@ def commands(args) -> int:
     return EXIT_OK
 
 
-def reports(args) -> int:
+def reports(args: argparse.Namespace) -> int:
     store = _open(args)
     try:
         found = store.reports(args.instance, last=args.last)
@@ -261,7 +266,10 @@ def reports(args) -> int:
     return EXIT_OK
 
 
-def _print_table(rows) -> None:
+def _print_table(rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+
+
+VERBS = {"serve": serve, "enqueue": enqueue, "agents": agents, "commands": commands, "reports": reports}

@@ -3,20 +3,24 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from caldera.cli import add_agent_flags
 from caldera.errors import UsageError
 
+if TYPE_CHECKING:
+    import argparse
 
-def configure(parser) -> None:
+
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true", required=True, help="one report, then exit")
     parser.add_argument("--deadline", type=float, default=50.0, metavar="S",
                         help="stop running commands after S seconds (default 50)")
     add_agent_flags(parser)
 
 
-def main(args) -> int:
-    # deferred: the daemon's modules import requests; `caldera report --help` must not
+def main(args: argparse.Namespace) -> int:
+    # here, not at the top: the daemon's modules import requests; `caldera report --help` does without them
     from caldera.cli.run import open_parts
     from caldera.daemon.report_once import report_once, take_lock
     from caldera.host.fsutil import StateLock

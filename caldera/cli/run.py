@@ -4,21 +4,29 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from caldera.cli import add_agent_flags
 
+if TYPE_CHECKING:
+    import argparse
+
+    from caldera.cli import Args
+    from caldera.daemon.signals import Signals
+    from caldera.daemon.wiring import Parts
+
 # The flags are add_agent_flags' only: the daemon parses them without argparse
-# (caldera.cli.plain_agent_args says why).
+# (caldera/cli/fastpath.py, agent_args).
 AGENT_FLAGS_ONLY = True
 
 
-def configure(parser) -> None:
+def configure(parser: argparse.ArgumentParser) -> None:
     add_agent_flags(parser)
 
 
-def open_parts(args, role: str):
+def open_parts(args: Args, role: str) -> Parts:
     """Paths, settings, logging and the runtime's parts, for the commands that talk to the control plane."""
-    # deferred: the daemon's modules import requests and jsonschema; `caldera --help` must not
+    # here, not at the top: the daemon's modules import requests; `caldera run --help` does without them
     from caldera.config import agent_from_args, load_settings
     from caldera.daemon.wiring import build_parts
     from caldera.host import logsetup
@@ -31,8 +39,8 @@ def open_parts(args, role: str):
     return parts
 
 
-def main(args) -> int:
-    # deferred, as above
+def main(args: Args) -> int:
+    # here, as above
     from caldera.daemon import run as daemon
     from caldera.daemon.signals import Signals
     from caldera.host.memtune import limit_malloc_arenas
@@ -50,7 +58,7 @@ def main(args) -> int:
     return code
 
 
-def _restart_in_place(signals) -> None:
+def _restart_in_place(signals: Signals) -> None:
     """After a reload that changed the configuration: the same command again, same PID
     (systemd keeps tracking it; the new process says READY=1, which ends the reload).
     The signals are held (the kernel keeps them for the new process); a stop that a

@@ -11,13 +11,19 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import TYPE_CHECKING, Any, TextIO
 
 from caldera import config
 from caldera.errors import EXIT_OK, UsageError
 from caldera.host.sampler import Sample, Sampler
 
+if TYPE_CHECKING:
+    import argparse
 
-def configure(parser) -> None:
+    from caldera.config import Environ
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object for machines")
     parser.add_argument("--proc-root", default="/proc", metavar="P", help="procfs root (default /proc)")
     parser.add_argument("--cgroup-root", default="/sys/fs/cgroup", metavar="C",
@@ -30,7 +36,7 @@ def configure(parser) -> None:
                              "(default: <X>/sys for a cgroup root <X>/sys/fs/cgroup, else /sys)")
 
 
-def main(args, environ=None, out=None) -> int:
+def main(args: argparse.Namespace, environ: Environ | None = None, out: TextIO | None = None) -> int:
     environ = os.environ if environ is None else environ
     out = sys.stdout if out is None else out
     persistent = args.persistent_dir or config.persistent_dir(environ) or "."
@@ -50,7 +56,7 @@ def main(args, environ=None, out=None) -> int:
     return EXIT_OK
 
 
-def percentages(system_info: dict) -> dict:
+def percentages(system_info: dict[str, Any]) -> dict[str, float | None]:
     """CPU, memory and disk % exactly as seed 004's front end computes them (None: not drawn)."""
     cpu, mem, disk = (system_info.get(k) or {} for k in ("cpu", "memory", "disk"))
     load, cores = (cpu.get("load") or {}).get("1m"), cpu.get("cores")
@@ -91,18 +97,22 @@ def render(sample: Sample) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _row(name, percent, detail) -> str:
+def _row(name: str, percent: float | None, detail: str) -> str:
     if percent is None:
         return f"{name:<9} n/a"
     return f"{name:<9} {percent:5.1f} %  {detail}"
 
 
-def _loads(load: dict) -> str:
+def _loads(load: dict[str, float]) -> str:
     return " ".join(f"{load[k]:.2f}" for k in ("1m", "5m", "15m") if k in load)
 
 
 def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+    if abs(n) < 1024:
+        return f"{n} B"
+    size = n / 1024
+    for unit in ("KiB", "MiB", "GiB"):
+        if abs(size) < 1024:
+            return f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"

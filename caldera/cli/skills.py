@@ -6,25 +6,30 @@ as another user."""
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from caldera.cli import add_agent_flags
 from caldera.config import agent_from_args, load_settings
 from caldera.skills import inventory
 
+if TYPE_CHECKING:
+    import argparse
 
-def configure(parser) -> None:
+
+def configure(parser: argparse.ArgumentParser) -> None:
     add_agent_flags(parser)
 
 
 def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+    size = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
 
 
-def main(args) -> int:
+def main(args: argparse.Namespace) -> int:
     paths = agent_from_args(args)
     settings = load_settings(paths)
     inv = inventory.Inventory(paths.state_dir, settings.env, settings.runtime_type, persist=False)

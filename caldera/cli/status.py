@@ -20,13 +20,22 @@ from caldera.errors import ConfigError, Refused, UsageError
 from caldera.host.jsonlimits import escape_surrogates
 from caldera.host.stopsignals import stop_on_signals
 
+TYPE_CHECKING = False  # typing's constant without importing typing (caldera/cli/fastpath.py)
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any, TextIO
+
+    from caldera.agents.manifest import Manifest
+    from caldera.config import AgentPaths
+    from caldera.redact import Redactor
+
 BAR_WIDTH = 20
 WATCH_SECONDS = 2.0
 COMMANDS_SHOWN = 5
 HOME, ERASE_LINE, ERASE_BELOW, CLEAR = "\x1b[H", "\x1b[K", "\x1b[J", "\x1b[2J"
 
 
-def configure(parser) -> None:
+def configure(parser: argparse.ArgumentParser) -> None:
     add_agent_flags(parser)
     parser.add_argument("--watch", nargs="?", type=float, const=WATCH_SECONDS, metavar="SECONDS",
                         help=f"redraw every SECONDS (default {WATCH_SECONDS:g}) until Ctrl-C; "
@@ -34,7 +43,7 @@ def configure(parser) -> None:
 
 
 def _ago(iso: str | None) -> str:
-    from caldera.host.timefmt import human_age  # deferred: `caldera status --help` stays ~35 ms faster
+    from caldera.host.timefmt import human_age  # here: `status --help` does without it
 
     if not iso:
         return "never"
@@ -45,7 +54,8 @@ def _ago(iso: str | None) -> str:
     return human_age((dt.datetime.now(dt.UTC) - when).total_seconds())
 
 
-def bar(used) -> str:
+def bar(used: Any) -> str:
+    """A gauge's `used` (a fraction, as the adapter sent it) as a bar and a percentage."""
     try:
         fraction = min(1.0, max(0.0, float(used)))
     except (TypeError, ValueError):
@@ -54,8 +64,8 @@ def bar(used) -> str:
     return "[" + "#" * filled + "." * (BAR_WIDTH - filled) + f"] {fraction * 100:3.0f}%"
 
 
-def _state(paths) -> dict:
-    from caldera.host.fsutil import read_json  # deferred: `caldera status --help` stays ~35 ms faster
+def _state(paths: AgentPaths) -> dict[str, Any]:
+    from caldera.host.fsutil import read_json  # here: `status --help` does without it
 
     try:
         return read_json(paths.state_dir / "state.json", {}) or {}
@@ -63,33 +73,35 @@ def _state(paths) -> dict:
         return {}
 
 
-def connection_info(paths, state: dict | None = None) -> dict:
+def connection_info(paths: AgentPaths, state: dict[str, Any] | None = None) -> dict[str, Any]:
     state = _state(paths) if state is None else state
     conn = dict(state.get("connection") or {})
     conn["last_successful"] = _ago(conn.get("last_heartbeat_ok_at"))
     return conn
 
 
-def _load(paths):
+def _load(paths: AgentPaths) -> Manifest | None:
     """The effective manifest (installed + stored update), or None when none is installed."""
     if not paths.manifest_path.is_file():
         return None
-    from caldera.agents.updates import load_effective  # deferred: `caldera status --help` stays ~35 ms faster
+    from caldera.agents.updates import load_effective  # here: `status --help` does without it
 
     return load_effective(paths, cache_dir=paths.state_dir / "cache")
 
 
-def _agent_status(paths, manifest) -> dict | None:
-    from caldera.agents.adapter.driver import adapter_status  # deferred: `caldera status --help` stays ~35 ms faster
+def _agent_status(paths: AgentPaths, manifest: Manifest | None) -> dict[str, Any] | None:
+    from caldera.agents.adapter.driver import adapter_status  # here: `status --help` does without it
 
-    if getattr(manifest, "runtime_type", None) == "process":
+    if manifest is None:
+        return None
+    if manifest.runtime_type == "process":
         return _process_status(paths, manifest)
-    if getattr(manifest, "runtime_type", None) != "adapter":
+    if manifest.runtime_type != "adapter":
         return None
     return adapter_status(paths, manifest)
 
 
-def _process_status(paths, manifest) -> dict:
+def _process_status(paths: AgentPaths, manifest: Manifest) -> dict[str, Any]:
     """Process mode: the daemon's view over its control socket; without a daemon, what
     state.json and /proc say (the agent is not running then, or was left by a killed runtime)."""
     from caldera.agents.process.cli import ask
@@ -107,11 +119,11 @@ def _process_status(paths, manifest) -> dict:
     return {"body": body, "process": info}
 
 
-def manifest_info(paths, manifest, state: dict) -> dict | None:
+def manifest_info(paths: AgentPaths, manifest: Manifest | None, state: dict[str, Any]) -> dict[str, Any] | None:
     """Which manifest is in effect: the installed one (from /etc) and the stored update over it."""
     if manifest is None:
         return None
-    from caldera.agents.manifest import load_manifest  # deferred, as above
+    from caldera.agents.manifest import load_manifest  # here, as above
 
     installed = load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
     update = manifest.update or {}
@@ -121,24 +133,23 @@ def manifest_info(paths, manifest, state: dict) -> dict | None:
             "current_config_revision_id": state.get("current_config_revision_id")}
 
 
-def _redactor(paths):
+def _redactor(paths: AgentPaths) -> Redactor:
     """Masks secrets.env's values where this user may read them, and every credential shape."""
-    from caldera.config import read_env_file  # deferred: `caldera status --help` stays ~35 ms faster
+    from caldera.config import read_env_file  # here: `status --help` does without it
     from caldera.redact import Redactor
 
     try:
-        values = read_env_file(paths.secrets_env, secret=True).values()
+        return Redactor(read_env_file(paths.secrets_env, secret=True).values())
     except (OSError, ConfigError):
-        values = ()  # an operator without rights to secrets.env: the shapes are still masked
-    return Redactor(values)
+        return Redactor()  # an operator without rights to secrets.env: the shapes are still masked
 
 
-def snapshot(paths, redact) -> dict:
+def snapshot(paths: AgentPaths, redact: Redactor) -> dict[str, Any]:
     """Everything `caldera status` shows, read once (the adapter is asked once). A user who
     may not read the state dir (0711: an admin without sudo) gets the daemon's status.json."""
     if paths.state_dir.is_dir() and not os.access(paths.state_dir, os.R_OK):
         return _daemon_snapshot(paths)
-    from caldera.host.fsutil import StateLock  # deferred: `caldera status --help` stays ~35 ms faster
+    from caldera.host.fsutil import StateLock  # here: `status --help` does without it
     from caldera.protocol.outbox import held_items, outbox_depth, rejected_count
 
     manifest = _load(paths)
@@ -161,14 +172,14 @@ def snapshot(paths, redact) -> dict:
     return doc
 
 
-def dumps(doc) -> str:
+def dumps(doc: dict[str, Any]) -> str:
     """One JSON line; a lone surrogate an adapter sent (data) stays JSON-escaped, so printing never fails."""
     return escape_surrogates(json.dumps(doc, ensure_ascii=False))
 
 
-def _daemon_snapshot(paths) -> dict:
+def _daemon_snapshot(paths: AgentPaths) -> dict[str, Any]:
     """status.json, which the daemon writes (redacted, 0644) before READY=1 and after each report."""
-    from caldera.host.fsutil import read_json  # deferred, as above
+    from caldera.host.fsutil import read_json  # here, as above
 
     path = paths.state_dir / "status.json"
     try:
@@ -202,9 +213,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def recent_commands(state: dict) -> list[dict]:
+def recent_commands(state: dict[str, Any]) -> list[dict[str, Any]]:
     """Commands in progress (the daemon's journal), then the last finished ones, newest first."""
-    journal = state.get("commands") if isinstance(state.get("commands"), dict) else {}
+    journal = state.get("commands")
+    if not isinstance(journal, dict):
+        journal = {}
     running = [{"id": (e.get("command") or {}).get("id", cid), "status": "running" if e.get("phase") == "executing"
                 else "fetched", "command_type": (e.get("command") or {}).get("command_type")}
                for cid, e in journal.items() if isinstance(e, dict)]
@@ -212,8 +225,8 @@ def recent_commands(state: dict) -> list[dict]:
     return (running + done)[:COMMANDS_SHOWN]
 
 
-def main(args) -> int:
-    from caldera.config import agent_from_args  # deferred: `caldera status --help` stays ~35 ms faster
+def main(args: argparse.Namespace) -> int:
+    from caldera.config import agent_from_args  # here: `status --help` does without it
 
     paths = agent_from_args(args)
     redact = _redactor(paths)
@@ -226,7 +239,7 @@ def main(args) -> int:
     return 0
 
 
-def watch(paths, redact, as_json: bool, seconds: float, out=None) -> int:
+def watch(paths: AgentPaths, redact: Redactor, as_json: bool, seconds: float, out: TextIO | None = None) -> int:
     """Redraw until SIGINT/SIGTERM; exit 0."""
     out = out or sys.stdout
     stop = threading.Event()
@@ -234,7 +247,7 @@ def watch(paths, redact, as_json: bool, seconds: float, out=None) -> int:
     in_place = out.isatty() and not as_json
     if in_place:
         out.write(CLEAR)
-    from caldera.host import timefmt  # deferred, as above
+    from caldera.host import timefmt  # here, as above
 
     while not stop.is_set():
         doc = snapshot(paths, redact)
@@ -250,7 +263,7 @@ def watch(paths, redact, as_json: bool, seconds: float, out=None) -> int:
     return 0
 
 
-def render(name, doc) -> str:
+def render(name: str, doc: dict[str, Any]) -> str:
     agent = doc["agent_status"] or {}
     conn, outbox = doc["connection"], doc["outbox"]
     state = agent.get("state") or {}
@@ -275,12 +288,13 @@ def render(name, doc) -> str:
     lines.extend(_manifest_lines(doc.get("manifest")))
     lines.append(f"daemon: {conn['daemon'] or 'not running'}")
     dropped = ", ".join(f"{name} {count}" for name, count in sorted((outbox.get("dropped") or {}).items()))
-    lines.append(f"outbox: {outbox['items']} waiting" + (f"; dropped since the daemon started: {dropped}" if dropped else "")
+    lines.append(f"outbox: {outbox['items']} waiting"
+                 + (f"; dropped since the daemon started: {dropped}" if dropped else "")
                  + (f"; {outbox['rejected']} rejected for good (outbox/rejected/)" if outbox.get("rejected") else ""))
     for held in outbox.get("held_back") or []:
         what = f"{held['kind']} of command {held['command_id']}" if held.get("command_id") is not None else held["kind"]
-        lines.append(f"  held back: {what}, {held['attempts']} tries since {held['since']}, next {held['next_try_at']}: "
-                     f"{held['reason']}")
+        lines.append(f"  held back: {what}, {held['attempts']} tries since {held['since']}, "
+                     f"next {held['next_try_at']}: {held['reason']}")
     if doc.get("process") is not None:
         lines.extend(_process_lines(doc["process"]))
     lines.extend(_command_lines(doc.get("commands") or []))
@@ -290,15 +304,16 @@ def render(name, doc) -> str:
     return "\n".join(lines)
 
 
-def _process_lines(info: dict) -> list[str]:
+def _process_lines(info: dict[str, Any]) -> list[str]:
     """Process mode: pid, uptime, restarts, last exit, the hold."""
-    from caldera.host.timefmt import human_age  # deferred, as above
+    from caldera.host.timefmt import human_age  # here, as above
 
     if info.get("pid"):
         up = human_age(info["uptime_seconds"]).replace(" ago", "") if info.get("uptime_seconds") is not None else "?"
         line = f"process: pid {info['pid']}, {info.get('status')}, up {up}"
     else:
-        line = f"process: not running ({info.get('status')}" + (f": {info['reason']}" if info.get("reason") else "") + ")"
+        reason = f": {info['reason']}" if info.get("reason") else ""
+        line = f"process: not running ({info.get('status')}{reason})"
     out = [line + f", {info.get('restarts') or 0} restart{'' if info.get('restarts') == 1 else 's'}"]
     last = info.get("last_exit")
     if last:
@@ -308,7 +323,7 @@ def _process_lines(info: dict) -> list[str]:
     return out
 
 
-def _manifest_lines(info) -> list[str]:
+def _manifest_lines(info: dict[str, Any] | None) -> list[str]:
     if not info:
         return []
     eff = info["effective"]
@@ -319,7 +334,7 @@ def _manifest_lines(info) -> list[str]:
     return [f"manifest: {installed}, in effect (no update stored)"]
 
 
-def _command_lines(commands: list) -> list[str]:
+def _command_lines(commands: list[dict[str, Any]]) -> list[str]:
     if not commands:
         return ["commands: none yet"]
     out = ["commands:"]

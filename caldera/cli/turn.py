@@ -12,7 +12,9 @@ import json
 import os
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from caldera import config
 from caldera.backends import base, service
@@ -21,8 +23,16 @@ from caldera.errors import ConfigError, UsageError
 from caldera.host.stopsignals import on_signals
 from caldera.redact import Redactor
 
+if TYPE_CHECKING:
+    import argparse
 
-def configure(parser, name: str) -> None:
+    from caldera.backends.registry import ActiveRuns
+
+# (env, state_dir, secrets_dir, secret values) of the agent a turn runs for
+AgentContext = tuple[dict[str, str], Path | None, Path | None, tuple[str, ...]]
+
+
+def configure(parser: argparse.ArgumentParser, name: str) -> None:
     add_agent_flags(parser)
     if name == "turn":
         parser.add_argument("--workspace", required=True, metavar="DIR", help="the directory the agent works in")
@@ -37,13 +47,13 @@ def configure(parser, name: str) -> None:
         parser.add_argument("prompt", metavar="PROMPT")
 
 
-def main(args) -> int:
+def main(args: argparse.Namespace) -> int:
     if args.command == "backends":
         return _backends(args)
     return _turn(args)
 
 
-def _agent_context(args):
+def _agent_context(args: argparse.Namespace) -> AgentContext:
     """(env, state_dir, secrets_dir, redactor values) of the selected agent, or standalone."""
     explicit = args.agent or args.manifest or config.selected_agent()
     try:
@@ -56,14 +66,14 @@ def _agent_context(args):
     return dict(settings.env), paths.state_dir, paths.secrets_dir, settings.secret_values
 
 
-def _standalone_state(args) -> Path:
+def _standalone_state(args: argparse.Namespace) -> Path:
     if args.state_dir:
         return Path(args.state_dir)
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(base) / "caldera" / "turn"
 
 
-def _turn(args) -> int:
+def _turn(args: argparse.Namespace) -> int:
     env, state_dir, secrets_dir, secret_values = _agent_context(args)
     if state_dir is None:
         state_dir = _standalone_state(args)
@@ -98,14 +108,14 @@ def _turn(args) -> int:
     return 0 if result["status"] == "completed" else 1
 
 
-def _interrupt(registry, run_id: str) -> None:
+def _interrupt(registry: ActiveRuns, run_id: str) -> None:
     handle = registry.get(run_id)
     if handle is not None:
         handle.interrupt()
 
 
-def _printer(as_json: bool, redactor):
-    def emit(event: dict) -> None:
+def _printer(as_json: bool, redactor: Redactor) -> Callable[[dict[str, Any]], None]:
+    def emit(event: dict[str, Any]) -> None:
         if as_json:
             line = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
         else:
@@ -115,7 +125,7 @@ def _printer(as_json: bool, redactor):
     return emit
 
 
-def _human(event: dict) -> str:
+def _human(event: dict[str, Any]) -> str:
     data, kind = event["data"], event["type"]
     if kind == "assistant_message":
         return data.get("text", "")
@@ -134,7 +144,7 @@ def _human(event: dict) -> str:
         f"{k}={v}" for k, v in data.items() if k != "phase" and v not in (None, "", [], {}))
 
 
-def _backends(args) -> int:
+def _backends(args: argparse.Namespace) -> int:
     env, _, _, secret_values = _agent_context(args)
     info = base.describe(env, probe=True)
 

@@ -16,6 +16,15 @@ from caldera.cli import add_agent_flags
 from caldera.errors import EXIT_FAILED, EXIT_OK, ConfigError, UsageError
 from caldera.host.jsonlimits import escape_surrogates, scrub
 
+TYPE_CHECKING = False  # typing's constant without importing typing (caldera/cli/fastpath.py)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from caldera.agents.adapter.answer import Answer
+    from caldera.agents.manifest import Manifest
+    from caldera.config import AgentPaths
+    from caldera.redact import Redactor
+
 VERB_OF = {"pause": "pause", "resume": "resume", "run-now": "run-now"}
 
 
@@ -44,7 +53,7 @@ def _late_agent_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, metavar=meta, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
-def main(args) -> int:
+def main(args: argparse.Namespace) -> int:
     if args.command == "settings" and args.action == "set":
         _settings_set_args(args)
     if getattr(args, "late_json", False):
@@ -57,13 +66,13 @@ def main(args) -> int:
         answer = process_dispatch(args, paths, manifest)
     else:
         answer = _dispatch(args, manifest)
-    from caldera.agents.adapter.verbs import redact_answer  # deferred: `caldera pause --help` stays ~35 ms faster
+    from caldera.agents.adapter.verbs import redact_answer  # here: `caldera pause --help` does without it
 
     answer = redact_answer(answer, redactor)
     return emit(args, answer)
 
 
-def _settings_set_args(args) -> None:
+def _settings_set_args(args: argparse.Namespace) -> None:
     """`--json '{…}'` is the values; `--json` alone (or before KEY=VALUE) is the output format."""
     value = args.set_json
     if isinstance(value, str):
@@ -80,9 +89,9 @@ def _settings_set_args(args) -> None:
         raise UsageError("settings set: give KEY=VALUE… or --json '{…}'")
 
 
-def load_local(args):
+def load_local(args: argparse.Namespace) -> tuple[AgentPaths, Manifest]:
     """(paths, manifest) for a local verb (adapter: the adapter directly; process: the daemon's socket)."""
-    from caldera import config  # deferred: `caldera pause --help` stays ~35 ms faster
+    from caldera import config  # here, as the adapter's verbs below
     from caldera.agents.updates import load_effective
 
     paths = config.agent_from_args(args)
@@ -92,8 +101,8 @@ def load_local(args):
     return paths, manifest
 
 
-def local_redactor(paths):
-    from caldera import config  # deferred: `caldera pause --help` stays ~35 ms faster
+def local_redactor(paths: AgentPaths) -> Redactor:
+    from caldera import config  # here, as the adapter's verbs below
     from caldera.redact import Redactor
 
     try:
@@ -105,14 +114,14 @@ def local_redactor(paths):
         return Redactor()
 
 
-def _dispatch(args, manifest):
-    from caldera.agents.adapter import verbs  # deferred: `caldera pause --help` stays ~35 ms faster
+def _dispatch(args: argparse.Namespace, manifest: Manifest) -> Answer:
+    from caldera.agents.adapter import verbs  # here: `caldera pause --help` does without the adapter's verbs
     if args.command in VERB_OF:
         return verbs.control(manifest, VERB_OF[args.command])
     if args.command == "settings":
         if args.action == "get":
             return verbs.settings_get(manifest)
-        from caldera.agents.settings import parse_pairs  # deferred: `caldera pause --help` stays ~35 ms faster
+        from caldera.agents.settings import parse_pairs  # here: only `settings set` needs it
 
         try:
             values = parse_pairs(args.pairs, manifest.settings_schema)
@@ -124,24 +133,19 @@ def _dispatch(args, manifest):
     return verbs.log_list(manifest)
 
 
-def emit(args, answer) -> int:
+def emit(args: argparse.Namespace, answer: Answer) -> int:
     code = EXIT_OK if answer.ok else EXIT_FAILED
     if args.json:
-        payload = answer.payload()
-        if answer.ok and answer.data is not None and answer.verb in ("settings get", "log --list"):
-            payload.update(answer.data)
-        if answer.ok and answer.verb == "log":
-            payload.update({"name": args.name, "text": answer.text, "truncated": answer.truncated})
-        # Data passes JSON-escaped (a lone surrogate as \udXXX), so printing never fails.
-        print(escape_surrogates(json.dumps(payload, ensure_ascii=False)))
+        print(_json_line(args, answer))
         return code
     if not answer.ok:
         print(scrub(answer.message or ""), file=sys.stderr)
         return code
+    data = answer.data or {}
     if answer.verb == "settings get":
-        print(scrub(format_settings(answer.data)))
+        print(scrub(format_settings(data)))
     elif answer.verb == "log --list":
-        print("\n".join(answer.data["logs"]) if answer.data["logs"] else answer.message)
+        print("\n".join(data["logs"]) if data.get("logs") else answer.message)
     elif answer.verb == "log":
         sys.stdout.write(answer.text or "")
         if answer.text and not answer.text.endswith("\n"):
@@ -151,8 +155,18 @@ def emit(args, answer) -> int:
     return code
 
 
-def format_settings(data: dict) -> str:
-    if not data["schema"]:
+def _json_line(args: argparse.Namespace, answer: Answer) -> str:
+    """`--json`'s one object; data passes JSON-escaped (a lone surrogate as \\udXXX), so printing never fails."""
+    payload = answer.payload()
+    if answer.ok and answer.data is not None and answer.verb in ("settings get", "log --list"):
+        payload.update(answer.data)
+    if answer.ok and answer.verb == "log":
+        payload.update({"name": args.name, "text": answer.text, "truncated": answer.truncated})
+    return escape_surrogates(json.dumps(payload, ensure_ascii=False))
+
+
+def format_settings(data: dict[str, Any]) -> str:
+    if not data.get("schema"):
         return "This agent declares no settings."
     rows = []
     for item in data["schema"]:
@@ -163,7 +177,7 @@ def format_settings(data: dict) -> str:
                      for k, v, b, label in rows)
 
 
-def _show(item: dict, value) -> str:
+def _show(item: dict[str, Any], value: object) -> str:
     if value is None:
         return "(unset)"
     if item["type"] == "percent" and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -171,7 +185,7 @@ def _show(item: dict, value) -> str:
     return json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value
 
 
-def _bounds(item: dict) -> str:
+def _bounds(item: dict[str, Any]) -> str:
     kind = item["type"]
     if kind == "enum":
         return "one of " + ", ".join(item.get("options", []))

@@ -1,9 +1,11 @@
-"""The quick paths of issue 16 give the same answers as the slower code they replace."""
+"""The quick paths of issue 16 (caldera/cli/fastpath.py) give the same answers as the
+slower code they replace; what each entry point imports is in test_cli_import_budgets.py."""
 import gc
 import re
 
 from caldera import cli, redact
 from caldera.agents import manifest
+from caldera.cli import fastpath
 
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 KEY_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
@@ -11,15 +13,13 @@ WORDS = ["a", "A1", "_x", "1abc", "task-agent", "my.agent_2", "-lead", ".dot", "
          "sp ace", "tab\t", "ümlaut", "key_", "k-ey", "9", "Z_9", "a/b", "a\n"]
 
 
-def test_top_help_is_what_argparse_prints():
-    assert cli.top_help() == cli._top_parser().format_help()
-
-
-def test_help_and_no_arguments(capsys):
+def test_help_and_no_arguments_print_argparses_help(capsys):
     assert cli.main(["--help"]) == 0
-    assert capsys.readouterr().out == cli.top_help()
+    assert capsys.readouterr().out == cli._top_parser().format_help()
     assert cli.main([]) == 2
-    assert capsys.readouterr().out == cli.top_help()
+    assert capsys.readouterr().out == cli._top_parser().format_help()
+    assert cli.main(["no-such-command"]) == 2
+    assert "invalid choice: 'no-such-command'" in capsys.readouterr().err
 
 
 RUN_ARGVS = [[], ["--agent", "bench"], ["--agent=bench"], ["--agent", "a", "--agent", "b"], ["--json"],
@@ -33,9 +33,21 @@ RUN_ARGVS_FOR_ARGPARSE = [["--help"], ["-h"], ["--ag", "x"], ["--agent", "-x"], 
 def test_run_flags_without_argparse_are_what_argparse_parses():
     parser, _ = cli.build_parser("run")
     for argv in RUN_ARGVS:
-        assert vars(cli.plain_agent_args("run", argv)) == vars(parser.parse_args(argv)), argv
+        assert vars(fastpath.agent_args("run", argv)) == vars(parser.parse_args(argv)), argv
     for argv in RUN_ARGVS_FOR_ARGPARSE:
-        assert cli.plain_agent_args("run", argv) is None, argv
+        assert fastpath.agent_args("run", argv) is None, argv
+
+
+def test_the_formatter_without_shutil_is_argparses(monkeypatch):
+    import argparse
+
+    for columns in ("50", "100"):
+        monkeypatch.setenv("COLUMNS", columns)
+        ours = argparse.ArgumentParser(prog="caldera run", formatter_class=fastpath.formatter_class())
+        theirs = argparse.ArgumentParser(prog="caldera run")
+        for parser in (ours, theirs):
+            cli.add_agent_flags(parser)
+        assert ours.format_help() == theirs.format_help(), columns
 
 
 def test_the_daemon_parses_its_flags_without_argparse(tmp_path):

@@ -1,0 +1,130 @@
+"""What each entry point must not import (issue 21, item 4).
+
+Each entry runs in a fresh interpreter the way the console script runs it
+(`caldera.cli.main(argv)`), against the embedded plane where it needs one, and writes
+the modules it ended with; the budgets below name what it must not have imported. They
+are what held when they were written (measured with `sys.modules` after each path ran),
+and each is a figure of docs/performance.md: `caldera pause` (section 1) and the idle
+`caldera run` (section 2) above all. A failure names the modules; `python -X importtime`
+on the same command shows who imported them.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from core_helpers import BOOT, install_agent
+from daemon_helpers import wait_for
+
+PlaneServer = pytest.importorskip("caldera.plane.server").PlaneServer
+
+INSTANCE = 7
+# The runtime's dependencies: none is needed to answer a person at the terminal.
+DEPENDENCIES = ("requests", "jsonschema", "yaml")
+# Layers and modules the daemon runs without (an adapter agent, commands whose payload
+# schemas assert only an object): docs/performance.md, section 2.
+NOT_IN_THE_DAEMON = ("argparse", "gettext", "jsonschema", "yaml", "caldera.backends.base", "caldera.backends.service",
+                     "caldera.backends.codex", "caldera.plane", "caldera.agents.process", "caldera.cli.report",
+                     "caldera.daemon.report_once", "tomllib", "sqlite3", "http.server", "netrc")
+BUDGETS = {
+    # --help is argparse's own (its speed target is retired), but it loads no command.
+    "--help": DEPENDENCIES + ("caldera.daemon", "caldera.agents", "caldera.protocol", "caldera.backends",
+                              "caldera.plane", "caldera.skills", "caldera.cli.run", "caldera.cli.verbs",
+                              "caldera.cli.status", "caldera.cli.report"),
+    # A quick verb: typing, dataclasses (with inspect) and logging each cost it a measurable
+    # share of its start (docs/performance.md, section 1); type-only imports go under
+    # `TYPE_CHECKING = False` / `if TYPE_CHECKING:` (caldera/cli/fastpath.py).
+    "pause": DEPENDENCIES + ("typing", "dataclasses", "inspect", "logging", "shutil", "tempfile",
+                             "caldera.daemon", "caldera.protocol", "caldera.backends", "caldera.plane",
+                             "caldera.skills", "caldera.agents.process"),
+    "status": DEPENDENCIES + ("shutil", "tempfile", "caldera.daemon", "caldera.backends", "caldera.plane",
+                              "caldera.skills", "caldera.agents.process"),
+    "report --once": ("jsonschema", "yaml", "ctypes", "caldera.backends.base", "caldera.backends.service",
+                      "caldera.backends.codex", "caldera.plane", "caldera.agents.process", "caldera.daemon.run",
+                      "caldera.skills.watcher", "tomllib", "sqlite3", "netrc"),
+    "run": NOT_IN_THE_DAEMON,
+}
+# The 100 commands of bench/bench_runtime.py, in kind: their payload schemas assert only an object.
+DAEMON_COMMANDS = ("pause", "resume", "settings_get", "collect_system_info", "health_check")
+PROBE = ("import json, sys\nfrom caldera.cli import main\ncode = main(sys.argv[2:])\n"
+         "with open(sys.argv[1], 'w') as fh:\n    json.dump({'code': code, 'modules': sorted(sys.modules)}, fh)\n")
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    """An installed adapter agent, the embedded plane, and the environment to run `caldera` in."""
+    root = tmp_path_factory.mktemp("budgets")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CALDERA_", "CLAWMANAGER_"))}
+    env.update(CALDERA_CONFIG_DIR=str(root / "etc"), CALDERA_STATE_DIR=str(root / "var"))
+    (root / "etc" / "agents").mkdir(parents=True)
+    (root / "var").mkdir()
+    plane = PlaneServer(str(root / "p.db"), tokens={BOOT: INSTANCE}, heartbeat_interval=1, poll_interval=1).start()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CALDERA_CONFIG_DIR", env["CALDERA_CONFIG_DIR"])
+        install_agent(root, base_url=plane.url, instance_id=INSTANCE)
+    # The manifest cache warm, as any call after the first finds it (the first parses the YAML).
+    subprocess.run([sys.executable, "-m", "caldera.cli", "status", "--agent", "demo"], env=env,
+                   capture_output=True, timeout=60, check=True)
+    try:
+        yield root, env, plane
+    finally:
+        plane.stop()
+
+
+def _probe(root, env, argv, **popen):
+    out = root / f"modules-{argv[0].strip('-')}.json"
+    return out, subprocess.Popen([sys.executable, "-c", PROBE, str(out), *argv], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _imported(out, proc, timeout=60):
+    _, err = proc.communicate(timeout=timeout)
+    assert out.exists(), f"the probe ended ({proc.returncode}) without writing its modules:\n{err[-3000:]}"
+    done = json.loads(out.read_text())
+    return done["code"], set(done["modules"])
+
+
+def _over_budget(entry, modules):
+    return sorted(m for m in modules if any(m == name or m.startswith(name + ".") for name in BUDGETS[entry]))
+
+
+@pytest.mark.parametrize("entry, argv, code", [
+    ("--help", ["--help"], 0),
+    ("pause", ["pause", "--agent", "demo"], 0),
+    ("status", ["status", "--agent", "demo"], 0),
+])
+def test_local_entry_points_stay_within_their_import_budget(host, entry, argv, code):
+    root, env, _ = host
+    got, modules = _imported(*_probe(root, env, argv))
+    assert got == code
+    assert _over_budget(entry, modules) == [], f"caldera {entry} imported what it must not"
+
+
+def test_report_once_stays_within_its_import_budget(host):
+    root, env, _ = host
+    got, modules = _imported(*_probe(root, env, ["report", "--once", "--agent", "demo", "--deadline", "20"]))
+    assert got == 0
+    assert _over_budget("report --once", modules) == [], "caldera report --once imported what it must not"
+
+
+def test_the_daemon_stays_within_its_import_budget(host):
+    """`caldera run` started, registered, ran the bench's kinds of command and stopped:
+    what it imported on the way must leave out NOT_IN_THE_DAEMON."""
+    root, env, plane = host
+    before = len(plane.store.heartbeats(INSTANCE))
+    out, proc = _probe(root, env, ["run", "--agent", "demo"], start_new_session=True)
+    try:
+        wait_for(lambda: len(plane.store.heartbeats(INSTANCE)) > before, timeout=30, what="the daemon's heartbeat")
+        ids = [plane.store.enqueue(INSTANCE, kind, {}) for kind in DAEMON_COMMANDS]
+        wait_for(lambda: all(plane.store.command(INSTANCE, i)["status"] in ("succeeded", "failed") for i in ids),
+                 timeout=30, what="the commands' finishes")
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        print(proc.communicate()[1][-3000:])
+        raise
+    proc.send_signal(signal.SIGTERM)
+    got, modules = _imported(out, proc, timeout=30)
+    assert got == 0
+    assert _over_budget("run", modules) == [], "caldera run imported what it must not"
