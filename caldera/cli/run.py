@@ -4,8 +4,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 
 from caldera.cli import add_agent_flags
+
+if TYPE_CHECKING:
+    from caldera.daemon.wiring import Parts
 
 # The flags are add_agent_flags' only: the daemon parses them without argparse
 # (caldera.cli.plain_agent_args says why).
@@ -16,7 +20,7 @@ def configure(parser) -> None:
     add_agent_flags(parser)
 
 
-def open_parts(args, role: str):
+def open_parts(args: Any, role: str) -> Parts:
     """Paths, settings, logging and the runtime's parts, for the commands that talk to the control plane."""
     # deferred: the daemon's modules import requests and jsonschema; `caldera --help` must not
     from caldera.config import agent_from_args, load_settings
@@ -28,10 +32,14 @@ def open_parts(args, role: str):
     # Only the daemon supervises a process-mode agent; a one-shot report reads its state.
     parts = build_parts(paths, settings, supervise=(role == "daemon"))
     logsetup.setup(settings.log_level, parts.redactor)
+    if settings.plain_http_host:  # SPEC section 3: named once at start, the host only
+        logging.getLogger("caldera").warning(
+            "the control plane at %s is reached over plain http: nothing on the way is encrypted",
+            settings.plain_http_host)
     return parts
 
 
-def main(args) -> int:
+def main(args: Any) -> int:
     # deferred, as above
     from caldera.daemon import run as daemon
     from caldera.daemon.signals import Signals
