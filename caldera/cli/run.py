@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from caldera.cli import add_agent_flags
+from caldera.host import reaper
 
 if TYPE_CHECKING:
     from caldera.daemon.wiring import Parts
@@ -40,6 +41,9 @@ def open_parts(args: Any, role: str) -> Parts:
 
 
 def main(args: Any) -> int:
+    # A container's PID 1 first splits into an orphan reaper and the runtime (caldera.host.reaper),
+    # before anything below exists twice.
+    reaper.split_if_init()
     # deferred, as above
     from caldera.daemon import run as daemon
     from caldera.daemon.signals import Signals
