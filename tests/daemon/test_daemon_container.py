@@ -136,24 +136,53 @@ def _descendants(root: int) -> dict[int, str]:
     return found
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_pid_1_reaps_orphans_keeps_its_own_waits_and_stops_gracefully(caldera_env, plane, tmp_path, stop):
+class Pid1:
+    """`caldera run` as PID 1 of a new PID namespace: a container started with `env`. Its
+    output goes to `log_path`; `init` is its host pid (signals to it are the container's)."""
+
+    def __init__(self, prefix, env, log_path):
+        self.log_path = log_path
+        with open(log_path, "ab") as out:
+            self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "caldera.cli", "run"], env=env, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.init = wait_for(lambda: next(iter(p for p, (pp, _) in _table().items() if pp == self.proc.pid), None),
+                             what="PID 1 of the namespace")
+
+    def kill9(self):
+        """A hard kill of the container: PID 1 dies, and with it every process of the namespace."""
+        os.kill(self.init, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.kill9()
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+
+def _pid_namespace_or_skip() -> list[str]:
     prefix = _pid_namespace()
     if prefix is None:
         pytest.skip("no PID namespace here (unshare refused, as root and in a user namespace)")
+    return prefix
+
+
+def _report_with_pid(plane):
+    return wait_for(lambda: (r := plane.store.reports(INSTANCE, last=True)) and
+                    isinstance(r["body"]["runtime"].get("openclaw_pid"), int) and r["body"],
+                    timeout=30, what="a report with the agent's pid")
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_pid_1_reaps_orphans_keeps_its_own_waits_and_stops_gracefully(caldera_env, plane, tmp_path, stop):
+    prefix = _pid_namespace_or_skip()
     manifest = PROCESS_MANIFEST.format(python=json.dumps(sys.executable), agent=json.dumps(str(FAKE)), mode="orphans")
     env, state = _instance(tmp_path, plane.url, manifest=manifest)
-    out_path = tmp_path / "pid1.log"
-    with open(out_path, "wb") as out:
-        proc = subprocess.Popen([*prefix, sys.executable, "-m", "caldera.cli", "run"], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    init = None
+    container = Pid1(prefix, env, tmp_path / "pid1.log")
+    init = container.init
     try:
-        init = wait_for(lambda: next(iter(p for p, (pp, _) in _table().items() if pp == proc.pid), None),
-                        what="PID 1 of the namespace")
-        report = wait_for(lambda: (r := plane.store.reports(INSTANCE, last=True)) and
-                          isinstance(r["body"]["runtime"].get("openclaw_pid"), int) and r["body"],
-                          timeout=30, what="a report with the agent's pid")
+        report = _report_with_pid(plane)
         assert report["agent_id"] == f"hermes-{INSTANCE}-main"
         orphans_file = state / "agent" / "orphans.json"
         orphans = json.loads(wait_for(lambda: orphans_file.exists() and orphans_file.read_text(), timeout=30,
@@ -172,14 +201,11 @@ def test_pid_1_reaps_orphans_keeps_its_own_waits_and_stops_gracefully(caldera_en
         assert done["status"] == "succeeded"
         began = time.monotonic()
         os.kill(init, stop)
-        assert proc.wait(WAIT + 20) == 0
+        assert container.proc.wait(WAIT + 20) == 0
         took = time.monotonic() - began
     finally:
-        if proc.poll() is None:
-            if init is not None:
-                os.kill(init, signal.SIGKILL)  # the namespace ends with its PID 1
-            proc.wait(10)
-    log = out_path.read_text()
+        container.close()
+    log = container.log()
     assert took < 15, (took, log)
     assert "caldera run is PID 1: this process reaps orphans" in log, log
     assert "stopping the agent" in log and "INFO caldera.daemon: stopped" in log, log
@@ -193,3 +219,41 @@ def test_pid_1_reaps_orphans_keeps_its_own_waits_and_stops_gracefully(caldera_en
     assert last["runtime"]["openclaw_status"] == "stopped" and last["runtime"]["openclaw_pid"] is None, last
     assert last["runtime"]["runtime_status"] == "stopping"
     assert BOOT not in log
+
+
+def test_a_hard_killed_container_restarted_loses_nothing(caldera_env, plane, tmp_path):
+    """kill -9 of PID 1 (the container's hard kill: the agent dies with it) while the plane
+    answers every finish 503; restarted with the same persistent dir: the session is reused
+    (no second register), the queued finish reaches the plane exactly once, reports resume."""
+    prefix = _pid_namespace_or_skip()
+    manifest = PROCESS_MANIFEST.format(python=json.dumps(sys.executable), agent=json.dumps(str(FAKE)), mode="run")
+    env, state = _instance(tmp_path, plane.url, manifest=manifest)
+    container = Pid1(prefix, env, tmp_path / "pid1.log")
+    try:
+        _report_with_pid(plane)
+        plane.inject("POST", r"/commands/\d+/finish$", 503, count=10_000, retry_after=1)
+        cid = plane.store.enqueue(INSTANCE, "collect_system_info", {})
+        outbox = state / "outbox"
+        wait_for(lambda: [n for n in os.listdir(outbox) if n[0].isdigit() and n.endswith("-finish.json")],
+                 timeout=20, what="the finish queued in the outbox")
+        wait_for(lambda: plane.count("POST", rf"/commands/{cid}/finish$", 503), what="the plane refusing it")
+        container.kill9()
+    finally:
+        container.close()
+    plane.clear_faults()
+    plane.requests.clear()
+    container = Pid1(prefix, env, tmp_path / "pid1.log")
+    try:
+        done = wait_for(lambda: (c := plane.store.command(INSTANCE, cid))["status"] == "succeeded" and c,
+                        timeout=30, what="the queued finish delivered after the restart")
+        assert done["result"]  # the result recorded before the kill, not a re-run's
+        wait_for(lambda: plane.count("POST", "/state/report$", 200), what="reports resumed")
+        time.sleep(2.5)  # the sender's next passes: nothing is sent twice
+        assert plane.count("POST", rf"/commands/{cid}/finish$", 200) == 1
+        assert plane.count("POST", rf"/commands/{cid}/start$") == 0  # never executed again
+        assert plane.count("POST", "/register$") == 0  # the session in the persistent dir was reused
+        os.kill(container.init, signal.SIGTERM)
+        assert container.proc.wait(WAIT + 20) == 0
+    finally:
+        container.close()
+    assert BOOT not in container.log()
