@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Iterable
 
 # What the runtime handles (caldera.daemon.signals); the kernel drops any other signal sent
 # to a PID 1 that has no handler for it, so the others are left to that rule.
@@ -45,7 +46,7 @@ def split_if_init(pid: int | None = None) -> None:
     reap(child, previous)
 
 
-def reap(child: int, mask: set[signal.Signals] | None = None) -> None:
+def reap(child: int, mask: Iterable[int] = ()) -> None:
     """PID 1's whole life after the fork: forward the stop and reload signals to `child`,
     wait for every process the kernel gives it, exit with `child`'s status. Never returns."""
 
@@ -57,7 +58,7 @@ def reap(child: int, mask: set[signal.Signals] | None = None) -> None:
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask or set())
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     sys.stderr.write(f"INFO caldera.reaper: caldera run is PID 1: this process reaps orphans and "
                      f"forwards SIGTERM, SIGINT and SIGHUP; the runtime is pid {child}\n")
     sys.stderr.flush()
