@@ -40,7 +40,13 @@ def split_if_init(pid: int | None = None) -> None:
     # Blocked across the fork: the runtime inherits them blocked and unblocks them once its
     # handlers are in place (Signals.install), so a stop forwarded early waits for it.
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
-    child = os.fork()
+    try:
+        child = os.fork()
+    except OSError as exc:  # no process to spare: run unsplit (orphans then stay zombies)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        _say(f"WARNING caldera.reaper: caldera run is PID 1 but could not fork a reaper ({exc.strerror}); "
+             "orphans will not be reaped")
+        return
     if child == 0:
         return
     reap(child, previous)
@@ -59,9 +65,8 @@ def reap(child: int, mask: Iterable[int] = ()) -> None:
     for signum in FORWARDED:
         signal.signal(signum, forward)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    sys.stderr.write(f"INFO caldera.reaper: caldera run is PID 1: this process reaps orphans and "
-                     f"forwards SIGTERM, SIGINT and SIGHUP; the runtime is pid {child}\n")
-    sys.stderr.flush()
+    _say(f"INFO caldera.reaper: caldera run is PID 1: this process reaps orphans and forwards SIGTERM, "
+         f"SIGINT and SIGHUP; the runtime is pid {child}")
     while True:
         try:
             pid, status = os.waitpid(-1, 0)  # a signal runs `forward`, then the wait goes on (PEP 475)
@@ -70,3 +75,12 @@ def reap(child: int, mask: Iterable[int] = ()) -> None:
         if pid == child:
             code = os.waitstatus_to_exitcode(status)
             os._exit(code if code >= 0 else 128 - code)
+
+
+def _say(line: str) -> None:
+    """One plain log line on stderr (logging is not set up in PID 1); a closed stderr is no reason to fail."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
