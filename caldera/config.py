@@ -11,6 +11,7 @@ import os
 import re
 import stat
 import urllib.parse
+from collections.abc import Mapping
 from pathlib import Path
 
 from caldera.errors import ConfigError
@@ -39,6 +40,7 @@ ALIASES = {
     "CALDERA_LOG_LEVEL": None,
     "CALDERA_REPORT_INTERVAL_SECONDS": None,
 }
+ALLOW_PLAIN_HTTP = "CALDERA_ALLOW_PLAIN_HTTP"  # SPEC section 3: the operator's plain-http consent
 INJECTED_SECRETS = ("CLAWMANAGER_LLM_API_KEY", "OPENAI_API_KEY", "CLAWMANAGER_INSTANCE_TOKEN")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # Patterns as strings: `re` compiles (and caches) them on first use, so a quick
@@ -131,6 +133,16 @@ class Settings:
     def agent_id(self) -> str:
         return f"{self.runtime_type}-{self.instance_id}-main"
 
+    @property
+    def plain_http_host(self) -> str | None:
+        """The control plane's host when it is reached over plain http across a network (named
+        once at start), else None: https, or a loopback host (nothing leaves this machine)."""
+        if not self.base_url:
+            return None
+        parts = urllib.parse.urlsplit(self.base_url)
+        host = parts.hostname or ""
+        return host if parts.scheme == "http" and not _is_loopback(host) else None
+
 
 # ---------------------------------------------------------------- paths
 
@@ -193,6 +205,12 @@ def _installed_name(name: str | None, environ: Environ) -> str:
         listing = ", ".join(installed_agents(environ)) or "none"
         raise ConfigError(f"no agent {name!r} is installed (installed: {listing})")
     return name
+
+
+def state_in_persistent_dir(environ: Environ = os.environ) -> bool:
+    """An installed agent's state lives in the instance's persistent dir (a ClawManager
+    instance: the persistent dir is set, CALDERA_STATE_DIR is not): agent_from_args' rule."""
+    return not environ.get("CALDERA_STATE_DIR") and persistent_dir(environ) is not None
 
 
 # ---------------------------------------------------------------- single variables
@@ -472,6 +490,7 @@ def _parse_float(env: Environ, name: str, default: float, minimum: float) -> flo
 
 
 def _parse_url(env: Environ) -> str:
+    allow_plain = _parse_bool(env, ALLOW_PLAIN_HTTP)  # a bad value is an error even beside https://
     raw = lookup(env, "CALDERA_BASE_URL")
     if raw is None:
         raise ConfigError(f"{_var('CALDERA_BASE_URL')} is required when the agent is enabled")
@@ -485,9 +504,19 @@ def _parse_url(env: Environ) -> str:
         raise ConfigError(f"{_var('CALDERA_BASE_URL')}: must not carry a query or fragment")
     if parts.path.rstrip("/").endswith("/api/v1/agent"):
         raise ConfigError(f"{_var('CALDERA_BASE_URL')}: give the API root, without /api/v1/agent")
-    if parts.scheme == "http" and not _is_loopback(parts.hostname):
-        raise ConfigError(f"{_var('CALDERA_BASE_URL')}: https:// is required unless the host is loopback")
+    if parts.scheme == "http" and not (allow_plain or _platform_plain_http(env, parts.hostname)):
+        raise ConfigError(
+            f"{_var('CALDERA_BASE_URL')}: plain http:// to {parts.hostname} is refused: use https://, or set "
+            f"{ALLOW_PLAIN_HTTP}=true where the network to it is trusted (plain http is taken without it only "
+            "for a loopback host and for the URL ClawManager injects as CLAWMANAGER_AGENT_BASE_URL)")
     return url
+
+
+def _platform_plain_http(env: Environ, host: str) -> bool:
+    """SPEC section 3: plain http where the network is the platform's: a loopback host, or the
+    URL ClawManager injects (read under its own name, CLAWMANAGER_AGENT_BASE_URL, with no
+    CALDERA_BASE_URL over it). Anything else needs the operator's CALDERA_ALLOW_PLAIN_HTTP=true."""
+    return _is_loopback(host) or (not env.get("CALDERA_BASE_URL") and bool(env.get("CLAWMANAGER_AGENT_BASE_URL")))
 
 
 def _is_loopback(host: str) -> bool:

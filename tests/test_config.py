@@ -37,7 +37,8 @@ def test_clawmanager_aliases_are_read(caldera_env, monkeypatch):
 @pytest.mark.parametrize("line, variable", [
     ("CALDERA_INSTANCE_ID=abc", "CALDERA_INSTANCE_ID"),
     ("CALDERA_AGENT_ENABLED=maybe", "CALDERA_AGENT_ENABLED"),
-    ("CALDERA_BASE_URL=http://cm.example.test", "https://"),
+    ("CALDERA_BASE_URL=http://cm.example.test", "CALDERA_ALLOW_PLAIN_HTTP=true"),
+    ("CALDERA_ALLOW_PLAIN_HTTP=perhaps", "CALDERA_ALLOW_PLAIN_HTTP"),
     ("CALDERA_BASE_URL=https://cm.example.test/api/v1/agent", "without /api/v1/agent"),
     ("CALDERA_PROTOCOL_VERSION=v2", "CALDERA_PROTOCOL_VERSION"),
     ("CALDERA_LOG_LEVEL=loud", "CALDERA_LOG_LEVEL"),
@@ -50,6 +51,73 @@ def test_bad_values_name_the_variable(caldera_env, line, variable):
     with pytest.raises(ConfigError) as err:
         load_settings(agent_from_args(Args(agent="demo")))
     assert variable in str(err.value)
+
+
+def _instance_env(monkeypatch, config, url="http://clawmanager-gateway.demo-system.svc.cluster.local:9001"):
+    """Exactly what ClawManager injects (clawmanager-notes 1.5), no agent.env or secrets.env values."""
+    (config / "agent.env").write_text("")
+    (config / "secrets.env").write_text("")
+    for name, value in (("ENABLED", "true"), ("BASE_URL", url), ("BOOTSTRAP_TOKEN", "agt_boot_" + "ab" * 24),
+                        ("INSTANCE_ID", "12"), ("PERSISTENT_DIR", "/config/.hermes"), ("PROTOCOL_VERSION", "v1")):
+        monkeypatch.setenv("CLAWMANAGER_AGENT_" + name, value)
+
+
+def test_the_injected_plain_http_gateway_is_taken_as_it_is(caldera_env, monkeypatch):
+    """Issue 22: a stock instance's URL is the in-cluster gateway over plain http (SPEC section 3)."""
+    config = install_agent(caldera_env)
+    _instance_env(monkeypatch, config)
+    monkeypatch.setenv("CLAWMANAGER_RUNTIME_TYPE", "hermes")
+    settings = load_settings(agent_from_args(Args(agent="demo")))
+    assert settings.base_url == "http://clawmanager-gateway.demo-system.svc.cluster.local:9001"
+    assert settings.plain_http_host == "clawmanager-gateway.demo-system.svc.cluster.local"
+    assert settings.agent_id == "hermes-12-main" and settings.runtime_type == "hermes"
+
+
+@pytest.mark.parametrize("where, allow, taken", [
+    ("CALDERA_BASE_URL", None, False),  # the operator's own name: not the platform's injection
+    ("CALDERA_BASE_URL", "true", True),  # the operator's explicit consent
+    ("CALDERA_BASE_URL", "false", False),
+    ("agent.env", None, False),  # CALDERA_BASE_URL in agent.env wins over the injected one
+    ("agent.env", "yes", True),
+])
+def test_any_other_plain_http_url_needs_the_operators_consent(caldera_env, monkeypatch, where, allow, taken):
+    config = install_agent(caldera_env)
+    _instance_env(monkeypatch, config, url="https://cm.example.test")
+    if where == "CALDERA_BASE_URL":
+        monkeypatch.setenv("CALDERA_BASE_URL", "http://cm.example.test:8080")
+    else:
+        (config / "agent.env").write_text("CALDERA_BASE_URL=http://cm.example.test:8080\n")
+    if allow is not None:
+        monkeypatch.setenv("CALDERA_ALLOW_PLAIN_HTTP", allow)
+    paths = agent_from_args(Args(agent="demo"))
+    if taken:
+        assert load_settings(paths).plain_http_host == "cm.example.test"
+        return
+    with pytest.raises(ConfigError) as err:
+        load_settings(paths)
+    sentence = str(err.value)
+    assert sentence.startswith("CALDERA_BASE_URL (or CLAWMANAGER_AGENT_BASE_URL): plain http:// to cm.example.test")
+    assert "CALDERA_ALLOW_PLAIN_HTTP=true" in sentence and "loopback" in sentence
+
+
+def test_loopback_and_https_are_not_named_as_plain_http(caldera_env, monkeypatch):
+    config = install_agent(caldera_env, base_url="http://127.0.0.1:8930")
+    assert load_settings(agent_from_args(Args(agent="demo"))).plain_http_host is None
+    (config / "agent.env").write_text("CALDERA_AGENT_ENABLED=true\nCALDERA_INSTANCE_ID=7\n"
+                                      "CALDERA_BASE_URL=http://localhost:8930\n")
+    assert load_settings(agent_from_args(Args(agent="demo"))).plain_http_host is None
+    (config / "agent.env").write_text("CALDERA_AGENT_ENABLED=true\nCALDERA_INSTANCE_ID=7\n"
+                                      "CALDERA_BASE_URL=https://cm.example.test\n")
+    assert load_settings(agent_from_args(Args(agent="demo"))).plain_http_host is None
+
+
+def test_state_in_the_persistent_dir_unless_a_state_dir_is_named(monkeypatch):
+    from caldera.config import state_in_persistent_dir
+
+    assert state_in_persistent_dir({"CLAWMANAGER_AGENT_PERSISTENT_DIR": "/config/.hermes"})
+    assert state_in_persistent_dir({"CALDERA_PERSISTENT_DIR": "/config"})
+    assert not state_in_persistent_dir({"CLAWMANAGER_AGENT_PERSISTENT_DIR": "/config", "CALDERA_STATE_DIR": "/s"})
+    assert not state_in_persistent_dir({})
 
 
 def test_url_with_credentials_is_refused_without_echoing_them(caldera_env):

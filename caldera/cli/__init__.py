@@ -17,7 +17,7 @@ import sys
 
 from caldera import __version__
 from caldera.cli import fastpath
-from caldera.config import state_root
+from caldera.config import state_in_persistent_dir, state_root
 from caldera.errors import EXIT_FAILED, EXIT_USAGE, CalderaError, Retryable
 from caldera.host import privdrop
 
@@ -171,12 +171,17 @@ def _command(argv: list[str]) -> int:
 # The commands that read or write an installed agent's state directory: as root they
 # run as the service user (caldera.host.privdrop), so root leaves no file there and they
 # see what the daemon sees (its HOME, its rights). `init` stays root: it writes /etc.
+# Not when the state lives in a ClawManager instance's persistent dir (above).
 STATE_COMMANDS = ("status", "pause", "resume", "run-now", "settings", "log", "run", "report", "skills",
                   "check", "turn")
 
 
 def _as_service_user(name: str, args: Args) -> None:
     if name not in STATE_COMMANDS or getattr(args, "manifest", None) or getattr(args, "state_dir", None):
+        return
+    if state_in_persistent_dir():
+        # Inside a ClawManager instance the state lives in the platform's persistent dir, which
+        # belongs to the image's user (often root): every command stays that user (docs/container.md).
         return
     entry = privdrop.service_user_for(state_root())
     if entry is not None:

@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from caldera.cli import add_agent_flags
+from caldera.host import reaper
 
 if TYPE_CHECKING:
     import argparse
@@ -36,10 +37,17 @@ def open_parts(args: Args, role: str) -> Parts:
     # Only the daemon supervises a process-mode agent; a one-shot report reads its state.
     parts = build_parts(paths, settings, supervise=(role == "daemon"))
     logsetup.setup(settings.log_level, parts.redactor)
+    if settings.plain_http_host:  # SPEC section 3: named once at start, the host only
+        logging.getLogger("caldera").warning(
+            "the control plane at %s is reached over plain http: nothing on the way is encrypted",
+            settings.plain_http_host)
     return parts
 
 
 def main(args: Args) -> int:
+    # A container's PID 1 first splits into an orphan reaper and the runtime (caldera.host.reaper),
+    # before anything below exists twice.
+    reaper.split_if_init()
     # here, as above
     from caldera.daemon import run as daemon
     from caldera.daemon.signals import Signals

@@ -249,6 +249,11 @@ def _final_flush(parts: Parts, stop_by: float) -> None:
     except Exception as exc:  # noqa: BLE001 -- kept in the outbox for next time
         log.warning("outbox not flushed before stop (%d kept): %s", parts.outbox.depth(), parts.redactor(str(exc)))
     try:
+        if hasattr(parts.current.driver, "supervise"):
+            # Process mode: the agent was stopped first, so the final report says so (stopped, no
+            # pid) rather than repeating its last running section. (Adapter mode keeps the cached
+            # section: its status verb is a subprocess, and the stop does not wait for one.)
+            parts.reports.section()
         parts.live.mark_stopping()
         with client.within(stop_by):  # through the 2 s floor; never waits past stop_by for it
             body, _ = parts.reports.send(client, threading.Event(), parts.live.last_section,

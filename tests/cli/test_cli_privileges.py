@@ -39,6 +39,23 @@ def test_root_state_verbs_switch_before_they_run(caldera_env, monkeypatch):
     assert seen == [4242]
 
 
+def test_inside_an_instance_every_command_stays_the_images_user(caldera_env, monkeypatch, tmp_path):
+    """Issue 22: with the state in ClawManager's persistent dir (set, and no CALDERA_STATE_DIR),
+    root stays root: the platform's volume is the image user's, not the service user's."""
+    install_agent(caldera_env)
+    seen = []
+    monkeypatch.setattr(privdrop, "service_user_for", lambda root: _entry(4242))
+    monkeypatch.setattr(privdrop, "become", lambda entry: seen.append(entry.pw_uid))
+    monkeypatch.delenv("CALDERA_STATE_DIR")
+    monkeypatch.setenv("CLAWMANAGER_AGENT_PERSISTENT_DIR", str(tmp_path / "config"))
+    assert main(["pause", "--agent", "demo"]) == 0
+    assert (tmp_path / "config" / "caldera-agent").is_dir()  # the state went to the persistent dir
+    assert seen == []
+    monkeypatch.setenv("CALDERA_STATE_DIR", str(tmp_path / "var"))  # a state dir named: the host's rule again
+    assert main(["pause", "--agent", "demo"]) == 0
+    assert seen == [4242]
+
+
 def test_a_permission_error_exits_2_naming_the_file(caldera_env, monkeypatch, capsys):
     config = install_agent(caldera_env)
     real_open = open

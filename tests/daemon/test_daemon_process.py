@@ -110,6 +110,8 @@ def test_the_v1_slots_and_the_three_commands(caldera_env, plane):
     finally:
         assert daemon.stop() == 0
     assert not _alive(fourth)  # SIGTERM to caldera run stopped the agent first
+    final = _last(plane)["runtime"]  # ... and the final report says so, not the last running section
+    assert final["openclaw_status"] == "stopped" and final["openclaw_pid"] is None, final
     log = daemon.log()
     assert "stopping the agent" in log and BOOT not in log and SECRET not in log
     agent_log = (Path(os.environ["CALDERA_STATE_DIR"]) / "demo" / "logs" / "agent.log").read_text()

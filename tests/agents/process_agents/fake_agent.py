@@ -6,6 +6,8 @@ clean      exit 0 at once
 stubborn   ignore SIGTERM, start a grandchild that ignores it too, record its pid
 env        write the environment to $CALDERA_AGENT_STATE_DIR/env.json, then run
 flood      print lines as fast as possible until killed
+orphans    leave grandchildren behind (each helper starts one and exits at once; the grandchild
+           records its parent after the helper is gone, then ends), then run
 """
 import json
 import os
@@ -63,6 +65,19 @@ if mode == "env":  # atomically: the test reads it as soon as it exists
     with open(os.path.join(state, ".env.json.tmp"), "w") as fh:
         json.dump(dict(os.environ), fh)
     os.replace(os.path.join(state, ".env.json.tmp"), os.path.join(state, "env.json"))
+if mode == "orphans":
+    grandchild = ("import os, sys, time; time.sleep(0.5); "
+                  "open(sys.argv[1], 'w').write(str(os.getppid())); time.sleep(0.3)")
+    helper = ("import subprocess, sys; "
+              f"print(subprocess.Popen([sys.executable, '-c', {grandchild!r}, sys.argv[1]]).pid)")
+    orphans = []
+    for n in range(3):
+        record = os.path.join(state, f"orphan-{n}.ppid")
+        out = subprocess.run([sys.executable, "-c", helper, record], capture_output=True, text=True, check=True)
+        orphans.append({"pid": int(out.stdout), "record": record})
+    with open(os.path.join(state, ".orphans.tmp"), "w") as fh:
+        json.dump(orphans, fh)
+    os.replace(os.path.join(state, ".orphans.tmp"), os.path.join(state, "orphans.json"))
 signal.signal(signal.SIGUSR1, on_usr1)
 signal.signal(signal.SIGHUP, on_hup)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -1,0 +1,107 @@
+"""The container step's control plane (.ci/container.sh): caldera's embedded plane on the
+host's loopback, the one `caldera plane serve` runs, plus what the step needs of a test:
+
+- every request it answers is appended to REQUESTS (one line: method path status), so the
+  step can count the finishes the plane took for a command;
+- SIGUSR1 makes it answer every finish 503 (ClawManager away, Retry-After 1) until SIGUSR2;
+- a live forward proxy on PROXY-PORT (HTTP/1.0, absolute URIs; every request goes to the
+  plane, whatever host it names), which appends each request's method and URL to PROXIED.
+
+The operator verbs (`caldera plane enqueue|commands|reports|agents --db DB`) read the same
+database. Usage: python3 container-plane.py DB PORT PROXY-PORT URL-FILE REQUESTS PROXIED TOKEN INSTANCE
+(PORT 0: any free one; the URL file names the one it got).
+"""
+import http.client
+import http.server
+import signal
+import sys
+import threading
+import urllib.parse
+
+from caldera.host.fsutil import atomic_write_bytes
+from caldera.plane.server import PlaneServer
+
+FINISH = r"^/api/v1/agent/commands/\d+/finish$"
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "trailer",
+              "transfer-encoding", "upgrade"}
+
+
+class LoggedPlane(PlaneServer):
+    """The plane, each answered request also appended to a file (the step reads it from the shell)."""
+
+    def __init__(self, log_path: str, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.log_path = log_path
+
+    def _record(self, method: str, path: str, status: int) -> None:
+        super()._record(method, path, status)
+        with self._lock, open(self.log_path, "a") as fh:
+            fh.write(f"{method} {path} {status}\n")
+
+
+def main() -> int:
+    db, port, proxy_port, url_file, requests_log, proxied_log, token, instance = sys.argv[1:9]
+    plane = LoggedPlane(requests_log, db, host="127.0.0.1", port=int(port), tokens={token: int(instance)},
+                        heartbeat_interval=2, poll_interval=1)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        if signum == signal.SIGUSR1:
+            plane.inject("POST", FINISH, 503, count=10**9, retry_after=1)
+        elif signum == signal.SIGUSR2:
+            plane.clear_faults()
+        else:
+            stop.set()
+
+    for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    proxy = _proxy(int(proxy_port), plane.port, proxied_log)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    plane.start()
+    atomic_write_bytes(url_file, f"{plane.url} {proxy.server_address[1]}\n".encode(), mode=0o644)
+    print(f"container plane on {plane.url}, proxy on {proxy.server_address[1]}", flush=True)
+    while not stop.wait(0.5):
+        pass
+    proxy.shutdown()
+    plane.stop()
+    return 0
+
+
+def _proxy(port: int, plane_port: int, log_path: str) -> http.server.ThreadingHTTPServer:
+    lock = threading.Lock()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def log_message(self, fmt: str, *args: object) -> None:
+            pass
+
+        def relay(self) -> None:
+            with lock, open(log_path, "a") as fh:
+                fh.write(f"{self.command} {self.path}\n")
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            target = urllib.parse.urlsplit(self.path)
+            conn = http.client.HTTPConnection("127.0.0.1", plane_port, timeout=30)
+            conn.request(self.command, target.path + (f"?{target.query}" if target.query else ""), body=body,
+                         headers={k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP})
+            resp = conn.getresponse()
+            data = resp.read()
+            self.send_response(resp.status)
+            for key, value in resp.getheaders():
+                if key.lower() not in HOP_BY_HOP | {"content-length"}:
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            conn.close()
+
+        do_GET = do_POST = relay
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server.daemon_threads = True
+    return server
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,458 @@
+#!/bin/bash
+# The package inside a container as ClawManager runs one (issue 22; docs/container.md).
+#
+# "Image build": a Debian 13 root debootstrapped from the package's dependencies (cached,
+# .ci/root.sh), the .deb installed with apt, a process-mode agent installed with
+# `caldera init`, the gateway's cluster DNS name mapped to this host's loopback in the
+# image's /etc/hosts. Then the image runs as a plain container, NOT booted: the command of
+# packaging/container/Dockerfile (`caldera run`) is PID 1 (systemd-nspawn without -b),
+# --read-only, /tmp a tmpfs, the persistent dir bound at /config (empty at first), and
+# only ClawManager's variables (the plain-http gateway URL it injects, port 9001 when free).
+# The plane runs on the host (caldera's embedded plane from the checkout's venv, through
+# .ci/container-plane.py: a request log, 503 on every finish on SIGUSR1, a live proxy).
+# Checks: registered, reports carrying the agent's PID (the agent's own namespace PID),
+# a command round trip, `caldera status` inside the container, no zombie after an agent
+# leaves grandchildren behind (run_now), nothing written outside /config and no error
+# logged, plain log lines, SIGTERM (exit 0, agent stopped, final report), a restart (the
+# session reused, reports resumed), SIGINT, the proxy case (a dead proxy with the gateway
+# in NO_PROXY; a live proxy without it), a kill -9 of PID 1 while the plane answers 503 (the
+# queued finish reaches the plane exactly once after the restart, the command never runs
+# twice), and the canary bootstrap token nowhere in the output or any file.
+#
+# Usage: .ci/container.sh [DEB | DIR-with-one-caldera_*.deb]
+#   without an argument it builds one (packaging/build-deb.sh, tests skipped).
+# Needs root. Installs debootstrap and systemd-container itself; the root is cached in
+# $CALDERA_CI_CACHE (default /var/cache/caldera-ci), keyed on mirror + package list.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SUITE=trixie
+# caldera's Debian dependencies (so that a cached run installs the .deb without the network)
+PACKAGES=(python3 python3-requests python3-jsonschema python3-yaml adduser)
+AGENT=ci-agent
+INSTANCE=12
+TOKEN=agt_boot_$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')  # the canary: ClawManager's format
+NS=demo
+GATEWAY_HOST=clawmanager-gateway.$NS-system.svc.cluster.local
+PERSISTENT=/config/.hermes  # what ClawManager injects for hermes
+NSPAWN_PID=
+CPID=
+WORK=
+PLANE_PID=
+t0=$(date +%s)
+
+step() { printf '\n== container: %s (%ds)\n' "$*" "$(( $(date +%s) - t0 ))"; }
+fail() {
+	printf 'container: FAILED: %s\n' "$*" >&2
+	if [ -n "$WORK" ] && [ -f "$WORK/container.log" ]; then
+		echo "--- the container's output (last 60 lines)" >&2
+		grep -v '^Attempted to remove disk file system' "$WORK/container.log" | tail -n 60 >&2 || true
+	fi
+	exit 1
+}
+now_ns() { date +%s%N; }
+since() { awk -v a="$1" -v b="$(now_ns)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }'; }
+# wait_until SECONDS WHAT COMMAND...: poll every 0.25 s; the elapsed seconds on stdout.
+wait_until() {
+	local limit=$1 what=$2 start
+	shift 2
+	start=$(now_ns)
+	while :; do
+		if "$@" >/dev/null 2>&1; then
+			since "$start"
+			echo
+			return 0
+		fi
+		[ $(( ($(now_ns) - start) / 1000000000 )) -lt "$limit" ] || fail "$what: not within $limit s"
+		sleep 0.25
+	done
+}
+
+stop_container() {  # stop_container: whatever is left of it, killed
+	[ -n "$NSPAWN_PID" ] || return 0
+	if kill -0 "$NSPAWN_PID" 2>/dev/null; then
+		# PID 1 first: its death ends every process of its namespace.
+		[ -z "$CPID" ] || kill -KILL "$CPID" 2>/dev/null || true
+		for _ in $(seq 40); do kill -0 "$NSPAWN_PID" 2>/dev/null || break; sleep 0.25; done
+		kill -KILL "$NSPAWN_PID" 2>/dev/null || true
+	fi
+	wait "$NSPAWN_PID" 2>/dev/null || true
+	NSPAWN_PID=
+	CPID=
+}
+cleanup() {
+	local rc=$?
+	stop_container
+	if [ -n "$PLANE_PID" ]; then
+		kill -TERM "$PLANE_PID" 2>/dev/null || true
+		wait "$PLANE_PID" 2>/dev/null || true
+	fi
+	[ -z "$WORK" ] || rm -rf "$WORK"
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+[ "$(id -u)" -eq 0 ] || fail "needs root (debootstrap, systemd-nspawn, nsenter)"
+
+step "tools"
+need=()
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v systemd-nspawn >/dev/null 2>&1 || need+=(systemd-container)
+command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
+if [ ${#need[@]} -gt 0 ]; then
+	DEBIAN_FRONTEND=noninteractive apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+echo "$(systemd-nspawn --version | head -n 1), debootstrap $(dpkg-query -W -f '${Version}' debootstrap)"
+PY=$ROOT/.venv/bin/python  # the plane: caldera's own, from the checkout
+[ -x "$PY" ] || make -C "$ROOT" .venv/.deps-newest >/dev/null
+"$PY" -c 'import caldera.plane.server' || fail "the checkout's venv has no caldera plane"
+plane() { "$PY" -m caldera.cli plane "$@" --db "$WORK/plane.db"; }
+
+step "the .deb"
+DEB=${1:-}
+if [ -d "$DEB" ]; then
+	DEB=$(ls "$DEB"/caldera_*_all.deb | head -n 1)
+fi
+if [ -z "$DEB" ]; then
+	mkdir -p /tmp/caldera-ci-container-deb
+	DEB=$(DEB_BUILD_OPTIONS=nocheck "$ROOT/packaging/build-deb.sh" /tmp/caldera-ci-container-deb | tail -n 1)
+fi
+[ -f "$DEB" ] || fail "no .deb at '$DEB'"
+echo "$DEB ($(dpkg-deb -f "$DEB" Version))"
+DOCKERFILE=$ROOT/packaging/container/Dockerfile
+# The command the shipped image definition runs (its CMD, exec form), run here as PID 1.
+read -r -a CMD < <(sed -n 's/^CMD \[\(.*\)\]$/\1/p' "$DOCKERFILE" | tr -d '",')
+[ "${CMD[*]}" = "caldera run" ] || fail "packaging/container/Dockerfile's CMD is '${CMD[*]}', not 'caldera run'"
+
+step "base root (debootstrap $SUITE, cached)"
+# shellcheck source=.ci/root.sh
+. "$ROOT/.ci/root.sh"
+b0=$(date +%s)
+BASE=$(base_root "$SUITE" "${PACKAGES[@]}") || fail "debootstrap $SUITE"
+t_base="$(( $(date +%s) - b0 )) s"
+
+step "image build: apt-get install the .deb, caldera init the agent"
+WORK=$(mktemp -d /var/tmp/caldera-ci-container.XXXXXX)
+IMG=$WORK/image
+cp -a --reflink=auto "$BASE" "$IMG"
+rm -f "$IMG/.complete"
+mkdir -p "$WORK/build/$AGENT" "$IMG/config"
+cp "$DEB" "$WORK/build/"
+cat > "$WORK/build/$AGENT/caldera.agent.yaml" <<'EOF'
+name: ci-agent
+version: 1.0.0
+description: CI only - a process agent whose run-now leaves grandchildren behind.
+runtime:
+  type: process
+  command: [python3, agent.py]
+  stop_timeout_seconds: 10
+  run_now_signal: USR1
+status: status.json
+state: agent
+controls: [run_now]
+EOF
+cat > "$WORK/build/$AGENT/agent.py" <<'EOF'
+import json, os, signal, subprocess, sys, time
+state = os.environ["CALDERA_AGENT_STATE_DIR"]
+runs = [0]
+# A helper starts a grandchild and exits at once: the grandchild is handed to PID 1, records
+# the parent it was handed to, and ends. Nobody but PID 1 can wait for it.
+GRAND = "import os, sys, time; time.sleep(0.5); open(sys.argv[1], 'w').write(str(os.getppid())); time.sleep(0.5)"
+HELPER = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {GRAND!r}, sys.argv[1]])"
+
+def status():
+    tmp = os.path.join(state, ".status.tmp")
+    with open(tmp, "w") as fh:
+        json.dump({"state": {"level": "ok", "label": f"Idle, {runs[0]} runs"}, "agent": {"version": "ci-1.0"}}, fh)
+    os.replace(tmp, os.path.join(state, "status.json"))
+
+def run_now(*_):
+    runs[0] += 1
+    for i in range(3):
+        subprocess.run([sys.executable, "-c", HELPER, os.path.join(state, f"orphan-{runs[0]}-{i}")], check=True)
+    status()
+
+signal.signal(signal.SIGUSR1, run_now)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+print("ci agent up, pid", os.getpid(), flush=True)
+while True:
+    status()
+    time.sleep(2)
+EOF
+# As a Dockerfile's RUN lines would (the build's /tmp: the files COPY brings in).
+build() { systemd-nspawn -q -D "$IMG" -M caldera-ctr-build --register=no --keep-unit --pipe \
+	--bind="$WORK/build:/tmp" "$@" 2>&1 | grep -v '^Attempted to remove disk file system' || true; }
+b0=$(date +%s)
+deb=/tmp/$(basename "$DEB")
+build sh -c "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $deb" > "$WORK/apt.log"
+if ! build dpkg-query -W -f '${Status}' caldera | grep -q 'install ok installed'; then
+	# a dependency the cached base lacks: fetch the lists once and retry
+	build sh -c "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $deb" \
+		> "$WORK/apt.log"
+	build dpkg-query -W -f '${Status}' caldera | grep -q 'install ok installed' || { cat "$WORK/apt.log"; fail "apt-get install"; }
+fi
+build caldera init "/tmp/$AGENT" --name "$AGENT" | tee "$WORK/init.log"
+[ -f "$IMG/etc/caldera/agents/$AGENT/caldera.agent.yaml" ] || fail "caldera init installed nothing"
+rm -rf "$IMG/var/lib/apt/lists/"*
+# The cluster's DNS, as the pod would see it: the gateway's names on this host's loopback.
+printf '127.0.0.1\tlocalhost\n127.0.0.1\t%s clawmanager-gateway.%s-system clawmanager-gateway\n::1\tlocalhost\n' \
+	"$GATEWAY_HOST" "$NS" > "$IMG/etc/hosts"
+t_build="$(( $(date +%s) - b0 )) s"
+touch "$WORK/image-done"  # the image is final from here: nothing in it may change
+echo "built in $t_build; $(build caldera --version)"
+
+step "the control plane on the host"
+PORT=9001
+if ! "$PY" -c 'import socket, sys; s = socket.socket(); s.bind(("127.0.0.1", 9001))' 2>/dev/null; then
+	PORT=0  # ClawManager's port is taken on this machine: any free one
+fi
+"$PY" "$ROOT/.ci/container-plane.py" "$WORK/plane.db" "$PORT" 0 "$WORK/plane.url" "$WORK/requests.log" \
+	"$WORK/proxied.log" "$TOKEN" "$INSTANCE" > "$WORK/plane.log" 2>&1 &
+PLANE_PID=$!
+wait_until 20 "the plane's URL file" test -s "$WORK/plane.url" >/dev/null
+read -r PLANE_URL PROXY_PORT < "$WORK/plane.url"
+PORT=${PLANE_URL##*:}
+BASE_URL=http://$GATEWAY_HOST:$PORT
+echo "plane $PLANE_URL, live proxy on port $PROXY_PORT; the container's base URL: $BASE_URL"
+touch "$WORK/requests.log" "$WORK/proxied.log"
+
+PERSIST=$WORK/config  # the platform's volume, empty at first
+mkdir -p "$PERSIST"
+STATE=$PERSIST/.hermes/caldera-agent
+ENVS=(CLAWMANAGER_AGENT_ENABLED=true "CLAWMANAGER_AGENT_BASE_URL=$BASE_URL"
+	"CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN=$TOKEN" "CLAWMANAGER_AGENT_INSTANCE_ID=$INSTANCE"
+	"CLAWMANAGER_AGENT_PERSISTENT_DIR=$PERSISTENT" CLAWMANAGER_AGENT_PROTOCOL_VERSION=v1
+	CLAWMANAGER_AGENT_DISK_LIMIT_BYTES=10737418240 CLAWMANAGER_RUNTIME_TYPE=hermes)
+
+# start_container [VAR=VALUE...]: the image with ClawManager's variables (and the extra ones given)
+start_container() {
+	local setenv=() kv
+	for kv in "${ENVS[@]}" "$@"; do setenv+=("--setenv=$kv"); done
+	printf '\n--- container start %s\n' "$(date -u +%FT%TZ)" >> "$WORK/container.log"
+	systemd-nspawn -D "$IMG" -M caldera-ctr --register=no --keep-unit --pipe --read-only \
+		--tmpfs=/tmp --bind="$PERSIST:/config" "${setenv[@]}" "${CMD[@]}" >> "$WORK/container.log" 2>&1 &
+	NSPAWN_PID=$!
+	CPID=
+	local pid
+	for _ in $(seq 200); do
+		# PID 1 of the container: the process under nspawn whose PID in its namespace is 1
+		for pid in $(ps -o pid= --ppid "$NSPAWN_PID" 2>/dev/null); do
+			if [ "$(awk '/^NSpid:/ { print $NF }' "/proc/$pid/status" 2>/dev/null)" = 1 ]; then CPID=$pid; fi
+		done
+		[ -n "$CPID" ] && break
+		kill -0 "$NSPAWN_PID" 2>/dev/null || break
+		sleep 0.05
+	done
+	[ -n "$CPID" ] || fail "no PID 1 under systemd-nspawn"
+	# at first it is still nspawn's own helper; then it executes the image's command
+	for _ in $(seq 200); do
+		tr '\0' ' ' < "/proc/$CPID/cmdline" 2>/dev/null | grep -q "caldera run" && return 0
+		sleep 0.05
+	done
+	fail "PID 1 of the container never became '${CMD[*]}'"
+}
+# stop_with SIGNAL: signal the container's PID 1 (as docker stop and the kubelet do) and wait
+# for it (here, not in a subshell: nspawn is this shell's child); sets STOP_T (s) and STOP_RC.
+stop_with() {
+	local s0
+	s0=$(now_ns)
+	STOP_RC=0
+	kill "-$1" "$CPID"
+	wait "$NSPAWN_PID" || STOP_RC=$?
+	STOP_T=$(since "$s0")
+	NSPAWN_PID=
+	CPID=
+}
+# A command in the running container, with the environment `docker exec` would have.
+inside() {
+	nsenter -t "$CPID" -a env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
+		"${ENVS[@]}" "$@"
+}
+last_report() { plane reports --instance "$INSTANCE" --last --json; }
+report_field() {  # report_field PYTHON-EXPR-ON-BODY
+	last_report | "$PY" -c "import json, sys; r = json.load(sys.stdin)['report']; b = r['body'] if r else None; print($1)"
+}
+command_status() {  # command_status ID: its status
+	plane commands --instance "$INSTANCE" --json | "$PY" -c '
+import json, sys
+for row in json.load(sys.stdin)["commands"]:
+    if int(row["id"]) == int(sys.argv[1]):
+        print(row["status"])' "$1"
+}
+succeeded() { [ "$(command_status "$1")" = succeeded ]; }
+registered() { plane agents --json | grep -q "\"hermes-$INSTANCE-main\""; }
+count_requests() { grep -cE "$1" "$WORK/requests.log" || true; }
+reported_since() { [ "$(count_requests '^POST /api/v1/agent/state/report 200$')" -gt "$1" ]; }
+descendants() {  # every process of the container (host pids), with its state
+	"$PY" - "$CPID" <<'EOF'
+import os, sys
+table = {}
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        stat = open(f"/proc/{pid}/stat", "rb").read()
+    except OSError:
+        continue
+    fields = stat[stat.rindex(b")") + 2:].split()
+    table[int(pid)] = (int(fields[1]), fields[0].decode())
+found, frontier = {int(sys.argv[1]): table.get(int(sys.argv[1]), (0, "?"))[1]}, [int(sys.argv[1])]
+while frontier:
+    parent = frontier.pop()
+    for pid, (ppid, state) in table.items():
+        if ppid == parent and pid not in found:
+            found[pid] = state
+            frontier.append(pid)
+for pid, state in sorted(found.items()):
+    print(pid, state)
+EOF
+}
+zombies() { descendants | awk '$2 == "Z"'; }
+no_zombie() { [ -z "$(zombies)" ]; }
+
+step "start: caldera run as PID 1, read-only root, only ClawManager's variables"
+c0=$(now_ns)
+start_container
+echo "PID 1 is host pid $CPID (NSpid $(awk '/^NSpid:/ { $1 = ""; print }' "/proc/$CPID/status"))"
+env_names=$(tr '\0' '\n' < "/proc/$CPID/environ" | cut -d= -f1 | sort | tr '\n' ' ')
+echo "PID 1's environment: $env_names"
+if printf '%s\n' "$env_names" | grep -q 'CALDERA_\|JOURNAL_STREAM'; then fail "a CALDERA_ variable or JOURNAL_STREAM reached the container"; fi
+t_reg=$(wait_until 60 "registered with the plane" registered)
+reported_pid() { [ "$(report_field "isinstance(b and b['runtime']['openclaw_pid'], int) and b['runtime']['openclaw_pid'] == b['runtime']['runtime_pid']")" = True ]; }
+t_rep=$(wait_until 60 "a report carrying the agent's pid" reported_pid)
+AGENT_PID=$(report_field "b['runtime']['openclaw_pid']")
+[ "$(report_field "b['agent_id']")" = "hermes-$INSTANCE-main" ] || fail "agent_id is not hermes-$INSTANCE-main"
+# The reported pid is the agent's own PID in the container (its namespace's view): find it.
+host_agent=
+for pid in $(descendants | awk '{ print $1 }'); do
+	if [ "$(awk '/^NSpid:/ { print $NF }' "/proc/$pid/status" 2>/dev/null)" = "$AGENT_PID" ]; then host_agent=$pid; fi
+done
+[ -n "$host_agent" ] && tr '\0' ' ' < "/proc/$host_agent/cmdline" | grep -q 'agent.py' \
+	|| fail "the reported pid $AGENT_PID is not the agent's process in the container"
+[ -d "$STATE" ] || fail "no state in $PERSISTENT/caldera-agent"
+echo "registered ${t_reg} s, a report with the agent's pid $AGENT_PID (host pid $host_agent) ${t_rep} s after the start"
+
+step "a command round trip; caldera status inside the container"
+id=$(plane enqueue --instance "$INSTANCE" collect_system_info)
+t_cmd=$(wait_until 30 "collect_system_info $id succeeded" succeeded "$id")
+inside caldera status > "$WORK/status.txt" 2>&1 || { cat "$WORK/status.txt"; fail "caldera status inside the container"; }
+sed 's/^/  | /' "$WORK/status.txt"
+grep -q "process: pid $AGENT_PID, running" "$WORK/status.txt" || fail "caldera status does not show the agent's pid $AGENT_PID running"
+echo "round trip ${t_cmd} s; caldera status shows pid $AGENT_PID"
+
+step "an agent whose children leave grandchildren behind: no zombie"
+id=$(plane enqueue --instance "$INSTANCE" run_now)
+wait_until 30 "run_now $id succeeded" succeeded "$id" >/dev/null
+wait_until 30 "the three grandchildren's records" sh -c "[ \$(ls '$STATE/agent'/orphan-1-* 2>/dev/null | wc -l) -eq 3 ]" >/dev/null
+for f in "$STATE/agent"/orphan-1-*; do
+	wait_until 10 "$f written" test -s "$f" >/dev/null
+	[ "$(cat "$f")" = 1 ] || fail "a grandchild was handed to pid $(cat "$f"), not PID 1"
+done
+sleep 1.5  # each grandchild ends 0.5 s after its record
+z=$(zombies)
+[ -z "$z" ] || fail "zombies in the container: $z"
+echo "3 grandchildren handed to PID 1, all reaped: $(descendants | wc -l) processes in the container, none a zombie"
+rss1=$(awk '/^VmRSS:/ { print $2 }' "/proc/$CPID/status")
+pss1=$(awk '/^Pss:/ { print $2 }' "/proc/$CPID/smaps_rollup")
+runtime_pid=$(ps -o pid= --ppid "$CPID" | head -n 1 | tr -d ' ')
+rss2=$(awk '/^VmRSS:/ { print $2 }' "/proc/$runtime_pid/status")
+echo "PID 1 (the reaper): RSS $rss1 KiB, PSS $pss1 KiB; the runtime: RSS $rss2 KiB"
+
+step "read-only root: nothing written outside /config, nothing logged as an error"
+tmp_left=$(inside sh -c 'ls -A /tmp' || true)
+changed=$(find "$IMG" -xdev -newer "$WORK/image-done" -printf '%p\n' | head -n 20)
+[ -z "$changed" ] || fail "written in the image (read-only): $changed"
+if grep -v '^Attempted to remove disk file system' "$WORK/container.log" | grep -E 'Traceback|^ERROR|Read-only file system|Permission denied'; then
+	fail "an error in the container's output (above)"
+fi
+if grep -v '^Attempted to remove disk file system\|^--- container start\|^$' "$WORK/container.log" | grep -v '^\(INFO\|WARNING\) caldera'; then
+	fail "a line that is not a plain log line (above)"
+fi
+grep -q "^WARNING caldera: the control plane at $GATEWAY_HOST is reached over plain http" "$WORK/container.log" \
+	|| fail "the plain-http URL was not named at start"
+echo "image unchanged; /tmp holds: ${tmp_left:-nothing}; every line plain ('LEVEL logger: message')"
+
+step "SIGTERM: agent stopped, final report, exit 0"
+regs_before=$(count_requests '^POST /api/v1/agent/register ')
+stop_with TERM
+t_term=$STOP_T
+[ "$STOP_RC" = 0 ] || fail "exit status $STOP_RC after SIGTERM (want 0)"
+awk -v t="$t_term" 'BEGIN { exit !(t <= 20) }' || fail "the stop took $t_term s"
+[ "$(report_field "b['runtime']['openclaw_status'] + ' ' + str(b['runtime']['openclaw_pid']) + ' ' + b['runtime']['runtime_status']")" = "stopped None stopping" ] \
+	|| fail "the final report does not say the agent stopped: $(report_field "b['runtime']")"
+grep -q "agent pid $AGENT_PID the runtime stopped (exited with status 0)" "$WORK/container.log" || fail "the agent did not exit 0"
+echo "stopped in $t_term s, exit 0; the final report: agent stopped, runtime stopping"
+
+step "restart: the session is reused, reports resume; then SIGINT"
+reports_before=$(count_requests '^POST /api/v1/agent/state/report 200$')
+start_container
+t_resume=$(wait_until 30 "reports after the restart" reported_since "$reports_before")
+[ "$(count_requests '^POST /api/v1/agent/register ')" = "$regs_before" ] || fail "the restarted container registered again"
+id=$(plane enqueue --instance "$INSTANCE" collect_system_info)
+wait_until 30 "a command after the restart" succeeded "$id" >/dev/null
+stop_with INT
+t_int=$STOP_T
+[ "$STOP_RC" = 0 ] || fail "exit status $STOP_RC after SIGINT (want 0)"
+echo "reports ${t_resume} s after the restart, no new register, a command ran; SIGINT: stopped in $t_int s, exit 0"
+
+step "proxies: a dead one with the gateway in NO_PROXY; a live one without"
+dead=http://127.0.0.1:$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+reports_before=$(count_requests '^POST /api/v1/agent/state/report 200$')
+start_container "HTTP_PROXY=$dead" "HTTPS_PROXY=$dead" "http_proxy=$dead" "https_proxy=$dead" \
+	"NO_PROXY=clawmanager-gateway,clawmanager-gateway.$NS-system,$GATEWAY_HOST" \
+	"no_proxy=clawmanager-gateway,clawmanager-gateway.$NS-system,$GATEWAY_HOST"
+t_noproxy=$(wait_until 30 "reports with a dead proxy and the gateway in NO_PROXY" reported_since "$reports_before")
+stop_with TERM
+[ "$STOP_RC" = 0 ] || fail "exit status $STOP_RC after SIGTERM (want 0)"
+live=http://127.0.0.1:$PROXY_PORT
+reports_before=$(count_requests '^POST /api/v1/agent/state/report 200$')
+start_container "HTTP_PROXY=$live" "http_proxy=$live"
+t_live=$(wait_until 30 "reports through the live proxy" reported_since "$reports_before")
+grep -q "^POST $BASE_URL/api/v1/agent/state/report" "$WORK/proxied.log" || fail "the live proxy saw no report"
+stop_with TERM
+[ "$STOP_RC" = 0 ] || fail "exit status $STOP_RC after SIGTERM (want 0)"
+echo "dead proxy + NO_PROXY: reports in ${t_noproxy} s; live proxy: reports in ${t_live} s ($(grep -c . "$WORK/proxied.log") requests went through it)"
+
+step "kill -9 of PID 1 while the plane answers every finish 503; restart: delivered exactly once"
+start_container
+wait_until 30 "reports after the restart" reported_since "$(count_requests '^POST /api/v1/agent/state/report 200$')" >/dev/null
+kill -USR1 "$PLANE_PID"  # every finish: 503
+id=$(plane enqueue --instance "$INSTANCE" collect_system_info)
+queued() { ls "$STATE/outbox" 2>/dev/null | grep -q -- '-finish\.json$'; }
+wait_until 30 "the finish of $id queued in the outbox" queued >/dev/null
+wait_until 30 "the plane refusing the finish of $id" sh -c "grep -q '^POST /api/v1/agent/commands/$id/finish 503' '$WORK/requests.log'" >/dev/null
+kill -KILL "$CPID"  # the container's hard kill: PID 1 dies, the kernel ends the rest
+wait "$NSPAWN_PID" || true
+NSPAWN_PID=
+CPID=
+[ "$(command_status "$id")" != succeeded ] || fail "the finish of $id arrived before the kill"
+kill -USR2 "$PLANE_PID"  # the plane answers again
+start_container
+t_k9=$(wait_until 60 "the queued finish of $id delivered after the restart" succeeded "$id")
+sleep 3  # a few more sender passes: nothing may be sent twice
+took=$(count_requests "^POST /api/v1/agent/commands/$id/finish 200$")
+starts=$(count_requests "^POST /api/v1/agent/commands/$id/start ")
+[ "$took" = 1 ] || fail "the finish of $id reached the plane $took times (want exactly 1)"
+[ "$starts" = 1 ] || fail "command $id was started $starts times (want 1: never run again)"
+[ -z "$(ls "$STATE/outbox" | grep -- '-finish\.json$' || true)" ] || fail "the outbox still holds a finish"
+stop_with TERM
+[ "$STOP_RC" = 0 ] || fail "exit status $STOP_RC after SIGTERM (want 0)"
+echo "after the restart the finish of $id arrived in ${t_k9} s: taken once, started once, outbox empty"
+
+step "the canary bootstrap token: nowhere but where ClawManager put it"
+[ "$(stat -c %a "$STATE/session.json")" = 600 ] || fail "session.json is not 0600"
+leaks=$(grep -rlF "$TOKEN" "$WORK/container.log" "$PERSIST" "$IMG" 2>/dev/null | grep -v "^$STATE/session.json$" || true)
+[ -z "$leaks" ] || fail "the bootstrap token is in: $leaks"
+echo "not in the container's output, the persistent dir or the image (session.json 0600)"
+
+stop_container
+printf '\n== container: summary\n'
+printf 'base root          %s\n' "$t_base"
+printf 'image build        %s (apt-get install the .deb, caldera init)\n' "$t_build"
+printf 'first start        registered %s s, then a report with the agent pid +%s s, a command round trip +%s s\n' "$t_reg" "$t_rep" "$t_cmd"
+printf 'PID 1              RSS %s KiB, PSS %s KiB (the runtime: RSS %s KiB)\n' "$rss1" "$pss1" "$rss2"
+printf 'SIGTERM / SIGINT   %s s / %s s, exit 0\n' "$t_term" "$t_int"
+printf 'restart            reports %s s after the start, session reused\n' "$t_resume"
+printf 'proxies            dead + NO_PROXY %s s, live %s s\n' "$t_noproxy" "$t_live"
+printf 'kill -9 + 503      finish delivered once, %s s after the restart\n' "$t_k9"
+printf 'total              %s s\n' "$(( $(date +%s) - t0 ))"

@@ -1,0 +1,259 @@
+"""Inside a ClawManager instance (issue 22, docs/container.md): only the platform's variables,
+the plain-http gateway URL it injects, its proxies (a live one; a dead one with the plane in
+NO_PROXY; never ~/.netrc), and `caldera run` as PID 1 of a PID namespace: orphans reaped,
+the runtime's own waits untouched, SIGTERM and SIGINT graceful."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from core_helpers import BOOT, install_agent
+from daemon_helpers import INSTANCE, WAIT, wait_for
+from proxy_helpers import ForwardProxy, dead_port
+
+GATEWAY_HOST = "clawmanager-gateway.demo-system.svc.cluster.local"
+GATEWAY = f"http://{GATEWAY_HOST}:9001"  # ClawManager's default (clawmanager-notes 1.5); resolves nowhere here
+FAKE = Path(__file__).resolve().parent.parent / "agents" / "process_agents" / "fake_agent.py"
+PROCESS_MANIFEST = """\
+name: demo
+version: "1.0.0"
+runtime:
+  type: process
+  command: [{python}, {agent}, {mode}]
+  workdir: .
+  stop_timeout_seconds: 5
+status: status.json
+state: agent
+"""
+
+
+def _instance(tmp_path, base_url, manifest=None, **extra):
+    """The agent installed with empty agent.env and secrets.env, and the environment ClawManager
+    gives a container: its variables, a persistent dir, nothing of caldera's (the config dir
+    only points the test at its temporary /etc/caldera)."""
+    config = install_agent(tmp_path, manifest=manifest)
+    (config / "agent.env").write_text("")
+    (config / "secrets.env").write_text("")
+    persistent = tmp_path / "config" / ".hermes"
+    persistent.mkdir(parents=True)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CALDERA_", "CLAWMANAGER_", "OPENAI_")) and k.lower() not in
+           ("http_proxy", "https_proxy", "no_proxy", "all_proxy", "journal_stream")}
+    env.update(CALDERA_CONFIG_DIR=os.environ["CALDERA_CONFIG_DIR"], HOME=str(home),
+               CLAWMANAGER_AGENT_ENABLED="true", CLAWMANAGER_AGENT_BASE_URL=base_url,
+               CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN=BOOT, CLAWMANAGER_AGENT_INSTANCE_ID=str(INSTANCE),
+               CLAWMANAGER_AGENT_PERSISTENT_DIR=str(persistent), CLAWMANAGER_AGENT_PROTOCOL_VERSION="v1",
+               CLAWMANAGER_RUNTIME_TYPE="hermes", **extra)
+    return env, persistent / "caldera-agent"
+
+
+def _report_once(env, deadline=20):
+    return subprocess.run([sys.executable, "-m", "caldera.cli", "report", "--once", "--deadline", str(deadline)],
+                          env=env, capture_output=True, text=True, timeout=deadline + 60)
+
+
+def test_the_injected_gateway_through_a_live_proxy_without_netrc(caldera_env, plane, tmp_path):
+    """The stock instance: the gateway's cluster name over plain http, egress through
+    HTTP_PROXY. The proxy (live, on loopback) takes the request for the cluster name and
+    hands it to the plane; a ~/.netrc naming that host is never read (its Basic credentials
+    would replace the bearer token)."""
+    with ForwardProxy(plane.url) as proxy:
+        env, state = _instance(tmp_path, GATEWAY, HTTP_PROXY=proxy.url, HTTPS_PROXY=proxy.url)
+        netrc = Path(env["HOME"]) / ".netrc"
+        netrc.write_text(f"machine {GATEWAY_HOST} login netrc-user password netrc-pass\ndefault login d password d\n")
+        netrc.chmod(0o600)
+        done = _report_once(env)
+    assert done.returncode == 0, done.stderr
+    assert (state / "session.json").exists() and not (tmp_path / "var" / "demo").exists()
+    report = plane.store.reports(INSTANCE, last=True)["body"]
+    assert report["agent_id"] == f"hermes-{INSTANCE}-main"
+    assert ("POST", f"{GATEWAY}/api/v1/agent/register") in proxy.seen
+    assert all(h.get("Authorization", "").startswith("Bearer ") for h in proxy.headers), proxy.headers
+    named = [line for line in done.stderr.splitlines() if "plain http" in line]
+    assert named == [f"WARNING caldera: the control plane at {GATEWAY_HOST} is reached over plain http: "
+                     "nothing on the way is encrypted"], done.stderr  # once, the host only
+    assert BOOT not in done.stdout + done.stderr
+
+
+def test_a_dead_proxy_with_the_gateway_in_no_proxy_reaches_the_plane(caldera_env, plane, tmp_path):
+    dead = f"http://127.0.0.1:{dead_port()}"
+    env, _ = _instance(tmp_path, plane.url, HTTP_PROXY=dead, HTTPS_PROXY=dead,
+                       NO_PROXY=f"{GATEWAY_HOST},clawmanager-gateway,127.0.0.1,localhost")
+    done = _report_once(env)
+    assert done.returncode == 0, done.stderr
+    assert plane.store.reports(INSTANCE, last=True)["body"]["agent_id"] == f"hermes-{INSTANCE}-main"
+    # The control: without NO_PROXY the same dead proxy is used, and nothing arrives.
+    plane_before = len(plane.requests)
+    del env["NO_PROXY"]
+    refused = _report_once(env, deadline=5)
+    assert refused.returncode == 1 and "ProxyError" in refused.stderr, refused.stderr
+    assert len(plane.requests) == plane_before
+
+
+# ------------------------------------------------------------------ PID 1
+
+def _pid_namespace() -> list[str] | None:
+    """An `unshare` prefix that runs a command as PID 1 of a new PID namespace (as root, or
+    in a user namespace of its own), or None where neither is allowed."""
+    if shutil.which("unshare") is None:
+        return None
+    for prefix in (["unshare", "--pid", "--fork", "--mount-proc"],
+                   ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc"]):
+        if subprocess.run([*prefix, "true"], capture_output=True).returncode == 0:
+            return prefix
+    return None
+
+
+def _table() -> dict[int, tuple[int, str]]:
+    table = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()
+        table[int(entry)] = (int(fields[1]), fields[0].decode())
+    return table
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """pid -> state of every process under `root` (host pids)."""
+    table, found, frontier = _table(), {}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, state) in table.items():
+            if ppid == parent and pid not in found:
+                found[pid] = state
+                frontier.append(pid)
+    return found
+
+
+class Pid1:
+    """`caldera run` as PID 1 of a new PID namespace: a container started with `env`. Its
+    output goes to `log_path`; `init` is its host pid (signals to it are the container's)."""
+
+    def __init__(self, prefix, env, log_path):
+        self.log_path = log_path
+        with open(log_path, "ab") as out:
+            self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "caldera.cli", "run"], env=env, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.init = wait_for(lambda: next(iter(p for p, (pp, _) in _table().items() if pp == self.proc.pid), None),
+                             what="PID 1 of the namespace")
+
+    def kill9(self):
+        """A hard kill of the container: PID 1 dies, and with it every process of the namespace."""
+        os.kill(self.init, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.kill9()
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+
+def _pid_namespace_or_skip() -> list[str]:
+    prefix = _pid_namespace()
+    if prefix is None:
+        pytest.skip("no PID namespace here (unshare refused, as root and in a user namespace)")
+    return prefix
+
+
+def _report_with_pid(plane):
+    return wait_for(lambda: (r := plane.store.reports(INSTANCE, last=True)) and
+                    isinstance(r["body"]["runtime"].get("openclaw_pid"), int) and r["body"],
+                    timeout=30, what="a report with the agent's pid")
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_pid_1_reaps_orphans_keeps_its_own_waits_and_stops_gracefully(caldera_env, plane, tmp_path, stop):
+    prefix = _pid_namespace_or_skip()
+    manifest = PROCESS_MANIFEST.format(python=json.dumps(sys.executable), agent=json.dumps(str(FAKE)), mode="orphans")
+    env, state = _instance(tmp_path, plane.url, manifest=manifest)
+    container = Pid1(prefix, env, tmp_path / "pid1.log")
+    init = container.init
+    try:
+        report = _report_with_pid(plane)
+        assert report["agent_id"] == f"hermes-{INSTANCE}-main"
+        orphans_file = state / "agent" / "orphans.json"
+        orphans = json.loads(wait_for(lambda: orphans_file.exists() and orphans_file.read_text(), timeout=30,
+                                      what="the agent's grandchildren"))
+        for orphan in orphans:  # each was handed to PID 1 when its parent exited
+            record = Path(orphan["record"])
+            assert wait_for(lambda r=record: r.exists() and r.read_text(), what="an orphan's parent") == "1"
+        # ... and none is left as a zombie: PID 1 waited for each
+        wait_for(lambda: not [p for p, s in _descendants(init).items() if s == "Z"], what="no zombie in the namespace")
+        time.sleep(1.0)  # the grandchildren ended 0.3 s after their record; still no zombie
+        zombies = {p: s for p, s in _descendants(init).items() if s == "Z"}
+        assert not zombies, zombies
+        cid = plane.store.enqueue(INSTANCE, "collect_system_info", {})
+        done = wait_for(lambda: (c := plane.store.command(INSTANCE, cid))["status"] in ("succeeded", "failed") and c,
+                        timeout=30, what="a command round trip")
+        assert done["status"] == "succeeded"
+        began = time.monotonic()
+        os.kill(init, stop)
+        assert container.proc.wait(WAIT + 20) == 0
+        took = time.monotonic() - began
+    finally:
+        container.close()
+    log = container.log()
+    assert took < 15, (took, log)
+    assert "caldera run is PID 1: this process reaps orphans" in log, log
+    assert "stopping the agent" in log and "INFO caldera.daemon: stopped" in log, log
+    # The runtime's own wait got its agent's exit status (a PID 1 reaping with waitpid(-1)
+    # in the runtime's process would have taken it: "status 0" would then be a guess or an error).
+    agent_log = (state / "logs" / "agent.log").read_text()
+    assert "the runtime stopped (exited with status 0)" in agent_log, agent_log
+    assert not [line for line in log.splitlines() if line.startswith("<")]  # plain lines, no journald prefix
+    last = plane.store.reports(INSTANCE, last=True)["body"]
+    # the final report says what the stop left: the agent stopped, no pid
+    assert last["runtime"]["openclaw_status"] == "stopped" and last["runtime"]["openclaw_pid"] is None, last
+    assert last["runtime"]["runtime_status"] == "stopping"
+    assert BOOT not in log
+
+
+def test_a_hard_killed_container_restarted_loses_nothing(caldera_env, plane, tmp_path):
+    """kill -9 of PID 1 (the container's hard kill: the agent dies with it) while the plane
+    answers every finish 503; restarted with the same persistent dir: the session is reused
+    (no second register), the queued finish reaches the plane exactly once, reports resume."""
+    prefix = _pid_namespace_or_skip()
+    manifest = PROCESS_MANIFEST.format(python=json.dumps(sys.executable), agent=json.dumps(str(FAKE)), mode="run")
+    env, state = _instance(tmp_path, plane.url, manifest=manifest)
+    container = Pid1(prefix, env, tmp_path / "pid1.log")
+    try:
+        _report_with_pid(plane)
+        plane.inject("POST", r"/commands/\d+/finish$", 503, count=10_000, retry_after=1)
+        cid = plane.store.enqueue(INSTANCE, "collect_system_info", {})
+        outbox = state / "outbox"
+        wait_for(lambda: [n for n in os.listdir(outbox) if n[0].isdigit() and n.endswith("-finish.json")],
+                 timeout=20, what="the finish queued in the outbox")
+        wait_for(lambda: plane.count("POST", rf"/commands/{cid}/finish$", 503), what="the plane refusing it")
+        container.kill9()
+    finally:
+        container.close()
+    plane.clear_faults()
+    plane.requests.clear()
+    container = Pid1(prefix, env, tmp_path / "pid1.log")
+    try:
+        done = wait_for(lambda: (c := plane.store.command(INSTANCE, cid))["status"] == "succeeded" and c,
+                        timeout=30, what="the queued finish delivered after the restart")
+        assert done["result"]  # the result recorded before the kill, not a re-run's
+        wait_for(lambda: plane.count("POST", "/state/report$", 200), what="reports resumed")
+        time.sleep(2.5)  # the sender's next passes: nothing is sent twice
+        assert plane.count("POST", rf"/commands/{cid}/finish$", 200) == 1
+        assert plane.count("POST", rf"/commands/{cid}/start$") == 0  # never executed again
+        assert plane.count("POST", "/register$") == 0  # the session in the persistent dir was reused
+        os.kill(container.init, signal.SIGTERM)
+        assert container.proc.wait(WAIT + 20) == 0
+    finally:
+        container.close()
+    assert BOOT not in container.log()
