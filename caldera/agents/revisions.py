@@ -226,12 +226,12 @@ def _apply_manifest(ctx, revision_id: int, text) -> dict:
     try:
         outcome = window.apply_manifest_update(
             ctx.paths, text, revision_id=revision_id, previous_revision_id=ctx.state.get(STATE_KEY),
-            level_before=getattr(driver, "last_level", None))
+            level_before=None if driver is None else driver.last_level)
     except window.TrustError as exc:
         raise CommandError(_refusal(revision_id, exc.problems)) from None
     except ConfigError as exc:
         raise CommandError(f"the revision's manifest is refused: {exc}") from None
-    if driver is not None and hasattr(driver, "refresh_manifest"):
+    if driver is not None:
         driver.refresh_manifest()
     return {"applied": True, **outcome}
 
@@ -252,21 +252,20 @@ TOLD = ("instructions", "mcp")  # what a revision may tell a process agent (SPEC
 
 
 def _told(ctx, revision_id: int, content: dict):
-    """`instructions` and `mcp`: the process driver checks them (agents/process/told.py, on top of
-    trust.check_content) before anything of the revision is stored or applied; returns the
-    function that applies them (its part of the finish result), or None."""
-    keys = [key for key in TOLD if key in content]
-    if not keys:
+    """`instructions` and `mcp`: the driver checks them (the process driver: agents/process/told.py,
+    on top of trust.check_content) before anything of the revision is stored or applied; returns
+    the function that applies them (its part of the finish result), or None."""
+    if not any(key in content for key in TOLD):
         return None
     driver = _driver(ctx)
-    if not hasattr(driver, "check_told"):
-        # Told, not run (docs/trust-boundary.md): an adapter agent reads no file of the runtime's.
-        reasons = {"instructions": "adapter mode passes no instructions file", "mcp": "adapter mode passes no MCP config"}
-        return lambda: {key: {"applied": False, "reason": reasons[key]} for key in keys}
+    if driver is None:  # no manifest, no driver: told to nobody, as in adapter mode
+        from caldera.agents.adapter.driver import not_told
+
+        return lambda: not_told(content)
     problems = driver.check_told(content)
     if problems:
         raise CommandError(_refusal(revision_id, problems))
-    return lambda: {"told": driver.apply_told(content)}
+    return lambda: driver.apply_told(content)
 
 
 def apply_revision(ctx, revision_id) -> dict:
@@ -367,6 +366,6 @@ def _reload_manifest(ctx) -> dict:
         raise CommandError(f"the manifest was not reloaded (the running one is kept): {exc}") from None
     ctx.current.replace(manifest=manifest)
     driver = ctx.current.driver
-    if driver is not None and hasattr(driver, "refresh_manifest"):
+    if driver is not None:
         driver.refresh_manifest()
     return {"present": True, "name": getattr(manifest, "name", None), "version": getattr(manifest, "version", None)}

@@ -309,13 +309,12 @@ def test_instructions_and_mcp_and_what_a_revision_may_tell(tmp_path):
 
 
 def test_a_revision_may_not_tell_an_adapter_agent_or_an_undeclared_file(tmp_path):
+    from caldera.agents.adapter.driver import not_told
     from caldera.agents.process.told import check_told
 
-    class AdapterDriver:
-        manifest = None
-
-    assert check_told(AdapterDriver(), {"instructions": "x"}) == ["instructions: only a process-mode agent is "
-                                                                   "told instructions"]
+    # An adapter driver refuses nothing and applies nothing: the finish result says why.
+    assert not_told({"instructions": "x", "settings": {}}) == {
+        "instructions": {"applied": False, "reason": "adapter mode passes no instructions file"}}
     paths = make_process_agent(tmp_path, "run")
     driver = Running(paths).driver
     assert "declares no instructions file" in check_told(driver, {"instructions": "x"})[0]

@@ -15,6 +15,7 @@ import concurrent.futures as cf
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING, Any
 
 from caldera.agents import status, updates, window
 from caldera.agents.adapter import health, invoke, verbs
@@ -36,9 +37,12 @@ SETTINGS_TTL = 60.0  # seconds a `settings get` answer is used for reports
 STATUS_FRESH = 30.0
 VERSION_MAX = 50
 BACKGROUND_WAIT = 1.0  # ClawManager's openclaw_version column
+# Told, not run (docs/trust-boundary.md): an adapter agent reads no file of the runtime's, so a
+# config revision's `instructions` and `mcp` are reported as not applied.
+NOT_TOLD = {"instructions": "adapter mode passes no instructions file", "mcp": "adapter mode passes no MCP config"}
 
 
-def open_driver(paths, manifest, *, pool, redactor, schema_checks: bool = True, state=None) -> Driver:
+def open_driver(paths, manifest, *, pool, redactor, schema_checks: bool = True, state=None) -> AdapterDriver:
     """schema_checks: validate answers and the manifest with jsonschema too. The daemon and
     `report --once` run the plain-Python checks only, which give the schemas' verdict
     (tests hold the two together) without jsonschema's validators and their garbage.
@@ -47,9 +51,15 @@ def open_driver(paths, manifest, *, pool, redactor, schema_checks: bool = True, 
     (the installed one with a stored blueprint update over it)."""
     if manifest.runtime_type != "adapter":
         raise ConfigError(f"{manifest.path}: runtime.type: {manifest.runtime_type} is not adapter mode")
-    driver = Driver(paths, manifest, pool=pool, redactor=redactor, schema_checks=schema_checks, state=state)
+    driver = AdapterDriver(paths, manifest, pool=pool, redactor=redactor, schema_checks=schema_checks, state=state)
     driver.refresh_manifest()
     return driver
+
+
+def not_told(content: dict[str, Any]) -> dict[str, Any]:
+    """A config revision's `instructions`/`mcp` where no process driver is told them: the finish
+    result's part saying they were not applied, and why."""
+    return {key: {"applied": False, "reason": reason} for key, reason in NOT_TOLD.items() if key in content}
 
 
 def schema_problem(name: str, document) -> str | None:
@@ -83,7 +93,7 @@ def _status_body(answer: Answer, validate: bool) -> tuple[dict, bool]:
     return status.not_answering(reason), False
 
 
-class Driver:
+class AdapterDriver:
     def __init__(self, paths, manifest, *, pool, redactor, clock=time.monotonic, wall=time.time,
                  schema_checks: bool = True, state=None):
         self.paths, self.manifest, self.pool, self.redactor = paths, manifest, pool, redactor
@@ -152,35 +162,41 @@ class Driver:
 
     # ------------------------------------------------------------ the verbs
 
-    def pause(self, **kw) -> Answer:
-        return self.run(verbs.control, "pause", **kw)
+    def pause(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
+        return self.run(verbs.control, "pause", cancel=cancel, deadline=deadline)
 
-    def resume(self, **kw) -> Answer:
-        return self.run(verbs.control, "resume", **kw)
+    def resume(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
+        return self.run(verbs.control, "resume", cancel=cancel, deadline=deadline)
 
-    def run_now(self, **kw) -> Answer:
-        return self.run(verbs.control, "run-now", **kw)
+    def run_now(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
+        return self.run(verbs.control, "run-now", cancel=cancel, deadline=deadline)
 
-    def settings_get(self, **kw) -> Answer:
-        answer = self.run(verbs.settings_get, **kw)
+    def settings_get(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
+        answer = self.run(verbs.settings_get, cancel=cancel, deadline=deadline)
         if answer.ok and answer.data is not None:
             self._remember_settings(answer.data["values"], answer.data["bounds"])
         return answer
 
-    def settings_set(self, values, **kw) -> Answer:
-        answer = self.run(verbs.settings_set, values, **kw)
+    def settings_set(self, values: dict[str, Any], *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
+        answer = self.run(verbs.settings_set, values, cancel=cancel, deadline=deadline)
         with self._lock:
             self._settings_at = None  # the next report asks again
         return answer
 
-    def log_list(self, **kw) -> Answer:
-        return self.run(verbs.log_list, **kw)
+    def log_list(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
+        return self.run(verbs.log_list, cancel=cancel, deadline=deadline)
 
-    def log_get(self, name, **kw) -> Answer:
-        return self.run(verbs.log_get, name, **kw)
+    def log_get(self, name: str, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
+        return self.run(verbs.log_get, name, cancel=cancel, deadline=deadline)
 
     def controls(self) -> list:
         return list(self.manifest.controls if self.manifest.controls is not None else CONTROLS)
+
+    def check_told(self, content: dict[str, Any]) -> list[str]:
+        return []  # told, not run: nothing to refuse, nothing reaches the agent (apply_told says so)
+
+    def apply_told(self, content: dict[str, Any]) -> dict[str, Any]:
+        return not_told(content)
 
     # ------------------------------------------------------------ the report
 
@@ -306,3 +322,9 @@ def _result_or_failure(future: cf.Future, name: str) -> dict:
     except Exception as exc:  # a bug, not the adapter: visible in health rather than lost
         log.error("%s raised: %s", name, exc)
         return {"name": name, "level": "bad", "reason": f"internal error: {exc}"}
+
+
+if TYPE_CHECKING:
+    from caldera.agents.driver import AgentDriver
+
+    _satisfies: type[AgentDriver] = AdapterDriver  # mypy checks the driver against the interface

@@ -7,12 +7,13 @@ calls the driver: the process driver answers them the same way.)
 """
 from __future__ import annotations
 
+from caldera.agents.driver import as_process_driver
 from caldera.errors import CommandError
 
 
 def _process_driver(ctx):
-    driver = ctx.driver
-    if driver is None or not hasattr(driver, "supervisor"):
+    driver = as_process_driver(ctx.driver)
+    if driver is None:
         raise CommandError(f"{ctx.command_type} acts only in process mode; this agent runs in adapter mode, "
                            "where caldera starts and stops nothing (use pause / resume)")
     return driver

@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from caldera.agents import settings as settings_rules
 from caldera.agents import status
@@ -68,6 +69,7 @@ class ProcessDriver:
         self._health_entry: dict | None = None
         self._health_due = 0.0
         self._health_thread: threading.Thread | None = None
+        self.last_level: str | None = None  # no blueprint window judges a process agent's reports
 
     def _changed(self) -> None:
         self.report_now()
@@ -114,13 +116,13 @@ class ProcessDriver:
                           message="this runtime only reports; the daemon (caldera run) runs the agent")
         return act()
 
-    def start(self, **kw) -> Answer:
+    def start(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
         return self._supervised("start", lambda: self._started("start", self.supervisor.start()))
 
-    def stop(self, **kw) -> Answer:
+    def stop(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
         return self._supervised("stop", lambda: self._answer("stop", self.supervisor.stop(hold="stopped")))
 
-    def restart(self, **kw) -> Answer:
+    def restart(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
         return self._supervised("restart", lambda: self._started("restart", self.supervisor.restart()))
 
     def _started(self, verb: str, message: str) -> Answer:
@@ -128,18 +130,18 @@ class ProcessDriver:
 
     # ------------------------------------------------------------ the verbs
 
-    def pause(self, **kw) -> Answer:
+    def pause(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
         return self._supervised("pause", lambda: self._answer(
             "pause", "Paused; the agent stays stopped until resume. " + self.supervisor.stop(hold="paused")))
 
-    def resume(self, **kw) -> Answer:
+    def resume(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
         def act():
             lifted = "Pause lifted. " if self.supervisor.hold == "paused" else ""
             return self._started("resume", lifted + self.supervisor.start())
 
         return self._supervised("resume", act)
 
-    def run_now(self, **kw) -> Answer:
+    def run_now(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
         return self._supervised("run-now", self._run_now)
 
     def _run_now(self) -> Answer:
@@ -154,7 +156,7 @@ class ProcessDriver:
     def controls(self) -> list:
         return list(self.manifest.controls if self.manifest.controls is not None else CONTROLS)
 
-    def settings_get(self, **kw) -> Answer:
+    def settings_get(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
         values = files.read_settings(self.spec)
         schema = list(self.spec.settings_schema)
         answer = Answer(verb="settings get", kind=DONE,
@@ -162,7 +164,7 @@ class ProcessDriver:
         answer.data = {"values": values, "schema": schema, "bounds": {}}
         return answer
 
-    def settings_set(self, values, **kw) -> Answer:
+    def settings_set(self, values: dict[str, Any], *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
         problem = settings_rules.check_values(values, self.spec.settings_schema)
         if problem:
             return Answer(verb="settings set", kind=REFUSED, message="Nothing changed: " + problem)
@@ -177,16 +179,16 @@ class ProcessDriver:
         return self._answer("settings set", "Saved; the agent was told (SIGHUP)." if told
                             else "Saved; the agent reads it when it starts.")
 
-    def check_told(self, content: dict) -> list:
+    def check_told(self, content: dict[str, Any]) -> list[str]:
         """A config revision's `instructions`/`mcp`: why they may not be applied ([] = allowed)."""
         from caldera.agents.process.told import check_told
 
         return check_told(self, content)
 
-    def apply_told(self, content: dict) -> dict:
+    def apply_told(self, content: dict[str, Any]) -> dict[str, Any]:
         from caldera.agents.process.told import apply_told
 
-        return apply_told(self, content)
+        return {"told": apply_told(self, content)}
 
     def files_changed(self) -> bool:
         """A revision changed instructions or mcp: rebuild the agent's files, then SIGHUP it.
@@ -214,14 +216,14 @@ class ProcessDriver:
                     found[entry.name] = Path(entry.path)
         return dict(list(found.items())[:log_names.LIST_MAX])
 
-    def log_list(self, **kw) -> Answer:
+    def log_list(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
         names = list(self._logs())
         answer = Answer(verb="log --list", kind=DONE,
                         message=f"{len(names)} log{'' if len(names) == 1 else 's'}." if names else "No logs.")
         answer.data = {"logs": names}
         return answer
 
-    def log_get(self, name, **kw) -> Answer:
+    def log_get(self, name: str, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
         problem = log_names.name_problem(name)
         if problem:
             return Answer(verb="log", kind=REFUSED, message=f"{problem}.")
@@ -359,3 +361,9 @@ def _tail(path: Path, cap: int) -> tuple[str, bool]:
     finally:
         os.close(fd)
     return b"".join(chunks).decode("utf-8", "replace"), start > 0
+
+
+if TYPE_CHECKING:
+    from caldera.agents.driver import AgentDriver
+
+    _satisfies: type[AgentDriver] = ProcessDriver  # mypy checks the driver against the interface

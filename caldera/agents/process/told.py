@@ -8,20 +8,22 @@ breaks it is refused whole, naming the key.
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING, Any
 
 from caldera.agents.manifest import check_mcp_server
 from caldera.agents.process import files
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, ensure_dir
 
+if TYPE_CHECKING:
+    from caldera.agents.process.driver import ProcessDriver
+
 TOLD = ("instructions", "mcp")
 
 
-def check_told(driver, content: dict) -> list[str]:
+def check_told(driver: ProcessDriver, content: dict[str, Any]) -> list[str]:
     """Why the revision's `instructions`/`mcp` may not be applied (one sentence each), or []."""
-    spec = getattr(driver, "spec", None)
-    if spec is None or not hasattr(driver, "supervisor"):
-        return [f"{key}: only a process-mode agent is told {key}" for key in TOLD if key in content]
+    spec = driver.spec
     problems = []
     if "instructions" in content:
         text = content["instructions"]
@@ -54,7 +56,7 @@ def _mcp_problems(installed: dict, proposed) -> list[str]:
     return problems
 
 
-def apply_told(driver, content: dict) -> dict:
+def apply_told(driver: ProcessDriver, content: dict[str, Any]) -> dict[str, Any]:
     """Write the overrides, rebuild the agent's files, tell it (SIGHUP). Checked before."""
     overrides = ensure_dir(files.overrides_dir(driver.paths.state_dir))
     applied = []
