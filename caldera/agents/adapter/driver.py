@@ -177,7 +177,8 @@ class AdapterDriver:
             self._remember_settings(answer.data["values"], answer.data["bounds"])
         return answer
 
-    def settings_set(self, values: dict[str, Any], *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
+    def settings_set(self, values: dict[str, Any], *, cancel: threading.Event | None = None,
+                     deadline: float | None = None) -> Answer:
         answer = self.run(verbs.settings_set, values, cancel=cancel, deadline=deadline)
         with self._lock:
             self._settings_at = None  # the next report asks again

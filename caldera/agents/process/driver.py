@@ -164,7 +164,8 @@ class ProcessDriver:
         answer.data = {"values": values, "schema": schema, "bounds": {}}
         return answer
 
-    def settings_set(self, values: dict[str, Any], *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
+    def settings_set(self, values: dict[str, Any], *, cancel: threading.Event | None = None,
+                     deadline: float | None = None) -> Answer:
         problem = settings_rules.check_values(values, self.spec.settings_schema)
         if problem:
             return Answer(verb="settings set", kind=REFUSED, message="Nothing changed: " + problem)
