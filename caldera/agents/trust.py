@@ -28,6 +28,7 @@ calls (blueprint updates, config revisions, process mode's `instructions` and
 from __future__ import annotations
 
 import math
+from typing import Any
 
 # Keys whose value may change freely (within the manifest's own checks).
 FREE = {("version",), ("description",), ("runtime", "timeout_seconds"), ("runtime", "stop_timeout_seconds"),
@@ -209,3 +210,13 @@ def check_content(content: dict) -> list[str]:
     if "mcp" in content:
         problems.extend(_mcp({}, content["mcp"]))
     return problems
+
+
+# A revision's told keys where no agent reads the runtime's files (adapter mode, or no manifest):
+# reported as not applied, with the reason, rather than refused.
+NOT_TOLD = {"instructions": "adapter mode passes no instructions file", "mcp": "adapter mode passes no MCP config"}
+
+
+def not_told(content: dict[str, Any]) -> dict[str, Any]:
+    """The finish result's part for a revision's `instructions`/`mcp` that reach no agent."""
+    return {key: {"applied": False, "reason": reason} for key, reason in NOT_TOLD.items() if key in content}

@@ -9,7 +9,7 @@ import yaml
 from adapter_helpers import make_agent, workdir
 
 from caldera.agents import updates, window
-from caldera.agents.adapter.driver import adapter_status, open_driver
+from caldera.agents.adapter.driver import adapter_status, open_adapter_driver
 from caldera.agents.manifest import load_manifest
 from caldera.agents.updates import load_effective
 from caldera.errors import ConfigError
@@ -24,7 +24,7 @@ def pool():
 
 
 def _driver(paths, pool, redactor=None):
-    return open_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=redactor or Redactor())
+    return open_adapter_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=redactor or Redactor())
 
 
 def test_report_section_shape(tmp_path, pool):

@@ -10,7 +10,7 @@ import pytest
 from process_helpers import alive, kill_quietly, make_process_agent, read_state, wait_for
 
 from caldera.agents.manifest import load_manifest
-from caldera.agents.process.driver import open_driver
+from caldera.agents.process.driver import open_process_driver
 from caldera.agents.process.policy import RestartPolicy
 from caldera.agents.process.supervisor import FAILED, RUNNING, STOPPED
 from caldera.host.proc import stop_group
@@ -25,9 +25,9 @@ class Running:
         self.paths = paths
         self.store = StateFile(paths.state_dir / "state.json")
         self.redactor = Redactor(["s3cret-value"])
-        self.driver = open_driver(paths, load_manifest(paths.manifest_path), store=self.store,
-                                  redactor=self.redactor, report_interval=5.0,
-                                  environ=environ if environ is not None else {"TZ": "UTC"})
+        self.driver = open_process_driver(paths, load_manifest(paths.manifest_path), store=self.store,
+                                          redactor=self.redactor, report_interval=5.0,
+                                          environ=environ if environ is not None else {"TZ": "UTC"})
         if policy is not None:
             self.driver.supervisor.policy = policy
         self.stop = threading.Event()
@@ -217,14 +217,15 @@ def test_after_kill_9_of_the_runtime_the_survivor_is_stopped_never_doubled(tmp_p
     paths = make_process_agent(tmp_path, "run")
     code = ("import sys, threading\n"
             "from caldera.agents.manifest import load_manifest\n"
-            "from caldera.agents.process.driver import open_driver\n"
+            "from caldera.agents.process.driver import open_process_driver\n"
             "from caldera.config import AgentPaths\n"
             "from caldera.host.statefile import StateFile\n"
             "from caldera.redact import Redactor\n"
             "from pathlib import Path\n"
             "c, m, s = map(Path, sys.argv[1:4])\n"
             "p = AgentPaths('fake', c, m, s)\n"
-            "d = open_driver(p, load_manifest(m), store=StateFile(s / 'state.json'), redactor=Redactor(), environ={})\n"
+            "d = open_process_driver(p, load_manifest(m), store=StateFile(s / 'state.json'), redactor=Redactor(),\n"
+            "                        environ={})\n"
             "d.supervise(threading.Event())\n")
     runtime = subprocess.Popen([sys.executable, "-c", code, str(paths.config_dir), str(paths.manifest_path),
                                 str(paths.state_dir)], start_new_session=True)
@@ -309,8 +310,8 @@ def test_instructions_and_mcp_and_what_a_revision_may_tell(tmp_path):
 
 
 def test_a_revision_may_not_tell_an_adapter_agent_or_an_undeclared_file(tmp_path):
-    from caldera.agents.adapter.driver import not_told
     from caldera.agents.process.told import check_told
+    from caldera.agents.trust import not_told
 
     # An adapter driver refuses nothing and applies nothing: the finish result says why.
     assert not_told({"instructions": "x", "settings": {}}) == {

@@ -7,7 +7,7 @@ import yaml
 from adapter_helpers import make_agent, workdir
 
 from caldera.agents import updates, window
-from caldera.agents.adapter.driver import open_driver
+from caldera.agents.adapter.driver import open_adapter_driver
 from caldera.agents.manifest import load_manifest
 from caldera.agents.updates import load_effective
 from caldera.host.statefile import StateFile
@@ -30,7 +30,8 @@ def pool():
 def _agent(tmp_path, pool):
     paths = make_agent(tmp_path, "level_file.py", extra=SETTINGS)
     state = StateFile(tmp_path / "state.json")
-    driver = open_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor(), state=state)
+    driver = open_adapter_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor(),
+                                 state=state)
     return paths, driver, state
 
 
@@ -107,8 +108,8 @@ def test_the_update_survives_a_restart(tmp_path, pool):
     paths, driver, state = _agent(tmp_path, pool)
     driver.report_section()
     _update(paths, driver, state, 8, "1.1", 0.9)
-    fresh = open_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor(),
-                        state=StateFile(tmp_path / "state.json"))
+    fresh = open_adapter_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor(),
+                                state=StateFile(tmp_path / "state.json"))
     assert fresh.manifest.version == "1.1" and fresh.manifest.update["revision_id"] == 8
     assert load_manifest(paths.manifest_path).version == "0.1.0"
 

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from caldera.agents import status, updates, window
+from caldera.agents import status, trust, updates, window
 from caldera.agents.adapter import health, invoke, verbs
 from caldera.agents.adapter.answer import DONE, FAILED, UNSUPPORTED, Answer, ContractError
 from caldera.agents.manifest import CONTROLS
@@ -37,12 +37,9 @@ SETTINGS_TTL = 60.0  # seconds a `settings get` answer is used for reports
 STATUS_FRESH = 30.0
 VERSION_MAX = 50
 BACKGROUND_WAIT = 1.0  # ClawManager's openclaw_version column
-# Told, not run (docs/trust-boundary.md): an adapter agent reads no file of the runtime's, so a
-# config revision's `instructions` and `mcp` are reported as not applied.
-NOT_TOLD = {"instructions": "adapter mode passes no instructions file", "mcp": "adapter mode passes no MCP config"}
 
 
-def open_driver(paths, manifest, *, pool, redactor, schema_checks: bool = True, state=None) -> AdapterDriver:
+def open_adapter_driver(paths, manifest, *, pool, redactor, schema_checks: bool = True, state=None) -> AdapterDriver:
     """schema_checks: validate answers and the manifest with jsonschema too. The daemon and
     `report --once` run the plain-Python checks only, which give the schemas' verdict
     (tests hold the two together) without jsonschema's validators and their garbage.
@@ -54,12 +51,6 @@ def open_driver(paths, manifest, *, pool, redactor, schema_checks: bool = True, 
     driver = AdapterDriver(paths, manifest, pool=pool, redactor=redactor, schema_checks=schema_checks, state=state)
     driver.refresh_manifest()
     return driver
-
-
-def not_told(content: dict[str, Any]) -> dict[str, Any]:
-    """A config revision's `instructions`/`mcp` where no process driver is told them: the finish
-    result's part saying they were not applied, and why."""
-    return {key: {"applied": False, "reason": reason} for key, reason in NOT_TOLD.items() if key in content}
 
 
 def schema_problem(name: str, document) -> str | None:
@@ -197,7 +188,7 @@ class AdapterDriver:
         return []  # told, not run: nothing to refuse, nothing reaches the agent (apply_told says so)
 
     def apply_told(self, content: dict[str, Any]) -> dict[str, Any]:
-        return not_told(content)
+        return trust.not_told(content)  # an adapter agent reads no file of the runtime's
 
     # ------------------------------------------------------------ the report
 

@@ -70,7 +70,7 @@ def _check_secrets(paths, spec, report) -> None:
 
 def check_start(paths, manifest, report, *, wait: float = START_WAIT) -> None:
     """Start the agent once in a scratch state dir and wait for its status file."""
-    from caldera.agents.process.driver import open_driver
+    from caldera.agents.process.driver import open_process_driver
     from caldera.config import AgentPaths
     from caldera.host.statefile import StateFile
     from caldera.redact import Redactor
@@ -79,8 +79,8 @@ def check_start(paths, manifest, report, *, wait: float = START_WAIT) -> None:
     try:
         (scratch / "logs").mkdir()
         spaths = AgentPaths(paths.name, paths.config_dir, paths.manifest_path, scratch)
-        driver = open_driver(spaths, manifest, store=StateFile(scratch / "state.json"), redactor=Redactor(),
-                             report_interval=wait)
+        driver = open_process_driver(spaths, manifest, store=StateFile(scratch / "state.json"),
+                                     redactor=Redactor(), report_interval=wait)
         stop = threading.Event()
         thread = threading.Thread(target=driver.supervise, args=(stop,), name="check-supervisor")
         thread.start()

@@ -42,7 +42,7 @@ LABELS = {STARTING: ("warn", "Starting"), RUNNING: ("ok", "Running"), STOPPED: (
           P_FAILED: ("bad", "Failed")}
 
 
-def open_driver(paths, manifest, *, store, redactor, report_interval: float = 5.0, environ=os.environ,
+def open_process_driver(paths, manifest, *, store, redactor, report_interval: float = 5.0, environ=os.environ,
                 supervise: bool = True, report_now=None) -> ProcessDriver:
     """supervise=False: a driver that only reports (report --once); it starts nothing.
     report_now: called when the agent's state changes (the daemon's report wake-up)."""
