@@ -1,6 +1,7 @@
 """Process mode with real processes: start, the environment the agent sees, crash loops,
 stop escalation (grandchildren too), pause across runtimes, the survivor of a kill -9,
 hostile status files in a report, the verbs."""
+import dataclasses
 import json
 import os
 import signal
@@ -87,7 +88,7 @@ def test_the_manifest_version_when_the_status_file_has_none(tmp_path):
     with Running(paths) as run:
         run.pid()
         (paths.state_dir / "agent" / "status.json").unlink(missing_ok=True)
-        run.driver.spec.status_file = paths.state_dir / "agent" / "none.json"
+        run.driver.spec = dataclasses.replace(run.driver.spec, status_file=paths.state_dir / "agent" / "none.json")
         section = run.driver.report_section()
         assert section["runtime"]["openclaw_version"] == "1.0.0"
         assert any("not written yet" in e["reason"] for e in section["health"]["entries"])

@@ -8,14 +8,16 @@ breaks it is refused whole, naming the key.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
 
 from caldera.agents.manifest import check_mcp_server
 from caldera.agents.process import files
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, ensure_dir
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
+    from typing import Any
+
     from caldera.agents.process.driver import ProcessDriver
 
 TOLD = ("instructions", "mcp")
@@ -24,7 +26,7 @@ TOLD = ("instructions", "mcp")
 def check_told(driver: ProcessDriver, content: dict[str, Any]) -> list[str]:
     """Why the revision's `instructions`/`mcp` may not be applied (one sentence each), or []."""
     spec = driver.spec
-    problems = []
+    problems: list[str] = []
     if "instructions" in content:
         text = content["instructions"]
         if spec.instructions is None:
@@ -36,7 +38,7 @@ def check_told(driver: ProcessDriver, content: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _mcp_problems(installed: dict, proposed) -> list[str]:
+def _mcp_problems(installed: dict[str, Any], proposed: Any) -> list[str]:
     """The trust boundary's own rule (agents/trust.check_update: url entries may change, a
     command entry never), then each entry's shape."""
     if not isinstance(proposed, dict):
