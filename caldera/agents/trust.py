@@ -40,8 +40,6 @@ FREE = {("version",), ("description",), ("runtime", "timeout_seconds"), ("runtim
 # Keys with their own narrowing rule below.
 RULED = ("settings", "controls", "mcp")
 CONTROLS_ALL = ("pause", "resume", "run_now")
-# Content keys a config revision may carry besides `manifest` and `settings`: told, not run.
-CONTENT_TOLD = ("instructions",)
 
 
 def check_update(installed: Any, proposed: Any) -> list[str]:

@@ -20,8 +20,6 @@ if TYPE_CHECKING:
 
     from caldera.agents.process.driver import ProcessDriver
 
-TOLD = ("instructions", "mcp")
-
 
 def check_told(driver: ProcessDriver, content: dict[str, Any]) -> list[str]:
     """Why the revision's `instructions`/`mcp` may not be applied (one sentence each), or []."""
