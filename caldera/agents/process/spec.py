@@ -51,7 +51,7 @@ class ProcessSpec:
 
 
 def signal_number(name: str) -> int:
-    return int(getattr(signal, f"SIG{name}"))
+    return int(signal.Signals[f"SIG{name}"])
 
 
 def build_spec(manifest: Manifest, agent_state_dir: Path) -> ProcessSpec:
