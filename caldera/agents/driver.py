@@ -9,10 +9,11 @@ control socket) is asked of a `ProcessDriver` by `as_process_driver`, never prob
 from __future__ import annotations
 
 import sys
-import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import threading
+
     from caldera.agents.adapter.answer import Answer
     from caldera.agents.manifest import Manifest
     from caldera.agents.process.driver import ProcessDriver

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from caldera.agents.driver import AgentDriver
     from caldera.config import Settings
     from caldera.daemon.dispatch import CommandContext
     from caldera.protocol.client import ControlPlaneClient
@@ -217,10 +216,8 @@ def _prune(directory: Path) -> None:
 
 
 # ------------------------------------------------------------------ applying
-
-def _driver(ctx: CommandContext) -> AgentDriver | None:
-    return ctx.current.driver if ctx.current is not None else ctx.driver
-
+# The driver is read from `ctx.current` each time, not `ctx.driver`: a blueprint update or a
+# reload_config may have replaced it since the command started.
 
 def _refusal(revision_id: int, problems: list[str]) -> str:
     return (f"config revision {revision_id} refused as a whole, nothing applied: " + "; ".join(problems)
@@ -237,7 +234,7 @@ def _check_manifest(ctx: CommandContext, revision_id: int, text: object) -> None
 
 
 def _apply_manifest(ctx: CommandContext, revision_id: int, text: object) -> dict[str, Any]:
-    driver = _driver(ctx)
+    driver = ctx.current.driver
     try:
         outcome = window.apply_manifest_update(
             ctx.paths, text, revision_id=revision_id, previous_revision_id=ctx.state.get(STATE_KEY),
@@ -254,7 +251,7 @@ def _apply_manifest(ctx: CommandContext, revision_id: int, text: object) -> dict
 def _apply_settings(ctx: CommandContext, values: object) -> dict[str, Any]:
     if not isinstance(values, dict) or not values:
         raise CommandError("the revision's settings must be an object of values")
-    driver = _driver(ctx)
+    driver = ctx.current.driver
     if driver is None:
         raise CommandError("the revision carries settings, but this agent has no adapter to apply them")
     answer = driver.settings_set(values, cancel=ctx.cancel, deadline=ctx.deadline or None)
@@ -273,7 +270,7 @@ def _told(ctx: CommandContext, revision_id: int,
     the function that applies them (its part of the finish result), or None."""
     if not any(key in content for key in TOLD):
         return None
-    driver = _driver(ctx)
+    driver = ctx.current.driver
     if driver is None:  # no manifest, no driver: told to nobody, as in adapter mode
         return lambda: trust.not_told(content)
     problems = driver.check_told(content)
