@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from caldera.agents.manifest import load_manifest  # noqa: E402
 from caldera.agents.process import logpump  # noqa: E402
-from caldera.agents.process.driver import open_driver  # noqa: E402
+from caldera.agents.process.driver import open_process_driver  # noqa: E402
 from caldera.config import AgentPaths  # noqa: E402
 from caldera.host.statefile import StateFile  # noqa: E402
 from caldera.redact import Redactor  # noqa: E402
@@ -49,8 +49,8 @@ def run(root: Path, slow_disk: bool) -> dict:
     state = root / "state"
     (state / "logs").mkdir(parents=True)
     paths = AgentPaths("flood", work, manifest, state)
-    driver = open_driver(paths, load_manifest(manifest), store=StateFile(state / "state.json"), redactor=Redactor(),
-                         environ={})
+    driver = open_process_driver(paths, load_manifest(manifest), store=StateFile(state / "state.json"),
+                                 redactor=Redactor(), environ={})
     original = logpump.RotatingFile.write
     if slow_disk:
         def slow_write(self, data, _orig=original):
@@ -78,8 +78,8 @@ def run(root: Path, slow_disk: bool) -> dict:
         logpump.RotatingFile.write = original
     biggest = max(p.stat().st_size for p in (state / "logs").glob("agent.log*"))
     files = sorted(p.name for p in (state / "logs").glob("agent.log*"))
-    return {"before": before, "samples": samples, "written_mib_s": written / elapsed / 2**20, "dropped_mib": dropped / 2**20,
-            "flood_mib_s": (written + dropped) / elapsed / 2**20,
+    return {"before": before, "samples": samples, "written_mib_s": written / elapsed / 2**20,
+            "dropped_mib": dropped / 2**20, "flood_mib_s": (written + dropped) / elapsed / 2**20,
             "biggest_mib": biggest / 2**20, "files": files}
 
 

@@ -29,6 +29,13 @@ from caldera.agents.window import manifest_bytes_for_install
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_bytes
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+    from caldera.agents.manifest import Manifest
+
 MANIFEST = "caldera.agent.yaml"
 MAX_MEMBERS = 10_000
 MAX_BYTES = 512 * 1024 * 1024
@@ -55,7 +62,8 @@ class Refused(Exception):
     """The blueprint can't be installed; nothing was written."""
 
 
-def install(source, *, name=None, environ=os.environ, systemd_dir=SYSTEMD_DIR) -> dict:
+def install(source: str | Path, *, name: str | None = None, environ: Mapping[str, str] = os.environ,
+            systemd_dir: str | Path = SYSTEMD_DIR) -> dict[str, Any]:
     source = Path(source)
     with tempfile.TemporaryDirectory(prefix="caldera-init-") as tmp:
         tree = _unpack(source, Path(tmp)) if source.is_file() else _checked_dir(source)
@@ -81,7 +89,7 @@ def install(source, *, name=None, environ=os.environ, systemd_dir=SYSTEMD_DIR) -
             "name": name, "config_dir": str(config_dir), "state_dir": str(state_dir), "bundle_files": bundled}
 
 
-def _load(root: Path):
+def _load(root: Path) -> Manifest:
     manifest = load_manifest(root / MANIFEST, validate_schema=True)
     if manifest.runtime_type not in ("adapter", "process"):
         raise Refused(f"runtime.type: {manifest.runtime_type}: not a mode this caldera knows")
@@ -104,7 +112,7 @@ def _unpack(archive: Path, dest: Path) -> Path:
     return dest
 
 
-def _check_members(members) -> None:
+def _check_members(members: Sequence[tarfile.TarInfo]) -> None:
     if len(members) > MAX_MEMBERS:
         raise Refused(f"the archive has {len(members)} members, over {MAX_MEMBERS}")
     total = 0
@@ -124,13 +132,16 @@ def _check_members(members) -> None:
             raise Refused(f"the archive unpacks to more than {MAX_BYTES // (1024 * 1024)} MiB")
 
 
-def _extract(tar, member, dest: Path) -> None:
+def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path) -> None:
     target = dest / member.name
     if member.isdir():
         target.mkdir(parents=True, exist_ok=True)
         return
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tar.extractfile(member) as src, open(target, "wb") as out:
+    src = tar.extractfile(member)
+    if src is None:  # _check_members let only files and directories through
+        raise Refused(f"archive member {member.name!r}: not a regular file")
+    with src, open(target, "wb") as out:
         shutil.copyfileobj(src, out)
     os.chmod(target, 0o755 if member.mode & 0o111 else 0o644)
 
@@ -202,7 +213,7 @@ def _copy_bundle(root: Path, bundle: Path) -> int:
     return files
 
 
-def _service_user():
+def _service_user() -> pwd.struct_passwd | None:
     """The `caldera` passwd entry when root installs for it; None otherwise (a test, a checkout)."""
     if os.geteuid() != 0:
         return None
@@ -233,7 +244,7 @@ def _make_state_dir(state_dir: Path) -> None:
             os.chown(state_dir / sub, user.pw_uid, user.pw_gid)
 
 
-def _next_steps(name: str, config_dir: Path, config_root: Path, systemd_dir) -> str:
+def _next_steps(name: str, config_dir: Path, config_root: Path, systemd_dir: str | Path) -> str:
     """How to start the agent once its configuration is complete. The unit is not enabled
     here: an agent enabled before agent.env and secrets.env are filled would start unconfigured."""
     unit = f"caldera@{name}"

@@ -19,11 +19,19 @@ Exit 0: no breach; 1: a breach; 2: usage (no such agent).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 
 from caldera.agents import settings, status
 from caldera.agents.adapter import health, invoke, logs
 from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, UNSUPPORTED, ContractError, parse_object
 from caldera.protocol.schemas import SchemaError, validate
+
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from caldera.agents.adapter.answer import Answer
+    from caldera.agents.manifest import Manifest
 
 SLOW_STATUS_SECONDS = 2.0  # a tenth of status's 20 s: answer from a cache you keep
 PATH_PROBE = "../../etc/passwd"
@@ -34,11 +42,11 @@ UNKNOWN_VERB = "caldera-check-unknown-verb"
 PASS, FAIL, NOT_IMPLEMENTED, NOTE = "pass", "fail", "not implemented", "note"
 
 
+@dataclass
 class Report:
     """Each item: {check, result: pass|fail|not implemented|note, ok, detail}."""
 
-    def __init__(self):
-        self.items: list[dict] = []
+    items: list[dict[str, Any]] = field(default_factory=list)
 
     def _add(self, check: str, result: str, detail: str) -> None:
         self.items.append({"check": check, "result": result, "ok": result != FAIL, "detail": detail})
@@ -60,7 +68,7 @@ class Report:
         return sum(1 for item in self.items if not item["ok"])
 
 
-def run_checks(manifest, report: Report, *, controls: bool = False) -> Report:
+def run_checks(manifest: Manifest, report: Report, *, controls: bool = False) -> Report:
     """Every probe, each on its own: a failed one never skips a later one."""
     check_status(manifest, report)
     got = check_settings_get(manifest, report)
@@ -77,7 +85,7 @@ def run_checks(manifest, report: Report, *, controls: bool = False) -> Report:
     return report
 
 
-def _schema(name: str, document) -> str | None:
+def _schema(name: str, document: Any) -> str | None:
     try:
         validate(name, document)
     except SchemaError as exc:
@@ -85,7 +93,7 @@ def _schema(name: str, document) -> str | None:
     return None
 
 
-def _not_done(check: str, answer, report: Report, required: bool = False) -> None:
+def _not_done(check: str, answer: Answer, report: Report, required: bool = False) -> None:
     if answer.kind == FAILED:
         report.breach(check, answer.reason or "failed")
     elif answer.kind == UNSUPPORTED and required:
@@ -96,9 +104,9 @@ def _not_done(check: str, answer, report: Report, required: bool = False) -> Non
         report.breach(check, f"exit 1 (refused: {answer.message or 'no message'}); this verb must exit 0")
 
 
-def check_status(manifest, report: Report) -> None:
+def check_status(manifest: Manifest, report: Report) -> None:
     answer = invoke.call(manifest, "status")
-    if answer.kind != DONE:
+    if answer.kind != DONE or answer.data is None:  # done: a JSON verb's answer is its object
         return _not_done("status", answer, report, required=True)
     problem = _schema("adapter-status.schema.json", answer.data)
     if problem is None:
@@ -119,13 +127,13 @@ def check_status(manifest, report: Report) -> None:
         report.ok("status", f"answered in {answer.duration:.2f} s")
 
 
-def check_settings_get(manifest, report: Report) -> tuple[dict, dict] | None:
+def check_settings_get(manifest: Manifest, report: Report) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """(values, bounds) for the set probes, or None when settings get failed or is not needed."""
     if not manifest.settings_schema:
         report.note("settings get", "the manifest declares no settings: not called")
         return None
     answer = invoke.call(manifest, "settings get")
-    if answer.kind != DONE:
+    if answer.kind != DONE or answer.data is None:  # done: a JSON verb's answer is its object
         _not_done("settings get", answer, report)
         return None
     problem = _schema("adapter-settings-get.schema.json", answer.data)
@@ -142,21 +150,22 @@ def check_settings_get(manifest, report: Report) -> tuple[dict, dict] | None:
     return values, bounds
 
 
-def _outside(item: dict) -> float | int | None:
+def _outside(item: dict[str, Any]) -> float | int | None:
     """A value just above the setting's effective maximum (None: no numeric maximum)."""
     high = item.get("max")
     if item["type"] not in ("percent", "number", "integer") or high is None:
         return None
     if item["type"] == "integer":
         return int(high) + int(item.get("step") or 1)
-    return round(high + (item.get("step") or (0.01 if item["type"] == "percent" else max(1.0, abs(high) * 0.01))), 10)
+    step = item.get("step") or (0.01 if item["type"] == "percent" else max(1.0, abs(high) * 0.01))
+    return round(high + step, 10)
 
 
-def check_settings_set(manifest, report: Report, originals: dict, bounds: dict, *,
+def check_settings_set(manifest: Manifest, report: Report, originals: dict[str, Any], bounds: dict[str, Any], *,
                        originals_known: bool = True) -> None:
     """Probes a correct adapter refuses; what a wrong one took is put back to `originals`."""
     narrowed = settings.narrow(manifest.settings_schema, bounds)
-    probes = [("not JSON", "{not json", None,
+    probes: list[tuple[str, str, str | None, str]] = [("not JSON", "{not json", None,
                "exit 0 after a failure: settings set took an argument that is not JSON"),
               ("undeclared key", json.dumps({"caldera_check_no_such_setting": 1}), None,
                "exit 0 after a failure: settings set took a key that is not a setting")]
@@ -184,7 +193,7 @@ def check_settings_set(manifest, report: Report, originals: dict, bounds: dict, 
             _not_done(check, answer, report)
 
 
-def _refusal_ok(check: str, answer, report: Report) -> None:
+def _refusal_ok(check: str, answer: Answer, report: Report) -> None:
     problem = refusal_stdout_problem(answer.stdout)
     if problem:
         report.breach(check, problem)
@@ -192,7 +201,7 @@ def _refusal_ok(check: str, answer, report: Report) -> None:
         report.ok(check, f"refused with exit 1: {answer.message or '(no message)'}")
 
 
-def _restore(manifest, report: Report, key: str, value) -> None:
+def _restore(manifest: Manifest, report: Report, key: str, value: Any) -> None:
     answer = invoke.call(manifest, "settings set", (json.dumps({key: value}),))
     if answer.kind == DONE:
         report.note("settings set", f"put {key} back to {json.dumps(value)}")
@@ -201,29 +210,38 @@ def _restore(manifest, report: Report, key: str, value) -> None:
                                       f"{answer.reason or answer.message}; check the agent's settings by hand")
 
 
-def check_logs(manifest, report: Report) -> None:
+def check_logs(manifest: Manifest, report: Report) -> None:
     answer = invoke.call(manifest, "log --list")
     if answer.kind == UNSUPPORTED:
         report.not_implemented("log --list", "exit 2: this agent offers no logs")
-    elif answer.kind != DONE:
+    elif answer.kind != DONE or answer.data is None:  # done: a JSON verb's answer is its object
         _not_done("log --list", answer, report)
     else:
-        problem = _schema("adapter-log-list.schema.json", answer.data)
-        try:
-            names = logs.check_log_list(answer.data)
-        except ContractError as exc:
-            problem = problem or str(exc)
-            names = []
-        if problem:
-            report.breach("log --list", problem)
-        else:
-            refused = [e["name"] for e in answer.data["logs"] if logs.name_problem(e["name"])]
-            if refused:
-                report.breach("log --list", f"offers names the runtime refuses: {', '.join(map(repr, refused[:5]))}")
-            else:
-                report.ok("log --list", f"one JSON object, {len(names)} names")
-            if len(answer.data["logs"]) > logs.LIST_MAX:
-                report.note("log --list", f"{len(answer.data['logs'])} names; only the first {logs.LIST_MAX} are used")
+        _check_log_list(answer.data, report)
+    _check_log_names(manifest, report)
+
+
+def _check_log_list(data: dict[str, Any], report: Report) -> None:
+    problem = _schema("adapter-log-list.schema.json", data)
+    try:
+        names = logs.check_log_list(data)
+    except ContractError as exc:
+        problem = problem or str(exc)
+        names = []
+    if problem:
+        report.breach("log --list", problem)
+        return
+    refused = [e["name"] for e in data["logs"] if logs.name_problem(e["name"])]
+    if refused:
+        report.breach("log --list", f"offers names the runtime refuses: {', '.join(map(repr, refused[:5]))}")
+    else:
+        report.ok("log --list", f"one JSON object, {len(names)} names")
+    if len(data["logs"]) > logs.LIST_MAX:
+        report.note("log --list", f"{len(data['logs'])} names; only the first {logs.LIST_MAX} are used")
+
+
+def _check_log_names(manifest: Manifest, report: Report) -> None:
+    """A path and an unknown name: both must be refused (exit 1)."""
     for name, wrong in ((PATH_PROBE, "a path accepted as a log name: validate names yourself too"),
                         (UNKNOWN_LOG, "an unknown log name answered with exit 0; exit 1 for no such log")):
         probe = invoke.call(manifest, "log", (name,))
@@ -237,7 +255,7 @@ def check_logs(manifest, report: Report) -> None:
             _not_done(f"log {name}", probe, report)
 
 
-def check_unknown_verb(manifest, report: Report) -> None:
+def check_unknown_verb(manifest: Manifest, report: Report) -> None:
     verb = invoke.Verb((UNKNOWN_VERB,), 10, 64 * invoke.KIB, "answer")
     answer = invoke.call(manifest, UNKNOWN_VERB, verb=verb)
     if answer.kind == UNSUPPORTED:
@@ -247,7 +265,7 @@ def check_unknown_verb(manifest, report: Report) -> None:
         report.breach("unknown verb", f"{seen}; a verb the adapter does not know must exit 2")
 
 
-def check_controls(manifest, report: Report) -> None:
+def check_controls(manifest: Manifest, report: Report) -> None:
     for verb in ("pause", "resume", "run-now"):
         answer = invoke.call(manifest, verb)
         if answer.kind == DONE or (verb == "run-now" and answer.kind == REFUSED):
@@ -262,7 +280,7 @@ def check_controls(manifest, report: Report) -> None:
             _not_done(verb, answer, report)
 
 
-def check_health(manifest, report: Report) -> None:
+def check_health(manifest: Manifest, report: Report) -> None:
     entry = health.check(manifest)
     if entry["level"] == "ok":
         report.ok("health check", entry["reason"])

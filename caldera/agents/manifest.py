@@ -20,6 +20,10 @@ from caldera.agents.settings import value_problem
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_json
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
 CACHE_NAME = "manifest.json"
 CACHE_FORMAT = 1
 FORBIDDEN_IN_ADAPTER_MODE = ("status", "logs", "state", "secrets", "bindings", "instructions", "mcp")
@@ -30,8 +34,8 @@ CONTROLS = ("pause", "resume", "run_now")
 SETTING_TYPES = ("percent", "number", "integer", "boolean", "string", "enum")
 SETTING_KEYS = {"key", "label", "type", "min", "max", "step", "options", "max_length", "description"}
 # The name and key rules (^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$ and ^[A-Za-z_][A-Za-z0-9_]{0,63}$)
-# as character sets, not regexes: every quick verb checks its cached manifest, and two
-# regex compilations were a tenth of what `caldera pause` adds to a bare interpreter.
+# as character sets, not regexes: every quick verb checks its cached manifest, and compiling
+# the two regexes was a large part of its cost (docs/performance.md, section 1).
 _ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 _NAME_FIRST, _NAME_REST = _ALNUM, _ALNUM | frozenset("_.-")
 _KEY_FIRST = (_ALNUM - frozenset("0123456789")) | frozenset("_")
@@ -46,26 +50,40 @@ def is_key(text: str) -> bool:
     return _word(text, _KEY_FIRST, _KEY_REST)
 
 
-def _word(text: str, first: frozenset, rest: frozenset) -> bool:
+def _word(text: str, first: frozenset[str], rest: frozenset[str]) -> bool:
     return 0 < len(text) <= 64 and text[0] in first and all(c in rest for c in text[1:])
+
+
 TIMEOUT_MIN, TIMEOUT_MAX = 1, 120
 MAX_SETTINGS = 100
 PROCESS_RUNTIME_KEYS = ("stop_signal", "stop_timeout_seconds", "restart", "run_now_signal")
 
 
 class Manifest:
-    """The checked manifest (a plain class: `dataclasses` imports `inspect`, ~8 ms a local verb
-    would pay). Treat it as read-only; a changed file gives a new Manifest."""
+    """The checked manifest (a plain class, not a dataclass: a local verb builds one, and
+    `dataclasses` would cost it its import: docs/performance.md, section 1). Treat it as
+    read-only; a changed file gives a new Manifest."""
 
     __slots__ = ("path", "doc", "name", "version", "runtime_type", "command", "workdir", "timeout_seconds",
                  "settings_schema", "settings_defaults", "controls", "health", "account", "update")
+    path: Path
+    doc: dict[str, Any]  # the checked document
+    name: str
+    version: str | None
+    runtime_type: str  # adapter | process
+    command: tuple[str, ...]  # argv; command[0] made absolute when relative
+    workdir: Path  # absolute (a relative one is relative to the manifest's directory)
+    timeout_seconds: int | None
+    settings_schema: tuple[dict[str, Any], ...]
+    settings_defaults: dict[str, Any]
+    controls: tuple[str, ...] | None  # None when the manifest names none
+    health: dict[str, Any] | None
+    account: bool
+    # None for the installed manifest, else {revision_id, version, applied_at} of the stored
+    # blueprint update over it (caldera.agents.updates).
+    update: dict[str, Any] | None
 
-    def __init__(self, **fields):
-        # path: Path; doc: the checked document; command: argv tuple (command[0] made absolute when
-        # relative); workdir: absolute Path (a relative one is relative to the manifest's directory);
-        # settings_schema: tuple of dicts; controls: tuple, or None when the manifest names none;
-        # update: None for the installed manifest, else {revision_id, version, applied_at} of the
-        # stored blueprint update over it (caldera.agents.updates).
+    def __init__(self, **fields: Any) -> None:
         fields.setdefault("update", None)
         for name in self.__slots__:
             setattr(self, name, fields.pop(name))
@@ -75,16 +93,11 @@ class Manifest:
     def __repr__(self) -> str:
         return f"Manifest({self.name!r}, {self.runtime_type}, {str(self.path)!r})"
 
-    def setting(self, key: str) -> dict | None:
-        for item in self.settings_schema:
-            if item["key"] == key:
-                return item
-        return None
 
 
 # ---------------------------------------------------------------- loading
 
-def load_manifest(path, *, cache_dir=None, validate_schema: bool = False) -> Manifest:
+def load_manifest(path: str | Path, *, cache_dir: str | Path | None = None, validate_schema: bool = False) -> Manifest:
     """The checked manifest at `path`; ConfigError naming the problem otherwise.
 
     cache_dir: where the parsed-manifest cache lives (the CLI passes
@@ -106,7 +119,7 @@ def load_manifest(path, *, cache_dir=None, validate_schema: bool = False) -> Man
     return build(doc, path)
 
 
-def _parse_yaml(path: Path):
+def _parse_yaml(path: Path) -> Any:
     import yaml  # deferred: a cache hit (every warm quick verb) never pays for it
 
     try:
@@ -121,7 +134,7 @@ def _parse_yaml(path: Path):
         raise ConfigError(f"{path}: not valid YAML{at}: {problem}") from None
 
 
-def parse_text(text, path="caldera.agent.yaml") -> dict:
+def parse_text(text: str | bytes, path: str | Path = "caldera.agent.yaml") -> dict[str, Any]:
     """Parse and check manifest text (a blueprint update); the checked document."""
     import yaml  # deferred: a warm `caldera pause` reads the manifest cache and never needs it
 
@@ -133,7 +146,7 @@ def parse_text(text, path="caldera.agent.yaml") -> dict:
     return doc
 
 
-def schema_check(doc, path) -> None:
+def schema_check(doc: Any, path: str | Path) -> None:
     # deferred: a quick verb never checks the schema (docs/performance.md, section 1)
     from caldera.protocol.schemas import SchemaError, validate
 
@@ -143,11 +156,11 @@ def schema_check(doc, path) -> None:
         raise ConfigError(f"{path}: {exc}") from None
 
 
-def _cache_file(cache_dir) -> Path | None:
+def _cache_file(cache_dir: str | Path | None) -> Path | None:
     return Path(cache_dir) / CACHE_NAME if cache_dir is not None else None
 
 
-def _cache_get(cache_dir, key) -> dict | None:
+def _cache_get(cache_dir: str | Path | None, key: list[Any]) -> dict[str, Any] | None:
     file = _cache_file(cache_dir)
     if file is None:
         return None
@@ -165,7 +178,7 @@ def _cache_get(cache_dir, key) -> dict | None:
     return doc
 
 
-def _cache_put(cache_dir, key, doc) -> None:
+def _cache_put(cache_dir: str | Path | None, key: list[Any], doc: dict[str, Any]) -> None:
     file = _cache_file(cache_dir)
     if file is None:
         return
@@ -178,7 +191,7 @@ def _cache_put(cache_dir, key, doc) -> None:
         pass
 
 
-def build(doc: dict, path: Path) -> Manifest:
+def build(doc: dict[str, Any], path: Path) -> Manifest:
     runtime = doc["runtime"]
     base = path.parent
     workdir = Path(runtime.get("workdir") or ".")
@@ -200,13 +213,13 @@ def build(doc: dict, path: Path) -> Manifest:
     )
 
 
-def _opt_str(value):
+def _opt_str(value: object) -> str | None:
     return None if value is None else str(value)
 
 
 # ---------------------------------------------------------------- checks
 
-def check_document(doc, path) -> None:
+def check_document(doc: Any, path: str | Path) -> None:
     """Raise ConfigError naming the first problem; the same rules as manifest.schema.json."""
     where = str(path)
     if not isinstance(doc, dict):
@@ -237,22 +250,22 @@ def check_document(doc, path) -> None:
         raise ConfigError(f"{where}: account: must be true or false")
 
 
-def _check_process(doc, where: str) -> None:
+def _check_process(doc: dict[str, Any], where: str) -> None:
     check_process_runtime(doc["runtime"], where)
     check_process_keys(doc, where)
     if "account" in doc and not isinstance(doc["account"], (bool, str)):
         raise ConfigError(f"{where}: account: true, false, or a system user name to run the agent as")
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_num(value) -> bool:
+def _is_num(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _check_argv(value, label: str, where: str) -> None:
+def _check_argv(value: Any, label: str, where: str) -> None:
     if isinstance(value, str):
         raise ConfigError(f"{where}: {label}: must be an argv list, never a shell string "
                           f"(write [{', '.join(value.split())}])")
@@ -262,18 +275,18 @@ def _check_argv(value, label: str, where: str) -> None:
         raise ConfigError(f"{where}: {label}: an argument holds a NUL")
 
 
-def _check_timeout(value, label: str, where: str) -> None:
+def _check_timeout(value: Any, label: str, where: str) -> None:
     if not _is_int(value) or not TIMEOUT_MIN <= value <= TIMEOUT_MAX:
         raise ConfigError(f"{where}: {label}: a whole number of seconds from {TIMEOUT_MIN} to {TIMEOUT_MAX}")
 
 
-def _check_runtime(runtime, where: str) -> None:
+def _check_runtime(runtime: Any, where: str) -> None:
     if not isinstance(runtime, dict):
         raise ConfigError(f"{where}: runtime: required, a mapping with type: adapter or process")
     kind = runtime.get("type")
     if kind not in ("adapter", "process"):
         raise ConfigError(f"{where}: runtime.type: must be adapter or process")
-    allowed = ("type", "command", "workdir", "timeout_seconds")
+    allowed: tuple[str, ...] = ("type", "command", "workdir", "timeout_seconds")
     if kind == "process":
         allowed += PROCESS_RUNTIME_KEYS
     for key in runtime:
@@ -289,7 +302,7 @@ def _check_runtime(runtime, where: str) -> None:
         _check_timeout(runtime["timeout_seconds"], "runtime.timeout_seconds", where)
 
 
-def _check_settings(settings, where: str) -> None:
+def _check_settings(settings: Any, where: str) -> None:
     if settings is None:
         return
     if not isinstance(settings, dict):
@@ -319,7 +332,7 @@ def _check_settings(settings, where: str) -> None:
             raise ConfigError(f"{where}: settings.defaults.{key}: {problem}")
 
 
-def _check_setting_item(item, at: str) -> None:
+def _check_setting_item(item: Any, at: str) -> None:
     if not isinstance(item, dict):
         raise ConfigError(f"{at}: must be a mapping {{key, label, type, …}}")
     for key in item:
@@ -361,7 +374,7 @@ def _check_setting_item(item, at: str) -> None:
             raise ConfigError(f"{at}.max_length: a whole number from 1 to 8192")
 
 
-def _check_controls(doc, where: str) -> None:
+def _check_controls(doc: dict[str, Any], where: str) -> None:
     if "controls" not in doc:
         return
     controls = doc["controls"]
@@ -374,7 +387,7 @@ def _check_controls(doc, where: str) -> None:
         raise ConfigError(f"{where}: controls: a control is named twice")
 
 
-def _check_health(health, where: str) -> None:
+def _check_health(health: Any, where: str) -> None:
     if health is None:
         return
     if not isinstance(health, dict):
@@ -417,11 +430,11 @@ def _match(pattern: str, text: str) -> bool:
     return re.match(pattern, text) is not None
 
 
-def _fail(where: str, text: str) -> None:
+def _fail(where: str, text: str) -> NoReturn:
     raise ConfigError(f"{where}: {text}")
 
 
-def path_value(doc: dict, key: str, where: str) -> str | None:
+def path_value(doc: dict[str, Any], key: str, where: str) -> str | None:
     """The path a key names (string or {file|dir: path}); ConfigError naming the key."""
     if key not in doc:
         return None
@@ -437,7 +450,7 @@ def path_value(doc: dict, key: str, where: str) -> str | None:
     return value
 
 
-def check_process_runtime(runtime: dict, where: str) -> None:
+def check_process_runtime(runtime: dict[str, Any], where: str) -> None:
     """The runtime.* keys only process mode has."""
     for key in ("stop_signal", "run_now_signal"):
         if key in runtime and runtime[key] not in SIGNALS:
@@ -450,7 +463,7 @@ def check_process_runtime(runtime: dict, where: str) -> None:
         _fail(where, f"runtime.restart: one of {', '.join(RESTART_POLICIES)}")
 
 
-def check_process_keys(doc: dict, where: str) -> None:
+def check_process_keys(doc: dict[str, Any], where: str) -> None:
     """status, logs, state, secrets, bindings, instructions, mcp, env, account (as a user name)."""
     for key in PATH_FORMS:
         path_value(doc, key, where)
@@ -469,7 +482,7 @@ def check_process_keys(doc: dict, where: str) -> None:
         _fail(where, "account: true, false, or a system user name to run the agent as")
 
 
-def _check_names(value, key: str, limit: int, where: str) -> None:
+def _check_names(value: Any, key: str, limit: int, where: str) -> None:
     if value is None:
         return
     if not isinstance(value, list) or len(value) > limit:
@@ -485,7 +498,7 @@ def _check_names(value, key: str, limit: int, where: str) -> None:
         _fail(where, f"{key}: a name is listed twice")
 
 
-def _check_env(env, where: str) -> None:
+def _check_env(env: Any, where: str) -> None:
     if env is None:
         return
     if not isinstance(env, dict) or len(env) > MAX_ENV:
@@ -499,7 +512,7 @@ def _check_env(env, where: str) -> None:
             _fail(where, f"env.{name}: a plain string value (quote numbers), at most {VALUE_MAX} characters")
 
 
-def _check_mcp(mcp, where: str) -> None:
+def _check_mcp(mcp: Any, where: str) -> None:
     if mcp is None:
         return
     if not isinstance(mcp, dict) or len(mcp) > MAX_MCP:
@@ -510,7 +523,7 @@ def _check_mcp(mcp, where: str) -> None:
         check_mcp_server(name, server, where)
 
 
-def check_mcp_server(name: str, server, where: str) -> None:
+def check_mcp_server(name: str, server: Any, where: str) -> None:
     at = f"mcp.{name}"
     if not isinstance(server, dict) or len(server) != 1 or next(iter(server)) not in ("command", "url"):
         _fail(where, f"{at}: exactly one of command: [argv] or url: https://…")

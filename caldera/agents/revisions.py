@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import replace
 from pathlib import Path
 
 from caldera.agents import trust, window
@@ -30,6 +29,18 @@ from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, ensure_di
 from caldera.host.jsonlimits import loads
 from caldera.protocol.client import ApiError, NotFound, transient
 from caldera.protocol.retry import retry_within
+
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    import threading
+    from collections.abc import Callable
+    from typing import Any
+
+    from caldera.config import Settings
+    from caldera.daemon.dispatch import CommandContext
+    from caldera.protocol.client import ControlPlaneClient
+
+    Path_ = tuple[str, ...]  # object keys from the top of a JSON document
 
 log = logging.getLogger("caldera.agents.revisions")
 STATE_KEY = "current_config_revision_id"
@@ -63,7 +74,7 @@ def _string_end(raw: bytes, i: int) -> int:
     raise SpanError("unterminated string")
 
 
-def _value_end(raw: bytes, i: int, path: tuple, found: dict) -> int:
+def _value_end(raw: bytes, i: int, path: Path_, found: dict[str, tuple[int, int]]) -> int:
     """End index of the JSON value starting at i; records the span at `path` in found."""
     i = _skip_ws(raw, i)
     if i >= len(raw):
@@ -92,7 +103,7 @@ def _value_end(raw: bytes, i: int, path: tuple, found: dict) -> int:
     return j
 
 
-def _object_end(raw: bytes, i: int, path: tuple, found: dict) -> int:
+def _object_end(raw: bytes, i: int, path: Path_, found: dict[str, tuple[int, int]]) -> int:
     """End of the object at i; when `path` leads through it, the target's span goes in found."""
     i = _skip_ws(raw, i + 1)
     if raw[i:i + 1] == b"}":
@@ -118,9 +129,9 @@ def _object_end(raw: bytes, i: int, path: tuple, found: dict) -> int:
         i = _skip_ws(raw, i + 1)
 
 
-def value_span(raw: bytes, path: tuple) -> bytes | None:
+def value_span(raw: bytes, path: Path_) -> bytes | None:
     """The raw bytes of the value at `path` (object keys), or None when absent."""
-    found: dict = {}
+    found: dict[str, tuple[int, int]] = {}
     start = _skip_ws(raw, 0)
     if raw[start:start + 1] != b"{":
         return None
@@ -133,7 +144,7 @@ def value_span(raw: bytes, path: tuple) -> bytes | None:
 
 # ------------------------------------------------------------------ fetching and checking
 
-def revision_path(doc) -> tuple:
+def revision_path(doc: Any) -> Path_:
     """Where `revision` sits: data.revision (ClawManager), revision, or data / bare."""
     if isinstance(doc, dict) and isinstance(doc.get("data"), dict):
         data = doc["data"]
@@ -143,7 +154,8 @@ def revision_path(doc) -> tuple:
     return ()
 
 
-def fetch(client, revision_id: int, cancel=None, deadline: float | None = None) -> tuple[dict, bytes]:
+def fetch(client: ControlPlaneClient, revision_id: int, cancel: threading.Event | None = None,
+          deadline: float | None = None) -> tuple[dict[str, Any], bytes]:
     """(the revision object, the raw bytes of its content), checksum verified. With a cancel
     event and deadline (a command's), transient failures are retried until the deadline."""
     try:
@@ -172,11 +184,13 @@ def fetch(client, revision_id: int, cancel=None, deadline: float | None = None) 
         content = value_span(raw, where + ("content",))
     except SpanError as exc:
         raise CommandError(f"config revision {revision_id}: the answer is not valid JSON ({exc})") from None
+    if content is None:  # the parsed revision has it: the scanner found it too
+        raise CommandError(f"config revision {revision_id}: the answer has no revision content")
     verify(revision_id, revision.get("checksum"), content)
     return revision, content
 
 
-def verify(revision_id, checksum, content: bytes) -> None:
+def verify(revision_id: int, checksum: Any, content: bytes) -> None:
     if not isinstance(checksum, str) or not checksum.startswith("sha256:"):
         raise CommandError(f"config revision {revision_id} has no sha256 checksum ({checksum!r}); not applied")
     actual = hashlib.sha256(content).hexdigest()
@@ -185,7 +199,7 @@ def verify(revision_id, checksum, content: bytes) -> None:
                            f"sha256:{actual}); nothing applied")
 
 
-def store(state_dir, revision_id: int, revision: dict, content: bytes) -> Path:
+def store(state_dir: str | Path, revision_id: int, revision: dict[str, Any], content: bytes) -> Path:
     directory = ensure_dir(Path(state_dir) / "config-revisions")
     atomic_write_bytes(directory / f"{revision_id}.content.json", content)
     meta = {k: revision.get(k) for k in ("id", "instance_id", "revision_no", "checksum", "status", "published_at")}
@@ -202,17 +216,15 @@ def _prune(directory: Path) -> None:
 
 
 # ------------------------------------------------------------------ applying
+# The driver is read from `ctx.current` each time, not `ctx.driver`: a blueprint update or a
+# reload_config may have replaced it since the command started.
 
-def _driver(ctx):
-    return ctx.current.driver if ctx.current is not None else ctx.driver
-
-
-def _refusal(revision_id: int, problems: list) -> str:
+def _refusal(revision_id: int, problems: list[str]) -> str:
     return (f"config revision {revision_id} refused as a whole, nothing applied: " + "; ".join(problems)
             + " (a revision may change only what the agent is told: docs/trust-boundary.md)")
 
 
-def _check_manifest(ctx, revision_id: int, text) -> None:
+def _check_manifest(ctx: CommandContext, revision_id: int, text: object) -> None:
     try:
         window.check_proposed(ctx.paths, text)
     except window.TrustError as exc:
@@ -221,25 +233,25 @@ def _check_manifest(ctx, revision_id: int, text) -> None:
         raise CommandError(f"config revision {revision_id}: the manifest is refused, nothing applied: {exc}") from None
 
 
-def _apply_manifest(ctx, revision_id: int, text) -> dict:
-    driver = _driver(ctx)
+def _apply_manifest(ctx: CommandContext, revision_id: int, text: object) -> dict[str, Any]:
+    driver = ctx.current.driver
     try:
         outcome = window.apply_manifest_update(
             ctx.paths, text, revision_id=revision_id, previous_revision_id=ctx.state.get(STATE_KEY),
-            level_before=getattr(driver, "last_level", None))
+            level_before=None if driver is None else driver.last_level)
     except window.TrustError as exc:
         raise CommandError(_refusal(revision_id, exc.problems)) from None
     except ConfigError as exc:
         raise CommandError(f"the revision's manifest is refused: {exc}") from None
-    if driver is not None and hasattr(driver, "refresh_manifest"):
+    if driver is not None:
         driver.refresh_manifest()
     return {"applied": True, **outcome}
 
 
-def _apply_settings(ctx, values) -> dict:
+def _apply_settings(ctx: CommandContext, values: object) -> dict[str, Any]:
     if not isinstance(values, dict) or not values:
         raise CommandError("the revision's settings must be an object of values")
-    driver = _driver(ctx)
+    driver = ctx.current.driver
     if driver is None:
         raise CommandError("the revision carries settings, but this agent has no adapter to apply them")
     answer = driver.settings_set(values, cancel=ctx.cancel, deadline=ctx.deadline or None)
@@ -251,25 +263,23 @@ def _apply_settings(ctx, values) -> dict:
 TOLD = ("instructions", "mcp")  # what a revision may tell a process agent (SPEC 7b)
 
 
-def _told(ctx, revision_id: int, content: dict):
-    """`instructions` and `mcp`: the process driver checks them (agents/process/told.py, on top of
-    trust.check_content) before anything of the revision is stored or applied; returns the
-    function that applies them (its part of the finish result), or None."""
-    keys = [key for key in TOLD if key in content]
-    if not keys:
+def _told(ctx: CommandContext, revision_id: int,
+          content: dict[str, Any]) -> Callable[[], dict[str, Any]] | None:
+    """`instructions` and `mcp`: the driver checks them (the process driver: agents/process/told.py,
+    on top of trust.check_content) before anything of the revision is stored or applied; returns
+    the function that applies them (its part of the finish result), or None."""
+    if not any(key in content for key in TOLD):
         return None
-    driver = _driver(ctx)
-    if not hasattr(driver, "check_told"):
-        # Told, not run (docs/trust-boundary.md): an adapter agent reads no file of the runtime's.
-        reasons = {"instructions": "adapter mode passes no instructions file", "mcp": "adapter mode passes no MCP config"}
-        return lambda: {key: {"applied": False, "reason": reasons[key]} for key in keys}
+    driver = ctx.current.driver
+    if driver is None:  # no manifest, no driver: told to nobody, as in adapter mode
+        return lambda: trust.not_told(content)
     problems = driver.check_told(content)
     if problems:
         raise CommandError(_refusal(revision_id, problems))
-    return lambda: {"told": driver.apply_told(content)}
+    return lambda: driver.apply_told(content)
 
 
-def apply_revision(ctx, revision_id) -> dict:
+def apply_revision(ctx: CommandContext, revision_id: object) -> dict[str, Any]:
     """Fetch, verify, check against the trust boundary, store and apply one revision; the finish result."""
     revision_id = _revision_id(revision_id)
     if ctx.client is None:
@@ -306,7 +316,7 @@ def apply_revision(ctx, revision_id) -> dict:
     return result
 
 
-def _revision_id(value) -> int:
+def _revision_id(value: object) -> int:
     if isinstance(value, bool):
         raise CommandError("revision_id must be a whole number")
     try:
@@ -318,7 +328,7 @@ def _revision_id(value) -> int:
     return number
 
 
-def apply_config_revision(ctx, payload: dict) -> dict:
+def apply_config_revision(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
     return apply_revision(ctx, payload.get("revision_id"))
 
 
@@ -327,7 +337,7 @@ def apply_config_revision(ctx, payload: dict) -> dict:
 FIXED = ("enabled", "base_url", "instance_id", "bootstrap_token")  # never changed by a command
 
 
-def reload_config(ctx, payload: dict) -> dict:
+def reload_config(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
     try:
         fresh = load_settings(ctx.paths)
     except ConfigError as exc:
@@ -339,7 +349,7 @@ def reload_config(ctx, payload: dict) -> dict:
     ctx.current.replace(settings=fresh)
     for value in fresh.secret_values:
         ctx.redactor.add(value)
-    result = {"agent_env": "reloaded", "changed_keys": changed[:100]}
+    result: dict[str, Any] = {"agent_env": "reloaded", "changed_keys": changed[:100]}
     if kept:
         result["not_applied"] = [f"{n}: needs a restart (a command never moves the control-plane connection)"
                                  for n in kept]
@@ -348,17 +358,14 @@ def reload_config(ctx, payload: dict) -> dict:
     return result
 
 
-def _with(settings, values: dict):
+def _with(settings: Settings, values: dict[str, Any]) -> Settings:
     """A copy of a read-only Settings with some fields replaced."""
-    fields = getattr(type(settings), "FIELDS", None)
-    if fields is None:  # a dataclass Settings
-        return replace(settings, **values)
-    current = {name: getattr(settings, name) for name in fields}
+    current = {name: getattr(settings, name) for name in settings.FIELDS}
     current.update(values)
     return type(settings)(**current)
 
 
-def _reload_manifest(ctx) -> dict:
+def _reload_manifest(ctx: CommandContext) -> dict[str, Any]:
     if not Path(ctx.paths.manifest_path).is_file():
         return {"present": False}
     try:
@@ -367,6 +374,6 @@ def _reload_manifest(ctx) -> dict:
         raise CommandError(f"the manifest was not reloaded (the running one is kept): {exc}") from None
     ctx.current.replace(manifest=manifest)
     driver = ctx.current.driver
-    if driver is not None and hasattr(driver, "refresh_manifest"):
+    if driver is not None:
         driver.refresh_manifest()
-    return {"present": True, "name": getattr(manifest, "name", None), "version": getattr(manifest, "version", None)}
+    return {"present": True, "name": manifest.name, "version": manifest.version}

@@ -22,20 +22,27 @@ import math
 from caldera.agents.contract import ContractError
 from caldera.host.jsonlimits import dumps_compact, escape_surrogates, text_problem
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+    Item = dict[str, Any]  # one declared setting: {key, type, min, max, step, options, …}
+
 SET_ARG_MAX_BYTES = 8 * 1024
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0")
 
 
-def _is_num(value) -> bool:
+def _is_num(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _fmt(value) -> str:
+def _fmt(value: Any) -> str:
     return json.dumps(value)
 
 
-def value_problem(item: dict, value, anchor=None) -> str | None:
+def value_problem(item: Item, value: Any, anchor: float | None = None) -> str | None:
     """Why `value` is not allowed for the setting `item`, or None. null (unset) is allowed.
 
     anchor: where the step grid starts (the manifest's own `min`, when `item` is narrowed)."""
@@ -63,7 +70,7 @@ def value_problem(item: dict, value, anchor=None) -> str | None:
     return _range_problem(item, value, item.get("min") if anchor is None else anchor)
 
 
-def _range_problem(item: dict, value, anchor) -> str | None:
+def _range_problem(item: Item, value: float, anchor: float | None) -> str | None:
     low, high = item.get("min"), item.get("max")
     if low is not None and high is not None and low > high:
         return f"no value is allowed: the minimum {_fmt(low)} is above the maximum {_fmt(high)}"
@@ -79,13 +86,13 @@ def _range_problem(item: dict, value, anchor) -> str | None:
     return None
 
 
-def argument(values: dict) -> str:
+def argument(values: dict[str, Any]) -> str:
     """The one `settings set` argument, exactly as passed: compact JSON, UTF-8 text, lone
     surrogates JSON-escaped (so it always encodes, and the adapter decodes the same value)."""
     return dumps_compact(values)
 
 
-def check_values(values, schema, grid=None) -> str | None:
+def check_values(values: Any, schema: Sequence[Item], grid: Sequence[Item] | None = None) -> str | None:
     """The first problem of a set request against `schema` (items), or None.
 
     grid: the manifest's own items, whose `min` anchors the step grid when `schema`
@@ -111,7 +118,7 @@ def check_values(values, schema, grid=None) -> str | None:
     return None
 
 
-def key_problem(key) -> str | None:
+def key_problem(key: Any) -> str | None:
     """A key names a setting: it must be text (refused with a sentence, never echoed broken)."""
     if not isinstance(key, str):
         return "a setting's key must be a string"
@@ -119,7 +126,7 @@ def key_problem(key) -> str | None:
     return f"a setting's key must be valid text: {problem}" if problem else None
 
 
-def narrow(schema, bounds: dict | None) -> tuple:
+def narrow(schema: Sequence[Item], bounds: dict[str, Any] | None) -> tuple[Item, ...]:
     """The manifest schema with min/max narrowed by the adapter's bounds (never widened)."""
     bounds = bounds or {}
     narrowed = []
@@ -136,7 +143,7 @@ def narrow(schema, bounds: dict | None) -> tuple:
     return tuple(narrowed)
 
 
-def check_settings_get(data, schema) -> tuple[dict, dict]:
+def check_settings_get(data: Any, schema: Sequence[Item]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(values, bounds) from a `settings get` answer; ContractError when it breaks the contract.
 
     Keys the manifest does not declare are ignored (seed 000); a declared key
@@ -162,18 +169,18 @@ def check_settings_get(data, schema) -> tuple[dict, dict]:
     return {key: values.get(key) for key in declared}, clean_bounds
 
 
-def parse_pairs(pairs, schema) -> dict:
+def parse_pairs(pairs: Sequence[str], schema: Sequence[Item]) -> dict[str, Any]:
     """KEY=VALUE words (or one JSON object) into values typed by the manifest; ValueError naming the word."""
     if len(pairs) == 1 and pairs[0].lstrip().startswith("{"):
         try:
-            values = json.loads(pairs[0])
+            given = json.loads(pairs[0])
         except ValueError as exc:
             raise ValueError(f"the JSON object is not valid JSON: {exc}") from None
-        if not isinstance(values, dict):
+        if not isinstance(given, dict):
             raise ValueError("the JSON values must be one object")
-        return values
+        return given
     by_key = {item["key"]: item for item in schema}
-    values = {}
+    values: dict[str, Any] = {}
     for word in pairs:
         key, sep, raw = word.partition("=")
         if not sep or not key:
@@ -188,7 +195,7 @@ def parse_pairs(pairs, schema) -> dict:
     return values
 
 
-def _typed(item: dict, raw: str):
+def _typed(item: Item, raw: str) -> str | bool | int | float | None:
     if raw == "":
         return None  # KEY= unsets (null); an empty string goes through --json
     kind, text = item["type"], raw.strip()
@@ -207,4 +214,5 @@ def _typed(item: dict, raw: str):
             return float(text[:-1]) / 100  # 95% means 0.95
         return float(text)
     except ValueError:
-        raise ValueError(f"{item['key']}={escape_surrogates(raw)}: not a {'whole ' if kind == 'integer' else ''}number") from None
+        whole = "whole " if kind == "integer" else ""
+        raise ValueError(f"{item['key']}={escape_surrogates(raw)}: not a {whole}number") from None

@@ -16,15 +16,19 @@ import math
 from caldera.agents.contract import ContractError
 from caldera.host.jsonlimits import scrub
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from typing import Any
+
 STRING_MAX = 1000
 LIST_MAX = 50
 LEVELS = ("ok", "warn", "bad", "off")
 NOT_ANSWERING = "Adapter not answering"
 
 # key -> (kind, fields): kind "object" (one mapping), "list" (of mappings), "str", "strings"
-FIELDS = {
+FIELDS: dict[str, tuple[str, dict[str, str]]] = {
     "state": ("object", {"level": "level", "label": "str", "since": "str"}),
-    "detail": ("str", None),
+    "detail": ("str", {}),
     "gauges": ("list", {"name": "str", "used": "fraction", "label": "str", "resets_at": "str"}),
     "active": ("list", {"id": "id", "title": "str", "started_at": "str", "log": "str"}),
     "runs": ("list", {"id": "id", "title": "str", "started_at": "str", "finished_at": "str",
@@ -32,17 +36,17 @@ FIELDS = {
     "health": ("list", {"name": "str", "level": "level", "reason": "str"}),
     "agent": ("object", {"version": "str", "commit": "str"}),
     "next_run": ("object", {"at": "str", "reason": "str"}),
-    "held": ("strings", None),
+    "held": ("strings", {}),
 }
 # What each level means in v1's openclaw_status slot and in health.agent.
 OPENCLAW_STATUS = {"ok": "running", "warn": "running", "bad": "error", "off": "stopped"}
 HEALTH_WORD = {"ok": "ok", "warn": "degraded", "bad": "error", "off": "stopped"}
 
 
-def filter_status(raw) -> dict:
+def filter_status(raw: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ContractError("status: the answer must be a JSON object")
-    body = {}
+    body: dict[str, Any] = {}
     for key, (kind, fields) in FIELDS.items():
         if key not in raw or raw[key] is None:
             continue
@@ -62,14 +66,14 @@ def filter_status(raw) -> dict:
     return body
 
 
-def _mapping(value, fields: dict, where: str) -> dict:
+def _mapping(value: Any, fields: dict[str, str], where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ContractError(f"status: {where}: must be an object")
     return {name: _scalar(value[name], kind, f"{where}.{name}")
             for name, kind in fields.items() if value.get(name) is not None}
 
 
-def _scalar(value, kind: str, where: str):
+def _scalar(value: Any, kind: str, where: str) -> Any:
     if kind == "level":
         if value not in LEVELS:
             raise ContractError(f"status: {where}: must be one of {', '.join(LEVELS)}")
@@ -86,7 +90,7 @@ def _scalar(value, kind: str, where: str):
     return scrub(value[:STRING_MAX])  # text shown to people: a lone surrogate becomes U+FFFD
 
 
-def not_answering(reason: str) -> dict:
+def not_answering(reason: str) -> dict[str, Any]:
     """The body of a report whose status call failed."""
     reason = reason[:STRING_MAX]
     return {"state": {"level": "bad", "label": NOT_ANSWERING},
@@ -94,14 +98,14 @@ def not_answering(reason: str) -> dict:
             "health": [{"name": "Adapter", "level": "bad", "reason": reason}]}
 
 
-def level_of(body: dict) -> str | None:
+def level_of(body: dict[str, Any]) -> str | None:
     state = body.get("state")
     return state.get("level") if isinstance(state, dict) else None
 
 
-def openclaw_status(body: dict) -> str:
-    return OPENCLAW_STATUS.get(level_of(body), "unknown")
+def openclaw_status(body: dict[str, Any]) -> str:
+    return OPENCLAW_STATUS.get(level_of(body) or "", "unknown")
 
 
-def health_word(body: dict) -> str:
-    return HEALTH_WORD.get(level_of(body), "unknown")
+def health_word(body: dict[str, Any]) -> str:
+    return HEALTH_WORD.get(level_of(body) or "", "unknown")

@@ -29,17 +29,20 @@ from __future__ import annotations
 
 import math
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, TypeGuard
+
 # Keys whose value may change freely (within the manifest's own checks).
 FREE = {("version",), ("description",), ("runtime", "timeout_seconds"), ("runtime", "stop_timeout_seconds"),
         ("health", "timeout_seconds"), ("health", "interval_seconds")}
 # Keys with their own narrowing rule below.
 RULED = ("settings", "controls", "mcp")
 CONTROLS_ALL = ("pause", "resume", "run_now")
-# Content keys a config revision may carry besides `manifest` and `settings`: told, not run.
-CONTENT_TOLD = ("instructions",)
 
 
-def check_update(installed: dict, proposed: dict) -> list[str]:
+def check_update(installed: Any, proposed: Any) -> list[str]:
     """Why `proposed` may not replace `installed` (one sentence per key), or [] when it may."""
     if not isinstance(installed, dict) or not isinstance(proposed, dict):
         return ["the manifest must be a mapping"]
@@ -54,7 +57,7 @@ def check_update(installed: dict, proposed: dict) -> list[str]:
     return problems
 
 
-def overlay(installed: dict, proposed: dict) -> dict:
+def overlay(installed: dict[str, Any], proposed: dict[str, Any]) -> dict[str, Any]:
     """The effective manifest: `installed`, with what `proposed` may change taken from it.
 
     Called only after check_update found nothing; copying the untouchable keys
@@ -75,8 +78,9 @@ def overlay(installed: dict, proposed: dict) -> dict:
     return result
 
 
-def _clone(value):
-    """A deep copy of manifest data (dicts, lists, scalars): `copy` would cost a local verb ~1 ms to import."""
+def _clone(value: Any) -> Any:
+    """A deep copy of manifest data (dicts, lists, scalars), without importing `copy`: a local
+    verb reaches this with a stored update (docs/performance.md, section 1)."""
     if isinstance(value, dict):
         return {k: _clone(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -97,7 +101,7 @@ def _changed(key: str) -> str:
             f"on the host may change")
 
 
-def _nested(section: str, old, new) -> list[str]:
+def _nested(section: str, old: Any, new: Any) -> list[str]:
     """runtime and health: every key but the FREE timeouts must stay as installed."""
     old = old if old is not None else {}
     new = new if new is not None else {}
@@ -107,7 +111,7 @@ def _nested(section: str, old, new) -> list[str]:
             if (section, key) not in FREE and old.get(key, _ABSENT) != new.get(key, _ABSENT)]
 
 
-def _controls(old, new) -> list[str]:
+def _controls(old: Any, new: Any) -> list[str]:
     allowed = set(CONTROLS_ALL if old is None else old)
     if new is None:
         return [] if old is None else ["controls: removing the list offers every control, more than installed"]
@@ -118,7 +122,7 @@ def _controls(old, new) -> list[str]:
             f"({', '.join(sorted(allowed)) or 'none'}); an update may only offer fewer"] if extra else []
 
 
-def _mcp(old, new) -> list[str]:
+def _mcp(old: Any, new: Any) -> list[str]:
     old, new = old or {}, new or {}
     if not isinstance(old, dict) or not isinstance(new, dict):
         return [] if old == new else [_changed("mcp")]
@@ -132,7 +136,7 @@ def _mcp(old, new) -> list[str]:
     return problems
 
 
-def _settings(old, new) -> list[str]:
+def _settings(old: Any, new: Any) -> list[str]:
     old_items = _items(old)
     new_items = _items(new)
     if old_items is None or new_items is None:
@@ -150,7 +154,7 @@ def _settings(old, new) -> list[str]:
     return problems
 
 
-def _items(settings):
+def _items(settings: Any) -> list[dict[str, Any]] | None:
     if settings is None:
         return []
     if not isinstance(settings, dict) or not isinstance(settings.get("schema", []), list):
@@ -159,11 +163,11 @@ def _items(settings):
     return items if all(isinstance(i, dict) for i in items) else None
 
 
-def _num(value) -> bool:
+def _num(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _narrows(base: dict, item: dict, where: str) -> list[str]:
+def _narrows(base: dict[str, Any], item: dict[str, Any], where: str) -> list[str]:
     """Problems of one setting: same type and step; bounds, options and length only narrow."""
     if item.get("type") != base.get("type"):
         return [f"{where}.type: {base.get('type')} in the installed blueprint; an update may not change it"]
@@ -191,21 +195,31 @@ def _narrows(base: dict, item: dict, where: str) -> list[str]:
     return problems
 
 
-def _on_grid(value, anchor, step) -> bool:
+def _on_grid(value: float, anchor: float, step: float) -> bool:
     steps = (value - anchor) / step
     return abs(steps - round(steps)) <= 1e-9 * max(1.0, abs(steps))
 
 
-_RULES = {"settings": _settings, "controls": _controls, "mcp": _mcp}
+_RULES: dict[str, Callable[[Any, Any], list[str]]] = {"settings": _settings, "controls": _controls, "mcp": _mcp}
 
 
 RUN_KEYS = ("runtime", "health", "account", "secrets", "bindings", "env", "status", "logs", "state")
 
 
-def check_content(content: dict) -> list[str]:
+def check_content(content: dict[str, Any]) -> list[str]:
     """A config revision's own top-level keys (besides `manifest`, `settings` and ClawManager's
     bootstrap manifest): a key that names what the host runs is refused there too."""
     problems = [_changed(key) for key in RUN_KEYS if key in content]
     if "mcp" in content:
         problems.extend(_mcp({}, content["mcp"]))
     return problems
+
+
+# A revision's told keys where no agent reads the runtime's files (adapter mode, or no manifest):
+# reported as not applied, with the reason, rather than refused.
+NOT_TOLD = {"instructions": "adapter mode passes no instructions file", "mcp": "adapter mode passes no MCP config"}
+
+
+def not_told(content: dict[str, Any]) -> dict[str, Any]:
+    """The finish result's part for a revision's `instructions`/`mcp` that reach no agent."""
+    return {key: {"applied": False, "reason": reason} for key, reason in NOT_TOLD.items() if key in content}

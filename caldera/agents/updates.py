@@ -26,26 +26,33 @@ from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_json
 from caldera.host.jsonlimits import loads
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from caldera.agents.manifest import Manifest
+    from caldera.config import AgentPaths
+
 UPDATE_NAME = "manifest-update.json"
 PREVIOUS_NAME = "manifest-update.previous.json"
 RECORD_MAX_BYTES = 1024 * 1024
 
 
-def _warn(message: str, *args) -> None:
-    import logging  # deferred: a local verb (caldera pause) loads this module; logging costs it ~6 ms
+def _warn(message: str, *args: object) -> None:
+    import logging  # deferred: a local verb (caldera pause) loads this module (docs/performance.md, section 1)
 
     logging.getLogger("caldera.agents.updates").warning(message, *args)
 
 
-def update_file(paths) -> Path:
+def update_file(paths: AgentPaths) -> Path:
     return Path(paths.state_dir) / UPDATE_NAME
 
 
-def previous_file(paths) -> Path:
+def previous_file(paths: AgentPaths) -> Path:
     return Path(paths.state_dir) / PREVIOUS_NAME
 
 
-def read_record(file: Path) -> dict | None:
+def read_record(file: Path) -> dict[str, Any] | None:
     """A stored record, or None when absent; a damaged one is logged and ignored."""
     try:
         fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # never a planted symlink
@@ -62,11 +69,11 @@ def read_record(file: Path) -> dict | None:
     return record
 
 
-def current(paths) -> dict | None:
+def current(paths: AgentPaths) -> dict[str, Any] | None:
     return read_record(update_file(paths))
 
 
-def write(paths, record: dict | None, file: Path | None = None) -> None:
+def write(paths: AgentPaths, record: dict[str, Any] | None, file: Path | None = None) -> None:
     """Store `record` as the update in effect (None: the installed manifest is in effect)."""
     file = file or update_file(paths)
     Path(paths.state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -76,7 +83,8 @@ def write(paths, record: dict | None, file: Path | None = None) -> None:
     atomic_write_json(file, record, mode=0o600)
 
 
-def record_for(doc: dict | None, revision_id, *, now: float | None = None) -> dict:
+def record_for(doc: dict[str, Any] | None, revision_id: int | None, *,
+               now: float | None = None) -> dict[str, Any]:
     try:
         json.dumps(doc)
     except (TypeError, ValueError):
@@ -85,7 +93,8 @@ def record_for(doc: dict | None, revision_id, *, now: float | None = None) -> di
             "applied_at": time.time() if now is None else now}
 
 
-def load_effective(paths, *, cache_dir=None, validate_schema: bool = False):
+def load_effective(paths: AgentPaths, *, cache_dir: str | Path | None = None,
+                   validate_schema: bool = False) -> Manifest:
     """The manifest in effect: the installed one with the stored update over it (if it fits)."""
     installed = load_manifest(paths.manifest_path, cache_dir=cache_dir, validate_schema=validate_schema)
     record = current(paths)
@@ -96,7 +105,7 @@ def load_effective(paths, *, cache_dir=None, validate_schema: bool = False):
     problems = trust.check_update(installed.doc, record["doc"])
     if problems:
         _warn("the stored update (revision %s) does not fit the installed manifest; using the "
-                    "installed one: %s", record.get("revision_id"), problems[0])
+              "installed one: %s", record.get("revision_id"), problems[0])
         return installed
     doc = trust.overlay(installed.doc, record["doc"])
     try:

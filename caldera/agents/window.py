@@ -26,6 +26,12 @@ from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_json, read_json
 from caldera.host.timefmt import rfc3339
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from caldera.config import AgentPaths
+
 WINDOW_SECONDS = 30 * 60
 BAD_REPORTS = 3
 STATE_NAME = "blueprint-window.json"
@@ -36,18 +42,16 @@ REVISION_KEY = "current_config_revision_id"  # in state.json (revisions.STATE_KE
 class TrustError(ConfigError):
     """A proposed manifest touches what only the operator may change; `problems` names each key."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[str]) -> None:
         super().__init__("; ".join(problems))
         self.problems = problems
 
 
-def _state_file(paths) -> Path:
+def _state_file(paths: AgentPaths) -> Path:
     return Path(paths.state_dir) / STATE_NAME
 
 
-
-
-def manifest_bytes_for_install(text, config_dir: Path) -> tuple[bytes, dict]:
+def manifest_bytes_for_install(text: str | bytes, config_dir: Path) -> tuple[bytes, dict[str, Any]]:
     """(bytes to install, checked doc) for manifest text; a relative workdir is rebased into
     `<config-dir>/bundle/` when the agent's bundle is installed there (caldera init)."""
 
@@ -65,7 +69,7 @@ def manifest_bytes_for_install(text, config_dir: Path) -> tuple[bytes, dict]:
     return raw, doc
 
 
-def proposed_doc(paths, text) -> dict:
+def proposed_doc(paths: AgentPaths, text: object) -> dict[str, Any]:
     """The checked document of a proposed manifest (YAML text, or a mapping), as installed."""
     if isinstance(text, dict):
         text = json.dumps(text)  # JSON is YAML
@@ -76,7 +80,7 @@ def proposed_doc(paths, text) -> dict:
     return doc
 
 
-def check_proposed(paths, text) -> dict:
+def check_proposed(paths: AgentPaths, text: object) -> dict[str, Any]:
     """The proposed document when it passes the trust boundary; TrustError naming every key otherwise."""
     installed = load_manifest(paths.manifest_path)
     doc = proposed_doc(paths, text)
@@ -88,8 +92,9 @@ def check_proposed(paths, text) -> dict:
     return doc
 
 
-def apply_manifest_update(paths, text, *, revision_id=None, previous_revision_id=None,
-                          level_before: str | None = None, now: float | None = None) -> dict:
+def apply_manifest_update(paths: AgentPaths, text: object, *, revision_id: int | None = None,
+                          previous_revision_id: int | None = None, level_before: str | None = None,
+                          now: float | None = None) -> dict[str, Any]:
     """Store a blueprint update over the installed manifest and open the window; the finish result.
 
     The installed manifest is never written. A proposed manifest that breaks the
@@ -117,23 +122,23 @@ def apply_manifest_update(paths, text, *, revision_id=None, previous_revision_id
     Path(paths.state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
     atomic_write_json(updates.previous_file(paths), previous)
     updates.write(paths, record)
-    window = {"status": "open", "opened_at": now, "until": now + WINDOW_SECONDS,
-              "previous_version": effective.version, "version": doc.get("version"), "bad_streak": 0,
-              "level_before": level_before, "revision_id": revision_id,
-              "previous_revision_id": previous_revision_id, "rolled_back_ids": rolled_back[-20:]}
+    window: dict[str, Any] = {
+        "status": "open", "opened_at": now, "until": now + WINDOW_SECONDS, "previous_version": effective.version,
+        "version": doc.get("version"), "bad_streak": 0, "level_before": level_before, "revision_id": revision_id,
+        "previous_revision_id": previous_revision_id, "rolled_back_ids": rolled_back[-20:]}
     atomic_write_json(_state_file(paths), window)
     return {"changed": True, "version": doc.get("version"), "previous_version": effective.version,
             "stored_in": str(updates.update_file(paths)), "window_until": rfc3339(window["until"])}
 
 
-def current(paths) -> dict | None:
+def current(paths: AgentPaths) -> dict[str, Any] | None:
     try:
         return read_json(_state_file(paths))
     except ValueError:
         return None  # a torn record can't be, but a hand-edited one must not stop reports
 
 
-def observe(paths, bad: bool, *, now: float | None = None) -> dict | None:
+def observe(paths: AgentPaths, bad: bool, *, now: float | None = None) -> dict[str, Any] | None:
     """Feed one report's verdict; returns the record when it changed (rolled back, closed).
 
     A bad report counts only when the agent was not already bad before the update:
@@ -167,7 +172,7 @@ def observe(paths, bad: bool, *, now: float | None = None) -> dict | None:
     return record
 
 
-def health_entries(paths, *, now: float | None = None) -> list:
+def health_entries(paths: AgentPaths, *, now: float | None = None) -> list[dict[str, Any]]:
     """The window's health entry while it is open, and for 30 minutes after a rollback."""
     record = current(paths)
     if not record:

@@ -109,12 +109,12 @@ def _process_status(paths: AgentPaths, manifest: Manifest) -> dict[str, Any]:
     reply = ask(paths, "status")
     if reply is not None and reply.get("ok"):
         return {"body": reply.get("agent_status"), "process": reply.get("process")}
-    from caldera.agents.process.driver import open_driver
+    from caldera.agents.process.driver import open_process_driver
     from caldera.host.statefile import StateFile
     from caldera.redact import Redactor
 
-    driver = open_driver(paths, manifest, store=StateFile(paths.state_dir / "state.json"), redactor=Redactor(),
-                         supervise=False)
+    driver = open_process_driver(paths, manifest, store=StateFile(paths.state_dir / "state.json"),
+                                 redactor=Redactor(), supervise=False)
     body, info = driver.status_body()
     return {"body": body, "process": info}
 

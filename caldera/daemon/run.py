@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 
+from caldera.agents.driver import as_process_driver
 from caldera.daemon.executor import executor_for
 from caldera.daemon.heartbeat import ConnectionStatus, heartbeat_loop
 from caldera.daemon.lanes import Lanes
@@ -134,8 +135,8 @@ def _run_local(parts: Parts, signals: Signals) -> int:
 
 def start_agent_supervisor(parts):
     """Process mode: the supervisor thread and the CLI's control socket; None otherwise."""
-    driver = parts.current.driver
-    if not hasattr(driver, "supervise"):
+    driver = as_process_driver(parts.current.driver)
+    if driver is None:
         return None
     from caldera.agents.process.control import ControlServer  # deferred: only process mode has a socket
 

@@ -12,7 +12,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from caldera.agents.adapter.driver import open_driver
+from caldera.agents.adapter.driver import open_adapter_driver
 from caldera.agents.updates import load_effective
 
 # The registry, not base/service: those (with codex_config's tomllib) wait for the first
@@ -115,8 +115,8 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
         # report kept ≈ 0.3 MB in the daemon (the manifest schema and its validator, and the
         # errors its branches leave for the cyclic GC; docs/performance.md, section 2) and
         # cost CPU each time. Command payloads are still validated against their schemas.
-        current.replace(driver=open_driver(paths, manifest, pool=parts.pool, redactor=redactor,
-                                           schema_checks=False, state=parts.state))
+        current.replace(driver=open_adapter_driver(paths, manifest, pool=parts.pool, redactor=redactor,
+                                                   schema_checks=False, state=parts.state))
     if with_driver and manifest is not None and getattr(manifest, "runtime_type", None) == "process":
         current.replace(driver=_process_driver(parts, manifest, supervise=supervise))
     if with_client and settings.enabled:
@@ -134,7 +134,7 @@ def _process_driver(parts: Parts, manifest, supervise: bool):
     """Process mode (SPEC 7b). The daemon supervises; `report --once` gets a driver that
     only reports what state.json and /proc say."""
     # deferred: an adapter-mode daemon never loads process mode (≈ 225 KB, tracemalloc)
-    from caldera.agents.process.driver import open_driver as open_process_driver
+    from caldera.agents.process.driver import open_process_driver
 
     driver = open_process_driver(parts.paths, manifest, store=parts.state, redactor=parts.redactor,
                                  report_interval=parts.current.settings.report_interval, supervise=supervise,

@@ -20,6 +20,11 @@ settings:
 """
 
 
+def setting(manifest, key: str) -> dict | None:
+    """The manifest's declared setting `key`, or None."""
+    return next((item for item in manifest.settings_schema if item["key"] == key), None)
+
+
 @dataclass(frozen=True)
 class Paths:
     """The fields of caldera.config.AgentPaths the adapter code uses."""

@@ -7,7 +7,7 @@ import pytest
 from adapter_helpers import calls, make_agent
 
 from caldera.agents.adapter import commands
-from caldera.agents.adapter.driver import open_driver
+from caldera.agents.adapter.driver import open_adapter_driver
 from caldera.agents.manifest import load_manifest
 from caldera.daemon.dispatch import CommandContext
 from caldera.daemon.wakeups import Wakeups
@@ -24,7 +24,7 @@ def pool():
 
 def _ctx(tmp_path, pool, extra=None, kind="pause"):
     paths = make_agent(tmp_path, "recorder.py", **({"extra": extra} if extra is not None else {}))
-    driver = open_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor())
+    driver = open_adapter_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor())
     return paths, CommandContext(command={"id": 1, "command_type": kind}, driver=driver, wake=Wakeups(),
                                  cancel=threading.Event())
 
@@ -76,9 +76,11 @@ def test_logs(tmp_path, pool):
 
 
 def test_process_only_and_no_driver(tmp_path, pool):
+    from caldera.agents.process import commands as process_commands
+
     _, ctx = _ctx(tmp_path, pool, kind="restart_openclaw")
     with pytest.raises(CommandError, match="restart_openclaw acts only in process mode"):
-        commands.process_only(ctx, {})
+        process_commands.restart_openclaw(ctx, {})
     ctx = dataclasses.replace(ctx, driver=None)
     with pytest.raises(CommandError, match="no adapter"):
         commands.pause(ctx, {})

@@ -9,7 +9,7 @@ import yaml
 from adapter_helpers import make_agent, workdir
 
 from caldera.agents import updates, window
-from caldera.agents.adapter.driver import adapter_status, open_driver
+from caldera.agents.adapter.driver import adapter_status, open_adapter_driver
 from caldera.agents.manifest import load_manifest
 from caldera.agents.updates import load_effective
 from caldera.errors import ConfigError
@@ -24,7 +24,7 @@ def pool():
 
 
 def _driver(paths, pool, redactor=None):
-    return open_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=redactor or Redactor())
+    return open_adapter_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=redactor or Redactor())
 
 
 def test_report_section_shape(tmp_path, pool):
@@ -147,7 +147,7 @@ def test_update_then_three_bad_reports_roll_back(tmp_path, pool):
     # The adapter now answers bad: three reports in a row inside the window roll back.
     (workdir(paths) / "recorder.py").write_text(
         'import json; print(json.dumps({"state": {"level": "bad", "label": "Broken"}}))\n')
-    for n in range(3):
+    for _ in range(3):
         section = driver.report_section()
     assert load_effective(paths).version == "0.1.0"
     assert driver.manifest.version == "0.1.0"

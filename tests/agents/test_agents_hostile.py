@@ -11,7 +11,7 @@ from adapter_helpers import make_agent, workdir
 
 from caldera.agents import settings
 from caldera.agents.adapter import commands, verbs
-from caldera.agents.adapter.driver import adapter_status, open_driver
+from caldera.agents.adapter.driver import adapter_status, open_adapter_driver
 from caldera.agents.manifest import load_manifest
 from caldera.errors import CommandError
 from caldera.redact import Redactor
@@ -43,7 +43,7 @@ def test_deep_output_is_one_failed_status_call_never_a_traceback(tmp_path, pool)
     body = adapter_status(paths, load_manifest(paths.manifest_path))
     assert body["state"]["label"] == "Adapter not answering"
     assert "output nested deeper than 64 levels" in body["detail"]
-    driver = open_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor())
+    driver = open_adapter_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor())
     first = driver.report_section()
     assert first["agent_status"]["state"]["label"] == "Adapter not answering"
     assert first["health"]["adapter"] == "error"
@@ -86,7 +86,7 @@ def test_a_log_name_that_is_not_text_is_refused_with_a_sentence(tmp_path, pool):
     assert done.returncode == 1 and b"Traceback" not in done.stderr
     assert b"a log name must be valid text" in done.stderr
     # The daemon's door: the command is refused with the sentence, not "internal error".
-    driver = open_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor())
+    driver = open_adapter_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor())
     ctx = type("Ctx", (), {"driver": driver, "cancel": None, "deadline": None, "command_type": "log_get"})()
     with pytest.raises(CommandError, match="a log name must be valid text"):
         commands.log_get(ctx, {"name": "bad\ud800.log"})
@@ -104,7 +104,7 @@ def test_a_settings_value_that_is_not_text_passes_json_escaped(tmp_path, pool):
     answer = verbs.settings_set(load_manifest(paths.manifest_path), {"no\ud800te": "x"})
     assert answer.kind == "refused" and "key must be valid text" in answer.message
     # The daemon's door: JSON-escaped too, no "internal error".
-    driver = open_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor())
+    driver = open_adapter_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor())
     assert driver.settings_set({"note": "\udcff"}).ok
 
 

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import yaml
+from adapter_helpers import setting
 from process_helpers import manifest_doc
 
 from caldera.agents.manifest import FORBIDDEN_IN_ADAPTER_MODE, check_document, load_manifest, schema_check
@@ -198,4 +199,4 @@ def test_the_example_manifest_is_valid():
 
     manifest = load_manifest(EXAMPLE / "caldera.agent.yaml", validate_schema=True)
     assert manifest.workdir == EXAMPLE.resolve()
-    assert manifest.setting("max_7d")["max"] == 1.0
+    assert setting(manifest, "max_7d")["max"] == 1.0

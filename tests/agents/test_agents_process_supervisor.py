@@ -1,6 +1,7 @@
 """Process mode with real processes: start, the environment the agent sees, crash loops,
 stop escalation (grandchildren too), pause across runtimes, the survivor of a kill -9,
 hostile status files in a report, the verbs."""
+import dataclasses
 import json
 import os
 import signal
@@ -10,7 +11,7 @@ import pytest
 from process_helpers import alive, kill_quietly, make_process_agent, read_state, wait_for
 
 from caldera.agents.manifest import load_manifest
-from caldera.agents.process.driver import open_driver
+from caldera.agents.process.driver import open_process_driver
 from caldera.agents.process.policy import RestartPolicy
 from caldera.agents.process.supervisor import FAILED, RUNNING, STOPPED
 from caldera.host.proc import stop_group
@@ -25,9 +26,9 @@ class Running:
         self.paths = paths
         self.store = StateFile(paths.state_dir / "state.json")
         self.redactor = Redactor(["s3cret-value"])
-        self.driver = open_driver(paths, load_manifest(paths.manifest_path), store=self.store,
-                                  redactor=self.redactor, report_interval=5.0,
-                                  environ=environ if environ is not None else {"TZ": "UTC"})
+        self.driver = open_process_driver(paths, load_manifest(paths.manifest_path), store=self.store,
+                                          redactor=self.redactor, report_interval=5.0,
+                                          environ=environ if environ is not None else {"TZ": "UTC"})
         if policy is not None:
             self.driver.supervisor.policy = policy
         self.stop = threading.Event()
@@ -65,7 +66,8 @@ def test_starts_one_agent_reports_its_pid_version_and_filtered_status(tmp_path):
         assert os.getpgid(pid) == pid  # its own process group
         # the log is written by its own thread (a slow disk never blocks the agent): wait for it
         agent_log = paths.state_dir / "logs" / "agent.log"  # opened by the writer at its first write
-        wait_for(lambda: agent_log.exists() and b"agent up" in agent_log.read_bytes(), "the agent's output in agent.log")
+        wait_for(lambda: agent_log.exists() and b"agent up" in agent_log.read_bytes(),
+                 "the agent's output in agent.log")
     assert not alive(pid)
     assert run.driver.report_section()["runtime"]["openclaw_pid"] is None
 
@@ -87,7 +89,7 @@ def test_the_manifest_version_when_the_status_file_has_none(tmp_path):
     with Running(paths) as run:
         run.pid()
         (paths.state_dir / "agent" / "status.json").unlink(missing_ok=True)
-        run.driver.spec.status_file = paths.state_dir / "agent" / "none.json"
+        run.driver.spec = dataclasses.replace(run.driver.spec, status_file=paths.state_dir / "agent" / "none.json")
         section = run.driver.report_section()
         assert section["runtime"]["openclaw_version"] == "1.0.0"
         assert any("not written yet" in e["reason"] for e in section["health"]["entries"])
@@ -96,11 +98,13 @@ def test_the_manifest_version_when_the_status_file_has_none(tmp_path):
 def test_the_environment_the_agent_sees(tmp_path):
     extra = "secrets: [API_KEY]\nbindings: [llm_gateway]\nenv: {MODE: fast}\n"
     paths = make_process_agent(tmp_path, "env", extra=extra)
-    (paths.config_dir / "secrets.env").write_text("API_KEY=s3cret-value\nOTHER=unnamed-secret\nCALDERA_TOKEN=agt_boot_0123456789\n")
+    (paths.config_dir / "secrets.env").write_text(
+        "API_KEY=s3cret-value\nOTHER=unnamed-secret\nCALDERA_TOKEN=agt_boot_0123456789\n")
     os.chmod(paths.config_dir / "secrets.env", 0o600)
     (paths.config_dir / "agent.env").write_text("AGENT_ENV_VALUE=nope\n")
-    environ = {"TZ": "UTC", "CLAWMANAGER_LLM_BASE_URL": "http://gw.local/v1", "CLAWMANAGER_LLM_API_KEY": "sk-gw-0123456789abcdef",
-               "CLAWMANAGER_LLM_MODEL": "m1", "LEAK": "leak", "CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN": "agt_boot_zzzzzzzz"}
+    environ = {"TZ": "UTC", "CLAWMANAGER_LLM_BASE_URL": "http://gw.local/v1",
+               "CLAWMANAGER_LLM_API_KEY": "sk-gw-0123456789abcdef", "CLAWMANAGER_LLM_MODEL": "m1", "LEAK": "leak",
+               "CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN": "agt_boot_zzzzzzzz"}
     with Running(paths, environ=environ) as run:
         run.pid()
         env_file = paths.state_dir / "agent" / "env.json"
@@ -217,14 +221,15 @@ def test_after_kill_9_of_the_runtime_the_survivor_is_stopped_never_doubled(tmp_p
     paths = make_process_agent(tmp_path, "run")
     code = ("import sys, threading\n"
             "from caldera.agents.manifest import load_manifest\n"
-            "from caldera.agents.process.driver import open_driver\n"
+            "from caldera.agents.process.driver import open_process_driver\n"
             "from caldera.config import AgentPaths\n"
             "from caldera.host.statefile import StateFile\n"
             "from caldera.redact import Redactor\n"
             "from pathlib import Path\n"
             "c, m, s = map(Path, sys.argv[1:4])\n"
             "p = AgentPaths('fake', c, m, s)\n"
-            "d = open_driver(p, load_manifest(m), store=StateFile(s / 'state.json'), redactor=Redactor(), environ={})\n"
+            "d = open_process_driver(p, load_manifest(m), store=StateFile(s / 'state.json'), redactor=Redactor(),\n"
+            "                        environ={})\n"
             "d.supervise(threading.Event())\n")
     runtime = subprocess.Popen([sys.executable, "-c", code, str(paths.config_dir), str(paths.manifest_path),
                                 str(paths.state_dir)], start_new_session=True)
@@ -303,19 +308,19 @@ def test_instructions_and_mcp_and_what_a_revision_may_tell(tmp_path):
         assert result == {"applied": ["instructions", "mcp"], "agent_told": True}
         assert open(env["CALDERA_INSTRUCTIONS_FILE"]).read() == "Be thorough.\n"
         mcp = json.loads(open(env["CALDERA_MCP_CONFIG"]).read())["mcpServers"]
-        assert mcp["search"] == {"url": "https://search2.example/mcp"} and mcp["files"]["command"] == ["npx", "fs-server"]
+        assert mcp["search"] == {"url": "https://search2.example/mcp"}
+        assert mcp["files"]["command"] == ["npx", "fs-server"]
         assert mcp["docs"] == {"url": "https://docs.example/mcp"}  # an added url server (trust.check_update allows it)
         wait_for(lambda: "hups=1" in status.read_text(), "the SIGHUP that tells the agent")
 
 
 def test_a_revision_may_not_tell_an_adapter_agent_or_an_undeclared_file(tmp_path):
     from caldera.agents.process.told import check_told
+    from caldera.agents.trust import not_told
 
-    class AdapterDriver:
-        manifest = None
-
-    assert check_told(AdapterDriver(), {"instructions": "x"}) == ["instructions: only a process-mode agent is "
-                                                                   "told instructions"]
+    # An adapter driver refuses nothing and applies nothing: the finish result says why.
+    assert not_told({"instructions": "x", "settings": {}}) == {
+        "instructions": {"applied": False, "reason": "adapter mode passes no instructions file"}}
     paths = make_process_agent(tmp_path, "run")
     driver = Running(paths).driver
     assert "declares no instructions file" in check_told(driver, {"instructions": "x"})[0]

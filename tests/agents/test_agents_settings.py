@@ -1,7 +1,7 @@
 """Settings: the manifest allows 0.1-1.0, the adapter says 0.1-0.95: 0.95 is offered,
 0.97 is refused without calling the adapter, 0.9 reaches it."""
 import pytest
-from adapter_helpers import calls, make_agent, workdir
+from adapter_helpers import calls, make_agent, setting, workdir
 
 from caldera.agents import settings
 from caldera.agents.adapter import verbs
@@ -24,7 +24,7 @@ def test_offered_schema_is_narrowed(agent):
     assert answer.ok
     (item,) = answer.data["schema"]
     assert (item["min"], item["max"]) == (0.1, 0.95)
-    assert manifest.setting("max_7d")["max"] == 1.0  # the manifest itself is untouched
+    assert setting(manifest, "max_7d")["max"] == 1.0  # the manifest itself is untouched
     assert answer.data["values"] == {"max_7d": 0.75}
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import responses
 import yaml
+from adapter_helpers import setting
 from skills_helpers import API, FakeRuntime, run
 
 from caldera.agents import trust, updates, window
@@ -85,7 +86,7 @@ def test_what_the_agent_is_told_is_applied_over_a_read_only_etc(tmp_path):
     effective = load_effective(rt.paths)
     assert effective.version == "1.1.0" and effective.update["revision_id"] == 7
     assert effective.timeout_seconds == 30 and effective.controls == ("pause", "resume")
-    assert effective.setting("max_7d")["max"] == 0.9 and effective.setting("mode") is None
+    assert setting(effective, "max_7d")["max"] == 0.9 and setting(effective, "mode") is None
     assert effective.command == load_manifest(rt.paths.manifest_path).command
 
 
@@ -95,7 +96,7 @@ def test_a_stored_update_that_no_longer_fits_the_installed_manifest_is_ignored(t
     # The operator installs a blueprint with tighter bounds: the stored update would now widen them.
     rt.paths.manifest_path.write_text(rt.paths.manifest_path.read_text().replace("max: 0.95", "max: 0.8"))
     effective = load_effective(rt.paths)
-    assert effective.update is None and effective.setting("max_7d")["max"] == 0.8
+    assert effective.update is None and setting(effective, "max_7d")["max"] == 0.8
 
 
 def test_a_hand_written_update_file_cannot_smuggle_a_command_in(tmp_path):

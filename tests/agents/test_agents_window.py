@@ -4,10 +4,10 @@ import concurrent.futures as cf
 
 import pytest
 import yaml
-from adapter_helpers import make_agent, workdir
+from adapter_helpers import make_agent, setting, workdir
 
 from caldera.agents import updates, window
-from caldera.agents.adapter.driver import open_driver
+from caldera.agents.adapter.driver import open_adapter_driver
 from caldera.agents.manifest import load_manifest
 from caldera.agents.updates import load_effective
 from caldera.host.statefile import StateFile
@@ -30,7 +30,8 @@ def pool():
 def _agent(tmp_path, pool):
     paths = make_agent(tmp_path, "level_file.py", extra=SETTINGS)
     state = StateFile(tmp_path / "state.json")
-    driver = open_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor(), state=state)
+    driver = open_adapter_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor(),
+                                 state=state)
     return paths, driver, state
 
 
@@ -62,7 +63,7 @@ def test_an_agent_already_bad_keeps_a_narrowing_update(tmp_path, pool):
     for _ in range(5):
         section = driver.report_section()
     assert window.current(paths)["status"] == "open"
-    assert driver.manifest.setting("max_7d")["max"] == 0.9
+    assert setting(driver.manifest, "max_7d")["max"] == 0.9
     assert state.get("current_config_revision_id") == 8
     assert section["settings"]["schema"][0]["max"] == 0.9
 
@@ -81,7 +82,7 @@ def test_rollback_restores_the_previous_effective_manifest_and_revision(tmp_path
     assert record["status"] == "rolled_back" and record["previous_revision_id"] == 7
     effective = load_effective(paths)
     assert effective.version == "1.1" and effective.update["revision_id"] == 7
-    assert effective.setting("max_7d")["max"] == 0.9    # exactly the previous effective manifest
+    assert setting(effective, "max_7d")["max"] == 0.9    # exactly the previous effective manifest
     assert driver.manifest.version == "1.1"
     assert state.get("current_config_revision_id") == 7  # reported as current again
     entry = [e for e in section["health"]["entries"] if e["name"] == window.ENTRY_NAME][0]
@@ -100,15 +101,15 @@ def test_a_rollback_never_widens_past_the_installed_bounds(tmp_path, pool):
     for _ in range(3):
         driver.report_section()
     assert window.current(paths)["status"] == "rolled_back"
-    assert load_effective(paths).setting("max_7d")["max"] == 0.95   # the installed bound, not 1.0
+    assert setting(load_effective(paths), "max_7d")["max"] == 0.95   # the installed bound, not 1.0
 
 
 def test_the_update_survives_a_restart(tmp_path, pool):
     paths, driver, state = _agent(tmp_path, pool)
     driver.report_section()
     _update(paths, driver, state, 8, "1.1", 0.9)
-    fresh = open_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor(),
-                        state=StateFile(tmp_path / "state.json"))
+    fresh = open_adapter_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor(),
+                                state=StateFile(tmp_path / "state.json"))
     assert fresh.manifest.version == "1.1" and fresh.manifest.update["revision_id"] == 8
     assert load_manifest(paths.manifest_path).version == "0.1.0"
 

@@ -145,7 +145,7 @@ class ToldDriver(Driver):
 
     def apply_told(self, content):
         self.applied.append(content)
-        return {"applied": sorted(k for k in ("instructions", "mcp") if k in content), "agent_told": True}
+        return {"told": {"applied": sorted(k for k in ("instructions", "mcp") if k in content), "agent_told": True}}
 
 
 def test_a_process_agent_is_told_instructions_after_the_checks(tmp_path):

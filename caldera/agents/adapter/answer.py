@@ -10,6 +10,11 @@ import json
 from caldera.agents.contract import ContractError  # noqa: F401 -- the adapter's answers raise it; re-exported
 from caldera.host.jsonlimits import JSONLimitError, loads, scrub
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
 # Answer.kind
 DONE, REFUSED, UNSUPPORTED, FAILED = "done", "refused", "unsupported", "failed"
 MESSAGE_MAX = 1000
@@ -18,16 +23,18 @@ JSON_MAX_BYTES = 512 * 1024  # above every verb's stdout cap: the cap that matte
 
 
 class Answer:
-    """One verb's outcome. A plain class, not a dataclass: `dataclasses` imports `inspect`
-    (about 8 ms), and a local verb must start fast."""
+    """One verb's outcome. A plain class, not a dataclass: a local verb must start fast, and
+    `dataclasses` would cost it its import (docs/performance.md, section 1)."""
 
     __slots__ = ("verb", "kind", "message", "held", "data", "text", "truncated", "reason",
                  "returncode", "duration", "stderr", "stdout")
 
-    def __init__(self, verb: str, kind: str, message: str | None = None, held=None, data=None, reason=None):
-        self.verb, self.kind, self.message = verb, kind, message  # kind: done|refused|unsupported|failed
-        self.held = list(held or [])
-        self.data: dict | None = data  # the parsed JSON object, for JSON verbs
+    def __init__(self, verb: str, kind: str, message: str | None = None, held: Iterable[str] | None = None,
+                 data: dict[str, Any] | None = None, reason: str | None = None) -> None:
+        self.verb, self.kind = verb, kind  # kind: done|refused|unsupported|failed
+        self.message: str | None = message
+        self.held: list[str] = list(held or [])
+        self.data: dict[str, Any] | None = data  # the parsed JSON object, for JSON verbs
         self.text: str | None = None  # log NAME: the tail, decoded
         self.truncated = False  # log NAME: more than the kept tail was printed
         self.reason: str | None = reason  # why it failed (kind == failed)
@@ -43,12 +50,12 @@ class Answer:
     def ok(self) -> bool:
         return self.kind == DONE
 
-    def payload(self) -> dict:
+    def payload(self) -> dict[str, Any]:
         """The CLI's `--json` object and a command's finish result: {ok, message, held}."""
         return {"ok": self.ok, "message": self.message, "held": list(self.held)}
 
 
-def parse_object(stdout: bytes, verb: str) -> dict:
+def parse_object(stdout: bytes, verb: str) -> dict[str, Any]:
     """Exactly one JSON object and nothing else (whitespace aside), or ContractError.
 
     Parsed by the one bounded parser (caldera.host.jsonlimits): 20,000 nested
@@ -63,7 +70,8 @@ def parse_object(stdout: bytes, verb: str) -> dict:
     try:
         value = loads(stdout, max_bytes=JSON_MAX_BYTES, what="output")
     except json.JSONDecodeError as exc:
-        raise ContractError(f"{verb}: stdout must hold exactly one JSON object ({describe_stdout(text, exc)})") from None
+        why = describe_stdout(text, exc)
+        raise ContractError(f"{verb}: stdout must hold exactly one JSON object ({why})") from None
     except JSONLimitError as exc:
         raise ContractError(f"{verb}: {exc}") from None
     if not isinstance(value, dict):
@@ -83,7 +91,7 @@ def describe_stdout(text: str, exc: json.JSONDecodeError) -> str:
     return f"not JSON: {exc.msg} at character {exc.pos}"
 
 
-def check_answer_body(body: dict, verb: str) -> tuple[str | None, list]:
+def check_answer_body(body: dict[str, Any], verb: str) -> tuple[str | None, list[str]]:
     """(message, held) of a pause/resume/run-now/settings-set answer; ContractError if malformed."""
     message, held = body.get("message"), body.get("held", [])
     if message is not None and not isinstance(message, str):
@@ -96,7 +104,7 @@ def check_answer_body(body: dict, verb: str) -> tuple[str | None, list]:
     return message, [scrub(h[:MESSAGE_MAX]) for h in held[:HELD_MAX_ITEMS]]
 
 
-def with_held(message: str | None, held: list) -> str:
+def with_held(message: str | None, held: list[str]) -> str:
     """The message a person reads: each held item it does not already name, as "Held: …"."""
     text = (message or "").strip()
     for item in held:

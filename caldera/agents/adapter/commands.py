@@ -1,6 +1,6 @@
 """Control-plane commands of adapter mode (SPEC section 8): pause, resume, run_now,
-settings_get, settings_set, log_list, log_get; start/stop/restart_openclaw act
-only in process mode.
+settings_get, settings_set, log_list, log_get, through whichever driver there is
+(start/stop/restart_openclaw act only in process mode: agents/process/commands.py).
 
 The finish result is {ok, message, held, …}; a refused or failed verb raises
 CommandError with the sentence a person reads (the result rides along).
@@ -11,24 +11,30 @@ from __future__ import annotations
 
 from caldera.errors import CommandError
 
-CONTROL_OF = {"pause": "pause", "resume": "resume", "run_now": "run_now"}
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from caldera.agents.adapter.answer import Answer
+    from caldera.agents.driver import AgentDriver
+    from caldera.daemon.dispatch import CommandContext
 
 
-def _driver(ctx):
-    driver = ctx.driver
+def _driver(ctx: CommandContext) -> AgentDriver:
+    driver: AgentDriver | None = ctx.driver
     if driver is None:
         raise CommandError(f"{ctx.command_type}: this agent has no adapter (its manifest is not runtime.type: adapter)")
     return driver
 
 
-def _allowed(driver, control: str) -> None:
+def _allowed(driver: AgentDriver, control: str) -> None:
     controls = driver.manifest.controls
     if controls is not None and control not in controls:
         named = ", ".join(controls) or "none"
         raise CommandError(f"{control} is not among this agent's controls (its manifest names: {named})")
 
 
-def _result(answer, extra: dict | None = None) -> dict:
+def _result(answer: Answer, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     result = answer.payload()
     result.update(extra or {})
     if not answer.ok:
@@ -36,58 +42,56 @@ def _result(answer, extra: dict | None = None) -> dict:
     return result
 
 
-def _kw(ctx) -> dict:
-    return {"cancel": ctx.cancel, "deadline": ctx.deadline or None}
+def _deadline(ctx: CommandContext) -> float | None:
+    return ctx.deadline or None  # 0.0: no deadline
 
 
-def _control(ctx, command: str, method: str) -> dict:
+def _control(ctx: CommandContext, control: str) -> dict[str, Any]:
+    """pause, resume, run_now: the command's name is the manifest's control."""
     driver = _driver(ctx)
-    _allowed(driver, CONTROL_OF[command])
-    answer = getattr(driver, method)(**_kw(ctx))
+    _allowed(driver, control)
+    verb = {"pause": driver.pause, "resume": driver.resume, "run_now": driver.run_now}[control]
+    answer = verb(cancel=ctx.cancel, deadline=_deadline(ctx))
     ctx.report_now()  # the state changed: Caldera sees it in the next report, now
     return _result(answer)
 
 
-def pause(ctx, payload: dict) -> dict:
-    return _control(ctx, "pause", "pause")
+def pause(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+    return _control(ctx, "pause")
 
 
-def resume(ctx, payload: dict) -> dict:
-    return _control(ctx, "resume", "resume")
+def resume(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+    return _control(ctx, "resume")
 
 
-def run_now(ctx, payload: dict) -> dict:
-    return _control(ctx, "run_now", "run_now")
+def run_now(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+    return _control(ctx, "run_now")
 
 
-def settings_get(ctx, payload: dict) -> dict:
-    answer = _driver(ctx).settings_get(**_kw(ctx))
+def settings_get(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+    answer = _driver(ctx).settings_get(cancel=ctx.cancel, deadline=_deadline(ctx))
     data = answer.data if answer.ok else {}
     return _result(answer, {"values": data.get("values"), "schema": data.get("schema")} if data else None)
 
 
-def settings_set(ctx, payload: dict) -> dict:
+def settings_set(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
     values = payload.get("values")
     if not isinstance(values, dict) or not values:
         raise CommandError("settings_set: the payload needs values: {key: value, …}")
-    answer = _driver(ctx).settings_set(values, **_kw(ctx))
+    answer = _driver(ctx).settings_set(values, cancel=ctx.cancel, deadline=_deadline(ctx))
     if answer.ok:
         ctx.report_now()
     return _result(answer)
 
 
-def log_list(ctx, payload: dict) -> dict:
-    answer = _driver(ctx).log_list(**_kw(ctx))
-    return _result(answer, {"logs": answer.data["logs"]} if answer.ok else None)
+def log_list(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+    answer = _driver(ctx).log_list(cancel=ctx.cancel, deadline=_deadline(ctx))
+    return _result(answer, {"logs": answer.data["logs"]} if answer.ok and answer.data else None)
 
 
-def log_get(ctx, payload: dict) -> dict:
+def log_get(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
     name = payload.get("name")
-    answer = _driver(ctx).log_get(name, **_kw(ctx))
+    # Anything but text is refused as "a log name is required", as the empty name is.
+    answer = _driver(ctx).log_get(name if isinstance(name, str) else "", cancel=ctx.cancel, deadline=_deadline(ctx))
     extra = {"name": name, "text": answer.text, "truncated": answer.truncated} if answer.ok else None
     return _result(answer, extra)
-
-
-def process_only(ctx, payload: dict) -> dict:
-    raise CommandError(f"{ctx.command_type} acts only in process mode; this agent runs in adapter mode, "
-                       "where caldera starts and stops nothing (use pause / resume)")

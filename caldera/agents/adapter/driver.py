@@ -16,12 +16,24 @@ import logging
 import threading
 import time
 
-from caldera.agents import status, updates, window
+from caldera.agents import status, trust, updates, window
 from caldera.agents.adapter import health, invoke, verbs
 from caldera.agents.adapter.answer import DONE, FAILED, UNSUPPORTED, Answer, ContractError
 from caldera.agents.manifest import CONTROLS
 from caldera.errors import ConfigError
 from caldera.protocol.schemas import SchemaError, validate
+
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, TypeVar
+
+    from caldera.agents.manifest import Manifest
+    from caldera.config import AgentPaths
+    from caldera.host.statefile import StateFile
+    from caldera.redact import Redactor
+
+    T = TypeVar("T")
 
 log = logging.getLogger("caldera.agents.adapter")
 WAIT_SLACK = invoke.GRACE_SECONDS + 1.0  # TERM -> grace -> KILL, and the pool's hand-over
@@ -34,11 +46,12 @@ SETTINGS_TTL = 60.0  # seconds a `settings get` answer is used for reports
 # every 30 s instead of every 5 s when nothing happens (bench/bench_runtime.py). While a
 # blueprint update's window is open every report asks: its verdicts decide a rollback.
 STATUS_FRESH = 30.0
-VERSION_MAX = 50
-BACKGROUND_WAIT = 1.0  # ClawManager's openclaw_version column
+VERSION_MAX = 50  # ClawManager's openclaw_version column
+BACKGROUND_WAIT = 1.0  # seconds a report waits for the health check and settings refresh it started
 
 
-def open_driver(paths, manifest, *, pool, redactor, schema_checks: bool = True, state=None) -> Driver:
+def open_adapter_driver(paths: AgentPaths, manifest: Manifest, *, pool: cf.ThreadPoolExecutor, redactor: Redactor,
+                        schema_checks: bool = True, state: StateFile | None = None) -> AdapterDriver:
     """schema_checks: validate answers and the manifest with jsonschema too. The daemon and
     `report --once` run the plain-Python checks only, which give the schemas' verdict
     (tests hold the two together) without jsonschema's validators and their garbage.
@@ -47,12 +60,12 @@ def open_driver(paths, manifest, *, pool, redactor, schema_checks: bool = True, 
     (the installed one with a stored blueprint update over it)."""
     if manifest.runtime_type != "adapter":
         raise ConfigError(f"{manifest.path}: runtime.type: {manifest.runtime_type} is not adapter mode")
-    driver = Driver(paths, manifest, pool=pool, redactor=redactor, schema_checks=schema_checks, state=state)
+    driver = AdapterDriver(paths, manifest, pool=pool, redactor=redactor, schema_checks=schema_checks, state=state)
     driver.refresh_manifest()
     return driver
 
 
-def schema_problem(name: str, document) -> str | None:
+def schema_problem(name: str, document: Any) -> str | None:
     try:
         validate(name, document)
     except SchemaError as exc:
@@ -60,7 +73,7 @@ def schema_problem(name: str, document) -> str | None:
     return None
 
 
-def adapter_status(paths, manifest) -> dict:
+def adapter_status(paths: AgentPaths, manifest: Manifest) -> dict[str, Any]:
     """For `caldera status`: the filtered body, or the "Adapter not answering" body. Plain
     Python (no jsonschema), one `status` call in this thread."""
     answer = invoke.call(manifest, "status")
@@ -68,7 +81,7 @@ def adapter_status(paths, manifest) -> dict:
     return body
 
 
-def _status_body(answer: Answer, validate: bool) -> tuple[dict, bool]:
+def _status_body(answer: Answer, validate: bool) -> tuple[dict[str, Any], bool]:
     if answer.kind == DONE:
         problem = schema_problem("adapter-status.schema.json", answer.data) if validate else None
         if problem is None:
@@ -83,23 +96,25 @@ def _status_body(answer: Answer, validate: bool) -> tuple[dict, bool]:
     return status.not_answering(reason), False
 
 
-class Driver:
-    def __init__(self, paths, manifest, *, pool, redactor, clock=time.monotonic, wall=time.time,
-                 schema_checks: bool = True, state=None):
+class AdapterDriver:
+    def __init__(self, paths: AgentPaths, manifest: Manifest, *, pool: cf.ThreadPoolExecutor, redactor: Redactor,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 schema_checks: bool = True, state: StateFile | None = None) -> None:
         self.paths, self.manifest, self.pool, self.redactor = paths, manifest, pool, redactor
         self.state = state
         self.last_level: str | None = None  # the agent's level in the last report (for the window)
         self.schema_checks = schema_checks
         self.clock, self.wall = clock, wall
         self._lock = threading.Lock()
-        self._status_future: cf.Future | None = None
-        self._status_kept: tuple | None = None  # (clock, body) of the last answered `status`
+        self._status_future: cf.Future[Answer] | None = None
+        self._status_kept: tuple[float, dict[str, Any]] | None = None  # (clock, body) of the last answered `status`
         self._status_generation = 0  # moved by forget_status: an answer asked before is not kept
-        self._settings_future: cf.Future | None = None
-        self._settings = ({}, {})  # (values, bounds) of the last good `settings get`
+        self._settings_future: cf.Future[tuple[Answer, dict[str, Any], dict[str, Any]]] | None = None
+        # (values, bounds) of the last good `settings get`
+        self._settings: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         self._settings_at: float | None = None
-        self._health_future: cf.Future | None = None
-        self._health_entry: dict | None = None
+        self._health_future: cf.Future[dict[str, Any]] | None = None
+        self._health_entry: dict[str, Any] | None = None
         self._health_due = 0.0
         self._manifest_problem: str | None = None
 
@@ -117,7 +132,7 @@ class Driver:
             return
         self._manifest_problem = None
         if (fresh.doc != self.manifest.doc or fresh.workdir != self.manifest.workdir
-                or fresh.update != getattr(self.manifest, "update", None)):
+                or fresh.update != self.manifest.update):
             log.info("manifest reloaded: %s %s", fresh.name, fresh.version or "")
             with self._lock:
                 self.manifest = fresh
@@ -127,14 +142,15 @@ class Driver:
 
     # ------------------------------------------------------------ the pool
 
-    def _submit(self, fn, *args, **kwargs) -> cf.Future:
+    def _submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> cf.Future[T]:
         return self.pool.submit(fn, *args, **kwargs)
 
-    def run(self, fn, *args, cancel=None, deadline: float | None = None, **kwargs) -> Answer:
+    def run(self, fn: Callable[..., Answer], *args: Any, cancel: threading.Event | None = None,
+            deadline: float | None = None) -> Answer:
         """Run a verb function on the pool and wait for it (a command's thread may wait)."""
         cancel = cancel or threading.Event()
         self.forget_status()  # a verb may change what `status` says: the next report asks again
-        future = self._submit(fn, self.manifest, *args, cancel=cancel, **kwargs)
+        future = self._submit(fn, self.manifest, *args, cancel=cancel)
         wait = None if deadline is None else max(0.0, deadline - self.clock())
         try:
             answer = future.result(timeout=wait)
@@ -152,39 +168,46 @@ class Driver:
 
     # ------------------------------------------------------------ the verbs
 
-    def pause(self, **kw) -> Answer:
-        return self.run(verbs.control, "pause", **kw)
+    def pause(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
+        return self.run(verbs.control, "pause", cancel=cancel, deadline=deadline)
 
-    def resume(self, **kw) -> Answer:
-        return self.run(verbs.control, "resume", **kw)
+    def resume(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
+        return self.run(verbs.control, "resume", cancel=cancel, deadline=deadline)
 
-    def run_now(self, **kw) -> Answer:
-        return self.run(verbs.control, "run-now", **kw)
+    def run_now(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
+        return self.run(verbs.control, "run-now", cancel=cancel, deadline=deadline)
 
-    def settings_get(self, **kw) -> Answer:
-        answer = self.run(verbs.settings_get, **kw)
+    def settings_get(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
+        answer = self.run(verbs.settings_get, cancel=cancel, deadline=deadline)
         if answer.ok and answer.data is not None:
             self._remember_settings(answer.data["values"], answer.data["bounds"])
         return answer
 
-    def settings_set(self, values, **kw) -> Answer:
-        answer = self.run(verbs.settings_set, values, **kw)
+    def settings_set(self, values: dict[str, Any], *, cancel: threading.Event | None = None,
+                     deadline: float | None = None) -> Answer:
+        answer = self.run(verbs.settings_set, values, cancel=cancel, deadline=deadline)
         with self._lock:
             self._settings_at = None  # the next report asks again
         return answer
 
-    def log_list(self, **kw) -> Answer:
-        return self.run(verbs.log_list, **kw)
+    def log_list(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
+        return self.run(verbs.log_list, cancel=cancel, deadline=deadline)
 
-    def log_get(self, name, **kw) -> Answer:
-        return self.run(verbs.log_get, name, **kw)
+    def log_get(self, name: str, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
+        return self.run(verbs.log_get, name, cancel=cancel, deadline=deadline)
 
-    def controls(self) -> list:
+    def controls(self) -> list[str]:
         return list(self.manifest.controls if self.manifest.controls is not None else CONTROLS)
+
+    def check_told(self, content: dict[str, Any]) -> list[str]:
+        return []  # told, not run: nothing to refuse, nothing reaches the agent (apply_told says so)
+
+    def apply_told(self, content: dict[str, Any]) -> dict[str, Any]:
+        return trust.not_told(content)  # an adapter agent reads no file of the runtime's
 
     # ------------------------------------------------------------ the report
 
-    def _remember_settings(self, values, bounds) -> None:
+    def _remember_settings(self, values: dict[str, Any], bounds: dict[str, Any]) -> None:
         with self._lock:
             self._settings, self._settings_at = (values, bounds), self.clock()
 
@@ -199,20 +222,20 @@ class Driver:
             self._settings_future = self._submit(verbs.fetch_settings, self.manifest)
 
     def _collect_background(self) -> None:
-        pending = [f for f in (self._health_future, self._settings_future) if f is not None]
+        pending: list[cf.Future[Any]] = [f for f in (self._health_future, self._settings_future) if f is not None]
         if pending:
             # Started with the status call, they are usually done with it; a short wait
             # lets the first report carry them, and never adds more than a second.
             cf.wait(pending, timeout=BACKGROUND_WAIT)
-        future = self._health_future
-        if future is not None and future.done():
-            self._health_entry = _result_or_failure(future, health.NAME)
+        checked = self._health_future
+        if checked is not None and checked.done():
+            self._health_entry = _result_or_failure(checked, health.NAME)
             self._health_future = None
-        future = self._settings_future
-        if future is not None and future.done():
+        fetched = self._settings_future
+        if fetched is not None and fetched.done():
             self._settings_future = None
             try:
-                answer, values, bounds = future.result()
+                answer, values, bounds = fetched.result()
             except Exception as exc:  # a bug in a verb function: say so, keep the last values
                 log.error("settings get raised: %s", exc)
                 return
@@ -221,7 +244,7 @@ class Driver:
             else:
                 log.warning("settings get failed: %s", self.redactor(answer.reason or answer.message or ""))
 
-    def status_body(self) -> tuple[dict, bool]:
+    def status_body(self) -> tuple[dict[str, Any], bool]:
         """(filtered body, answered) within status timeout + grace + 1 s, never longer; the
         last answered body while it is younger than STATUS_FRESH."""
         with self._lock:
@@ -235,7 +258,7 @@ class Driver:
                 self._status_kept = (asked_at, body)
         return body, answered
 
-    def _ask_status(self) -> tuple[dict, bool]:
+    def _ask_status(self) -> tuple[dict[str, Any], bool]:
         future = self._status_future
         if future is None or future.done():
             future = self._status_future = self._submit(invoke.call, self.manifest, "status")
@@ -249,7 +272,7 @@ class Driver:
             return status.not_answering(f"status: internal error ({type(exc).__name__})"), False
         return _status_body(answer, validate=self.schema_checks)
 
-    def report_section(self) -> dict:
+    def report_section(self) -> dict[str, Any]:
         self.refresh_manifest()
         self._kick_background()
         body, answered = self.status_body()
@@ -281,8 +304,7 @@ class Driver:
         }
         return self.redactor(section)
 
-
-    def _after_window(self, record: dict) -> None:
+    def _after_window(self, record: dict[str, Any]) -> None:
         """A rollback put the previous effective manifest back: use it, and report its revision."""
         if record.get("status") == "rolled_back":
             log.warning("blueprint update (revision %s) rolled back: %s", record.get("revision_id"),
@@ -292,17 +314,23 @@ class Driver:
         self.refresh_manifest()
 
 
-def _window_open(paths) -> bool:
+def _window_open(paths: AgentPaths) -> bool:
     return (window.current(paths) or {}).get("status") == "open"
 
 
-def _running(future) -> bool:
+def _running(future: cf.Future[Any] | None) -> bool:
     return future is not None and not future.done()
 
 
-def _result_or_failure(future: cf.Future, name: str) -> dict:
+def _result_or_failure(future: cf.Future[dict[str, Any]], name: str) -> dict[str, Any]:
     try:
         return future.result()
     except Exception as exc:  # a bug, not the adapter: visible in health rather than lost
         log.error("%s raised: %s", name, exc)
         return {"name": name, "level": "bad", "reason": f"internal error: {exc}"}
+
+
+if TYPE_CHECKING:
+    from caldera.agents.driver import AgentDriver
+
+    _satisfies: type[AgentDriver] = AdapterDriver  # mypy checks the driver against the interface

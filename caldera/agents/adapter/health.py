@@ -8,16 +8,23 @@ from __future__ import annotations
 
 from caldera.agents.adapter import invoke
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    import threading
+    from typing import Any
+
+    from caldera.agents.manifest import Manifest
+
 NAME = "Health check"
 DEFAULT_INTERVAL = 60
 REASON_MAX = 300
 
 
-def interval(manifest) -> int:
+def interval(manifest: Manifest) -> int:
     return int((manifest.health or {}).get("interval_seconds") or DEFAULT_INTERVAL)
 
 
-def check(manifest, *, cancel=None) -> dict:
+def check(manifest: Manifest, *, cancel: threading.Event | None = None) -> dict[str, Any]:
     """One run of the health check -> {name, level: ok|bad, reason}."""
     if not manifest.workdir.is_dir():
         return {"name": NAME, "level": "bad", "reason": f"the adapter's workdir {manifest.workdir} does not exist"}

@@ -28,6 +28,12 @@ from caldera.agents.adapter.answer import (
 from caldera.host import proc
 from caldera.host.jsonlimits import scrub
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from caldera.agents.manifest import Manifest
+
 KIB = 1024
 GRACE_SECONDS = 2.0
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -38,7 +44,7 @@ class Verb:
 
     __slots__ = ("words", "timeout", "stdout_cap", "mode")
 
-    def __init__(self, words: tuple, timeout: float, stdout_cap: int, mode: str):
+    def __init__(self, words: tuple[str, ...], timeout: float, stdout_cap: int, mode: str) -> None:
         self.words = words  # what follows the command
         self.timeout = timeout  # seconds, unless runtime.timeout_seconds replaces it
         self.stdout_cap = stdout_cap
@@ -58,7 +64,7 @@ VERBS = {
 HEALTH = Verb((), 20, 64 * KIB, "health")
 
 
-def adapter_env(agent_name: str, verb: str, environ=os.environ) -> dict:
+def adapter_env(agent_name: str, verb: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The whole environment of an adapter call (SPEC section 7), nothing inherited but TZ."""
     env = {"PATH": SAFE_PATH, "HOME": _home(), "LANG": "C.UTF-8",
            "CALDERA_AGENT": agent_name, "CALDERA_VERB": verb}
@@ -75,12 +81,12 @@ def _home() -> str:
         return "/"
 
 
-def timeout_for(manifest, verb: Verb) -> float:
+def timeout_for(manifest: Manifest, verb: Verb) -> float:
     return float(manifest.timeout_seconds) if manifest.timeout_seconds else verb.timeout
 
 
-def call(manifest, verb_name: str, args=(), *, cancel: threading.Event | None = None,
-         environ=os.environ, verb: Verb | None = None) -> Answer:
+def call(manifest: Manifest, verb_name: str, args: Sequence[str] = (), *, cancel: threading.Event | None = None,
+         environ: Mapping[str, str] = os.environ, verb: Verb | None = None) -> Answer:
     """Run one verb and interpret it; never raises for the adapter's failures.
 
     verb: a Verb not in VERBS (`caldera check` probes an unknown verb with it).
@@ -142,7 +148,8 @@ def refusal_message(stdout: bytes) -> str | None:
     return scrub(message[:MESSAGE_MAX]) if isinstance(message, str) and message else None
 
 
-def run_health(manifest, *, cancel: threading.Event | None = None, environ=os.environ) -> proc.ProcResult:
+def run_health(manifest: Manifest, *, cancel: threading.Event | None = None,
+               environ: Mapping[str, str] = os.environ) -> proc.ProcResult:
     """The manifest's health check: the adapter's workdir and environment, 20 s / 64 KiB."""
     health = manifest.health or {}
     argv = list(health["command"])

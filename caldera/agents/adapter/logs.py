@@ -12,12 +12,16 @@ from __future__ import annotations
 from caldera.agents.adapter.answer import ContractError
 from caldera.host.jsonlimits import text_problem
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from typing import Any
+
 NAME_MAX = 190
 LIST_MAX = 50
 NO_SUCH_LOG = "There is no such log."
 
 
-def name_problem(name) -> str | None:
+def name_problem(name: Any) -> str | None:
     """Why `name` is refused as a log name, or None when it may be asked for."""
     if not isinstance(name, str) or name == "":
         return "a log name is required"
@@ -39,11 +43,11 @@ def name_problem(name) -> str | None:
     return None
 
 
-def check_log_list(data) -> list[str]:
+def check_log_list(data: Any) -> list[str]:
     """The usable names of a `log --list` answer: at most 50, each a valid name."""
     if not isinstance(data, dict) or not isinstance(data.get("logs"), list):
         raise ContractError("log --list: the answer must be {\"logs\": [{\"name\": …}, …]}")
-    names = []
+    names: list[str] = []
     for index, entry in enumerate(data["logs"]):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise ContractError(f"log --list: logs[{index}]: must be an object with a string 'name'")

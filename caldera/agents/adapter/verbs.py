@@ -8,6 +8,14 @@ from caldera.agents import settings
 from caldera.agents.adapter import invoke, logs
 from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, UNSUPPORTED, Answer, ContractError, with_held
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    import threading
+    from typing import Any
+
+    from caldera.agents.manifest import Manifest
+    from caldera.redact import Redactor
+
 ADAPTER_FAILED = "The agent's adapter failed: "
 NOTHING_CHANGED = "Nothing changed: "
 DEFAULTS = {"pause": "Paused.", "resume": "Pause lifted.", "run-now": "Requested.",
@@ -32,12 +40,13 @@ def _refused(verb: str, message: str) -> Answer:
     return Answer(verb=verb, kind=REFUSED, message=message)
 
 
-def control(manifest, verb: str, *, cancel=None) -> Answer:
+def control(manifest: Manifest, verb: str, *, cancel: threading.Event | None = None) -> Answer:
     """pause, resume or run-now (run-now: exit 0 even when held, refused when nothing can run)."""
     return finish(invoke.call(manifest, verb, cancel=cancel))
 
 
-def fetch_settings(manifest, *, cancel=None) -> tuple[Answer, dict, dict]:
+def fetch_settings(manifest: Manifest, *,
+                   cancel: threading.Event | None = None) -> tuple[Answer, dict[str, Any], dict[str, Any]]:
     """(raw answer, values, bounds); an adapter without `settings get` (exit 2) has no bounds."""
     answer = invoke.call(manifest, "settings get", cancel=cancel)
     if answer.kind != DONE:
@@ -50,7 +59,7 @@ def fetch_settings(manifest, *, cancel=None) -> tuple[Answer, dict, dict]:
     return answer, values, bounds
 
 
-def settings_get(manifest, *, cancel=None) -> Answer:
+def settings_get(manifest: Manifest, *, cancel: threading.Event | None = None) -> Answer:
     """Values and the offered (narrowed) schema; `data` = {values, schema, bounds}."""
     answer, values, bounds = fetch_settings(manifest, cancel=cancel)
     if answer.kind not in (DONE, UNSUPPORTED):
@@ -63,7 +72,8 @@ def settings_get(manifest, *, cancel=None) -> Answer:
     return answer
 
 
-def settings_set(manifest, values, *, cancel=None, bounds: dict | None = None) -> Answer:
+def settings_set(manifest: Manifest, values: Any, *, cancel: threading.Event | None = None,
+                 bounds: dict[str, Any] | None = None) -> Answer:
     """Manifest check, narrowed check, then the adapter; all or nothing.
 
     bounds: the adapter's bounds if the caller has fresh ones (the daemon's
@@ -86,7 +96,7 @@ def settings_set(manifest, values, *, cancel=None, bounds: dict | None = None) -
     return finish(invoke.call(manifest, verb, (arg,), cancel=cancel), NOTHING_CHANGED)
 
 
-def log_list(manifest, *, cancel=None) -> Answer:
+def log_list(manifest: Manifest, *, cancel: threading.Event | None = None) -> Answer:
     answer = invoke.call(manifest, "log --list", cancel=cancel)
     if answer.kind == DONE:
         try:
@@ -100,7 +110,7 @@ def log_list(manifest, *, cancel=None) -> Answer:
     return finish(answer)
 
 
-def log_get(manifest, name, *, cancel=None) -> Answer:
+def log_get(manifest: Manifest, name: Any, *, cancel: threading.Event | None = None) -> Answer:
     problem = logs.name_problem(name)
     if problem:
         return _refused("log", f"{problem}.")
@@ -114,7 +124,7 @@ def log_get(manifest, name, *, cancel=None) -> Answer:
     return finish(answer)
 
 
-def redact_answer(answer: Answer, redactor) -> Answer:
+def redact_answer(answer: Answer, redactor: Redactor | None) -> Answer:
     """Every string that leaves the process passes the Redactor."""
     if redactor is None:
         return answer

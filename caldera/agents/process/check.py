@@ -12,13 +12,21 @@ from pathlib import Path
 
 from caldera.agents.adapter.invoke import SAFE_PATH
 from caldera.agents.process.spec import build_spec
-from caldera.agents.process.statusfile import read_status_file
+from caldera.agents.process.statusfile import StatusRead, read_status_file
+
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from caldera.agents.check import Report
+    from caldera.agents.manifest import Manifest
+    from caldera.agents.process.driver import ProcessDriver
+    from caldera.agents.process.spec import ProcessSpec
+    from caldera.config import AgentPaths
 
 START_WAIT = 30.0  # how long --start waits for the status file
 
 
-def check_manifest(paths, manifest, report) -> object:
-    """Static checks; the spec, or None when it can't be built."""
+def check_manifest(paths: AgentPaths, manifest: Manifest, report: Report) -> None:
+    """Static checks (ConfigError when the spec can't be built)."""
     spec = build_spec(manifest, paths.state_dir)
     if not spec.workdir.is_dir():
         report.breach("runtime.workdir", f"{spec.workdir} does not exist")
@@ -40,10 +48,9 @@ def check_manifest(paths, manifest, report) -> object:
     if spec.instructions is not None and not spec.instructions.is_file():
         report.breach("instructions", f"{spec.instructions} does not exist")
     _check_secrets(paths, spec, report)
-    return spec
 
 
-def _check_secrets(paths, spec, report) -> None:
+def _check_secrets(paths: AgentPaths, spec: ProcessSpec, report: Report) -> None:
     from caldera.config import read_env_file
     from caldera.errors import ConfigError
 
@@ -68,9 +75,9 @@ def _check_secrets(paths, spec, report) -> None:
                                     "ClawManager sets them)")
 
 
-def check_start(paths, manifest, report, *, wait: float = START_WAIT) -> None:
+def check_start(paths: AgentPaths, manifest: Manifest, report: Report, *, wait: float = START_WAIT) -> None:
     """Start the agent once in a scratch state dir and wait for its status file."""
-    from caldera.agents.process.driver import open_driver
+    from caldera.agents.process.driver import open_process_driver
     from caldera.config import AgentPaths
     from caldera.host.statefile import StateFile
     from caldera.redact import Redactor
@@ -79,8 +86,8 @@ def check_start(paths, manifest, report, *, wait: float = START_WAIT) -> None:
     try:
         (scratch / "logs").mkdir()
         spaths = AgentPaths(paths.name, paths.config_dir, paths.manifest_path, scratch)
-        driver = open_driver(spaths, manifest, store=StateFile(scratch / "state.json"), redactor=Redactor(),
-                             report_interval=wait)
+        driver = open_process_driver(spaths, manifest, store=StateFile(scratch / "state.json"),
+                                     redactor=Redactor(), report_interval=wait)
         stop = threading.Event()
         thread = threading.Thread(target=driver.supervise, args=(stop,), name="check-supervisor")
         thread.start()
@@ -96,22 +103,24 @@ def check_start(paths, manifest, report, *, wait: float = START_WAIT) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _watch(driver, report, wait: float) -> None:
+def _watch(driver: ProcessDriver, report: Report, wait: float) -> None:
     sup, spec = driver.supervisor, driver.spec
     deadline = time.monotonic() + wait
     tick = threading.Event()
-    read, started = None, False
+    read: StatusRead | None = None
+    started = False
     while time.monotonic() < deadline:
         started = started or sup.pid() is not None
         if sup.status == "error" or sup.restarts > 0 or (started and sup.pid() is None):
             tail = _tail(driver.log_path)
-            report.breach("--start", f"the agent did not stay up: {sup.reason or sup.last_exit}; agent.log ends: {tail}")
+            report.breach("--start", f"the agent did not stay up: {sup.reason or sup.last_exit}; "
+                                     f"agent.log ends: {tail}")
             return
         if spec.status_file is not None:
             read = read_status_file(spec.status_file, stale_after=wait)
             if read.body is not None:
                 break
-        elif sup.pid() is not None and sup.uptime() and sup.uptime() > 3:
+        elif sup.pid() is not None and (sup.uptime() or 0.0) > 3:
             break
         tick.wait(0.2)
     if sup.pid() is None:

@@ -7,11 +7,19 @@ from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, Answer
 from caldera.agents.process import control
 from caldera.errors import UsageError
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
+
+    from caldera.agents.manifest import Manifest
+    from caldera.config import AgentPaths
+
 NO_DAEMON = ("no caldera runtime is running for agent {name}; in process mode the verbs act through it "
              "(start it: systemctl start caldera@{name}, or caldera run --agent {name})")
 
 
-def ask(paths, verb: str, args: dict | None = None) -> dict | None:
+def ask(paths: AgentPaths, verb: str, args: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The daemon's reply, or None when no daemon listens."""
     try:
         return control.call(paths.state_dir, verb, args)
@@ -22,7 +30,7 @@ def ask(paths, verb: str, args: dict | None = None) -> dict | None:
                 "held": []}
 
 
-def to_answer(verb: str, reply: dict) -> Answer:
+def to_answer(verb: str, reply: dict[str, Any]) -> Answer:
     ok = bool(reply.get("ok"))
     answer = Answer(verb=reply.get("verb") or verb, kind=DONE if ok else REFUSED, message=reply.get("message"),
                     held=reply.get("held") or [])
@@ -31,7 +39,7 @@ def to_answer(verb: str, reply: dict) -> Answer:
     return answer
 
 
-def dispatch(args, paths, manifest) -> Answer:
+def dispatch(args: argparse.Namespace, paths: AgentPaths, manifest: Manifest) -> Answer:
     if args.command in ("pause", "resume", "run-now"):
         verb, payload = args.command, None
     elif args.command == "settings" and args.action == "get":

@@ -7,35 +7,45 @@ calls the driver: the process driver answers them the same way.)
 """
 from __future__ import annotations
 
+from caldera.agents.driver import as_process_driver
 from caldera.errors import CommandError
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
-def _process_driver(ctx):
-    driver = ctx.driver
-    if driver is None or not hasattr(driver, "supervisor"):
+    from caldera.agents.adapter.answer import Answer
+    from caldera.agents.process.driver import ProcessDriver
+    from caldera.daemon.dispatch import CommandContext
+
+
+def _process_driver(ctx: CommandContext) -> ProcessDriver:
+    driver = as_process_driver(ctx.driver)
+    if driver is None:
         raise CommandError(f"{ctx.command_type} acts only in process mode; this agent runs in adapter mode, "
                            "where caldera starts and stops nothing (use pause / resume)")
     return driver
 
 
-def _act(ctx, method: str) -> dict:
+def _act(ctx: CommandContext, verb: str, act: Callable[[ProcessDriver], Answer]) -> dict[str, Any]:
     driver = _process_driver(ctx)
-    answer = getattr(driver, method)()
+    answer = act(driver)
     ctx.report_now()
     info = driver.process_info()
     result = {**answer.payload(), "pid": info["pid"], "openclaw_status": info["status"]}
     if not answer.ok:
-        raise CommandError(answer.message or f"{method} failed", result=result)
+        raise CommandError(answer.message or f"{verb} failed", result=result)
     return result
 
 
-def start_openclaw(ctx, payload: dict) -> dict:
-    return _act(ctx, "start")
+def start_openclaw(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+    return _act(ctx, "start", lambda driver: driver.start())
 
 
-def stop_openclaw(ctx, payload: dict) -> dict:
-    return _act(ctx, "stop")
+def stop_openclaw(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+    return _act(ctx, "stop", lambda driver: driver.stop())
 
 
-def restart_openclaw(ctx, payload: dict) -> dict:
-    return _act(ctx, "restart")
+def restart_openclaw(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+    return _act(ctx, "restart", lambda driver: driver.restart())

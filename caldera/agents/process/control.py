@@ -21,6 +21,14 @@ from pathlib import Path
 
 from caldera.host.jsonlimits import loads
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from caldera.agents.adapter.answer import Answer
+    from caldera.agents.process.driver import ProcessDriver
+    from caldera.redact import Redactor
+
 log = logging.getLogger("caldera.agents.process")
 SOCKET_NAME = "control.sock"
 LINE_MAX = 64 * 1024
@@ -43,7 +51,7 @@ def _short(path: Path, fd: int | None) -> str:
     return f"/proc/self/fd/{fd}/{path.name}"
 
 
-def answer_of(driver, request: dict) -> dict:
+def answer_of(driver: ProcessDriver, request: dict[str, Any]) -> dict[str, Any]:
     """One request -> the reply object (the Answer's payload plus its data)."""
     verb, args = request.get("verb"), request.get("args") or {}
     if verb == "status":
@@ -51,14 +59,7 @@ def answer_of(driver, request: dict) -> dict:
         return {"ok": True, "message": None, "held": [], "agent_status": body, "process": info}
     if verb not in VERBS or not isinstance(args, dict):
         return {"ok": False, "message": f"unknown verb {verb!r}", "held": []}
-    method = {"run-now": "run_now", "settings get": "settings_get", "settings set": "settings_set",
-              "log --list": "log_list", "log": "log_get"}.get(verb, verb)
-    if verb == "settings set":
-        answer = driver.settings_set(args.get("values"))
-    elif verb == "log":
-        answer = driver.log_get(args.get("name"))
-    else:
-        answer = getattr(driver, method)()
+    answer = _act(driver, verb, args)
     reply = {**answer.payload(), "verb": answer.verb}
     if answer.data is not None and answer.ok:
         reply["data"] = answer.data
@@ -67,8 +68,35 @@ def answer_of(driver, request: dict) -> dict:
     return reply
 
 
+def _act(driver: ProcessDriver, verb: str, args: dict[str, Any]) -> Answer:
+    """One of VERBS but status, on the driver."""
+    match verb:
+        case "pause":
+            return driver.pause()
+        case "resume":
+            return driver.resume()
+        case "run-now":
+            return driver.run_now()
+        case "start":
+            return driver.start()
+        case "stop":
+            return driver.stop()
+        case "restart":
+            return driver.restart()
+        case "settings get":
+            return driver.settings_get()
+        case "settings set":  # anything but an object is refused as "give at least one setting"
+            values = args.get("values")
+            return driver.settings_set(values if isinstance(values, dict) else {})
+        case "log --list":
+            return driver.log_list()
+        case _:  # "log"; anything but text is refused as "a log name is required"
+            name = args.get("name")
+            return driver.log_get(name if isinstance(name, str) else "")
+
+
 class ControlServer:
-    def __init__(self, driver, state_dir, redactor):
+    def __init__(self, driver: ProcessDriver, state_dir: str | Path, redactor: Redactor) -> None:
         self.driver, self.redactor = driver, redactor
         self.path = Path(state_dir) / SOCKET_NAME
         self._stop = threading.Event()
@@ -99,9 +127,12 @@ class ControlServer:
         self._thread.start()
 
     def _accept_loop(self) -> None:
+        sock = self._sock
+        if sock is None:  # start() sets it before this thread runs
+            return
         while not self._stop.is_set():
             try:
-                conn, _ = self._sock.accept()
+                conn, _ = sock.accept()
             except TimeoutError:
                 continue
             except OSError:
@@ -153,7 +184,7 @@ class ControlServer:
             pass
 
 
-def _recv(conn: socket.socket):
+def _recv(conn: socket.socket) -> Any:
     data = b""
     while b"\n" not in data:
         chunk = conn.recv(65536)
@@ -165,11 +196,12 @@ def _recv(conn: socket.socket):
     return loads(data.split(b"\n", 1)[0], max_bytes=LINE_MAX, what="the request")
 
 
-def _send(conn: socket.socket, obj) -> None:
+def _send(conn: socket.socket, obj: Any) -> None:
     conn.sendall(json.dumps(obj, ensure_ascii=False).encode() + b"\n")
 
 
-def call(state_dir, verb: str, args: dict | None = None, timeout: float = CLIENT_TIMEOUT) -> dict:
+def call(state_dir: str | Path, verb: str, args: dict[str, Any] | None = None,
+         timeout: float = CLIENT_TIMEOUT) -> Any:
     """Ask the daemon; NoDaemon when none listens on the agent's socket."""
     path = Path(state_dir) / SOCKET_NAME
     if not path.exists():

@@ -32,8 +32,18 @@ from caldera.agents.updates import load_effective
 from caldera.errors import ConfigError
 from caldera.host.timefmt import rfc3339
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
+
+    from caldera.agents.manifest import Manifest
+    from caldera.config import AgentPaths
+    from caldera.host.statefile import StateFile
+    from caldera.redact import Redactor
+
 log = logging.getLogger("caldera.agents.process")
-VERSION_MAX = 50
+VERSION_MAX = 50  # ClawManager's openclaw_version column
 LOG_TAIL = 512 * 1024
 AGENT_LOG = "agent.log"
 HEALTH_MAX = 50
@@ -41,8 +51,9 @@ LABELS = {STARTING: ("warn", "Starting"), RUNNING: ("ok", "Running"), STOPPED: (
           P_FAILED: ("bad", "Failed")}
 
 
-def open_driver(paths, manifest, *, store, redactor, report_interval: float = 5.0, environ=os.environ,
-                supervise: bool = True, report_now=None) -> ProcessDriver:
+def open_process_driver(paths: AgentPaths, manifest: Manifest, *, store: StateFile, redactor: Redactor,
+                        report_interval: float = 5.0, environ: Mapping[str, str] = os.environ,
+                        supervise: bool = True, report_now: Callable[[], None] | None = None) -> ProcessDriver:
     """supervise=False: a driver that only reports (report --once); it starts nothing.
     report_now: called when the agent's state changes (the daemon's report wake-up)."""
     if manifest.runtime_type != "process":
@@ -52,7 +63,9 @@ def open_driver(paths, manifest, *, store, redactor, report_interval: float = 5.
 
 
 class ProcessDriver:
-    def __init__(self, paths, manifest, *, store, redactor, report_interval, environ, supervise, report_now):
+    def __init__(self, paths: AgentPaths, manifest: Manifest, *, store: StateFile, redactor: Redactor,
+                 report_interval: float, environ: Mapping[str, str], supervise: bool,
+                 report_now: Callable[[], None] | None) -> None:
         self.paths, self.manifest, self.store, self.redactor = paths, manifest, store, redactor
         self.spec = build_spec(manifest, paths.state_dir)
         self.report_interval = report_interval
@@ -65,9 +78,10 @@ class ProcessDriver:
                                      restart=self.spec.restart, on_change=self._changed)
         self.report_now = report_now or (lambda: None)
         self._manifest_problem: str | None = None
-        self._health_entry: dict | None = None
+        self._health_entry: dict[str, Any] | None = None
         self._health_due = 0.0
         self._health_thread: threading.Thread | None = None
+        self.last_level: str | None = None  # no blueprint window judges a process agent's reports
 
     def _changed(self) -> None:
         self.report_now()
@@ -107,20 +121,20 @@ class ProcessDriver:
         return Answer(verb=verb, kind=DONE if ok else FAILED, message=self.redactor(message),
                       reason=None if ok else self.redactor(message))
 
-    def _supervised(self, verb: str, act) -> Answer:
+    def _supervised(self, verb: str, act: Callable[[], Answer]) -> Answer:
         """act() when this driver supervises; a refusal with a sentence otherwise (report --once)."""
         if not self.supervising:
             return Answer(verb=verb, kind=REFUSED,
                           message="this runtime only reports; the daemon (caldera run) runs the agent")
         return act()
 
-    def start(self, **kw) -> Answer:
+    def start(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
         return self._supervised("start", lambda: self._started("start", self.supervisor.start()))
 
-    def stop(self, **kw) -> Answer:
+    def stop(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
         return self._supervised("stop", lambda: self._answer("stop", self.supervisor.stop(hold="stopped")))
 
-    def restart(self, **kw) -> Answer:
+    def restart(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
         return self._supervised("restart", lambda: self._started("restart", self.supervisor.restart()))
 
     def _started(self, verb: str, message: str) -> Answer:
@@ -128,18 +142,18 @@ class ProcessDriver:
 
     # ------------------------------------------------------------ the verbs
 
-    def pause(self, **kw) -> Answer:
+    def pause(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
         return self._supervised("pause", lambda: self._answer(
             "pause", "Paused; the agent stays stopped until resume. " + self.supervisor.stop(hold="paused")))
 
-    def resume(self, **kw) -> Answer:
-        def act():
+    def resume(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
+        def act() -> Answer:
             lifted = "Pause lifted. " if self.supervisor.hold == "paused" else ""
             return self._started("resume", lifted + self.supervisor.start())
 
         return self._supervised("resume", act)
 
-    def run_now(self, **kw) -> Answer:
+    def run_now(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
         return self._supervised("run-now", self._run_now)
 
     def _run_now(self) -> Answer:
@@ -151,10 +165,10 @@ class ProcessDriver:
         return Answer(verb="run-now", kind=REFUSED, message=f"Nothing can run now: {why}.",
                       held=["Paused"] if held == "paused" else [])
 
-    def controls(self) -> list:
+    def controls(self) -> list[str]:
         return list(self.manifest.controls if self.manifest.controls is not None else CONTROLS)
 
-    def settings_get(self, **kw) -> Answer:
+    def settings_get(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
         values = files.read_settings(self.spec)
         schema = list(self.spec.settings_schema)
         answer = Answer(verb="settings get", kind=DONE,
@@ -162,7 +176,8 @@ class ProcessDriver:
         answer.data = {"values": values, "schema": schema, "bounds": {}}
         return answer
 
-    def settings_set(self, values, **kw) -> Answer:
+    def settings_set(self, values: dict[str, Any], *, cancel: threading.Event | None = None,
+                     deadline: float | None = None) -> Answer:
         problem = settings_rules.check_values(values, self.spec.settings_schema)
         if problem:
             return Answer(verb="settings set", kind=REFUSED, message="Nothing changed: " + problem)
@@ -177,16 +192,16 @@ class ProcessDriver:
         return self._answer("settings set", "Saved; the agent was told (SIGHUP)." if told
                             else "Saved; the agent reads it when it starts.")
 
-    def check_told(self, content: dict) -> list:
+    def check_told(self, content: dict[str, Any]) -> list[str]:
         """A config revision's `instructions`/`mcp`: why they may not be applied ([] = allowed)."""
         from caldera.agents.process.told import check_told
 
         return check_told(self, content)
 
-    def apply_told(self, content: dict) -> dict:
+    def apply_told(self, content: dict[str, Any]) -> dict[str, Any]:
         from caldera.agents.process.told import apply_told
 
-        return apply_told(self, content)
+        return {"told": apply_told(self, content)}
 
     def files_changed(self) -> bool:
         """A revision changed instructions or mcp: rebuild the agent's files, then SIGHUP it.
@@ -197,9 +212,9 @@ class ProcessDriver:
         self.report_now()
         return self.supervisor.send(signal.SIGHUP)
 
-    def _logs(self) -> dict:
+    def _logs(self) -> dict[str, Path]:
         """name -> path of every log that may be read (agent.log first, at most 50)."""
-        found = {}
+        found: dict[str, Path] = {}
         for path in [self.log_path] + [self.log_path.with_name(f"{AGENT_LOG}.{i}") for i in (1, 2, 3)]:
             if path.is_file():
                 found[path.name] = path
@@ -214,14 +229,14 @@ class ProcessDriver:
                     found[entry.name] = Path(entry.path)
         return dict(list(found.items())[:log_names.LIST_MAX])
 
-    def log_list(self, **kw) -> Answer:
+    def log_list(self, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
         names = list(self._logs())
         answer = Answer(verb="log --list", kind=DONE,
                         message=f"{len(names)} log{'' if len(names) == 1 else 's'}." if names else "No logs.")
         answer.data = {"logs": names}
         return answer
 
-    def log_get(self, name, **kw) -> Answer:
+    def log_get(self, name: str, *, cancel: threading.Event | None = None, deadline: float | None = None) -> Answer:
         problem = log_names.name_problem(name)
         if problem:
             return Answer(verb="log", kind=REFUSED, message=f"{problem}.")
@@ -238,7 +253,7 @@ class ProcessDriver:
 
     # ------------------------------------------------------------ the health check
 
-    def _health(self) -> dict | None:
+    def _health(self) -> dict[str, Any] | None:
         """The manifest's health check, as in adapter mode (its workdir, the adapter's environment),
         on its interval in a thread of its own; the report carries the last result, never waits."""
         if not self.manifest.health or not self.supervising:
@@ -248,12 +263,13 @@ class ProcessDriver:
             from caldera.agents.adapter import health
 
             self._health_due = time.monotonic() + health.interval(self.manifest)
-            self._health_thread = threading.Thread(target=self._run_health, args=(health,), name="health-check",
-                                                   daemon=True)
+            self._health_thread = threading.Thread(target=self._run_health, name="health-check", daemon=True)
             self._health_thread.start()
         return self._health_entry
 
-    def _run_health(self, health) -> None:
+    def _run_health(self) -> None:
+        from caldera.agents.adapter import health  # imported by _health already
+
         try:
             self._health_entry = health.check(self.manifest)
         except Exception as exc:  # noqa: BLE001 -- a bug shows in health rather than ending the thread
@@ -262,14 +278,14 @@ class ProcessDriver:
 
     # ------------------------------------------------------------ the report
 
-    def process_info(self) -> dict:
+    def process_info(self) -> dict[str, Any]:
         snap = self.supervisor.snapshot() if self.supervising else _observed(self.store)
         return {"pid": snap["pid"], "status": snap["status"], "uptime_seconds": _round(snap.get("uptime")),
                 "restarts": snap["restarts"], "last_exit": snap["last_exit"], "hold": snap["hold"],
                 "reason": snap.get("reason") or ""}
 
-    def status_body(self) -> tuple[dict, list]:
-        """(agent_status body, health entries) from the status file and the process."""
+    def status_body(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(agent_status body, process_info()) from the status file and the process."""
         info = self.process_info()
         read = read_status_file(self.spec.status_file, stale_after=3 * self.report_interval)
         started = (self.store.get("agent_process") or {}).get("started_at")
@@ -297,12 +313,12 @@ class ProcessDriver:
         if self._manifest_problem:
             entries.append({"name": "Manifest", "level": "warn", "reason": self._manifest_problem[:1000]})
         if self.pump is not None and self.pump.dropped_total:
-            entries.append({"name": "Agent log", "level": "warn",
-                            "reason": f"{self.pump.dropped_total} bytes of output dropped (disk slower than the agent)"})
+            dropped = f"{self.pump.dropped_total} bytes of output dropped (disk slower than the agent)"
+            entries.append({"name": "Agent log", "level": "warn", "reason": dropped})
         body["health"] = entries[:HEALTH_MAX]
         return body, info
 
-    def report_section(self) -> dict:
+    def report_section(self) -> dict[str, Any]:
         body, info = self.status_body()
         agent = body.get("agent") or {}
         version = (agent.get("version") or self.manifest.version or "")[:VERSION_MAX] or None
@@ -317,11 +333,11 @@ class ProcessDriver:
         return self.redactor(section)
 
 
-def _round(value):
+def _round(value: float | None) -> int | None:
     return None if value is None else round(value)
 
 
-def _observed(store) -> dict:
+def _observed(store: StateFile) -> dict[str, Any]:
     """Without a supervisor (report --once, caldera status): the recorded agent, checked against /proc."""
     from caldera.host.proc import same_process
 
@@ -349,7 +365,8 @@ def _tail(path: Path, cap: int) -> tuple[str, bool]:
         size = os.fstat(fd).st_size
         start = max(0, size - cap)
         os.lseek(fd, start, os.SEEK_SET)
-        chunks, left = [], cap
+        chunks: list[bytes] = []
+        left = cap
         while left > 0:
             chunk = os.read(fd, min(left, 65536))
             if not chunk:
@@ -359,3 +376,9 @@ def _tail(path: Path, cap: int) -> tuple[str, bool]:
     finally:
         os.close(fd)
     return b"".join(chunks).decode("utf-8", "replace"), start > 0
+
+
+if TYPE_CHECKING:
+    from caldera.agents.driver import AgentDriver
+
+    _satisfies: type[AgentDriver] = ProcessDriver  # mypy checks the driver against the interface

@@ -13,10 +13,17 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from caldera.agents.adapter.invoke import adapter_env
 from caldera.config import llm_gateway
+
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from caldera.agents.process.spec import ProcessSpec
 
 OPENAI_ALIAS = {"CLAWMANAGER_LLM_BASE_URL": "OPENAI_BASE_URL", "CLAWMANAGER_LLM_API_KEY": "OPENAI_API_KEY",
                 "CLAWMANAGER_LLM_MODEL": "OPENAI_MODEL"}
@@ -25,23 +32,24 @@ NEVER_PASSED = ("CALDERA_TOKEN", "CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN", "CLAWMANAG
 SECRET_FILE_MAX = 64 * 1024
 
 
+@dataclass
 class AgentEnv:
-    """env: the whole environment; secret_values: what the Redactor must learn; problems: sentences."""
+    """The agent's environment as build_env made it."""
 
-    __slots__ = ("env", "secret_values", "problems")
+    env: dict[str, str] = field(default_factory=dict)  # the whole environment
+    secret_values: list[str] = field(default_factory=list)  # what the Redactor must learn
+    problems: list[str] = field(default_factory=list)  # sentences
 
-    def __init__(self):
-        self.env, self.secret_values, self.problems = {}, [], []
 
-
-def gateway_values(runtime_env: dict) -> dict:
+def gateway_values(runtime_env: Mapping[str, str]) -> dict[str, str]:
     """ClawManager's AI Gateway as the runtime sees it (config.llm_gateway: CLAWMANAGER_LLM_*, else
     OPENAI_*), under the CLAWMANAGER_LLM_* names."""
     return {f"CLAWMANAGER_LLM_{key.upper()}": value for key, value in llm_gateway(runtime_env).items() if value}
 
 
-def build_env(spec, *, agent_name: str, files: dict, runtime_env: dict, secrets_env: dict,
-              secrets_dir: Path, environ=os.environ) -> AgentEnv:
+def build_env(spec: ProcessSpec, *, agent_name: str, files: Mapping[str, Path | None],
+              runtime_env: Mapping[str, str], secrets_env: Mapping[str, str], secrets_dir: Path,
+              environ: Mapping[str, str] = os.environ) -> AgentEnv:
     """files: CALDERA_* file variables -> paths (state dir, settings, instructions, mcp)."""
     out = AgentEnv()
     env = adapter_env(agent_name, "process", environ)
@@ -72,7 +80,7 @@ def build_env(spec, *, agent_name: str, files: dict, runtime_env: dict, secrets_
     return out
 
 
-def _secret_file(path: Path, problems: list, name: str) -> str | None:
+def _secret_file(path: Path, problems: list[str], name: str) -> str | None:
     """A secret from secrets/NAME: a regular file, no symlink, at most 64 KiB; trailing newline cut."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)

@@ -17,6 +17,14 @@ from pathlib import Path
 from caldera.agents.settings import value_problem
 from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, ensure_dir, read_json
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from caldera.agents.process.spec import ProcessSpec
+
+    Owner = tuple[int, int] | None  # (uid, gid) the agent's files go to; None: the runtime's own
+
 SETTINGS = "settings.json"
 INSTRUCTIONS = "instructions"
 MCP = "mcp.json"
@@ -28,11 +36,11 @@ def overrides_dir(runtime_state: Path) -> Path:
     return Path(runtime_state) / OVERRIDES
 
 
-def settings_path(spec) -> Path:
+def settings_path(spec: ProcessSpec) -> Path:
     return spec.state_dir / SETTINGS
 
 
-def read_settings(spec) -> dict:
+def read_settings(spec: ProcessSpec) -> dict[str, Any]:
     """Current values: defaults, then the file's values that still pass the schema."""
     values = {item["key"]: spec.settings_defaults.get(item["key"]) for item in spec.settings_schema}
     try:
@@ -47,22 +55,22 @@ def read_settings(spec) -> dict:
     return values
 
 
-def write_settings(spec, values: dict, owner=None) -> None:
+def write_settings(spec: ProcessSpec, values: dict[str, Any], owner: Owner = None) -> None:
     atomic_write_json(settings_path(spec), values, mode=0o600)
     _chown(settings_path(spec), owner)
 
 
-def prepare(spec, runtime_state: Path, owner=None) -> dict:
+def prepare(spec: ProcessSpec, runtime_state: Path, owner: Owner = None) -> dict[str, Path]:
     """Make the agent's files; the CALDERA_* variables that point at them."""
     ensure_dir(spec.state_dir)
     os.chmod(spec.state_dir, 0o700)
     _chown(spec.state_dir, owner)
-    files = {"CALDERA_AGENT_STATE_DIR": spec.state_dir}
+    files: dict[str, Path] = {"CALDERA_AGENT_STATE_DIR": spec.state_dir}
     if spec.settings_schema or settings_path(spec).exists():
         write_settings(spec, read_settings(spec), owner)
     files["CALDERA_SETTINGS_FILE"] = settings_path(spec)
     if spec.instructions is not None:
-        files["CALDERA_INSTRUCTIONS_FILE"] = _instructions(spec, runtime_state, owner)
+        files["CALDERA_INSTRUCTIONS_FILE"] = _instructions(spec.instructions, spec.state_dir, runtime_state, owner)
     servers = effective_mcp(spec, runtime_state)
     if servers:
         path = spec.state_dir / MCP
@@ -72,21 +80,22 @@ def prepare(spec, runtime_state: Path, owner=None) -> dict:
     return files
 
 
-def _instructions(spec, runtime_state: Path, owner) -> Path:
+def _instructions(declared: Path, agent_state: Path, runtime_state: Path, owner: Owner) -> Path:
+    """The agent's copy: a config revision's content over the manifest's file."""
     override = overrides_dir(runtime_state) / INSTRUCTIONS
-    source = override if override.is_file() else spec.instructions
+    source = override if override.is_file() else declared
     try:
         with open(source, "rb") as fh:
             data = fh.read(INSTRUCTIONS_MAX + 1)[:INSTRUCTIONS_MAX]
     except OSError:
         data = b""  # named but absent: the agent gets an empty file, `caldera check` says why
-    path = spec.state_dir / INSTRUCTIONS
+    path = agent_state / INSTRUCTIONS
     atomic_write_bytes(path, data, mode=0o600)
     _chown(path, owner)
     return path
 
 
-def effective_mcp(spec, runtime_state: Path) -> dict:
+def effective_mcp(spec: ProcessSpec, runtime_state: Path) -> dict[str, Any]:
     """The manifest's servers; a revision's url for a server that is a url server in the manifest."""
     servers = json.loads(json.dumps(spec.mcp))
     try:
@@ -100,6 +109,6 @@ def effective_mcp(spec, runtime_state: Path) -> dict:
     return servers
 
 
-def _chown(path: Path, owner) -> None:
+def _chown(path: Path, owner: Owner) -> None:
     if owner is not None and os.geteuid() == 0:
         os.chown(path, owner[0], owner[1])

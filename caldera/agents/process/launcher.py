@@ -12,10 +12,18 @@ from caldera.config import merged_env
 from caldera.errors import ConfigError
 from caldera.host import proc
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Mapping
+
+    from caldera.agents.process.driver import ProcessDriver
+    from caldera.config import AgentPaths
+
 log = logging.getLogger("caldera.agents.process")
 
 
-def account_ids(name: str | None):
+def account_ids(name: str | None) -> tuple[int, int] | None:
     """(uid, gid) of the account to run as, or None to run as the runtime's own user."""
     if name is None:
         return None
@@ -34,11 +42,11 @@ def account_ids(name: str | None):
 class Launcher:
     """launch() -> Popen; what the last launch learned (secret values, problems) stays readable."""
 
-    def __init__(self, driver_state, paths, *, environ=os.environ):
-        self.state, self.paths, self.environ = driver_state, paths, environ
+    def __init__(self, driver: ProcessDriver, paths: AgentPaths, *, environ: Mapping[str, str] = os.environ) -> None:
+        self.state, self.paths, self.environ = driver, paths, environ  # state: the driver's spec and redactor now
         self.problems: list[str] = []
 
-    def __call__(self):
+    def __call__(self) -> subprocess.Popen[bytes]:
         spec = self.state.spec
         if not spec.workdir.is_dir():
             raise LaunchError(f"runtime.workdir {spec.workdir} does not exist")
@@ -60,7 +68,7 @@ class Launcher:
         for problem in built.problems:
             log.warning("%s", problem)
         try:
-            return proc.spawn(spec.command, env=built.env, cwd=str(spec.workdir),
+            return proc.spawn(list(spec.command), env=built.env, cwd=str(spec.workdir),
                               user=owner[0] if owner else None, group=owner[1] if owner else None)
         except (OSError, ValueError) as exc:
             raise LaunchError(f"{spec.command[0]}: {getattr(exc, 'strerror', None) or exc}") from None

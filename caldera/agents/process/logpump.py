@@ -16,6 +16,10 @@ import queue
 import threading
 from pathlib import Path
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from typing import IO
+
 CHUNK = 64 * 1024
 QUEUE_CHUNKS = 64
 MAX_BYTES = 10 * 1024 * 1024
@@ -26,34 +30,34 @@ log = logging.getLogger("caldera.agents.process")
 class RotatingFile:
     """Append-only file rotated at max_bytes: name -> name.1 -> … -> name.BACKUPS (dropped)."""
 
-    def __init__(self, path, max_bytes: int = MAX_BYTES, backups: int = BACKUPS):
+    def __init__(self, path: str | Path, max_bytes: int = MAX_BYTES, backups: int = BACKUPS) -> None:
         self.path, self.max_bytes, self.backups = Path(path), max_bytes, backups
-        self._fh = None
+        self._fh: IO[bytes] | None = None
         self._size = 0
         self.written = 0  # bytes written since start, over every rotation
 
-    def _open(self) -> None:
+    def _open(self) -> IO[bytes]:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         self._fh = os.fdopen(fd, "ab", buffering=0)
         self._size = os.fstat(fd).st_size
+        return self._fh
 
     def write(self, data: bytes) -> None:
-        if self._fh is None:
-            self._open()
+        fh = self._fh if self._fh is not None else self._open()
         if self._size and self._size + len(data) > self.max_bytes:
-            self._rotate()
-        self._fh.write(data)
+            fh = self._rotate()
+        fh.write(data)
         self._size += len(data)
         self.written += len(data)
 
-    def _rotate(self) -> None:
+    def _rotate(self) -> IO[bytes]:
         self.close()
         for index in range(self.backups - 1, 0, -1):
             older = self.path.with_name(f"{self.path.name}.{index}")
             if older.exists():
                 os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
         os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
-        self._open()
+        return self._open()
 
     def close(self) -> None:
         if self._fh is not None:
@@ -64,16 +68,17 @@ class RotatingFile:
 class LogPump:
     """One writer thread for the agent's log; `attach(pipe)` starts a reader for one child."""
 
-    def __init__(self, path, *, max_bytes: int = MAX_BYTES, backups: int = BACKUPS, queue_chunks: int = QUEUE_CHUNKS):
+    def __init__(self, path: str | Path, *, max_bytes: int = MAX_BYTES, backups: int = BACKUPS,
+                 queue_chunks: int = QUEUE_CHUNKS) -> None:
         self.file = RotatingFile(path, max_bytes, backups)
-        self.queue: queue.Queue = queue.Queue(queue_chunks)
+        self.queue: queue.Queue[bytes | None] = queue.Queue(queue_chunks)  # None: the writer's end
         self.dropped = 0  # bytes dropped since the last marker (the reader adds, the writer reports)
         self.dropped_total = 0
         self._lock = threading.Lock()
         self._writer = threading.Thread(target=self._write_loop, name="agent-log-writer", daemon=True)
         self._writer.start()
 
-    def attach(self, pipe) -> threading.Thread:
+    def attach(self, pipe: IO[bytes]) -> threading.Thread:
         reader = threading.Thread(target=self._read_loop, args=(pipe,), name="agent-log-reader", daemon=True)
         reader.start()
         return reader
@@ -90,7 +95,7 @@ class LogPump:
                 self.dropped += len(chunk)
                 self.dropped_total += len(chunk)
 
-    def _read_loop(self, pipe) -> None:
+    def _read_loop(self, pipe: IO[bytes]) -> None:
         fd = pipe.fileno()
         try:
             while True:
@@ -123,6 +128,6 @@ class LogPump:
         """Flush what is queued and end the writer (readers end with their pipes)."""
         try:
             self.queue.put(None, timeout=timeout)
-        except queue.Full:
-            pass
+        except queue.Full:  # the writer is stuck on the disk; a daemon thread, left behind if it stays so
+            log.warning("agent.log: the writer took nothing for %g s (a stuck disk?)", timeout)
         self._writer.join(timeout)

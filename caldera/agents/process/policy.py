@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import collections
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
 DELAYS = (1, 2, 5, 10, 30, 60)
 RESET_AFTER = 60.0
 WINDOW = 600.0
@@ -17,10 +21,10 @@ RESTART, STOP, ERROR = "restart", "stop", "error"
 
 
 class RestartPolicy:
-    def __init__(self, mode: str = "on-failure", delays=DELAYS):
+    def __init__(self, mode: str = "on-failure", delays: Iterable[float] = DELAYS) -> None:
         self.mode, self.delays = mode, tuple(delays)
         self.step = 0  # index into DELAYS for the next restart
-        self.failures: collections.deque = collections.deque()
+        self.failures: collections.deque[float] = collections.deque()  # monotonic times of the failures
 
     def reset(self) -> None:
         """A command started the agent: forget the ladder and the failures."""

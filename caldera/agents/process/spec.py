@@ -6,36 +6,55 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 from caldera.agents.manifest import STOP_TIMEOUT_DEFAULT
 from caldera.agents.manifest import path_value as _path_value
 from caldera.errors import ConfigError
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from typing import Any
 
+    from caldera.agents.manifest import Manifest
+
+
+@dataclass(frozen=True, repr=False)
 class ProcessSpec:
     """What process mode reads from a checked manifest; paths resolved, defaults filled."""
 
-    __slots__ = ("name", "version", "command", "workdir", "stop_signal", "stop_timeout", "restart",
-                 "run_now_signal", "status_file", "logs_dir", "state_dir", "secrets", "bindings",
-                 "instructions", "mcp", "env", "account", "settings_schema", "settings_defaults", "controls",
-                 "health")
-
-    def __init__(self, **fields):
-        for name in self.__slots__:
-            setattr(self, name, fields.pop(name))
-        if fields:
-            raise TypeError(f"unknown ProcessSpec fields: {', '.join(fields)}")
+    name: str
+    version: str | None
+    command: tuple[str, ...]
+    workdir: Path
+    stop_signal: int
+    stop_timeout: float  # seconds
+    restart: str  # on-failure | always | never
+    run_now_signal: int
+    status_file: Path | None
+    logs_dir: Path | None
+    state_dir: Path  # the agent's own (CALDERA_AGENT_STATE_DIR)
+    secrets: tuple[str, ...]
+    bindings: tuple[str, ...]
+    instructions: Path | None
+    mcp: dict[str, Any]
+    env: dict[str, str]
+    account: str | None  # a user name to run as; None: the runtime's own user
+    settings_schema: tuple[dict[str, Any], ...]
+    settings_defaults: dict[str, Any]
+    controls: tuple[str, ...] | None
+    health: dict[str, Any] | None
 
     def __repr__(self) -> str:
         return f"ProcessSpec({self.name!r}, {list(self.command)!r})"
 
 
 def signal_number(name: str) -> int:
-    return int(getattr(signal, f"SIG{name}"))
+    return int(signal.Signals[f"SIG{name}"])
 
 
-def build_spec(manifest, agent_state_dir: Path) -> ProcessSpec:
+def build_spec(manifest: Manifest, agent_state_dir: Path) -> ProcessSpec:
     """The spec of a checked process manifest. `agent_state_dir` is the runtime's state dir:
     a relative `state` lies under it; relative `status` and `logs` under `state` when the
     manifest names one (the agent writes there), else under the workdir."""

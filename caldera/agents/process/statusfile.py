@@ -14,29 +14,35 @@ import json
 import os
 import stat
 import time
+from dataclasses import dataclass
 
 from caldera.agents.contract import ContractError
 from caldera.agents.status import filter_status
 from caldera.host.jsonlimits import JSONLimitError, loads
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
 MAX_BYTES = 256 * 1024
 NAME = "Status file"
 
 
+@dataclass(frozen=True)
 class StatusRead:
-    """body: the filtered body or None; problem: a health entry or None; mtime: wall time or None."""
+    """What one read of the status file gave."""
 
-    __slots__ = ("body", "problem", "mtime")
+    body: dict[str, Any] | None = None  # the filtered body
+    problem: dict[str, Any] | None = None  # a health entry saying what is wrong
+    mtime: float | None = None  # the file's, wall time
 
-    def __init__(self, body=None, problem=None, mtime=None):
-        self.body, self.problem, self.mtime = body, problem, mtime
 
-
-def _entry(level: str, reason: str) -> dict:
+def _entry(level: str, reason: str) -> dict[str, Any]:
     return {"name": NAME, "level": level, "reason": reason[:1000]}
 
 
-def read_status_file(path, *, stale_after: float, now=None) -> StatusRead:
+def read_status_file(path: Path | None, *, stale_after: float, now: float | None = None) -> StatusRead:
     """The status file's filtered body, or None with the reason as a health entry."""
     if path is None:
         return StatusRead()
@@ -62,7 +68,8 @@ def read_status_file(path, *, stale_after: float, now=None) -> StatusRead:
 
 
 def _read_capped(fd: int) -> bytes:
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while size <= MAX_BYTES:
         chunk = os.read(fd, MAX_BYTES + 1 - size)
         if not chunk:

@@ -25,6 +25,16 @@ from caldera.agents.process.policy import ERROR, MAX_FAILURES, RESTART, RestartP
 from caldera.host import proc
 from caldera.host.timefmt import rfc3339
 
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, Literal
+
+    from caldera.agents.process.logpump import LogPump
+    from caldera.host.statefile import StateFile
+
+    Popen = subprocess.Popen[bytes]
+
 log = logging.getLogger("caldera.agents.process")
 POLL = 0.25
 STARTUP_GRACE = 5.0  # "starting" until this long up (or the status file is written)
@@ -36,7 +46,7 @@ class LaunchError(Exception):
     """The agent could not be started (the message says why)."""
 
 
-def describe_exit(returncode) -> tuple[int | None, int | None, str]:
+def describe_exit(returncode: int | None) -> tuple[int | None, int | None, str]:
     """(code, signal, sentence) of a Popen returncode."""
     if returncode is None:
         return None, None, "gone"
@@ -50,9 +60,11 @@ def describe_exit(returncode) -> tuple[int | None, int | None, str]:
 
 
 class Supervisor:
-    def __init__(self, *, launch, store, pump, stop_signal: int, stop_timeout: float, restart: str = "on-failure",
-                 policy: RestartPolicy | None = None, on_change=lambda: None, clock=time.monotonic, wall=time.time, proc_root: str = "/proc"):
-        """launch() -> Popen (raises LaunchError); store: StateFile; pump: LogPump (or None)."""
+    def __init__(self, *, launch: Callable[[], Popen], store: StateFile, pump: LogPump | None, stop_signal: int,
+                 stop_timeout: float, restart: str = "on-failure", policy: RestartPolicy | None = None,
+                 on_change: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time, proc_root: str = "/proc") -> None:
+        """launch() -> Popen (raises LaunchError); pump: where the output goes (None: attached later)."""
         self.launch, self.store, self.pump = launch, store, pump
         self.stop_signal, self.stop_timeout = stop_signal, stop_timeout
         self.policy = policy or RestartPolicy(restart)
@@ -60,7 +72,7 @@ class Supervisor:
         self._op = threading.RLock()
         self._tick = threading.Event()  # never set: a plain timed wait inside stop escalation
         self._view = threading.Lock()  # status, reason and popen change together (a report sees all three)
-        self.popen = None
+        self.popen: Popen | None = None
         self._shut = False  # shutdown() ran: nothing starts the agent again in this runtime
         held = store.get(HOLD)
         self.status = STOPPED if held else STARTING  # until boot, which starts it unless it is held
@@ -70,9 +82,9 @@ class Supervisor:
         self.notes: list[str] = []  # one-off events worth a health entry (adoption)
         record = store.get(KEY) or {}
         self.restarts = int(record.get("restarts") or 0)
-        self.last_exit = record.get("last_exit")
+        self.last_exit: dict[str, Any] | None = record.get("last_exit")
 
-    def attach_pump(self, pump) -> None:
+    def attach_pump(self, pump: LogPump) -> None:
         """Where the agent's output goes (the supervisor thread makes it when it starts)."""
         self.pump = pump
 
@@ -96,7 +108,7 @@ class Supervisor:
     def uptime(self) -> float | None:
         return None if self.pid() is None or self.started_at is None else self.clock() - self.started_at
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         with self._view:
             status, reason, pid, uptime = self.status, self.reason, self.pid(), self.uptime()
         return {"status": status, "pid": pid, "uptime": uptime, "restarts": self.restarts,
@@ -119,7 +131,8 @@ class Supervisor:
             popen = self.popen
             if popen is not None and popen.poll() is not None:
                 self._exited(popen)
-            elif popen is not None and self.status == STARTING and self.clock() - self.started_at >= STARTUP_GRACE:
+            elif (popen is not None and self.status == STARTING and self.started_at is not None
+                  and self.clock() - self.started_at >= STARTUP_GRACE):
                 self._set(RUNNING, "")
             if self.popen is None and self.next_start is not None and self.clock() >= self.next_start:
                 self.next_start = None
@@ -179,7 +192,7 @@ class Supervisor:
 
     # ------------------------------------------------------------ inside the lock
 
-    def _set(self, status: str, reason: str, popen=False) -> None:
+    def _set(self, status: str, reason: str, popen: Popen | None | Literal[False] = False) -> None:
         """The new status (and, given, the child: a Popen, or None once it is gone), as one change."""
         with self._view:
             changed = (status, reason) != (self.status, self.reason) or popen is not False
@@ -200,17 +213,18 @@ class Supervisor:
         stat = proc.proc_stat(popen.pid, self.proc_root) or {}
         self.store.set(KEY, {"pid": popen.pid, "start_time": stat.get("start_time"), "started_at": rfc3339(self.wall()),
                              "restarts": self.restarts, "last_exit": self.last_exit})
-        if self.pump is not None:
+        if self.pump is not None and popen.stdout is not None:  # spawn always gives the child a pipe
             self.pump.note(f"started pid {popen.pid}")
             self.pump.attach(popen.stdout)
         log.info("agent started: pid %d", popen.pid)
 
     def _failed_start(self, reason: str) -> None:
         log.warning("agent not started: %s", reason)
-        self.last_exit = {"code": None, "signal": None, "at": rfc3339(self.wall()), "reason": f"could not start: {reason}"}
+        self.last_exit = {"code": None, "signal": None, "at": rfc3339(self.wall()),
+                          "reason": f"could not start: {reason}"}
         self._after_exit(uptime=0.0, failed=True, what=f"could not start: {reason}")
 
-    def _exited(self, popen) -> None:
+    def _exited(self, popen: Popen) -> None:
         uptime = self.clock() - (self.started_at or self.clock())
         code, sig, what = describe_exit(popen.returncode)
         proc.signal_pgid(popen.pid, signal.SIGKILL)  # what it left in its group goes with it
@@ -222,15 +236,15 @@ class Supervisor:
 
     def _after_exit(self, uptime: float, failed: bool, what: str) -> None:
         action, delay = self.policy.on_exit(self.clock(), uptime, failed)
-        if action == RESTART:
+        if action == RESTART and delay is not None:
             self.restarts += 1
             self.next_start = self.clock() + delay
             self._set(STARTING, f"{what}; restarting in {delay:.0f} s", popen=None)
         elif action == ERROR:
             many = len(self.policy.failures) >= MAX_FAILURES
-            self._set(FAILED, popen=None, reason=f"{what}; " + ("5 failures within 10 minutes: waiting for a command (start or restart)"
-                                             if many else "not restarted (runtime.restart: "
-                                             f"{self.policy.mode})"))
+            why = ("5 failures within 10 minutes: waiting for a command (start or restart)" if many
+                   else f"not restarted (runtime.restart: {self.policy.mode})")
+            self._set(FAILED, f"{what}; {why}", popen=None)
         else:
             self._set(STOPPED, what, popen=None)
         self._record()
@@ -269,8 +283,11 @@ class Supervisor:
             self._record_gone()
             return
         log.warning("the previous runtime left its agent running (pid %d): stopping it", pid)
-        alive = lambda: proc.same_process(pid, start_time, self.proc_root)  # noqa: E731
-        proc.stop_group(pid, self.stop_signal, self.stop_timeout, reap=lambda: None if alive() else 0, tick=self._tick)
+        def alive() -> bool:
+            return proc.same_process(pid, start_time, self.proc_root)
+
+        proc.stop_group(pid, self.stop_signal, self.stop_timeout, reap=lambda: None if alive() else 0,
+                        tick=self._tick)
         if alive():
             raise LaunchError(f"the previous agent (pid {pid}) could not be stopped; not starting a second one")
         self.notes.append(f"the previous runtime's agent (pid {pid}) was still running; it was stopped")

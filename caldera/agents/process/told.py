@@ -14,15 +14,17 @@ from caldera.agents.process import files
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, ensure_dir
 
-TOLD = ("instructions", "mcp")
+TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from caldera.agents.process.driver import ProcessDriver
 
 
-def check_told(driver, content: dict) -> list[str]:
+def check_told(driver: ProcessDriver, content: dict[str, Any]) -> list[str]:
     """Why the revision's `instructions`/`mcp` may not be applied (one sentence each), or []."""
-    spec = getattr(driver, "spec", None)
-    if spec is None or not hasattr(driver, "supervisor"):
-        return [f"{key}: only a process-mode agent is told {key}" for key in TOLD if key in content]
-    problems = []
+    spec = driver.spec
+    problems: list[str] = []
     if "instructions" in content:
         text = content["instructions"]
         if spec.instructions is None:
@@ -34,7 +36,7 @@ def check_told(driver, content: dict) -> list[str]:
     return problems
 
 
-def _mcp_problems(installed: dict, proposed) -> list[str]:
+def _mcp_problems(installed: dict[str, Any], proposed: Any) -> list[str]:
     """The trust boundary's own rule (agents/trust.check_update: url entries may change, a
     command entry never), then each entry's shape."""
     if not isinstance(proposed, dict):
@@ -54,7 +56,7 @@ def _mcp_problems(installed: dict, proposed) -> list[str]:
     return problems
 
 
-def apply_told(driver, content: dict) -> dict:
+def apply_told(driver: ProcessDriver, content: dict[str, Any]) -> dict[str, Any]:
     """Write the overrides, rebuild the agent's files, tell it (SIGHUP). Checked before."""
     overrides = ensure_dir(files.overrides_dir(driver.paths.state_dir))
     applied = []
