@@ -70,23 +70,6 @@ def _decoder() -> json.JSONDecoder:
     return json.JSONDecoder(parse_constant=_refuse_constant)
 
 
-def depth(raw: bytes) -> int:
-    """The deepest nesting of arrays and objects in `raw` (brackets inside strings don't count)."""
-    if raw.count(b"[") + raw.count(b"{") <= 1:
-        return raw.count(b"[") + raw.count(b"{")
-    strings, not_brackets = _patterns()[:2]
-    brackets = strings.sub(b"", raw).translate(None, not_brackets)
-    level = deepest = 0
-    for byte in brackets:
-        if byte in (0x5B, 0x7B):  # [ {
-            level += 1
-            if level > deepest:
-                deepest = level
-        else:
-            level -= 1
-    return deepest
-
-
 def loads(data: str | bytes | bytearray | memoryview, *, max_bytes: int, max_depth: int = MAX_DEPTH,
           what: str = "the JSON") -> Any:
     """Parse `data` (bytes or str) within the limits; JSONLimitError with a sentence otherwise.
