@@ -254,6 +254,8 @@ def test_upload_reaches_a_real_server_unchunked(tmp_path):
     """Against the plane over HTTP: one Content-Length, no chunked framing (Go's server reads it)."""
     import zipfile
 
+    from plane_helpers import uploads
+
     from caldera.plane.server import PlaneServer
 
     plane = PlaneServer(str(tmp_path / "p.db"), tokens={"boot-token-xyz": 7}).start()
@@ -271,7 +273,7 @@ def test_upload_reaches_a_real_server_unchunked(tmp_path):
         client.upload_skill({"agent_id": "caldera-7-main", "skill_id": "hello", "skill_version": "1",
                              "identifier": "hello", "content_md5": "bab02a68eaf254c164cf4d590bdd8693",
                              "source": "runtime"}, archive)
-        assert len(plane.store.uploads(7)) == 1
+        assert len(uploads(plane.store, 7)) == 1
     finally:
         plane.stop()
 
