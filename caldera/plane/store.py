@@ -221,7 +221,7 @@ class Store:
         rows = self._read("SELECT id FROM instances WHERE bootstrap_token=?", (bootstrap_token,))
         return rows[0]["id"] if rows else None
 
-    def register(self, instance_id: int, body: dict, ip: str | None) -> dict:
+    def register(self, instance_id: int, body: dict[str, Any], ip: str | None) -> dict[str, Any]:
         """One agent row per instance: a new session token replaces (and invalidates) the old."""
         agent_id = body["agent_id"].strip()
         _check_len("agent_id", agent_id)
@@ -246,7 +246,7 @@ class Store:
             history.record_contact(db, instance_id, now, self.history_bucket_seconds)
         return {"session_token": token, "session_expires_at": now + self.session_ttl, "server_time": now}
 
-    def session(self, token: str) -> dict | None:
+    def session(self, token: str) -> dict[str, Any] | None:
         """The live session of `token` ({instance_id, agent_id}), or None (unknown or expired)."""
         rows = self._read("SELECT instance_id, agent_id, session_expires_at FROM agents WHERE session_token=?",
                           (token,))
@@ -256,7 +256,7 @@ class Store:
 
     # ---- heartbeat and state report ----------------------------------------------
 
-    def heartbeat(self, instance_id: int, body: dict) -> dict:
+    def heartbeat(self, instance_id: int, body: dict[str, Any]) -> dict[str, Any]:
         status = (body.get("openclaw_status") or "").strip()
         _check_len("openclaw_status", body.get("openclaw_status") if status else None)
         summary = body.get("summary")
@@ -291,14 +291,15 @@ class Store:
         return answer
 
     @staticmethod
-    def _append(db: sqlite3.Connection, table: str, instance_id: int, now: float, body: dict, keep: int) -> None:
+    def _append(db: sqlite3.Connection, table: str, instance_id: int, now: float, body: dict[str, Any],
+                keep: int) -> None:
         db.execute(f"INSERT INTO {table} (instance_id, received_at, body) VALUES (?,?,?)",
                    (instance_id, now, _dumps(body)))
         db.execute(f"DELETE FROM {table} WHERE instance_id=? AND id <= "
                    f"(SELECT id FROM {table} WHERE instance_id=? ORDER BY id DESC LIMIT 1 OFFSET ?)",
                    (instance_id, instance_id, keep))
 
-    def state_report(self, instance_id: int, body: dict, reported_at: float | None) -> None:
+    def state_report(self, instance_id: int, body: dict[str, Any], reported_at: float | None) -> None:
         runtime = body.get("runtime") or {}
         status = (runtime.get("openclaw_status") or "").strip()
         version = (runtime.get("openclaw_version") or "").strip()
@@ -334,7 +335,7 @@ class Store:
             self._pruned_at = now
             self.prune(now)
 
-    def prune(self, now: float | None = None) -> dict:
+    def prune(self, now: float | None = None) -> dict[str, Any]:
         """Drop what is old or past its count; how many rows of each table went.
 
         Pending and running commands are never dropped, nor an instance's newest report,
@@ -393,7 +394,7 @@ class Store:
             db.execute("UPDATE instances SET desired_power_state=? WHERE id=?", (state, instance_id))
         return _row_id(cur)
 
-    def next_command(self, instance_id: int, agent_id: str) -> dict | None:
+    def next_command(self, instance_id: int, agent_id: str) -> dict[str, Any] | None:
         """The oldest pending command, now dispatched: it is never handed out again."""
         with self._tx() as db:
             row = db.execute("SELECT * FROM commands WHERE instance_id=? AND status='pending'"
@@ -406,7 +407,7 @@ class Store:
                 "issued_at": row["issued_at"], "timeout_seconds": row["timeout_seconds"],
                 "idempotency_key": row["idempotency_key"]}
 
-    def command(self, instance_id: int, command_id: int) -> dict:
+    def command(self, instance_id: int, command_id: int) -> dict[str, Any]:
         rows = self._read("SELECT * FROM commands WHERE id=? AND instance_id=?", (command_id, instance_id))
         if not rows:
             raise NotFound("instance command not found")
@@ -440,11 +441,11 @@ class Store:
                        (status, _dumps(result), message,
                         finished_at if finished_at is not None else self.clock(), command_id))
 
-    def commands(self, instance_id: int) -> list[dict]:
+    def commands(self, instance_id: int) -> list[dict[str, Any]]:
         rows = self._read("SELECT * FROM commands WHERE instance_id=? ORDER BY id", (instance_id,))
         return [_command_dict(r) for r in rows]
 
-    def recent_commands(self, limit: int = 20, instance_id: int | None = None) -> list[dict]:
+    def recent_commands(self, limit: int = 20, instance_id: int | None = None) -> list[dict[str, Any]]:
         """The newest `limit` commands, newest first (of one instance when given)."""
         if instance_id is not None:
             rows = self._read("SELECT * FROM commands WHERE instance_id=? ORDER BY id DESC LIMIT ?",
@@ -474,7 +475,7 @@ class Store:
             return items[0] if items else None
         return items
 
-    def agents(self) -> list[dict]:
+    def agents(self) -> list[dict[str, Any]]:
         """Every instance with its agent (if registered), presence and runtime figures."""
         now = self.clock()
         rows = self._read("SELECT i.id AS instance_id, i.desired_power_state, i.desired_config_revision_id,"
@@ -499,7 +500,7 @@ class Store:
 
     # ---- history (the page's charts; bounded by age, see history.py) -----------------------
 
-    def history_buckets(self, instance_id: int, since: float, step: int | None = None) -> list[dict]:
+    def history_buckets(self, instance_id: int, since: float, step: int | None = None) -> list[dict[str, Any]]:
         """The instance's history from `since` on, oldest first (plus the bucket just before),
         merged into points `step` seconds wide (default: one bucket each)."""
         with self._lock:
@@ -522,7 +523,7 @@ class Store:
 
     # ---- skills ------------------------------------------------------------------
 
-    def skills_inventory(self, instance_id: int, body: dict, collect_packages: bool = True) -> None:
+    def skills_inventory(self, instance_id: int, body: dict[str, Any], collect_packages: bool = True) -> None:
         """Upsert the reported skills; a full report marks every unlisted skill removed.
 
         Like ClawManager, a content hash the plane has no package for queues one
@@ -546,7 +547,8 @@ class Store:
                            (now, instance_id, *seen))
             self._append(db, "inventories", instance_id, now, body, INVENTORIES_KEPT)
 
-    def _upsert_skill(self, db: sqlite3.Connection, instance_id: int, rec: dict, now: float, collect: bool) -> str:
+    def _upsert_skill(self, db: sqlite3.Connection, instance_id: int, rec: dict[str, Any], now: float,
+                      collect: bool) -> str:
         md5 = rec["content_md5"].strip()
         key = skill_key(rec.get("identifier") or "", md5)
         source = rec.get("source") or "discovered_in_instance"
@@ -570,8 +572,8 @@ class Store:
                           f"collect-skill-package-{instance_id}-{md5}")
         return key
 
-    def add_upload(self, instance_id: int, filename: str, fields: dict, top_dir: str, content_md5: str,
-                   data: bytes) -> dict:
+    def add_upload(self, instance_id: int, filename: str, fields: dict[str, Any], top_dir: str, content_md5: str,
+                   data: bytes) -> dict[str, Any]:
         """Keep an uploaded package; it becomes a downloadable skill version."""
         now = self.clock()
         with self._tx() as db:
@@ -591,13 +593,13 @@ class Store:
 
     # ---- config revisions ----------------------------------------------------------
 
-    def config_revision(self, revision_id: int) -> dict | None:
+    def config_revision(self, revision_id: int) -> dict[str, Any] | None:
         rows = self._read("SELECT * FROM config_revisions WHERE id=?", (revision_id,))
         return dict(rows[0]) if rows else None
 
     # ---- run events (caldera extension) ----------------------------------------------
 
-    def add_run_events(self, instance_id: int, run_id: str, events: list[dict]) -> int:
+    def add_run_events(self, instance_id: int, run_id: str, events: list[dict[str, Any]]) -> int:
         now = self.clock()
         with self._tx() as db:
             db.executemany("INSERT INTO run_events (run_id, instance_id, seq, received_at, event) VALUES (?,?,?,?,?)",
@@ -612,7 +614,7 @@ def _row_id(cur: sqlite3.Cursor) -> int:
     return cur.lastrowid
 
 
-def _command_dict(row: sqlite3.Row) -> dict:
+def _command_dict(row: sqlite3.Row) -> dict[str, Any]:
     item = dict(row)
     item["payload"] = _loads(item["payload"])
     item["result"] = _loads(item["result"])
