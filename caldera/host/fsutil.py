@@ -15,7 +15,6 @@ from pathlib import Path
 # docs/performance.md section 1)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from types import TracebackType
     from typing import Any
 
     from _typeshed import StrPath
@@ -142,6 +141,5 @@ class StateLock:
     def __enter__(self) -> StateLock:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()

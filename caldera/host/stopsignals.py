@@ -42,7 +42,7 @@ def on_signals(callback: Callable[[], None], signums: Collection[int] = STOPPING
     previous_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
     previous: dict[int, signal._HANDLER] = {}
 
-    def handler(signum: int, frame: FrameType | None) -> None:
+    def handler(signum: int, _frame: FrameType | None) -> None:
         """Installed so that the C handler runs (and writes the wakeup byte); the relay acts."""
         if once:
             signal.signal(signum, previous[signum])

@@ -16,7 +16,6 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
 from caldera.plane import api, page
@@ -94,8 +93,7 @@ class PlaneServer:
     def __enter__(self) -> PlaneServer:
         return self.start()
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def preauth(self, method: str, path: str, headers: dict[str, str]) -> api.Response | None:
