@@ -205,7 +205,7 @@ class _Fault:
         return self.left > 0 and self.method in ("*", method) and bool(self.pattern.search(path))
 
 
-class FaultPlane(PlaneServer):
+class InjectingPlane(PlaneServer):
     """PlaneServer with faults: `inject()` answers the next matching requests with a status of
     choice (ClawManager's error envelope, or a given body), `drop()` closes the connection
     without an answer (recorded in `requests` with status 0)."""
@@ -271,7 +271,7 @@ def clock():
 
 @pytest.fixture
 def plane(tmp_path, clock):
-    server = FaultPlane(tmp_path / "plane.db", tokens={BOOT: 1, "other-token": 2}, clock=clock).start()
+    server = InjectingPlane(tmp_path / "plane.db", tokens={BOOT: 1, "other-token": 2}, clock=clock).start()
     yield server
     server.stop()
 
