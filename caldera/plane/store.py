@@ -103,7 +103,7 @@ class StoreError(Exception):
 class ColumnTooLong(StoreError):
     """A value longer than ClawManager's column: its server answers 500."""
 
-    def __init__(self, column: str):
+    def __init__(self, column: str) -> None:
         super().__init__(f"Error 1406 (22001): Data too long for column '{column}' at row 1")
         self.column = column
 
