@@ -63,7 +63,8 @@ def stream(lines: int):
                                                        "diff": "diff --git a/x b/x\n-old\n+new\n" * 10}},
             {"method": "item/started", "params": {"item": {"type": "agentMessage", "id": m, "text": ""}}},
             *({"method": "item/agentMessage/delta",
-               "params": {"threadId": t, "turnId": u, "itemId": m, "delta": "Hello from the fake "}} for _ in range(25)),
+               "params": {"threadId": t, "turnId": u, "itemId": m, "delta": "Hello from the fake "}}
+              for _ in range(25)),
             {"method": "item/completed", "params": {"item": {"type": "agentMessage", "id": m,
                                                              "text": "Hello from the fake model. " * 20}}},
             {"method": "thread/tokenUsage/updated", "params": {"tokenUsage": {"total": {"totalTokens": 15}}}},
@@ -227,9 +228,10 @@ def main() -> int:
     floor = bench_json_floor(args.lines)
     ok = norm["lines_per_cpu_s"] >= TARGET_LINES and not norm["canary_in_log"]
     print(f"normalise: {norm['lines']} lines, run log and redaction on: {norm['lines_per_cpu_s']} lines per CPU s "
-          f"(target >= {TARGET_LINES}; wall {norm['lines_per_wall_s']} lines/s); json.loads alone {floor} lines per CPU s "
-          f"({norm['lines_per_cpu_s'] / floor:.2f} x of it); events {norm['events']}, run log {norm['log_bytes']} bytes, "
-          f"secret in the log: {norm['canary_in_log']}; RSS KiB at a quarter vs at the end {norm['rss_kib_quarter_to_end']}")
+          f"(target >= {TARGET_LINES}; wall {norm['lines_per_wall_s']} lines/s); "
+          f"json.loads alone {floor} lines per CPU s ({norm['lines_per_cpu_s'] / floor:.2f} x of it); "
+          f"events {norm['events']}, run log {norm['log_bytes']} bytes, secret in the log: {norm['canary_in_log']}; "
+          f"RSS KiB at a quarter vs at the end {norm['rss_kib_quarter_to_end']}")
     print(json.dumps({"bench": "codex-normalise", **norm, "json_loads_lines_per_cpu_s": floor,
                       "target": TARGET_LINES, "ok": ok}))
     over = bench_overhead(args.turns)

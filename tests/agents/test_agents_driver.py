@@ -147,7 +147,7 @@ def test_update_then_three_bad_reports_roll_back(tmp_path, pool):
     # The adapter now answers bad: three reports in a row inside the window roll back.
     (workdir(paths) / "recorder.py").write_text(
         'import json; print(json.dumps({"state": {"level": "bad", "label": "Broken"}}))\n')
-    for n in range(3):
+    for _ in range(3):
         section = driver.report_section()
     assert load_effective(paths).version == "0.1.0"
     assert driver.manifest.version == "0.1.0"

@@ -65,7 +65,8 @@ def test_starts_one_agent_reports_its_pid_version_and_filtered_status(tmp_path):
         assert os.getpgid(pid) == pid  # its own process group
         # the log is written by its own thread (a slow disk never blocks the agent): wait for it
         agent_log = paths.state_dir / "logs" / "agent.log"  # opened by the writer at its first write
-        wait_for(lambda: agent_log.exists() and b"agent up" in agent_log.read_bytes(), "the agent's output in agent.log")
+        wait_for(lambda: agent_log.exists() and b"agent up" in agent_log.read_bytes(),
+                 "the agent's output in agent.log")
     assert not alive(pid)
     assert run.driver.report_section()["runtime"]["openclaw_pid"] is None
 
@@ -96,11 +97,13 @@ def test_the_manifest_version_when_the_status_file_has_none(tmp_path):
 def test_the_environment_the_agent_sees(tmp_path):
     extra = "secrets: [API_KEY]\nbindings: [llm_gateway]\nenv: {MODE: fast}\n"
     paths = make_process_agent(tmp_path, "env", extra=extra)
-    (paths.config_dir / "secrets.env").write_text("API_KEY=s3cret-value\nOTHER=unnamed-secret\nCALDERA_TOKEN=agt_boot_0123456789\n")
+    (paths.config_dir / "secrets.env").write_text(
+        "API_KEY=s3cret-value\nOTHER=unnamed-secret\nCALDERA_TOKEN=agt_boot_0123456789\n")
     os.chmod(paths.config_dir / "secrets.env", 0o600)
     (paths.config_dir / "agent.env").write_text("AGENT_ENV_VALUE=nope\n")
-    environ = {"TZ": "UTC", "CLAWMANAGER_LLM_BASE_URL": "http://gw.local/v1", "CLAWMANAGER_LLM_API_KEY": "sk-gw-0123456789abcdef",
-               "CLAWMANAGER_LLM_MODEL": "m1", "LEAK": "leak", "CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN": "agt_boot_zzzzzzzz"}
+    environ = {"TZ": "UTC", "CLAWMANAGER_LLM_BASE_URL": "http://gw.local/v1",
+               "CLAWMANAGER_LLM_API_KEY": "sk-gw-0123456789abcdef", "CLAWMANAGER_LLM_MODEL": "m1", "LEAK": "leak",
+               "CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN": "agt_boot_zzzzzzzz"}
     with Running(paths, environ=environ) as run:
         run.pid()
         env_file = paths.state_dir / "agent" / "env.json"
@@ -303,7 +306,8 @@ def test_instructions_and_mcp_and_what_a_revision_may_tell(tmp_path):
         assert result == {"applied": ["instructions", "mcp"], "agent_told": True}
         assert open(env["CALDERA_INSTRUCTIONS_FILE"]).read() == "Be thorough.\n"
         mcp = json.loads(open(env["CALDERA_MCP_CONFIG"]).read())["mcpServers"]
-        assert mcp["search"] == {"url": "https://search2.example/mcp"} and mcp["files"]["command"] == ["npx", "fs-server"]
+        assert mcp["search"] == {"url": "https://search2.example/mcp"}
+        assert mcp["files"]["command"] == ["npx", "fs-server"]
         assert mcp["docs"] == {"url": "https://docs.example/mcp"}  # an added url server (trust.check_update allows it)
         wait_for(lambda: "hups=1" in status.read_text(), "the SIGHUP that tells the agent")
 

@@ -111,7 +111,8 @@ def test_allowed_caps_let_a_wider_policy_through(tmp_path):
 def test_failed_run_raises_command_error_with_result(tmp_path):
     ws, env = _setup(tmp_path, script={"on_turn": [{"raw": "garbage"}]})
     with pytest.raises(CommandError) as exc:
-        commands.agent_run(fake_ctx(fake_runtime(tmp_path, env)), {"run_id": "r1", "prompt": "hi", "workspace": str(ws)})
+        commands.agent_run(fake_ctx(fake_runtime(tmp_path, env)),
+                           {"run_id": "r1", "prompt": "hi", "workspace": str(ws)})
     assert "backend-json-parse-error" in str(exc.value)
     assert exc.value.result["failure_kind"] == "backend-json-parse-error"
 

@@ -76,7 +76,8 @@ def test_text_turn_normalised_and_secrets_redacted(tmp_path):
         _notif("item/started", item=_item("commandExecution", id="c1", command="/bin/bash -lc env", cwd="/w")),
         _notif("item/commandExecution/outputDelta", itemId="c1", delta="partial"),
         _notif("item/completed", item=_item("commandExecution", id="c1", command="/bin/bash -lc env",
-                                            status="completed", exitCode=0, aggregatedOutput=f"hello\nKEY=$ENV:{KEY_ENV}\n")),
+                                            status="completed", exitCode=0,
+                                            aggregatedOutput=f"hello\nKEY=$ENV:{KEY_ENV}\n")),
         _notif("turn/diff/updated", diff="diff --git a/x b/x\n-old\n+new 1\n"),
         _notif("turn/diff/updated", diff="diff --git a/x b/x\n-old\n+new 2\n"),
         _notif("thread/tokenUsage/updated", tokenUsage={"total": {"totalTokens": 15, "inputTokens": 10}}),
@@ -164,7 +165,8 @@ def test_huge_command_output_capped_and_diff_capped(tmp_path):
 
 
 def test_will_retry_is_progress_then_completes(tmp_path):
-    retry = {"message": "Reconnecting... 1/2", "codexErrorInfo": {"responseStreamDisconnected": {"httpStatusCode": 503}}}
+    retry = {"message": "Reconnecting... 1/2",
+             "codexErrorInfo": {"responseStreamDisconnected": {"httpStatusCode": 503}}}
     script = {"on_turn": [_notif("error", error=retry, willRetry=True),
                           _notif("item/completed", item=_item("agentMessage", text="ok")), _completed()]}
     _, events, _ = run_mock(tmp_path, script)
@@ -206,9 +208,11 @@ def test_approval_requests_are_declined_never_hang(tmp_path):
 
 HTTP = "unexpected status {code}: x, url: http://127.0.0.1:1/v1/responses"
 FAILURES = [
-    ("401", {"message": HTTP.format(code="401 Unauthorized"), "codexErrorInfo": {"httpConnectionFailed": {"httpStatusCode": 401}}},
+    ("401", {"message": HTTP.format(code="401 Unauthorized"),
+             "codexErrorInfo": {"httpConnectionFailed": {"httpStatusCode": 401}}},
      fk.PROVIDER_AUTH_FAILED),
-    ("403", {"message": HTTP.format(code="403 Forbidden"), "codexErrorInfo": {"httpConnectionFailed": {"httpStatusCode": 403}}},
+    ("403", {"message": HTTP.format(code="403 Forbidden"),
+             "codexErrorInfo": {"httpConnectionFailed": {"httpStatusCode": 403}}},
      fk.PROVIDER_AUTH_FAILED),
     ("unauthorized", {"message": "no", "codexErrorInfo": "unauthorized"}, fk.PROVIDER_AUTH_FAILED),
     ("429", {"message": "exceeded retry limit, last status: 429 Too Many Requests",
@@ -218,11 +222,13 @@ FAILURES = [
              "codexErrorInfo": {"httpConnectionFailed": {"httpStatusCode": 503}}}, fk.PROVIDER_UNAVAILABLE),
     ("500", {"message": "We're currently experiencing high demand", "codexErrorInfo": "internalServerError"},
      fk.PROVIDER_UNAVAILABLE),
-    ("stream-5xx", {"message": "stream disconnected", "codexErrorInfo": {"responseStreamDisconnected": {"httpStatusCode": 502}}},
+    ("stream-5xx", {"message": "stream disconnected",
+                    "codexErrorInfo": {"responseStreamDisconnected": {"httpStatusCode": 502}}},
      fk.PROVIDER_UNAVAILABLE),
     ("cut", {"message": "stream disconnected before completion: Transport error", "codexErrorInfo": "other"},
      fk.PROVIDER_UNAVAILABLE),
-    ("idle", {"message": "stream disconnected before completion: idle timeout waiting for SSE", "codexErrorInfo": "other"},
+    ("idle", {"message": "stream disconnected before completion: idle timeout waiting for SSE",
+              "codexErrorInfo": "other"},
      fk.PROVIDER_UNAVAILABLE),
     ("refused", {"message": "Connection failed: error sending request",
                  "codexErrorInfo": {"httpConnectionFailed": {"httpStatusCode": None}}}, fk.PROVIDER_UNAVAILABLE),
@@ -239,7 +245,8 @@ FAILURES = [
 def test_turn_errors_map_to_failure_kinds(tmp_path, name, error, kind):
     retry = None
     if name == "503":  # with stream retries on, 503 first arrives as willRetry responseStreamDisconnected{503}
-        retry = {"message": "Reconnecting... 1/1", "codexErrorInfo": {"responseStreamDisconnected": {"httpStatusCode": 503}}}
+        retry = {"message": "Reconnecting... 1/1",
+                 "codexErrorInfo": {"responseStreamDisconnected": {"httpStatusCode": 503}}}
     result, events, _ = run_mock(tmp_path, _failed(error, retry))
     terminal = _one_terminal(events)
     assert terminal == {"status": "failed", "failure_kind": kind, "message": error["message"],
@@ -263,7 +270,8 @@ def test_missing_secret_is_secret_unavailable_before_spawn(tmp_path):
     binary.chmod(0o755)
     env = environment(tmp_path, str(binary), sec)
     result, events = execute(request(workspace(tmp_path)), env)
-    assert _kind(events) == fk.SECRET_UNAVAILABLE and "env/FAKE_PROVIDER_API_KEY is missing" in events[-1]["data"]["message"]
+    assert _kind(events) == fk.SECRET_UNAVAILABLE
+    assert "env/FAKE_PROVIDER_API_KEY is missing" in events[-1]["data"]["message"]
     assert not marker.exists()
 
 
@@ -349,7 +357,8 @@ def test_interrupt_while_running_is_cancelled(tmp_path):
     env = environment(tmp_path, mock_binary(tmp_path, {"on_turn": []}), sec)
     registry = service.ActiveRuns()
     box = {}
-    thread = threading.Thread(target=lambda: box.update(out=execute(request(workspace(tmp_path)), env, registry=registry)))
+    thread = threading.Thread(
+        target=lambda: box.update(out=execute(request(workspace(tmp_path)), env, registry=registry)))
     thread.start()
     stop = threading.Event()
     while registry.get("run-1") is None or registry.get("run-1").context is None:

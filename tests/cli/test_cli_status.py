@@ -25,7 +25,8 @@ def test_status_without_plane_or_daemon(caldera_env):
     doc = json.loads(done.stdout)
     assert doc["agent_status"]["state"] == {"level": "ok", "label": "Ready"}
     assert doc["agent_status"]["gauges"][0]["used"] == 0.25
-    assert doc["connection"]["last_successful"] == "never" and doc["outbox"] == {"items": 0, "dropped": {}, "held_back": [], "rejected": 0}
+    assert doc["connection"]["last_successful"] == "never"
+    assert doc["outbox"] == {"items": 0, "dropped": {}, "held_back": [], "rejected": 0}
     human = status()
     assert "Ready (ok)" in human.stdout and "[#####...............]  25%" in human.stdout
     assert "daemon: not running" in human.stdout
@@ -61,7 +62,8 @@ def test_status_shows_daemon_connection_and_no_secrets(caldera_env, tmp_path):
                  what="connection recorded")
         done = status()
         assert "daemon: " in done.stdout and " daemon" in done.stdout.split("daemon: ", 1)[1]
-        assert "last heartbeat ok" in done.stdout and "never" not in done.stdout.split("last heartbeat ok")[1].split("\n")[0]
+        assert "last heartbeat ok" in done.stdout
+        assert "never" not in done.stdout.split("last heartbeat ok")[1].split("\n")[0]
         for text in (done.stdout, done.stderr):
             assert BOOT not in text and SECRET not in text
     finally:

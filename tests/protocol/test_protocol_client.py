@@ -139,7 +139,8 @@ def test_bad_bootstrap_token_blocks_auth_path(tmp_path):
 def test_resource_403_refuses_that_call_only(tmp_path):
     client = make(tmp_path)
     register_ok()
-    responses.add(responses.GET, API + "/config/revisions/5", status=403, json={"success": False, "error": "Access denied"})
+    responses.add(responses.GET, API + "/config/revisions/5", status=403,
+                  json={"success": False, "error": "Access denied"})
     responses.add(responses.POST, API + "/heartbeat", json=ok({}))
     with pytest.raises(Forbidden):
         client.config_revision_raw(5)
@@ -262,11 +263,11 @@ def test_upload_reaches_a_real_server_unchunked(tmp_path):
     try:
         transport = Transport(plane.url)
         client = ControlPlaneClient(transport, None)
-        client.auth = Auth(bootstrap_token="boot-token-xyz", session_file=SessionFile(tmp_path / "s.json", plane.url, 7),
-                           register=lambda: client.register({"instance_id": 7, "agent_id": "caldera-7-main",
-                                                             "agent_version": "caldera-test", "protocol_version": "v1",
-                                                             "capabilities": [], "host_info": {"runtime_type": "caldera"}}),
-                           redactor=Redactor())
+        hello = {"instance_id": 7, "agent_id": "caldera-7-main", "agent_version": "caldera-test",
+                 "protocol_version": "v1", "capabilities": [], "host_info": {"runtime_type": "caldera"}}
+        client.auth = Auth(bootstrap_token="boot-token-xyz",
+                           session_file=SessionFile(tmp_path / "s.json", plane.url, 7),
+                           register=lambda: client.register(hello), redactor=Redactor())
         archive = tmp_path / "hello.zip"
         with zipfile.ZipFile(archive, "w") as zf:
             zf.writestr("hello/SKILL.md", "hello\n")

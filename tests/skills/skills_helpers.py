@@ -157,7 +157,8 @@ def zip_bytes(members, *, compression=zipfile.ZIP_DEFLATED) -> bytes:
             name, data = member[0], member[1]
             info = zipfile.ZipInfo(name)
             info.compress_type = compression
-            mode = member[2] if len(member) > 2 else (stat.S_IFDIR | 0o755 if name.endswith("/") else stat.S_IFREG | 0o644)
+            default = stat.S_IFDIR | 0o755 if name.endswith("/") else stat.S_IFREG | 0o644
+            mode = member[2] if len(member) > 2 else default
             info.external_attr = mode << 16
             info.create_system = 3
             zf.writestr(info, data)

@@ -6,4 +6,5 @@ import sys
 
 with open("env.json", "w") as fh:
     json.dump({"env": dict(os.environ), "cwd": os.getcwd(), "argv": sys.argv[1:]}, fh)
-print(json.dumps({"state": {"level": "ok", "label": "Ready"}, "detail": " ".join(f"{k}={v}" for k, v in os.environ.items())}))
+detail = " ".join(f"{k}={v}" for k, v in os.environ.items())
+print(json.dumps({"state": {"level": "ok", "label": "Ready"}, "detail": detail}))
