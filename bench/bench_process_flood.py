@@ -79,8 +79,7 @@ def run(root: Path, slow_disk: bool) -> dict:
     biggest = max(p.stat().st_size for p in (state / "logs").glob("agent.log*"))
     files = sorted(p.name for p in (state / "logs").glob("agent.log*"))
     return {"before": before, "samples": samples, "written_mib_s": written / elapsed / 2**20,
-            "dropped_mib": dropped / 2**20,
-            "flood_mib_s": (written + dropped) / elapsed / 2**20,
+            "dropped_mib": dropped / 2**20, "flood_mib_s": (written + dropped) / elapsed / 2**20,
             "biggest_mib": biggest / 2**20, "files": files}
 
 

@@ -202,8 +202,7 @@ def test_cli_turn_json_lines_and_no_leak_on_stdout_or_stderr(tmp_path):
                "CALDERA_CODEX_REQUEST_MAX_RETRIES": "0", "CALDERA_CODEX_STREAM_MAX_RETRIES": "0"}
         proc = subprocess.run(
             [sys.executable, "-m", "caldera.cli", "turn", "--workspace", str(workspace(tmp_path)),
-             "--secrets", str(sec),
-             "--state-dir", str(tmp_path / "state"), "--json", "Run env"],
+             "--secrets", str(sec), "--state-dir", str(tmp_path / "state"), "--json", "Run env"],
             env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     events = [json.loads(line) for line in proc.stdout.splitlines()]
