@@ -242,10 +242,12 @@ def step(runtimes: int, args, tmp: Path) -> dict:
     for r in results:
         for code, n in r["status"].items():
             statuses[int(code)] = statuses.get(int(code), 0) + n
-    return {"runtimes": runtimes, "seconds": args.seconds, "requests": len(lat), "rate": len(lat) / (args.seconds + drain),
+    return {"runtimes": runtimes, "seconds": args.seconds, "requests": len(lat),
+            "rate": len(lat) / (args.seconds + drain),
             "p50_ms": _percentile(lat, 50) * 1000, "p95_ms": _percentile(lat, 95) * 1000,
             "p99_ms": _percentile(lat, 99) * 1000, "statuses": statuses,
-            "errors": sum(r["error_count"] for r in results), "first_errors": [e for r in results for e in r["errors"]][:3],
+            "errors": sum(r["error_count"] for r in results),
+            "first_errors": [e for r in results for e in r["errors"]][:3],
             "enqueued": enqueued, "commands": len(rows),
             "not_finished": sum(1 for r in rows if r["status"] not in ("succeeded", "failed")),
             "not_once": sum(1 for r in rows if r["finish_count"] != 1),
@@ -264,7 +266,8 @@ def verdict(s: dict) -> tuple[str, str]:
     problems = []
     if s["lag_p99_ms"] > LAG_MAX * 1000:
         problems.append(f"requests left {s['lag_p99_ms']:.0f} ms late (p99) with the workers at "
-                        f"{100 * s['generator_cpu_share_max']:.0f} % of a core: all their senders were waiting on the plane")
+                        f"{100 * s['generator_cpu_share_max']:.0f} % of a core: "
+                        "all their senders were waiting on the plane")
     if s["errors"]:
         problems.append(f"{s['errors']} network errors ({s['first_errors']})")
     other = {c: n for c, n in s["statuses"].items() if c != 200}

@@ -152,7 +152,8 @@ def one_tree(name: str, root: str, rounds: int) -> dict:
           f"({len(paths)} files; above 5 %: no stat path can meet the target, only inotify)")
     if "watched" in cpu:
         out["rescan_inotify_share"] = round(cpu["watched"] / cpu["full"], 4)
-        print(f"  unchanged, inotify path cpu {cpu['watched']:.4f} s   {100 * out['rescan_inotify_share']:.1f} % of full")
+        print(f"  unchanged, inotify path cpu {cpu['watched']:.4f} s   "
+              f"{100 * out['rescan_inotify_share']:.1f} % of full")
     out["ok"] = out["ratio"] <= FULL_TARGET and out["rescan_stat_share"] <= RESCAN_TARGET
     return out
 
@@ -170,7 +171,8 @@ def main() -> int:
         for name, (files, size) in trees.items():
             root = os.path.join(tmp, name)
             build(root, files, size)
-            print(f"{name} tree: {files} files of {size // 1024} KiB in {SKILLS} skills; medians of {args.rounds} rounds")
+            print(f"{name} tree: {files} files of {size // 1024} KiB in {SKILLS} skills; "
+                  f"medians of {args.rounds} rounds")
             lines.append(one_tree(name, root, args.rounds))
             shutil.rmtree(root)
     for line in lines:

@@ -19,6 +19,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+# typing.TYPE_CHECKING without importing typing (host modules are imported by quick verbs)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from caldera.host.keptfiles import KeptFiles
+
+    # read_text or a CachedReader: a path's text, None when the file does not exist
+    Reader = Callable[[str], str | None]
+
 # Any limit at or above this is "no limit": v1 reports the page-rounded LONG_MAX
 # (9223372036854771712 with 4 KiB pages) and other page sizes round differently.
 UNLIMITED = 1 << 60
@@ -46,8 +56,8 @@ def read_text(path: str) -> str | None:
     try:
         chunks = [os.read(fd, READ_SIZE)]
         # procfs/cgroupfs fill the buffer up to the last whole line that fits, so a read
-        # well short of the buffer is the end; saving the read that returns b"" is ~15 %
-        # of a sample. Longer files (a big /proc/net/dev) are read on to the end.
+        # well short of the buffer is the end: no read that returns b"" (what it saves:
+        # docs/performance.md section 3). Longer files (a big /proc/net/dev) are read on.
         while len(chunks[-1]) >= READ_SIZE // 2:
             chunks.append(os.read(fd, READ_SIZE))
             if not chunks[-1]:
@@ -59,7 +69,7 @@ def read_text(path: str) -> str | None:
     return b"".join(chunks).decode("ascii", "replace")
 
 
-def read_kept(files, path: str) -> str | None:
+def read_kept(files: KeptFiles, path: str) -> str | None:
     """read_text through a KeptFiles: one pread on a descriptor kept open."""
     try:
         return files.read(path)
@@ -72,10 +82,10 @@ class CachedReader:
     pids.max where no limit is set): they only appear when a controller is enabled, so
     they are looked for again every `recheck` samples, or at once after `forget()`."""
 
-    def __init__(self, recheck: int = 60, files=None):
+    def __init__(self, recheck: int = 60, files: KeptFiles | None = None) -> None:
         self.recheck = recheck
         self.files = files  # a KeptFiles (one pread per file on a kept descriptor), or None: read_text
-        self._absent: set = set()
+        self._absent: set[str] = set()
         self._reads = 0
 
     def tick(self) -> None:
@@ -106,7 +116,7 @@ def parse_int(path: str, text: str) -> int:
 
 def parse_keyed(path: str, text: str) -> dict[str, int]:
     """`key value` lines (memory.stat, cpu.stat, pids.events) as a dict of ints."""
-    out = {}
+    out: dict[str, int] = {}
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 2:
@@ -149,8 +159,8 @@ class Hierarchy:
 @dataclass(frozen=True)
 class Layout:
     unified: Hierarchy | None = None
-    unified_controllers: frozenset = frozenset()
-    v1: dict = field(default_factory=dict)  # controller -> Hierarchy
+    unified_controllers: frozenset[str] = frozenset()
+    v1: dict[str, Hierarchy] = field(default_factory=dict)  # controller -> Hierarchy
 
     def for_controller(self, name: str) -> Hierarchy | None:
         """v1 when the controller is mounted there (hybrid hosts), else v2 when enabled."""
@@ -163,7 +173,7 @@ class Layout:
 
 def parse_proc_cgroup(text: str) -> dict[str, str]:
     """`<proc>/self/cgroup` as controller -> path; the unified (v2) line is key ""."""
-    out = {}
+    out: dict[str, str] = {}
     for line in text.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
@@ -179,7 +189,7 @@ def parse_proc_cgroup(text: str) -> dict[str, str]:
 
 def parse_mountinfo_roots(text: str) -> dict[str, str]:
     """The root of each cgroup mount from mountinfo, keyed like parse_proc_cgroup."""
-    out = {}
+    out: dict[str, str] = {}
     for line in text.splitlines():
         left, sep, right = line.partition(" - ")
         if not sep:
@@ -231,13 +241,14 @@ def discover(cgroup_root: str, proc_cgroup: str, mountinfo: str | None) -> Layou
             names = parts[1].split(",")
             for name in names:
                 co_mounted[name] = names
-    v1 = {}
+    v1: dict[str, Hierarchy] = {}
     for name in V1_CONTROLLERS:
         if name in paths:
             mount = _v1_mount(cgroup_root, name, co_mounted.get(name, [name]))
             if mount is not None:
                 v1[name] = Hierarchy(1, _levels(mount, paths[name], roots.get(name)))
-    unified, controllers = None, frozenset()
+    unified: Hierarchy | None = None
+    controllers: frozenset[str] = frozenset()
     if "" in paths:
         for mount in (cgroup_root, os.path.join(cgroup_root, "unified")):
             text = read_text(os.path.join(mount, "cgroup.controllers"))
@@ -252,7 +263,7 @@ def discover(cgroup_root: str, proc_cgroup: str, mountinfo: str | None) -> Layou
 # Each takes `read` (read_text or a CachedReader): a file that is absent reads None.
 
 
-def quota_cores(h: Hierarchy, read=read_text) -> float | None:
+def quota_cores(h: Hierarchy, read: Reader = read_text) -> float | None:
     """The tightest CPU quota from the group up, in cores; None when there is none."""
     best = None
     for level in h.levels:
@@ -262,7 +273,7 @@ def quota_cores(h: Hierarchy, read=read_text) -> float | None:
     return best
 
 
-def _v2_quota(level: str, read) -> float | None:
+def _v2_quota(level: str, read: Reader) -> float | None:
     path = f"{level}/cpu.max"
     text = read(path)
     if text is None:
@@ -280,7 +291,7 @@ def _v2_quota(level: str, read) -> float | None:
     return quota / period
 
 
-def _v1_quota(level: str, read) -> float | None:
+def _v1_quota(level: str, read: Reader) -> float | None:
     qpath = f"{level}/cpu.cfs_quota_us"
     qtext = read(qpath)
     if qtext is None:
@@ -296,7 +307,7 @@ def _v1_quota(level: str, read) -> float | None:
     return quota / period
 
 
-def cpuset_count(h: Hierarchy, read=read_text) -> int | None:
+def cpuset_count(h: Hierarchy, read: Reader = read_text) -> int | None:
     """CPUs in the effective cpuset of the nearest level that has one."""
     names = ("cpuset.cpus.effective",) if h.version == 2 else ("cpuset.effective_cpus", "cpuset.cpus")
     for level in h.levels:
@@ -315,7 +326,7 @@ class Memory:
     working_set: int | None  # usage - inactive_file, floored at 0
 
 
-def memory(h: Hierarchy, read=read_text) -> Memory:
+def memory(h: Hierarchy, read: Reader = read_text) -> Memory:
     limit_name, usage_name = ("memory.max", "memory.current") if h.version == 2 else (
         "memory.limit_in_bytes", "memory.usage_in_bytes")
     limit, at = None, h.group
@@ -335,7 +346,7 @@ def memory(h: Hierarchy, read=read_text) -> Memory:
     return Memory(limit, usage, max(0, usage - _inactive_file(h.version, at, read)))
 
 
-def _inactive_file(version: int, level: str, read) -> int:
+def _inactive_file(version: int, level: str, read: Reader) -> int:
     path = f"{level}/memory.stat"
     text = read(path)
     if text is None:
@@ -367,7 +378,7 @@ def stat_value(path: str, text: str, key: str) -> int | None:
         raise FigureError(f"cannot parse {path}: {line[:40]!r}") from None
 
 
-def cpu_stat(layout: Layout, read=read_text) -> dict[str, int]:
+def cpu_stat(layout: Layout, read: Reader = read_text) -> dict[str, int]:
     """CPU time and throttling of the group, in microseconds (extras)."""
     out: dict[str, int] = {}
     v1 = layout.v1
@@ -396,8 +407,8 @@ def cpu_stat(layout: Layout, read=read_text) -> dict[str, int]:
     return out
 
 
-def pids(h: Hierarchy, read=read_text) -> dict[str, int]:
-    out = {}
+def pids(h: Hierarchy, read: Reader = read_text) -> dict[str, int]:
+    out: dict[str, int] = {}
     path = f"{h.group}/pids.current"
     text = read(path)
     if text is not None:
@@ -411,7 +422,7 @@ def pids(h: Hierarchy, read=read_text) -> dict[str, int]:
     return out
 
 
-def io_bytes(h: Hierarchy, read=read_text) -> dict[str, int]:
+def io_bytes(h: Hierarchy, read: Reader = read_text) -> dict[str, int]:
     """Bytes read and written by the group on all block devices (extras)."""
     if h.version == 2:
         path = f"{h.group}/io.stat"
@@ -451,7 +462,7 @@ def _v1_io(path: str, text: str) -> dict[str, int]:
     return {"io_read_bytes": rd, "io_write_bytes": wr}
 
 
-def _copy(src: dict, dst: dict, keys) -> None:
+def _copy(src: dict[str, int], dst: dict[str, int], keys: Iterable[str]) -> None:
     for key in keys:
         if key in src:
             dst[key] = src[key]

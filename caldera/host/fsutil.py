@@ -11,13 +11,21 @@ import json
 import os
 from pathlib import Path
 
+# typing.TYPE_CHECKING without importing typing: quick verbs import this module (start-up,
+# docs/performance.md section 1)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from _typeshed import StrPath
+
 # Every file the runtime opens by name in its state dir is opened without following a
 # symlink: an agent's process (in adapter mode it runs as the same user) could plant one.
 # Writes go through a new temp file (O_CREAT|O_EXCL) + os.replace, which never follow one either.
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def atomic_write_bytes(path, data: bytes, mode: int = 0o600, *, durable: bool = True) -> None:
+def atomic_write_bytes(path: StrPath, data: bytes, mode: int = 0o600, *, durable: bool = True) -> None:
     """durable=False: still atomic (old file or new one), but no fsync: for caches, whose
     loss after a power cut only costs the work of rebuilding them."""
     path = Path(path)
@@ -42,7 +50,7 @@ def atomic_write_bytes(path, data: bytes, mode: int = 0o600, *, durable: bool = 
 
 def _temp_beside(path: Path) -> tuple[int, str]:
     """tempfile.mkstemp's guarantees without importing tempfile (it pulls in shutil, bz2,
-    lzma and random: a tenth of what a quick verb adds to its floor, docs/performance.md):
+    lzma and random, which a quick verb would pay for: docs/performance.md section 1):
     a new file (O_EXCL: never an existing file nor a link), 0600, a random name beside `path`."""
     for _ in range(100):
         tmp = path.parent / f".{path.name}.{os.urandom(6).hex()}.tmp"
@@ -53,12 +61,12 @@ def _temp_beside(path: Path) -> tuple[int, str]:
     raise FileExistsError(f"no free temporary name beside {path}")
 
 
-def atomic_write_json(path, obj, mode: int = 0o600, *, durable: bool = True) -> None:
+def atomic_write_json(path: StrPath, obj: Any, mode: int = 0o600, *, durable: bool = True) -> None:
     data = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
     atomic_write_bytes(path, data, mode, durable=durable)
 
 
-def read_json(path, default=None):
+def read_json(path: StrPath, default: Any = None) -> Any:
     """The parsed file, or `default` when it does not exist. A corrupt file raises ValueError."""
     try:
         fd = os.open(path, os.O_RDONLY | NOFOLLOW)
@@ -68,7 +76,7 @@ def read_json(path, default=None):
         return json.loads(fh.read())
 
 
-def fsync_dir(path) -> None:
+def fsync_dir(path: StrPath) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -76,7 +84,7 @@ def fsync_dir(path) -> None:
         os.close(fd)
 
 
-def ensure_dir(path, mode: int = 0o700) -> Path:
+def ensure_dir(path: StrPath, mode: int = 0o700) -> Path:
     path = Path(path)
     path.mkdir(mode=mode, parents=True, exist_ok=True)
     return path
@@ -90,7 +98,7 @@ class StateLock:
     to the control plane. The kernel drops the lock when the holder dies.
     """
 
-    def __init__(self, state_dir, role: str):
+    def __init__(self, state_dir: StrPath, role: str) -> None:
         self.path = Path(state_dir) / "lock"
         self.role = role
         self._fd: int | None = None
@@ -130,8 +138,8 @@ class StateLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self):
+    def __enter__(self) -> StateLock:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.release()

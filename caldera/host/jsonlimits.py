@@ -17,6 +17,13 @@ import functools
 import json
 import re
 
+# typing.TYPE_CHECKING without importing typing: quick verbs import this module (start-up,
+# docs/performance.md section 1)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, NoReturn
+
 MAX_DEPTH = 64
 # Strings (with their escapes) hold no structure; everything left that is not a
 # bracket is dropped before the depth walk. An unterminated string runs to the end
@@ -25,7 +32,7 @@ MAX_DEPTH = 64
 
 
 @functools.cache
-def _patterns():
+def _patterns() -> tuple[re.Pattern[bytes], bytes, re.Pattern[str]]:
     # The string pattern is the "unrolled loop" form: no two ways to match, linear time.
     not_brackets = bytes(b for b in range(256) if b not in b"[]{}")  # a delete table for translate
     return (re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL), not_brackets,
@@ -52,35 +59,19 @@ class JSONLimitError(ValueError):
     """The text is over a limit or not JSON; str() is the sentence to show."""
 
 
-def _refuse_constant(name: str):
+def _refuse_constant(name: str) -> NoReturn:
     raise JSONLimitError(f"{name} is not a JSON number")
 
 
 @functools.cache
 def _decoder() -> json.JSONDecoder:
     # What json.loads(text, parse_constant=…) builds on every call (a decoder and its C
-    # scanner, ~3 µs): built once. A busy Codex run parses ~100,000 lines a minute.
+    # scanner): built once, for every line of a Codex run (docs/performance.md section 5).
     return json.JSONDecoder(parse_constant=_refuse_constant)
 
 
-def depth(raw: bytes) -> int:
-    """The deepest nesting of arrays and objects in `raw` (brackets inside strings don't count)."""
-    if raw.count(b"[") + raw.count(b"{") <= 1:
-        return raw.count(b"[") + raw.count(b"{")
-    strings, not_brackets = _patterns()[:2]
-    brackets = strings.sub(b"", raw).translate(None, not_brackets)
-    level = deepest = 0
-    for byte in brackets:
-        if byte in (0x5B, 0x7B):  # [ {
-            level += 1
-            if level > deepest:
-                deepest = level
-        else:
-            level -= 1
-    return deepest
-
-
-def loads(data, *, max_bytes: int, max_depth: int = MAX_DEPTH, what: str = "the JSON"):
+def loads(data: str | bytes | bytearray | memoryview, *, max_bytes: int, max_depth: int = MAX_DEPTH,
+          what: str = "the JSON") -> Any:
     """Parse `data` (bytes or str) within the limits; JSONLimitError with a sentence otherwise.
 
     Invalid UTF-8 is refused here too; lone surrogates written as `\\ud800`
@@ -109,7 +100,8 @@ def loads(data, *, max_bytes: int, max_depth: int = MAX_DEPTH, what: str = "the 
         raise JSONLimitError(f"{what} is not usable JSON: {exc}") from None
 
 
-def line_parser(*, max_bytes: int, max_depth: int = MAX_DEPTH, what: str = "the JSON"):
+def line_parser(*, max_bytes: int, max_depth: int = MAX_DEPTH,
+                what: str = "the JSON") -> Callable[[str], Any]:
     """`loads` for the lines of one stream, cheaper per line and with the same verdicts: a
     function of one line (text decoded from UTF-8 bytes, so it holds no lone surrogate).
 
@@ -117,12 +109,12 @@ def line_parser(*, max_bytes: int, max_depth: int = MAX_DEPTH, what: str = "the 
     value from the first to the last character) goes straight to the C scanner of the one
     decoder (NaN refused there too); any other line, and any line the scanner refuses, goes
     through `loads`, which raises the sentence (or the JSONDecodeError) a caller expects.
-    `loads` costs ~1 µs a line more in its checks and calls, on every line of Codex's stdout
-    (bench/bench_codex.py, docs/performance.md section 5)."""
-    scan = _decoder().scan_once
+    What `loads` would cost more per line of Codex's stdout: docs/performance.md section 5."""
+    # set by JSONDecoder.__init__ (the C scanner), absent from typeshed's JSONDecoder
+    scan: Callable[[str, int], tuple[Any, int]] = _decoder().scan_once  # type: ignore[attr-defined]
     most_chars = max_bytes // 4  # a character is at most 4 bytes of UTF-8
 
-    def parse(line: str):
+    def parse(line: str) -> Any:
         if len(line) <= most_chars and line.count("[") + line.count("{") <= max_depth:
             try:
                 value, end = scan(line, 0)
@@ -152,7 +144,7 @@ def escape_surrogates(text: str) -> str:
     return _patterns()[2].sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-def dumps_compact(value) -> str:
+def dumps_compact(value: Any) -> str:
     """Compact JSON with non-ASCII as UTF-8 text and lone surrogates JSON-escaped, so the result
     always encodes to UTF-8 (argv, files) and decodes back to `value`."""
     return escape_surrogates(json.dumps(value, separators=(",", ":"), ensure_ascii=False))

@@ -25,7 +25,7 @@ class ReadError(OSError):
 
 
 class KeptFiles:
-    def __init__(self, keep: bool = True, limit: int = 64):
+    def __init__(self, keep: bool = True, limit: int = 64) -> None:
         self.keep = keep
         self.limit = limit
         self._fds: dict[str, int] = {}

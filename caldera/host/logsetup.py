@@ -13,13 +13,20 @@ import logging
 import os
 import sys
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (host/ is imported by quick verbs)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import TextIO
+
+    from caldera.redact import Redactor
+
 # logging level -> syslog priority (sd-daemon(3)); anything in between rounds to the next lower level's
 PRIORITIES = ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4), (logging.INFO, 6))
 DEBUG_PRIORITY = 7
 
 
 class RedactingFilter(logging.Filter):
-    def __init__(self, redactor):
+    def __init__(self, redactor: Redactor) -> None:
         super().__init__()
         self.redactor = redactor
 
@@ -48,7 +55,7 @@ class JournalFormatter(logging.Formatter):
         return "\n".join(prefix + line for line in super().format(record).split("\n"))
 
 
-def stream_is_journal(stream, environ=os.environ) -> bool:
+def stream_is_journal(stream: TextIO, environ: Mapping[str, str] = os.environ) -> bool:
     """True when `stream` is the journal stream systemd named in $JOURNAL_STREAM ("dev:ino")."""
     dev, sep, ino = environ.get("JOURNAL_STREAM", "").partition(":")
     if not sep or not dev.isdigit() or not ino.isdigit():
@@ -60,7 +67,8 @@ def stream_is_journal(stream, environ=os.environ) -> bool:
     return st.st_dev == int(dev) and st.st_ino == int(ino)
 
 
-def setup(level: str, redactor, stream=None, with_time: bool = False, environ=os.environ) -> logging.Handler:
+def setup(level: str, redactor: Redactor, stream: TextIO | None = None, with_time: bool = False,
+          environ: Mapping[str, str] = os.environ) -> logging.Handler:
     stream = stream or sys.stderr
     handler = logging.StreamHandler(stream)
     fmt = "%(levelname)s %(name)s: %(message)s"

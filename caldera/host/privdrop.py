@@ -13,10 +13,16 @@ from __future__ import annotations
 import os
 import pwd
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (host/ is imported by quick verbs)
+if TYPE_CHECKING:
+    from collections.abc import MutableMapping
+
+    from _typeshed import StrPath
+
 SERVICE_USER = "caldera"
 
 
-def service_user_for(state_root, user: str = SERVICE_USER):
+def service_user_for(state_root: StrPath, user: str = SERVICE_USER) -> pwd.struct_passwd | None:
     """The passwd entry to switch to, or None when this process should stay as it is."""
     if os.geteuid() != 0:
         return None
@@ -31,7 +37,7 @@ def service_user_for(state_root, user: str = SERVICE_USER):
     return entry if owner == entry.pw_uid and entry.pw_uid != 0 else None
 
 
-def become(entry, environ=os.environ) -> None:
+def become(entry: pwd.struct_passwd, environ: MutableMapping[str, str] = os.environ) -> None:
     """Switch groups, gid, then uid (the order that still has the right to), and HOME."""
     os.initgroups(entry.pw_name, entry.pw_gid)
     os.setgid(entry.pw_gid)

@@ -14,16 +14,25 @@ import subprocess
 import threading
 import time
 
+# typing.TYPE_CHECKING without importing typing: quick verbs import this module (start-up,
+# docs/performance.md section 1)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import IO, Any
+
 POLL = 0.05
 DRAIN_AFTER_EXIT = 0.5  # grandchildren holding the pipes open get this long
 STDERR_CAP = 64 * 1024
 
 
 class ProcResult:
-    """How one run ended. returncode None: killed by us, or never started."""
+    """How one run ended. returncode None: killed by us, or never started.
+    (A plain class, not a dataclass: `caldera pause` imports this module, and dataclasses
+    would add its imports to the verb's start-up, docs/performance.md section 1.)"""
 
-    def __init__(self, argv: list, **fields):
-        self.argv = list(argv)
+    def __init__(self, argv: list[str]) -> None:
+        self.argv = argv
         self.returncode: int | None = None
         self.stdout = b""
         self.stderr = b""
@@ -33,12 +42,8 @@ class ProcResult:
         self.spawn_error: str | None = None  # the process could not be started
         self.duration = 0.0
         self.signal: int | None = None  # the signal that ended it, if any
-        for key, value in fields.items():
-            if not hasattr(self, key):
-                raise TypeError(f"ProcResult has no field {key!r}")
-            setattr(self, key, value)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"ProcResult(argv={self.argv!r}, returncode={self.returncode}, timed_out={self.timed_out}, "
                 f"overflowed={self.overflowed}, cancelled={self.cancelled}, spawn_error={self.spawn_error!r})")
 
@@ -64,7 +69,7 @@ class ProcResult:
 class _Buffer:
     """Bytes read from one pipe, capped: keep the head (and flag overflow) or the tail."""
 
-    def __init__(self, cap: int, keep_tail: bool):
+    def __init__(self, cap: int, keep_tail: bool) -> None:
         self.cap, self.keep_tail = cap, keep_tail
         self.data = bytearray()
         self.overflowed = False
@@ -79,7 +84,7 @@ class _Buffer:
                 del self.data[self.cap :]
 
 
-def kill_group(proc: subprocess.Popen, grace: float, reap: float | None = None) -> int | None:
+def kill_group(proc: subprocess.Popen[bytes], grace: float, reap: float | None = None) -> int | None:
     """SIGTERM the process group, give its leader `grace` seconds, then SIGKILL the group
     (stragglers too). Waits for the leader `reap` seconds (None: until it is gone) and
     returns its exit code, None if it has not gone yet. The one TERM -> grace -> KILL here:
@@ -96,7 +101,7 @@ def kill_group(proc: subprocess.Popen, grace: float, reap: float | None = None) 
         return None
 
 
-def signal_group(proc: subprocess.Popen, sig: int) -> None:
+def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     """`sig` to the process group `proc` leads (started with start_new_session=True)."""
     try:
         os.killpg(proc.pid, sig)
@@ -105,9 +110,9 @@ def signal_group(proc: subprocess.Popen, sig: int) -> None:
 
 
 def run(
-    argv: list,
+    argv: Sequence[str],
     *,
-    env: dict,
+    env: Mapping[str, str],
     timeout: float,
     stdout_cap: int,
     cwd: str | None = None,
@@ -117,7 +122,7 @@ def run(
     grace: float = 2.0,
 ) -> ProcResult:
     """Run argv to completion within `timeout` seconds; never raises for the child's failures."""
-    result = ProcResult(argv)
+    result = ProcResult(list(argv))
     started = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -135,8 +140,8 @@ def run(
             kill_group(proc, grace)
         else:
             signal_group(proc, signal.SIGKILL)  # stragglers left in the group
-        proc.stdout.close()
-        proc.stderr.close()
+        _pipe(proc.stdout).close()
+        _pipe(proc.stderr).close()
     result.duration = time.monotonic() - started
     result.stdout, result.stderr = bytes(out.data), bytes(err.data)
     rc = proc.returncode
@@ -149,12 +154,19 @@ def run(
     return result
 
 
-def _pump(proc, out: _Buffer, err: _Buffer, result: ProcResult, deadline: float, cancel) -> None:
+def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
+    """A pipe `run` asked Popen for (stdout=PIPE, stderr=PIPE): never None."""
+    assert stream is not None
+    return stream
+
+
+def _pump(proc: subprocess.Popen[bytes], out: _Buffer, err: _Buffer, result: ProcResult, deadline: float,
+          cancel: threading.Event | None) -> None:
     """Read both pipes until EOF, the deadline, an overflow or a cancel."""
     sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ, out)
-    sel.register(proc.stderr, selectors.EVENT_READ, err)
-    exited_at = None
+    sel.register(_pipe(proc.stdout), selectors.EVENT_READ, out)
+    sel.register(_pipe(proc.stderr), selectors.EVENT_READ, err)
+    exited_at: float | None = None
     try:
         while sel.get_map():
             now = time.monotonic()
@@ -169,7 +181,7 @@ def _pump(proc, out: _Buffer, err: _Buffer, result: ProcResult, deadline: float,
             if exited_at is not None and now - exited_at > DRAIN_AFTER_EXIT:
                 return
             for key, _ in sel.select(min(POLL, deadline - now)):
-                chunk = os.read(key.fileobj.fileno(), 65536)
+                chunk = os.read(key.fd, 65536)
                 if not chunk:
                     sel.unregister(key.fileobj)
                     continue
@@ -186,11 +198,12 @@ def _pump(proc, out: _Buffer, err: _Buffer, result: ProcResult, deadline: float,
 
 # ---------------------------------------------------------------- long-lived children (process mode)
 
-def spawn(argv: list, *, env: dict, cwd: str, user=None, group=None) -> subprocess.Popen:
+def spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: str, user: str | int | None = None,
+          group: str | int | None = None) -> subprocess.Popen[bytes]:
     """Start a long-lived child: argv (no shell), its own session and process group, stdin
     from /dev/null, stdout and stderr on one pipe (the caller pumps it). user/group: run as
     that account (the runtime must be root for another one). Raises OSError."""
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if user is not None:
         kwargs.update(user=user, group=group, extra_groups=[])
     return subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -219,7 +232,7 @@ def group_alive(pgid: int) -> bool:
     return signal_pgid(pgid, 0)
 
 
-def proc_stat(pid: int, proc_root: str = "/proc") -> dict | None:
+def proc_stat(pid: int, proc_root: str = "/proc") -> dict[str, str | int] | None:
     """{state, pgrp, start_time} of /proc/PID/stat (start_time in clock ticks since boot), or None."""
     try:
         with open(f"{proc_root}/{int(pid)}/stat", "rb") as fh:
@@ -244,7 +257,8 @@ STOP_KILL_WAIT = 5.0  # after SIGKILL, how long stop_group waits for the group t
 REAP_WAIT = 10.0  # then the leader's reap: a process in uninterruptible sleep may never go
 
 
-def stop_group(pgid: int, stop_signal: int, timeout: float, *, reap, tick: threading.Event) -> bool:
+def stop_group(pgid: int, stop_signal: int, timeout: float, *, reap: Callable[[], int | None],
+               tick: threading.Event) -> bool:
     """Process mode's graceful stop: `stop_signal` (the manifest's) to the group, SIGKILL to it after
     `timeout` s. Unlike `kill_group` it waits until the whole group is gone (grandchildren too),
     and works by id, for an agent that is not our child (a killed runtime's survivor): `reap()`

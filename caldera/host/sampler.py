@@ -9,6 +9,7 @@ Decisions where SPEC is silent are in docs/system-figures.md.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -22,6 +23,15 @@ from caldera.host.cgroups import FigureError, read_text
 from caldera.host.keptfiles import KeptFiles
 from caldera.host.timefmt import rfc3339
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (host/ is imported by quick verbs)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from os import PathLike
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
+    D = TypeVar("D")
+
 log = logging.getLogger(__name__)
 
 CPU_COUNT_EVERY = 60  # samples between re-reads of the online CPU count
@@ -34,22 +44,23 @@ MEMINFO_KEYS = ("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached")
 
 @dataclass
 class Sample:
-    system_info: dict
+    system_info: dict[str, Any]
     metrics_collector: str  # "ok" or "degraded"
-    reasons: list = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
     disk_used_bytes: int | None = None
     disk_limit_bytes: int | None = None
 
-    def health(self) -> dict:
+    def health(self) -> dict[str, Any]:
         """The report's `health` keys this sample decides."""
         return {"metrics_collector": self.metrics_collector,
                 "metrics_collector_reasons": list(self.reasons)}
 
 
 class Sampler:
-    def __init__(self, proc_root="/proc", cgroup_root="/sys/fs/cgroup", persistent_dir=".",
-                 runtime_type="caldera", runtime_name="caldera", disk_limit_bytes=None,
-                 sys_root=None, clock=time.time):
+    def __init__(self, proc_root: str | PathLike[str] = "/proc", cgroup_root: str | PathLike[str] = "/sys/fs/cgroup",
+                 persistent_dir: str | PathLike[str] = ".", runtime_type: str = "caldera",
+                 runtime_name: str = "caldera", disk_limit_bytes: int | None = None,
+                 sys_root: str | PathLike[str] | None = None, clock: Callable[[], float] = time.time) -> None:
         self.proc_root = str(proc_root)
         self.cgroup_root = str(cgroup_root)
         self.sys_root = (str(sys_root) if sys_root is not None
@@ -76,22 +87,23 @@ class Sampler:
         weakref.finalize(self, self._host_files.close)
         self._cg_read = cgroups.CachedReader(recheck=CPU_COUNT_EVERY, files=self._files)
         self._lock = threading.Lock()  # the reporter loop and a command may sample at once
-        self._layout_key = None
+        self._layout_key: str | None = None
         self._layout = cgroups.Layout()
-        self._cpu_count = None
+        self._cpu_count: int | None = None
         self._count = 0
-        self._logged: frozenset = frozenset()
+        self._logged: frozenset[str] = frozenset()
 
     def sample(self) -> Sample:
         with self._lock:
             reasons: list[str] = []
-            info = {"runtime_type": self.runtime_type, "runtime_name": self.runtime_name,
-                    "sampled_at": rfc3339(self._clock())}
+            info: dict[str, Any] = {"runtime_type": self.runtime_type, "runtime_name": self.runtime_name,
+                                    "sampled_at": rfc3339(self._clock())}
             layout = self._guard(reasons, "cgroup", self._current_layout, cgroups.Layout())
-            disk_used = None
-            for group, build in (("cpu", self._cpu), ("memory", self._memory),
-                                 ("disk", self._disk), ("network", self._network)):
-                value = self._guard(reasons, group, lambda b=build: b(layout, reasons), None)
+            disk_used: int | None = None
+            builds: tuple[tuple[str, Callable[[cgroups.Layout, list[str]], Any]], ...] = (
+                ("cpu", self._cpu), ("memory", self._memory), ("disk", self._disk), ("network", self._network))
+            for group, build in builds:
+                value = self._guard(reasons, group, functools.partial(build, layout, reasons), None)
                 if group == "disk" and value is not None:
                     value, disk_used = value
                 if value:
@@ -114,7 +126,7 @@ class Sampler:
         return cgroups.read_kept(self._host_files, path)
 
     @staticmethod
-    def _guard(reasons, group, fn, default):
+    def _guard(reasons: list[str], group: str, fn: Callable[[], T], default: D) -> T | D:
         """Run one part; its failure becomes a reason, never an exception into a loop."""
         try:
             return fn()
@@ -125,7 +137,7 @@ class Sampler:
             reasons.append(f"{group}: unexpected {type(exc).__name__}: {exc}")
         return default
 
-    def _log_changes(self, reasons) -> None:
+    def _log_changes(self, reasons: list[str]) -> None:
         # Every 5 s would flood the journal: log a reason when it appears and when all clear.
         current = frozenset(reasons)
         for reason in sorted(current - self._logged):
@@ -150,18 +162,18 @@ class Sampler:
 
     # --- cpu -------------------------------------------------------------------
 
-    def _cpu(self, layout, reasons) -> dict:
+    def _cpu(self, layout: cgroups.Layout, reasons: list[str]) -> dict[str, Any]:
         online = self._online_cpus(reasons)
-        cpu: dict = {"cores": online} if online is not None else {}
+        cpu: dict[str, Any] = {"cores": online} if online is not None else {}
         load = self._guard(reasons, "cpu", self._loadavg, None)
         if load is not None:
             cpu["load"] = load
-        bounds = [online] if online is not None else []
+        bounds: list[float] = [online] if online is not None else []
         read = self._cg_read
         h = layout.for_controller("cpu")
-        quota = self._guard(reasons, "cpu", lambda: cgroups.quota_cores(h, read), None) if h else None
+        quota = self._guard(reasons, "cpu", functools.partial(cgroups.quota_cores, h, read), None) if h else None
         h = layout.for_controller("cpuset")
-        cpuset = self._guard(reasons, "cpu", lambda: cgroups.cpuset_count(h, read), None) if h else None
+        cpuset = self._guard(reasons, "cpu", functools.partial(cgroups.cpuset_count, h, read), None) if h else None
         for key, value in (("quota_cores", quota), ("cpuset_cpus", cpuset)):
             if value is not None:
                 cpu[key] = _number(value)
@@ -170,13 +182,13 @@ class Sampler:
             cpu["cores"] = _number(min(bounds))
         if online is not None:
             cpu["online_cpus"] = online
-        cpu.update(self._guard(reasons, "cpu", lambda: cgroups.cpu_stat(layout, read), {}))
+        cpu.update(self._guard(reasons, "cpu", functools.partial(cgroups.cpu_stat, layout, read), {}))
         h = layout.for_controller("pids")
         if h is not None:
-            cpu.update(self._guard(reasons, "cpu", lambda: cgroups.pids(h, read), {}))
+            cpu.update(self._guard(reasons, "cpu", functools.partial(cgroups.pids, h, read), {}))
         return cpu
 
-    def _online_cpus(self, reasons) -> int | None:
+    def _online_cpus(self, reasons: list[str]) -> int | None:
         """The online CPU count from the roots given; os.cpu_count() (this process's host) only
         when the roots are the host's own, never for a tree the sampler was pointed at."""
         if self._cpu_count is None or self._count % CPU_COUNT_EVERY == 0:
@@ -202,7 +214,7 @@ class Sampler:
             raise FigureError(f"no cpuN lines in {path}")
         return count
 
-    def _loadavg(self) -> dict:
+    def _loadavg(self) -> dict[str, float]:
         path = self._p_loadavg
         text = self._read(path)
         if text is None:
@@ -215,13 +227,13 @@ class Sampler:
 
     # --- memory ----------------------------------------------------------------
 
-    def _memory(self, layout, reasons) -> dict | None:
+    def _memory(self, layout: cgroups.Layout, reasons: list[str]) -> dict[str, Any] | None:
         host = self._guard(reasons, "memory", self._meminfo, None)
         h = layout.for_controller("memory")
-        group = self._guard(reasons, "memory", lambda: cgroups.memory(h, self._cg_read),
+        group = self._guard(reasons, "memory", functools.partial(cgroups.memory, h, self._cg_read),
                             None) if h else None
-        out: dict = {}
-        if group is not None and group.limit is not None and (host is None or group.limit < host[0]):
+        out: dict[str, Any] = {}
+        if h and group is not None and group.limit is not None and (host is None or group.limit < host[0]):
             out["mem_total_bytes"] = group.limit
             # the working set is unknown if usage is: then nothing is known to be in use
             used = group.working_set if group.working_set is not None else 0
@@ -245,7 +257,7 @@ class Sampler:
         text = self._read(path)
         if text is None:
             raise FigureError(f"no {path}")
-        values = {}
+        values: dict[str, int] = {}
         for line in text.splitlines():
             key, _, rest = line.partition(":")
             if key in MEMINFO_KEYS:
@@ -264,35 +276,35 @@ class Sampler:
 
     # --- disk ------------------------------------------------------------------
 
-    def _disk(self, layout, reasons):
+    def _disk(self, layout: cgroups.Layout, reasons: list[str]) -> tuple[dict[str, Any], int]:
         try:
             st = os.statvfs(self.persistent_dir)
         except OSError as exc:
             raise FigureError(f"statvfs {self.persistent_dir}: {exc.strerror}") from exc
-        disk = {"mount_path": self.persistent_dir,
+        disk: dict[str, Any] = {"mount_path": self.persistent_dir,
                 "root_total_bytes": st.f_blocks * st.f_frsize,
                 "root_free_bytes": st.f_bavail * st.f_frsize}
         h = layout.for_controller("blkio")
         if h is not None:
-            disk.update(self._guard(reasons, "disk", lambda: cgroups.io_bytes(h, self._cg_read), {}))
+            disk.update(self._guard(reasons, "disk", functools.partial(cgroups.io_bytes, h, self._cg_read), {}))
         return disk, (st.f_blocks - st.f_bfree) * st.f_frsize
 
     # --- network ---------------------------------------------------------------
 
-    def _network(self, layout, reasons) -> dict:
+    def _network(self, layout: cgroups.Layout, reasons: list[str]) -> dict[str, Any]:
         path = self._p_dev
         text = self._read(path)
         if text is None:
             raise FigureError(f"no {path}")
         counters = parse_net_dev(path, text)
-        addresses = self._guard(reasons, "network", lambda: self._addresses(set(counters)), {})
+        addresses = self._guard(reasons, "network", functools.partial(self._addresses, set(counters)), {})
         interfaces = []
         for name, (rx, tx) in counters.items():
             interfaces.append({"name": name, "status": self._status(name, reasons),
                                "addresses": addresses.get(name, []), "rx_bytes": rx, "tx_bytes": tx})
         return {"interfaces": interfaces}
 
-    def _status(self, name, reasons) -> str:
+    def _status(self, name: str, reasons: list[str]) -> str:
         base = f"{self._p_net}/{name}"
         try:
             state = self._read(f"{base}/operstate")
@@ -309,7 +321,7 @@ class Sampler:
             reasons.append(f"network: status of {name}: {exc}")
             return "unknown"
 
-    def _addresses(self, names) -> dict[str, list[str]]:
+    def _addresses(self, names: set[str]) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
         trie = self._read(self._p_trie)
         route = self._read(self._p_route)
@@ -339,14 +351,14 @@ def default_sys_root(cgroup_root: str, proc_root: str = "/proc") -> str:
     return "/sys"
 
 
-def _read_optional(path):
+def _read_optional(path: str) -> str | None:
     try:
         return read_text(path)  # once per layout change: not worth a kept descriptor
     except FigureError:  # mountinfo only refines discovery; the suffix rule still applies
         return None
 
 
-def _number(value):
+def _number(value: float) -> int | float:
     """Whole numbers as int (seed 004 shows `cores: 2`), others to 2 decimals."""
     return int(value) if float(value).is_integer() else round(float(value), 2)
 
@@ -390,9 +402,9 @@ def ipv4_addresses(fib_trie: str, route: str) -> list[tuple[str, str]]:
     return out
 
 
-def _local_leaves(fib_trie: str):
-    """The `|-- A.B.C.D` leaf above each `/32 host LOCAL` line, found with str.find:
-    a line-by-line walk cost a fifth of a sample. The Local table holds every local
+def _local_leaves(fib_trie: str) -> Iterator[str]:
+    """The `|-- A.B.C.D` leaf above each `/32 host LOCAL` line, found with str.find, not a
+    line-by-line walk (docs/performance.md section 3). The Local table holds every local
     address, so the walk starts there when the kernel prints one."""
     start = fib_trie.find("\nLocal:")
     text = fib_trie if start < 0 else fib_trie[start:]

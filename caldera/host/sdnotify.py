@@ -17,6 +17,10 @@ import logging
 import os
 import socket
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (host/ is imported by quick verbs)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
 log = logging.getLogger("caldera.host.sdnotify")
 SEND_TIMEOUT = 2.0  # seconds
 
@@ -31,7 +35,7 @@ def _address(raw: str) -> str | bytes | None:
     return None  # e.g. "vsock:…" (systemd >= 254): not used on the hosts we target
 
 
-def notify(state: str, environ=os.environ) -> bool:
+def notify(state: str, environ: Mapping[str, str] = os.environ) -> bool:
     """Send `state` (e.g. "READY=1") to systemd; True when the datagram was sent.
 
     False when there is no `$NOTIFY_SOCKET`, its address is not usable, or the
@@ -57,7 +61,7 @@ def notify(state: str, environ=os.environ) -> bool:
     return True
 
 
-def watchdog_interval(environ=os.environ, pid: int | None = None) -> float | None:
+def watchdog_interval(environ: Mapping[str, str] = os.environ, pid: int | None = None) -> float | None:
     """The watchdog timeout in seconds when systemd expects pings from this process, else None.
 
     Ping at half of it. `$WATCHDOG_PID`, when set, names the process the

@@ -8,9 +8,16 @@ import threading
 
 from caldera.host.fsutil import atomic_write_json, read_json
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (host/ is imported by quick verbs)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from _typeshed import StrPath
+
 
 class StateFile:
-    def __init__(self, path):
+    def __init__(self, path: StrPath) -> None:
         self.path = path
         self._lock = threading.Lock()
         try:
@@ -19,16 +26,16 @@ class StateFile:
             # A torn file cannot happen with atomic writes; a hand-edited one can.
             raise ValueError(f"{path} is not valid JSON; move it away to start fresh") from None
 
-    def get(self, key, default=None):
+    def get(self, key: str, default: Any = None) -> Any:
         with self._lock:
             return copy.deepcopy(self._data.get(key, default))
 
-    def set(self, key, value) -> None:
+    def set(self, key: str, value: Any) -> None:
         with self._lock:
             self._data[key] = copy.deepcopy(value)
             atomic_write_json(self.path, self._data, mode=0o600)
 
-    def update(self, key, func):
+    def update(self, key: str, func: Callable[[Any], Any]) -> Any:
         """Apply func(old) -> new under the lock and persist; returns new."""
         with self._lock:
             new = func(copy.deepcopy(self._data.get(key)))

@@ -18,26 +18,31 @@ import os
 import select
 import signal
 import threading
-from collections.abc import Callable
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (host/ is imported by quick verbs)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Collection
+    from types import FrameType
 
 STOPPING = (signal.SIGINT, signal.SIGTERM)
 
 
-def stop_on_signals(stop: threading.Event, signums=STOPPING) -> Callable[[], None]:
+def stop_on_signals(stop: threading.Event, signums: Collection[int] = STOPPING) -> Callable[[], None]:
     """Set `stop` when one of `signums` arrives. From the main thread. Returns a function
     that puts the previous handlers and wakeup fd back (for in-process callers: tests)."""
     return on_signals(stop.set, signums)
 
 
-def on_signals(callback: Callable[[], None], signums=STOPPING, *, once: bool = False) -> Callable[[], None]:
+def on_signals(callback: Callable[[], None], signums: Collection[int] = STOPPING, *,
+               once: bool = False) -> Callable[[], None]:
     """Call `callback` in the relay thread for each burst of `signums`. once: the first
     such signal also puts the previous handler back for its number, so that a second one
     takes the default action (a second Ctrl-C ends the process). From the main thread."""
     read, write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     previous_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-    previous = {}
+    previous: dict[int, signal._HANDLER] = {}
 
-    def handler(signum, frame) -> None:
+    def handler(signum: int, _frame: FrameType | None) -> None:
         """Installed so that the C handler runs (and writes the wakeup byte); the relay acts."""
         if once:
             signal.signal(signum, previous[signum])
@@ -65,7 +70,7 @@ def on_signals(callback: Callable[[], None], signums=STOPPING, *, once: bool = F
     return restore
 
 
-def _relay(read: int, signums: set, callback: Callable[[], None], closed: threading.Event, once: bool) -> None:
+def _relay(read: int, signums: set[int], callback: Callable[[], None], closed: threading.Event, once: bool) -> None:
     while not closed.is_set():
         select.select([read], [], [])
         try:

@@ -18,8 +18,8 @@ def rfc3339(ts: float | None = None, millis: bool = False) -> str:
 
 @functools.lru_cache(maxsize=4)
 def _second(second: int) -> str:
-    # strftime and gmtime once a second, not once a record: a busy run log writes thousands
-    # a second (bench/bench_codex.py)
+    # strftime and gmtime once a second, not once a record: a busy run log writes many
+    # records a second (docs/performance.md section 5)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import urllib.parse
+from typing import TYPE_CHECKING, Any
 
 from caldera.host.timefmt import human_age
 from caldera.plane.page_parts import (
@@ -22,11 +23,14 @@ from caldera.plane.page_parts import (
     window_seconds,
 )
 
+if TYPE_CHECKING:
+    from caldera.plane.store import Store
+
 COMMANDS_SHOWN = 100
 RESULT_CAP = 4000  # characters of a result shown unfolded
 
 
-def find_agent(store, ident: str) -> dict | None:
+def find_agent(store: Store, ident: str) -> dict[str, Any] | None:
     ident = urllib.parse.unquote(ident).strip("/")
     for agent in store.agents():
         if (ident.isdigit() and agent["instance_id"] == int(ident)) or (ident and agent["agent_id"] == ident):
@@ -34,7 +38,7 @@ def find_agent(store, ident: str) -> dict | None:
     return None
 
 
-def render(store, ident: str, query: dict) -> tuple[int, str]:
+def render(store: Store, ident: str, query: dict[str, str]) -> tuple[int, str]:
     now = store.clock()
     agent = find_agent(store, ident)
     if agent is None:
@@ -49,7 +53,8 @@ def render(store, ident: str, query: dict) -> tuple[int, str]:
     content = (f'<p><a href="/">&larr; all agents</a></p>'
                f'<div class="agent" data-instance="{instance}" data-presence="{agent["presence"]}">'
                f'{agent_head(agent, now, link=False)}'
-               f'<div class="meta">host {e(host.get("hostname") or "?")} &middot; agent {e(host.get("agent_name") or "?")}'
+               f'<div class="meta">host {e(host.get("hostname") or "?")}'
+               f' &middot; agent {e(host.get("agent_name") or "?")}'
                f' &middot; runtime {e(host.get("runtime_type") or "?")} &middot; from {e(agent["last_seen_ip"] or "?")}'
                f' &middot; {window_links(f"/agents/{instance}", chosen)}</div>'
                f'{timeline(store, agent, body, now, window, LARGE)}</div>'
@@ -60,11 +65,11 @@ def render(store, ident: str, query: dict) -> tuple[int, str]:
     return 200, layout(f"caldera plane: instance {instance}", content, now)
 
 
-def _age(last, now: float) -> str:
+def _age(last: dict[str, Any] | None, now: float) -> str:
     return f", {human_age(now - last['received_at'])}" if last else ""
 
 
-def _health(body: dict) -> str:
+def _health(body: dict[str, Any]) -> str:
     """The report's `health` object, one row per entry (nested values as compact JSON)."""
     health = body.get("health")
     if not isinstance(health, dict) or not health:
@@ -77,7 +82,7 @@ def _health(body: dict) -> str:
     return "<table><tbody>" + "".join(rows) + "</tbody></table>"
 
 
-def duration(command: dict, now: float) -> str:
+def duration(command: dict[str, Any], now: float) -> str:
     """Finished: start (or dispatch) to finish; still running: so far; never started: nothing."""
     begun = command["started_at"] or command["dispatched_at"]
     if begun is None:
@@ -88,7 +93,7 @@ def duration(command: dict, now: float) -> str:
     return text if end is not None else f"{text} so far"
 
 
-def _result(value) -> str:
+def _result(value: Any) -> str:
     if value is None:
         return ""
     full = json.dumps(value, indent=1, sort_keys=True, ensure_ascii=False)
@@ -99,7 +104,7 @@ def _result(value) -> str:
     return f"<details><summary>{e(summary)}</summary><pre>{e(full)}</pre></details>"
 
 
-def _commands(commands: list, now: float) -> str:
+def _commands(commands: list[dict[str, Any]], now: float) -> str:
     if not commands:
         return '<p class="empty">No commands yet.</p>'
     rows = []

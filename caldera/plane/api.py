@@ -10,6 +10,8 @@ import dataclasses
 import datetime as dt
 import json
 import re
+from collections.abc import Callable
+from typing import Any
 
 from caldera.plane import store as st
 from caldera.plane import upload
@@ -22,11 +24,11 @@ FINISH_STATUSES = ("succeeded", "failed")
 class Request:
     method: str
     path: str
-    headers: dict  # lower-case names
+    headers: dict[str, str]  # lower-case names
     body: bytes
     client_ip: str | None = None
-    params: dict = dataclasses.field(default_factory=dict)
-    query: dict = dataclasses.field(default_factory=dict)
+    params: dict[str, str] = dataclasses.field(default_factory=dict)
+    query: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -34,7 +36,7 @@ class Response:
     status: int
     body: bytes = b""
     content_type: str = "application/json; charset=utf-8"
-    headers: dict = dataclasses.field(default_factory=dict)
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -46,7 +48,7 @@ class Plane:
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status, self.message = status, message
 
@@ -58,12 +60,12 @@ def rfc3339(ts: float) -> str:
     return when.strftime("%Y-%m-%dT%H:%M:%S") + (f".{frac}" if frac else "") + "Z"
 
 
-def ok(data=None, message: str = "ok", status: int = 200, raw_data: str | None = None) -> Response:
+def ok(data: Any = None, message: str = "ok", status: int = 200, raw_data: str | None = None) -> Response:
     """The success envelope; `raw_data` is inserted verbatim (for bytes that must survive as sent)."""
     if raw_data is None:
         text = json.dumps({"success": True, "message": message, "data": data}, separators=(",", ":"))
     else:
-        text = '{"success":true,"message":%s,"data":%s}' % (json.dumps(message), raw_data)
+        text = f'{{"success":true,"message":{json.dumps(message)},"data":{raw_data}}}'
     return Response(status, text.encode())
 
 
@@ -79,7 +81,7 @@ def bearer(req: Request) -> str | None:
     return token.strip()
 
 
-def _session(plane: Plane, req: Request) -> dict:
+def _session(plane: Plane, req: Request) -> dict[str, Any]:
     token = bearer(req)
     if token is None:
         raise ApiError(401, "Agent session token is required")
@@ -89,7 +91,7 @@ def _session(plane: Plane, req: Request) -> dict:
     return session
 
 
-def _body(req: Request, schema: str) -> dict:
+def _body(req: Request, schema: str) -> dict[str, Any]:
     try:
         doc = parse_json_body(req.body)
         check(schema, doc)
@@ -98,14 +100,15 @@ def _body(req: Request, schema: str) -> dict:
     return doc
 
 
-def _time(doc: dict, field: str) -> float | None:
+def _time(doc: dict[str, Any], field: str) -> float | None:
     try:
         return parse_time(doc.get(field), field)
     except BodyError as exc:
         raise ApiError(400, str(exc)) from None
 
 
-def _same_agent(session: dict, agent_id: str, trim: bool = True, text: str = "agent id does not match session"):
+def _same_agent(session: dict[str, Any], agent_id: str, trim: bool = True,
+                text: str = "agent id does not match session") -> None:
     given = agent_id.strip() if trim else agent_id
     if given != session["agent_id"]:
         raise ApiError(403, text)
@@ -240,7 +243,7 @@ def skills_upload(plane: Plane, req: Request) -> Response:
               "skill package uploaded", status=201)
 
 
-def _validate_fields(fields: dict) -> None:
+def _validate_fields(fields: dict[str, str]) -> None:
     try:
         check("skills-upload.schema.json", fields)
     except BodyError as exc:
@@ -275,8 +278,7 @@ def config_revision(plane: Plane, req: Request) -> Response:
             "checksum": rev["checksum"], "status": "published", "published_at": rfc3339(rev["published_at"])}
     # `content` goes out byte for byte as stored: its checksum is over exactly these bytes.
     head_text = json.dumps(head, separators=(",", ":"))[:-1]
-    return ok(raw_data='{"revision":%s,"content":%s}}' % (head_text, rev["content"]),
-              message="config revision")
+    return ok(raw_data=f'{{"revision":{head_text},"content":{rev["content"]}}}}}', message="config revision")
 
 
 def run_events(plane: Plane, req: Request) -> Response:
@@ -291,7 +293,9 @@ def run_events(plane: Plane, req: Request) -> Response:
     return ok({"accepted": count}, "run events stored")
 
 
-ROUTES = [
+Handler = Callable[["Plane", Request], Response]
+
+ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", r"/api/v1/agent/register", register),
     ("POST", r"/api/v1/agent/heartbeat", heartbeat),
     ("GET", r"/api/v1/agent/commands/next", next_command),
@@ -307,7 +311,7 @@ ROUTES = [
 _COMPILED = [(m, re.compile(p + r"\Z"), h) for m, p, h in ROUTES]
 
 
-def route(method: str, path: str):
+def route(method: str, path: str) -> tuple[Handler, dict[str, str]] | None:
     """(handler, params) for an agent route, or None (the caller answers 404, empty body)."""
     for m, pattern, handler in _COMPILED:
         if m == method:
@@ -317,7 +321,7 @@ def route(method: str, path: str):
     return None
 
 
-def preauth(plane: Plane, method: str, path: str, headers: dict) -> Response | None:
+def preauth(plane: Plane, method: str, path: str, headers: dict[str, str]) -> Response | None:
     """The answer to a request whose token is wrong, decided before its body is read; None
     when the body may be read. An unauthenticated client never makes the plane buffer a body
     beyond the small cap of a path that is no route (a trailing slash: gin redirects first)."""

@@ -16,8 +16,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import html
+from typing import Any
 
 from caldera.plane.store import ONLINE_SECONDS, STALE_SECONDS
+
+Segment = tuple[float, float, str]  # (start, end, state) of a strip's stretch
 
 PAD = 2.0
 MIN_SPAN = 10.0  # seconds: a fresh instance's first points still spread over the chart
@@ -45,7 +48,7 @@ class Axis:
         return dataclasses.replace(self, width=width, height=height, max_points=max(2, width // 3))
 
 
-def axis_for(points: list[dict], now: float, window: float, bucket_seconds: int, width: int,
+def axis_for(points: list[dict[str, Any]], now: float, window: float, bucket_seconds: int, width: int,
              height: int) -> Axis:
     """The shared time axis: from the oldest contact inside the window (or the window's start) to now."""
     start = now - window
@@ -58,7 +61,7 @@ def axis_for(points: list[dict], now: float, window: float, bucket_seconds: int,
 
 # ---- series ------------------------------------------------------------------------------
 
-def series(points: list[dict], key: str, axis: Axis) -> list[tuple[float, float]]:
+def series(points: list[dict[str, Any]], key: str, axis: Axis) -> list[tuple[float, float]]:
     """(time, value) of the buckets holding `key`, inside the axis, merged down to `max_points`."""
     pts = [(p["at"], p[key]) for p in points
            if p.get(key) is not None and p.get("at") is not None and axis.t0 <= p["at"] <= axis.t1]
@@ -87,10 +90,11 @@ def line_chart(name: str, lines: list[tuple[str, list[tuple[float, float]]]], ax
     vmax = vmax if vmax > 0 else 1.0
     gap = max(axis.gap, 2.5 * (axis.t1 - axis.t0) / axis.max_points)
     w, h = axis.width, axis.height
+    mid = axis.y(vmax / 2, vmax)
     parts = [f'<svg class="chart" data-chart="{_e(name)}" data-t0="{axis.t0:.6f}" data-t1="{axis.t1:.6f}"'
              f' data-vmax="{vmax:.6g}" viewBox="0 0 {w} {h}" role="img" aria-label="{_e(label)}">',
              f'<rect class="plot" x="0" y="0" width="{w}" height="{h}"/>',
-             f'<line class="grid" x1="0" x2="{w}" y1="{axis.y(vmax / 2, vmax):.1f}" y2="{axis.y(vmax / 2, vmax):.1f}"/>']
+             f'<line class="grid" x1="0" x2="{w}" y1="{mid:.1f}" y2="{mid:.1f}"/>']
     for series_name, pts in lines:
         for seg in _segments(pts, gap):
             coords = [(axis.x(t), axis.y(v, vmax)) for t, v in seg]
@@ -107,9 +111,9 @@ def line_chart(name: str, lines: list[tuple[str, list[tuple[float, float]]]], ax
 
 # ---- strips ------------------------------------------------------------------------------
 
-def presence_segments(points: list[dict], now: float) -> list[tuple[float, float, str]]:
+def presence_segments(points: list[dict[str, Any]], now: float) -> list[Segment]:
     """Presence over time from the contact times, with the store's thresholds (online <= 45 s ...)."""
-    out: list[tuple[float, float, str]] = []
+    out: list[Segment] = []
     for i, p in enumerate(points):
         last = p["last_at"]
         following = points[i + 1]["first_at"] if i + 1 < len(points) else now
@@ -124,11 +128,11 @@ def presence_segments(points: list[dict], now: float) -> list[tuple[float, float
     return out
 
 
-def level_segments(points: list[dict], bucket_seconds: int, gap: float, now: float) -> list[tuple[float, float, str]]:
+def level_segments(points: list[dict[str, Any]], bucket_seconds: int, gap: float, now: float) -> list[Segment]:
     """Each bucket's worst state level, held until the next report unless the instance went silent."""
     levelled = [p for p in points if p.get("level")]
-    out: list[tuple[float, float, str]] = []
-    held_until = None
+    out: list[Segment] = []
+    held_until: float | None = None
     for i, p in enumerate(levelled):
         # a stretch held from the previous report starts at the bucket; a fresh one at the first contact
         start = p["bucket"] if held_until == p["bucket"] else max(p["bucket"], p["first_at"])
@@ -140,7 +144,7 @@ def level_segments(points: list[dict], bucket_seconds: int, gap: float, now: flo
     return out
 
 
-def _add(out: list, start: float, end: float, state: str) -> None:
+def _add(out: list[Segment], start: float, end: float, state: str) -> None:
     if end <= start:
         return
     if out and out[-1][2] == state and abs(out[-1][1] - start) < 1e-6:
@@ -149,7 +153,7 @@ def _add(out: list, start: float, end: float, state: str) -> None:
         out.append((start, end, state))
 
 
-def strip(name: str, segments: list[tuple[float, float, str]], axis: Axis, rank: dict) -> str:
+def strip(name: str, segments: list[Segment], axis: Axis, rank: dict[str, int]) -> str:
     """A coloured band: one rect per stretch in one state (class `st-<state>`), a tooltip each."""
     clipped = [(max(s, axis.t0), min(e, axis.t1), state) for s, e, state in segments if e > axis.t0 and s < axis.t1]
     clipped = _merge_down(clipped, axis, rank)
@@ -165,7 +169,7 @@ def strip(name: str, segments: list[tuple[float, float, str]], axis: Axis, rank:
     return "".join(parts)
 
 
-def _merge_down(segments, axis: Axis, rank: dict):
+def _merge_down(segments: list[Segment], axis: Axis, rank: dict[str, int]) -> list[Segment]:
     """More stretches than the strip has room for: one per bin, in the worst state of the bin."""
     if len(segments) <= axis.max_points:
         return segments
@@ -175,9 +179,9 @@ def _merge_down(segments, axis: Axis, rank: dict):
         first = int((start - axis.t0) / width)
         last = min(axis.max_points - 1, int((end - axis.t0) / width - 1e-9))
         for b in range(first, last + 1):
-            if rank.get(state, 0) >= rank.get(worst.get(b), -1):
+            if rank.get(state, 0) >= (rank.get(worst[b], -1) if b in worst else -1):
                 worst[b] = state
-    out: list[tuple[float, float, str]] = []
+    out: list[Segment] = []
     for b, state in sorted(worst.items()):
         _add(out, axis.t0 + b * width, axis.t0 + (b + 1) * width, state)
     return out
@@ -200,5 +204,5 @@ def ticks(axis: Axis, count: int = 5) -> list[tuple[float, str]]:
     return out
 
 
-def _e(value) -> str:
+def _e(value: object) -> str:
     return html.escape("" if value is None else str(value))

@@ -15,6 +15,9 @@ count-based bounds).
 """
 from __future__ import annotations
 
+import sqlite3
+from typing import Any
+
 from caldera.plane.figures import figures, state_level
 
 BUCKET_SECONDS = 60
@@ -43,7 +46,7 @@ def bucket_of(now: float, bucket_seconds: int) -> int:
     return int(now // bucket_seconds) * bucket_seconds
 
 
-def record_contact(db, instance_id: int, now: float, bucket_seconds: int) -> int:
+def record_contact(db: sqlite3.Connection, instance_id: int, now: float, bucket_seconds: int) -> int:
     """The instance was heard from at `now`; returns the bucket."""
     bucket = bucket_of(now, bucket_seconds)
     db.execute("INSERT INTO history (instance_id, bucket, first_at, last_at, contacts) VALUES (?,?,?,?,1)"
@@ -53,12 +56,14 @@ def record_contact(db, instance_id: int, now: float, bucket_seconds: int) -> int
     return bucket
 
 
-def record_report(db, instance_id: int, now: float, body: dict, bucket_seconds: int) -> None:
+def record_report(db: sqlite3.Connection, instance_id: int, now: float, body: dict[str, Any],
+                  bucket_seconds: int) -> None:
     """Add one state report's figures, network rate and state level to its bucket."""
     figs = figures(body.get("system_info"))
     rate = _rate(db, instance_id, now, figs.get("network"))
     bucket = record_contact(db, instance_id, now, bucket_seconds)
-    sets, args = ["reports=reports+1", "report_at_sum=report_at_sum+?"], [now]
+    sets = ["reports=reports+1", "report_at_sum=report_at_sum+?"]
+    args: list[object] = [now]
     for name in FIGURES:
         if name in figs:
             sets.append(f"{name}_sum={name}_sum+?, {name}_n={name}_n+1")
@@ -80,7 +85,8 @@ def record_report(db, instance_id: int, now: float, body: dict, bucket_seconds: 
                (*args, instance_id, bucket))
 
 
-def _rate(db, instance_id: int, now: float, net: dict | None) -> tuple[float, float] | None:
+def _rate(db: sqlite3.Connection, instance_id: int, now: float,
+          net: dict[str, Any] | None) -> tuple[float, float] | None:
     """Bytes/s in and out since the instance's previous report; None after a gap or a counter reset."""
     if not net:
         return None
@@ -95,18 +101,18 @@ def _rate(db, instance_id: int, now: float, net: dict | None) -> tuple[float, fl
     return rx / elapsed, tx / elapsed
 
 
-def prune(db, before: float) -> int:
+def prune(db: sqlite3.Connection, before: float) -> int:
     """Delete the buckets older than `before`; returns how many went."""
     return db.execute("DELETE FROM history WHERE bucket < ?", (int(before),)).rowcount
 
 
-def first_bucket(db, instance_id: int, since: float) -> int | None:
+def first_bucket(db: sqlite3.Connection, instance_id: int, since: float) -> int | None:
     row = db.execute("SELECT MIN(bucket) AS b FROM history WHERE instance_id=? AND bucket >= ?",
                      (instance_id, int(since))).fetchone()
     return row["b"]
 
 
-def read(db, instance_id: int, since: float, step: int) -> list[dict]:
+def read(db: sqlite3.Connection, instance_id: int, since: float, step: int) -> list[dict[str, Any]]:
     """Points from `since` on (oldest first), each `step` seconds wide, after the last bucket before it.
 
     A step wider than a bucket merges buckets in SQL: sums and counts add up (means stay exact),
@@ -134,8 +140,8 @@ GROUP BY bucket / :step ORDER BY 1
 """
 
 
-def _point(row) -> dict:
-    def mean(total, count):
+def _point(row: sqlite3.Row) -> dict[str, Any]:
+    def mean(total: str, count: str) -> float | None:
         return row[total] / row[count] if row[count] else None
 
     point = {"bucket": row["bucket"], "first_at": row["first_at"], "last_at": row["last_at"],

@@ -10,6 +10,8 @@ same larger, the last report's health and the instance's command history.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from caldera.host.timefmt import human_age
 from caldera.plane import agent_page, api
 from caldera.plane.page_parts import (
@@ -23,6 +25,9 @@ from caldera.plane.page_parts import (
     window_links,
     window_seconds,
 )
+
+if TYPE_CHECKING:
+    from caldera.plane.store import Store
 
 RECENT_COMMANDS = 20
 HTML = "text/html; charset=utf-8"
@@ -47,30 +52,30 @@ def handle(plane: api.Plane, req: api.Request) -> api.Response:
         return api.error(400, str(exc))
 
 
-def _instance(query: dict) -> int:
+def _instance(query: dict[str, str]) -> int:
     raw = query.get("instance", "")
     if not raw.isdigit():
         raise ValueError("?instance=N is required (an integer)")
     return int(raw)
 
 
-def _agents_json(store, _query):
+def _agents_json(store: Store, _query: dict[str, str]) -> dict[str, Any]:
     return {"agents": store.agents()}
 
 
-def _commands_json(store, query):
+def _commands_json(store: Store, query: dict[str, str]) -> dict[str, Any]:
     if "instance" in query:
         return {"commands": store.commands(_instance(query))}
     return {"commands": store.recent_commands(RECENT_COMMANDS)}
 
 
-def _reports_json(store, query):
+def _reports_json(store: Store, query: dict[str, str]) -> dict[str, Any]:
     return {"report": store.reports(_instance(query), last=True)}
 
 
 # ---- `/` ---------------------------------------------------------------------------------------
 
-def render(store, query: dict | None = None) -> str:
+def render(store: Store, query: dict[str, str] | None = None) -> str:
     now = store.clock()
     chosen, window = window_seconds(store, query or {})
     cards = [_agent_card(store, a, now, window) for a in store.agents()]
@@ -82,18 +87,19 @@ def render(store, query: dict | None = None) -> str:
     return layout("caldera plane", content, now)
 
 
-def _agent_card(store, agent: dict, now: float, window: float) -> str:
+def _agent_card(store: Store, agent: dict[str, Any], now: float, window: float) -> str:
     instance = agent["instance_id"]
     last = store.reports(instance, last=True)
     body = last["body"] if last and isinstance(last["body"], dict) else {}
     return (f'<div class="agent" data-instance="{instance}" data-presence="{agent["presence"]}">'
             f'{agent_head(agent, now, link=True)}'
-            f'<div class="cols"><div class="col wide"><h3>History</h3>{timeline(store, agent, body, now, window, SMALL)}</div>'
+            f'<div class="cols"><div class="col wide"><h3>History</h3>'
+            f'{timeline(store, agent, body, now, window, SMALL)}</div>'
             f'<div class="col"><h3>Agent</h3>{adapter_html(body.get("agent_status"))}'
             f'<p><a href="/agents/{instance}">details, health and command history &rarr;</a></p></div></div></div>')
 
 
-def _commands_table(commands: list, now: float) -> str:
+def _commands_table(commands: list[dict[str, Any]], now: float) -> str:
     if not commands:
         return '<p class="empty">No commands yet.</p>'
     rows = []

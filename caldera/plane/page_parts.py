@@ -7,19 +7,35 @@ from __future__ import annotations
 import html
 import json
 import string
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from caldera.host.timefmt import human_age
 from caldera.plane import api, charts
-from caldera.plane.figures import LEVELS, figures, human_bytes
+from caldera.plane.figures import LEVELS, figures, human_bytes, obj
+
+if TYPE_CHECKING:
+    from caldera.plane.store import Store
 
 REFRESH_SECONDS = 5
 WINDOWS = {"1h": 3600, "6h": 6 * 3600, "1d": 86400, "7d": 7 * 86400}
-SMALL = {"width": 600, "height": 40, "strip": 10}
-LARGE = {"width": 900, "height": 120, "strip": 16}
 
 
-def e(value) -> str:
+@dataclass(frozen=True)
+class Size:
+    """A timeline's size in SVG units: its charts' width and height, its strips' height."""
+
+    width: int
+    height: int
+    strip: int
+
+
+SMALL = Size(width=600, height=40, strip=10)
+LARGE = Size(width=900, height=120, strip=16)
+
+
+def e(value: object) -> str:
     return html.escape("" if value is None else str(value))
 
 
@@ -29,7 +45,7 @@ def layout(title: str, content: str, now: float) -> str:
                                server_time=e(api.rfc3339(now)))
 
 
-def window_seconds(store, query: dict) -> tuple[str, float]:
+def window_seconds(store: Store, query: dict[str, str]) -> tuple[str, float]:
     """The chosen window (`?window=1h|6h|1d|7d`), else all the history keeps."""
     name = query.get("window", "")
     if name in WINDOWS:
@@ -46,7 +62,7 @@ def window_links(path: str, chosen: str) -> str:
     return '<span class="windows">window: ' + " ".join(links) + "</span>"
 
 
-def agent_head(agent: dict, now: float, link: bool) -> str:
+def agent_head(agent: dict[str, Any], now: float, link: bool) -> str:
     instance = agent["instance_id"]
     name = f'<a href="/agents/{instance}">instance {instance}</a>' if link else f"instance {instance}"
     seen = human_age(now - agent["last_seen"] if agent["last_seen"] else None)
@@ -68,15 +84,15 @@ def bar(name: str, fraction: float, label: str, cls: str = "") -> str:
             f'<span class="num">{pct:.0f}%{" &middot; " + e(label) if label else ""}</span></div>')
 
 
-def level_of(value) -> str:
-    return value if value in LEVELS else "off"
+def level_of(value: object) -> str:
+    return value if isinstance(value, str) and value in LEVELS else "off"
 
 
-def adapter_html(status) -> str:
+def adapter_html(status: object) -> str:
     """The adapter's state, detail, gauges (bars) and its own health entries."""
     if not isinstance(status, dict):
         return '<p class="empty">No adapter status.</p>'
-    state = status.get("state") if isinstance(status.get("state"), dict) else {}
+    state = obj(status.get("state"))
     level = level_of(state.get("level"))
     parts = [f'<div class="state level-{level}" data-level="{level}">{e(state.get("label") or level)}</div>']
     if status.get("detail"):
@@ -98,22 +114,23 @@ def adapter_html(status) -> str:
     return "".join(parts)
 
 
-def short_json(value, limit: int = 160) -> str:
+def short_json(value: Any, limit: int = 160) -> str:
     text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 # ---- the timeline: charts and strips on one time axis -----------------------------------------
 
-def timeline(store, agent: dict, body: dict, now: float, window: float, size: dict) -> str:
+def timeline(store: Store, agent: dict[str, Any], body: dict[str, Any], now: float, window: float,
+             size: Size) -> str:
     """CPU, memory, disk and network lines, presence and state-level strips, then the time ticks."""
     instance = agent["instance_id"]
     # merged in the store once a window holds more buckets than the chart has room for
-    step = store.history_step(instance, now - window, size["width"] // 3)
+    step = store.history_step(instance, now - window, size.width // 3)
     points = store.history_buckets(instance, now - window, step)
     if not points:
         return '<p class="empty">No history yet.</p>'
-    axis = charts.axis_for(points, now, window, step, size["width"], size["height"])
+    axis = charts.axis_for(points, now, window, step, size.width, size.height)
     figs = figures(body.get("system_info"))
     rows = []
     for key, title in (("cpu", "CPU"), ("memory", "Memory"), ("disk", "Disk")):
@@ -121,7 +138,7 @@ def timeline(store, agent: dict, body: dict, now: float, window: float, size: di
         chart = charts.line_chart(key, [(key, charts.series(points, key, axis))], axis, 1.0, f"{title} over time")
         rows.append(_row(title, chart, value, key))
     rows.append(_network_row(points, axis))
-    strip_axis = axis.resized(size["width"], size["strip"])
+    strip_axis = axis.resized(size.width, size.strip)
     rows.append(_row("Presence", charts.strip("presence", charts.presence_segments(points, now), strip_axis,
                                               charts.PRESENCE_RANK),
                      f'<span class="presence {agent["presence"]}">{agent["presence"]}</span>', "presence"))
@@ -140,7 +157,7 @@ def _row(title: str, svg: str, value: str, key: str) -> str:
             f'<span class="num" data-figure="{e(key)}">{value}</span></div>')
 
 
-def _network_row(points: list[dict], axis) -> str:
+def _network_row(points: list[dict[str, Any]], axis: charts.Axis) -> str:
     rx, tx = charts.series(points, "rx_rate", axis), charts.series(points, "tx_rate", axis)
     peak = max([v for _, v in rx + tx] + [1.0])
     rated = [p for p in points if p.get("rx_rate") is not None]

@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from caldera.host.timefmt import human_age
-from caldera.plane.figures import figures, human_bytes
+from caldera.plane.figures import figures, human_bytes, obj
+
+if TYPE_CHECKING:
+    from caldera.plane.store import Store
 
 BAR_WIDTH = 24
 
@@ -15,7 +20,7 @@ def bar(fraction: float) -> str:
     return "[" + "#" * filled + "." * (BAR_WIDTH - filled) + f"] {fraction * 100:3.0f}%"
 
 
-def render(store, instance_id: int, command_ids=None) -> str:
+def render(store: Store, instance_id: int, command_ids: Iterable[int] | None = None) -> str:
     now = store.clock()
     agent = next((a for a in store.agents() if a["instance_id"] == instance_id), None)
     if agent is None:
@@ -25,8 +30,8 @@ def render(store, instance_id: int, command_ids=None) -> str:
              f"  agent     {agent['agent_id'] or '(not registered)'}  {agent['presence']} (last seen {seen}), "
              f"{agent['agent_version'] or '-'}, status {agent['openclaw_status'] or 'unknown'}"]
     last = store.reports(instance_id, last=True)
-    body = last["body"] if last else {}
-    runtime = body.get("runtime") if isinstance(body.get("runtime"), dict) else {}
+    body = obj(last["body"]) if last else {}
+    runtime = obj(body.get("runtime"))
     if runtime.get("openclaw_pid") is not None:  # process mode: the agent the runtime supervises
         proc = (body.get("health") or {}).get("agent_process") or {}
         lines.append(f"  process   pid {runtime['openclaw_pid']}, {runtime.get('openclaw_status') or '?'}, "
@@ -44,10 +49,10 @@ def render(store, instance_id: int, command_ids=None) -> str:
     return "\n".join(lines)
 
 
-def _agent_status(status) -> list[str]:
+def _agent_status(status: object) -> list[str]:
     if not isinstance(status, dict):
         return ["  adapter   (no status reported)"]
-    state = status.get("state") if isinstance(status.get("state"), dict) else {}
+    state = obj(status.get("state"))
     out = [f"  adapter   {state.get('level', '?')}: {state.get('label') or ''}".rstrip()]
     for gauge in status.get("gauges") or []:
         if isinstance(gauge, dict) and isinstance(gauge.get("used"), (int, float)):
@@ -59,7 +64,7 @@ def _agent_status(status) -> list[str]:
     return out
 
 
-def _commands(store, instance_id: int, command_ids) -> list[str]:
+def _commands(store: Store, instance_id: int, command_ids: Iterable[int] | None) -> list[str]:
     commands = store.commands(instance_id)
     if command_ids is not None:
         wanted = set(command_ids)
@@ -73,7 +78,7 @@ def _commands(store, instance_id: int, command_ids) -> list[str]:
     return out
 
 
-def _short(result, limit: int = 100) -> str:
+def _short(result: Any, limit: int = 100) -> str:
     if result is None:
         return ""
     if isinstance(result, dict) and isinstance(result.get("message"), str):

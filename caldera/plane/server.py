@@ -1,21 +1,22 @@
 """`PlaneServer`: the plane on a stdlib ThreadingHTTPServer (HTTP/1.1 keep-alive), for
 `caldera plane serve`, the demo and integration tests.
 
-Tests can inject faults: `inject()` answers the next matching requests with a
-status of choice (ClawManager's error envelope, or a given body), `drop()`
-closes the connection without an answer. `requests` records every request as
-(method, path, status); a dropped one has status 0.
+`requests` records every request as (method, path, status). `preauth` and `handle` are
+the two steps of a request a subclass may take over (the tests' plane that injects
+faults: tests/plane/plane_helpers.py); a connection `handle` drops is recorded with status 0.
 """
 from __future__ import annotations
 
 import http.server
-import json
 import logging
+import os
 import re
 import socket
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
+from typing import Any
 
 from caldera.plane import api, page
 from caldera.plane.store import Store
@@ -29,17 +30,6 @@ STRAY_BODY_CAP = 64 * 1024  # a request that matches no agent route (404s, the p
 IDLE_TIMEOUT = 300  # seconds a keep-alive connection may stay silent
 
 
-class _Fault:
-    def __init__(self, method, path_regex, count, status=None, retry_after=None, body=None):
-        self.method = method.upper()
-        self.pattern = re.compile(path_regex)
-        self.left = count
-        self.status, self.retry_after, self.body = status, retry_after, body
-
-    def matches(self, method: str, path: str) -> bool:
-        return self.left > 0 and self.method in ("*", method) and bool(self.pattern.search(path))
-
-
 class _BadRequest(Exception):
     status = 400
 
@@ -51,17 +41,17 @@ class _TooLarge(_BadRequest):
 class PlaneServer:
     """The control plane on `host:port` (port 0: a free one). `start()` serves on a thread."""
 
-    def __init__(self, db_path, host: str = "127.0.0.1", port: int = 0, tokens=None,
-                 heartbeat_interval: int = 15, poll_interval: int = 5, session_ttl: float = 86400,
-                 clock=time.time, collect_skill_packages: bool = True, history_bucket_seconds: int = 60,
-                 history_days: float = 7):
+    def __init__(self, db_path: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0,
+                 tokens: dict[str, int] | None = None, heartbeat_interval: int = 15, poll_interval: int = 5,
+                 session_ttl: float = 86400, clock: Callable[[], float] = time.time,
+                 collect_skill_packages: bool = True, history_bucket_seconds: int = 60,
+                 history_days: float = 7) -> None:
         self.store = Store(db_path, clock=clock, session_ttl=session_ttl,
                            history_bucket_seconds=history_bucket_seconds, history_days=history_days)
         for token, instance_id in (tokens if tokens is not None else {"boot-secret-token": 1}).items():
             self.store.add_instance(instance_id, token)
         self.plane = api.Plane(self.store, heartbeat_interval, poll_interval, collect_skill_packages)
         self.requests: list[tuple[str, str, int]] = []
-        self._faults: list[_Fault] = []
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._httpd = _HTTPServer((host, port), _make_handler(self))
@@ -69,12 +59,12 @@ class PlaneServer:
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
+        host, port = self._httpd.socket.getsockname()[:2]
         return f"http://{host}:{port}"
 
     @property
     def port(self) -> int:
-        return self._httpd.server_address[1]
+        return int(self._httpd.socket.getsockname()[1])
 
     def start(self) -> PlaneServer:
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
@@ -100,46 +90,15 @@ class PlaneServer:
             self._thread.join(timeout=5)
         self.store.close()
 
-    def __enter__(self):
+    def __enter__(self) -> PlaneServer:
         return self.start()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # ---- fault injection ----------------------------------------------------------
-
-    def inject(self, method: str, path_regex: str, status: int, count: int = 1, retry_after=None,
-               body=None) -> None:
-        """Answer the next `count` requests matching (method or "*", regex searched in the path)."""
-        with self._lock:
-            self._faults.append(_Fault(method, path_regex, count, status, retry_after, body))
-
-    def drop(self, method: str, path_regex: str, count: int = 1) -> None:
-        """Close the connection of the next `count` matching requests without answering."""
-        with self._lock:
-            self._faults.append(_Fault(method, path_regex, count))
-
-    def clear_faults(self) -> None:
-        with self._lock:
-            self._faults.clear()
-
-    def _fault_pending(self, method: str, path: str) -> bool:
-        with self._lock:
-            return any(fault.matches(method, path) for fault in self._faults)
-
-    def preauth(self, method: str, path: str, headers: dict) -> api.Response | None:
-        """The 401/400 for a wrong token, before the body is read (an injected fault goes first)."""
-        if self._fault_pending(method, path):
-            return None
+    def preauth(self, method: str, path: str, headers: dict[str, str]) -> api.Response | None:
+        """The 401/400 for a wrong token, before the body is read; None: read the body and `handle` it."""
         return api.preauth(self.plane, method, path, headers)
-
-    def _take_fault(self, method: str, path: str) -> _Fault | None:
-        with self._lock:
-            for fault in self._faults:
-                if fault.matches(method, path):
-                    fault.left -= 1
-                    return fault
-        return None
 
     def _record(self, method: str, path: str, status: int) -> None:
         with self._lock:
@@ -155,10 +114,7 @@ class PlaneServer:
     # ---- one request ------------------------------------------------------------------
 
     def handle(self, req: api.Request) -> api.Response | None:
-        """The answer to `req`; None means: drop the connection."""
-        fault = self._take_fault(req.method, req.path)
-        if fault is not None:
-            return None if fault.status is None else _fault_response(fault)
+        """The answer to `req`; None means: drop the connection (never here; a subclass may)."""
         if req.path == "/" or req.path.startswith(("/plane/", "/agents/")):
             return page.handle(self.plane, req)
         found = api.route(req.method, req.path)
@@ -169,26 +125,13 @@ class PlaneServer:
         return api.dispatch(self.plane, req)
 
 
-def _fault_response(fault: _Fault) -> api.Response:
-    headers = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else {}
-    if fault.body is None:
-        resp = api.error(fault.status, f"injected fault ({fault.status})")
-    elif isinstance(fault.body, (bytes, str)):
-        data = fault.body.encode() if isinstance(fault.body, str) else fault.body
-        resp = api.Response(fault.status, data)
-    else:
-        resp = api.Response(fault.status, json.dumps(fault.body).encode())
-    resp.headers.update(headers)
-    return resp
-
-
 class _HTTPServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 256
 
 
-def _make_handler(plane_server: PlaneServer):
+def _make_handler(plane_server: PlaneServer) -> type[_Handler]:
     class Handler(_Handler):
         server_ref = plane_server
 
@@ -202,13 +145,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     timeout = IDLE_TIMEOUT
     server_ref: PlaneServer
 
-    def setup(self):
+    def setup(self) -> None:
         super().setup()
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self.server_ref._lock:
             self.server_ref._conns.add(self.connection)
 
-    def finish(self):
+    def finish(self) -> None:
         with self.server_ref._lock:
             self.server_ref._conns.discard(self.connection)
         try:
@@ -216,25 +159,25 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except OSError:
             pass
 
-    def log_message(self, fmt, *args):  # the stdlib prints to stderr; keep it at debug
+    def log_message(self, fmt: str, *args: Any) -> None:  # the stdlib prints to stderr; keep it at debug
         log.debug("%s %s", self.address_string(), fmt % args)
 
-    def do_GET(self):
+    def do_GET(self) -> None:
         self._serve()
 
-    def do_POST(self):
+    def do_POST(self) -> None:
         self._serve()
 
-    def do_PUT(self):
+    def do_PUT(self) -> None:
         self._serve()
 
-    def do_DELETE(self):
+    def do_DELETE(self) -> None:
         self._serve()
 
-    def do_PATCH(self):
+    def do_PATCH(self) -> None:
         self._serve()
 
-    def _serve(self):
+    def _serve(self) -> None:
         url = urllib.parse.urlsplit(self.path)
         headers = {k.lower(): v for k, v in self.headers.items()}
         # Authenticate first, cap second, read last: a body is buffered only for a client
@@ -292,7 +235,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return self.rfile.read(int(length))
 
     def _read_chunked(self, cap: int) -> bytes:
-        parts, size = [], 0
+        parts: list[bytes] = []
+        size = 0
         while True:
             line = self.rfile.readline(1024).strip()
             try:
@@ -317,10 +261,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(resp.body)))
             for key, value in resp.headers.items():
                 self.send_header(key, value)
-            # one write for head and body: two small writes meet Nagle and delayed ACKs (40 ms)
-            self._headers_buffer.append(b"\r\n")
+            # One write for head and body: two small writes meet Nagle and the peer's delayed
+            # ACK, a stall of the ACK timer per answer. The head is still in the stdlib's
+            # buffer (`_headers_buffer`, which typeshed leaves out); flush_headers writes it.
+            head: list[bytes] = self._headers_buffer  # type: ignore[attr-defined]
+            head.append(b"\r\n")
             if self.command != "HEAD":
-                self._headers_buffer.append(resp.body)
+                head.append(resp.body)
             self.flush_headers()
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True

@@ -11,15 +11,17 @@ answer 500 (strict mode) are checked here and raised as `ColumnTooLong`.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
+import os
 import re
 import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, Literal, overload
 
 from caldera.plane import history
 
@@ -101,7 +103,7 @@ class StoreError(Exception):
 class ColumnTooLong(StoreError):
     """A value longer than ClawManager's column: its server answers 500."""
 
-    def __init__(self, column: str):
+    def __init__(self, column: str) -> None:
         super().__init__(f"Error 1406 (22001): Data too long for column '{column}' at row 1")
         self.column = column
 
@@ -110,16 +112,16 @@ class NotFound(StoreError):
     pass
 
 
-def _check_len(column: str, value) -> None:
+def _check_len(column: str, value: object) -> None:
     if isinstance(value, str) and len(value) > COLUMN_LIMITS[column]:
         raise ColumnTooLong(column)
 
 
-def _dumps(value) -> str | None:
+def _dumps(value: Any) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
-def _loads(text):
+def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
@@ -141,7 +143,7 @@ def skill_key(identifier: str, content_md5: str) -> str:
     return key or content_md5[:16]
 
 
-def version_number(version_id) -> int:
+def version_number(version_id: object) -> int:
     """`ver_<n>` or `<n>`, as the download route scans it; anything else is ValueError."""
     text = str(version_id).strip()
     text = text[4:] if text.startswith("ver_") else text
@@ -153,8 +155,9 @@ def version_number(version_id) -> int:
 class Store:
     """The plane's database. `clock` (Unix seconds) is replaceable for presence/expiry tests."""
 
-    def __init__(self, path, clock=time.time, session_ttl: float = 86400,
-                 history_bucket_seconds: int = history.BUCKET_SECONDS, history_days: float = history.DAYS_KEPT):
+    def __init__(self, path: str | os.PathLike[str], clock: Callable[[], float] = time.time,
+                 session_ttl: float = 86400, history_bucket_seconds: int = history.BUCKET_SECONDS,
+                 history_days: float = history.DAYS_KEPT) -> None:
         if history_bucket_seconds < 1 or history_days <= 0:
             raise ValueError("history buckets must be >= 1 s and the kept days > 0")
         self.path = str(path)
@@ -173,7 +176,7 @@ class Store:
         self._db.executescript(history.SCHEMA)
         self.history_bucket_seconds = int(history_bucket_seconds)
         self.history_seconds = float(history_days) * 86400
-        self._history_pruned_at = None
+        self._history_pruned_at: float | None = None
         self._pruned_at = 0.0
 
     def close(self) -> None:
@@ -181,7 +184,7 @@ class Store:
             self._db.close()
 
     @contextlib.contextmanager
-    def _tx(self):
+    def _tx(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -191,7 +194,7 @@ class Store:
                 raise
             self._db.execute("COMMIT")
 
-    def _read(self, sql: str, args=()) -> list[sqlite3.Row]:
+    def _read(self, sql: str, args: tuple[object, ...] = ()) -> list[sqlite3.Row]:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
@@ -218,7 +221,7 @@ class Store:
         rows = self._read("SELECT id FROM instances WHERE bootstrap_token=?", (bootstrap_token,))
         return rows[0]["id"] if rows else None
 
-    def register(self, instance_id: int, body: dict, ip: str | None) -> dict:
+    def register(self, instance_id: int, body: dict[str, Any], ip: str | None) -> dict[str, Any]:
         """One agent row per instance: a new session token replaces (and invalidates) the old."""
         agent_id = body["agent_id"].strip()
         _check_len("agent_id", agent_id)
@@ -243,7 +246,7 @@ class Store:
             history.record_contact(db, instance_id, now, self.history_bucket_seconds)
         return {"session_token": token, "session_expires_at": now + self.session_ttl, "server_time": now}
 
-    def session(self, token: str) -> dict | None:
+    def session(self, token: str) -> dict[str, Any] | None:
         """The live session of `token` ({instance_id, agent_id}), or None (unknown or expired)."""
         rows = self._read("SELECT instance_id, agent_id, session_expires_at FROM agents WHERE session_token=?",
                           (token,))
@@ -251,15 +254,9 @@ class Store:
             return None
         return {"instance_id": rows[0]["instance_id"], "agent_id": rows[0]["agent_id"]}
 
-    def expire_session(self, instance_id: int) -> None:
-        """Test helper: make the instance's session expired now."""
-        with self._tx() as db:
-            db.execute("UPDATE agents SET session_expires_at=? WHERE instance_id=?",
-                       (self.clock() - 1, instance_id))
-
     # ---- heartbeat and state report ----------------------------------------------
 
-    def heartbeat(self, instance_id: int, body: dict) -> dict:
+    def heartbeat(self, instance_id: int, body: dict[str, Any]) -> dict[str, Any]:
         status = (body.get("openclaw_status") or "").strip()
         _check_len("openclaw_status", body.get("openclaw_status") if status else None)
         summary = body.get("summary")
@@ -294,14 +291,15 @@ class Store:
         return answer
 
     @staticmethod
-    def _append(db, table: str, instance_id: int, now: float, body: dict, keep: int) -> None:
+    def _append(db: sqlite3.Connection, table: str, instance_id: int, now: float, body: dict[str, Any],
+                keep: int) -> None:
         db.execute(f"INSERT INTO {table} (instance_id, received_at, body) VALUES (?,?,?)",
                    (instance_id, now, _dumps(body)))
         db.execute(f"DELETE FROM {table} WHERE instance_id=? AND id <= "
                    f"(SELECT id FROM {table} WHERE instance_id=? ORDER BY id DESC LIMIT 1 OFFSET ?)",
                    (instance_id, instance_id, keep))
 
-    def state_report(self, instance_id: int, body: dict, reported_at: float | None) -> None:
+    def state_report(self, instance_id: int, body: dict[str, Any], reported_at: float | None) -> None:
         runtime = body.get("runtime") or {}
         status = (runtime.get("openclaw_status") or "").strip()
         version = (runtime.get("openclaw_version") or "").strip()
@@ -337,7 +335,7 @@ class Store:
             self._pruned_at = now
             self.prune(now)
 
-    def prune(self, now: float | None = None) -> dict:
+    def prune(self, now: float | None = None) -> dict[str, Any]:
         """Drop what is old or past its count; how many rows of each table went.
 
         Pending and running commands are never dropped, nor an instance's newest report,
@@ -360,8 +358,8 @@ class Store:
 
     # ---- commands ----------------------------------------------------------------
 
-    def enqueue(self, instance_id: int, command_type: str, payload=None, timeout_seconds=None,
-                idempotency_key=None) -> int:
+    def enqueue(self, instance_id: int, command_type: str, payload: dict[str, Any] | None = None,
+                timeout_seconds: float | None = None, idempotency_key: str | None = None) -> int:
         """Queue a command (status pending); the same idempotency key returns the existing id."""
         if not isinstance(command_type, str) or not command_type.strip():
             raise ValueError("command type must be a non-empty string")
@@ -378,7 +376,8 @@ class Store:
                 raise ValueError(f"there is no instance {instance_id}")
             return self._enqueue(db, instance_id, command_type, payload, int(timeout_seconds), key)
 
-    def _enqueue(self, db, instance_id, command_type, payload, timeout_seconds, key) -> int:
+    def _enqueue(self, db: sqlite3.Connection, instance_id: int, command_type: str, payload: dict[str, Any],
+                 timeout_seconds: int, key: str) -> int:
         row = db.execute("SELECT id FROM commands WHERE instance_id=? AND idempotency_key=?",
                          (instance_id, key)).fetchone()
         if row:
@@ -393,9 +392,9 @@ class Store:
         if command_type in ("start_openclaw", "restart_openclaw", "stop_openclaw"):
             state = "stopped" if command_type == "stop_openclaw" else "running"
             db.execute("UPDATE instances SET desired_power_state=? WHERE id=?", (state, instance_id))
-        return cur.lastrowid
+        return _row_id(cur)
 
-    def next_command(self, instance_id: int, agent_id: str) -> dict | None:
+    def next_command(self, instance_id: int, agent_id: str) -> dict[str, Any] | None:
         """The oldest pending command, now dispatched: it is never handed out again."""
         with self._tx() as db:
             row = db.execute("SELECT * FROM commands WHERE instance_id=? AND status='pending'"
@@ -408,7 +407,7 @@ class Store:
                 "issued_at": row["issued_at"], "timeout_seconds": row["timeout_seconds"],
                 "idempotency_key": row["idempotency_key"]}
 
-    def command(self, instance_id: int, command_id: int) -> dict:
+    def command(self, instance_id: int, command_id: int) -> dict[str, Any]:
         rows = self._read("SELECT * FROM commands WHERE id=? AND instance_id=?", (command_id, instance_id))
         if not rows:
             raise NotFound("instance command not found")
@@ -426,8 +425,8 @@ class Store:
                 db.execute("UPDATE commands SET status='running', started_at=? WHERE id=?",
                            (started_at if started_at is not None else self.clock(), command_id))
 
-    def finish_command(self, instance_id: int, command_id: int, status: str, result, error_message,
-                       finished_at: float | None) -> None:
+    def finish_command(self, instance_id: int, command_id: int, status: str, result: Any,
+                       error_message: str | None, finished_at: float | None) -> None:
         """Any non-terminal state -> succeeded|failed; a second finish changes nothing."""
         with self._tx() as db:
             row = db.execute("SELECT status FROM commands WHERE id=? AND instance_id=?",
@@ -442,11 +441,11 @@ class Store:
                        (status, _dumps(result), message,
                         finished_at if finished_at is not None else self.clock(), command_id))
 
-    def commands(self, instance_id: int) -> list[dict]:
+    def commands(self, instance_id: int) -> list[dict[str, Any]]:
         rows = self._read("SELECT * FROM commands WHERE instance_id=? ORDER BY id", (instance_id,))
         return [_command_dict(r) for r in rows]
 
-    def recent_commands(self, limit: int = 20, instance_id: int | None = None) -> list[dict]:
+    def recent_commands(self, limit: int = 20, instance_id: int | None = None) -> list[dict[str, Any]]:
         """The newest `limit` commands, newest first (of one instance when given)."""
         if instance_id is not None:
             rows = self._read("SELECT * FROM commands WHERE instance_id=? ORDER BY id DESC LIMIT ?",
@@ -455,31 +454,28 @@ class Store:
         rows = self._read("SELECT * FROM commands ORDER BY id DESC LIMIT ?", (limit,))
         return [_command_dict(r) for r in rows]
 
-    # ---- reads for operators and tests ---------------------------------------------
+    # ---- reads for the page and the operator CLI ------------------------------------
 
-    def reports(self, instance_id: int, last: bool = False):
+    @overload
+    def reports(self, instance_id: int, last: Literal[False] = False) -> list[dict[str, Any]]: ...
+
+    @overload
+    def reports(self, instance_id: int, last: Literal[True]) -> dict[str, Any] | None: ...
+
+    @overload
+    def reports(self, instance_id: int, last: bool) -> list[dict[str, Any]] | dict[str, Any] | None: ...
+
+    def reports(self, instance_id: int, last: bool = False) -> list[dict[str, Any]] | dict[str, Any] | None:
         """The kept state reports (oldest first) as {received_at, body}; with last=True the newest or None."""
-        return self._history("reports", instance_id, last)
-
-    def latest_reports(self, instance_id: int, count: int = 2) -> list[dict]:
-        """The newest `count` reports, newest first (the page's network rates need two)."""
-        rows = self._read("SELECT received_at, body FROM reports WHERE instance_id=? ORDER BY id DESC LIMIT ?",
-                          (instance_id, count))
-        return [{"received_at": r["received_at"], "body": _loads(r["body"])} for r in rows]
-
-    def heartbeats(self, instance_id: int, last: bool = False):
-        return self._history("heartbeats", instance_id, last)
-
-    def _history(self, table: str, instance_id: int, last: bool):
         order = "DESC LIMIT 1" if last else "ASC"
-        rows = self._read(f"SELECT received_at, body FROM {table} WHERE instance_id=? ORDER BY id {order}",
+        rows = self._read(f"SELECT received_at, body FROM reports WHERE instance_id=? ORDER BY id {order}",
                           (instance_id,))
         items = [{"received_at": r["received_at"], "body": _loads(r["body"])} for r in rows]
         if last:
             return items[0] if items else None
         return items
 
-    def agents(self) -> list[dict]:
+    def agents(self) -> list[dict[str, Any]]:
         """Every instance with its agent (if registered), presence and runtime figures."""
         now = self.clock()
         rows = self._read("SELECT i.id AS instance_id, i.desired_power_state, i.desired_config_revision_id,"
@@ -502,18 +498,9 @@ class Store:
             out.append(item)
         return out
 
-    def runtime(self, instance_id: int) -> dict | None:
-        rows = self._read("SELECT * FROM runtime_status WHERE instance_id=?", (instance_id,))
-        if not rows:
-            return None
-        item = dict(rows[0])
-        for key in ("summary", "system_info", "health"):
-            item[key] = _loads(item[key])
-        return item
-
     # ---- history (the page's charts; bounded by age, see history.py) -----------------------
 
-    def history_buckets(self, instance_id: int, since: float, step: int | None = None) -> list[dict]:
+    def history_buckets(self, instance_id: int, since: float, step: int | None = None) -> list[dict[str, Any]]:
         """The instance's history from `since` on, oldest first (plus the bucket just before),
         merged into points `step` seconds wide (default: one bucket each)."""
         with self._lock:
@@ -527,11 +514,7 @@ class Store:
         span = self.clock() - max(first if first is not None else since, since)
         return bucket * max(1, math.ceil(span / max(1, max_points) / bucket))
 
-    def history_start(self) -> float:
-        """The oldest time the history keeps."""
-        return self.clock() - self.history_seconds
-
-    def _prune_history(self, db, now: float) -> None:
+    def _prune_history(self, db: sqlite3.Connection, now: float) -> None:
         # once per bucket is enough: a row is at most one bucket past the kept window
         if self._history_pruned_at is not None and 0 <= now - self._history_pruned_at < self.history_bucket_seconds:
             return
@@ -540,7 +523,7 @@ class Store:
 
     # ---- skills ------------------------------------------------------------------
 
-    def skills_inventory(self, instance_id: int, body: dict, collect_packages: bool = True) -> None:
+    def skills_inventory(self, instance_id: int, body: dict[str, Any], collect_packages: bool = True) -> None:
         """Upsert the reported skills; a full report marks every unlisted skill removed.
 
         Like ClawManager, a content hash the plane has no package for queues one
@@ -564,7 +547,8 @@ class Store:
                            (now, instance_id, *seen))
             self._append(db, "inventories", instance_id, now, body, INVENTORIES_KEPT)
 
-    def _upsert_skill(self, db, instance_id: int, rec: dict, now: float, collect: bool) -> str:
+    def _upsert_skill(self, db: sqlite3.Connection, instance_id: int, rec: dict[str, Any], now: float,
+                      collect: bool) -> str:
         md5 = rec["content_md5"].strip()
         key = skill_key(rec.get("identifier") or "", md5)
         source = rec.get("source") or "discovered_in_instance"
@@ -588,35 +572,13 @@ class Store:
                           f"collect-skill-package-{instance_id}-{md5}")
         return key
 
-    def inventory(self, instance_id: int) -> dict | None:
-        """The newest inventory report as received, with `skills_state`: every skill the plane knows."""
-        rows = self._read("SELECT received_at, body FROM inventories WHERE instance_id=? ORDER BY id DESC LIMIT 1",
-                          (instance_id,))
-        if not rows:
-            return None
-        doc = _loads(rows[0]["body"])
-        doc["received_at"] = rows[0]["received_at"]
-        doc["skills_state"] = self.skills(instance_id)
-        return doc
-
-    def inventories(self, instance_id: int) -> list[dict]:
-        rows = self._read("SELECT received_at, body FROM inventories WHERE instance_id=? ORDER BY id",
-                          (instance_id,))
-        return [{"received_at": r["received_at"], "body": _loads(r["body"])} for r in rows]
-
-    def skills(self, instance_id: int) -> list[dict]:
-        rows = self._read("SELECT skill_key, name, content_md5, install_path, source_type, skill_version,"
-                          " status, updated_at FROM instance_skills WHERE instance_id=? ORDER BY skill_key",
-                          (instance_id,))
-        return [dict(r) for r in rows]
-
-    def add_upload(self, instance_id: int, filename: str, fields: dict, top_dir: str, content_md5: str,
-                   data: bytes) -> dict:
+    def add_upload(self, instance_id: int, filename: str, fields: dict[str, Any], top_dir: str, content_md5: str,
+                   data: bytes) -> dict[str, Any]:
         """Keep an uploaded package; it becomes a downloadable skill version."""
         now = self.clock()
         with self._tx() as db:
-            version = db.execute("INSERT INTO skill_versions (filename, data, created_at) VALUES (?,?,?)",
-                                 (f"{top_dir}.zip", data, now)).lastrowid
+            version = _row_id(db.execute("INSERT INTO skill_versions (filename, data, created_at) VALUES (?,?,?)",
+                                         (f"{top_dir}.zip", data, now)))
             db.execute("INSERT INTO blobs (content_md5, version_id) VALUES (?, ?) ON CONFLICT (content_md5)"
                        " DO UPDATE SET version_id=excluded.version_id", (content_md5, version))
             upload = db.execute("INSERT INTO uploads (instance_id, received_at, filename, fields, top_dir,"
@@ -625,76 +587,34 @@ class Store:
                                  version)).lastrowid
         return {"upload_id": upload, "version_id": version, "content_md5": content_md5, "top_dir": top_dir}
 
-    def uploads(self, instance_id: int) -> list[dict]:
-        rows = self._read("SELECT u.*, v.data FROM uploads u LEFT JOIN skill_versions v ON v.id=u.version_id"
-                          " WHERE u.instance_id=? ORDER BY u.id", (instance_id,))
-        out = []
-        for r in rows:
-            item = dict(r)
-            item["fields"] = _loads(item["fields"])
-            item["skill_version"] = f"ver_{item['version_id']}"
-            out.append(item)
-        return out
-
-    def add_skill_version(self, version_id, zip_bytes: bytes, filename: str | None = None) -> int:
-        """A package `GET skills/versions/ver_<n>/download` serves. Returns n."""
-        number = version_number(version_id)
-        with self._tx() as db:
-            db.execute("INSERT OR REPLACE INTO skill_versions (id, filename, data, created_at) VALUES (?,?,?,?)",
-                       (number, filename or f"skill-{number}.zip", zip_bytes, self.clock()))
-        return number
-
     def skill_version(self, number: int) -> tuple[str, bytes] | None:
         rows = self._read("SELECT filename, data FROM skill_versions WHERE id=?", (number,))
         return (rows[0]["filename"], bytes(rows[0]["data"])) if rows else None
 
     # ---- config revisions ----------------------------------------------------------
 
-    def add_config_revision(self, instance_id: int, content: dict) -> int:
-        """Publish a revision; checksum is sha256 over the compact JSON exactly as served."""
-        text = compact_json(content)
-        checksum = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
-        with self._tx() as db:
-            if not db.execute("SELECT 1 FROM instances WHERE id=?", (instance_id,)).fetchone():
-                raise ValueError(f"there is no instance {instance_id}")
-            number = db.execute("SELECT COALESCE(MAX(revision_no), 0) + 1 FROM config_revisions WHERE instance_id=?",
-                                (instance_id,)).fetchone()[0]
-            return db.execute("INSERT INTO config_revisions (instance_id, revision_no, content, checksum,"
-                              " published_at) VALUES (?,?,?,?,?)",
-                              (instance_id, number, text, checksum, self.clock())).lastrowid
-
-    def config_revision(self, revision_id: int) -> dict | None:
+    def config_revision(self, revision_id: int) -> dict[str, Any] | None:
         rows = self._read("SELECT * FROM config_revisions WHERE id=?", (revision_id,))
         return dict(rows[0]) if rows else None
 
-    def set_desired_revision(self, instance_id: int, revision_id: int | None) -> None:
-        with self._tx() as db:
-            db.execute("UPDATE instances SET desired_config_revision_id=? WHERE id=?", (revision_id, instance_id))
-
     # ---- run events (caldera extension) ----------------------------------------------
 
-    def add_run_events(self, instance_id: int, run_id: str, events: list[dict]) -> int:
+    def add_run_events(self, instance_id: int, run_id: str, events: list[dict[str, Any]]) -> int:
         now = self.clock()
         with self._tx() as db:
             db.executemany("INSERT INTO run_events (run_id, instance_id, seq, received_at, event) VALUES (?,?,?,?,?)",
                            [(run_id, instance_id, e.get("seq"), now, _dumps(e)) for e in events])
         return len(events)
 
-    def run_events(self, run_id: str) -> list[dict]:
-        rows = self._read("SELECT event FROM run_events WHERE run_id=? ORDER BY id", (run_id,))
-        return [_loads(r["event"]) for r in rows]
+
+def _row_id(cur: sqlite3.Cursor) -> int:
+    """The id of the row an INSERT just made (sqlite3 types `lastrowid` as optional)."""
+    if cur.lastrowid is None:
+        raise StoreError("sqlite gave no row id for an INSERT")
+    return cur.lastrowid
 
 
-def compact_json(content) -> str:
-    """Go json.Marshal's bytes for a decoded value: compact, keys sorted, <>& escaped."""
-    text = json.dumps(content, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
-    for char, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
-                          ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
-        text = text.replace(char, escaped)
-    return text
-
-
-def _command_dict(row: sqlite3.Row) -> dict:
+def _command_dict(row: sqlite3.Row) -> dict[str, Any]:
     item = dict(row)
     item["payload"] = _loads(item["payload"])
     item["result"] = _loads(item["result"])

@@ -9,11 +9,14 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
-import re
+from typing import TYPE_CHECKING, Any
 
 from caldera.host.jsonlimits import JSONLimitError
 from caldera.host.jsonlimits import loads as bounded_loads
 from caldera.protocol import schemas
+
+if TYPE_CHECKING:
+    from jsonschema.protocols import Validator
 
 BODY_MAX_BYTES = 8 * 1024 * 1024  # JSON bodies; the server refuses larger ones (413) before reading them
 
@@ -23,7 +26,7 @@ class BodyError(ValueError):
 
 
 @functools.cache
-def _validator(name: str):
+def _validator(name: str) -> Validator:
     import jsonschema  # deferred: see module docstring
 
     with open(schemas.schema_dir() / "protocol" / name, encoding="utf-8") as fh:
@@ -35,7 +38,7 @@ def _validator(name: str):
     return jsonschema.validators.extend(base, type_checker=strict)(schema)
 
 
-def check(name: str, document) -> None:
+def check(name: str, document: Any) -> None:
     """Raise BodyError with the first problem (by path) when `document` breaks `name`."""
     errors = sorted(_validator(name).iter_errors(document), key=lambda e: [str(p) for p in e.path])
     if errors:
@@ -44,7 +47,7 @@ def check(name: str, document) -> None:
         raise BodyError(f"{name.split('.')[0]}: {where}: {err.message}")
 
 
-def parse_json_body(raw: bytes):
+def parse_json_body(raw: bytes) -> Any:
     """The decoded body (the one bounded parser: 64 levels deep at most); an empty body is
     Go's 'EOF', bad JSON names the place. Every failure is a BodyError, answered as 400."""
     if not raw.strip():
@@ -57,14 +60,14 @@ def parse_json_body(raw: bytes):
         raise BodyError(f"invalid JSON: {exc}") from None
 
 
-def parse_time(value, field: str) -> float | None:
+def parse_time(value: str | None, field: str) -> float | None:
     """An RFC 3339 time (the schema checked its shape) as a Unix time; None when unset."""
     if value is None:
         return None
     text = value.replace("Z", "+00:00").replace("z", "+00:00")
     if "." in text:  # Python keeps microseconds; Go sends up to nanoseconds
         head, _, rest = text.partition(".")
-        digits = re.match(r"[0-9]*", rest).group(0)
+        digits = rest[:len(rest) - len(rest.lstrip("0123456789"))]  # the leading ASCII digits
         text = f"{head}.{digits[:6].ljust(6, '0')}{rest[len(digits):]}"
     try:
         when = dt.datetime.fromisoformat(text)

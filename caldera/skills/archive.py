@@ -8,14 +8,19 @@ staging directory can be created, followed or overwritten.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from caldera.skills import md5
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
 MAX_MEMBERS = 10_000
 MAX_UNPACKED = 512 * 1024 * 1024
@@ -90,7 +95,7 @@ def _overlaps(members: list) -> None:
     """Two entries whose data share bytes are the zip form of a hard link (and of
     the overlapping-file bomb): refused."""
     spans = sorted(((i.header_offset, n), i) for n, i in enumerate(members))
-    for ((start, _), a), ((next_start, _), b) in zip(spans, spans[1:]):
+    for ((start, _), a), ((next_start, _), b) in itertools.pairwise(spans):
         # 30 + name + data is a lower bound of a local entry's size: never a false alarm.
         if next_start < start + 30 + _name_len(a) + a.compress_size:
             raise ArchiveError(f"member {b.filename!r} shares its data with {a.filename!r} "
@@ -141,14 +146,14 @@ def check(zf: zipfile.ZipFile) -> Checked:
     return Checked(top=tops.pop(), members=files, unpacked=unpacked)
 
 
-def open_archive(path) -> zipfile.ZipFile:
+def open_archive(path: StrPath) -> zipfile.ZipFile:
     try:
         return zipfile.ZipFile(path)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as exc:
         raise ArchiveError(f"not a readable zip archive: {exc}") from None
 
 
-def extract(path, dest) -> Path:
+def extract(path: StrPath, dest: StrPath) -> Path:
     """Check the archive at `path` and extract it into the empty directory `dest`;
     returns the skill's directory (`dest/<top>`). Raises ArchiveError."""
     dest = Path(dest)

@@ -11,7 +11,9 @@ import logging
 import re
 import shutil
 import time
+from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from caldera.errors import CommandError
 from caldera.host.timefmt import rfc3339
@@ -20,33 +22,38 @@ from caldera.protocol.retry import retry_within
 from caldera.skills import inventory, package, store
 from caldera.skills.inventory import DISABLED, DISCOVERED, MANAGED
 
+if TYPE_CHECKING:
+    from caldera.daemon.dispatch import CommandContext
+    from caldera.protocol.client import ControlPlaneClient, Download
+
 log = logging.getLogger("caldera.skills")
+T = TypeVar("T")
 RISK_ACTIONS = {"disable": "disable", "quarantine": "quarantine", "remove": "remove", "uninstall": "remove"}
 
 
-def _state_dir(ctx) -> Path:
+def _state_dir(ctx: CommandContext) -> Path:
     return Path(ctx.paths.state_dir)
 
 
-def _env(ctx) -> dict:
+def _env(ctx: CommandContext) -> dict[str, str]:
     return getattr(ctx.settings, "env", None) or {}
 
 
-def _client(ctx):
+def _client(ctx: CommandContext) -> ControlPlaneClient:
     client = ctx.client
     if client is None:
         raise CommandError(f"{ctx.command_type}: the agent is not connected to a control plane")
     return client
 
 
-def _resync(ctx, trigger: str) -> dict:
+def _resync(ctx: CommandContext, trigger: str) -> dict[str, Any]:
     scan, body = ctx.publisher.scan_and_send(trigger)
     return {"inventory_mode": body["mode"], "skill_count": len(scan.active)}
 
 
 # ------------------------------------------------------------------ inventory
 
-def sync_skill_inventory(ctx, payload: dict) -> dict:
+def sync_skill_inventory(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
     trigger = payload.get("trigger") or ctx.command_type
     scan, body = ctx.publisher.scan_and_send(str(trigger))
     result = {"mode": body["mode"], "skills": len(body["skills"]), "active": len(scan.active),
@@ -62,7 +69,7 @@ refresh_skill_inventory = sync_skill_inventory
 
 # ------------------------------------------------------------------ package
 
-def _locate_for_package(ctx, payload: dict) -> Path:
+def _locate_for_package(ctx: CommandContext, payload: dict[str, Any]) -> Path:
     """content_md5 first, then identifier, then skill_id (the platform echoes what we reported)."""
     scan = ctx.publisher.scanner().scan()
     wanted = (payload.get("content_md5") or "").strip().lower()
@@ -77,7 +84,7 @@ def _locate_for_package(ctx, payload: dict) -> Path:
     raise CommandError(f"no skill in the inventory matches {named or 'the payload (it names no skill)'}")
 
 
-def collect_skill_package(ctx, payload: dict) -> dict:
+def collect_skill_package(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
     client = _client(ctx)
     skill = _locate_for_package(ctx, payload)
     cache = _state_dir(ctx) / "cache"
@@ -108,7 +115,7 @@ def collect_skill_package(ctx, payload: dict) -> dict:
             "file_count": count, "zip_bytes": size, "uploaded": uploaded}
 
 
-def upload_skill_id(value) -> str | None:
+def upload_skill_id(value: object) -> str | None:
     """The upload's skill_id: only a platform id (skill_<n>, <n>); anything else is left out."""
     text = store.platform_id(value)
     return text if text and re.fullmatch(r"skill_[0-9]+", text) else None
@@ -125,18 +132,20 @@ def _check_uploadable(skill: Path) -> None:
                            f"{inventory.MAX_IDENTIFIER} and keys to {inventory.MAX_KEY} characters")
 
 
-def _retrying(ctx, what: str, call):
+def _retrying(ctx: CommandContext, what: str, call: Callable[[], T]) -> T:
     """`call()`, with transient failures (no answer, 429, 5xx) retried within the command's own
     deadline: the plane issues these commands once (idempotency keys)."""
-    def note(exc, delay):
+    def note(exc: BaseException, delay: float) -> None:
         log.warning("%s %s: %s; retrying in %.0f s", ctx.command_type, what, exc, delay)
 
-    return retry_within(call, transient=transient, cancel=ctx.cancel, deadline=ctx.deadline, on_retry=note)
+    # retry_within returns what call() returned (its signature does not say so)
+    return cast(T, retry_within(call, transient=transient, cancel=ctx.cancel, deadline=ctx.deadline,
+                                on_retry=note))
 
 
 # ------------------------------------------------------------------ install / update
 
-def _download(ctx, version: str, dest: Path):
+def _download(ctx: CommandContext, version: str, dest: Path) -> Download:
     client = _client(ctx)
     try:
         return _retrying(ctx, "downloading", lambda: client.download_skill(version, dest, cap=store.DOWNLOAD_CAP))
@@ -144,7 +153,7 @@ def _download(ctx, version: str, dest: Path):
         raise CommandError(f"downloading skill version {version} failed: {exc}") from None
 
 
-def _install(ctx, payload: dict, update: bool) -> dict:
+def _install(ctx: CommandContext, payload: dict[str, Any], update: bool) -> dict[str, Any]:
     version = payload.get("skill_version") or payload.get("skill_version_id")
     if version in (None, ""):
         raise CommandError(f"{ctx.command_type}: the payload needs skill_version (e.g. ver_12)")
@@ -181,25 +190,26 @@ def _install(ctx, payload: dict, update: bool) -> dict:
     return result
 
 
-def install_skill(ctx, payload: dict) -> dict:
+def install_skill(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
     return _install(ctx, payload, update=False)
 
 
-def update_skill(ctx, payload: dict) -> dict:
+def update_skill(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
     return _install(ctx, payload, update=True)
 
 
 # ------------------------------------------------------------------ remove / disable / quarantine
 
-def _target(ctx, payload: dict, kinds=(MANAGED, DISCOVERED, DISABLED)):
+def _target(ctx: CommandContext, payload: dict[str, Any],
+            kinds: Collection[str] = (MANAGED, DISCOVERED, DISABLED)) -> tuple[Path, inventory.Root] | None:
     return store.find(_state_dir(ctx), _env(ctx), payload, kinds=kinds)
 
 
-def _named(payload: dict) -> str:
+def _named(payload: dict[str, Any]) -> str:
     return store.payload_name(payload) or store.platform_id(payload.get("skill_id")) or "?"
 
 
-def remove_skill(ctx, payload: dict) -> dict:
+def remove_skill(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
     found = _target(ctx, payload)
     if found is None:
         result = {"target_name": _named(payload), "removed": False, "already_absent": True}
@@ -217,7 +227,7 @@ def remove_skill(ctx, payload: dict) -> dict:
 uninstall_skill = remove_skill
 
 
-def disable_skill(ctx, payload: dict) -> dict:
+def disable_skill(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
     state_dir = _state_dir(ctx)
     found = _target(ctx, payload)
     if found is None:
@@ -238,7 +248,7 @@ def disable_skill(ctx, payload: dict) -> dict:
     return result
 
 
-def quarantine_skill(ctx, payload: dict) -> dict:
+def quarantine_skill(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
     state_dir = _state_dir(ctx)
     found = _target(ctx, payload)
     if found is None:
@@ -262,7 +272,7 @@ def quarantine_skill(ctx, payload: dict) -> dict:
     return result
 
 
-def handle_skill_risk(ctx, payload: dict) -> dict:
+def handle_skill_risk(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
     action = payload.get("action") or payload.get("risk_action")
     if action not in RISK_ACTIONS:
         raise CommandError(f"handle_skill_risk: action must be one of disable, quarantine, remove (got {action!r})")

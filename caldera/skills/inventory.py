@@ -14,15 +14,22 @@ import hashlib
 import json
 import os
 import re
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from caldera import config
 from caldera.host.fsutil import atomic_write_json, ensure_dir
 from caldera.host.jsonlimits import loads as bounded_loads
 from caldera.host.timefmt import rfc3339
 from caldera.skills import md5
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
+    from caldera.skills.notify import Notifier
 
 SKILL_DIRS_VAR = config.SKILL_DIRS_VAR
 MANAGED, DISCOVERED, DISABLED = "managed", "discovered", "disabled"
@@ -49,31 +56,32 @@ class Root:
 
 @dataclass
 class Scan:
-    records: list = field(default_factory=list)  # the inventory records, in root order
+    records: list[dict[str, Any]] = field(default_factory=list)  # the inventory records, in root order
     complete: bool = True  # every skill root read without an I/O error
-    problems: list = field(default_factory=list)  # human sentences
+    problems: list[str] = field(default_factory=list)  # human sentences
     hashed: int = 0  # skills whose content was hashed in this scan
 
     @property
-    def active(self) -> list:
+    def active(self) -> list[dict[str, Any]]:
         return [r for r in self.records if r["metadata"].get("status") == "active"]
 
 
-def managed_root(state_dir) -> Path:
+def managed_root(state_dir: StrPath) -> Path:
     return Path(state_dir) / "skills"
 
 
-def disabled_root(state_dir) -> Path:
+def disabled_root(state_dir: StrPath) -> Path:
     return Path(state_dir) / "skills-disabled"
 
 
-def quarantine_root(state_dir) -> Path:
+def quarantine_root(state_dir: StrPath) -> Path:
     return Path(state_dir) / "quarantine"
 
 
-def roots(state_dir, env: dict | None) -> tuple[list[Root], list[str]]:
+def roots(state_dir: StrPath, env: dict[str, str] | None) -> tuple[list[Root], list[str]]:
     """(the roots, problems with CALDERA_SKILL_DIRS entries)."""
-    out, problems = [Root(managed_root(state_dir), MANAGED)], []
+    out = [Root(managed_root(state_dir), MANAGED)]
+    problems: list[str] = []
     for entry in config.skill_dirs(env):
         if not os.path.isabs(entry):
             problems.append(f"{SKILL_DIRS_VAR}: {entry!r} is not an absolute path; left out")
@@ -94,7 +102,7 @@ def skill_key(identifier: str) -> str:
     return re.sub(r"-+", "-", key).strip("-")
 
 
-def _is_dir(entry) -> bool:
+def _is_dir(entry: os.DirEntry[str]) -> bool:
     try:
         return entry.is_dir(follow_symlinks=False)
     except OSError:
@@ -137,12 +145,12 @@ def _read_small(path: Path) -> str | None:
         return fh.read(META_CAP).decode("utf-8", "replace")
 
 
-def front_matter(text: str) -> dict:
+def front_matter(text: str) -> dict[str, str]:
     """`key: value` lines of a SKILL.md front matter (no YAML parser: a quick CLI verb reads it)."""
     lines = text.splitlines()
     if not lines or lines[0].strip() != "---":
         return {}
-    out = {}
+    out: dict[str, str] = {}
     for line in lines[1:]:
         if line.strip() == "---":
             return out
@@ -152,9 +160,9 @@ def front_matter(text: str) -> dict:
     return {}  # never closed: not front matter
 
 
-def skill_metadata(path: Path) -> dict:
+def skill_metadata(path: Path) -> dict[str, str]:
     """id/name/version/description from skill.json, manifest.json or SKILL.md front matter."""
-    meta = {}
+    meta: dict[str, str] = {}
     for name in ("skill.json", "manifest.json"):
         text = _read_small(path / name)
         if text:
@@ -173,7 +181,7 @@ def skill_metadata(path: Path) -> dict:
     return meta
 
 
-def read_record(path: Path, name: str) -> dict:
+def read_record(path: Path, name: str) -> dict[str, Any]:
     text = _read_small(path / name)
     try:
         doc = bounded_loads(text, max_bytes=4 * META_CAP, what=name) if text else {}
@@ -182,7 +190,7 @@ def read_record(path: Path, name: str) -> dict:
     return doc if isinstance(doc, dict) else {}
 
 
-def signature(path: Path, files: list | None = None) -> str:
+def signature(path: Path, files: list[md5.FileEntry] | None = None) -> str:
     """The skill's stat signature (its files, and caldera's hidden records, which
     carry skill_id/skill_version/disabled_from); from `files` when already collected."""
     sig = md5.files_signature(files) if files is not None else md5.stat_signature(path)
@@ -195,18 +203,19 @@ def signature(path: Path, files: list | None = None) -> str:
     return sig
 
 
-def _cut(value, limit: int = MAX_FIELD):
-    return value[:limit] if isinstance(value, str) else value
+def _cut(value: str, limit: int = MAX_FIELD) -> str:
+    return value[:limit]
 
 
-def build_record(path: Path, root: Root, files: list, content_md5: str, runtime_type: str) -> dict:
+def build_record(path: Path, root: Root, files: list[md5.FileEntry], content_md5: str,
+                 runtime_type: str) -> dict[str, Any]:
     meta = skill_metadata(path)
     installed = read_record(path, INSTALL_RECORD)
     identifier = path.name
     skill_id = str(installed.get("skill_id") or meta.get("id") or meta.get("name") or identifier)
     version = str(installed.get("skill_version") or meta.get("version") or DEFAULT_VERSION)
     source = SOURCE_PLATFORM if re.fullmatch(r"skill_\d+", str(installed.get("skill_id") or "")) else SOURCE_DISCOVERED
-    metadata = {"runtime_type": runtime_type, "root": root.kind,
+    metadata: dict[str, Any] = {"runtime_type": runtime_type, "root": root.kind,
                 "status": "disabled" if root.kind == DISABLED else "active"}
     for key in ("name", "description"):
         if meta.get(key):
@@ -235,15 +244,15 @@ class Inventory:
 
     FULL_CHECK_EVERY = 10  # with a notifier: every 10th scan still checks every stat signature
 
-    def __init__(self, state_dir, env: dict | None = None, runtime_type: str = "caldera",
-                 *, persist: bool = True, notifier=None):
+    def __init__(self, state_dir: StrPath, env: dict[str, str] | None = None, runtime_type: str = "caldera",
+                 *, persist: bool = True, notifier: Notifier | None = None) -> None:
         self.state_dir, self.env, self.runtime_type = Path(state_dir), env or {}, runtime_type
         self.persist, self.notifier, self._scans, self._trust = persist, notifier, 0, False
         self.cache_path = self.state_dir / "cache" / CACHE_NAME
         self._cache = self._load_cache()
         self._hash_buffer: bytearray | None = None
 
-    def _load_cache(self) -> dict:
+    def _load_cache(self) -> dict[str, Any]:
         try:
             with open(self.cache_path, "rb") as fh:
                 doc = json.loads(fh.read())
@@ -251,14 +260,14 @@ class Inventory:
             return {}  # no cache, an unreadable one (another user's), or a hand-edited one: rehash
         return doc.get("entries", {}) if isinstance(doc, dict) and doc.get("version") == 1 else {}
 
-    def _save_cache(self, entries: dict) -> None:
+    def _save_cache(self, entries: dict[str, Any]) -> None:
         if not self.persist:
             return
 
         try:
             ensure_dir(self.cache_path.parent)
-            # No fsync: a cache lost in a power cut costs one rehash, and two fsyncs were
-            # a tenth of a full scan of 10,000 small files (bench/bench_skills.py).
+            # No fsync: a cache lost in a power cut costs one rehash, and the fsyncs cost a
+            # small tree's scan more than that risk is worth (docs/performance.md section 4).
             atomic_write_json(self.cache_path, {"version": 1, "entries": entries}, durable=False)
         except OSError:
             pass  # the cache only saves work; a read-only state dir must not fail a scan
@@ -266,7 +275,8 @@ class Inventory:
     def scan(self) -> Scan:
         result = Scan()
         all_roots, result.problems = roots(self.state_dir, self.env)
-        entries, seen = {}, {}
+        entries: dict[str, Any] = {}  # path -> {sig, root, record}: the cache this scan leaves
+        seen: dict[str, str] = {}  # identifier -> the path that has it
         self._scans += 1
         self._trust = False
         if self.notifier is not None:
@@ -285,7 +295,7 @@ class Inventory:
                     continue
                 for path in paths:
                     self._scan_one(path, root, result, entries, seen)
-        self._hash_buffer = None  # the daemon keeps its Inventory: not 256 KiB more while idle
+        self._hash_buffer = None  # the daemon keeps its Inventory: not its buffer too while idle
         if entries != self._cache:  # unchanged: no write (and no fsync) at all
             self._save_cache(entries)
         self._cache = entries
@@ -297,7 +307,8 @@ class Inventory:
             self._hash_buffer = bytearray(md5.HASH_BUFFER)
         return self._hash_buffer
 
-    def _scan_one(self, path: Path, root: Root, result: Scan, entries: dict, seen: dict) -> None:
+    def _scan_one(self, path: Path, root: Root, result: Scan, entries: dict[str, Any],
+                  seen: dict[str, str]) -> None:
         problem = _column_problem(path)
         if problem:
             result.problems.append(problem)
@@ -306,21 +317,23 @@ class Inventory:
             result.problems.append(f"{path}: shadowed by {seen[path.name]} (same identifier); left out")
             return
         cached = self._cache.get(str(path))
-        if (self._trust and cached and cached.get("root") == root.kind
-                and self.notifier.unchanged(str(path))):
+        # the cache entry of this skill in this root, if any
+        known = cached if cached and cached.get("root") == root.kind else None
+        notifier = self.notifier
+        if self._trust and known is not None and notifier is not None and notifier.unchanged(str(path)):
             seen[path.name] = str(path)
-            entries[str(path)] = cached
-            result.records.append(cached["record"])
+            entries[str(path)] = known
+            result.records.append(known["record"])
             return
-        if self.notifier is not None:
-            self.notifier.watch(str(path))  # before the signature: a later change leaves an event
+        if notifier is not None:
+            notifier.watch(str(path))  # before the signature: a later change leaves an event
         try:
-            sig = signature(path) if cached and cached.get("root") == root.kind else None
-            if sig is not None and cached.get("sig") == sig:
-                record = cached["record"]
+            sig = signature(path) if known is not None else None
+            if known is not None and known.get("sig") == sig:
+                record = known["record"]
             else:  # one walk: the signature comes from the same files, as they were hashed
                 files, content_md5 = md5.hash_skill(path, self._buffer())
-                if not files:
+                if content_md5 is None:
                     return  # an empty (or hidden-only) directory is not a skill: nothing to fingerprint
                 sig = signature(path, files)
                 record = build_record(path, root, files, content_md5, self.runtime_type)
@@ -337,7 +350,7 @@ class Inventory:
         result.records.append(record)
 
 
-def body(agent_id: str, scan: Scan, trigger: str) -> dict:
+def body(agent_id: str, scan: Scan, trigger: str) -> dict[str, Any]:
     """The POST skills/inventory body. `full` only after a complete scan: ClawManager
     removes every skill a full report leaves out. Disabled skills are left out: the server
     ignores `metadata` and upserts every listed skill `active` (docs/skills.md)."""
@@ -345,14 +358,14 @@ def body(agent_id: str, scan: Scan, trigger: str) -> dict:
             "mode": "full" if scan.complete else "incremental", "trigger": trigger, "skills": scan.active}
 
 
-def digest_of(records: list) -> str:
+def digest_of(records: list[dict[str, Any]]) -> str:
     """What the control plane would see, without the collection times."""
     slim = [{k: v for k, v in r.items() if k != "collected_at"} for r in records]
     return hashlib.sha1(json.dumps(slim, sort_keys=True).encode()).hexdigest()
 
 
 @contextmanager
-def _flock(state_dir, kind: int):
+def _flock(state_dir: StrPath, kind: int) -> Iterator[None]:
     root = managed_root(state_dir)
     try:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -368,11 +381,11 @@ def _flock(state_dir, kind: int):
         os.close(fd)
 
 
-def shared_lock(state_dir):
+def shared_lock(state_dir: StrPath) -> AbstractContextManager[None]:
     """Scans share; a swap/removal excludes them, so a scan never sees a half-moved skill."""
     return _flock(state_dir, fcntl.LOCK_SH)
 
 
-def exclusive_lock(state_dir):
+def exclusive_lock(state_dir: StrPath) -> AbstractContextManager[None]:
     return _flock(state_dir, fcntl.LOCK_EX)
 

@@ -14,21 +14,24 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import posixpath
 import stat
-import zipfile
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-CHUNK = 1024 * 1024
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
+    Update = Callable[[bytes | memoryview], None]  # an MD5's update
+
 # What ClawManager drops from an upload before hashing (`isArchiveMetadataEntry`, skill_service.go:1613),
 # besides hidden names (`._*`, `.DS_Store`): left out of the fingerprint and of the package alike.
 METADATA_NAMES = frozenset({"Thumbs.db", "__MACOSX"})
-# The inventory hashes through one reused buffer: a fresh 1 MiB bytes per read cost a
-# page fault per 4 KiB and an allocation per small file (a third of a full scan).
+# The inventory hashes through one reused buffer: a fresh bytes per read costs page faults
+# and an allocation per small file (what that cost: docs/performance.md section 4).
 HASH_BUFFER = 256 * 1024
 # Up to this size a file's bytes are joined with its header and fed to MD5 in one update
 # (an update per piece cost more than the copy); above it each piece is fed as it is:
-# copying a 100 KiB file once more, into a fresh bytes, made mid-size trees 1.9 x md5sum.
+# copying a mid-size file once more, into a fresh bytes, slowed such trees (section 4 too).
 SMALL_FILE = 16 * 1024
 
 
@@ -67,7 +70,7 @@ def name_problem(name: str) -> str | None:
     return None
 
 
-def collect_files(root, specials: list | None = None) -> list[FileEntry]:
+def collect_files(root: StrPath, specials: list[str] | None = None) -> list[FileEntry]:
     """The regular, non-hidden files under `root`, sorted by relative path.
 
     Raises SkillNameError for a name that cannot be hashed, ScanError when a
@@ -81,8 +84,10 @@ def collect_files(root, specials: list | None = None) -> list[FileEntry]:
     return out
 
 
-def _walk(directory: str, prefix: str, out: list, specials: list | None = None, with_stat: bool = True) -> None:
-    """FileEntry for each regular file under directory; (rel, path) pairs without with_stat."""
+def _walk(directory: str, prefix: str, out: list[Any], specials: list[str] | None = None,
+          with_stat: bool = True) -> None:
+    """FileEntry for each regular file under directory; (rel, path) pairs without with_stat
+    (hence `out: list[Any]`: one walk for both, no call per file)."""
     try:
         with os.scandir(directory) as it:
             entries = list(it)
@@ -116,15 +121,15 @@ def _walk(directory: str, prefix: str, out: list, specials: list | None = None, 
         # symlinks, fifos, sockets, devices: skipped, never followed
 
 
-def hash_skill(root, buffer: bytearray | None = None) -> tuple[list[FileEntry], str | None]:
+def hash_skill(root: StrPath, buffer: bytearray | None = None) -> tuple[list[FileEntry], str | None]:
     """collect_files() and content_md5_files() in one pass, for the inventory: the walk
     reads names and d_types only, each file is opened once and its figures come from
     fstat on the open descriptor (so the signature describes the bytes hashed).
     ([], None) for a skill with no file. Raises like collect_files().
     buffer: a HASH_BUFFER-sized bytearray to read through, shared by a scan's skills
-    (a fresh one per skill is a fresh mapping whose pages fault in again: 1.3 x md5sum
-    on a tree of 100 KiB files)."""
-    found: list = []
+    (a fresh one per skill is a fresh mapping whose pages fault in again: docs/performance.md
+    section 4)."""
+    found: list[tuple[str, str]] = []
     _walk(os.fspath(root), "", found, with_stat=False)
     if not found:
         return [], None
@@ -132,7 +137,7 @@ def hash_skill(root, buffer: bytearray | None = None) -> tuple[list[FileEntry], 
     md5 = hashlib.md5()
     update = md5.update
     buffer = bytearray(HASH_BUFFER) if buffer is None else buffer
-    files = []
+    files: list[FileEntry] = []
     for rel, is_file in ordered(paths):
         if not is_file:
             update(rel.encode("utf-8") + b"\ndir\n")
@@ -141,7 +146,7 @@ def hash_skill(root, buffer: bytearray | None = None) -> tuple[list[FileEntry], 
     return files, md5.hexdigest()
 
 
-def _hash_file(update, header: bytes, path: str, rel: str, buffer: bytearray) -> FileEntry:
+def _hash_file(update: Update, header: bytes, path: str, rel: str, buffer: bytearray) -> FileEntry:
     """Feed `header`, the file's bytes and the closing newline; the file's FileEntry."""
     try:
         # O_NONBLOCK: a file swapped for a fifo since the walk must not block the scan on open
@@ -170,15 +175,15 @@ def _hash_file(update, header: bytes, path: str, rel: str, buffer: bytearray) ->
     return FileEntry(rel, path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_nlink)
 
 
-def _update_rest(update, fd: int, buffer: bytearray) -> None:
+def _update_rest(update: Update, fd: int, buffer: bytearray) -> None:
     for chunk in _chunks(fd, buffer):
         update(chunk)
     update(b"\n")
 
 
-def _chunks(fd: int, buffer: bytearray):
+def _chunks(fd: int, buffer: bytearray) -> Iterator[memoryview]:
     """The rest of fd through one reused buffer: each chunk is a view the next read
-    overwrites (a fresh 1 MiB bytes per read cost a page fault per 4 KiB)."""
+    overwrites (HASH_BUFFER says why)."""
     view = memoryview(buffer)
     while True:
         n = os.readv(fd, [buffer])
@@ -189,12 +194,12 @@ def _chunks(fd: int, buffer: bytearray):
             return  # a short read of a regular file is its end: no read to learn it
 
 
-def stat_signature(root) -> str:
+def stat_signature(root: StrPath) -> str:
     """The cheap change check: sha1 over (path, size, mtime, ctime, inode) of the same
     files collect_files() would list, without building them or checking names.
     Any content change moves mtime/ctime; any add, remove or rename moves the list.
     (Tuples hashed through repr: the per-file work stays in C; docs/performance.md.)"""
-    rows = []
+    rows: list[tuple[str, int, int, int, int]] = []
     stack = [(os.fspath(root), "")]
     while stack:
         directory, prefix = stack.pop()
@@ -214,25 +219,20 @@ def stat_signature(root) -> str:
     return _rows_digest(rows)
 
 
-def files_signature(files: list) -> str:
+def files_signature(files: list[FileEntry]) -> str:
     """stat_signature() of an already collected file list (the same digest, no second walk)."""
     return _rows_digest([(f.rel, f.size, f.mtime_ns, f.ctime_ns, f.ino) for f in files])
 
 
-def _rows_digest(rows: list) -> str:
+def _rows_digest(rows: list[tuple[str, int, int, int, int]]) -> str:
     rows.sort()
     return "2:" + hashlib.sha1(repr(rows).encode("ascii", "backslashreplace")).hexdigest()
 
 
-def parent_dirs(rel: str) -> list[str]:
-    parts = rel.split("/")[:-1]
-    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
-
-
-def ordered(rels) -> list[tuple[str, bool]]:
+def ordered(rels: Iterable[str]) -> list[tuple[str, bool]]:
     """(path, is_file) for the files and their derived directories, globally sorted."""
     files = set(rels)
-    dirs: set = set()
+    dirs: set[str] = set()
     for rel in files:
         parent = rel.rpartition("/")[0]
         while parent and parent not in dirs:  # a parent already seen has its own parents too
@@ -242,7 +242,7 @@ def ordered(rels) -> list[tuple[str, bool]]:
     return sorted([(d, False) for d in dirs] + [(f, True) for f in files])
 
 
-def digest(items, read) -> str:
+def digest(items: Iterable[str], read: Callable[[str], Iterable[bytes | memoryview]]) -> str:
     """items: relative file paths; read(rel) yields that file's bytes in chunks."""
     md5 = hashlib.md5()
     update = md5.update
@@ -257,27 +257,11 @@ def digest(items, read) -> str:
     return md5.hexdigest()
 
 
-def read_chunks(path: str):
-    # O_NOFOLLOW: a file swapped for a symlink between the walk and the read is not followed;
-    # O_NONBLOCK and the type check: one swapped for a fifo does not block the read.
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise ScanError(exc.errno, f"cannot read: {exc.strerror}", path) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ScanError(errno.EINVAL, "cannot read: no longer a regular file", path)
-        while chunk := os.read(fd, CHUNK):  # no buffered file object: many small files
-            yield chunk
-    finally:
-        os.close(fd)
-
-
 def content_md5_files(files: list[FileEntry]) -> str:
     by_rel = {f.rel: f.path for f in files}
     buffer = bytearray(HASH_BUFFER)
 
-    def read(rel):
+    def read(rel: str) -> Iterator[memoryview]:
         fd = os.open(by_rel[rel], os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
         try:
             yield from _chunks(fd, buffer)
@@ -292,21 +276,9 @@ def content_md5_files(files: list[FileEntry]) -> str:
         raise ScanError(exc.errno, f"cannot read: {exc.strerror}", exc.filename) from None
 
 
-def content_md5_dir(root) -> str:
+def content_md5_dir(root: StrPath) -> str:
     """The fingerprint of a skill directory on disk."""
     return content_md5_files(collect_files(root))
-
-
-def content_md5_mapping(files: dict) -> str:
-    """The fingerprint of {relative path: bytes} (hidden paths left out, as on disk)."""
-    kept = {rel: data for rel, data in files.items() if not is_hidden(rel)}
-    return digest(kept, lambda rel: [kept[rel]])
-
-
-def is_hidden(rel: str) -> bool:
-    """Left out of the fingerprint: a hidden segment (this covers `._*` and `.DS_Store`) or an
-    archive metadata name (`Thumbs.db`, `__MACOSX`), as the server drops them first."""
-    return any(seg.startswith(".") or seg in METADATA_NAMES for seg in rel.split("/"))
 
 
 def is_archive_metadata(rel: str) -> bool:
@@ -315,43 +287,3 @@ def is_archive_metadata(rel: str) -> bool:
     segments = rel.split("/")
     base = segments[-1]
     return "__MACOSX" in segments or base in ("Thumbs.db", ".DS_Store") or base.startswith("._")
-
-
-def clean_archive_path(name: str) -> str | None:
-    """An archive member's path the way ClawManager's server cleans it; None to drop it."""
-    value = name.strip().replace("\\", "/")
-    while value.startswith("./"):
-        value = value[2:]
-    value = posixpath.normpath(value) if value else ""
-    if value in ("", ".") or value.startswith("..") or value.startswith("/"):
-        return None
-    return value
-
-
-def content_md5_zip(zip_path) -> str:
-    """The fingerprint of a skill zip: its single top-level directory is stripped
-    exactly once, directory entries are ignored (what the server computes)."""
-
-    with zipfile.ZipFile(zip_path) as zf:
-        members = {}
-        for info in zf.infolist():
-            if info.is_dir():
-                continue
-            cleaned = clean_archive_path(info.filename)
-            if cleaned is None or is_archive_metadata(cleaned):
-                continue  # dropped before the top directory is found, as the server does
-            members[cleaned] = info
-        tops = {rel.split("/", 1)[0] for rel in members}
-        strip = len(tops) == 1 and all("/" in rel for rel in members)
-        files = {}
-        for rel, info in members.items():
-            inner = rel.split("/", 1)[1] if strip else rel
-            if not is_hidden(inner):
-                files[inner] = info
-
-        def read(rel):
-            with zf.open(files[rel]) as fh:
-                while chunk := fh.read(CHUNK):
-                    yield chunk
-
-        return digest(files, read)

@@ -24,8 +24,9 @@ _HEADER = struct.Struct("iIII")
 
 
 class Notifier:
-    def __init__(self, fd: int, libc):
-        self.fd, self._libc = fd, libc
+    def __init__(self, fd: int, libc: ctypes.CDLL) -> None:
+        self.fd: int | None = fd
+        self._libc = libc
         self._skill_of: dict[int, str] = {}  # watch descriptor -> skill path
         self._watches: dict[str, list[int]] = {}  # skill path -> its watch descriptors
         self._dirty: set[str] = set()
@@ -49,7 +50,7 @@ class Notifier:
     def watch(self, skill: str) -> bool:
         """Watch every non-hidden directory of a skill; False if any watch failed."""
         self.forget(skill)
-        wds = []
+        wds: list[int] = []
         stack = [skill]
         while stack:
             directory = stack.pop()
@@ -77,9 +78,12 @@ class Notifier:
             self._libc.inotify_rm_watch(self.fd, wd)
 
     def drain(self) -> None:
+        fd = self.fd
+        if fd is None:  # closed: no event can come
+            return
         while True:
             try:
-                data = os.read(self.fd, 65536)
+                data = os.read(fd, 65536)
             except BlockingIOError:
                 return
             offset = 0

@@ -18,9 +18,14 @@ import stat
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from caldera.skills import archive, md5
 
+if TYPE_CHECKING:
+    from _hashlib import HASH
+
+CHUNK = 1024 * 1024  # read and write size when packing a file
 
 class PackageError(ValueError):
     pass
@@ -63,7 +68,7 @@ def build(skill: Path, dest_dir: Path, top: str | None = None) -> tuple[Path, st
     return Path(tmp), digest.hexdigest(), len(files)
 
 
-def _add(zf: zipfile.ZipFile, arcname: str, entry: md5.FileEntry, digest) -> None:
+def _add(zf: zipfile.ZipFile, arcname: str, entry: md5.FileEntry, digest: HASH) -> None:
     info = zipfile.ZipInfo(arcname)
     info.compress_type = zipfile.ZIP_DEFLATED
     fd = _open_checked(entry)
@@ -71,7 +76,7 @@ def _add(zf: zipfile.ZipFile, arcname: str, entry: md5.FileEntry, digest) -> Non
         mode = os.fstat(fd).st_mode
         info.external_attr = ((0o755 if mode & 0o111 else 0o644) | 0o100000) << 16
         with zf.open(info, "w", force_zip64=entry.size > 2**31) as out:
-            while chunk := os.read(fd, md5.CHUNK):
+            while chunk := os.read(fd, CHUNK):
                 digest.update(chunk)
                 out.write(chunk)
     finally:

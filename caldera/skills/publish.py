@@ -18,9 +18,17 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from caldera.host.fsutil import NOFOLLOW, atomic_write_bytes
 from caldera.skills import inventory
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
+    from caldera.host.statefile import StateFile
+    from caldera.protocol.outbox import Outbox
+    from caldera.skills.notify import Notifier
 
 log = logging.getLogger("caldera.skills")
 SENT_KEY = "skills_inventory_sent"  # state.json: digest of the last inventory queued
@@ -32,18 +40,18 @@ class Publisher:
     """What scanning and publishing the inventory needs, by name."""
 
     state_dir: Path
-    env: Callable[[], dict]  # the current settings' environment (reload_config may change skill dirs)
+    env: Callable[[], dict[str, str]]  # the current settings' environment (reload_config may change skill dirs)
     runtime_type: str
     agent_id: str
-    outbox: object
-    state: object  # StateFile
+    outbox: Outbox
+    state: StateFile
     on_count: Callable[[int], None]  # the active skill count, for heartbeats
     report_now: Callable[[], None]
 
-    def scanner(self, notifier=None) -> inventory.Inventory:
+    def scanner(self, notifier: Notifier | None = None) -> inventory.Inventory:
         return inventory.Inventory(self.state_dir, self.env() or {}, self.runtime_type, notifier=notifier)
 
-    def send(self, scan: inventory.Scan, trigger: str) -> dict:
+    def send(self, scan: inventory.Scan, trigger: str) -> dict[str, Any]:
         """Queue one inventory; an older one still waiting is dropped (this one supersedes it)."""
         self.on_count(len(scan.active))
         body = inventory.body(self.agent_id, scan, trigger)
@@ -58,7 +66,7 @@ class Publisher:
         self.report_now()
         return body
 
-    def scan_and_send(self, trigger: str) -> tuple[inventory.Scan, dict]:
+    def scan_and_send(self, trigger: str) -> tuple[inventory.Scan, dict[str, Any]]:
         scan = self.scanner().scan()
         return scan, self.send(scan, trigger)
 
@@ -66,14 +74,14 @@ class Publisher:
         """Whether the plane has already accepted exactly this inventory."""
         return sent_digest(scan) == accepted_digest(self.outbox.dir)
 
-    def send_if_changed(self, scan: inventory.Scan, trigger: str) -> dict | None:
+    def send_if_changed(self, scan: inventory.Scan, trigger: str) -> dict[str, Any] | None:
         """send() unless the plane already accepted this very inventory; the body or None."""
         if self.accepted(scan):
             self.on_count(len(scan.active))
             return None
         return self.send(scan, trigger)
 
-    def scan_and_send_if_changed(self, trigger: str) -> tuple[inventory.Scan, dict | None]:
+    def scan_and_send_if_changed(self, trigger: str) -> tuple[inventory.Scan, dict[str, Any] | None]:
         scan = self.scanner().scan()
         return scan, self.send_if_changed(scan, trigger)
 
@@ -82,7 +90,7 @@ def sent_digest(scan: inventory.Scan) -> str:
     return ("full:" if scan.complete else "partial:") + inventory.digest_of(scan.records)
 
 
-def delivered(outbox_dir, item: dict) -> None:
+def delivered(outbox_dir: StrPath, item: dict[str, Any]) -> None:
     """The sender calls this when the plane has accepted an outbox item (a 2xx): for an
     inventory, its digest becomes the one later sends compare with. Other kinds: nothing."""
     digest = item.get("digest") if item.get("kind") == "inventory" else None
@@ -94,7 +102,7 @@ def delivered(outbox_dir, item: dict) -> None:
         log.warning("cannot record the accepted inventory: %s", exc)
 
 
-def accepted_digest(outbox_dir) -> str | None:
+def accepted_digest(outbox_dir: StrPath) -> str | None:
     """The digest of the last inventory the plane accepted; None when none is recorded."""
     try:
         fd = os.open(Path(outbox_dir) / ACCEPTED_FILE, os.O_RDONLY | NOFOLLOW)  # never a planted link

@@ -15,11 +15,16 @@ import re
 import shutil
 import stat
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from caldera.errors import CommandError
 from caldera.host.fsutil import atomic_write_json, ensure_dir
 from caldera.skills import inventory, md5
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
 STAGING_PREFIX = ".caldera-staging-"
 OLD_PREFIX = ".caldera-old-"
@@ -28,7 +33,7 @@ _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
-def check_name(name, what: str = "target_name") -> str:
+def check_name(name: object, what: str = "target_name") -> str:
     """A skill directory name: one path segment, not hidden, hashable."""
     if not isinstance(name, str) or not name.strip():
         raise CommandError(f"{what} is empty")
@@ -43,14 +48,14 @@ def check_name(name, what: str = "target_name") -> str:
     return name
 
 
-def payload_name(payload: dict) -> str | None:
+def payload_name(payload: dict[str, Any]) -> str | None:
     for key in ("target_name", "identifier", "skill_name"):
         if payload.get(key) not in (None, ""):
             return check_name(payload[key], key)
     return None
 
 
-def platform_id(value) -> str | None:
+def platform_id(value: object) -> str | None:
     """`skill_<n>` for a skill id given as skill_<n>, <n> or an integer."""
     if isinstance(value, bool) or value in (None, ""):
         return None
@@ -58,7 +63,9 @@ def platform_id(value) -> str | None:
     return f"skill_{text}" if text.isdigit() else text
 
 
-def find(state_dir, env, payload: dict, kinds=(inventory.MANAGED, inventory.DISCOVERED, inventory.DISABLED)):
+def find(state_dir: StrPath, env: dict[str, str] | None, payload: dict[str, Any],
+         kinds: Collection[str] = (inventory.MANAGED, inventory.DISCOVERED, inventory.DISABLED),
+         ) -> tuple[Path, inventory.Root] | None:
     """The skill a payload names, as (path, root) or None; CommandError if it names nothing."""
     name = payload_name(payload)
     wanted_id = platform_id(payload.get("skill_id"))
@@ -118,7 +125,7 @@ def swap_in(staged: Path, target: Path) -> bool:
 
 def recover(root: Path) -> list[str]:
     """After a crash: put back a previous version whose swap was cut, drop stale staging."""
-    notes = []
+    notes: list[str] = []
     try:
         names = os.listdir(root)
     except FileNotFoundError:
@@ -186,7 +193,7 @@ def stage(root: Path) -> Path:
 def unpack(zip_path: Path, staging: Path, expected_md5: str | None) -> tuple[Path, str]:
     """Check and extract; (the skill's staged directory, its content_md5)."""
     # deferred: the daemon's skills watcher imports this module for recover() at start; the
-    # archive checks (≈ 35 KB of code objects, tracemalloc) wait for the first install
+    # archive checks wait for the first install (their weight: docs/performance.md section 2)
     from caldera.skills import archive
 
     try:
@@ -204,9 +211,9 @@ def unpack(zip_path: Path, staging: Path, expected_md5: str | None) -> tuple[Pat
     return skill, content_md5
 
 
-def write_install_record(skill: Path, record: dict) -> None:
+def write_install_record(skill: Path, record: dict[str, Any]) -> None:
     atomic_write_json(skill / inventory.INSTALL_RECORD, record, mode=0o644)
 
 
-def valid_md5(value) -> bool:
+def valid_md5(value: object) -> bool:
     return isinstance(value, str) and re.fullmatch(r"[0-9a-fA-F]{32}", value.strip()) is not None

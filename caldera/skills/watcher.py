@@ -10,6 +10,8 @@ count on after every scan. `mode: full` only after a complete scan.
 from __future__ import annotations
 
 import logging
+import threading
+from typing import Protocol
 
 from caldera.skills import inventory, notify, publish, store
 
@@ -17,7 +19,20 @@ log = logging.getLogger("caldera.skills")
 CHECK_INTERVAL = 30.0
 
 
-def skills_loop(publisher: publish.Publisher, wake, live) -> None:
+class Wake(Protocol):
+    """What the loop uses of the daemon's Wakeups (skills/ may not import daemon/)."""
+
+    stop: threading.Event
+    inventory: threading.Event
+
+
+class Live(Protocol):
+    """What the loop uses of the daemon's LiveStatus: its turn, for the watchdog."""
+
+    def tick(self, loop: str) -> None: ...
+
+
+def skills_loop(publisher: publish.Publisher, wake: Wake, live: Live) -> None:
     with inventory.exclusive_lock(publisher.state_dir):
         for note in store.recover(inventory.managed_root(publisher.state_dir)):
             log.warning("%s", note)
@@ -29,7 +44,7 @@ def skills_loop(publisher: publish.Publisher, wake, live) -> None:
             notifier.close()
 
 
-def _loop(publisher: publish.Publisher, wake, live, notifier) -> None:
+def _loop(publisher: publish.Publisher, wake: Wake, live: Live, notifier: notify.Notifier | None) -> None:
     scanner = publisher.scanner(notifier)
     trigger = "startup"
     while not wake.stop.is_set():

@@ -98,7 +98,7 @@ def write_status() -> None:
                    {"name": "files waiting", "used": min(1.0, len(files) / 100), "label": f"{len(files)} of 100"}],
         "runs": runs[-10:],
         "agent": {"version": VERSION},
-        "next_run": {"at": "in %d s" % settings["interval_seconds"], "reason": "timer"},
+        "next_run": {"at": f"in {int(settings['interval_seconds'])} s", "reason": "timer"},
     }
     tmp = os.path.join(STATE, ".status.json.tmp")
     with open(tmp, "w") as fh:

@@ -87,7 +87,9 @@ def setting_problem(key, value):
     if value is None:
         return None
     if key == "note":
-        return None if isinstance(value, str) and len(value) <= ta.NOTE_MAX else f"note: a text of at most {ta.NOTE_MAX} characters"
+        if isinstance(value, str) and len(value) <= ta.NOTE_MAX:
+            return None
+        return f"note: a text of at most {ta.NOTE_MAX} characters"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"{key}: must be a number"
     if key == "interval_minutes" and not isinstance(value, int):

@@ -8,6 +8,7 @@ import sys
 import pytest
 from core_helpers import BOOT, SECRET, install_agent
 from daemon_helpers import Daemon, wait_for
+from plane_helpers import heartbeats
 
 PlaneServer = pytest.importorskip("caldera.plane.server").PlaneServer
 
@@ -56,7 +57,7 @@ def test_status_shows_daemon_connection_and_no_secrets(caldera_env, tmp_path):
     install_agent(caldera_env, base_url=plane.url, instance_id=7)
     daemon = Daemon()
     try:
-        wait_for(lambda: plane.store.heartbeats(7), what="heartbeat")
+        wait_for(lambda: heartbeats(plane.store, 7), what="heartbeat")
         wait_for(lambda: json.loads(status("--json").stdout)["connection"].get("last_heartbeat_ok_at"),
                  what="connection recorded")
         done = status()

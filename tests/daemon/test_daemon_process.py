@@ -10,6 +10,7 @@ from pathlib import Path
 
 from core_helpers import BOOT, SECRET, install_agent
 from daemon_helpers import INSTANCE, Daemon, wait_for
+from plane_helpers import heartbeats
 
 FAKE = Path(__file__).resolve().parent.parent / "agents" / "process_agents" / "fake_agent.py"
 MANIFEST = """\
@@ -40,7 +41,10 @@ def _cli(*args):
 
 
 def _last(plane, kind="reports"):
-    item = getattr(plane.store, kind)(INSTANCE, last=True)
+    if kind == "reports":
+        item = plane.store.reports(INSTANCE, last=True)
+    else:
+        item = heartbeats(plane.store, INSTANCE, last=True)
     return item["body"] if item else {}
 
 
@@ -228,7 +232,8 @@ def test_kill9_of_caldera_run_then_a_new_one_never_runs_two_agents(caldera_env, 
         report = wait_for(lambda: (b := _last(plane)) and b["runtime"].get("openclaw_pid") == second and b,
                           timeout=30, what="a report with the second pid")
         reasons = [e["reason"] for e in report["health"]["entries"]]
-        assert any(f"agent (pid {first}) was still running; it was stopped" in r for r in reasons), (reasons, daemon.log())
+        assert any(f"agent (pid {first}) was still running; it was stopped" in r for r in reasons), \
+            (reasons, daemon.log())
     finally:
         assert daemon.stop() == 0
     assert not _alive(second)

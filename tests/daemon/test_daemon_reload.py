@@ -7,6 +7,7 @@ import threading
 import pytest
 from core_helpers import BOOT, install_agent
 from daemon_helpers import INSTANCE, Daemon, count, wait_for
+from plane_helpers import heartbeats
 
 
 def test_unconfigured_agent_stays_local_and_a_reload_connects_it_in_place(caldera_env, plane):
@@ -21,7 +22,7 @@ def test_unconfigured_agent_stays_local_and_a_reload_connects_it_in_place(calder
         daemon.signal(signal.SIGHUP)
         # The restarted process imports and registers anew: on a loaded machine that is
         # more than the usual few seconds.
-        wait_for(lambda: plane.store.heartbeats(INSTANCE), timeout=30, what="heartbeat after the reload")
+        wait_for(lambda: heartbeats(plane.store, INSTANCE), timeout=30, what="heartbeat after the reload")
         assert daemon.proc.poll() is None  # the same process (execv keeps the PID)
     finally:
         assert daemon.stop() == 0
@@ -37,8 +38,8 @@ def test_reload_of_a_changed_secret_names_it_and_hides_its_value(caldera_env, pl
     try:
         _reload_with_a_new_secret(config, daemon, plane)
         wait_for(lambda: "stopped; restarting with the new configuration" in daemon.log(), what="the restart")
-        before = len(plane.store.heartbeats(INSTANCE))
-        wait_for(lambda: len(plane.store.heartbeats(INSTANCE)) > before, timeout=30,
+        before = len(heartbeats(plane.store, INSTANCE))
+        wait_for(lambda: len(heartbeats(plane.store, INSTANCE)) > before, timeout=30,
                  what="heartbeats after the reload (a restarted process)")
     finally:
         assert daemon.stop() == 0
@@ -51,7 +52,7 @@ def test_reload_without_change_or_with_a_broken_file_keeps_running(caldera_env, 
     config = install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
     daemon = Daemon()
     try:
-        wait_for(lambda: plane.store.heartbeats(INSTANCE), what="first heartbeat")
+        wait_for(lambda: heartbeats(plane.store, INSTANCE), what="first heartbeat")
         daemon.signal(signal.SIGHUP)
         wait_for(lambda: "unchanged" in daemon.log(), what="the no-change reload")
         (config / "agent.env").write_text("CALDERA_AGENT_ENABLED=maybe\n")
@@ -99,7 +100,7 @@ def test_a_stop_during_a_reload_stops_the_daemon(caldera_env, plane, delay):
 def _reload_with_a_new_secret(config, daemon, plane) -> None:
     """Once the daemon heartbeats: a new secret in secrets.env, SIGHUP, and the reload seen
     deciding to restart in place."""
-    wait_for(lambda: plane.store.heartbeats(INSTANCE), what="first heartbeat")
+    wait_for(lambda: heartbeats(plane.store, INSTANCE), what="first heartbeat")
     (config / "secrets.env").write_text(f"CALDERA_TOKEN={BOOT}\nNEW_SECRET=reload-canary-93b1\n")
     daemon.signal(signal.SIGHUP)
     wait_for(lambda: "reload: changed NEW_SECRET" in daemon.log(), what="the reload")

@@ -8,6 +8,7 @@ import sys
 import pytest
 from core_helpers import BOOT, SECRET, install_agent
 from daemon_helpers import INSTANCE, Daemon, count, wait_for
+from plane_helpers import heartbeats
 
 PlaneServer = pytest.importorskip("caldera.plane.server").PlaneServer
 
@@ -22,7 +23,7 @@ def test_register_heartbeat_report_then_commands_run(caldera_env, plane):
     try:
         wait_for(lambda: plane.store.reports(INSTANCE), what="first state report")
         assert count(plane, "POST", "/api/v1/agent/register") == 1
-        wait_for(lambda: plane.store.heartbeats(INSTANCE), what="first heartbeat")
+        wait_for(lambda: heartbeats(plane.store, INSTANCE), what="first heartbeat")
         report = plane.store.reports(INSTANCE, last=True)
         report = report[-1] if isinstance(report, list) else report
         body = report.get("body", report)
@@ -47,7 +48,7 @@ def test_pending_hint_starts_command_without_waiting_for_poll(caldera_env, tmp_p
     install_agent(caldera_env, base_url=server.url, instance_id=INSTANCE)
     daemon = Daemon()
     try:
-        wait_for(lambda: server.store.heartbeats(INSTANCE), what="first heartbeat")
+        wait_for(lambda: heartbeats(server.store, INSTANCE), what="first heartbeat")
         wait_for(lambda: count(server, "GET", "/api/v1/agent/commands/next") >= 1, what="first poll")
         cid = server.store.enqueue(INSTANCE, "collect_system_info", {})
         # heartbeat interval 1 s; the poll interval is an hour, so only the hint can start it
@@ -62,7 +63,7 @@ def test_401_mid_session_reregisters_once_and_work_continues(caldera_env, plane)
     install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
     daemon = Daemon()
     try:
-        wait_for(lambda: plane.store.heartbeats(INSTANCE), what="first heartbeat")
+        wait_for(lambda: heartbeats(plane.store, INSTANCE), what="first heartbeat")
         plane.inject("POST", r"/api/v1/agent/heartbeat$", 401, count=1)
         wait_for(lambda: count(plane, "POST", "/api/v1/agent/register") == 2, what="re-register")
         cid = plane.store.enqueue(INSTANCE, "collect_system_info", {})
@@ -109,7 +110,7 @@ def test_kill9_with_queued_finishes_delivers_all_runs_none_twice(caldera_env, pl
     try:
         wait_for(lambda: all(commands(plane)[i]["status"] == "succeeded" for i in ids), timeout=20,
                  what="every finish delivered")
-        starts = count(plane, "POST", "/api/v1/agent/commands/%d/start" % ids[0])
+        starts = count(plane, "POST", f"/api/v1/agent/commands/{ids[0]}/start")
         assert starts == 1  # executed once: never re-run after the restart
     finally:
         daemon.stop()
@@ -135,7 +136,7 @@ def test_report_once_beside_the_daemon_exits_0_without_registering(caldera_env, 
     install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
     daemon = Daemon()
     try:
-        wait_for(lambda: plane.store.heartbeats(INSTANCE), what="daemon running")
+        wait_for(lambda: heartbeats(plane.store, INSTANCE), what="daemon running")
         registers = count(plane, "POST", "/api/v1/agent/register")
         done = subprocess.run([sys.executable, "-m", "caldera.cli", "report", "--once", "--agent", "demo"],
                               capture_output=True, text=True, timeout=60)
@@ -149,7 +150,7 @@ def test_outage_agent_keeps_running_and_recovers(caldera_env, plane):
     install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
     daemon = Daemon()
     try:
-        wait_for(lambda: plane.store.heartbeats(INSTANCE), what="first heartbeat")
+        wait_for(lambda: heartbeats(plane.store, INSTANCE), what="first heartbeat")
         cid = plane.store.enqueue(INSTANCE, "collect_system_info", {})
         plane.inject("*", r"/commands/\d+/finish$|/heartbeat$|/state/report$", 503, count=100_000)
         wait_for(lambda: commands(plane)[cid]["status"] == "running", what="command started before the outage bites")
@@ -158,10 +159,10 @@ def test_outage_agent_keeps_running_and_recovers(caldera_env, plane):
         assert daemon.proc.poll() is None  # the runtime never gives up on the agent
         failures = plane.count("POST", r"/heartbeat$", status=503)
         assert 1 <= failures <= 4  # backing off (1, 2, 5 s ...), not hammering at 1 s
-        heartbeats_before = len(plane.store.heartbeats(INSTANCE))
+        heartbeats_before = len(heartbeats(plane.store, INSTANCE))
         plane.clear_faults()
         wait_for(lambda: commands(plane)[cid]["status"] == "succeeded", timeout=20, what="finish after outage")
-        wait_for(lambda: len(plane.store.heartbeats(INSTANCE)) > heartbeats_before, timeout=20,
+        wait_for(lambda: len(heartbeats(plane.store, INSTANCE)) > heartbeats_before, timeout=20,
                  what="heartbeats after outage")
     finally:
         assert daemon.stop() == 0
@@ -172,7 +173,7 @@ def test_sigterm_drains_and_second_signal_cancels(caldera_env, plane):
     install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
     daemon = Daemon()
     try:
-        wait_for(lambda: plane.store.heartbeats(INSTANCE), what="first heartbeat")
+        wait_for(lambda: heartbeats(plane.store, INSTANCE), what="first heartbeat")
     finally:
         daemon.signal(signal.SIGTERM)
         assert daemon.proc.wait(30) == 0

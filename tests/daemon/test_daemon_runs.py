@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from core_helpers import BOOT, install_agent
 from daemon_helpers import Daemon, wait_for
+from plane_helpers import heartbeats, run_events
 
 PlaneServer = pytest.importorskip("caldera.plane.server").PlaneServer
 MOCK = Path(__file__).resolve().parent.parent / "backends" / "backends_mock_app_server.py"
@@ -37,7 +38,7 @@ def test_interrupt_reaches_a_running_turn_through_the_daemon(caldera_env, tmp_pa
     (codex / "env" / "FAKE_PROVIDER_API_KEY").write_text(CANARY + "\n")
     daemon = Daemon()
     try:
-        wait_for(lambda: plane.store.heartbeats(7), what="heartbeat")
+        wait_for(lambda: heartbeats(plane.store, 7), what="heartbeat")
         run = plane.store.enqueue(7, "agent_run", {"run_id": "r-lane", "prompt": "wait", "workspace": str(ws)})
         wait_for(lambda: _cmd(plane, run)["status"] == "running", what="turn running")
         stop = plane.store.enqueue(7, "agent_interrupt", {"run_id": "r-lane"})
@@ -47,7 +48,7 @@ def test_interrupt_reaches_a_running_turn_through_the_daemon(caldera_env, tmp_pa
         assert result["run_id"] == "r-lane" and result["status"] == "cancelled"
         assert result["failure_kind"] == "cancelled"
         assert CANARY not in json.dumps(plane.store.commands(7))
-        events = wait_for(lambda: plane.store.run_events("r-lane"), what="run events posted to the plane")
+        events = wait_for(lambda: run_events(plane.store, "r-lane"), what="run events posted to the plane")
         assert {e.get("type") for e in (x.get("event", x) for x in events)} >= {"backend_status"}
         assert CANARY not in json.dumps(events)
     finally:

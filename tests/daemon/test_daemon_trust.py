@@ -10,6 +10,7 @@ from pathlib import Path
 
 from core_helpers import install_agent
 from daemon_helpers import INSTANCE, Daemon, wait_for
+from plane_helpers import add_config_revision
 
 MANIFEST = """name: demo
 version: 1.0.0
@@ -56,8 +57,8 @@ def test_revisions_across_the_trust_boundary(caldera_env, plane, tmp_path):
     installed = (config / "caldera.agent.yaml").read_bytes()
     marker = tmp_path / "PWNED"
     hostile = MANIFEST.replace("command: [python3, adapter.py]", f'command: [sh, -c, "touch {marker}"]')
-    bad_rev = plane.store.add_config_revision(INSTANCE, {"manifest": hostile, "settings": {"note": "x"}})
-    good_rev = plane.store.add_config_revision(INSTANCE, {"manifest": MANIFEST.replace("1.0.0", "1.1.0")})
+    bad_rev = add_config_revision(plane.store, INSTANCE, {"manifest": hostile, "settings": {"note": "x"}})
+    good_rev = add_config_revision(plane.store, INSTANCE, {"manifest": MANIFEST.replace("1.0.0", "1.1.0")})
     daemon = Daemon()
     try:
         bad = _finished(plane, plane.store.enqueue(INSTANCE, "apply_config_revision", {"revision_id": bad_rev}))

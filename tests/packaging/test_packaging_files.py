@@ -127,10 +127,10 @@ def test_options_left_out_are_really_left_out(unit):
 def test_cron_file_is_a_guarded_commented_example():
     lines = CRON.read_text().splitlines()
     assert CRON.read_text().endswith("\n")  # cron ignores a last line without newline
-    active = [l for l in lines if l.strip() and not l.lstrip().startswith("#")]
+    active = [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
     # Only the environment is active: cron's own PATH lacks /usr/sbin and /sbin.
     assert active == ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], f"the cron file must ship commented: {active}"
-    examples = [l.lstrip("#").strip() for l in lines if re.match(r"^#\s*[*0-9]", l)]
+    examples = [line.lstrip("#").strip() for line in lines if re.match(r"^#\s*[*0-9]", line)]
     assert examples, "no example line"
     for line in examples:
         fields = line.split(None, 6)

@@ -1,10 +1,18 @@
 """Shared pieces of the plane's tests: a running plane and a tiny protocol client."""
 from __future__ import annotations
 
+import hashlib
 import io
+import json
+import re
+import threading
 import zipfile
 
 import requests
+
+from caldera.plane import api
+from caldera.plane.server import PlaneServer
+from caldera.plane.store import version_number
 
 BOOT = "boot-secret-token"
 AGENT = "caldera-1-main"
@@ -86,6 +94,171 @@ def skill_zip(entries: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
+# ---- what only tests read from or write into the plane's store (the product never does) ----
+# Through the store's own connection and lock (`_read`, `_tx`), so they see what it wrote.
+
+def _rows(store, table: str, instance_id: int, last: bool):
+    """A kept table's rows as {received_at, body}, oldest first; with last=True the newest or None."""
+    order = "DESC LIMIT 1" if last else "ASC"
+    rows = store._read(f"SELECT received_at, body FROM {table} WHERE instance_id=? ORDER BY id {order}",
+                       (instance_id,))
+    items = [{"received_at": r["received_at"], "body": json.loads(r["body"])} for r in rows]
+    if last:
+        return items[0] if items else None
+    return items
+
+
+def heartbeats(store, instance_id: int, last: bool = False):
+    return _rows(store, "heartbeats", instance_id, last)
+
+
+def inventories(store, instance_id: int) -> list[dict]:
+    return _rows(store, "inventories", instance_id, last=False)
+
+
+def runtime(store, instance_id: int) -> dict | None:
+    """The instance's runtime_status row, its JSON columns decoded."""
+    rows = store._read("SELECT * FROM runtime_status WHERE instance_id=?", (instance_id,))
+    if not rows:
+        return None
+    item = dict(rows[0])
+    for key in ("summary", "system_info", "health"):
+        item[key] = None if item[key] is None else json.loads(item[key])
+    return item
+
+
+def skills(store, instance_id: int) -> list[dict]:
+    rows = store._read("SELECT skill_key, name, content_md5, install_path, source_type, skill_version,"
+                       " status, updated_at FROM instance_skills WHERE instance_id=? ORDER BY skill_key",
+                       (instance_id,))
+    return [dict(r) for r in rows]
+
+
+def inventory(store, instance_id: int) -> dict | None:
+    """The newest inventory report as received, with `skills_state`: every skill the plane knows."""
+    newest = _rows(store, "inventories", instance_id, last=True)
+    if newest is None:
+        return None
+    return {**newest["body"], "received_at": newest["received_at"], "skills_state": skills(store, instance_id)}
+
+
+def uploads(store, instance_id: int) -> list[dict]:
+    rows = store._read("SELECT u.*, v.data FROM uploads u LEFT JOIN skill_versions v ON v.id=u.version_id"
+                       " WHERE u.instance_id=? ORDER BY u.id", (instance_id,))
+    out = []
+    for r in rows:
+        item = dict(r)
+        item["fields"] = None if item["fields"] is None else json.loads(item["fields"])
+        item["skill_version"] = f"ver_{item['version_id']}"
+        out.append(item)
+    return out
+
+
+def run_events(store, run_id: str) -> list[dict]:
+    rows = store._read("SELECT event FROM run_events WHERE run_id=? ORDER BY id", (run_id,))
+    return [json.loads(r["event"]) for r in rows]
+
+
+def add_skill_version(store, version_id, zip_bytes: bytes, filename: str | None = None) -> int:
+    """A package `GET skills/versions/ver_<n>/download` serves. Returns n."""
+    number = version_number(version_id)
+    with store._tx() as db:
+        db.execute("INSERT OR REPLACE INTO skill_versions (id, filename, data, created_at) VALUES (?,?,?,?)",
+                   (number, filename or f"skill-{number}.zip", zip_bytes, store.clock()))
+    return number
+
+
+def compact_json(content) -> str:
+    """Go json.Marshal's bytes for a decoded value: compact, keys sorted, <>& escaped."""
+    text = json.dumps(content, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    for char, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+                          ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(char, escaped)
+    return text
+
+
+def add_config_revision(store, instance_id: int, content: dict) -> int:
+    """Publish a revision (ClawManager's operators do; the plane has no route for it): its
+    checksum is sha256 over the compact JSON exactly as the plane serves it."""
+    text = compact_json(content)
+    checksum = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    with store._tx() as db:
+        if not db.execute("SELECT 1 FROM instances WHERE id=?", (instance_id,)).fetchone():
+            raise ValueError(f"there is no instance {instance_id}")
+        number = db.execute("SELECT COALESCE(MAX(revision_no), 0) + 1 FROM config_revisions WHERE instance_id=?",
+                            (instance_id,)).fetchone()[0]
+        return db.execute("INSERT INTO config_revisions (instance_id, revision_no, content, checksum,"
+                          " published_at) VALUES (?,?,?,?,?)",
+                          (instance_id, number, text, checksum, store.clock())).lastrowid
+
+
+# ---- a plane that can be told to fail (the product's PlaneServer never fails on purpose) ----
+
+class _Fault:
+    def __init__(self, method, path_regex, count, status=None, retry_after=None, body=None):
+        self.method = method.upper()
+        self.pattern = re.compile(path_regex)
+        self.left = count
+        self.status, self.retry_after, self.body = status, retry_after, body
+
+    def matches(self, method: str, path: str) -> bool:
+        return self.left > 0 and self.method in ("*", method) and bool(self.pattern.search(path))
+
+
+class InjectingPlane(PlaneServer):
+    """PlaneServer with faults: `inject()` answers the next matching requests with a status of
+    choice (ClawManager's error envelope, or a given body), `drop()` closes the connection
+    without an answer (recorded in `requests` with status 0)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._faults: list[_Fault] = []
+        self._faults_lock = threading.Lock()
+
+    def inject(self, method: str, path_regex: str, status: int, count: int = 1, retry_after=None,
+               body=None) -> None:
+        """Answer the next `count` requests matching (method or "*", regex searched in the path)."""
+        with self._faults_lock:
+            self._faults.append(_Fault(method, path_regex, count, status, retry_after, body))
+
+    def drop(self, method: str, path_regex: str, count: int = 1) -> None:
+        """Close the connection of the next `count` matching requests without answering."""
+        with self._faults_lock:
+            self._faults.append(_Fault(method, path_regex, count))
+
+    def clear_faults(self) -> None:
+        with self._faults_lock:
+            self._faults.clear()
+
+    def preauth(self, method, path, headers):
+        """An injected fault goes before the token check."""
+        with self._faults_lock:
+            if any(fault.matches(method, path) for fault in self._faults):
+                return None
+        return super().preauth(method, path, headers)
+
+    def handle(self, req):
+        with self._faults_lock:
+            fault = next((f for f in self._faults if f.matches(req.method, req.path)), None)
+            if fault is not None:
+                fault.left -= 1
+        if fault is None:
+            return super().handle(req)
+        return None if fault.status is None else _fault_response(fault)
+
+
+def _fault_response(fault: _Fault) -> api.Response:
+    if fault.body is None:
+        resp = api.error(fault.status, f"injected fault ({fault.status})")
+    elif isinstance(fault.body, (bytes, str)):
+        resp = api.Response(fault.status, fault.body.encode() if isinstance(fault.body, str) else fault.body)
+    else:
+        resp = api.Response(fault.status, json.dumps(fault.body).encode())
+    if fault.retry_after is not None:
+        resp.headers["Retry-After"] = str(fault.retry_after)
+    return resp
+
+
 # ---- fixtures (imported by the test modules: test-file basenames stay unique) ----
 
 import pytest  # noqa: E402
@@ -98,9 +271,7 @@ def clock():
 
 @pytest.fixture
 def plane(tmp_path, clock):
-    from caldera.plane.server import PlaneServer
-
-    server = PlaneServer(tmp_path / "plane.db", tokens={BOOT: 1, "other-token": 2}, clock=clock).start()
+    server = InjectingPlane(tmp_path / "plane.db", tokens={BOOT: 1, "other-token": 2}, clock=clock).start()
     yield server
     server.stop()
 

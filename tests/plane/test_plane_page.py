@@ -1,5 +1,6 @@
 """The status pages: figures as ClawManager's frontend computes them, the charts' SVG, the per-agent
 page, escaping, and both pages in headless Chromium over a synthetic two-hour history."""
+import itertools
 import os
 import re
 import shutil
@@ -37,7 +38,8 @@ def test_figures_follow_the_frontend_formulas():
 
 
 def test_state_level_prefers_the_adapter_then_the_process():
-    assert figures.state_level({"agent_status": {"state": {"level": "bad"}}, "runtime": {"openclaw_status": "running"}}) == "bad"
+    assert figures.state_level({"agent_status": {"state": {"level": "bad"}},
+                                "runtime": {"openclaw_status": "running"}}) == "bad"
     assert figures.state_level({"agent_status": None, "runtime": {"openclaw_status": "stopped"}}) == "off"
     assert figures.state_level({"agent_status": {"state": {"level": "<x>"}}}) is None
     assert figures.state_level("not a dict") is None
@@ -139,7 +141,8 @@ def test_operator_json_reads(plane, agent):
     _report(agent)
     doc = requests.get(plane.url + "/plane/api/agents").json()
     assert doc["data"]["agents"][0]["agent_id"] == AGENT
-    assert requests.get(plane.url + "/plane/api/reports?instance=1").json()["data"]["report"]["body"]["agent_id"] == AGENT
+    report = requests.get(plane.url + "/plane/api/reports?instance=1").json()["data"]["report"]
+    assert report["body"]["agent_id"] == AGENT
     assert requests.get(plane.url + "/plane/api/reports").status_code == 400
     assert requests.get(plane.url + "/plane/api/nothing").status_code == 404
 
@@ -211,7 +214,7 @@ def test_history_in_headless_chromium(plane, agent, clock, tmp_path):
 def _check_network(chart: dict, sent: list) -> None:
     """In and out bytes/s between consecutive reports; none across the outage (> 600 s)."""
     rates = {"rx": [], "tx": []}
-    for old, new in zip(sent, sent[1:]):
+    for old, new in itertools.pairwise(sent):
         elapsed = new["at"] - old["at"]
         if elapsed > 600:
             continue

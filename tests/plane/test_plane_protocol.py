@@ -5,7 +5,24 @@ import re
 
 import pytest
 import requests
-from plane_helpers import AGENT, BOOT, Agent, agent, clock, error_of, plane, skill_zip  # noqa: F401
+from plane_helpers import (  # noqa: F401
+    AGENT,
+    BOOT,
+    Agent,
+    add_config_revision,
+    add_skill_version,
+    agent,
+    clock,
+    error_of,
+    heartbeats,
+    inventory,
+    plane,
+    run_events,
+    runtime,
+    skill_zip,
+    skills,
+    uploads,
+)
 
 # ---- register and sessions -----------------------------------------------------------------
 
@@ -101,16 +118,16 @@ def test_heartbeat_answer_and_pending_flag(plane, agent):
 
 
 def test_heartbeat_reports_desired_revision(plane, agent):
-    rev = plane.store.add_config_revision(1, {"schemaVersion": 1, "mode": "none", "resources": [], "payloads": []})
+    rev = add_config_revision(plane.store, 1, {"schemaVersion": 1, "mode": "none", "resources": [], "payloads": []})
     plane.store.enqueue(1, "apply_config_revision", {"revision_id": rev, "snapshot_id": 1})
     assert agent.heartbeat().json()["data"]["desired_config_revision_id"] == rev
 
 
 def test_heartbeat_resets_current_revision_when_omitted(plane, agent):
     agent.heartbeat(current_config_revision_id=7)
-    assert plane.store.runtime(1)["current_config_revision_id"] == 7
+    assert runtime(plane.store, 1)["current_config_revision_id"] == 7
     agent.heartbeat()
-    assert plane.store.runtime(1)["current_config_revision_id"] is None
+    assert runtime(plane.store, 1)["current_config_revision_id"] is None
 
 
 def test_heartbeat_column_limit_and_types(plane, agent):
@@ -124,8 +141,8 @@ def test_heartbeat_column_limit_and_types(plane, agent):
     assert agent.heartbeat(timestamp="2026-04-27T10:00:15.123456789Z").status_code == 200
     body = agent.heartbeat(summary={"openclaw_pid": 245, "runtime_type": "caldera"})
     assert body.status_code == 200
-    assert plane.store.runtime(1)["openclaw_pid"] == 245
-    assert plane.store.heartbeats(1, last=True)["body"]["summary"]["runtime_type"] == "caldera"
+    assert runtime(plane.store, 1)["openclaw_pid"] == 245
+    assert heartbeats(plane.store, 1, last=True)["body"]["summary"]["runtime_type"] == "caldera"
 
 
 # ---- presence ---------------------------------------------------------------------------------
@@ -163,10 +180,10 @@ def test_state_report_is_kept_and_resets_pid_and_revision(plane, agent):
                         system_info={"cpu": {"cores": 2, "load": {"1m": 0.5}}}, health={"agent": "ok"},
                         agent_status={"gauges": [{"name": "quota", "used": 0.4}]})
     assert resp.status_code == 200 and resp.json()["data"] is None
-    rt = plane.store.runtime(1)
+    rt = runtime(plane.store, 1)
     assert (rt["openclaw_pid"], rt["current_config_revision_id"], rt["openclaw_version"]) == (245, 4, "1.2")
     agent.report(runtime={"openclaw_status": "running"})
-    rt = plane.store.runtime(1)
+    rt = runtime(plane.store, 1)
     assert rt["openclaw_pid"] is None and rt["current_config_revision_id"] is None
     assert rt["openclaw_version"] == "1.2"  # blank is not written
     assert len(plane.store.reports(1)) == 2
@@ -301,14 +318,14 @@ def test_inventory_null_skills_is_400_and_empty_list_is_fine(agent):
 
 def test_inventory_full_removes_unlisted_incremental_keeps(plane, agent):
     _inventory(agent, [_skill("Vendor.Alpha", "a" * 32), _skill("beta", "b" * 32), _skill("nohash", "")])
-    state = {s["skill_key"]: s["status"] for s in plane.store.skills(1)}
+    state = {s["skill_key"]: s["status"] for s in skills(plane.store, 1)}
     assert state == {"vendor-alpha": "active", "beta": "active"}  # empty content_md5 skipped
     _inventory(agent, [_skill("gamma", "c" * 32)], mode="incremental")
-    assert {s["skill_key"]: s["status"] for s in plane.store.skills(1)}["beta"] == "active"
+    assert {s["skill_key"]: s["status"] for s in skills(plane.store, 1)}["beta"] == "active"
     _inventory(agent, [_skill("gamma", "c" * 32)], mode="whatever")  # anything but incremental is full
-    state = {s["skill_key"]: s["status"] for s in plane.store.skills(1)}
+    state = {s["skill_key"]: s["status"] for s in skills(plane.store, 1)}
     assert state == {"vendor-alpha": "removed", "beta": "removed", "gamma": "active"}
-    assert plane.store.inventory(1)["mode"] == "whatever"
+    assert inventory(plane.store, 1)["mode"] == "whatever"
 
 
 def test_inventory_queues_collect_skill_package_once_per_hash(plane, agent):
@@ -340,7 +357,7 @@ def test_upload_then_download_round_trip(plane, agent):
     assert resp.status_code == 201, resp.text
     out = resp.json()["data"]
     assert out["content_md5"] == md5 and out["current_version_id"].startswith("ver_")
-    [kept] = plane.store.uploads(1)
+    [kept] = uploads(plane.store, 1)
     assert kept["top_dir"] == "alpha" and kept["fields"]["identifier"] == "alpha"
     got = agent.get(f"/skills/versions/{out['current_version_id']}/download")
     assert got.status_code == 200 and got.content == data
@@ -374,21 +391,21 @@ def test_upload_form_errors(agent):
 
 
 def test_download_needs_a_session_and_a_known_version(plane, agent):
-    plane.store.add_skill_version("ver_34", b"PK-bytes", "alpha.zip")
+    add_skill_version(plane.store, "ver_34", b"PK-bytes", "alpha.zip")
     assert agent.get("/skills/versions/34/download").content == b"PK-bytes"  # a bare number parses too
     assert agent.http.get(agent.base + "/skills/versions/ver_34/download").status_code == 401
     for bad in ("skill-version-34", "ver_99"):
         resp = agent.get(f"/skills/versions/{bad}/download")
         assert resp.status_code == 500 and resp.json()["success"] is False
     with pytest.raises(ValueError):
-        plane.store.add_skill_version("skill-version-34", b"")
+        add_skill_version(plane.store, "skill-version-34", b"")
 
 
 # ---- config revisions ----------------------------------------------------------------------------------
 
 def test_config_revision_is_wrapped_and_checksum_matches_raw_bytes(plane, agent):
     content = {"schemaVersion": 1, "mode": "bundle", "resources": [{"id": 1, "name": "a<b>&c"}], "payloads": []}
-    rev = plane.store.add_config_revision(1, content)
+    rev = add_config_revision(plane.store, 1, content)
     resp = agent.get(f"/config/revisions/{rev}")
     assert resp.status_code == 200
     revision = resp.json()["data"]["revision"]
@@ -400,7 +417,7 @@ def test_config_revision_is_wrapped_and_checksum_matches_raw_bytes(plane, agent)
 
 
 def test_config_revision_errors(plane, agent):
-    other = plane.store.add_config_revision(2, {"schemaVersion": 1})
+    other = add_config_revision(plane.store, 2, {"schemaVersion": 1})
     resp = agent.get(f"/config/revisions/{other}")
     assert resp.status_code == 403 and error_of(resp) == "Access denied"
     resp = agent.get("/config/revisions/999")
@@ -419,7 +436,7 @@ def test_run_events_are_stored_in_order(plane, agent):
     resp = agent.post("/runs/r1/events", {"agent_id": AGENT, "events": [_event("r1", 0), _event("r1", 1)]})
     assert resp.status_code == 200 and resp.json()["data"] == {"accepted": 2}
     agent.post("/runs/r1/events", {"agent_id": AGENT, "events": [_event("r1", 2, "terminal_status")]})
-    assert [e["seq"] for e in plane.store.run_events("r1")] == [0, 1, 2]
+    assert [e["seq"] for e in run_events(plane.store, "r1")] == [0, 1, 2]
 
 
 def test_run_events_validation(agent):

@@ -1,4 +1,6 @@
 """What the plane keeps (issue 16): a bounded inventory history, and old rows pruned by age and count."""
+from plane_helpers import inventories, inventory
+
 from caldera.plane import store as store_mod
 from caldera.plane.store import Store
 
@@ -29,10 +31,10 @@ def test_inventory_history_is_the_latest_and_nineteen_before(tmp_path):
     s = _store(tmp_path, Clock())
     for n in range(25):
         s.skills_inventory(1, _inventory(n), collect_packages=False)
-    kept = s.inventories(1)
+    kept = inventories(s, 1)
     assert len(kept) == store_mod.INVENTORIES_KEPT == 20
     assert kept[-1]["body"]["skills"][0]["identifier"] == "s24"
-    assert s.inventory(1)["skills"][0]["identifier"] == "s24"
+    assert inventory(s, 1)["skills"][0]["identifier"] == "s24"
 
 
 def test_prune_drops_old_finished_commands_and_reports_but_never_the_newest_or_pending(tmp_path):
@@ -51,7 +53,7 @@ def test_prune_drops_old_finished_commands_and_reports_but_never_the_newest_or_p
     assert gone["commands"] == 1 and gone["reports"] == 1 and gone["inventories"] == 0  # the only one is newest
     ids = [c["id"] for c in s.commands(1)]
     assert old_done not in ids and old_pending in ids and fresh_done in ids
-    assert len(s.reports(1)) == 1 and s.inventory(1) is not None
+    assert len(s.reports(1)) == 1 and inventory(s, 1) is not None
 
 
 def test_prune_keeps_at_most_the_newest_finished_commands(tmp_path, monkeypatch):

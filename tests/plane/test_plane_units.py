@@ -1,5 +1,6 @@
 """Small pure pieces of the plane: fingerprints, keys, Go-shaped JSON and times, presence."""
 import pytest
+from plane_helpers import compact_json
 
 from caldera.plane import api, store, upload, validation
 
@@ -22,7 +23,7 @@ def test_skill_key_sanitising(identifier, key):
 
 
 def test_compact_json_is_go_marshal_shaped():
-    assert store.compact_json({"b": "<&>", "a": [1, {"z": 1, "y": "é\u2028"}]}) == \
+    assert compact_json({"b": "<&>", "a": [1, {"z": 1, "y": "é\u2028"}]}) == \
         '{"a":[1,{"y":"é\\u2028","z":1}],"b":"\\u003c\\u0026\\u003e"}'
 
 

@@ -139,7 +139,8 @@ def test_bad_bootstrap_token_blocks_auth_path(tmp_path):
 def test_resource_403_refuses_that_call_only(tmp_path):
     client = make(tmp_path)
     register_ok()
-    responses.add(responses.GET, API + "/config/revisions/5", status=403, json={"success": False, "error": "Access denied"})
+    responses.add(responses.GET, API + "/config/revisions/5", status=403,
+                  json={"success": False, "error": "Access denied"})
     responses.add(responses.POST, API + "/heartbeat", json=ok({}))
     with pytest.raises(Forbidden):
         client.config_revision_raw(5)
@@ -254,24 +255,26 @@ def test_upload_reaches_a_real_server_unchunked(tmp_path):
     """Against the plane over HTTP: one Content-Length, no chunked framing (Go's server reads it)."""
     import zipfile
 
+    from plane_helpers import uploads
+
     from caldera.plane.server import PlaneServer
 
     plane = PlaneServer(str(tmp_path / "p.db"), tokens={"boot-token-xyz": 7}).start()
     try:
         transport = Transport(plane.url)
         client = ControlPlaneClient(transport, None)
-        client.auth = Auth(bootstrap_token="boot-token-xyz", session_file=SessionFile(tmp_path / "s.json", plane.url, 7),
-                           register=lambda: client.register({"instance_id": 7, "agent_id": "caldera-7-main",
-                                                             "agent_version": "caldera-test", "protocol_version": "v1",
-                                                             "capabilities": [], "host_info": {"runtime_type": "caldera"}}),
-                           redactor=Redactor())
+        hello = {"instance_id": 7, "agent_id": "caldera-7-main", "agent_version": "caldera-test",
+                 "protocol_version": "v1", "capabilities": [], "host_info": {"runtime_type": "caldera"}}
+        client.auth = Auth(bootstrap_token="boot-token-xyz",
+                           session_file=SessionFile(tmp_path / "s.json", plane.url, 7),
+                           register=lambda: client.register(hello), redactor=Redactor())
         archive = tmp_path / "hello.zip"
         with zipfile.ZipFile(archive, "w") as zf:
             zf.writestr("hello/SKILL.md", "hello\n")
         client.upload_skill({"agent_id": "caldera-7-main", "skill_id": "hello", "skill_version": "1",
                              "identifier": "hello", "content_md5": "bab02a68eaf254c164cf4d590bdd8693",
                              "source": "runtime"}, archive)
-        assert len(plane.store.uploads(7)) == 1
+        assert len(uploads(plane.store, 7)) == 1
     finally:
         plane.stop()
 

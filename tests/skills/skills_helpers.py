@@ -3,6 +3,7 @@ publisher, the real control-plane client (faked on the wire with `responses`).""
 import hashlib
 import io
 import os
+import posixpath
 import stat
 import zipfile
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from caldera.daemon.wiring import Current
 from caldera.host.statefile import StateFile
 from caldera.protocol.outbox import Outbox
 from caldera.redact import Redactor
+from caldera.skills import md5
 from caldera.skills.publish import Publisher
 
 BASE = "http://127.0.0.1:9"
@@ -155,7 +157,8 @@ def zip_bytes(members, *, compression=zipfile.ZIP_DEFLATED) -> bytes:
             name, data = member[0], member[1]
             info = zipfile.ZipInfo(name)
             info.compress_type = compression
-            mode = member[2] if len(member) > 2 else (stat.S_IFDIR | 0o755 if name.endswith("/") else stat.S_IFREG | 0o644)
+            default = stat.S_IFDIR | 0o755 if name.endswith("/") else stat.S_IFREG | 0o644
+            mode = member[2] if len(member) > 2 else default
             info.external_attr = mode << 16
             info.create_system = 3
             zf.writestr(info, data)
@@ -187,3 +190,51 @@ def multipart_fields(body: bytes, content_type: str) -> dict:
         name = part.get_param("name", header="content-disposition")
         out[name] = (part.get_filename(), part.get_payload(decode=True))
     return out
+
+
+# ---- the fingerprint as the server computes it, of an archive or of bytes in memory ----
+# (the runtime only ever fingerprints a directory: md5.content_md5_dir, md5.hash_skill)
+
+def content_md5_mapping(files: dict) -> str:
+    """The fingerprint of {relative path: bytes} (hidden paths left out, as on disk)."""
+    kept = {rel: data for rel, data in files.items() if not is_hidden(rel)}
+    return md5.digest(kept, lambda rel: [kept[rel]])
+
+
+def is_hidden(rel: str) -> bool:
+    """Left out of the fingerprint: a hidden segment (this covers `._*` and `.DS_Store`) or an
+    archive metadata name (`Thumbs.db`, `__MACOSX`), as the server drops them first."""
+    return any(seg.startswith(".") or seg in md5.METADATA_NAMES for seg in rel.split("/"))
+
+
+def clean_archive_path(name: str) -> str | None:
+    """An archive member's path the way ClawManager's server cleans it; None to drop it."""
+    value = name.strip().replace("\\", "/")
+    while value.startswith("./"):
+        value = value[2:]
+    value = posixpath.normpath(value) if value else ""
+    if value in ("", ".") or value.startswith("..") or value.startswith("/"):
+        return None
+    return value
+
+
+def content_md5_zip(zip_path) -> str:
+    """The fingerprint of a skill zip: its single top-level directory is stripped
+    exactly once, directory entries are ignored (what the server computes)."""
+    with zipfile.ZipFile(zip_path) as zf:
+        members = {}
+        for info in zf.infolist():
+            if info.is_dir():
+                continue
+            cleaned = clean_archive_path(info.filename)
+            if cleaned is None or md5.is_archive_metadata(cleaned):
+                continue  # dropped before the top directory is found, as the server does
+            members[cleaned] = info
+        tops = {rel.split("/", 1)[0] for rel in members}
+        strip = len(tops) == 1 and all("/" in rel for rel in members)
+        files = {}
+        for rel, info in members.items():
+            inner = rel.split("/", 1)[1] if strip else rel
+            if not is_hidden(inner):
+                files[inner] = info
+        return md5.digest(files, lambda rel: [zf.read(files[rel])])

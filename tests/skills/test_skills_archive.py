@@ -6,14 +6,14 @@ import zipfile
 
 import pytest
 import responses
-from skills_helpers import API, FakeRuntime, run, snapshot, zip_bytes
+from skills_helpers import API, FakeRuntime, content_md5_mapping, run, snapshot, zip_bytes
 
 from caldera.errors import CommandError
 from caldera.skills import md5
 
 GOOD = [("weather/", b""), ("weather/SKILL.md", b"---\nname: weather\nversion: 1.2.0\n---\nhello\n"),
         ("weather/src/main.py", b"print('weather')\n")]
-GOOD_MD5 = md5.content_md5_mapping({"SKILL.md": GOOD[1][1], "src/main.py": GOOD[2][1]})
+GOOD_MD5 = content_md5_mapping({"SKILL.md": GOOD[1][1], "src/main.py": GOOD[2][1]})
 
 
 def _shared_data_zip() -> bytes:
@@ -111,7 +111,7 @@ def test_update_replaces_atomically(installed, tmp_path):
     with responses.RequestsMock() as rsps:
         rsps.add(responses.GET, f"{API}/skills/versions/ver_2/download", body=zip_bytes(new), status=200)
         result = run(runtime, "update_skill", {"skill_version": "ver_2", "target_name": "weather",
-                                               "content_md5": md5.content_md5_mapping({"SKILL.md": b"v2\n"})})
+                                               "content_md5": content_md5_mapping({"SKILL.md": b"v2\n"})})
     target = runtime.paths.state_dir / "skills" / "weather"
     assert result["replaced"] is True
     assert sorted(p.name for p in target.iterdir() if not p.name.startswith(".")) == ["SKILL.md"]

@@ -11,9 +11,17 @@ import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from skills_helpers import FakeRuntime, multipart_fields, run, write_tree, zip_bytes
+from skills_helpers import (
+    FakeRuntime,
+    content_md5_mapping,
+    content_md5_zip,
+    multipart_fields,
+    run,
+    write_tree,
+    zip_bytes,
+)
 
-from caldera.skills import md5, watcher
+from caldera.skills import watcher
 
 CONTENT = b'{"mode":"none","resources":[],"schemaVersion":1,"x":"\\u003c"}'
 
@@ -83,7 +91,7 @@ def test_install_then_collect_round_trip(served, tmp_path):
     plane, rt = served
     files = {"SKILL.md": b"# calc\n", "bin/calc.py": bytes(range(256)) * 100}
     plane.archives["ver_4"] = zip_bytes([(f"calc-src/{k}", v) for k, v in files.items()])
-    expected = md5.content_md5_mapping(files)
+    expected = content_md5_mapping(files)
     result = run(rt, "install_skill", {"skill_id": "skill_4", "skill_version": "ver_4", "target_name": "calc",
                                        "content_md5": expected})
     assert result["content_md5"] == expected
@@ -93,7 +101,7 @@ def test_install_then_collect_round_trip(served, tmp_path):
     assert sorted(upload["names"]) == ["calc/SKILL.md", "calc/bin/calc.py"]
     zpath = tmp_path / "got.zip"
     zpath.write_bytes(upload["zip"])
-    assert md5.content_md5_zip(zpath) == expected == up["content_md5"]  # what the server computes
+    assert content_md5_zip(zpath) == expected == up["content_md5"]  # what the server computes
 
 
 def test_revision_over_http(served):

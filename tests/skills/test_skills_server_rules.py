@@ -9,7 +9,15 @@ import zipfile
 import pytest
 import skills_helpers
 from fault_helpers import FaultPlane
-from skills_helpers import FakeRuntime, ctx, multipart_fields, write_tree, zip_bytes
+from skills_helpers import (
+    FakeRuntime,
+    content_md5_mapping,
+    content_md5_zip,
+    ctx,
+    multipart_fields,
+    write_tree,
+    zip_bytes,
+)
 
 from caldera.daemon import dispatch
 from caldera.errors import CommandError
@@ -43,7 +51,7 @@ def test_install_outlasts_transient_errors_within_its_timeout(served):
     plane.fault(r"/versions/ver_4/download$", status=502, body=b"bad gateway")
     plane.fault(r"/versions/ver_4/download$", status=429, body=b'{"error":"slow"}', headers={"Retry-After": "1"})
     result = run_timed(rt, "install_skill", {"skill_id": "skill_4", "skill_version": "ver_4", "target_name": "calc",
-                                             "content_md5": md5.content_md5_mapping(files)})
+                                             "content_md5": content_md5_mapping(files)})
     assert result["target_name"] == "calc" and len(plane.seen(r"/download$")) == 3
 
 
@@ -102,7 +110,7 @@ def test_archive_metadata_is_out_of_md5_and_zip(tmp_path):
     mac = tmp_path / "mac.zip"
     mac.write_bytes(zip_bytes([("s/SKILL.md", b"# s\n"), ("s/sub/x.txt", b"x"), ("__MACOSX/s/._SKILL.md", b"m"),
                                ("s/Thumbs.db", b"t")]))
-    assert md5.content_md5_zip(mac) == md5.content_md5_dir(clean)
+    assert content_md5_zip(mac) == md5.content_md5_dir(clean)
 
 
 def test_unicode_names_are_reported_and_long_names_left_out(tmp_path):
@@ -132,9 +140,9 @@ def test_metadata_files_in_a_download_do_not_break_the_install(served):
     plane.downloads["ver_5"] = zip_bytes([("calc/SKILL.md", b"# calc\n"), ("__MACOSX/calc/._SKILL.md", b"m"),
                                           ("calc/Thumbs.db", b"t")])
     result = run_timed(rt, "install_skill", {"skill_version": "ver_5", "target_name": "calc",
-                                             "content_md5": md5.content_md5_mapping(files)})
+                                             "content_md5": content_md5_mapping(files)})
     installed = rt.paths.state_dir / "skills" / "calc"
-    assert result["content_md5"] == md5.content_md5_mapping(files) and not (installed / "Thumbs.db").exists()
+    assert result["content_md5"] == content_md5_mapping(files) and not (installed / "Thumbs.db").exists()
 
 
 def test_apply_config_revision_outlasts_a_502(served):

@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 import responses
-from skills_helpers import API, FakeRuntime, multipart_fields, run, write_tree
+from skills_helpers import API, FakeRuntime, content_md5_zip, multipart_fields, run, write_tree
 
 from caldera.errors import CommandError
 from caldera.skills import inventory, md5, watcher
@@ -159,7 +159,7 @@ def test_collect_skill_package_uploads_the_fingerprinted_files(rt):
     assert sorted(names) == ["notes/SKILL.md", "notes/run.sh"]
     zpath = rt.paths.state_dir / "up.zip"
     zpath.write_bytes(data)
-    assert md5.content_md5_zip(zpath) == expected
+    assert content_md5_zip(zpath) == expected
     assert not list((rt.paths.state_dir / "cache").glob(".skill-package-*"))
 
 
