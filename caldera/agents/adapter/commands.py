@@ -17,7 +17,7 @@ CONTROL_OF = {"pause": "pause", "resume": "resume", "run_now": "run_now"}
 def _driver(ctx):
     driver = ctx.driver
     if driver is None:
-        raise CommandError(f"{ctx.command_type}: this agent has no adapter (its manifest is not runtime.type: adapter)")
+        raise CommandError(f"{ctx.command.type}: this agent has no adapter (its manifest is not runtime.type: adapter)")
     return driver
 
 
@@ -89,5 +89,5 @@ def log_get(ctx, payload: dict) -> dict:
 
 
 def process_only(ctx, payload: dict) -> dict:
-    raise CommandError(f"{ctx.command_type} acts only in process mode; this agent runs in adapter mode, "
+    raise CommandError(f"{ctx.command.type} acts only in process mode; this agent runs in adapter mode, "
                        "where caldera starts and stops nothing (use pause / resume)")
