@@ -77,7 +77,8 @@ def test_invalid_payload_is_refused_before_running(runtime):
 @responses.activate
 def test_404_on_start_finishes_failed_without_running(runtime):
     responses.add(responses.POST, API + "/register", json=ok({"session_token": "agt_sess_abcdef123"}))
-    responses.add(responses.POST, API + "/commands/1/start", status=404, json={"success": False, "error": "no such command"})
+    responses.add(responses.POST, API + "/commands/1/start", status=404,
+                  json={"success": False, "error": "no such command"})
     command = parse_command({"id": 1, "command_type": "collect_system_info", "payload": {}})
     executor_for(runtime).journal_fetched(command)
     executor_for(runtime).execute(command)

@@ -30,7 +30,7 @@ class RecordingEvent(threading.Event):
 def test_backoff_schedule_with_jitter_bounds():
     backoff = Backoff(rng=random.Random(1))
     delays = [backoff.next_delay() for _ in range(8)]
-    for delay, base in zip(delays, (1, 2, 5, 10, 30, 60, 60, 60)):
+    for delay, base in zip(delays, (1, 2, 5, 10, 30, 60, 60, 60), strict=True):
         assert base * 0.8 <= delay <= base * 1.2
     assert backoff.next_delay(retry_after=300) == 300  # Retry-After is a floor
     backoff.reset()
@@ -41,7 +41,8 @@ def test_backoff_schedule_with_jitter_bounds():
 def test_sender_backs_off_through_an_outage_then_delivers_everything(caldera_env):
     install_agent(caldera_env, base_url=BASE)
     rt = make_parts(with_driver=False)
-    responses.add(responses.POST, API + "/register", json={"success": True, "data": {"session_token": "agt_sess_x1234567"}})
+    responses.add(responses.POST, API + "/register",
+                  json={"success": True, "data": {"session_token": "agt_sess_x1234567"}})
     for i in range(3):
         rt.outbox.put("finish", {"command_id": i, "body": {"status": "succeeded"}})
     outage = {"left": 7}
@@ -57,7 +58,7 @@ def test_sender_backs_off_through_an_outage_then_delivers_everything(caldera_env
     sender.sender_loop(rt.client, rt.outbox, rt.wake, rt.live, rt.redactor)
     delays = rt.outbox.wakeup.delays
     bases = (1, 2, 5, 10, 30, 60, 60)
-    for delay, base in zip(delays, bases):
+    for delay, base in zip(delays, bases, strict=False):
         assert base * 0.8 <= delay <= base * 1.2
     assert delays[len(bases)] == sender.IDLE_WAIT  # delivered: back to idle
     assert rt.outbox.depth() == 0
@@ -70,8 +71,10 @@ def test_sender_backs_off_through_an_outage_then_delivers_everything(caldera_env
 def test_sender_moves_permanently_refused_items_aside(caldera_env):
     install_agent(caldera_env, base_url=BASE)
     rt = make_parts(with_driver=False)
-    responses.add(responses.POST, API + "/register", json={"success": True, "data": {"session_token": "agt_sess_x1234567"}})
-    responses.add(responses.POST, API + "/commands/1/finish", status=400, json={"success": False, "error": "status must be succeeded or failed"})
+    responses.add(responses.POST, API + "/register",
+                  json={"success": True, "data": {"session_token": "agt_sess_x1234567"}})
+    responses.add(responses.POST, API + "/commands/1/finish", status=400,
+                  json={"success": False, "error": "status must be succeeded or failed"})
     responses.add(responses.POST, API + "/commands/2/finish", json={"success": True})
     rt.outbox.put("finish", {"command_id": 1, "body": {}})
     rt.outbox.put("finish", {"command_id": 2, "body": {}})

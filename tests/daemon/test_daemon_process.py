@@ -226,7 +226,8 @@ def test_kill9_of_caldera_run_then_a_new_one_never_runs_two_agents(caldera_env, 
         report = wait_for(lambda: (b := _last(plane)) and b["runtime"].get("openclaw_pid") == second and b,
                           timeout=30, what="a report with the second pid")
         reasons = [e["reason"] for e in report["health"]["entries"]]
-        assert any(f"agent (pid {first}) was still running; it was stopped" in r for r in reasons), (reasons, daemon.log())
+        assert any(f"agent (pid {first}) was still running; it was stopped" in r for r in reasons), \
+            (reasons, daemon.log())
     finally:
         assert daemon.stop() == 0
     assert not _alive(second)

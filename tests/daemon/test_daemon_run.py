@@ -109,7 +109,7 @@ def test_kill9_with_queued_finishes_delivers_all_runs_none_twice(caldera_env, pl
     try:
         wait_for(lambda: all(commands(plane)[i]["status"] == "succeeded" for i in ids), timeout=20,
                  what="every finish delivered")
-        starts = count(plane, "POST", "/api/v1/agent/commands/%d/start" % ids[0])
+        starts = count(plane, "POST", f"/api/v1/agent/commands/{ids[0]}/start")
         assert starts == 1  # executed once: never re-run after the restart
     finally:
         daemon.stop()

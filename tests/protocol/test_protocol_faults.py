@@ -151,7 +151,8 @@ def test_a_nan_result_is_never_sent(plane, tmp_path):
     body = finish_body(AGENT, "succeeded", {"load": float("nan"), "n": [float("inf"), 1]}, "e" * 70_000)
     assert body["result"] == {"load": None, "n": [None, 1]} and len(body["error_message"].encode()) <= 16 * 1024
     outbox = Outbox(tmp_path / "outbox")
-    outbox.put("finish", {"command_id": 1, "body": {"agent_id": AGENT, "status": "failed", "result": {"v": float("nan")}}})
+    outbox.put("finish", {"command_id": 1,
+                          "body": {"agent_id": AGENT, "status": "failed", "result": {"v": float("nan")}}})
     sender.flush(make_client(plane, tmp_path), outbox, threading.Event())
     assert plane.seen(r"/finish$")[0].json()["result"] == {"v": None}
 
