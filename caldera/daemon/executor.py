@@ -104,9 +104,10 @@ class Executor:
         """Run one fetched (journaled) command to its recorded finish; returns the status.
         `deadline` (report --once's) bounds the handler's time and its cancel grace."""
         self._journal_phase(command.key, "executing")
-        started = self._send_start(command)
-        if started is not None:
-            status, result, error = "failed", {}, started
+        result: dict[str, Any] = {}
+        refused = self._send_start(command)
+        if refused is not None:
+            status, error = "failed", refused
         else:
             status, result, error = self.run_handler(command, cancel, deadline)
         self._put_finish(command, status, result, error)
@@ -233,13 +234,11 @@ def _validate(command: Command) -> None:
 
 
 def executor_for(parts: Parts) -> Executor:
-    """The executor of a runtime's parts: handlers get a CommandContext of those parts.
-    Only a connected runtime (`run`, `report --once`) executes commands."""
-    if parts.client is None:
-        raise ValueError("commands come from the control plane: this runtime has no client")
+    """The executor of a connected runtime's parts: handlers get a CommandContext of them."""
+    client, _ = parts.connection()
 
     def context(command: Command, cancel: threading.Event, deadline: float) -> CommandContext:
         return CommandContext.for_command(parts, command, cancel, deadline)
 
-    return Executor(agent_id=parts.identity.agent_id, client=parts.client, state=parts.state, outbox=parts.outbox,
+    return Executor(agent_id=parts.identity.agent_id, client=client, state=parts.state, outbox=parts.outbox,
                     redactor=parts.redactor, report_now=parts.wake.report_now, runs=parts.runs, context=context)
