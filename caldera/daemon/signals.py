@@ -98,13 +98,6 @@ class Signals:
         self._drain()
         return self.count == 0
 
-    def close(self) -> None:
-        """In-process users (tests): the interpreter must not write to a closed (or reused) fd."""
-        if signal.set_wakeup_fd(-1) not in (self._write, -1):
-            raise RuntimeError("another wakeup fd was set after these signals were installed")
-        for fd in (self._read, self._write):
-            os.close(fd)
-
     def wait(self, timeout: float) -> None:
         """Until a signal arrives (or arrived since the last wait) or `timeout` passes."""
         ready, _, _ = select.select([self._read], [], [], max(0.0, timeout))

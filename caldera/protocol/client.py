@@ -281,10 +281,6 @@ class Transport:
             for callback in list(self.on_reconnect):
                 callback()  # every loop tries again now, not after its own backoff
 
-    @property
-    def reachable(self) -> bool | None:
-        return self._reachable
-
     @contextmanager
     def within(self, deadline: float | None) -> Iterator[None]:
         """Bound every request of this thread by `deadline` (time.monotonic()) while inside."""
