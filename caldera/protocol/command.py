@@ -1,8 +1,10 @@
 """A control-plane command, parsed once: when it is fetched (or read back from the journal).
 
 `commands/next` answers untrusted JSON. `parse_command` makes it a frozen `Command`, or
-raises `MalformedCommand` when the command cannot be named (not an object, no usable id):
-such a command can be neither journaled nor started nor finished, so it is only logged.
+raises `MalformedCommand` when the command cannot be named (not an object, no id that is a
+number or a string): such a command can be neither journaled nor started nor finished, so
+it is only logged. An id that names it but may not go into a URL (not digits) is refused
+by the start, which finishes the command failed with that sentence.
 Whatever else is wrong with a command (an unknown type, a payload that is not an object,
 an answer too large to read) does not stop it from being named: the executor finishes it
 `failed` with a sentence saying why (`refusal`, or dispatch's "unsupported command type").
@@ -42,8 +44,8 @@ class Command:
 
 
 def parse_command(raw: Any, *, local: bool = False) -> Command:
-    """The plane's command object as a Command; MalformedCommand (a sentence) when it has
-    no id a URL could carry back. `local` is never read from the plane's object."""
+    """The plane's command object as a Command; MalformedCommand (a sentence) when it
+    cannot be named. `local` is never read from the plane's object."""
     if not isinstance(raw, dict):
         raise MalformedCommand(f"a command must be a JSON object, not {type(raw).__name__}")
     cid = raw.get("id")
