@@ -266,11 +266,11 @@ def test_upload_reaches_a_real_server_unchunked(tmp_path):
     try:
         transport = Transport(plane.url)
         client = ControlPlaneClient(transport, None)
-        body = {"instance_id": 7, "agent_id": "caldera-7-main", "agent_version": "caldera-test",
-                "protocol_version": "v1", "capabilities": [], "host_info": {"runtime_type": "caldera"}}
-        session_file = SessionFile(tmp_path / "s.json", plane.url, 7)
-        client.auth = Auth(bootstrap_token="boot-token-xyz", session_file=session_file,
-                           register=lambda: client.register(body), redactor=Redactor())
+        hello = {"instance_id": 7, "agent_id": "caldera-7-main", "agent_version": "caldera-test",
+                 "protocol_version": "v1", "capabilities": [], "host_info": {"runtime_type": "caldera"}}
+        client.auth = Auth(bootstrap_token="boot-token-xyz",
+                           session_file=SessionFile(tmp_path / "s.json", plane.url, 7),
+                           register=lambda: client.register(hello), redactor=Redactor())
         archive = tmp_path / "hello.zip"
         with zipfile.ZipFile(archive, "w") as zf:
             zf.writestr("hello/SKILL.md", "hello\n")
