@@ -28,12 +28,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from caldera.host import jsonlimits
 from caldera.host.fsutil import NOFOLLOW, atomic_write_bytes, ensure_dir
 from caldera.host.timefmt import rfc3339
 from caldera.protocol.payloads import finite
+
+TYPE_CHECKING = False  # `caldera status` loads this module: typing is not imported at run time (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import Any
 
 log = logging.getLogger("caldera.protocol.outbox")
 

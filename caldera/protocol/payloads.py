@@ -10,12 +10,14 @@ import json
 import math
 import platform
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from caldera import __version__
 from caldera.host.timefmt import rfc3339
 
+TYPE_CHECKING = False  # `caldera status` loads this module: typing is not imported at run time (docs/performance.md)
 if TYPE_CHECKING:
+    from typing import Any
+
     from caldera.config import Settings
     from caldera.host.sampler import Sample
 
