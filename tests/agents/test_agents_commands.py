@@ -75,9 +75,11 @@ def test_logs(tmp_path, pool):
 
 
 def test_process_only_and_no_driver(tmp_path, pool):
+    from caldera.agents.process import commands as process_commands
+
     _, ctx = _ctx(tmp_path, pool, kind="restart_openclaw")
     with pytest.raises(CommandError, match="restart_openclaw acts only in process mode"):
-        commands.process_only(ctx, {})
+        process_commands.restart_openclaw(ctx, {})
     ctx = dataclasses.replace(ctx, driver=None)
     with pytest.raises(CommandError, match="no adapter"):
         commands.pause(ctx, {})

@@ -86,8 +86,3 @@ def log_get(ctx, payload: dict) -> dict:
     answer = _driver(ctx).log_get(name, **_kw(ctx))
     extra = {"name": name, "text": answer.text, "truncated": answer.truncated} if answer.ok else None
     return _result(answer, extra)
-
-
-def process_only(ctx, payload: dict) -> dict:
-    raise CommandError(f"{ctx.command.type} acts only in process mode; this agent runs in adapter mode, "
-                       "where caldera starts and stops nothing (use pause / resume)")
