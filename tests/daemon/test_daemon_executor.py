@@ -79,9 +79,9 @@ def test_404_on_start_finishes_failed_without_running(runtime):
     responses.add(responses.POST, API + "/register", json=ok({"session_token": "agt_sess_abcdef123"}))
     responses.add(responses.POST, API + "/commands/1/start", status=404,
                   json={"success": False, "error": "no such command"})
-    command = parse_command({"id": 1, "command_type": "collect_system_info", "payload": {}})
-    executor_for(runtime).journal_fetched(command)
-    executor_for(runtime).execute(command)
+    command = {"id": 1, "command_type": "collect_system_info", "payload": {}}
+    executor_for(runtime).journal_fetched(parse_command(command))
+    executor_for(runtime).execute(parse_command(command))
     [finish] = finishes(runtime)
     assert "does not know this command" in finish["body"]["error_message"]
     assert not any(c.request.url.endswith("/state/report") for c in responses.calls)
