@@ -24,6 +24,7 @@ from caldera.config import AgentPaths, Settings
 from caldera.daemon.live import LiveStatus
 from caldera.daemon.reporter import Reports
 from caldera.daemon.wakeups import Wakeups
+from caldera.errors import ConfigError
 from caldera.host.fsutil import ensure_dir
 from caldera.host.sampler import Sampler
 from caldera.host.statefile import StateFile
@@ -167,16 +168,18 @@ def _load_manifest(paths: AgentPaths) -> Manifest | None:
 
 def _build_client(parts: Parts, transport_session: requests.Session | None) -> tuple[ControlPlaneClient, Auth]:
     settings = parts.settings
-    transport = Transport(settings.base_url, ca_bundle=settings.ca_bundle, session=transport_session,
+    base_url, token, instance_id = settings.base_url, settings.bootstrap_token, settings.instance_id
+    if base_url is None or token is None or instance_id is None:  # load_settings refuses that when enabled
+        raise ConfigError("an enabled agent needs CALDERA_BASE_URL, CALDERA_TOKEN and CALDERA_INSTANCE_ID")
+    transport = Transport(base_url, ca_bundle=settings.ca_bundle, session=transport_session,
                           on_reconnect=parts.wake.reconnected)
-    session_file = SessionFile(parts.paths.state_dir / "session.json", settings.base_url, settings.instance_id,
+    session_file = SessionFile(parts.paths.state_dir / "session.json", base_url, instance_id,
                                parts.identity.agent_id)
     client: ControlPlaneClient  # assigned below: register is called only after both exist
 
     def register() -> dict[str, Any]:  # the first call that needs a session makes it
         return client.register(register_body(parts.identity, parts.settings))
 
-    auth = Auth(bootstrap_token=settings.bootstrap_token, session_file=session_file, register=register,
-                redactor=parts.redactor)
+    auth = Auth(bootstrap_token=token, session_file=session_file, register=register, redactor=parts.redactor)
     client = ControlPlaneClient(transport, auth)
     return client, auth
