@@ -71,6 +71,7 @@ class CommandContext:
     """What a handler is given: the command, its cancel and deadline, and the runtime's
     parts a handler may use, each by name (built per command by `for_command`).
 
+    command:   the frozen Command parsed at fetch (caldera.protocol.command).
     cancel:    set when the command's timeout passes or the operator cancels; long
                work checks it and subprocesses are killed on it.
     deadline:  time.monotonic() by which the command must be finished.
