@@ -1,10 +1,15 @@
 """The built-in commands of seed 004: collect_system_info and health_check."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from caldera.errors import CalderaError
 
+if TYPE_CHECKING:
+    from caldera.daemon.dispatch import CommandContext
 
-def _send_now(ctx) -> tuple[dict, bool]:
+
+def _send_now(ctx: CommandContext) -> tuple[dict[str, Any], bool]:
     """Sample and send a state report through the one 2 s floor (`ReportFloor`): a burst of
     these commands never sends faster, and one that waited while another report went out
     takes that report. (the report, whether it was delivered).
@@ -24,13 +29,13 @@ def _send_now(ctx) -> tuple[dict, bool]:
     return report, True
 
 
-def collect_system_info(ctx, payload: dict) -> dict:
+def collect_system_info(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
     report, delivered = _send_now(ctx)
     return {"message": "system info collected", "system_info": report["system_info"],
             "metrics_collector": report["health"]["metrics_collector"], "report_delivered": delivered}
 
 
-def health_check(ctx, payload: dict) -> dict:
+def health_check(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
     report, delivered = _send_now(ctx)
     health = report["health"]
     checks = {key: health.get(key) for key in ("runtime_process", "agent", "metrics_collector", "adapter")

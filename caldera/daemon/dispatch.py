@@ -11,12 +11,25 @@ from __future__ import annotations
 import importlib
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from caldera.errors import CommandError
 
-DEFAULT_TIMEOUT_SECONDS = 300
+if TYPE_CHECKING:
+    from caldera.agents.driver import AgentDriver
+    from caldera.backends.registry import ActiveRuns
+    from caldera.config import AgentPaths, Settings
+    from caldera.daemon.live import LiveStatus
+    from caldera.daemon.reporter import Reports
+    from caldera.daemon.wakeups import Wakeups
+    from caldera.daemon.wiring import Current, Parts
+    from caldera.host.statefile import StateFile
+    from caldera.protocol.client import ControlPlaneClient
+    from caldera.protocol.command import Command
+    from caldera.protocol.outbox import Outbox
+    from caldera.redact import Redactor
+    from caldera.skills.publish import Publisher
 
 # command_type -> "module:function"
 HANDLERS: dict[str, str] = {
@@ -58,6 +71,7 @@ class CommandContext:
     """What a handler is given: the command, its cancel and deadline, and the runtime's
     parts a handler may use, each by name (built per command by `for_command`).
 
+    command:   the frozen Command parsed at fetch (caldera.protocol.command).
     cancel:    set when the command's timeout passes or the operator cancels; long
                work checks it and subprocesses are killed on it.
     deadline:  time.monotonic() by which the command must be finished.
@@ -65,26 +79,26 @@ class CommandContext:
                the holder, for the handlers that replace them: reload_config, revisions).
     """
 
-    command: dict
-    cancel: threading.Event = field(default_factory=threading.Event)
-    deadline: float = 0.0
-    agent_id: str = ""
-    paths: Any = None
-    settings: Any = None
-    driver: Any = None
-    current: Any = None  # caldera.daemon.wiring.Current
-    redactor: Any = None
-    client: Any = None  # None when the agent is not connected
-    outbox: Any = None
-    state: Any = None
-    wake: Any = None  # caldera.daemon.wakeups.Wakeups
-    live: Any = None  # caldera.daemon.live.LiveStatus
-    reports: Any = None  # caldera.daemon.reporter.Reports
-    runs: Any = None  # caldera.backends.registry.ActiveRuns
-    publisher: Any = None  # caldera.skills.publish.Publisher
+    command: Command
+    cancel: threading.Event
+    deadline: float
+    agent_id: str
+    paths: AgentPaths
+    settings: Settings
+    driver: AgentDriver | None  # None without a manifest
+    current: Current
+    redactor: Redactor
+    client: ControlPlaneClient | None  # None when the agent is not connected
+    outbox: Outbox
+    state: StateFile
+    wake: Wakeups
+    live: LiveStatus
+    reports: Reports
+    runs: ActiveRuns
+    publisher: Publisher
 
     @classmethod
-    def for_command(cls, parts, command: dict, cancel: threading.Event, deadline: float) -> CommandContext:
+    def for_command(cls, parts: Parts, command: Command, cancel: threading.Event, deadline: float) -> CommandContext:
         current = parts.current
         return cls(command=command, cancel=cancel, deadline=deadline, agent_id=parts.identity.agent_id,
                    paths=parts.paths, settings=current.settings, driver=current.driver, current=current,
@@ -92,30 +106,24 @@ class CommandContext:
                    wake=parts.wake, live=parts.live, reports=parts.reports, runs=parts.runs,
                    publisher=parts.publisher)
 
-    @property
-    def command_id(self):
-        return self.command.get("id")
-
-    @property
-    def command_type(self) -> str:
-        return self.command.get("command_type", "")
-
     def report_now(self) -> None:
-        if self.wake is not None:
-            self.wake.report_now()
+        self.wake.report_now()
 
     def inventory_changed(self) -> None:
-        if self.wake is not None:
-            self.wake.inventory_changed()
+        self.wake.inventory_changed()
 
 
-def resolve(command_type: str) -> Callable[[CommandContext, dict], dict]:
+Handler = Callable[[CommandContext, dict[str, Any]], dict[str, Any]]
+
+
+def resolve(command_type: str) -> Handler:
     """The handler for a type; CommandError for an unknown one."""
     target = HANDLERS.get(command_type)
     if target is None:
         raise CommandError(f"unsupported command type: {command_type}")
     module_name, func_name = target.split(":")
-    return getattr(importlib.import_module(module_name), func_name)
+    handler: Handler = getattr(importlib.import_module(module_name), func_name)
+    return handler
 
 
 def schema_name(command_type: str) -> str:

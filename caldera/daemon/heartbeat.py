@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from caldera.daemon.live import LiveStatus, ago
 from caldera.daemon.reporter import REVISION_KEY, Reports
@@ -17,6 +18,12 @@ from caldera.daemon.wakeups import Wakeups, wait_any
 from caldera.errors import CalderaError
 from caldera.host.timefmt import rfc3339
 from caldera.protocol.retry import Backoff
+
+if TYPE_CHECKING:
+    from caldera.host.statefile import StateFile
+    from caldera.protocol.client import ControlPlaneClient
+    from caldera.protocol.session import Auth
+    from caldera.redact import Redactor
 
 log = logging.getLogger("caldera.heartbeat")
 DEFAULT_INTERVAL = 15.0
@@ -26,13 +33,14 @@ CONNECTION_KEY = "connection"  # state.json
 class ConnectionStatus:
     """Last success / last error of the heartbeat, mirrored into state.json."""
 
-    def __init__(self, state, redactor, auth=None, on_recovery: Callable[[], None] | None = None):
+    def __init__(self, state: StateFile, redactor: Redactor, auth: Auth | None = None,
+                 on_recovery: Callable[[], None] | None = None):
         self.state, self.redactor, self.auth = state, redactor, auth
         self.on_recovery = on_recovery or (lambda: None)
         self.last_ok: float | None = None  # monotonic
         self.failing = False
 
-    def ok(self, data: dict) -> None:
+    def ok(self, data: dict[str, Any]) -> None:
         if self.failing:
             log.info("control plane reachable again")
             self.on_recovery()  # deliver what waited, without sitting out the backoff
@@ -47,9 +55,9 @@ class ConnectionStatus:
             log.warning("heartbeat failed: %s (last successful was %s)", reason, ago(self.last_ok),
                         exc_info=not isinstance(exc, CalderaError))  # anything else is a bug: show where
         self.failing = True
-        blocked = getattr(self.auth, "blocked_reason", None)
+        blocked = self.auth.blocked_reason if self.auth is not None else None
 
-        def mark(conn):
+        def mark(conn: dict[str, Any] | None) -> dict[str, Any]:
             conn = conn or {}
             conn.update(last_error=reason, last_error_at=rfc3339(), auth_blocked=blocked)
             return conn
@@ -57,7 +65,8 @@ class ConnectionStatus:
         self.state.update(CONNECTION_KEY, mark)
 
 
-def send_heartbeat(client, reports: Reports, state, wake: Wakeups, on_desired: Callable[[int], None]) -> dict:
+def send_heartbeat(client: ControlPlaneClient, reports: Reports, state: StateFile, wake: Wakeups,
+                   on_desired: Callable[[Any], None]) -> dict[str, Any]:
     """One heartbeat; returns the response data and acts on its hints."""
     data = client.heartbeat(reports.heartbeat()) or {}
     if data.get("has_pending_command"):
@@ -68,8 +77,8 @@ def send_heartbeat(client, reports: Reports, state, wake: Wakeups, on_desired: C
     return data
 
 
-def heartbeat_loop(client, auth, reports: Reports, status: ConnectionStatus, wake: Wakeups, live: LiveStatus,
-                   on_desired: Callable[[int], None]) -> None:
+def heartbeat_loop(client: ControlPlaneClient, auth: Auth, reports: Reports, status: ConnectionStatus, wake: Wakeups,
+                   live: LiveStatus, on_desired: Callable[[Any], None]) -> None:
     backoff = Backoff()
     while not wake.stop.is_set():
         live.tick("heartbeat")

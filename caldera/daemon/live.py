@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from caldera.host.timefmt import human_age
 from caldera.protocol.payloads import default_section
+
+if TYPE_CHECKING:
+    from caldera.host.sampler import Sample
 
 DROPS_KEY = "drops"  # state.json
 
 
 class LiveStatus:
-    def __init__(self):
-        self.last_sample = None
-        self.last_section: dict = default_section()
+    def __init__(self) -> None:
+        self.last_sample: Sample | None = None
+        self.last_section: dict[str, Any] = default_section()
         self.skill_count: int | None = None
         self._ticks: dict[str, float] = {}
         self._counters: dict[str, Callable[[], int]] = {}
@@ -32,7 +36,7 @@ class LiveStatus:
     def tick(self, loop: str) -> None:
         self._ticks[loop] = time.monotonic()
 
-    def alive(self, loops, limit: float) -> bool:
+    def alive(self, loops: Iterable[str], limit: float) -> bool:
         """Every named loop turned within `limit` seconds (one that never turned counts as alive)."""
         now = time.monotonic()
         return all(now - self._ticks.get(name, now) < limit for name in loops)

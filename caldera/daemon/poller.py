@@ -8,36 +8,46 @@ is journaled before it is handed on: the server never hands it out again.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from caldera.daemon.executor import Executor
-from caldera.daemon.lanes import LanesClosed
+from caldera.daemon.lanes import Lanes, LanesClosed
 from caldera.daemon.live import LiveStatus
 from caldera.daemon.wakeups import Wakeups, wait_any
+from caldera.protocol.command import Command, MalformedCommand, parse_command
 from caldera.protocol.retry import Backoff
+
+if TYPE_CHECKING:
+    from caldera.protocol.client import ControlPlaneClient
+    from caldera.protocol.session import Auth
 
 log = logging.getLogger("caldera.poller")
 DEFAULT_INTERVAL = 5.0
 
 
-def fetch_one(client, executor: Executor) -> dict | None:
-    """Fetch the next command and journal it; None when there is none."""
-    command = client.next_command()
-    if not command:
+def fetch_one(client: ControlPlaneClient, executor: Executor) -> Command | None:
+    """Fetch the next command, parse it and journal it; None when there is none, or when
+    it cannot be named (then it can be neither started nor finished: it is logged)."""
+    raw = client.next_command()
+    if not raw:
         return None
-    if not isinstance(command, dict) or command.get("id") is None:
-        log.error("control plane sent a command without an id: %r", executor.redactor(command))
+    try:
+        command = parse_command(raw)
+    except MalformedCommand as exc:
+        log.error("control plane sent %s: %r", exc, executor.redactor(raw))
         return None
     executor.journal_fetched(command)
-    log.info("command %s (%s) received", command["id"], command.get("command_type"))
+    log.info("command %s (%s) received", command.id, command.type)
     return command
 
 
-def poll_interval(auth) -> float:
+def poll_interval(auth: Auth) -> float:
     info = auth.info  # None until the first call registers
     return info.poll_interval if info else DEFAULT_INTERVAL
 
 
-def poll_loop(client, auth, executor: Executor, lanes, wake: Wakeups, live: LiveStatus) -> None:
+def poll_loop(client: ControlPlaneClient, auth: Auth, executor: Executor, lanes: Lanes, wake: Wakeups,
+              live: LiveStatus) -> None:
     backoff = Backoff()
     while not wake.stop.is_set() and not wake.draining.is_set():
         live.tick("poller")
@@ -55,7 +65,7 @@ def poll_loop(client, auth, executor: Executor, lanes, wake: Wakeups, live: Live
             try:
                 lanes.submit(command)
             except LanesClosed:  # stopping: the journal keeps it, the next start executes it
-                log.info("command %s kept for the next start (stopping)", command["id"])
+                log.info("command %s kept for the next start (stopping)", command.id)
                 return
             continue  # there may be more: ask again as soon as the lane is free
         wait_any(wake.stop, wake.poll, poll_interval(auth))

@@ -12,16 +12,19 @@ kept: a reload never stops a working agent.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from caldera.config import changed_names, load_settings
 from caldera.errors import ConfigError
 
+if TYPE_CHECKING:
+    from caldera.daemon.wiring import Parts
+
 log = logging.getLogger("caldera.daemon.reload")
 
 
-def reread(parts) -> bool:
-    """True when the configuration changed and the daemon must restart in place.
-    `parts`: caldera.daemon.wiring.Parts."""
+def reread(parts: Parts) -> bool:
+    """True when the configuration changed and the daemon must restart in place."""
     paths = parts.paths
     try:
         fresh = load_settings(paths)
@@ -39,7 +42,7 @@ def reread(parts) -> bool:
     return True
 
 
-def _sentence(exc) -> str:
+def _sentence(exc: Exception) -> str:
     if isinstance(exc, OSError) and exc.filename:
         return f"{exc.filename}: {exc.strerror or exc}"
     return str(exc)

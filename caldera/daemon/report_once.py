@@ -13,20 +13,23 @@ import logging
 import sys
 import threading
 import time
+from typing import Any
 
-from caldera.daemon.executor import executor_for
+from caldera.daemon.executor import Executor, executor_for
 from caldera.daemon.heartbeat import ConnectionStatus, send_heartbeat
 from caldera.daemon.poller import fetch_one
 from caldera.daemon.reporter import MIN_SPACING
 from caldera.daemon.sender import flush
 from caldera.daemon.wiring import Parts
 from caldera.errors import Retryable
+from caldera.host.fsutil import StateLock
+from caldera.protocol.client import ControlPlaneClient
 
 log = logging.getLogger("caldera.report")
 LOCK_POLL = 0.2
 
 
-def take_lock(lock, deadline: float, stop: threading.Event) -> str | None:
+def take_lock(lock: StateLock, deadline: float, stop: threading.Event) -> str | None:
     """None when taken; else why not ('daemon' or a timeout)."""
     while True:
         if lock.acquire():
@@ -42,13 +45,14 @@ def take_lock(lock, deadline: float, stop: threading.Event) -> str | None:
 def report_once(parts: Parts, deadline: float) -> int:
     """Every request is bounded by `deadline` (the client's `within`): it returns by then
     even while the server hangs or trickles."""
-    with parts.client.within(deadline):
-        return _report_once(parts, deadline)
+    client, _ = parts.connection()
+    with client.within(deadline):
+        return _report_once(parts, client, deadline)
 
 
-def _report_once(parts: Parts, deadline: float) -> int:
+def _report_once(parts: Parts, client: ControlPlaneClient, deadline: float) -> int:
     executor = executor_for(parts)
-    client, redactor = parts.client, parts.redactor
+    redactor = parts.redactor
     status = ConnectionStatus(parts.state, redactor, parts.auth)
     cancel = threading.Event()  # a command still running at the deadline is cancelled
     timer = threading.Timer(max(0.0, deadline - time.monotonic()), cancel.set)
@@ -57,7 +61,7 @@ def _report_once(parts: Parts, deadline: float) -> int:
     try:
         section = parts.reports.section()  # once: the heartbeat and the report both carry it
         status.ok(send_heartbeat(client, parts.reports, parts.state, parts.wake, _ignore_desired))
-        _send_report(parts, section)
+        _send_report(parts, client, section)
     except Exception as exc:  # noqa: BLE001 -- said on stderr, exit 1, outbox kept
         status.error(exc)
         print(f"caldera report: not delivered: {redactor(str(exc))}", file=sys.stderr)
@@ -66,11 +70,11 @@ def _report_once(parts: Parts, deadline: float) -> int:
         # No watcher here: one scan per run, sent only when it differs from what the plane
         # last accepted (skills/publish.py), so an unchanged host costs the plane nothing.
         parts.publisher.scan_and_send_if_changed("startup")
-        ran = _run_commands(parts, executor, cancel, deadline)
+        ran = _run_commands(parts, client, executor, cancel, deadline)
         # commands changed the state: report it once more (else the first report stands), when the
         # 2 s floor still leaves time before the deadline (else the next run reports it)
         if ran and time.monotonic() + MIN_SPACING < deadline:
-            _send_report(parts)
+            _send_report(parts, client)
     except Exception as exc:  # noqa: BLE001 -- the report itself was delivered
         log.warning("after the report: %s (kept for the next run: %d in the outbox)",
                     redactor(str(exc)), parts.outbox.depth())
@@ -80,28 +84,29 @@ def _report_once(parts: Parts, deadline: float) -> int:
     return 0
 
 
-def _send_report(parts: Parts, section: dict | None = None) -> None:
-    body, _ = parts.reports.send(parts.client, parts.wake.stop, section)  # the one 2 s floor
+def _send_report(parts: Parts, client: ControlPlaneClient, section: dict[str, Any] | None = None) -> None:
+    body, _ = parts.reports.send(client, parts.wake.stop, section)  # the one 2 s floor
     if body is None:
         raise Retryable("stopped before the report was sent")
 
 
-def _run_commands(parts: Parts, executor, cancel: threading.Event, deadline: float) -> int:
+def _run_commands(parts: Parts, client: ControlPlaneClient, executor: Executor, cancel: threading.Event,
+                  deadline: float) -> int:
     """Recovered commands first, then what the plane has, until the deadline; how many ran."""
     ran = 0
     for command in executor.recover():
         executor.execute(command, cancel, deadline)
         ran += 1
-    flush(parts.client, parts.outbox, parts.wake.stop, deadline=deadline)
+    flush(client, parts.outbox, parts.wake.stop, deadline=deadline)
     while time.monotonic() < deadline:
-        command = fetch_one(parts.client, executor)
-        if command is None:
+        fetched = fetch_one(client, executor)
+        if fetched is None:
             break
-        executor.execute(command, cancel, deadline)
+        executor.execute(fetched, cancel, deadline)
         ran += 1
-        flush(parts.client, parts.outbox, parts.wake.stop, deadline=deadline)
+        flush(client, parts.outbox, parts.wake.stop, deadline=deadline)
     return ran
 
 
-def _ignore_desired(revision_id) -> None:
+def _ignore_desired(revision_id: Any) -> None:
     """A one-shot run applies no revision from a heartbeat hint: the plane sends the command."""

@@ -14,11 +14,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from caldera.daemon.live import DROPS_KEY, LiveStatus, ago
 from caldera.daemon.wakeups import Wakeups, wait_any
 from caldera.protocol.payloads import Identity, finite, heartbeat_body, state_report_body
 from caldera.protocol.retry import Backoff
+
+if TYPE_CHECKING:
+    from caldera.daemon.wiring import Current
+    from caldera.host.sampler import Sampler
+    from caldera.host.statefile import StateFile
+    from caldera.protocol.client import ControlPlaneClient
+    from caldera.redact import Redactor
 
 log = logging.getLogger("caldera.reporter")
 MIN_SPACING = 2.0
@@ -28,16 +36,15 @@ REVISION_KEY = "current_config_revision_id"  # state.json
 class ReportFloor:
     """The one 2 s floor of every state report; sends are serialised under its lock."""
 
-    def __init__(self, spacing: float = MIN_SPACING, clock=time.monotonic):
+    def __init__(self, spacing: float = MIN_SPACING, clock: Callable[[], float] = time.monotonic):
         self.spacing, self._clock = spacing, clock
         self._lock = threading.Lock()
         self._last_sent: float | None = None  # when the last report was built and sent
         self._last_done: float | None = None  # when the last delivered report arrived
-        self.last_body: dict | None = None  # the last report built (delivered or not)
-        self.sent = 0
+        self.last_body: dict[str, Any] | None = None  # the last report built (delivered or not)
 
-    def send(self, client, build: Callable[[], dict], wait: threading.Event, lock_timeout: float | None = None,
-             coalesce: bool = False) -> tuple[dict | None, bool]:
+    def send(self, client: ControlPlaneClient, build: Callable[[], dict[str, Any]], wait: threading.Event,
+             lock_timeout: float | None = None, coalesce: bool = False) -> tuple[dict[str, Any] | None, bool]:
         """(the report, whether it was this call that sent it). With `coalesce`, a report
         delivered while this call waited for the floor is returned instead of sending another
         (a burst of collect_system_info yields one); (None, False) when `wait` was set before
@@ -58,7 +65,6 @@ class ReportFloor:
             self._last_sent = built_at
             client.state_report(body)
             self._last_done = self._clock()
-            self.sent += 1
             return body, True
         finally:
             self._lock.release()
@@ -69,27 +75,27 @@ class Reports:
     """Builds the heartbeat and state-report bodies from what the runtime knows now."""
 
     identity: Identity
-    current: object  # caldera.daemon.wiring.Current: the settings and the driver, as they are now
-    state: object  # StateFile: the current config revision
-    sampler: object
+    current: Current  # the settings and the driver, as they are now
+    state: StateFile  # the current config revision
+    sampler: Sampler
     live: LiveStatus
-    redactor: Callable
+    redactor: Redactor
     floor: ReportFloor = field(default_factory=ReportFloor)
-    health_extra: Callable[[], dict] = dict  # more health entries (the outbox's held-back items)
+    health_extra: Callable[[], dict[str, Any]] = dict  # more health entries (the outbox's held-back items)
 
-    def send(self, client, wait: threading.Event, section: dict | None = None,
-             lock_timeout: float | None = None, coalesce: bool = False) -> tuple[dict | None, bool]:
+    def send(self, client: ControlPlaneClient, wait: threading.Event, section: dict[str, Any] | None = None,
+             lock_timeout: float | None = None, coalesce: bool = False) -> tuple[dict[str, Any] | None, bool]:
         """Build and send one state report through the floor (see `ReportFloor.send`)."""
         return self.floor.send(client, lambda: self.state_report(section), wait, lock_timeout, coalesce)
 
-    def section(self) -> dict:
+    def section(self) -> dict[str, Any]:
         """The agent's part of a report (its driver's answer), kept in `live` for heartbeats."""
         driver = self.current.driver
         if driver is not None:
             self.live.last_section = driver.report_section()
         return self.live.last_section
 
-    def state_report(self, section: dict | None = None) -> dict:
+    def state_report(self, section: dict[str, Any] | None = None) -> dict[str, Any]:
         """A full state report, redacted; `section` when the caller already has the agent's part."""
         section = section or self.section()
         self.live.last_sample = self.sampler.sample()
@@ -99,21 +105,22 @@ class Reports:
         body["health"].update(self.health_extra())
         return self.redactor(finite(body))
 
-    def _drops(self) -> dict:
+    def _drops(self) -> dict[str, int]:
         """The drop counters (outbox, events, lanes), mirrored into state.json for `caldera status`."""
         drops = self.live.drops()
         if drops != self.state.get(DROPS_KEY):
             self.state.set(DROPS_KEY, drops)
         return drops
 
-    def heartbeat(self) -> dict:
+    def heartbeat(self) -> dict[str, Any]:
         """A heartbeat from the last section and sample (a heartbeat never calls the agent)."""
         return finite(heartbeat_body(self.identity.agent_id, self.current.settings, self.state.get(REVISION_KEY),
                                      self.live.last_section, self.live.last_sample, self.live.skill_count))
 
 
-def report_loop(client, reports: Reports, wake: Wakeups, live: LiveStatus, interval: Callable[[], float],
-                redactor, after_report: Callable[[], None] = lambda: None) -> None:
+def report_loop(client: ControlPlaneClient, reports: Reports, wake: Wakeups, live: LiveStatus,
+                interval: Callable[[], float], redactor: Redactor,
+                after_report: Callable[[], None] = lambda: None) -> None:
     """`after_report`: the daemon's status.json snapshot (caldera.daemon.snapshot)."""
     backoff, last_ok, failing = Backoff(), None, False
     while not wake.stop.is_set():

@@ -20,9 +20,11 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from caldera.agents.driver import as_process_driver
-from caldera.daemon.executor import executor_for
+from caldera.daemon.executor import Executor, executor_for
 from caldera.daemon.heartbeat import ConnectionStatus, heartbeat_loop
 from caldera.daemon.lanes import Lanes
 from caldera.daemon.poller import poll_loop
@@ -35,6 +37,9 @@ from caldera.daemon.wiring import Parts
 from caldera.host import proc, sdnotify
 from caldera.host.fsutil import StateLock
 from caldera.skills.watcher import skills_loop
+
+if TYPE_CHECKING:
+    from caldera.agents.process.control import ControlServer
 
 log = logging.getLogger("caldera.daemon")
 
@@ -64,16 +69,16 @@ def agent_stop_limit(stop_timeout: float) -> float:
     return 2 * (stop_timeout + proc.STOP_KILL_WAIT + proc.REAP_WAIT) + 10.0
 
 
-def start_threads(parts: Parts, lanes: Lanes, executor) -> list[threading.Thread]:
+def start_threads(parts: Parts, lanes: Lanes, executor: Executor) -> list[threading.Thread]:
     """One thread per loop, each given the few parts it uses."""
-    client, wake, live, redactor = parts.client, parts.wake, parts.live, parts.redactor
-    status = ConnectionStatus(parts.state, redactor, parts.auth, on_recovery=wake.outbox.set)
-    bodies = [
-        ("heartbeat", heartbeat_loop, (client, parts.auth, parts.reports, status, wake, live,
-                                       lanes.desired_revision)),
+    client, auth = parts.connection()
+    wake, live, redactor = parts.wake, parts.live, parts.redactor
+    status = ConnectionStatus(parts.state, redactor, auth, on_recovery=wake.outbox.set)
+    bodies: list[tuple[str, Callable[..., None], tuple[Any, ...]]] = [
+        ("heartbeat", heartbeat_loop, (client, auth, parts.reports, status, wake, live, lanes.desired_revision)),
         ("reporter", report_loop, (client, parts.reports, wake, live, lambda: parts.settings.report_interval,
                                    redactor, lambda: write_snapshot(parts))),
-        ("poller", poll_loop, (client, parts.auth, executor, lanes, wake, live)),
+        ("poller", poll_loop, (client, auth, executor, lanes, wake, live)),
         ("sender", sender_loop, (client, parts.outbox, wake, live, redactor)),
         ("skills", skills_loop, (parts.publisher, wake, live)),
     ]
@@ -133,7 +138,16 @@ def _run_local(parts: Parts, signals: Signals) -> int:
     return 0
 
 
-def start_agent_supervisor(parts):
+class Supervision(NamedTuple):
+    """A process-mode agent's supervision while the daemon runs."""
+
+    stop: threading.Event  # set: the supervisor stops the agent and returns
+    thread: threading.Thread
+    server: ControlServer  # the host CLI's verbs
+    limit: Callable[[], float]  # how long the agent's stop may take (agent_stop_limit)
+
+
+def start_agent_supervisor(parts: Parts) -> Supervision | None:
     """Process mode: the supervisor thread and the CLI's control socket; None otherwise."""
     driver = as_process_driver(parts.current.driver)
     if driver is None:
@@ -145,10 +159,10 @@ def start_agent_supervisor(parts):
     thread.start()
     server = ControlServer(driver, parts.paths.state_dir, parts.redactor)
     server.start()
-    return stop, thread, server, lambda: agent_stop_limit(driver.spec.stop_timeout)
+    return Supervision(stop, thread, server, lambda: agent_stop_limit(driver.spec.stop_timeout))
 
 
-def stop_agent_supervisor(agent) -> None:
+def stop_agent_supervisor(agent: Supervision | None) -> None:
     """The agent first (SIGTERM to the runtime stops it gracefully), then the control socket.
     While it stops, systemd is asked for more time (EXTEND_TIMEOUT_USEC), up to a bound."""
     if agent is None:
@@ -178,6 +192,7 @@ def _watchdog_period() -> float:
 
 
 def _run_connected(parts: Parts, signals: Signals) -> int:
+    client, _ = parts.connection()
     executor = executor_for(parts)
     lanes = Lanes(executor, on_idle=parts.wake.poll.set)
     parts.live.count_drops("lanes", lambda: lanes.refused)
@@ -206,7 +221,7 @@ def _run_connected(parts: Parts, signals: Signals) -> int:
     parts.wake.poll.set()
     stop_agent_supervisor(agent)  # the agent first: SIGTERM stops it gracefully (a reload restarts it)
     log.info("stopping: draining (a second signal cancels the running command)")
-    _drain(lanes, signals, parts.client.transport.abort)
+    _drain(lanes, signals, client.transport.abort)
     _stop(parts, threads, time.monotonic() + STOP_BUDGET)
     parts.pool.shutdown(wait=False, cancel_futures=True)
     if outcome == REEXEC:
@@ -216,8 +231,9 @@ def _run_connected(parts: Parts, signals: Signals) -> int:
 
 
 def _stop(parts: Parts, threads: list[threading.Thread], stop_by: float) -> None:
+    client, _ = parts.connection()
     parts.wake.shutdown()
-    interrupted = parts.client.transport.abort("stopping")  # a hanging server holds no loop
+    interrupted = client.transport.abort("stopping")  # a hanging server holds no loop
     loops_by = time.monotonic() + LOOPS_END
     for thread in threads:
         thread.join(max(0.0, loops_by - time.monotonic()))
@@ -229,7 +245,7 @@ def _stop(parts: Parts, threads: list[threading.Thread], stop_by: float) -> None
     write_snapshot(parts)  # `caldera status` after the stop shows what it left (the outbox after the flush)
 
 
-def _drain(lanes: Lanes, signals: Signals, abort) -> None:
+def _drain(lanes: Lanes, signals: Signals, abort: Callable[[str], int]) -> None:
     deadline = time.monotonic() + DRAIN_GRACE
     while not lanes.idle() and time.monotonic() < deadline and signals.count < 2:
         signals.wait(0.2)
@@ -242,7 +258,7 @@ def _drain(lanes: Lanes, signals: Signals, abort) -> None:
 
 def _final_flush(parts: Parts, stop_by: float) -> None:
     """Flush the outbox, then the final report (`stopping`), each call bounded by `stop_by`."""
-    client = parts.client
+    client, _ = parts.connection()
     flush_by = stop_by - FINAL_REPORT
     try:
         with client.within(flush_by):
@@ -270,7 +286,7 @@ def arm_exit_guard(seconds: float = EXIT_GUARD) -> threading.Timer:
     (a non-daemon thread that does not end: a pool worker, a lane), say where every thread
     is and exit 0. Every result is durable by now (journal, outbox), and a daemon asked to
     stop must stop: systemd would otherwise wait for TimeoutStopSec and kill it."""
-    def fire():
+    def fire() -> None:
         log.error("still running %g s after stopping; every thread's stack follows; exiting", seconds)
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()

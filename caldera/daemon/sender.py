@@ -15,7 +15,9 @@ What an answer means for one item (SPEC section 5, docs/runtime.md):
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from typing import TYPE_CHECKING, Any
 
 from caldera.daemon.live import LiveStatus
 from caldera.daemon.wakeups import Wakeups, wait_any
@@ -25,12 +27,17 @@ from caldera.protocol.payloads import ERROR_MESSAGE_CAP, cut_finish
 from caldera.protocol.retry import Backoff
 from caldera.skills import publish
 
+if TYPE_CHECKING:
+    from caldera.protocol.client import ControlPlaneClient
+    from caldera.protocol.outbox import Outbox
+    from caldera.redact import Redactor
+
 log = logging.getLogger("caldera.sender")
 IDLE_WAIT = 30.0
 PLANE_AWAY = (429, 502, 503, 504)
 
 
-def _deliver(client, item: dict) -> None:
+def _deliver(client: ControlPlaneClient, item: dict[str, Any]) -> None:
     kind = item.get("kind")
     if kind == "finish":
         client.finish_command(item["command_id"], item["body"])
@@ -52,13 +59,13 @@ def plane_away(exc: BaseException) -> bool:
 class Pass:
     """One pass over the outbox; `held` and `rejected` count what it set aside."""
 
-    def __init__(self, client, outbox, backoff: Backoff | None = None):
+    def __init__(self, client: ControlPlaneClient, outbox: Outbox, backoff: Backoff | None = None):
         self.client, self.outbox = client, outbox
         self.backoff = backoff or Backoff()
         self.held = self.rejected = 0
 
-    def run(self, stop, deadline: float | None) -> None:
-        held_commands = set()  # a held-back start keeps its command's finish behind it
+    def run(self, stop: threading.Event, deadline: float | None) -> None:
+        held_commands: set[Any] = set()  # a held-back start keeps its command's finish behind it
         for name, item in self.outbox.items():
             if (stop.is_set() and deadline is None) or (deadline is not None and time.monotonic() > deadline):
                 return
@@ -69,7 +76,7 @@ class Pass:
                 if item.get("kind") == "start":
                     held_commands.add(command_id)
 
-    def one(self, name: str, item: dict) -> bool:
+    def one(self, name: str, item: dict[str, Any]) -> bool:
         """Deliver one item; True when it left the outbox. Raises when the plane is away."""
         try:
             _deliver(self.client, item)
@@ -93,7 +100,7 @@ class Pass:
         self.outbox.delivered(name, item)
         return True
 
-    def _hold(self, name: str, item: dict, exc: BaseException) -> bool:
+    def _hold(self, name: str, item: dict[str, Any], exc: BaseException) -> bool:
         attempts = int((item.get("retry") or {}).get("attempts") or 0)
         delay = self.backoff.delay_for(attempts, getattr(exc, "retry_after", None))
         retry = self.outbox.hold(name, item, str(exc), delay)
@@ -109,7 +116,7 @@ class Pass:
         self.rejected += 1
         return True
 
-    def _cut_or_reject(self, name: str, item: dict, exc: ApiError) -> bool:
+    def _cut_or_reject(self, name: str, item: dict[str, Any], exc: ApiError) -> bool:
         if item.get("kind") != "finish" or item.get("cut"):
             return self._reject(name, f"refused: {exc}")
         cut = {**item, "body": cut_finish(item["body"], f"HTTP 400: {exc.message}"), "cut": True}
@@ -120,7 +127,8 @@ class Pass:
         return self.one(name, cut)
 
 
-def flush(client, outbox, stop, deadline: float | None = None, backoff: Backoff | None = None) -> bool:
+def flush(client: ControlPlaneClient, outbox: Outbox, stop: threading.Event, deadline: float | None = None,
+          backoff: Backoff | None = None) -> bool:
     """One pass over the outbox; True when nothing is waiting afterwards.
 
     Raises the error that stopped the pass when the plane is away (the caller backs off)."""
@@ -128,7 +136,8 @@ def flush(client, outbox, stop, deadline: float | None = None, backoff: Backoff 
     return outbox.depth() == 0
 
 
-def sender_loop(client, outbox, wake: Wakeups, live: LiveStatus, redactor) -> None:
+def sender_loop(client: ControlPlaneClient, outbox: Outbox, wake: Wakeups, live: LiveStatus,
+                redactor: Redactor) -> None:
     backoff, failing = Backoff(), False
     while not wake.stop.is_set():
         live.tick("sender")

@@ -33,6 +33,7 @@ import os
 import select
 import signal
 import stat
+from types import FrameType
 
 from caldera.config import SIGNAL_HANDOVER_VAR, take_signal_handover
 
@@ -44,7 +45,7 @@ class Signals:
     each count may lag the other for a moment (the handler runs at the main thread's next
     bytecode; the byte is read at the next wait), so the answer is the larger of the two."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._handled = {"stop": 0, "hup": 0}  # by the handlers
         self._piped = {"stop": 0, "hup": 0}  # by the wakeup bytes
         self._hups_seen = 0
@@ -97,13 +98,6 @@ class Signals:
         self._drain()
         return self.count == 0
 
-    def close(self) -> None:
-        """In-process users (tests): the interpreter must not write to a closed (or reused) fd."""
-        if signal.set_wakeup_fd(-1) not in (self._write, -1):
-            raise RuntimeError("another wakeup fd was set after these signals were installed")
-        for fd in (self._read, self._write):
-            os.close(fd)
-
     def wait(self, timeout: float) -> None:
         """Until a signal arrives (or arrived since the last wait) or `timeout` passes."""
         ready, _, _ = select.select([self._read], [], [], max(0.0, timeout))
@@ -133,7 +127,7 @@ class Signals:
             pass  # drained
         self._exit_if_third()
 
-    def _stop(self, signum, frame) -> None:
+    def _stop(self, signum: int, _frame: FrameType | None) -> None:
         self._handled["stop"] += 1
         self._exit_if_third()
 
@@ -144,5 +138,5 @@ class Signals:
         if self.count >= 3:
             os._exit(0)
 
-    def _hup(self, signum, frame) -> None:
+    def _hup(self, signum: int, _frame: FrameType | None) -> None:
         self._handled["hup"] += 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from caldera.daemon.executor import RECENT_KEY
 from caldera.daemon.heartbeat import CONNECTION_KEY
@@ -18,12 +19,14 @@ from caldera.daemon.live import DROPS_KEY
 from caldera.host.fsutil import atomic_write_json
 from caldera.host.timefmt import rfc3339
 
+if TYPE_CHECKING:
+    from caldera.daemon.wiring import Parts
+
 log = logging.getLogger("caldera.daemon.snapshot")
 NAME = "status.json"
 
 
-def write_snapshot(parts) -> None:
-    """`parts`: caldera.daemon.wiring.Parts."""
+def write_snapshot(parts: Parts) -> None:
     doc = {
         "written_at": rfc3339(),
         "daemon_pid": os.getpid(),

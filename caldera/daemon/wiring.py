@@ -11,18 +11,20 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from caldera.agents.adapter.driver import open_adapter_driver
 from caldera.agents.updates import load_effective
 
 # The registry, not base/service: those (with codex_config's tomllib) wait for the first
-# agent_run (≈ 0.3 MB of code objects an adapter daemon never runs; docs/performance.md).
+# agent_run (code an adapter daemon never runs; docs/performance.md, section 2).
 from caldera.backends.registry import ActiveRuns
 from caldera.backends.registry import capabilities as backend_capabilities
 from caldera.config import AgentPaths, Settings
 from caldera.daemon.live import LiveStatus
 from caldera.daemon.reporter import Reports
 from caldera.daemon.wakeups import Wakeups
+from caldera.errors import ConfigError
 from caldera.host.fsutil import ensure_dir
 from caldera.host.sampler import Sampler
 from caldera.host.statefile import StateFile
@@ -32,6 +34,13 @@ from caldera.protocol.payloads import BASE_CAPABILITIES, Identity, register_body
 from caldera.protocol.session import Auth, SessionFile
 from caldera.redact import Redactor
 from caldera.skills.publish import Publisher
+
+if TYPE_CHECKING:
+    import requests
+
+    from caldera.agents.driver import AgentDriver
+    from caldera.agents.manifest import Manifest
+    from caldera.agents.process.driver import ProcessDriver
 
 SUBPROCESS_WORKERS = 4
 STATE_SUBDIRS = ("logs", "cache", "skills", "runs")
@@ -44,11 +53,12 @@ class Current:
     at the time they start; a replacement is one assignment under the lock."""
 
     settings: Settings
-    manifest: object | None = None
-    driver: object | None = None
+    manifest: Manifest | None = None
+    driver: AgentDriver | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def replace(self, **values) -> None:
+    def replace(self, **values: Settings | Manifest | AgentDriver | None) -> None:
+        """settings=, manifest=, driver=: each replaced at once, under the lock."""
         with self._lock:
             for name, value in values.items():
                 setattr(self, name, value)
@@ -66,19 +76,27 @@ class Parts:
     sampler: Sampler
     pool: ThreadPoolExecutor
     identity: Identity
-    runs: object  # caldera.backends.registry.ActiveRuns: the code-agent runs going on now
+    runs: ActiveRuns  # the code-agent runs going on now
     reports: Reports
     publisher: Publisher
-    client: object | None = None  # ControlPlaneClient when the agent is enabled
-    auth: object | None = None
+    client: ControlPlaneClient | None = None  # when the agent is enabled
+    auth: Auth | None = None  # with the client
 
     @property
     def settings(self) -> Settings:
         return self.current.settings
 
+    def connection(self) -> tuple[ControlPlaneClient, Auth]:
+        """The client and auth of a runtime that talks to the plane (`run`'s connected loop,
+        `report --once`, the executor). Their callers check `client` first (`run` stays
+        local, `report --once` exits 1): a ValueError here is a caller's bug."""
+        if self.client is None or self.auth is None:
+            raise ValueError("this runtime is not connected to a control plane (CALDERA_AGENT_ENABLED)")
+        return self.client, self.auth
+
 
 def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = True, with_driver: bool = True,
-                transport_session=None, supervise: bool = True) -> Parts:
+                transport_session: requests.Session | None = None, supervise: bool = True) -> Parts:
     """supervise: the daemon supervises a process-mode agent; `report --once` passes False
     and gets a driver that only reports what state.json and /proc say."""
     ensure_dir(paths.state_dir)
@@ -86,7 +104,7 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
         ensure_dir(paths.state_dir / sub)
     redactor = Redactor(settings.secret_values)
     manifest = _load_manifest(paths)
-    name = getattr(manifest, "name", None) or paths.name
+    name = (manifest.name if manifest is not None else None) or paths.name
     wake = Wakeups()
     outbox = Outbox(paths.state_dir / "outbox", wakeup=wake.outbox)
     current = Current(settings=settings, manifest=manifest)
@@ -109,15 +127,15 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
                             runtime_type=settings.runtime_type, agent_id=identity.agent_id, outbox=outbox,
                             state=state, on_count=live.set_skill_count, report_now=wake.report_now),
     )
-    if with_driver and manifest is not None and getattr(manifest, "runtime_type", None) == "adapter":
+    if with_driver and manifest is not None and manifest.runtime_type == "adapter":
         # The plain checks of the adapter's answers and of the manifest (the schemas' verdict:
         # tests hold the two together), as `report --once` has them: jsonschema on every
-        # report kept ≈ 0.3 MB in the daemon (the manifest schema and its validator, and the
-        # errors its branches leave for the cyclic GC; docs/performance.md, section 2) and
-        # cost CPU each time. Command payloads are still validated against their schemas.
+        # report kept the manifest schema, its validator and the garbage of its branches in
+        # the daemon (docs/performance.md, section 2) and cost CPU each time. Command payloads
+        # are still validated against their schemas.
         current.replace(driver=open_adapter_driver(paths, manifest, pool=parts.pool, redactor=redactor,
                                                    schema_checks=False, state=parts.state))
-    if with_driver and manifest is not None and getattr(manifest, "runtime_type", None) == "process":
+    if with_driver and manifest is not None and manifest.runtime_type == "process":
         current.replace(driver=_process_driver(parts, manifest, supervise=supervise))
     if with_client and settings.enabled:
         client, auth = _build_client(parts, transport_session)
@@ -130,34 +148,38 @@ def _capabilities(settings: Settings) -> list[str]:
     return BASE_CAPABILITIES + [c for c in extra if c not in BASE_CAPABILITIES]
 
 
-def _process_driver(parts: Parts, manifest, supervise: bool):
+def _process_driver(parts: Parts, manifest: Manifest, supervise: bool) -> ProcessDriver:
     """Process mode (SPEC 7b). The daemon supervises; `report --once` gets a driver that
     only reports what state.json and /proc say."""
-    # deferred: an adapter-mode daemon never loads process mode (≈ 225 KB, tracemalloc)
+    # deferred: an adapter-mode daemon never loads process mode (docs/performance.md, section 2)
     from caldera.agents.process.driver import open_process_driver
 
-    driver = open_process_driver(parts.paths, manifest, store=parts.state, redactor=parts.redactor,
-                                 report_interval=parts.current.settings.report_interval, supervise=supervise,
-                                 report_now=parts.wake.report_now)
-    return driver
+    return open_process_driver(parts.paths, manifest, store=parts.state, redactor=parts.redactor,
+                               report_interval=parts.current.settings.report_interval, supervise=supervise,
+                               report_now=parts.wake.report_now)
 
 
-def _load_manifest(paths: AgentPaths):
+def _load_manifest(paths: AgentPaths) -> Manifest | None:
     """The effective manifest: the installed one with a stored blueprint update over it."""
     if not paths.manifest_path.is_file():
         return None
     return load_effective(paths, cache_dir=paths.state_dir / "cache")
 
 
-def _build_client(parts: Parts, transport_session):
+def _build_client(parts: Parts, transport_session: requests.Session | None) -> tuple[ControlPlaneClient, Auth]:
     settings = parts.settings
-    transport = Transport(settings.base_url, ca_bundle=settings.ca_bundle, session=transport_session,
+    base_url, token, instance_id = settings.base_url, settings.bootstrap_token, settings.instance_id
+    if base_url is None or token is None or instance_id is None:  # load_settings refuses that when enabled
+        raise ConfigError("an enabled agent needs CALDERA_BASE_URL, CALDERA_TOKEN and CALDERA_INSTANCE_ID")
+    transport = Transport(base_url, ca_bundle=settings.ca_bundle, session=transport_session,
                           on_reconnect=parts.wake.reconnected)
-    session_file = SessionFile(parts.paths.state_dir / "session.json", settings.base_url, settings.instance_id,
+    session_file = SessionFile(parts.paths.state_dir / "session.json", base_url, instance_id,
                                parts.identity.agent_id)
-    # register is called only after both exist: the first call that needs a session makes it
-    auth = Auth(bootstrap_token=settings.bootstrap_token, session_file=session_file,
-                register=lambda: client.register(register_body(parts.identity, parts.settings)),
-                redactor=parts.redactor)
+    client: ControlPlaneClient  # assigned below: register is called only after both exist
+
+    def register() -> dict[str, Any]:  # the first call that needs a session makes it
+        return client.register(register_body(parts.identity, parts.settings))
+
+    auth = Auth(bootstrap_token=token, session_file=session_file, register=register, redactor=parts.redactor)
     client = ControlPlaneClient(transport, auth)
     return client, auth

@@ -26,17 +26,21 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import requests
 
 from caldera import __version__, errors
 from caldera.host.jsonlimits import loads as bounded_loads
-from caldera.protocol.deadline import WatchedAdapter, Watches
+from caldera.protocol.deadline import Watch, WatchedAdapter, Watches
 from caldera.protocol.jsonhead import command_head
+
+if TYPE_CHECKING:
+    from caldera.protocol.session import Auth
 
 log = logging.getLogger("caldera.protocol.client")
 
@@ -52,6 +56,8 @@ MAX_REDIRECTS = 5
 RECONNECT_GAP = 10.0  # on_reconnect at most this often
 BOOTSTRAP_REJECTED = "invalid agent bootstrap token"
 SESSION_MISMATCH = "agent id does not match session"  # ClawManager's 403 that a new register fixes
+PathArg = str | os.PathLike[str]
+T = TypeVar("T")
 
 # What may be placed in a URL path (SPEC section 5): anything else is refused with a sentence.
 PATH_PATTERNS = {
@@ -133,7 +139,7 @@ def transient(exc: BaseException) -> bool:
         and (exc.status is None or exc.status == 429 or exc.status >= 500)
 
 
-def path_value(value, what: str) -> str:
+def path_value(value: Any, what: str) -> str:
     """`value` as it may go into a URL path, or Unsendable with a sentence naming it."""
     pattern, shape = PATH_PATTERNS[what]
     text = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
@@ -156,7 +162,7 @@ def parse_retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def decode_json(body: bytes):
+def decode_json(body: bytes) -> Any:
     """The one place an answer's body is decoded: the bounded parser (depth 64, no NaN; the
     read already capped the size). ValueError when it is not usable JSON."""
     try:
@@ -191,7 +197,7 @@ def classify(status: int, body: bytes, retry_after: float | None) -> ApiError:
     return Invalid(status, message, from_server=from_server)
 
 
-def unwrap(body: bytes, status: int = 200):
+def unwrap(body: bytes, status: int = 200) -> Any:
     """The `data` of ClawManager's envelope, or the bare object."""
     if not body.strip():
         return None
@@ -206,7 +212,7 @@ def unwrap(body: bytes, status: int = 200):
     return doc
 
 
-def encode_body(body) -> bytes:
+def encode_body(body: Any) -> bytes:
     """The one place a JSON body is encoded: no NaN or infinity ever leaves (Go's decoder
     answers 400 to them)."""
     try:
@@ -215,7 +221,7 @@ def encode_body(body) -> bytes:
         raise Unsendable(None, f"the body holds a non-finite number ({exc}); not sent") from None
 
 
-def origin(url: str) -> tuple:
+def origin(url: str) -> tuple[str, str, int | None]:
     parts = urlsplit(url)
     port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
     return parts.scheme, (parts.hostname or "").lower(), port
@@ -229,7 +235,7 @@ class Download:
 
 
 class Transport:
-    def __init__(self, base_url: str, *, ca_bundle: str | None = None, session=None,
+    def __init__(self, base_url: str, *, ca_bundle: str | None = None, session: requests.Session | None = None,
                  on_reconnect: Callable[[], None] | None = None):
         self.base_url = base_url.rstrip("/")
         self.session = session or requests.Session()
@@ -275,12 +281,8 @@ class Transport:
             for callback in list(self.on_reconnect):
                 callback()  # every loop tries again now, not after its own backoff
 
-    @property
-    def reachable(self) -> bool | None:
-        return self._reachable
-
     @contextmanager
-    def within(self, deadline: float | None):
+    def within(self, deadline: float | None) -> Iterator[None]:
         """Bound every request of this thread by `deadline` (time.monotonic()) while inside."""
         outer = getattr(self._budget, "deadline", None)
         if deadline is not None and outer is not None:
@@ -304,11 +306,12 @@ class Transport:
 
     # ------------------------------------------------------------ one request
 
-    def request(self, method: str, path: str, token: str | None, *, body=None, data=None,
-                headers=None, stream_to=None, cap: int = BODY_CAP, raw: bool = False,
-                total: float = TOTAL, same_origin_redirects: bool = False):
-        """Send one request: the unwrapped data; the body's bytes with raw=True;
-        a `Download` with stream_to (a path)."""
+    def request(self, method: str, path: str, token: str | None, *, body: Any = None,
+                data: bytes | MultipartFile | None = None, headers: dict[str, str] | None = None,
+                stream_to: PathArg | None = None, cap: int = BODY_CAP, raw: bool = False,
+                total: float = TOTAL, same_origin_redirects: bool = False) -> Any:
+        """Send one request: the unwrapped data (JSON of the plane's shape); the body's bytes
+        with raw=True; a `Download` with stream_to (a path)."""
         wait = self.quiet_for()
         if wait > 0:
             raise Retryable(None, f"server asked to wait (Retry-After): {wait:.0f} s left", wait)
@@ -345,12 +348,13 @@ class Transport:
             url = target
         raise Redirected(None, f"more than {MAX_REDIRECTS} redirects; last Location: {url}")
 
-    def _send(self, method, url, data, headers, left: float):
+    def _send(self, method: str, url: str, data: bytes | MultipartFile | None, headers: dict[str, str],
+              left: float) -> requests.Response:
         timeout = (min(TIMEOUT[0], left), min(TIMEOUT[1], left))
         return self.session.request(method, url, data=data, headers=headers, timeout=timeout, stream=True,
                                     allow_redirects=False, auth=_headers_as_given)
 
-    def _cut_short(self, watch, left: float, what: str, at_deadline: bool = False) -> Retryable:
+    def _cut_short(self, watch: Watch, left: float, what: str, at_deadline: bool = False) -> Retryable:
         self._note_reachable(False)
         if watch.fired == "deadline" or (at_deadline and not watch.fired):
             return Retryable(None, f"no complete answer within {left:.0f} s ({what})")
@@ -358,7 +362,7 @@ class Transport:
             return Retryable(None, f"interrupted: {watch.fired}")
         return Retryable(None, what)
 
-    def _redirect_target(self, resp, url: str, allowed: bool) -> str | None:
+    def _redirect_target(self, resp: requests.Response, url: str, allowed: bool) -> str | None:
         """None for a final answer; the next URL for a redirect this request may follow."""
         if not 300 <= resp.status_code < 400:
             return None
@@ -370,7 +374,7 @@ class Transport:
         why = "another origin" if allowed else "an API call follows no redirect"
         raise Redirected(resp.status_code, f"redirect not followed ({why}); Location: {location or '(none)'}")
 
-    def _answer(self, resp, url: str, stream_to, cap: int, raw: bool):
+    def _answer(self, resp: requests.Response, url: str, stream_to: PathArg | None, cap: int, raw: bool) -> Any:
         status = resp.status_code
         if status >= 400:
             content = _read_capped(resp, BODY_CAP, truncate=True)
@@ -390,8 +394,9 @@ class Transport:
         return content if raw else unwrap(content, status)
 
 
-def _read_capped(resp, cap: int, truncate: bool = False) -> bytes:
-    chunks, size = [], 0
+def _read_capped(resp: requests.Response, cap: int, truncate: bool = False) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
     for chunk in resp.iter_content(65536):
         size += len(chunk)
         if size > cap:
@@ -403,7 +408,7 @@ def _read_capped(resp, cap: int, truncate: bool = False) -> bytes:
     return b"".join(chunks)
 
 
-def _stream(resp, dest, cap: int) -> int:
+def _stream(resp: requests.Response, dest: PathArg, cap: int) -> int:
     size = 0
     with open(dest, "wb") as fh:
         for chunk in resp.iter_content(1024 * 1024):
@@ -416,11 +421,11 @@ def _stream(resp, dest, cap: int) -> int:
     return size
 
 
-def _headers_as_given(prepared):
+def _headers_as_given(prepared: requests.PreparedRequest) -> requests.PreparedRequest:
     """The request's auth: its own headers (the Bearer token, set above). With no auth
     given, requests reads ~/.netrc on every request (importing netrc and shlex into the
-    daemon, ≈ 50 KB for good) and a matching entry would replace our Authorization
-    header with Basic credentials."""
+    daemon for good: docs/performance.md, section 2) and a matching entry would replace
+    our Authorization header with Basic credentials."""
     return prepared
 
 
@@ -442,7 +447,7 @@ class MultipartFile:
     the body is the form fields, the file read in chunks, and the trailer.
     """
 
-    def __init__(self, fields: dict, field_name: str, path, filename: str):
+    def __init__(self, fields: dict[str, Any], field_name: str, path: PathArg, filename: str):
         self.boundary = uuid.uuid4().hex
         head = b"".join(self._part(k, str(v)) for k, v in fields.items() if v is not None)
         head += (f"--{self.boundary}\r\nContent-Disposition: form-data; name=\"{_quote_name(field_name)}\"; "
@@ -464,7 +469,7 @@ class MultipartFile:
     def content_type(self) -> str:
         return f"multipart/form-data; boundary={self.boundary}"
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[bytes]:
         yield self._head
         with open(self._path, "rb") as fh:
             while chunk := fh.read(256 * 1024):
@@ -475,14 +480,14 @@ class MultipartFile:
 class ControlPlaneClient:
     """Protocol v1 calls, authenticated through `auth` (a `session.Auth`)."""
 
-    def __init__(self, transport: Transport, auth):
+    def __init__(self, transport: Transport, auth: Auth):
         self.transport, self.auth = transport, auth
 
-    def within(self, deadline: float | None):
+    def within(self, deadline: float | None) -> AbstractContextManager[None]:
         """Bound this thread's calls by `deadline` (time.monotonic()): a command's own deadline."""
         return self.transport.within(deadline)
 
-    def _authed(self, send):
+    def _authed(self, send: Callable[[str], T]) -> T:
         """`send(token)` with the session token; a 401 or a session/agent mismatch renews it
         once (single-flight) and sends again."""
         token = self.auth.token()
@@ -492,21 +497,22 @@ class ControlPlaneClient:
             log.info("session not accepted (%s); registering again", exc.message)
             return send(self.auth.renew(token))
 
-    def _call(self, method, path, body=None, **kw):
+    def _call(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
         return self._authed(lambda token: self.transport.request(method, path, token, body=body, **kw))
 
-    def register(self, body: dict) -> dict:
+    def register(self, body: dict[str, Any]) -> dict[str, Any]:
         return self.transport.request("POST", "/register", self.auth.bootstrap_token, body=body)
 
-    def heartbeat(self, body: dict) -> dict:
+    def heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/heartbeat", body) or {}
 
-    def state_report(self, body: dict):
+    def state_report(self, body: dict[str, Any]) -> Any:
         return self._call("POST", "/state/report", body)
 
-    def next_command(self) -> dict | None:
-        """The next command; over NEXT_CAP, a stub naming it (`payload_too_large`) so that
-        it is finished failed instead of lost (the server hands a command out once)."""
+    def next_command(self) -> Any:
+        """The next command as the plane sent it (untrusted: `protocol.command.parse_command`
+        reads it), or None; over NEXT_CAP, a stub naming it (`payload_too_large`) so that it
+        is finished failed instead of lost (the server hands a command out once)."""
         try:
             data = self._call("GET", "/commands/next", cap=NEXT_CAP)
         except TooLarge as exc:
@@ -519,35 +525,35 @@ class ControlPlaneClient:
             return data["command"]
         return data or None  # a bare command object, or nothing
 
-    def start_command(self, command_id, body: dict):
+    def start_command(self, command_id: Any, body: dict[str, Any]) -> Any:
         return self._call("POST", f"/commands/{path_value(command_id, 'command id')}/start", body)
 
-    def finish_command(self, command_id, body: dict):
+    def finish_command(self, command_id: Any, body: dict[str, Any]) -> Any:
         return self._call("POST", f"/commands/{path_value(command_id, 'command id')}/finish", body)
 
-    def skills_inventory(self, body: dict):
+    def skills_inventory(self, body: dict[str, Any]) -> Any:
         return self._call("POST", "/skills/inventory", body)
 
-    def upload_skill(self, fields: dict, path, filename: str | None = None):
-        filename = filename or os.path.basename(str(path))
-        if not filename.endswith(".zip"):
+    def upload_skill(self, fields: dict[str, Any], path: PathArg, filename: str | None = None) -> Any:
+        name = filename or os.path.basename(str(path))
+        if not name.endswith(".zip"):
             raise ValueError("an uploaded skill's filename must end in .zip")
 
-        def send(token):
-            form = MultipartFile(fields, "file", path, filename)
+        def send(token: str) -> Any:
+            form = MultipartFile(fields, "file", path, name)
             return self.transport.request("POST", "/skills/upload", token, data=form,
                                           headers={"Content-Type": form.content_type}, total=DOWNLOAD_TOTAL)
 
         return self._authed(send)
 
-    def download_skill(self, skill_version, dest, cap: int = DOWNLOAD_CAP) -> Download:
+    def download_skill(self, skill_version: Any, dest: PathArg, cap: int = DOWNLOAD_CAP) -> Download:
         version = path_value(skill_version, "skill version")
         return self._call("GET", f"/skills/versions/{version}/download", stream_to=dest, cap=cap,
                           total=DOWNLOAD_TOTAL, same_origin_redirects=True)
 
-    def config_revision_raw(self, revision_id) -> bytes:
+    def config_revision_raw(self, revision_id: Any) -> bytes:
         """The raw response body: the checksum is over `content`'s bytes exactly as sent."""
         return self._call("GET", f"/config/revisions/{path_value(revision_id, 'config revision id')}", raw=True)
 
-    def post_run_events(self, run_id: str, body: dict):
+    def post_run_events(self, run_id: str, body: dict[str, Any]) -> Any:
         return self._call("POST", f"/runs/{path_value(run_id, 'run id')}/events", body)

@@ -13,21 +13,25 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import requests
+from urllib3.connection import HTTPConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.poolmanager import PoolManager
 
 
 class Watch:
     """One request's deadline; `fired` says why its socket was shut (None while it runs)."""
 
-    def __init__(self):
-        self.conn = None
+    def __init__(self) -> None:
+        self.conn: HTTPConnection | None = None
         self.fired: str | None = None
         self._lock = threading.Lock()
 
-    def attach(self, conn) -> None:
+    def attach(self, conn: HTTPConnection) -> None:
         with self._lock:
             self.conn = conn
             fired = self.fired
@@ -43,8 +47,8 @@ class Watch:
             _shut(conn)
 
 
-def _shut(conn) -> None:
-    sock = getattr(conn, "sock", None)
+def _shut(conn: HTTPConnection) -> None:
+    sock = conn.sock
     if sock is None:
         return  # still connecting: the connect timeout bounds it, and connect() looks again
     try:
@@ -56,7 +60,7 @@ def _shut(conn) -> None:
 class Watches:
     """The requests in flight of one transport, each with its timer."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._local = threading.local()
         self._active: set[Watch] = set()
         self._lock = threading.Lock()
@@ -65,7 +69,7 @@ class Watches:
         return getattr(self._local, "watch", None)
 
     @contextmanager
-    def watch(self, seconds: float):
+    def watch(self, seconds: float) -> Iterator[Watch]:
         watch = Watch()
         timer = threading.Timer(max(0.0, seconds), watch.fire, args=("deadline",))
         timer.daemon = True
@@ -90,25 +94,26 @@ class Watches:
         return len(active)
 
 
-def _connection_class(base, watches: Watches):
+def _connection_class(base: Any, watches: Watches) -> type[HTTPConnection]:
+    """`base`: a pool's connection class (urllib3's HTTPConnection or HTTPSConnection)."""
     class WatchedConnection(base):
-        def connect(self):
+        def connect(self) -> None:
             super().connect()
             watch = watches.current()
             if watch is not None:
                 watch.attach(self)  # shuts the new socket at once when the deadline already passed
 
-        def request(self, *args, **kwargs):
+        def request(self, *args: Any, **kwargs: Any) -> None:
             watch = watches.current()
             if watch is not None:
                 watch.attach(self)
-            return super().request(*args, **kwargs)
+            super().request(*args, **kwargs)
 
     return WatchedConnection
 
 
-def _pool_classes(watches: Watches) -> dict:
-    out = {}
+def _pool_classes(watches: Watches) -> dict[str, type[HTTPConnectionPool]]:
+    out: dict[str, type[HTTPConnectionPool]] = {}
     for scheme, pool in (("http", HTTPConnectionPool), ("https", HTTPSConnectionPool)):
         out[scheme] = type(f"Watched{pool.__name__}", (pool,),
                            {"ConnectionCls": _connection_class(pool.ConnectionCls, watches)})
@@ -118,15 +123,15 @@ def _pool_classes(watches: Watches) -> dict:
 class WatchedAdapter(requests.adapters.HTTPAdapter):
     """requests' adapter whose pools make connections the watches can find."""
 
-    def __init__(self, watches: Watches, **kwargs):
+    def __init__(self, watches: Watches, **kwargs: Any):
         self._pool_classes = _pool_classes(watches)  # before super(): it builds the pool manager
         super().__init__(**kwargs)
 
-    def init_poolmanager(self, *args, **kwargs):
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         super().init_poolmanager(*args, **kwargs)
         self.poolmanager.pool_classes_by_scheme = self._pool_classes
 
-    def proxy_manager_for(self, proxy, **kwargs):
+    def proxy_manager_for(self, proxy: str, **kwargs: Any) -> PoolManager:
         manager = super().proxy_manager_for(proxy, **kwargs)
         manager.pool_classes_by_scheme = self._pool_classes
         return manager

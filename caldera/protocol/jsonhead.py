@@ -11,20 +11,27 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
+from typing import Any
 
 TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
 WANTED = ("id", "command_type", "timeout_seconds")
 PLACES = (("data", "command"), ("command",), ("data",), ())  # most specific first
 
+Path = tuple[str | None, ...]  # the keys from the root to an object; None: not a place a command may be
 
+
+@dataclass(slots=True)
 class _Frame:
-    __slots__ = ("is_obj", "path", "key", "want_key")
+    """One open object or array of the prefix."""
 
-    def __init__(self, is_obj: bool, path):
-        self.is_obj, self.path, self.key, self.want_key = is_obj, path, None, is_obj
+    is_obj: bool
+    path: Path | None
+    want_key: bool  # the next string is a key (in an object: after `{` or `,`)
+    key: str | None = None  # the object's key whose value comes next
 
 
-def _child_path(parent: _Frame | None):
+def _child_path(parent: _Frame | None) -> Path | None:
     if parent is None:
         return ()
     if not parent.is_obj or parent.path is None or len(parent.path) >= 2:
@@ -32,22 +39,23 @@ def _child_path(parent: _Frame | None):
     return parent.path + (parent.key,)
 
 
-def _scalar(token: bytes):
+def _scalar(token: bytes) -> Any:
     try:
         return json.loads(token)
     except ValueError:
         return None
 
 
-def command_head(prefix: bytes) -> dict:
+def command_head(prefix: bytes) -> dict[str, Any]:
     """{"id", "command_type", "timeout_seconds"} as far as found; {} when nothing is."""
-    found: dict[tuple, dict] = {}
+    found: dict[Path, dict[str, Any]] = {}
     stack: list[_Frame] = []
     for match in TOKEN.finditer(prefix):
         token = match.group()
         top = stack[-1] if stack else None
         if token in (b"{", b"["):
-            stack.append(_Frame(token == b"{", _child_path(top)))
+            is_obj = token == b"{"
+            stack.append(_Frame(is_obj, _child_path(top), want_key=is_obj))
             continue
         if token in (b"}", b"]"):
             if stack:

@@ -26,12 +26,17 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from caldera.host import jsonlimits
 from caldera.host.fsutil import NOFOLLOW, atomic_write_bytes, ensure_dir
 from caldera.host.timefmt import rfc3339
 from caldera.protocol.payloads import finite
+
+TYPE_CHECKING = False  # `caldera status` loads this module: typing is not imported at run time (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import Any
 
 log = logging.getLogger("caldera.protocol.outbox")
 
@@ -46,7 +51,7 @@ FIRST = ("start", "finish")  # results go before everything else
 REASON_CAP = 500
 
 
-def _encode(doc: dict) -> bytes:
+def _encode(doc: dict[str, Any]) -> bytes:
     try:
         return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
     except ValueError:  # a NaN from a handler: stored as null, never sent (Go's decoder refuses it)
@@ -58,8 +63,8 @@ def _kind_of(name: str) -> str:
 
 
 class Outbox:
-    def __init__(self, directory, max_items: int = MAX_ITEMS, max_bytes: int = MAX_BYTES,
-                 wakeup: threading.Event | None = None, clock=time.time):
+    def __init__(self, directory: str | os.PathLike[str], max_items: int = MAX_ITEMS, max_bytes: int = MAX_BYTES,
+                 wakeup: threading.Event | None = None, clock: Callable[[], float] = time.time):
         self.dir = ensure_dir(directory)
         self.max_items, self.max_bytes = max_items, max_bytes
         self._lock = threading.Lock()
@@ -90,7 +95,7 @@ class Outbox:
     def _names(self) -> list[str]:
         return sorted(n for n in os.listdir(self.dir) if n.endswith(".json") and n[0].isdigit())
 
-    def put(self, kind: str, item: dict) -> str:
+    def put(self, kind: str, item: dict[str, Any]) -> str:
         """Store one item durably; returns its name."""
         data = _encode({"kind": kind, **item})
         with self._lock:
@@ -105,7 +110,7 @@ class Outbox:
         names = self._names()
         return [n for n in names if _kind_of(n) in FIRST] + [n for n in names if _kind_of(n) not in FIRST]
 
-    def items(self):
+    def items(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """(name, item) in send order; an unreadable file is moved aside, not lost."""
         for name in self.names_in_send_order():
             try:
@@ -117,7 +122,7 @@ class Outbox:
                 log.error("outbox item %s is not JSON; moved to outbox/rejected/", name)
                 self.reject(name, "the stored item is not JSON")
 
-    def delivered(self, name: str, item: dict) -> None:
+    def delivered(self, name: str, item: dict[str, Any]) -> None:
         """The plane took `item`: a finish's command id is recorded before the item goes, so
         that a restart between the delivery and the journal's last write knows the command
         is settled (caldera.daemon.executor.recover) and never finishes it a second time."""
@@ -146,7 +151,8 @@ class Outbox:
         except FileNotFoundError:
             return []
         except (OSError, ValueError) as exc:
-            log.warning("outbox: %s is unusable (%s); starting it again", DELIVERED, getattr(exc, "strerror", None) or exc)
+            log.warning("outbox: %s is unusable (%s); starting it again", DELIVERED,
+                        getattr(exc, "strerror", None) or exc)
             return []
         if not isinstance(ids, list):
             return []
@@ -159,7 +165,7 @@ class Outbox:
             except FileNotFoundError:
                 pass
 
-    def rewrite(self, name: str, item: dict) -> bool:
+    def rewrite(self, name: str, item: dict[str, Any]) -> bool:
         """Replace a waiting item (a body cut to size, its retry record); False when it is gone
         (delivered or superseded meanwhile): a gone item is never brought back."""
         with self._lock:
@@ -168,7 +174,7 @@ class Outbox:
             atomic_write_bytes(self.dir / name, _encode(item), mode=0o600)
             return True
 
-    def hold(self, name: str, item: dict, reason: str, delay: float) -> dict:
+    def hold(self, name: str, item: dict[str, Any], reason: str, delay: float) -> dict[str, Any]:
         """Hold one item back for `delay` seconds after a failed delivery; the record goes into
         the item itself (it survives a restart). Returns the retry record."""
         previous = item.get("retry") or {}
@@ -178,7 +184,7 @@ class Outbox:
         self.rewrite(name, {**item, "retry": retry})
         return retry
 
-    def due(self, item: dict) -> bool:
+    def due(self, item: dict[str, Any]) -> bool:
         return float((item.get("retry") or {}).get("next_at") or 0) <= self._clock()
 
     def next_try_in(self) -> float | None:
@@ -205,10 +211,10 @@ class Outbox:
     def depth(self) -> int:
         return len(self._names())
 
-    def held(self) -> list[dict]:
+    def held(self) -> list[dict[str, Any]]:
         return held_items(self.dir)
 
-    def has_finish(self, command_id) -> bool:
+    def has_finish(self, command_id: int | str) -> bool:
         """A finish for this command is waiting here or was taken by the plane."""
         wanted = str(command_id)
         if wanted in self._delivered_ids():
@@ -233,9 +239,9 @@ class Outbox:
                         len(names), total)
 
 
-def held_items(directory, limit: int = 20) -> list[dict]:
+def held_items(directory: str | os.PathLike[str], limit: int = 20) -> list[dict[str, Any]]:
     """The items held back after a failed delivery: what, how often tried, why (no bodies)."""
-    out = []
+    out: list[dict[str, Any]] = []
     try:
         names = sorted(n for n in os.listdir(directory) if n.endswith(".json") and n[0].isdigit())
     except FileNotFoundError:
@@ -257,7 +263,7 @@ def held_items(directory, limit: int = 20) -> list[dict]:
     return out
 
 
-def outbox_health(outbox: Outbox) -> dict:
+def outbox_health(outbox: Outbox) -> dict[str, Any]:
     """The state report's health entry for the outbox: only when something is held back or
     was rejected (`{"outbox": {...}}`), else nothing."""
     held = outbox.held()
@@ -269,7 +275,7 @@ def outbox_health(outbox: Outbox) -> dict:
                        "rejected": outbox.rejected}}
 
 
-def outbox_depth(state_dir) -> int:
+def outbox_depth(state_dir: str | os.PathLike[str]) -> int:
     """For `caldera status`: items waiting, without taking the daemon's lock."""
     try:
         return sum(1 for n in os.listdir(Path(state_dir) / "outbox") if n.endswith(".json"))
@@ -277,7 +283,7 @@ def outbox_depth(state_dir) -> int:
         return 0
 
 
-def rejected_count(state_dir) -> int:
+def rejected_count(state_dir: str | os.PathLike[str]) -> int:
     try:
         return sum(1 for n in os.listdir(Path(state_dir) / "outbox" / "rejected") if n.endswith(".json"))
     except FileNotFoundError:

@@ -14,6 +14,13 @@ from dataclasses import dataclass
 from caldera import __version__
 from caldera.host.timefmt import rfc3339
 
+TYPE_CHECKING = False  # `caldera status` loads this module: typing is not imported at run time (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from caldera.config import Settings
+    from caldera.host.sampler import Sample
+
 OPENCLAW_STATUSES = ("running", "stopped", "error", "unknown", "starting")
 BASE_CAPABILITIES = ["runtime.status", "runtime.health", "metrics.report", "commands.poll",
                      "skills.inventory", "skills.upload", "adapter.verbs"]
@@ -32,7 +39,7 @@ def cap_text(text: str, cap: int) -> str:
     return data[: cap - len(note.encode())].decode("utf-8", "ignore") + note
 
 
-def finish_body(agent_id: str, status: str, result, error: str) -> dict:
+def finish_body(agent_id: str, status: str, result: Any, error: str) -> dict[str, Any]:
     """A finish body the server's decoder takes: `result` an object without non-finite
     numbers (summarised past RESULT_CAP), `error_message` at most ERROR_MESSAGE_CAP bytes."""
     result = finite(result if isinstance(result, dict) else {"value": result} if result is not None else {})
@@ -43,7 +50,7 @@ def finish_body(agent_id: str, status: str, result, error: str) -> dict:
             "error_message": cap_text(error or "", ERROR_MESSAGE_CAP)}
 
 
-def cut_finish(body: dict, why: str) -> dict:
+def cut_finish(body: dict[str, Any], why: str) -> dict[str, Any]:
     """The smallest finish the server accepts after it refused `body` (400): status kept,
     result replaced by a note, error_message capped."""
     status = body.get("status") if body.get("status") in ("succeeded", "failed") else "failed"
@@ -53,7 +60,7 @@ def cut_finish(body: dict, why: str) -> dict:
             "error_message": cap_text(str(body.get("error_message") or ""), ERROR_MESSAGE_CAP)}
 
 
-def finite(value):
+def finite(value: Any) -> Any:
     """`value` with every NaN or infinity replaced by None: Go's decoder refuses them (400)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -80,10 +87,10 @@ class Identity:
     agent_id: str
     agent_name: str
     runtime_name: str
-    capabilities: tuple = tuple(BASE_CAPABILITIES)
+    capabilities: tuple[str, ...] = tuple(BASE_CAPABILITIES)
 
 
-def register_body(identity: Identity, settings) -> dict:
+def register_body(identity: Identity, settings: Settings) -> dict[str, Any]:
     return {
         "instance_id": settings.instance_id,
         "agent_id": identity.agent_id,
@@ -101,20 +108,25 @@ def register_body(identity: Identity, settings) -> dict:
     }
 
 
-def default_section(status: str = "unknown") -> dict:
+def default_section(status: str = "unknown") -> dict[str, Any]:
     """The agent part of a report when no driver speaks for the agent."""
     return {"runtime": {"openclaw_status": status, "openclaw_pid": None, "openclaw_version": None,
                         "runtime_status": status},
             "health": {"agent": "ok"}, "agent_status": None, "settings": None, "controls": []}
 
 
-def _status(section: dict) -> str:
+def _status(section: dict[str, Any]) -> str:
     value = section["runtime"].get("openclaw_status") or "unknown"
     return value if value in OPENCLAW_STATUSES else "unknown"
 
 
-def heartbeat_body(agent_id: str, settings, revision_id, section: dict, sample, skill_count) -> dict:
+def heartbeat_body(agent_id: str, settings: Settings, revision_id: Any, section: dict[str, Any],
+                   sample: Sample | None, skill_count: int | None) -> dict[str, Any]:
+    """`sample`: the last report's (None before the first); `revision_id` as state.json has it."""
     rt = section["runtime"]
+    disk_limit = settings.disk_limit_bytes
+    if disk_limit is None and sample is not None:
+        disk_limit = sample.disk_limit_bytes
     return {
         "agent_id": agent_id,
         "timestamp": rfc3339(),
@@ -127,17 +139,17 @@ def heartbeat_body(agent_id: str, settings, revision_id, section: dict, sample, 
             "runtime_version": rt.get("openclaw_version"),
             "openclaw_pid": rt.get("openclaw_pid"),
             "skill_count": skill_count,
-            "disk_used_bytes": getattr(sample, "disk_used_bytes", None),
-            "disk_limit_bytes": settings.disk_limit_bytes
-            if settings.disk_limit_bytes is not None else getattr(sample, "disk_limit_bytes", None),
+            "disk_used_bytes": sample.disk_used_bytes if sample is not None else None,
+            "disk_limit_bytes": disk_limit,
         },
     }
 
 
-def state_report_body(agent_id: str, settings, revision_id, section: dict, sample) -> dict:
+def state_report_body(agent_id: str, settings: Settings, revision_id: Any, section: dict[str, Any],
+                      sample: Sample) -> dict[str, Any]:
     """The state report, not yet redacted (the caller passes it through its Redactor)."""
     rt = section["runtime"]
-    health = {
+    health: dict[str, Any] = {
         "runtime_process": "ok",
         "agent": "ok",
         "metrics_collector": sample.metrics_collector,

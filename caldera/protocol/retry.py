@@ -11,16 +11,18 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from caldera import errors
 
 STEPS = (1, 2, 5, 10, 30, 60)
 JITTER = 0.2
+T = TypeVar("T")
 
 
 class Backoff:
-    def __init__(self, steps=STEPS, jitter=JITTER, rng=None):
+    def __init__(self, steps: Sequence[float] = STEPS, jitter: float = JITTER, rng: random.Random | None = None):
         self.steps, self.jitter = steps, jitter
         self._rng = rng or random.Random()
         self.failures = 0
@@ -44,9 +46,9 @@ class Backoff:
         self.failures = 0
 
 
-def retry_within(call: Callable[[], object], *, transient: Callable[[BaseException], bool],
-                 cancel: threading.Event, deadline: float, on_retry: Callable[[BaseException, float], None] | None = None,
-                 backoff: Backoff | None = None):
+def retry_within(call: Callable[[], T], *, transient: Callable[[BaseException], bool], cancel: threading.Event,
+                 deadline: float, on_retry: Callable[[BaseException, float], None] | None = None,
+                 backoff: Backoff | None = None) -> T:
     """`call()` until it succeeds, retrying what `transient(exc)` says is passing, within the
     deadline (time.monotonic()): a one-shot command the plane issues once (idempotency keys)
     must outlast a 502 or a dropped connection. Waits on `cancel`; the last error is raised

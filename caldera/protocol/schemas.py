@@ -1,15 +1,19 @@
 """Where the published JSON schemas live, and validation against them.
 
-jsonschema costs about 0.3 s of CPU to import, so it is imported only when a
-validator is first asked for; local CLI verbs never ask.
+jsonschema is costly to import, in CPU and in memory (docs/performance.md), so it
+is imported only when a validator is first asked for; local CLI verbs never ask.
 """
 from __future__ import annotations
 
 import functools
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from caldera import config
+
+if TYPE_CHECKING:
+    from jsonschema.protocols import Validator
 
 _CANDIDATES = (
     Path(__file__).resolve().parents[2] / "schemas",  # a checkout
@@ -40,22 +44,22 @@ def schema_exists(name: str) -> bool:
 ANNOTATIONS = frozenset({"$schema", "$id", "title", "description"})
 
 
-def _schema(name: str) -> dict:
+def _schema(name: str) -> dict[str, Any]:
     return _load(schema_dir() / name)
 
 
 @functools.cache
-def _load(path: Path) -> dict:
+def _load(path: Path) -> dict[str, Any]:
     with open(path, encoding="utf-8") as fh:
         return json.load(fh)
 
 
-def _only_an_object(schema) -> bool:
+def _only_an_object(schema: Any) -> bool:
     return isinstance(schema, dict) and schema.get("type") == "object" and set(schema) <= ANNOTATIONS | {"type"}
 
 
 @functools.cache
-def _validator(name: str):
+def _validator(name: str) -> Validator:
     import jsonschema  # deferred: see module docstring
 
     schema = _schema(name)
@@ -65,11 +69,11 @@ def _validator(name: str):
     return jsonschema.validators.validator_for(schema)(schema)
 
 
-def validate(name: str, document) -> None:
+def validate(name: str, document: Any) -> None:
     """Raise SchemaError naming the first problem (by path) if `document` breaks schema `name`."""
     if _only_an_object(_schema(name)):
         # jsonschema's verdict and message, without importing it: a daemon that only gets
-        # such commands never needs jsonschema (≈ 4.9 MiB of RSS; docs/performance.md, section 2)
+        # such commands never imports jsonschema (its RSS: docs/performance.md, section 2)
         if not isinstance(document, dict):
             raise SchemaError(f"(top level): {document!r} is not of type 'object'")
         return
@@ -80,7 +84,7 @@ def validate(name: str, document) -> None:
         raise SchemaError(f"{where}: {err.message}")
 
 
-def problems(name: str, document) -> list[str]:
+def problems(name: str, document: Any) -> list[str]:
     """Every problem of `document` against schema `name`, "path: message", ordered by path
     (`caldera check` names each bad key, not only the first)."""
     errors = sorted(_validator(name).iter_errors(document), key=lambda e: [str(p) for p in e.path])

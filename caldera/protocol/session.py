@@ -19,18 +19,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from caldera.errors import AuthBlocked  # noqa: F401 -- re-exported: callers catch it from here too
 from caldera.host.fsutil import atomic_write_json, read_json
 from caldera.protocol.client import Forbidden, Invalid, SessionMismatch, Unaccepted, Unauthorized
+
+if TYPE_CHECKING:
+    from caldera.redact import Redactor
 
 log = logging.getLogger("caldera.protocol.session")
 
 BLOCKED_RETRY_SECONDS = 300
 
 
-@dataclass
+@dataclass(frozen=True)
 class SessionInfo:
     token: str
     expires_at: str | None
@@ -38,11 +44,14 @@ class SessionInfo:
     poll_interval: float
 
 
+@dataclass(frozen=True)
 class SessionFile:
     """session.json, tied to the base URL, instance and agent_id it was issued for."""
 
-    def __init__(self, path, base_url: str, instance_id: int, agent_id: str | None = None):
-        self.path, self.base_url, self.instance_id, self.agent_id = path, base_url, instance_id, agent_id
+    path: Path
+    base_url: str
+    instance_id: int
+    agent_id: str | None = None
 
     def load(self) -> SessionInfo | None:
         try:
@@ -77,11 +86,11 @@ class SessionFile:
 class Auth:
     """Single-flight session handling shared by every loop."""
 
-    def __init__(self, *, bootstrap_token: str, session_file: SessionFile, register, redactor,
-                 clock=time.monotonic):
+    def __init__(self, *, bootstrap_token: str, session_file: SessionFile, register: Callable[[], dict[str, Any]],
+                 redactor: Redactor, clock: Callable[[], float] = time.monotonic):
         self.bootstrap_token = bootstrap_token
         self._file = session_file
-        self._register = register  # callable() -> register response data (no auth retry)
+        self._register = register  # -> register's response data (no auth retry)
         self._redactor = redactor
         self._clock = clock
         self._lock = threading.Lock()
@@ -90,7 +99,6 @@ class Auth:
             redactor.add(self._info.token)
         self.blocked_reason: str | None = None
         self._blocked_until = 0.0
-        self.registrations = 0
 
     @property
     def info(self) -> SessionInfo | None:
@@ -101,9 +109,7 @@ class Auth:
         if info is not None:
             return info.token
         with self._lock:
-            if self._info is None:
-                self._do_register()
-            return self._info.token
+            return (self._info or self._do_register()).token
 
     def renew(self, old_token: str | None) -> str:
         """Called after a 401 with the token that got it; registers once for everyone."""
@@ -111,7 +117,7 @@ class Auth:
             if self._info is None or self._info.token == old_token:
                 self._info = None
                 self._file.clear()
-                self._do_register()
+                return self._do_register().token
             return self._info.token
 
     def unblock(self) -> None:
@@ -129,9 +135,10 @@ class Auth:
         self.blocked_reason = reason
         self._blocked_until = self._clock() + BLOCKED_RETRY_SECONDS
 
-    def _do_register(self) -> None:
+    def _do_register(self) -> SessionInfo:
+        """Register (the lock held) and keep the new session; returns it."""
         wait = self.blocked_for()
-        if wait > 0:
+        if wait > 0 and self.blocked_reason:
             raise AuthBlocked(self.blocked_reason, wait)
         try:
             data = self._register() or {}
@@ -144,21 +151,22 @@ class Auth:
         if not isinstance(token, str) or not token:
             raise Unaccepted(200, "register answered without a session_token")
         self._redactor.add(token)
-        self._info = SessionInfo(token, data.get("session_expires_at"),
-                                 _interval(data.get("heartbeat_interval_seconds"), 15),
-                                 _interval(data.get("command_poll_interval_seconds"), 5))
-        self._file.save(self._info)
-        self.registrations += 1
+        info = SessionInfo(token, data.get("session_expires_at"),
+                           _interval(data.get("heartbeat_interval_seconds"), 15),
+                           _interval(data.get("command_poll_interval_seconds"), 5))
+        self._info = info
+        self._file.save(info)
         if self.blocked_reason:
             log.info("registration accepted again")
         self.blocked_reason = None
         log.info("registered; heartbeat every %g s, command poll every %g s",
-                 self._info.heartbeat_interval, self._info.poll_interval)
+                 info.heartbeat_interval, info.poll_interval)
+        return info
 
 
-def _interval(value, default: float) -> float:
+def _interval(value: Any, default: float) -> float:
     try:
-        value = float(value)
+        seconds = float(value)
     except (TypeError, ValueError):
         return default
-    return value if value >= 1 else default
+    return seconds if seconds >= 1 else default

@@ -13,7 +13,7 @@ import shutil
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from caldera.errors import CommandError
 from caldera.host.timefmt import rfc3339
@@ -42,7 +42,7 @@ def _env(ctx: CommandContext) -> dict[str, str]:
 def _client(ctx: CommandContext) -> ControlPlaneClient:
     client = ctx.client
     if client is None:
-        raise CommandError(f"{ctx.command_type}: the agent is not connected to a control plane")
+        raise CommandError(f"{ctx.command.type}: the agent is not connected to a control plane")
     return client
 
 
@@ -54,7 +54,7 @@ def _resync(ctx: CommandContext, trigger: str) -> dict[str, Any]:
 # ------------------------------------------------------------------ inventory
 
 def sync_skill_inventory(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
-    trigger = payload.get("trigger") or ctx.command_type
+    trigger = payload.get("trigger") or ctx.command.type
     scan, body = ctx.publisher.scan_and_send(str(trigger))
     result = {"mode": body["mode"], "skills": len(body["skills"]), "active": len(scan.active),
               "problems": scan.problems[:20]}
@@ -136,11 +136,9 @@ def _retrying(ctx: CommandContext, what: str, call: Callable[[], T]) -> T:
     """`call()`, with transient failures (no answer, 429, 5xx) retried within the command's own
     deadline: the plane issues these commands once (idempotency keys)."""
     def note(exc: BaseException, delay: float) -> None:
-        log.warning("%s %s: %s; retrying in %.0f s", ctx.command_type, what, exc, delay)
+        log.warning("%s %s: %s; retrying in %.0f s", ctx.command.type, what, exc, delay)
 
-    # retry_within returns what call() returned (its signature does not say so)
-    return cast(T, retry_within(call, transient=transient, cancel=ctx.cancel, deadline=ctx.deadline,
-                                on_retry=note))
+    return retry_within(call, transient=transient, cancel=ctx.cancel, deadline=ctx.deadline, on_retry=note)
 
 
 # ------------------------------------------------------------------ install / update
@@ -156,11 +154,11 @@ def _download(ctx: CommandContext, version: str, dest: Path) -> Download:
 def _install(ctx: CommandContext, payload: dict[str, Any], update: bool) -> dict[str, Any]:
     version = payload.get("skill_version") or payload.get("skill_version_id")
     if version in (None, ""):
-        raise CommandError(f"{ctx.command_type}: the payload needs skill_version (e.g. ver_12)")
+        raise CommandError(f"{ctx.command.type}: the payload needs skill_version (e.g. ver_12)")
     try:
         version = path_value(version, "skill version")  # it goes into the download URL
     except Unsendable as exc:
-        raise CommandError(f"{ctx.command_type}: {exc.message}") from None
+        raise CommandError(f"{ctx.command.type}: {exc.message}") from None
     expected = payload.get("content_md5") or payload.get("content_hash") or payload.get("md5")
     if expected and not store.valid_md5(expected):
         raise CommandError(f"content_md5 {expected!r} is not 32 hex digits")
@@ -171,7 +169,7 @@ def _install(ctx: CommandContext, payload: dict[str, Any], update: bool) -> dict
     try:
         download = _download(ctx, version, staging / "download.zip")
         if not expected and not download.same_origin:  # never the case today: only same-origin redirects
-            raise CommandError(f"{ctx.command_type}: the archive came from {download.url}, not the control plane, "
+            raise CommandError(f"{ctx.command.type}: the archive came from {download.url}, not the control plane, "
                                "and the payload has no content_md5 to check it against; refused")
         skill, content_md5 = store.unpack(staging / "download.zip", staging, expected)
         name = name or store.check_name(skill.name, "the archive's top-level directory")
@@ -186,7 +184,7 @@ def _install(ctx: CommandContext, payload: dict[str, Any], update: bool) -> dict
     log.info("skill %s %s (%s, %s)", name, "updated" if replaced else "installed", version, content_md5)
     result = {"install_path": str(target), "skill_id": skill_id, "skill_version": version,
               "content_md5": content_md5, "target_name": name, "replaced": replaced}
-    result.update(_resync(ctx, ctx.command_type))
+    result.update(_resync(ctx, ctx.command.type))
     return result
 
 
@@ -220,7 +218,7 @@ def remove_skill(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]
             store.move(path, trash)
         shutil.rmtree(trash, ignore_errors=True)
         result = {"target_name": path.name, "install_path": str(path), "removed": True}
-    result.update(_resync(ctx, ctx.command_type))
+    result.update(_resync(ctx, ctx.command.type))
     return result
 
 
@@ -244,7 +242,7 @@ def disable_skill(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any
         store.atomic_write_json(dest / inventory.DISABLED_RECORD,
                                 {"origin": str(path), "disabled_at": rfc3339()}, mode=0o644)
         result = {"target_name": path.name, "install_path": str(dest), "disabled": True, "disabled_from": str(path)}
-    result.update(_resync(ctx, ctx.command_type))
+    result.update(_resync(ctx, ctx.command.type))
     return result
 
 
@@ -268,7 +266,7 @@ def quarantine_skill(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, 
             store.move(path, dest)
         store.defang(dest)
         result = {"target_name": path.name, "quarantined": True, "quarantine_path": str(dest), "from": str(path)}
-    result.update(_resync(ctx, ctx.command_type))
+    result.update(_resync(ctx, ctx.command.type))
     return result
 
 

@@ -5,11 +5,11 @@ import threading
 
 import pytest
 from adapter_helpers import calls, make_agent
+from core_helpers import command_context
 
 from caldera.agents.adapter import commands
 from caldera.agents.adapter.driver import open_adapter_driver
 from caldera.agents.manifest import load_manifest
-from caldera.daemon.dispatch import CommandContext
 from caldera.daemon.wakeups import Wakeups
 from caldera.errors import CommandError
 from caldera.redact import Redactor
@@ -25,8 +25,7 @@ def pool():
 def _ctx(tmp_path, pool, extra=None, kind="pause"):
     paths = make_agent(tmp_path, "recorder.py", **({"extra": extra} if extra is not None else {}))
     driver = open_adapter_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor())
-    return paths, CommandContext(command={"id": 1, "command_type": kind}, driver=driver, wake=Wakeups(),
-                                 cancel=threading.Event())
+    return paths, command_context(kind, driver=driver, wake=Wakeups(), cancel=threading.Event())
 
 
 def test_pause_succeeds_and_reports_now(tmp_path, pool):

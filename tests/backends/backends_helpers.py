@@ -103,9 +103,8 @@ def fake_runtime(tmp: Path, env: dict, client=None):
 
 
 def fake_ctx(runtime, cancel=None, deadline=0.0, command=None):
-    from caldera.daemon.dispatch import CommandContext
+    from core_helpers import command_context
 
-    return CommandContext(command=command or {"id": 1, "command_type": "agent_run"},
-                          cancel=cancel or threading.Event(), deadline=deadline, agent_id=runtime.agent_id,
-                          paths=runtime.paths, settings=runtime.settings, redactor=runtime.redactor,
-                          client=runtime.client, runs=runtime.runs)
+    return command_context("agent_run", command=command, cancel=cancel or threading.Event(), deadline=deadline,
+                           agent_id=runtime.agent_id, paths=runtime.paths, settings=runtime.settings,
+                           redactor=runtime.redactor, client=runtime.client, runs=runtime.runs)

@@ -17,6 +17,7 @@ import sys
 import pytest
 from core_helpers import BOOT, install_agent
 from daemon_helpers import wait_for
+from plane_helpers import heartbeats
 
 PlaneServer = pytest.importorskip("caldera.plane.server").PlaneServer
 
@@ -113,10 +114,10 @@ def test_the_daemon_stays_within_its_import_budget(host):
     """`caldera run` started, registered, ran the bench's kinds of command and stopped:
     what it imported on the way must leave out NOT_IN_THE_DAEMON."""
     root, env, plane = host
-    before = len(plane.store.heartbeats(INSTANCE))
+    before = len(heartbeats(plane.store, INSTANCE))
     out, proc = _probe(root, env, ["run", "--agent", "demo"], start_new_session=True)
     try:
-        wait_for(lambda: len(plane.store.heartbeats(INSTANCE)) > before, timeout=30, what="the daemon's heartbeat")
+        wait_for(lambda: len(heartbeats(plane.store, INSTANCE)) > before, timeout=30, what="the daemon's heartbeat")
         ids = [plane.store.enqueue(INSTANCE, kind, {}) for kind in DAEMON_COMMANDS]
         wait_for(lambda: all(plane.store.command(INSTANCE, i)["status"] in ("succeeded", "failed") for i in ids),
                  timeout=30, what="the commands' finishes")

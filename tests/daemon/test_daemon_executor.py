@@ -8,6 +8,7 @@ import responses
 from core_helpers import BOOT, install_agent, make_parts
 
 from caldera.daemon.executor import INTERRUPTED, executor_for
+from caldera.protocol.command import parse_command
 from caldera.protocol.outbox import Outbox
 
 BASE = "http://127.0.0.1:9"
@@ -39,7 +40,7 @@ def mock_plane():
 @responses.activate
 def test_unknown_type_is_finished_failed(runtime):
     mock_plane()
-    command = {"id": 1, "command_type": "make_coffee", "payload": {}}
+    command = parse_command({"id": 1, "command_type": "make_coffee", "payload": {}})
     executor_for(runtime).journal_fetched(command)
     assert executor_for(runtime).execute(command) == "failed"
     [finish] = finishes(runtime)
@@ -52,7 +53,7 @@ def test_unknown_type_is_finished_failed(runtime):
 @responses.activate
 def test_collect_system_info_reports_and_returns_summary(runtime):
     mock_plane()
-    command = {"id": 1, "command_type": "collect_system_info", "payload": {}}
+    command = parse_command({"id": 1, "command_type": "collect_system_info", "payload": {}})
     executor_for(runtime).journal_fetched(command)
     assert executor_for(runtime).execute(command) == "succeeded"
     [finish] = finishes(runtime)
@@ -65,7 +66,7 @@ def test_collect_system_info_reports_and_returns_summary(runtime):
 @responses.activate
 def test_invalid_payload_is_refused_before_running(runtime):
     mock_plane()
-    command = {"id": 1, "command_type": "collect_system_info", "payload": ["not", "an", "object"]}
+    command = parse_command({"id": 1, "command_type": "collect_system_info", "payload": ["not", "an", "object"]})
     executor_for(runtime).journal_fetched(command)
     executor_for(runtime).execute(command)
     [finish] = finishes(runtime)
@@ -79,8 +80,8 @@ def test_404_on_start_finishes_failed_without_running(runtime):
     responses.add(responses.POST, API + "/commands/1/start", status=404,
                   json={"success": False, "error": "no such command"})
     command = {"id": 1, "command_type": "collect_system_info", "payload": {}}
-    executor_for(runtime).journal_fetched(command)
-    executor_for(runtime).execute(command)
+    executor_for(runtime).journal_fetched(parse_command(command))
+    executor_for(runtime).execute(parse_command(command))
     [finish] = finishes(runtime)
     assert "does not know this command" in finish["body"]["error_message"]
     assert not any(c.request.url.endswith("/state/report") for c in responses.calls)
@@ -90,7 +91,7 @@ def test_404_on_start_finishes_failed_without_running(runtime):
 def test_start_during_outage_is_queued_before_the_finish(runtime):
     responses.add(responses.POST, API + "/register", json=ok({"session_token": "agt_sess_abcdef123"}))
     responses.add(responses.POST, API + "/commands/1/start", status=503, json={"success": False, "error": "down"})
-    command = {"id": 1, "command_type": "make_coffee", "payload": {}}
+    command = parse_command({"id": 1, "command_type": "make_coffee", "payload": {}})
     executor_for(runtime).journal_fetched(command)
     executor_for(runtime).execute(command)
     kinds = [item["kind"] for _, item in runtime.outbox.items()]
@@ -112,24 +113,25 @@ def test_timeout_kills_the_work_and_finishes_failed(runtime, monkeypatch):
     monkeypatch.setattr(__import__("test_daemon_executor"), "_slow_target", slow, raising=False)
 
     started = time.monotonic()
-    status, _, error = executor_for(runtime).run_handler({"id": 9, "command_type": "slow_thing", "timeout_seconds": 1})
+    command = parse_command({"id": 9, "command_type": "slow_thing", "timeout_seconds": 1})
+    status, _, error = executor_for(runtime).run_handler(command)
     assert status == "failed" and error == "timed out after 1 s"
     assert time.monotonic() - started < 10
     assert seen["proc"].cancelled  # the subprocess was killed, not left running
 
 
 def test_recovery_runs_unbegun_and_fails_interrupted_never_reruns(runtime):
-    never_began = {"id": 11, "command_type": "collect_system_info", "payload": {}}
-    began = {"id": 12, "command_type": "collect_system_info", "payload": {}}
-    recorded = {"id": 13, "command_type": "collect_system_info", "payload": {}}
+    never_began = parse_command({"id": 11, "command_type": "collect_system_info", "payload": {}})
+    began = parse_command({"id": 12, "command_type": "collect_system_info", "payload": {}})
+    recorded = parse_command({"id": 13, "command_type": "collect_system_info", "payload": {}})
     for command in (never_began, began, recorded):
         executor_for(runtime).journal_fetched(command)
 
-    executor_for(runtime)._journal_phase(12, "executing")
-    executor_for(runtime)._journal_phase(13, "executing")
+    executor_for(runtime)._journal_phase("12", "executing")
+    executor_for(runtime)._journal_phase("13", "executing")
     executor_for(runtime)._put_finish(recorded, "succeeded", {"message": "done before the crash"}, "")
     to_run = executor_for(runtime).recover()
-    assert [c["id"] for c in to_run] == [11]
+    assert [c.id for c in to_run] == [11]
     by_id = {f["command_id"]: f["body"] for f in finishes(runtime)}
     assert by_id[12]["status"] == "failed" and by_id[12]["error_message"] == INTERRUPTED
     assert by_id[13]["status"] == "succeeded"
@@ -139,9 +141,9 @@ def test_recovery_runs_unbegun_and_fails_interrupted_never_reruns(runtime):
 def test_a_finish_delivered_before_the_journal_was_cleared_is_not_finished_again(runtime):
     # kill -9 after the sender delivered the finish but before the executor's last journal
     # write: the restarted daemon must not send a second ("interrupted") finish for it.
-    command = {"id": 21, "command_type": "collect_system_info", "payload": {}}
+    command = parse_command({"id": 21, "command_type": "collect_system_info", "payload": {}})
     executor_for(runtime).journal_fetched(command)
-    executor_for(runtime)._journal_phase(21, "executing")
+    executor_for(runtime)._journal_phase("21", "executing")
     executor_for(runtime)._put_finish(command, "succeeded", {"message": "done"}, "")
     [(name, item)] = list(runtime.outbox.items())
     runtime.outbox.delivered(name, item)  # what the sender does when the plane took it
@@ -150,7 +152,7 @@ def test_a_finish_delivered_before_the_journal_was_cleared_is_not_finished_again
 
 
 def test_an_accepted_agent_run_is_known_to_interrupts_until_its_finish(runtime):
-    command = {"id": 41, "command_type": "agent_run", "payload": {"run_id": "r-41"}}  # no prompt: refused
+    command = parse_command({"id": 41, "command_type": "agent_run", "payload": {"run_id": "r-41"}})  # no prompt
     executor_for(runtime).journal_fetched(command)
     assert runtime.runs.interrupt("r-41") == "queued"  # before its turn: not lost
     assert executor_for(runtime).execute(command) == "failed"
@@ -233,7 +235,7 @@ def test_the_outbox_sweeps_only_stale_temp_files(tmp_path):
 
 def test_finish_results_are_redacted(runtime):
 
-    executor_for(runtime)._put_finish({"id": 5}, "failed", {"echo": f"token={BOOT}"}, f"saw {BOOT}")
+    executor_for(runtime)._put_finish(parse_command({"id": 5}), "failed", {"echo": f"token={BOOT}"}, f"saw {BOOT}")
     [finish] = finishes(runtime)
     assert BOOT not in json.dumps(finish)
 
@@ -258,3 +260,32 @@ def test_outbox_survives_reopen_in_order(tmp_path):
     again.put("finish", {"command_id": 3, "body": {}})
     assert [item["command_id"] for _, item in again.items()] == [0, 1, 2, 3]
     assert names == sorted(names)
+
+
+def test_a_journal_written_by_the_previous_version_is_recovered(runtime):
+    # The journal keeps the plane's object verbatim: what an earlier runtime wrote parses again.
+    runtime.state.set("commands", {
+        "51": {"phase": "fetched", "command": {"id": 51, "command_type": "collect_system_info", "payload": {},
+                                               "timeout_seconds": 60}, "fetched_at": "2026-01-01T00:00:00Z"},
+        "52": {"phase": "executing", "command": {"id": 52, "command_type": "pause"},
+               "fetched_at": "2026-01-01T00:00:00Z"},
+        "53": {"phase": "executing", "command": ["not", "a", "command"]},  # settled by its key
+    })
+    [again] = executor_for(runtime).recover()
+    assert (again.id, again.type, again.timeout_seconds) == (51, "collect_system_info", 60.0)
+    by_id = {f["command_id"]: f for f in finishes(runtime)}
+    assert by_id[52]["body"]["error_message"] == INTERRUPTED and by_id[52]["command_type"] == "pause"
+    assert by_id["53"]["body"]["error_message"] == INTERRUPTED
+    assert set(runtime.state.get("commands")) == {"51"}
+
+
+def test_a_command_that_cannot_be_named_is_logged_never_journaled(runtime, caplog):
+    from caldera.daemon.poller import fetch_one
+
+    class Plane:
+        def next_command(self):
+            return {"command_type": "pause", "payload": {}}
+
+    assert fetch_one(Plane(), executor_for(runtime)) is None
+    assert "control plane sent a command without an id" in caplog.text
+    assert not runtime.state.get("commands")

@@ -10,7 +10,7 @@ import sys
 import threading
 
 import pytest
-from core_helpers import install_agent, make_parts
+from core_helpers import command_context, install_agent, make_parts
 from daemon_helpers import Daemon, wait_for
 from fault_helpers import API, FaultPlane
 
@@ -136,7 +136,6 @@ def test_a_report_asked_for_while_another_is_sent_takes_that_one():
 
 def test_a_burst_of_collect_system_info_goes_through_the_floor(caldera_env):
     from caldera.daemon import builtin
-    from caldera.daemon.dispatch import CommandContext
 
     install_agent(caldera_env)
     parts = make_parts(with_driver=False)
@@ -144,8 +143,8 @@ def test_a_burst_of_collect_system_info_goes_through_the_floor(caldera_env):
     waits = Waits()
     object.__setattr__(parts.reports, "floor", ReportFloor(clock=clock))
     client = Client(clock)
-    ctx = CommandContext(command={"id": 1, "command_type": "collect_system_info"}, cancel=waits, client=client,
-                         reports=parts.reports, wake=parts.wake)
+    ctx = command_context("collect_system_info", cancel=waits, client=client, reports=parts.reports,
+                          wake=parts.wake)
     for _ in range(3):
         assert builtin.collect_system_info(ctx, {})["report_delivered"] is True
     assert len(waits.asked) == 2 and all(w == pytest.approx(2.0) for w in waits.asked)
@@ -156,6 +155,7 @@ def test_a_burst_of_collect_system_info_goes_through_the_floor(caldera_env):
 
 def test_a_command_too_large_to_read_is_finished_failed(caldera_env):
     from caldera.daemon.executor import Executor
+    from caldera.protocol.command import parse_command
 
     install_agent(caldera_env)
     parts = make_parts(with_driver=False)
@@ -166,7 +166,7 @@ def test_a_command_too_large_to_read_is_finished_failed(caldera_env):
 
     executor = Executor(agent_id="a", client=StartOk(), state=parts.state, outbox=parts.outbox,
                         redactor=parts.redactor, report_now=lambda: None, context=None)
-    stub = {"id": 12, "command_type": "settings_set", "payload_too_large": "over 8388608 bytes"}
+    stub = parse_command({"id": 12, "command_type": "settings_set", "payload_too_large": "over 8388608 bytes"})
     executor.journal_fetched(stub)
     assert executor.execute(stub) == "failed"
     [item] = [i for _, i in parts.outbox.items() if i["kind"] == "finish"]
@@ -184,5 +184,5 @@ def test_the_poller_journals_an_oversized_command(caldera_env, plane):
     plane.fault(API + "/commands/next$", size=NEXT_CAP + 10,
                 body=b'{"success":true,"data":{"command":{"id":77,"command_type":"log_get","payload":{"x":"')
     command = fetch_one(parts.client, executor_for(parts))
-    assert command["id"] == 77 and "77" in parts.state.get("commands")
+    assert command.id == 77 and "77" in parts.state.get("commands")
     parts.pool.shutdown(wait=False)

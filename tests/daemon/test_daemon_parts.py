@@ -12,6 +12,7 @@ from caldera.daemon import run as daemon_run
 from caldera.daemon.executor import executor_for
 from caldera.daemon.lanes import Lanes, LanesClosed
 from caldera.protocol import client as api
+from caldera.protocol.command import parse_command
 from caldera.protocol.retry import Backoff
 
 BASE = "http://127.0.0.1:9"
@@ -32,7 +33,7 @@ def test_submit_after_close_raises_and_is_counted(parts):
     lanes.start()
     assert lanes.close(timeout=5)
     with pytest.raises(LanesClosed):
-        lanes.submit({"id": 1, "command_type": "collect_system_info"})
+        lanes.submit(parse_command({"id": 1, "command_type": "collect_system_info"}))
     assert lanes.refused == 1
     assert parts.live.drops()["lanes"] == 1
 

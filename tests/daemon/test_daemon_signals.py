@@ -15,7 +15,15 @@ def signals():
     yield sig
     for s, handler in saved.items():
         signal.signal(s, handler)
-    sig.close()
+    _close(sig)
+
+
+def _close(sig):
+    """Signals in-process: the interpreter must not write to a closed (or reused) fd."""
+    if signal.set_wakeup_fd(-1) not in (sig._write, -1):
+        raise RuntimeError("another wakeup fd was set after these signals were installed")
+    for fd in (sig._read, sig._write):
+        os.close(fd)
 
 
 def test_a_signal_wakes_the_wait_and_is_counted(signals):

@@ -9,7 +9,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from caldera.daemon.dispatch import CommandContext
+from core_helpers import command_context
+
 from caldera.daemon.live import LiveStatus
 from caldera.daemon.wakeups import Wakeups
 from caldera.daemon.wiring import Current
@@ -116,10 +117,10 @@ class FakeRuntime:
 
 def ctx(runtime, command_type):
     current = runtime.current
-    return CommandContext(command={"id": 1, "command_type": command_type}, agent_id=runtime.agent_id,
-                          paths=runtime.paths, settings=current.settings, driver=current.driver, current=current,
-                          redactor=runtime.redactor, client=runtime.client, outbox=runtime.outbox,
-                          state=runtime.state, wake=runtime.wake, live=runtime.live, publisher=runtime.publisher)
+    return command_context(command_type, agent_id=runtime.agent_id, paths=runtime.paths, settings=current.settings,
+                           driver=current.driver, current=current, redactor=runtime.redactor, client=runtime.client,
+                           outbox=runtime.outbox, state=runtime.state, wake=runtime.wake, live=runtime.live,
+                           publisher=runtime.publisher)
 
 
 def run(runtime, command_type, payload):

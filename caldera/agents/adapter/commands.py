@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def _driver(ctx: CommandContext) -> AgentDriver:
     driver: AgentDriver | None = ctx.driver
     if driver is None:
-        raise CommandError(f"{ctx.command_type}: this agent has no adapter (its manifest is not runtime.type: adapter)")
+        raise CommandError(f"{ctx.command.type}: this agent has no adapter (its manifest is not runtime.type: adapter)")
     return driver
 
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def _process_driver(ctx: CommandContext) -> ProcessDriver:
     driver = as_process_driver(ctx.driver)
     if driver is None:
-        raise CommandError(f"{ctx.command_type} acts only in process mode; this agent runs in adapter mode, "
+        raise CommandError(f"{ctx.command.type} acts only in process mode; this agent runs in adapter mode, "
                            "where caldera starts and stops nothing (use pause / resume)")
     return driver
 

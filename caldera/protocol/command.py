@@ -1,0 +1,78 @@
+"""A control-plane command, parsed once: when it is fetched (or read back from the journal).
+
+`commands/next` answers untrusted JSON. `parse_command` makes it a frozen `Command`, or
+raises `MalformedCommand` when the command cannot be named (not an object, no id that is a
+number or a string): such a command can be neither journaled nor started nor finished, so
+it is only logged. An id that names it but may not go into a URL (not digits) is refused
+by the start, which finishes the command failed with that sentence.
+Whatever else is wrong with a command (an unknown type, a payload that is not an object,
+an answer too large to read) does not stop it from being named: the executor finishes it
+`failed` with a sentence saying why (`refusal`, or dispatch's "unsupported command type").
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_TIMEOUT_SECONDS = 300.0  # a command without a usable timeout_seconds (docs/runtime.md)
+
+
+class MalformedCommand(ValueError):
+    """The plane's answer is no command that can be named."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command as the runtime uses it. `raw` is the plane's object as fetched: the
+    journal keeps it verbatim, and recovery after a restart parses it again."""
+
+    id: int | str  # as the plane sent it (digits): start and finish name it so
+    type: str  # command_type; "" when missing (dispatch refuses it as unsupported)
+    payload: dict[str, Any]  # {} when missing or not an object (then `refusal` says so)
+    timeout_seconds: float  # > 0: the plane's, else DEFAULT_TIMEOUT_SECONDS
+    run_id: str | None = None  # the payload's run_id (agent_run, agent_interrupt)
+    refusal: str | None = None  # why it may not run: the error message it is finished with
+    local: bool = False  # the runtime gave it itself (a desired config revision): no journal, start or finish
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def key(self) -> str:
+        """The id as text: the journal's key, and what the outbox compares."""
+        return str(self.id)
+
+
+def parse_command(raw: Any, *, local: bool = False) -> Command:
+    """The plane's command object as a Command; MalformedCommand (a sentence) when it
+    cannot be named. `local` is never read from the plane's object."""
+    if not isinstance(raw, dict):
+        raise MalformedCommand(f"a command must be a JSON object, not {type(raw).__name__}")
+    cid = raw.get("id")
+    if cid is None:
+        raise MalformedCommand("a command without an id")
+    if isinstance(cid, bool) or not isinstance(cid, (int, str)):
+        raise MalformedCommand(f"a command id must be a number or a string, not {type(cid).__name__}")
+    ctype = str(raw.get("command_type") or "")
+    payload = raw.get("payload")
+    refusal = None
+    if raw.get("payload_too_large"):  # only the answer's head was read (client.next_command)
+        refusal = f"payload too large: the command's answer was {raw['payload_too_large']}"
+    elif payload is not None and not isinstance(payload, dict):
+        refusal = f"invalid payload for {ctype}: must be a JSON object"
+    payload = payload if isinstance(payload, dict) else {}
+    run_id = payload.get("run_id")
+    return Command(id=cid, type=ctype, payload=payload, timeout_seconds=_timeout(raw.get("timeout_seconds")),
+                   run_id=run_id if isinstance(run_id, str) else None, refusal=refusal, local=local, raw=raw)
+
+
+def _timeout(value: Any) -> float:
+    """The plane's timeout in seconds; the default for none, nonsense or <= 0. A larger one
+    than a thread's wait can take (threading.TIMEOUT_MAX, about 292 years) is cut to it."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return DEFAULT_TIMEOUT_SECONDS
+    if math.isnan(seconds) or seconds <= 0:
+        return DEFAULT_TIMEOUT_SECONDS
+    return min(seconds, threading.TIMEOUT_MAX)
