@@ -14,9 +14,9 @@ import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 
+from caldera import TYPE_CHECKING
 from caldera.errors import ConfigError
 
-TYPE_CHECKING = False  # typing's constant without importing typing (caldera/cli/fastpath.py)
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, MutableMapping
     from typing import Any

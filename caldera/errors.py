@@ -16,7 +16,8 @@ subclasses of these.
 """
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing's constant without importing typing (caldera/cli/fastpath.py)
+from caldera import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from typing import Any
 

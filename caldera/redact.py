@@ -14,7 +14,8 @@ import re
 import threading
 import urllib.parse
 
-TYPE_CHECKING = False  # typing's constant without importing typing (caldera/cli/fastpath.py)
+from caldera import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any

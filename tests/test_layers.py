@@ -19,7 +19,7 @@ MAY_IMPORT = {
     "host": {"base"},
     "base": {"base"},
 }
-BASE = {"config", "errors", "redact", "__init__", "__version__"}
+BASE = {"config", "errors", "redact", "__init__", "__version__", "TYPE_CHECKING"}
 # The one upward import allowed, and only for types (inside `if TYPE_CHECKING:`, never run):
 # a command handler in agents/, skills/ or backends/ names the context the daemon gives it.
 TYPE_ONLY_UP = {"caldera.daemon.dispatch"}

@@ -23,13 +23,12 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from caldera import config
+from caldera import TYPE_CHECKING, config
 from caldera.agents.manifest import load_manifest
 from caldera.agents.window import manifest_bytes_for_install
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_bytes
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any

@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from caldera import TYPE_CHECKING
 from caldera.agents import settings, status
 from caldera.agents.adapter import health, invoke, logs
 from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, UNSUPPORTED, ContractError, parse_object
 from caldera.protocol.schemas import SchemaError, validate
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from typing import Any
 

@@ -21,6 +21,7 @@ import json
 import logging
 from pathlib import Path
 
+from caldera import TYPE_CHECKING
 from caldera.agents import trust, window
 from caldera.agents.updates import load_effective
 from caldera.config import load_settings
@@ -30,7 +31,6 @@ from caldera.host.jsonlimits import loads
 from caldera.protocol.client import ApiError, NotFound, transient
 from caldera.protocol.retry import retry_within
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     import threading
     from collections.abc import Callable

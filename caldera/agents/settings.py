@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import math
 
+from caldera import TYPE_CHECKING
 from caldera.agents.contract import ContractError
 from caldera.host.jsonlimits import dumps_compact, escape_surrogates, text_problem
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 
+from caldera import TYPE_CHECKING
 from caldera.agents.contract import ContractError
 from caldera.host.jsonlimits import scrub
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from typing import Any
 

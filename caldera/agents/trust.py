@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import math
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+from caldera import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any, TypeGuard

@@ -21,12 +21,12 @@ import os
 import time
 from pathlib import Path
 
+from caldera import TYPE_CHECKING
 from caldera.agents.manifest import build, check_document, load_manifest
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_json
 from caldera.host.jsonlimits import loads
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from typing import Any
 

@@ -20,13 +20,13 @@ import json
 import time
 from pathlib import Path
 
+from caldera import TYPE_CHECKING
 from caldera.agents import trust, updates
 from caldera.agents.manifest import load_manifest, parse_text, schema_check
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_json, read_json
 from caldera.host.timefmt import rfc3339
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from typing import Any
 

@@ -15,13 +15,12 @@ import os
 import pwd
 import sys
 
-from caldera import __version__
+from caldera import TYPE_CHECKING, __version__
 from caldera.cli import fastpath
 from caldera.config import state_in_persistent_dir, state_root
 from caldera.errors import EXIT_FAILED, EXIT_USAGE, CalderaError, Retryable
 from caldera.host import privdrop
 
-TYPE_CHECKING = False  # typing's constant without importing typing (caldera/cli/fastpath.py)
 if TYPE_CHECKING:
     import argparse
     from types import ModuleType, SimpleNamespace

@@ -13,8 +13,8 @@ needed by nothing a quick verb runs. So, and nothing else:
 - `formatter_class`: argparse's HelpFormatter with the same width rule, without shutil;
 - `run_quick`: a quick verb runs with the collector off and, as a program, ends with
   `os._exit` (it leaves no thread, child, log handler or open file to finalise);
-- the modules a quick verb imports put their type-only imports under
-  `TYPE_CHECKING = False` / `if TYPE_CHECKING:`, which mypy reads as typing's constant.
+- `caldera.TYPE_CHECKING` (caldera/__init__.py): typing's constant without typing; every
+  module imports it from there and puts its type-only imports under `if TYPE_CHECKING:`.
 
 tests/cli/test_cli_quick_paths.py holds each shortcut equal to the plain code it stands
 for; tests/cli/test_cli_import_budgets.py names what each entry point must not import.
@@ -26,7 +26,8 @@ import os
 import sys
 from types import SimpleNamespace
 
-TYPE_CHECKING = False
+from caldera import TYPE_CHECKING
+
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable

@@ -15,12 +15,12 @@ import os
 import sys
 import threading
 
+from caldera import TYPE_CHECKING
 from caldera.cli import add_agent_flags
 from caldera.errors import ConfigError, Refused, UsageError
 from caldera.host.jsonlimits import escape_surrogates
 from caldera.host.stopsignals import stop_on_signals
 
-TYPE_CHECKING = False  # typing's constant without importing typing (caldera/cli/fastpath.py)
 if TYPE_CHECKING:
     import argparse
     from typing import Any, TextIO

@@ -12,11 +12,11 @@ import argparse
 import json
 import sys
 
+from caldera import TYPE_CHECKING
 from caldera.cli import add_agent_flags
 from caldera.errors import EXIT_FAILED, EXIT_OK, ConfigError, UsageError
 from caldera.host.jsonlimits import escape_surrogates, scrub
 
-TYPE_CHECKING = False  # typing's constant without importing typing (caldera/cli/fastpath.py)
 if TYPE_CHECKING:
     from typing import Any
 

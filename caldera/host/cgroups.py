@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-# typing.TYPE_CHECKING without importing typing (host modules are imported by quick verbs)
-TYPE_CHECKING = False
+from caldera import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 

@@ -11,9 +11,8 @@ import json
 import os
 from pathlib import Path
 
-# typing.TYPE_CHECKING without importing typing: quick verbs import this module (start-up,
-# docs/performance.md section 1)
-TYPE_CHECKING = False
+from caldera import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from typing import Any
 

@@ -17,9 +17,8 @@ import functools
 import json
 import re
 
-# typing.TYPE_CHECKING without importing typing: quick verbs import this module (start-up,
-# docs/performance.md section 1)
-TYPE_CHECKING = False
+from caldera import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any, NoReturn

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import pwd
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (host/ is imported by quick verbs)
+from caldera import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from collections.abc import MutableMapping
 

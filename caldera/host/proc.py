@@ -14,9 +14,8 @@ import subprocess
 import threading
 import time
 
-# typing.TYPE_CHECKING without importing typing: quick verbs import this module (start-up,
-# docs/performance.md section 1)
-TYPE_CHECKING = False
+from caldera import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
     from typing import IO, Any

@@ -18,12 +18,12 @@ import time
 import weakref
 from dataclasses import dataclass, field
 
+from caldera import TYPE_CHECKING
 from caldera.host import cgroups
 from caldera.host.cgroups import FigureError, read_text
 from caldera.host.keptfiles import KeptFiles
 from caldera.host.timefmt import rfc3339
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (host/ is imported by quick verbs)
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from os import PathLike

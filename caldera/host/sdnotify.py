@@ -17,7 +17,8 @@ import logging
 import os
 import socket
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (host/ is imported by quick verbs)
+from caldera import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import copy
 import threading
 
+from caldera import TYPE_CHECKING
 from caldera.host.fsutil import atomic_write_json, read_json
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (host/ is imported by quick verbs)
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any

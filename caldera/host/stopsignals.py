@@ -19,7 +19,8 @@ import select
 import signal
 import threading
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (host/ is imported by quick verbs)
+from caldera import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
     from types import FrameType

@@ -29,12 +29,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from caldera import TYPE_CHECKING
 from caldera.host import jsonlimits
 from caldera.host.fsutil import NOFOLLOW, atomic_write_bytes, ensure_dir
 from caldera.host.timefmt import rfc3339
 from caldera.protocol.payloads import finite
 
-TYPE_CHECKING = False  # `caldera status` loads this module: typing is not imported at run time (docs/performance.md)
 if TYPE_CHECKING:
     from typing import Any
 

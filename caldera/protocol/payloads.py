@@ -11,10 +11,9 @@ import math
 import platform
 from dataclasses import dataclass
 
-from caldera import __version__
+from caldera import TYPE_CHECKING, __version__
 from caldera.host.timefmt import rfc3339
 
-TYPE_CHECKING = False  # `caldera status` loads this module: typing is not imported at run time (docs/performance.md)
 if TYPE_CHECKING:
     from typing import Any
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 
+from caldera import TYPE_CHECKING
 from caldera.agents.contract import ContractError  # noqa: F401 -- the adapter's answers raise it; re-exported
 from caldera.host.jsonlimits import JSONLimitError, loads, scrub
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any

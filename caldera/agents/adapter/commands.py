@@ -9,9 +9,9 @@ leaves them out.
 """
 from __future__ import annotations
 
+from caldera import TYPE_CHECKING
 from caldera.errors import CommandError
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from typing import Any
 

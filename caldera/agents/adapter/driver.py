@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 
+from caldera import TYPE_CHECKING
 from caldera.agents import status, trust, updates, window
 from caldera.agents.adapter import health, invoke, verbs
 from caldera.agents.adapter.answer import DONE, FAILED, UNSUPPORTED, Answer, ContractError
@@ -23,7 +24,6 @@ from caldera.agents.manifest import CONTROLS
 from caldera.errors import ConfigError
 from caldera.protocol.schemas import SchemaError, validate
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any, TypeVar

@@ -6,9 +6,9 @@ exit 0 is ok, anything else (a timeout too) is bad with the reason.
 """
 from __future__ import annotations
 
+from caldera import TYPE_CHECKING
 from caldera.agents.adapter import invoke
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     import threading
     from typing import Any

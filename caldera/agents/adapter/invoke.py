@@ -14,6 +14,7 @@ import os
 import pwd
 import threading
 
+from caldera import TYPE_CHECKING
 from caldera.agents.adapter.answer import (
     DONE,
     FAILED,
@@ -28,7 +29,6 @@ from caldera.agents.adapter.answer import (
 from caldera.host import proc
 from caldera.host.jsonlimits import scrub
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 

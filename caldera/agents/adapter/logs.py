@@ -9,10 +9,10 @@ sentence, never passed on (it can't be encoded into an argv).
 """
 from __future__ import annotations
 
+from caldera import TYPE_CHECKING
 from caldera.agents.adapter.answer import ContractError
 from caldera.host.jsonlimits import text_problem
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from typing import Any
 

@@ -4,11 +4,11 @@
 """
 from __future__ import annotations
 
+from caldera import TYPE_CHECKING
 from caldera.agents import settings
 from caldera.agents.adapter import invoke, logs
 from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, UNSUPPORTED, Answer, ContractError, with_held
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     import threading
     from typing import Any

@@ -10,11 +10,11 @@ import threading
 import time
 from pathlib import Path
 
+from caldera import TYPE_CHECKING
 from caldera.agents.adapter.invoke import SAFE_PATH
 from caldera.agents.process.spec import build_spec
 from caldera.agents.process.statusfile import StatusRead, read_status_file
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from caldera.agents.check import Report
     from caldera.agents.manifest import Manifest

@@ -3,11 +3,11 @@ daemon that owns the agent, over its control socket. Without a daemon there is n
 process to act on: the verb says so and exits 1 (SPEC section 7b)."""
 from __future__ import annotations
 
+from caldera import TYPE_CHECKING
 from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, Answer
 from caldera.agents.process import control
 from caldera.errors import UsageError
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     import argparse
     from typing import Any

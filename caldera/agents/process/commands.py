@@ -7,10 +7,10 @@ calls the driver: the process driver answers them the same way.)
 """
 from __future__ import annotations
 
+from caldera import TYPE_CHECKING
 from caldera.agents.driver import as_process_driver
 from caldera.errors import CommandError
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any

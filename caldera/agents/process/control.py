@@ -19,9 +19,9 @@ import struct
 import threading
 from pathlib import Path
 
+from caldera import TYPE_CHECKING
 from caldera.host.jsonlimits import loads
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from typing import Any
 

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from caldera import TYPE_CHECKING
 from caldera.agents import settings as settings_rules
 from caldera.agents import status
 from caldera.agents.adapter import logs as log_names
@@ -32,7 +33,6 @@ from caldera.agents.updates import load_effective
 from caldera.errors import ConfigError
 from caldera.host.timefmt import rfc3339
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any

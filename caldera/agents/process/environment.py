@@ -16,10 +16,10 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from caldera import TYPE_CHECKING
 from caldera.agents.adapter.invoke import adapter_env
 from caldera.config import llm_gateway
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from collections.abc import Mapping
 

@@ -14,10 +14,10 @@ import json
 import os
 from pathlib import Path
 
+from caldera import TYPE_CHECKING
 from caldera.agents.settings import value_problem
 from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, ensure_dir, read_json
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from typing import Any
 

@@ -6,13 +6,13 @@ import logging
 import os
 import pwd
 
+from caldera import TYPE_CHECKING
 from caldera.agents.process import environment, files
 from caldera.agents.process.supervisor import LaunchError
 from caldera.config import merged_env
 from caldera.errors import ConfigError
 from caldera.host import proc
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     import subprocess
     from collections.abc import Mapping

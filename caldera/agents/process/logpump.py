@@ -16,7 +16,8 @@ import queue
 import threading
 from pathlib import Path
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+from caldera import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from typing import IO
 

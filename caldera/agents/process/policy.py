@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import collections
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
+from caldera import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
 

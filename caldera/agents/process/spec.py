@@ -9,11 +9,11 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from caldera import TYPE_CHECKING
 from caldera.agents.manifest import STOP_TIMEOUT_DEFAULT
 from caldera.agents.manifest import path_value as _path_value
 from caldera.errors import ConfigError
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from typing import Any
 

@@ -16,11 +16,11 @@ import stat
 import time
 from dataclasses import dataclass
 
+from caldera import TYPE_CHECKING
 from caldera.agents.contract import ContractError
 from caldera.agents.status import filter_status
 from caldera.host.jsonlimits import JSONLimitError, loads
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any

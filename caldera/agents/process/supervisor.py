@@ -21,11 +21,11 @@ import subprocess
 import threading
 import time
 
+from caldera import TYPE_CHECKING
 from caldera.agents.process.policy import ERROR, MAX_FAILURES, RESTART, RestartPolicy
 from caldera.host import proc
 from caldera.host.timefmt import rfc3339
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any, Literal

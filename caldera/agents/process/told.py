@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import copy
 
+from caldera import TYPE_CHECKING
 from caldera.agents.manifest import check_mcp_server
 from caldera.agents.process import files
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, ensure_dir
 
-TYPE_CHECKING = False  # typing's own is not imported at run time (docs/performance.md, section 1)
 if TYPE_CHECKING:
     from typing import Any
 
