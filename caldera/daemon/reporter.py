@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from caldera.agents import outcomes
 from caldera.daemon.live import DROPS_KEY, LiveStatus, ago
 from caldera.daemon.wakeups import Wakeups, wait_any
 from caldera.protocol.payloads import Identity, finite, heartbeat_body, state_report_body
@@ -114,6 +115,7 @@ class Reports:
                                  section, self.live.last_sample)
         body["health"]["dropped"] = self._drops()
         body["health"].update(self.health_extra())
+        body["health"].update(outcomes.health(self.state))  # what became of the last config revisions
         return self.redactor(finite(body))
 
     def _drops(self) -> dict[str, int]:

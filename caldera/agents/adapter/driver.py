@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 
-from caldera.agents import status, trust, updates, window
+from caldera.agents import outcomes, status, trust, updates, window
 from caldera.agents.adapter import health, invoke, verbs
 from caldera.agents.adapter.answer import DONE, FAILED, UNSUPPORTED, Answer, ContractError
 from caldera.agents.manifest import CONTROLS
@@ -311,6 +311,9 @@ class AdapterDriver:
                         record.get("reason"))
             if self.state is not None:
                 self.state.set(window.REVISION_KEY, record.get("previous_revision_id"))
+                outcomes.record(self.state, record.get("revision_id"), "rolled_back",
+                                f"rolled back to revision {record.get('previous_revision_id')} "
+                                f"(version {record.get('previous_version')}): {record.get('reason')}", via="window")
         self.refresh_manifest()
 
 
