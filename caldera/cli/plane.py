@@ -81,6 +81,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     commands.add_argument("--instance", type=int, required=True, metavar="N")
     commands.add_argument("--json", action="store_true")
 
+    reports = verbs.add_parser("reports", help="an instance's state reports")
+    _db_flag(reports)
+    reports.add_argument("--instance", type=int, required=True, metavar="N")
+    reports.add_argument("--last", action="store_true", help="only the newest")
+    reports.add_argument("--json", action="store_true")
+
     revision = verbs.add_parser(
         "revision", help="publish a config revision (manifest and/or settings) and hint it to the instance")
     _db_flag(revision)
@@ -91,12 +97,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     revision.add_argument("--no-hint", action="store_true",
                           help="store only; do not name it as desired_config_revision_id in heartbeats")
     revision.add_argument("--json", action="store_true")
-
-    reports = verbs.add_parser("reports", help="an instance's state reports")
-    _db_flag(reports)
-    reports.add_argument("--instance", type=int, required=True, metavar="N")
-    reports.add_argument("--last", action="store_true", help="only the newest")
-    reports.add_argument("--json", action="store_true")
 
 
 def _db_flag(parser: argparse.ArgumentParser) -> None:
