@@ -15,6 +15,7 @@ from pathlib import Path
 QUICK = {
     "bench_pause.py": ["--runs", "15"],
     "bench_runtime.py": ["--seconds", "30", "--runs", "3"],
+    "bench_drain.py": ["--commands", "50"],
     "bench_sampler.py": ["--samples", "500"],
     "bench_skills.py": ["--rounds", "3"],
     "bench_codex.py": ["--lines", "50000"],

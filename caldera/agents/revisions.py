@@ -22,7 +22,7 @@ import logging
 from pathlib import Path
 
 from caldera import TYPE_CHECKING
-from caldera.agents import trust, window
+from caldera.agents import outcomes, trust, window
 from caldera.agents.updates import load_effective
 from caldera.config import load_settings
 from caldera.errors import CommandError, ConfigError
@@ -329,7 +329,22 @@ def _revision_id(value: object) -> int:
 
 
 def apply_config_revision(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
-    return apply_revision(ctx, payload.get("revision_id"))
+    """The command, or the runtime's own apply of a heartbeat's desired revision (a local
+    command: no finish). Either way the outcome is kept for the state reports (outcomes)."""
+    revision_id = payload.get("revision_id")
+    via = "heartbeat" if ctx.command.local else "command"
+    try:
+        result = apply_revision(ctx, revision_id)
+    except CommandError as exc:
+        message = ctx.redactor(str(exc))
+        outcomes.record(ctx.state, revision_id, "refused" if "refused" in message else "failed", message, via)
+        raise
+    applied = [key for key in ("manifest", "settings", "bootstrap_manifest") if key in result]
+    manifest = result.get("manifest") or {}
+    detail = f"version {manifest.get('version')}, on trial until {manifest.get('window_until')}" \
+        if manifest.get("changed") else ""
+    outcomes.record(ctx.state, revision_id, "applied", "; ".join(filter(None, [", ".join(applied), detail])), via)
+    return result
 
 
 # ------------------------------------------------------------------ reload_config

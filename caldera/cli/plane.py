@@ -1,4 +1,4 @@
-"""`caldera plane serve|enqueue|agents|commands|reports` (SPEC section 12).
+"""`caldera plane serve|enqueue|agents|commands|reports|revision` (SPEC section 12).
 
 `serve` runs the plane; the operator verbs open the same sqlite database
 (`--db`, default `default_db_path()`) and print a table, or one JSON object
@@ -86,6 +86,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     reports.add_argument("--instance", type=int, required=True, metavar="N")
     reports.add_argument("--last", action="store_true", help="only the newest")
     reports.add_argument("--json", action="store_true")
+
+    revision = verbs.add_parser(
+        "revision", help="publish a config revision (manifest and/or settings) and hint it to the instance")
+    _db_flag(revision)
+    revision.add_argument("--instance", type=int, required=True, metavar="N")
+    revision.add_argument("--manifest", metavar="FILE",
+                          help="caldera.agent.yaml text to apply as a blueprint update (30-minute window)")
+    revision.add_argument("--settings", metavar="JSON", help="settings values to set through the adapter, {key: value}")
+    revision.add_argument("--no-hint", action="store_true",
+                          help="store only; do not name it as desired_config_revision_id in heartbeats")
+    revision.add_argument("--json", action="store_true")
 
 
 def _db_flag(parser: argparse.ArgumentParser) -> None:
@@ -266,10 +277,59 @@ def reports(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+MANIFEST_MAX_BYTES = 256 * 1024  # a caldera.agent.yaml is a few KiB; the revision must fit the runtime's read
+
+
+def revision(args: argparse.Namespace) -> int:
+    """Store a revision carrying `manifest` text and/or `settings` values; print its id."""
+    content: dict[str, Any] = {}
+    if args.manifest:
+        content["manifest"] = _manifest_text(Path(args.manifest))
+    if args.settings is not None:
+        try:
+            values = json.loads(args.settings)
+        except ValueError as exc:
+            raise UsageError(f"--settings is not JSON: {exc}") from None
+        if not isinstance(values, dict) or not values:
+            raise UsageError("--settings must be a JSON object of values, e.g. '{\"interval\": 30}'")
+        content["settings"] = values
+    if not content:
+        raise UsageError("give --manifest FILE and/or --settings JSON")
+    store = _open(args)
+    try:
+        revision_id = store.publish_revision(args.instance, content, desired=not args.no_hint)
+    except ValueError as exc:
+        print(f"caldera plane revision: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        store.close()
+    if args.json:
+        _print_json({"id": revision_id, "instance_id": args.instance, "carries": sorted(content),
+                     "desired": not args.no_hint})
+    else:
+        print(revision_id)
+    return EXIT_OK
+
+
+def _manifest_text(path: Path) -> str:
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MANIFEST_MAX_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"--manifest {path}: {exc.strerror or exc}") from None
+    if len(raw) > MANIFEST_MAX_BYTES:
+        raise UsageError(f"--manifest {path}: over {MANIFEST_MAX_BYTES // 1024} KiB")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"--manifest {path}: not UTF-8 text") from None
+
+
 def _print_table(rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
 
 
-VERBS = {"serve": serve, "enqueue": enqueue, "agents": agents, "commands": commands, "reports": reports}
+VERBS = {"serve": serve, "enqueue": enqueue, "agents": agents, "commands": commands, "reports": reports,
+         "revision": revision}

@@ -10,15 +10,19 @@ if TYPE_CHECKING:
 
 
 def _send_now(ctx: CommandContext) -> tuple[dict[str, Any], bool]:
-    """Sample and send a state report through the one 2 s floor (`ReportFloor`): a burst of
-    these commands never sends faster, and one that waited while another report went out
-    takes that report. (the report, whether it was delivered).
+    """The state report that answers the command: one built less than the 2 s floor ago
+    (`ReportFloor.recent`: one report answers many, and the command does not wait), else
+    one sampled and sent now through the floor. (the report, whether it was delivered).
 
     An undelivered report does not fail the command: the result carries the same
     summary, and the reporter loop delivers a fresh report once the plane is back.
     """
     if ctx.client is None:
         return ctx.reports.state_report(), False
+    recent = ctx.reports.floor.recent()
+    if recent is not None:
+        ctx.report_now()  # the reporter sends a fresh one once the floor allows
+        return recent
     try:
         report, _ = ctx.reports.send(ctx.client, ctx.cancel, coalesce=True)
     except CalderaError:

@@ -1,6 +1,15 @@
-"""Where fetched commands run: the main lane (one command at a time) and the
-runs lane (code-agent turns, which can take long, one at a time), each a
-thread fed by a queue.Queue and ended by a None sentinel."""
+"""Where fetched commands run: three lanes, each a thread fed by a queue.Queue and ended
+by a None sentinel, each running its commands one at a time in the order they came.
+
+  controls  pause, resume, run_now, settings_get/set, log_list, agent_interrupt: short
+            adapter verbs the operator expects at once; they never wait behind slow work
+  runs      agent_run (code-agent turns, which can take long)
+  main      everything else (skill transfers, log_get, revisions, system info, ...)
+
+The poller fetches the next command while the main lane runs one, so a control queued
+behind a slow command reaches its lane; at most one main command waits (docs/runtime.md,
+"Lanes").
+"""
 from __future__ import annotations
 
 import logging
@@ -14,19 +23,26 @@ from caldera.protocol.command import Command, parse_command
 
 log = logging.getLogger("caldera.lanes")
 RUN_TYPES = ("agent_run",)
+CONTROL_TYPES = ("pause", "resume", "run_now", "settings_get", "settings_set", "log_list", "agent_interrupt")
+MAIN_WAITING = 1  # main commands fetched ahead while one runs
 
 
 class LanesClosed(RuntimeError):
     """submit() after close(): the runtime is stopping and takes no more work."""
 
 
-def lane_worker(executor: Executor, work: queue.Queue[Command | None], busy: threading.Event,
-                cancel: threading.Event, on_idle: Callable[[], None]) -> None:
+def lane_of(command: Command) -> str:
+    if command.local:
+        return "main"
+    return "runs" if command.type in RUN_TYPES else "controls" if command.type in CONTROL_TYPES else "main"
+
+
+def lane_worker(executor: Executor, work: queue.Queue[Command | None], done: Callable[[], None],
+                cancel: threading.Event) -> None:
     while True:
         command = work.get()
         if command is None:
             return
-        busy.set()
         try:
             if command.local:
                 run_local(executor, command, cancel)
@@ -35,8 +51,10 @@ def lane_worker(executor: Executor, work: queue.Queue[Command | None], busy: thr
         except Exception:  # noqa: BLE001 -- the lane must survive a bug in one command
             log.exception("command %s could not be settled", command.id)
         finally:
-            busy.clear()
-            on_idle()
+            try:
+                done()
+            except Exception:  # noqa: BLE001 -- nor a bug in its wake-up
+                log.exception("lane wake-up failed")
 
 
 def run_local(executor: Executor, command: Command, cancel: threading.Event) -> None:
@@ -50,8 +68,9 @@ class Lanes:
         self.executor, self.on_idle = executor, on_idle
         self.cancel = threading.Event()  # the second SIGTERM: cancel what runs
         self.refused = 0  # commands offered after close (counted: `caldera status`, the report's health)
-        self._queues: dict[str, queue.Queue[Command | None]] = {"main": queue.Queue(), "runs": queue.Queue()}
-        self._busy = {name: threading.Event() for name in self._queues}
+        self._queues: dict[str, queue.Queue[Command | None]] = {
+            "main": queue.Queue(), "controls": queue.Queue(), "runs": queue.Queue()}
+        self._pending = dict.fromkeys(self._queues, 0)  # submitted and not yet settled, per lane
         self._threads: list[threading.Thread] = []
         self._closed = False
         self._lock = threading.Lock()
@@ -60,19 +79,26 @@ class Lanes:
     def start(self) -> None:
         for name, work in self._queues.items():
             thread = threading.Thread(target=lane_worker, name=f"lane-{name}",
-                                      args=(self.executor, work, self._busy[name], self.cancel, self.on_idle))
+                                      args=(self.executor, work, self._done_callback(name), self.cancel))
             thread.start()
             self._threads.append(thread)
 
+    def _done_callback(self, lane: str) -> Callable[[], None]:
+        def done() -> None:
+            with self._lock:
+                self._pending[lane] -= 1
+            self.on_idle()
+
+        return done
+
     def submit(self, command: Command) -> None:
         """Queue a command; raises LanesClosed once close() began (nothing is queued then)."""
-        lane = "runs" if command.type in RUN_TYPES else "main"
+        lane = lane_of(command)
         with self._lock:
             if self._closed:
                 self.refused += 1
                 raise LanesClosed(f"command {command.id} offered after the lanes closed")
-            if lane == "main":
-                self._busy["main"].set()  # busy from now, so the poller waits
+            self._pending[lane] += 1  # counted from now, so the poller waits
             self._queues[lane].put(command)
 
     def desired_revision(self, revision_id: Any) -> None:
@@ -87,10 +113,14 @@ class Lanes:
             self._desired_seen.discard(revision_id)  # the next runtime sees it again
 
     def ready(self) -> bool:
-        return not self._busy["main"].is_set() and self._queues["main"].empty()
+        """Whether the poller may fetch: no control pending, and at most one main command
+        (the running one) so that the next fetched may wait beside it."""
+        with self._lock:
+            return self._pending["controls"] == 0 and self._pending["main"] <= MAIN_WAITING
 
     def idle(self) -> bool:
-        return all(q.empty() for q in self._queues.values()) and not any(b.is_set() for b in self._busy.values())
+        with self._lock:
+            return not any(self._pending.values())
 
     def close(self, timeout: float | None = None) -> bool:
         """Send the sentinels and join; True when every lane ended in time."""

@@ -1,9 +1,10 @@
 """The command poll loop: every poll interval (from register, default 5 s) and
 at once when a heartbeat says `has_pending_command`.
 
-A command is fetched only when the main lane is free (one command at a time;
-agent runs have their own lane so `agent_interrupt` can still arrive), and it
-is journaled before it is handed on: the server never hands it out again.
+A command is fetched while the lanes have room (caldera.daemon.lanes: no control
+pending, at most one main command beside the running one), so a `pause` queued
+behind a slow `log_get` is fetched and runs in the controls lane at once; it is
+journaled before it is handed on: the server never hands it out again.
 """
 from __future__ import annotations
 

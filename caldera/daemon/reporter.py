@@ -5,7 +5,9 @@ at once after a state change, a finished command or an inventory change
 (`wake.report_now()`). Every state report (the loop's, collect_system_info's and
 health_check's, the final one) goes through one `ReportFloor`: never two within
 2 s, and a caller that waited while another report was sent takes that one
-instead of sending its own, so a burst yields one report.
+instead of sending its own, so a burst yields one report. collect_system_info and
+health_check never wait for the floor: within 2 s of a report they answer with
+that report (`ReportFloor.recent`), so commands drain at the speed of their work.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from caldera.agents import outcomes
 from caldera.daemon.live import DROPS_KEY, LiveStatus, ago
 from caldera.daemon.wakeups import Wakeups, wait_any
 from caldera.protocol.payloads import Identity, finite, heartbeat_body, state_report_body
@@ -42,6 +45,15 @@ class ReportFloor:
         self._last_sent: float | None = None  # when the last report was built and sent
         self._last_done: float | None = None  # when the last delivered report arrived
         self.last_body: dict[str, Any] | None = None  # the last report built (delivered or not)
+
+    def recent(self) -> tuple[dict[str, Any], bool] | None:
+        """(the last report, whether it was delivered) when it was built less than the floor's
+        spacing ago: a command that asks for a report takes it instead of waiting (the floor
+        limits reports, not commands). None when there is none that young."""
+        body, sent, done = self.last_body, self._last_sent, self._last_done
+        if body is None or sent is None or self._clock() - sent >= self.spacing:
+            return None
+        return body, done is not None and done >= sent
 
     def send(self, client: ControlPlaneClient, build: Callable[[], dict[str, Any]], wait: threading.Event,
              lock_timeout: float | None = None, coalesce: bool = False) -> tuple[dict[str, Any] | None, bool]:
@@ -103,6 +115,7 @@ class Reports:
                                  section, self.live.last_sample)
         body["health"]["dropped"] = self._drops()
         body["health"].update(self.health_extra())
+        body["health"].update(outcomes.health(self.state))  # what became of the last config revisions
         return self.redactor(finite(body))
 
     def _drops(self) -> dict[str, int]:

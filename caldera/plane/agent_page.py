@@ -60,6 +60,7 @@ def render(store: Store, ident: str, query: dict[str, str]) -> tuple[int, str]:
                f'{timeline(store, agent, body, now, window, LARGE)}</div>'
                f'<div class="cols"><div class="col panel"><h3>Agent</h3>{adapter_html(body.get("agent_status"))}</div>'
                f'<div class="col panel"><h3>Health (last report{_age(last, now)})</h3>{_health(body)}</div></div>'
+               f'<h2>Config revisions</h2><div id="revisions">{_revisions(store, instance, body, now)}</div>'
                f'<h2>Commands</h2><div id="commands">'
                f'{_commands(store.recent_commands(COMMANDS_SHOWN, instance_id=instance), now)}</div>')
     return 200, layout(f"caldera plane: instance {instance}", content, now)
@@ -67,6 +68,38 @@ def render(store: Store, ident: str, query: dict[str, str]) -> tuple[int, str]:
 
 def _age(last: dict[str, Any] | None, now: float) -> str:
     return f", {human_age(now - last['received_at'])}" if last else ""
+
+
+def _revisions(store: Store, instance: int, body: dict[str, Any], now: float) -> str:
+    """The instance's revisions, newest first, each with what the agent last said of it
+    (health.config_revisions of the last report: applied, refused, failed, rolled back)."""
+    revisions = store.config_revisions(instance, limit=20)
+    if not revisions:
+        return '<p class="empty">No config revisions published (<code>caldera plane revision</code>).</p>'
+    health = _obj(body.get("health"))
+    recent = _obj(health.get("config_revisions")).get("recent")
+    said = {i.get("revision_id"): i for i in (recent if isinstance(recent, list) else []) if isinstance(i, dict)}
+    current = _obj(body.get("runtime")).get("current_config_revision_id")
+    rows = []
+    for rev in revisions:
+        entry = said.get(rev["id"]) or {}
+        outcome = str(entry.get("outcome") or ("current" if rev["id"] == current else "not applied yet"))
+        if rev["id"] == current and outcome == "applied":
+            outcome = "applied (current)"
+        marks = ["desired"] if rev["desired"] else []
+        rows.append(f'<tr data-revision="{rev["id"]}" data-outcome="{e(outcome.split(" ")[0])}">'
+                    f'<td>{rev["id"]}</td><td>{rev["revision_no"]}</td>'
+                    f'<td>{human_age(now - rev["published_at"]) if rev["published_at"] else ""}</td>'
+                    f'<td>{e(", ".join(rev["carries"]))}</td><td>{e(" ".join(marks))}</td>'
+                    f'<td class="status-{e(outcome.split(" ")[0])}">{e(outcome)}</td>'
+                    f'<td class="wrap">{e(str(entry.get("reason") or ""))}'
+                    f'{" (" + e(str(entry.get("via"))) + ")" if entry.get("via") else ""}</td></tr>')
+    return ('<table><thead><tr><th>id</th><th>no.</th><th>published</th><th>carries</th><th></th><th>outcome</th>'
+            '<th>why</th></tr></thead><tbody>' + "".join(rows) + "</tbody></table>")
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _health(body: dict[str, Any]) -> str:

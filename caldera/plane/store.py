@@ -11,6 +11,7 @@ answer 500 (strict mode) are checked here and raised as `ColumnTooLong`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -33,6 +34,7 @@ REPORTS_KEPT, HEARTBEATS_KEPT = 100, 200
 INVENTORIES_KEPT = 20
 PRUNE_AGE_SECONDS = 7 * 86400
 COMMANDS_KEPT = 500
+REVISION_MAX_BYTES = 512 * 1024  # the runtime reads a revision answer of at most 1 MiB
 PRUNE_EVERY_SECONDS = 300
 DEFAULT_TIMEOUT, COLLECT_PACKAGE_TIMEOUT = 300, 600
 TERMINAL = ("succeeded", "failed")
@@ -597,6 +599,45 @@ class Store:
         rows = self._read("SELECT * FROM config_revisions WHERE id=?", (revision_id,))
         return dict(rows[0]) if rows else None
 
+    def publish_revision(self, instance_id: int, content: dict[str, Any], desired: bool = True) -> int:
+        """Store a config revision for an instance (its content as Go would marshal it, the
+        checksum sha256 over exactly those bytes) and, with `desired`, hint it in that
+        instance's heartbeats as `desired_config_revision_id`; returns its id."""
+        if not isinstance(content, dict) or not content:
+            raise ValueError("a revision's content must be a non-empty JSON object")
+        text = go_json(content)
+        if len(text.encode()) > REVISION_MAX_BYTES:
+            raise ValueError(f"the revision is over {REVISION_MAX_BYTES} bytes of JSON")
+        checksum = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+        with self._tx() as db:
+            if not db.execute("SELECT 1 FROM instances WHERE id=?", (instance_id,)).fetchone():
+                raise ValueError(f"there is no instance {instance_id}")
+            number = db.execute("SELECT COALESCE(MAX(revision_no), 0) + 1 FROM config_revisions"
+                                " WHERE instance_id=?", (instance_id,)).fetchone()[0]
+            revision_id = _row_id(db.execute(
+                "INSERT INTO config_revisions (instance_id, revision_no, content, checksum, published_at)"
+                " VALUES (?,?,?,?,?)", (instance_id, number, text, checksum, self.clock())))
+            if desired:
+                db.execute("UPDATE instances SET desired_config_revision_id=? WHERE id=?", (revision_id, instance_id))
+        return revision_id
+
+    def config_revisions(self, instance_id: int, limit: int = 50) -> list[dict[str, Any]]:
+        """The instance's revisions, newest first: id, revision_no, published_at, the top-level
+        keys of the content, and whether it is the one hinted as desired."""
+        rows = self._read("SELECT r.id, r.revision_no, r.published_at, r.content, i.desired_config_revision_id"
+                          " AS desired FROM config_revisions r JOIN instances i ON i.id = r.instance_id"
+                          " WHERE r.instance_id=? ORDER BY r.id DESC LIMIT ?", (instance_id, limit))
+        out = []
+        for row in rows:
+            try:
+                content = json.loads(row["content"])
+            except ValueError:
+                content = None
+            out.append({"id": row["id"], "revision_no": row["revision_no"], "published_at": row["published_at"],
+                        "carries": sorted(content) if isinstance(content, dict) else [],
+                        "desired": row["desired"] == row["id"]})
+        return out
+
     # ---- run events (caldera extension) ----------------------------------------------
 
     def add_run_events(self, instance_id: int, run_id: str, events: list[dict[str, Any]]) -> int:
@@ -605,6 +646,16 @@ class Store:
             db.executemany("INSERT INTO run_events (run_id, instance_id, seq, received_at, event) VALUES (?,?,?,?,?)",
                            [(run_id, instance_id, e.get("seq"), now, _dumps(e)) for e in events])
         return len(events)
+
+
+def go_json(content: Any) -> str:
+    """Go json.Marshal's text for a decoded value: compact, keys sorted, <>& and the two
+    line separators escaped (the plane serves a revision's content byte for byte so)."""
+    text = json.dumps(content, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    for char, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+                          ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(char, escaped)
+    return text
 
 
 def _row_id(cur: sqlite3.Cursor) -> int:

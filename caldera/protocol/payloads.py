@@ -6,7 +6,6 @@ columns (agent_version <= 50, openclaw_status <= 30 characters).
 """
 from __future__ import annotations
 
-import json
 import math
 import platform
 from dataclasses import dataclass
@@ -26,7 +25,6 @@ BASE_CAPABILITIES = ["runtime.status", "runtime.health", "metrics.report", "comm
 
 
 ERROR_MESSAGE_CAP = 16 * 1024  # finish.error_message: the column is TEXT (64 KiB); a message is a sentence
-RESULT_CAP = 256 * 1024  # a finish result over this is summarised before it is queued
 
 
 def cap_text(text: str, cap: int) -> str:
@@ -40,11 +38,11 @@ def cap_text(text: str, cap: int) -> str:
 
 def finish_body(agent_id: str, status: str, result: Any, error: str) -> dict[str, Any]:
     """A finish body the server's decoder takes: `result` an object without non-finite
-    numbers (summarised past RESULT_CAP), `error_message` at most ERROR_MESSAGE_CAP bytes."""
-    result = finite(result if isinstance(result, dict) else {"value": result} if result is not None else {})
-    size = len(json.dumps(result, separators=(",", ":")).encode())
-    if size > RESULT_CAP:
-        result = {"truncated": True, "result_bytes": size, "keys": sorted(map(str, result))[:50]}
+    numbers, cut field by field past 1 MiB (caldera.protocol.resultcut, SPEC section 8),
+    `error_message` at most ERROR_MESSAGE_CAP bytes."""
+    from caldera.protocol.resultcut import cut_result  # only a finish needs it (`caldera status` does not)
+
+    result = cut_result(result if isinstance(result, dict) else {"value": result} if result is not None else {})
     return {"agent_id": agent_id, "status": status, "finished_at": rfc3339(), "result": result,
             "error_message": cap_text(error or "", ERROR_MESSAGE_CAP)}
 

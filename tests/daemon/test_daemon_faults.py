@@ -134,7 +134,9 @@ def test_a_report_asked_for_while_another_is_sent_takes_that_one():
     assert result["r"] == ({"n": 1}, False) and client.bodies == [{"n": 1}]  # coalesced: one report
 
 
-def test_a_burst_of_collect_system_info_goes_through_the_floor(caldera_env):
+def test_a_burst_of_collect_system_info_is_answered_by_one_report_without_waiting(caldera_env):
+    """The floor limits reports, not commands: within 2 s of a report, the next
+    collect_system_info/health_check takes it (and asks the reporter for a fresh one)."""
     from caldera.daemon import builtin
 
     install_agent(caldera_env)
@@ -147,7 +149,13 @@ def test_a_burst_of_collect_system_info_goes_through_the_floor(caldera_env):
                           wake=parts.wake)
     for _ in range(3):
         assert builtin.collect_system_info(ctx, {})["report_delivered"] is True
-    assert len(waits.asked) == 2 and all(w == pytest.approx(2.0) for w in waits.asked)
+        assert builtin.health_check(ctx, {})["report_delivered"] is True
+        clock.now += 0.3
+    assert waits.asked == [] and len(client.bodies) == 1  # six answers, one report, no wait
+    assert parts.wake.report.is_set()  # the reporter sends a fresh one once the floor allows
+    clock.now += 2.0
+    builtin.collect_system_info(ctx, {})
+    assert waits.asked == [] and len(client.bodies) == 2  # past the floor: a report of its own
     parts.pool.shutdown(wait=False)
 
 

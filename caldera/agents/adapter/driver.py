@@ -17,7 +17,7 @@ import threading
 import time
 
 from caldera import TYPE_CHECKING
-from caldera.agents import status, trust, updates, window
+from caldera.agents import outcomes, status, trust, updates, window
 from caldera.agents.adapter import health, invoke, verbs
 from caldera.agents.adapter.answer import DONE, FAILED, UNSUPPORTED, Answer, ContractError
 from caldera.agents.manifest import CONTROLS
@@ -41,11 +41,11 @@ SETTINGS_TTL = 60.0  # seconds a `settings get` answer is used for reports
 # Seconds a `status` answer stands for a new call in the periodic reports (docs/adapter.md,
 # "How fresh a report is"). Every verb sent through the driver (pause, resume, run-now,
 # settings set, …) and a changed manifest drop it, so a report after a command always asks
-# the adapter. 30 s: under the plane's 45 s "online" window, so what the plane shows is
-# never older than what it counts as live; and the adapter (a process per call) is spawned
-# every 30 s instead of every 5 s when nothing happens (bench/bench_runtime.py). While a
-# blueprint update's window is open every report asks: its verdicts decide a rollback.
-STATUS_FRESH = 30.0
+# the adapter. 4 s: under the 5 s report interval, so every periodic report asks and a change
+# the agent makes through its own channel (its chat command) reaches the plane within two
+# report intervals (10 s); a burst of reports (report_now) within 4 s shares one answer. The
+# cost, one adapter process per 5 s, is in docs/performance.md (bench/bench_runtime.py).
+STATUS_FRESH = 4.0
 VERSION_MAX = 50  # ClawManager's openclaw_version column
 BACKGROUND_WAIT = 1.0  # seconds a report waits for the health check and settings refresh it started
 
@@ -311,6 +311,9 @@ class AdapterDriver:
                         record.get("reason"))
             if self.state is not None:
                 self.state.set(window.REVISION_KEY, record.get("previous_revision_id"))
+                outcomes.record(self.state, record.get("revision_id"), "rolled_back",
+                                f"rolled back to revision {record.get('previous_revision_id')} "
+                                f"(version {record.get('previous_version')}): {record.get('reason')}", via="window")
         self.refresh_manifest()
 
 
