@@ -99,3 +99,16 @@ def test_the_shared_agent_modules_import_no_mode():
              for target, _ in imports(PACKAGE / "agents" / f"{name}.py")
              if target.startswith("caldera.agents.") and target.split(".")[2] not in shared]
     assert wrong == []
+
+
+def test_typing_constant_is_defined_once():
+    """`caldera.TYPE_CHECKING` is the one stand-in for typing's constant (caldera/__init__.py
+    says why); a module that defines its own copy drifts from it."""
+    def defines_it(path: Path) -> bool:
+        return any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "TYPE_CHECKING" for t in node.targets)
+                   for node in ast.parse(path.read_text(encoding="utf-8")).body)
+
+    copies = [str(p.relative_to(PACKAGE.parent)) for p in sorted(PACKAGE.rglob("*.py"))
+              if p != PACKAGE / "__init__.py" and defines_it(p)]
+    assert copies == []
+    assert defines_it(PACKAGE / "__init__.py")
