@@ -1,4 +1,4 @@
-"""`caldera init BLUEPRINT [--name NAME]`: install an agent from a blueprint.
+"""`caldera init BLUEPRINT [--name NAME] [--owner USER]`: install an agent from a blueprint.
 
 A blueprint is a directory or a `.tar.gz` holding `caldera.agent.yaml` (at its
 top, or in its one top-level directory) and, optionally, the agent's adapter.

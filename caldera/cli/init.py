@@ -1,4 +1,4 @@
-"""`caldera init BLUEPRINT [--name NAME]`: install an agent from a blueprint (see caldera.agents.blueprint)."""
+"""`caldera init BLUEPRINT [--name NAME] [--owner USER]`: install an agent (caldera.agents.blueprint)."""
 from __future__ import annotations
 
 import json
