@@ -13,12 +13,14 @@ database. Usage: python3 container-plane.py DB PORT PROXY-PORT URL-FILE REQUESTS
 """
 import http.client
 import http.server
+import re
 import signal
 import sys
 import threading
 import urllib.parse
 
 from caldera.host.fsutil import atomic_write_bytes
+from caldera.plane import api
 from caldera.plane.server import PlaneServer
 
 FINISH = r"^/api/v1/agent/commands/\d+/finish$"
@@ -27,11 +29,21 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorizati
 
 
 class LoggedPlane(PlaneServer):
-    """The plane, each answered request also appended to a file (the step reads it from the shell)."""
+    """The plane, each answered request also appended to a file (the step reads it from the shell),
+    every finish answered 503 while `refusing` is set. (The product's PlaneServer has no fault
+    injection; the tests' InjectingPlane is in tests/, which the .deb's CI does not import.)"""
 
     def __init__(self, log_path: str, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         self.log_path = log_path
+        self.refusing = threading.Event()
+
+    def handle(self, req: api.Request) -> api.Response | None:
+        if self.refusing.is_set() and req.method == "POST" and re.match(FINISH, req.path):
+            resp = api.error(503, "refusing finishes (container step)")
+            resp.headers["Retry-After"] = "1"
+            return resp
+        return super().handle(req)
 
     def _record(self, method: str, path: str, status: int) -> None:
         super()._record(method, path, status)
@@ -47,9 +59,9 @@ def main() -> int:
 
     def on_signal(signum: int, frame: object) -> None:
         if signum == signal.SIGUSR1:
-            plane.inject("POST", FINISH, 503, count=10**9, retry_after=1)
+            plane.refusing.set()
         elif signum == signal.SIGUSR2:
-            plane.clear_faults()
+            plane.refusing.clear()
         else:
             stop.set()
 

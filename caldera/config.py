@@ -416,7 +416,7 @@ def _var(name: str) -> str:
 def load_settings(paths: AgentPaths, environ: Environ = os.environ) -> Settings:
     env, secrets = merged_env(paths, environ)
     enabled = _parse_bool(env, "CALDERA_AGENT_ENABLED")
-    base_url = _parse_url(env) if (enabled or lookup(env, "CALDERA_BASE_URL")) else None
+    base_url = _parse_url(env, environ) if (enabled or lookup(env, "CALDERA_BASE_URL")) else None
     token = lookup(env, "CALDERA_TOKEN")
     instance_id = _parse_int(env, "CALDERA_INSTANCE_ID", minimum=1)
     if enabled:
@@ -489,7 +489,9 @@ def _parse_float(env: Environ, name: str, default: float, minimum: float) -> flo
     return value
 
 
-def _parse_url(env: Environ) -> str:
+def _parse_url(env: Environ, environ: Environ) -> str:
+    """The control plane's URL from the merged `env`; `environ` is the process's own
+    environment, the only place the platform's injected URL can come from (SPEC section 3)."""
     allow_plain = _parse_bool(env, ALLOW_PLAIN_HTTP)  # a bad value is an error even beside https://
     raw = lookup(env, "CALDERA_BASE_URL")
     if raw is None:
@@ -504,7 +506,7 @@ def _parse_url(env: Environ) -> str:
         raise ConfigError(f"{_var('CALDERA_BASE_URL')}: must not carry a query or fragment")
     if parts.path.rstrip("/").endswith("/api/v1/agent"):
         raise ConfigError(f"{_var('CALDERA_BASE_URL')}: give the API root, without /api/v1/agent")
-    if parts.scheme == "http" and not (allow_plain or _platform_plain_http(env, parts.hostname)):
+    if parts.scheme == "http" and not (allow_plain or _platform_plain_http(env, environ, parts.hostname)):
         raise ConfigError(
             f"{_var('CALDERA_BASE_URL')}: plain http:// to {parts.hostname} is refused: use https://, or set "
             f"{ALLOW_PLAIN_HTTP}=true where the network to it is trusted (plain http is taken without it only "
@@ -512,11 +514,17 @@ def _parse_url(env: Environ) -> str:
     return url
 
 
-def _platform_plain_http(env: Environ, host: str) -> bool:
+def _platform_plain_http(env: Environ, environ: Environ, host: str) -> bool:
     """SPEC section 3: plain http where the network is the platform's: a loopback host, or the
-    URL ClawManager injects (read under its own name, CLAWMANAGER_AGENT_BASE_URL, with no
-    CALDERA_BASE_URL over it). Anything else needs the operator's CALDERA_ALLOW_PLAIN_HTTP=true."""
-    return _is_loopback(host) or (not env.get("CALDERA_BASE_URL") and bool(env.get("CLAWMANAGER_AGENT_BASE_URL")))
+    URL ClawManager injects. Injected means in the process environment (`environ`), under the
+    platform's own name CLAWMANAGER_AGENT_BASE_URL, and still the URL in use once agent.env
+    and secrets.env are merged (`env`: no CALDERA_BASE_URL over it, no other value for it in a
+    file). A CLAWMANAGER_AGENT_BASE_URL written in agent.env is the operator's, not the
+    platform's. Anything else needs the operator's CALDERA_ALLOW_PLAIN_HTTP=true."""
+    if _is_loopback(host):
+        return True
+    injected = environ.get("CLAWMANAGER_AGENT_BASE_URL")
+    return bool(injected) and not env.get("CALDERA_BASE_URL") and env.get("CLAWMANAGER_AGENT_BASE_URL") == injected
 
 
 def _is_loopback(host: str) -> bool:

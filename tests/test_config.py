@@ -100,6 +100,38 @@ def test_any_other_plain_http_url_needs_the_operators_consent(caldera_env, monke
     assert "CALDERA_ALLOW_PLAIN_HTTP=true" in sentence and "loopback" in sentence
 
 
+@pytest.mark.parametrize("injected", [None, "https://cm.example.test", "http://clawmanager-gateway.demo-system:9001"])
+def test_the_plain_http_exemption_is_for_the_process_environment_only(caldera_env, monkeypatch, injected):
+    """SPEC section 3 exempts the URL the platform injects, i.e. the process environment's
+    CLAWMANAGER_AGENT_BASE_URL: the same name written in agent.env (with or without an injected
+    one beside it) is the operator's, and plain http there is refused."""
+    config = install_agent(caldera_env)
+    _instance_env(monkeypatch, config)
+    if injected is None:
+        monkeypatch.delenv("CLAWMANAGER_AGENT_BASE_URL")
+    else:
+        monkeypatch.setenv("CLAWMANAGER_AGENT_BASE_URL", injected)
+    (config / "agent.env").write_text("CLAWMANAGER_AGENT_BASE_URL=http://evil.example.com\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(agent_from_args(Args(agent="demo")))
+    assert "plain http:// to evil.example.com is refused" in str(err.value)
+
+
+def test_the_injected_url_is_judged_on_the_environ_passed_in(caldera_env, monkeypatch):
+    config = install_agent(caldera_env)
+    _instance_env(monkeypatch, config)
+    environ = dict(os.environ)
+    monkeypatch.delenv("CLAWMANAGER_AGENT_BASE_URL")  # not in os.environ: only in the mapping given
+    paths = agent_from_args(Args(agent="demo"))
+    settings = load_settings(paths, environ)
+    assert settings.plain_http_host == "clawmanager-gateway.demo-system.svc.cluster.local"
+    # the same URL from agent.env, the process environment without it: refused
+    (config / "agent.env").write_text(f"CLAWMANAGER_AGENT_BASE_URL={environ['CLAWMANAGER_AGENT_BASE_URL']}\n")
+    del environ["CLAWMANAGER_AGENT_BASE_URL"]
+    with pytest.raises(ConfigError):
+        load_settings(paths, environ)
+
+
 def test_loopback_and_https_are_not_named_as_plain_http(caldera_env, monkeypatch):
     config = install_agent(caldera_env, base_url="http://127.0.0.1:8930")
     assert load_settings(agent_from_args(Args(agent="demo"))).plain_http_host is None

@@ -1,4 +1,4 @@
-"""`caldera init BLUEPRINT [--name NAME]`: install an agent from a blueprint.
+"""`caldera init BLUEPRINT [--name NAME] [--owner USER]`: install an agent from a blueprint.
 
 A blueprint is a directory or a `.tar.gz` holding `caldera.agent.yaml` (at its
 top, or in its one top-level directory) and, optionally, the agent's adapter.
@@ -7,7 +7,10 @@ else the blueprint ships is the bundle, copied to `<config-dir>/agents/NAME/bund
 and a relative `runtime.workdir` is rebased into it. `agent.env` and
 `secrets.env` are created from templates with the owners and modes the unit
 needs (as root: root:caldera 0640 and caldera:caldera 0600), so that the
-operator's `sudoedit` keeps them. The state dir is made (0711, caldera's). No
+operator's `sudoedit` keeps them. The state dir is made (0711, caldera's).
+`--owner USER` gives them to another user instead (root:USER's group 0640, USER 0600,
+the state dir USER's): a container image's user, which runs `caldera run` itself
+(docs/container.md). No
 agent process is started here (in process mode, SPEC 7b, `caldera run` starts and
 supervises the agent the manifest names) and the unit is not enabled: the printed next step
 is `systemctl enable --now caldera@NAME`, once the configuration is complete.
@@ -16,6 +19,7 @@ links, nothing but files and directories, at most 10,000 members and 512 MiB.
 """
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import shutil
@@ -43,14 +47,14 @@ DEFAULT_CONFIG_ROOT = Path("/etc/caldera")
 SKIPPED = ("__pycache__", ".git")  # build leftovers, never part of a bundle
 AGENT_ENV_TEMPLATE = """\
 # Runtime settings for this agent (SPEC section 3). Secrets go to secrets.env.
-# Owner root:caldera, mode 0640 (sudoedit keeps both). After a change:
+# Owner root:{group}, mode 0640 (sudoedit keeps both). After a change:
 # systemctl reload caldera@NAME
 # CALDERA_AGENT_ENABLED=true
 # CALDERA_BASE_URL=https://caldera.example.org
 # CALDERA_INSTANCE_ID=123
 """
 SECRETS_ENV_TEMPLATE = """\
-# Secrets for this agent. Owner caldera:caldera, mode 0600 (sudoedit keeps both;
+# Secrets for this agent. Owner {user}:{group}, mode 0600 (sudoedit keeps both;
 # the runtime refuses this file when others can read it).
 # CALDERA_TOKEN=...
 """
@@ -62,8 +66,11 @@ class Refused(Exception):
 
 
 def install(source: str | Path, *, name: str | None = None, environ: Mapping[str, str] = os.environ,
-            systemd_dir: str | Path = SYSTEMD_DIR) -> dict[str, Any]:
+            systemd_dir: str | Path = SYSTEMD_DIR, owner: str | None = None) -> dict[str, Any]:
+    """Install the blueprint at `source`; `owner`: the user (name or uid) the agent's files are
+    given to instead of the service user (`caldera init --owner`)."""
     source = Path(source)
+    account = _owner(owner)  # before anything is written: an unknown user refuses the install
     with tempfile.TemporaryDirectory(prefix="caldera-init-") as tmp:
         tree = _unpack(source, Path(tmp)) if source.is_file() else _checked_dir(source)
         root = _find_root(tree)
@@ -76,14 +83,16 @@ def install(source: str | Path, *, name: str | None = None, environ: Mapping[str
         if (config_dir / MANIFEST).exists():
             raise Refused(f"an agent named {name!r} is already installed in {config_dir}; "
                           "pick another --name, or update its manifest through a blueprint update")
-        bundled = _install_tree(root, agents, config_dir)
+        bundled = _install_tree(root, agents, config_dir, account)
     state_dir = config.state_root(environ) / name
-    _make_state_dir(state_dir)
+    _make_state_dir(state_dir, account)
     started = _next_steps(name, config_dir, config.config_root(environ), systemd_dir)
     what = f"manifest and bundle ({bundled} files)" if bundled else "manifest"
     if manifest.runtime_type == "process":
         # Process mode (SPEC 7b): no unit of its own for the agent; the runtime starts it.
         started += " Process mode: the runtime starts and supervises the agent (cron's report --once does not)."
+    if owner is not None:
+        started += f" Its files belong to {owner} (agent.env readable, secrets.env 0600): run it as {owner}."
     return {"message": f"Installed {name} ({what}) in {config_dir}; state in {state_dir}. {started}",
             "name": name, "config_dir": str(config_dir), "state_dir": str(state_dir), "bundle_files": bundled}
 
@@ -174,7 +183,7 @@ def _find_root(tree: Path) -> Path:
 
 # ------------------------------------------------------------ installing
 
-def _install_tree(root: Path, agents: Path, config_dir: Path) -> int:
+def _install_tree(root: Path, agents: Path, config_dir: Path, account: pwd.struct_passwd | None) -> int:
     """Stage the config dir next to its place, then rename it in: all or nothing."""
 
     agents.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -186,9 +195,11 @@ def _install_tree(root: Path, agents: Path, config_dir: Path) -> int:
             (staging / "bundle").rmdir()
         data, _ = manifest_bytes_for_install((root / MANIFEST).read_bytes(), staging)
         atomic_write_bytes(staging / MANIFEST, data, mode=0o644)
-        atomic_write_bytes(staging / "agent.env", AGENT_ENV_TEMPLATE.encode(), mode=0o640)
-        atomic_write_bytes(staging / "secrets.env", SECRETS_ENV_TEMPLATE.encode(), mode=0o600)
-        _give_to_service_user(staging)
+        user, group = _names(account)
+        atomic_write_bytes(staging / "agent.env", AGENT_ENV_TEMPLATE.format(group=group).encode(), mode=0o640)
+        atomic_write_bytes(staging / "secrets.env", SECRETS_ENV_TEMPLATE.format(user=user, group=group).encode(),
+                           mode=0o600)
+        _give_to(staging, account)
         os.rename(staging, config_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -222,25 +233,51 @@ def _service_user() -> pwd.struct_passwd | None:
         return None  # no system user (a container without the package): root keeps it
 
 
-def _give_to_service_user(config_dir: Path) -> None:
-    """agent.env root:caldera 0640, secrets.env caldera:caldera 0600: the daemon (user
-    caldera) reads both, and `sudoedit` keeps an existing file's owner and mode."""
-    user = _service_user()
-    if user is None:
+def _owner(owner: str | None) -> pwd.struct_passwd | None:
+    """Whom the agent's files go to: `owner` (a name or a uid; --owner), else the service user
+    when root installs for it; None: leave them to whoever runs this. Only root can give them
+    to someone else."""
+    if owner is None:
+        return _service_user()
+    try:
+        entry = pwd.getpwuid(int(owner)) if owner.isdigit() else pwd.getpwnam(owner)
+    except KeyError:
+        raise Refused(f"--owner {owner}: no such user here (create it before `caldera init`)") from None
+    euid = os.geteuid()
+    if euid != 0 and entry.pw_uid != euid:
+        raise Refused(f"--owner {owner}: only root can give the agent's files to another user")
+    return entry if euid == 0 else None
+
+
+def _names(account: pwd.struct_passwd | None) -> tuple[str, str]:
+    """(user, group) for the templates' comments: the account's, else the service user's."""
+    if account is None:
+        return SERVICE_USER, SERVICE_USER
+    try:
+        group = grp.getgrgid(account.pw_gid).gr_name
+    except KeyError:
+        group = str(account.pw_gid)
+    return account.pw_name, group
+
+
+def _give_to(config_dir: Path, account: pwd.struct_passwd | None) -> None:
+    """agent.env root:<its group> 0640, secrets.env <it>:<its group> 0600: the daemon (the
+    service user caldera, or --owner's) reads both, and `sudoedit` keeps an existing file's
+    owner and mode."""
+    if account is None:
         return
-    os.chown(config_dir / "agent.env", 0, user.pw_gid)
-    os.chown(config_dir / "secrets.env", user.pw_uid, user.pw_gid)
+    os.chown(config_dir / "agent.env", 0, account.pw_gid)
+    os.chown(config_dir / "secrets.env", account.pw_uid, account.pw_gid)
 
 
-def _make_state_dir(state_dir: Path) -> None:
+def _make_state_dir(state_dir: Path, account: pwd.struct_passwd | None) -> None:
     # 0711, as systemd's StateDirectoryMode=: others reach status.json by name only.
     for sub, mode in (("", 0o711), ("logs", 0o700), ("cache", 0o700)):
         (state_dir / sub).mkdir(parents=True, exist_ok=True, mode=mode)
         os.chmod(state_dir / sub, mode)
-    user = _service_user()
-    if user is not None:
+    if account is not None:
         for sub in ("", "logs", "cache"):
-            os.chown(state_dir / sub, user.pw_uid, user.pw_gid)
+            os.chown(state_dir / sub, account.pw_uid, account.pw_gid)
 
 
 def _next_steps(name: str, config_dir: Path, config_root: Path, systemd_dir: str | Path) -> str:

@@ -10,16 +10,27 @@ sub-command module exposes `configure(parser)` (its arguments) and `main(args) -
 """
 from __future__ import annotations
 
-import importlib
 import os
-import pwd
 import sys
 
-from caldera import TYPE_CHECKING, __version__
-from caldera.cli import fastpath
-from caldera.config import state_in_persistent_dir, state_root
-from caldera.errors import EXIT_FAILED, EXIT_USAGE, CalderaError, Retryable
-from caldera.host import privdrop
+# `caldera run` as a container's PID 1 splits into an orphan reaper and the runtime
+# (caldera.host.reaper) here, while this package is being imported: the console script and
+# `python -m caldera.cli` both import it before anything else of caldera's. Until then PID 1
+# has no handler, and the kernel drops a SIGTERM sent to it; the earlier the split, the
+# shorter that window (the interpreter's own start remains: docs/container.md).
+if sys.argv[1:2] == ["run"] and os.getpid() == 1:
+    from caldera.host import reaper
+
+    reaper.split_if_init()
+
+import importlib  # noqa: E402
+import pwd  # noqa: E402
+
+from caldera import TYPE_CHECKING, __version__  # noqa: E402
+from caldera.cli import fastpath  # noqa: E402
+from caldera.config import state_in_persistent_dir, state_root  # noqa: E402
+from caldera.errors import EXIT_FAILED, EXIT_USAGE, CalderaError, Retryable  # noqa: E402
+from caldera.host import privdrop  # noqa: E402
 
 if TYPE_CHECKING:
     import argparse

@@ -7,7 +7,6 @@ import sys
 from typing import TYPE_CHECKING
 
 from caldera.cli import add_agent_flags
-from caldera.host import reaper
 
 if TYPE_CHECKING:
     import argparse
@@ -45,9 +44,8 @@ def open_parts(args: Args, role: str) -> Parts:
 
 
 def main(args: Args) -> int:
-    # A container's PID 1 first splits into an orphan reaper and the runtime (caldera.host.reaper),
-    # before anything below exists twice.
-    reaper.split_if_init()
+    # As a container's PID 1 this process split into an orphan reaper and the runtime while
+    # caldera.cli was imported (caldera/cli/__init__.py): here it is the runtime.
     # here, as above
     from caldera.daemon import run as daemon
     from caldera.daemon.signals import Signals

@@ -1,6 +1,8 @@
 """`caldera init`: a directory or .tar.gz, members checked, manifest + bundle + state dir."""
 import io
 import json
+import os
+import pwd
 import tarfile
 
 import pytest
@@ -100,3 +102,35 @@ def test_init_leaves_the_unit_disabled_and_says_how_to_start(tmp_path, caldera_e
     assert (config / "agent.env").stat().st_mode & 0o777 == 0o640
     assert (config / "secrets.env").stat().st_mode & 0o777 == 0o600
     assert (caldera_env / "var" / "task-agent").stat().st_mode & 0o777 == 0o711
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving files to another user needs root")
+def test_init_owner_gives_the_files_to_the_images_user(tmp_path, caldera_env, capsys):
+    """A container image's user runs `caldera run` itself: `--owner USER` makes secrets.env
+    USER's (0600) and agent.env readable by USER (root:USER's group, 0640), the state dir USER's."""
+    entry = pwd.getpwnam("nobody")
+    source = copy_example(tmp_path).parent
+    assert main(["init", str(source), "--name", "ops", "--owner", "nobody"]) == 0
+    assert "belong to nobody" in capsys.readouterr().out
+    config = caldera_env / "etc" / "agents" / "ops"
+    secrets = (config / "secrets.env").stat()
+    assert (secrets.st_uid, secrets.st_gid, secrets.st_mode & 0o777) == (entry.pw_uid, entry.pw_gid, 0o600)
+    agent_env = (config / "agent.env").stat()
+    assert (agent_env.st_uid, agent_env.st_gid, agent_env.st_mode & 0o777) == (0, entry.pw_gid, 0o640)
+    assert "Owner nobody:" in (config / "secrets.env").read_text()
+    state = (caldera_env / "var" / "ops").stat()
+    assert (state.st_uid, state.st_mode & 0o777) == (entry.pw_uid, 0o711)
+    # a uid works as well as a name; root keeps them root's
+    assert main(["init", str(source), "--name", "ops2", "--owner", "0"]) == 0
+    assert (caldera_env / "etc" / "agents" / "ops2" / "secrets.env").stat().st_uid == 0
+
+
+def test_init_owner_refuses_an_unknown_user_and_a_foreign_one(tmp_path, caldera_env, capsys, monkeypatch):
+    source = copy_example(tmp_path).parent
+    assert main(["init", str(source), "--name", "ops", "--owner", "no-such-user-here"]) == 1
+    assert "--owner no-such-user-here: no such user" in capsys.readouterr().err
+    assert not (caldera_env / "etc" / "agents" / "ops").exists()
+    monkeypatch.setattr(blueprint.os, "geteuid", lambda: 4242)  # not root, not nobody
+    assert main(["init", str(source), "--name", "ops", "--owner", "nobody"]) == 1
+    assert "only root can give" in capsys.readouterr().err
+    assert not (caldera_env / "etc" / "agents" / "ops").exists()

@@ -2,34 +2,48 @@
 what docs/container.md says: Debian 13, the .deb through apt, `caldera init` at build,
 `caldera run` as the command, and a stop signal and timeout covering the agent's stop."""
 import configparser
+import math
 import re
 from pathlib import Path
 
 import yaml
 
 from caldera.daemon import run as daemon_run
-from caldera.host import proc
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "packaging" / "container"
 S6 = RECIPES / "s6-overlay" / "s6-rc.d"
 DOC = ROOT / "docs" / "container.md"
 EXAMPLE_STOP_TIMEOUT = 10  # the example agent's runtime.stop_timeout_seconds (inbox-watcher)
+RECIPE_STOP = 125  # the recipes' stop timeout for it (s): checked against the code below
 
 
 def needed_stop_seconds(stop_timeout: float) -> float:
-    """The longest graceful stop of `caldera run` once the agent's stop is bounded: the agent
-    (its timeout, then the KILL wait), a running command's grace, its cancel (the lanes'
-    10 s close), the stop budget and the exit (docs/runtime.md, "Signals")."""
-    return stop_timeout + proc.STOP_KILL_WAIT + daemon_run.DRAIN_GRACE + 10.0 + daemon_run.STOP_BUDGET + 1.5
+    """The longest graceful stop of `caldera run`, from the code's own constants: the agent's
+    stop as the daemon bounds it (agent_stop_limit: twice its timeout, KILL wait and reap
+    wait, and the log's flush), then REST_OF_STOP (the command's grace, its cancel, the stop
+    budget, EXIT_GUARD and the margin): what the daemon asks systemd for (daemon/run.py)."""
+    return daemon_run.agent_stop_limit(stop_timeout) + daemon_run.REST_OF_STOP
 
 
-def test_the_documented_margin_is_what_the_code_needs():
-    margin = needed_stop_seconds(0)
-    assert margin <= 55, margin  # "the agent's stop_timeout_seconds + 55 s" (docs, recipes)
-    assert "stop_timeout_seconds + 55 s" in DOC.read_text()
+def test_the_documented_bound_is_the_codes():
+    """docs/container.md states the bound as `A × stop_timeout_seconds + B s`: A and B are the
+    code's (B rounded up), and the example agent's figure is what the recipes use."""
+    text = DOC.read_text()
+    m = re.search(r"\*\*(\d+) × `stop_timeout_seconds` \+ (\d+) s\*\*", text)
+    assert m, "the bound is not stated in docs/container.md"
+    slope = needed_stop_seconds(1) - needed_stop_seconds(0)
+    assert (int(m.group(1)), int(m.group(2))) == (slope, math.ceil(needed_stop_seconds(0)))
+    assert "+ 55 s" not in text
     example = yaml.safe_load((ROOT / "examples" / "inbox-watcher" / "caldera.agent.yaml").read_text())
     assert example["runtime"]["stop_timeout_seconds"] == EXAMPLE_STOP_TIMEOUT
+    # the stop budget of each recipe, as the page's table gives it
+    recipe = math.ceil(needed_stop_seconds(EXAMPLE_STOP_TIMEOUT))
+    for setting in (f"docker stop -t {RECIPE_STOP}", f"stop_grace_period: {RECIPE_STOP}s",
+                    f"`timeout-kill` {RECIPE_STOP * 1000}", f"stopwaitsecs={RECIPE_STOP}"):
+        assert setting in text, setting
+    assert RECIPE_STOP >= recipe
+    assert "30 s" in text and "terminationGracePeriodSeconds" in text  # what ClawManager's pods give
 
 
 def test_the_image_definition():
@@ -37,12 +51,17 @@ def test_the_image_definition():
     lines = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert re.match(r"FROM debian:trixie(-slim)?$", lines[0])
     assert re.search(r"apt-get install -y --no-install-recommends /tmp/caldera_\*_all\.deb", text)
-    assert re.search(r"^RUN caldera init /usr/share/caldera/examples/inbox-watcher$", text, re.M)
+    # the agent's files for the image's user (finding: a non-root user could not read secrets.env)
+    assert "ARG CALDERA_USER=root" in lines
+    assert re.search(r'^RUN caldera init /usr/share/caldera/examples/inbox-watcher --owner "\$CALDERA_USER"$',
+                     text, re.M)
+    assert "USER $CALDERA_USER" in lines
     assert "STOPSIGNAL SIGTERM" in lines and lines[-1] == 'CMD ["caldera", "run"]'
-    assert "ENTRYPOINT" not in text and "USER " not in text
+    assert "ENTRYPOINT" not in text
+    assert f"docker stop -t {RECIPE_STOP}" in text
     compose = yaml.safe_load((RECIPES / "compose.yaml").read_text())["services"]["agent"]
     assert compose["read_only"] is True and compose["tmpfs"] == ["/tmp"] and compose["stop_signal"] == "SIGTERM"
-    assert float(compose["stop_grace_period"].rstrip("s")) >= needed_stop_seconds(EXAMPLE_STOP_TIMEOUT)
+    assert compose["stop_grace_period"] == f"{RECIPE_STOP}s"
     assert set(compose["environment"]) == {
         "CLAWMANAGER_AGENT_ENABLED", "CLAWMANAGER_AGENT_BASE_URL", "CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN",
         "CLAWMANAGER_AGENT_INSTANCE_ID", "CLAWMANAGER_AGENT_PERSISTENT_DIR", "CLAWMANAGER_AGENT_PROTOCOL_VERSION",
@@ -54,7 +73,7 @@ def test_the_s6_overlay_service():
     service = S6 / "caldera"
     assert (service / "type").read_text().strip() == "longrun"
     assert (service / "down-signal").read_text().strip() == "SIGTERM"
-    assert int((service / "timeout-kill").read_text()) >= needed_stop_seconds(EXAMPLE_STOP_TIMEOUT) * 1000
+    assert int((service / "timeout-kill").read_text()) == RECIPE_STOP * 1000
     run = (service / "run").read_text()
     assert run.startswith("#!/command/with-contenv sh\n")  # ClawManager's variables reach caldera
     assert run.rstrip().splitlines()[-1] == "exec caldera run"
@@ -68,7 +87,7 @@ def test_the_supervisord_program():
     program = parser["program:caldera"]
     assert program["command"] == "caldera run"
     assert program["stopsignal"] == "TERM"
-    assert int(program["stopwaitsecs"]) >= needed_stop_seconds(EXAMPLE_STOP_TIMEOUT)
+    assert int(program["stopwaitsecs"]) == RECIPE_STOP
     assert program["stopasgroup"] == "false"  # the agent is stopped by caldera, not by a group signal
     assert program["autorestart"] == "unexpected" and program["exitcodes"] == "0"
     assert program["stdout_logfile"] == "/dev/stdout" and program["stdout_logfile_maxbytes"] == "0"
