@@ -127,11 +127,21 @@ fi
 
 step "README: apt-get install make python3-venv"
 r0=$(date +%s)
+# pip in the root reaches PyPI the way the host does: the CAs this machine added to its
+# own trust store (/usr/local/share/ca-certificates, e.g. a TLS-inspecting egress) are
+# added to the root's (Debian's pip reads the system store). None on a plain machine.
+if [ -n "$(find /usr/local/share/ca-certificates -name '*.crt' 2>/dev/null | head -n 1)" ]; then
+	mkdir -p "$C/usr/local/share/ca-certificates"
+	cp -a /usr/local/share/ca-certificates/. "$C/usr/local/share/ca-certificates/"
+	run_in update-ca-certificates > "$WORK/ca.log" 2>&1 || { cat "$WORK/ca.log"; fail "update-ca-certificates in the root"; }
+	echo "the host's local CAs added: $(cd /usr/local/share/ca-certificates && find . -name '*.crt' | tr '\n' ' ')"
+fi
 run_in sh -c 'apt-get update -q && apt-get install -y -q make python3-venv' > "$WORK/apt.log" 2>&1 \
 	|| { cat "$WORK/apt.log"; fail "apt-get install make python3-venv"; }
 tail -n 3 "$WORK/apt.log"
-# A new user with a checkout in a home of adduser's making (0700 on Debian 13).
-run_in adduser --quiet --disabled-password --comment '' dev
+# A new user with a checkout in their home (0700: login.defs' HOME_MODE on Debian 13;
+# minbase has useradd, not adduser).
+run_in useradd -m -s /bin/bash dev
 mkdir -p "$C/home/dev/caldera"
 cp -a "$C/src/caldera/." "$C/home/dev/caldera/"
 run_in chown -R dev:dev /home/dev/caldera
@@ -180,6 +190,8 @@ case "$result" in rc=*) ;; *) fail "make demo: $result" ;; esac
 grep -q '^stopping…' "$C/home/dev/demo.log" || fail "make demo: no 'stopping…' after Ctrl-C"
 if grep -q 'Traceback' "$C/home/dev/demo.log"; then fail "make demo: a traceback (above)"; fi
 case "$result" in *"left=") ;; *) fail "make demo: processes left after Ctrl-C: ${result#*left=}" ;; esac
+# 0, or 130 when make dies of the SIGINT itself; anything else is an error make reported.
+case "$result" in "rc=0 "* | "rc=130 "*) ;; *) fail "make demo ended ${result%% *} after Ctrl-C" ;; esac
 grep -qE 'succeeded' "$C/home/dev/demo.log" || fail "make demo: no command succeeded"
 t_demo=$(( $(date +%s) - d0 ))
 

@@ -1,10 +1,12 @@
 #!/bin/bash
-# The package under a real systemd (issue 18; docs/packaging.md, "CI under systemd").
+# The package under a real systemd (issues 18 and 25; docs/packaging.md, "CI under systemd").
 #
 # Boots a Debian root (SUITE: trixie = Debian 13, bookworm = Debian 12) with
-# systemd in a container (systemd-nspawn), installs the .deb there, starts `caldera plane serve`, creates an admin user with sudo
-# and runs README.md's "Install on a host" block AS WRITTEN IN README.md NOW
-# (extracted at test time; sudoedit through an editor script). Then checks:
+# systemd in a container (systemd-nspawn), installs the .deb there, checks the unit
+# with that suite's systemd-analyze (verify, security), starts `caldera plane serve`,
+# creates an admin user with sudo and runs README.md's "Install on a host" block AS
+# WRITTEN IN README.md NOW (extracted at test time; sudoedit through an editor script).
+# Then checks:
 # registered + reporting + a command round trip within 60 s, `caldera status`
 # without sudo, root's CLI verbs leave no root-owned state, `systemctl reload`,
 # kill -9 -> restarted within 15 s with nothing lost, an upgrade restarts the
