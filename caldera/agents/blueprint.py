@@ -1,4 +1,4 @@
-"""`caldera init BLUEPRINT [--name NAME]`: install an agent from a blueprint.
+"""`caldera init BLUEPRINT [--name NAME] [--user ACCOUNT]`: install an agent from a blueprint.
 
 A blueprint is a directory or a `.tar.gz` holding `caldera.agent.yaml` (at its
 top, or in its one top-level directory) and, optionally, the agent's adapter.
@@ -11,19 +11,25 @@ operator's `sudoedit` keeps them. The state dir is made (0711, caldera's). No
 agent process is started here (in process mode, SPEC 7b, `caldera run` starts and
 supervises the agent the manifest names) and the unit is not enabled: the printed next step
 is `systemctl enable --now caldera@NAME`, once the configuration is complete.
+An agent that lives in its owner's home (seed 000's `/home/agent/task-agent`; named by
+`--user ACCOUNT` or found as the owner of an absolute workdir in that owner's home) is not
+copied: only its manifest is installed, the files above and the state dir belong to that
+account, and the instance's drop-in runs it as that account (caldera.agents.account).
+Re-running init for an installed agent that moves between the two kinds keeps its
+agent.env, secrets.env, state and session, and gives them to the new account.
 Archive members are checked as for skills: no absolute paths, no `..`, no
 links, nothing but files and directories, at most 10,000 members and 512 MiB.
 """
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import tarfile
 import tempfile
 from pathlib import Path
 
 from caldera import config
+from caldera.agents import account
 from caldera.agents.manifest import load_manifest
 from caldera.agents.window import manifest_bytes_for_install
 from caldera.errors import ConfigError
@@ -44,49 +50,80 @@ DEFAULT_CONFIG_ROOT = Path("/etc/caldera")
 SKIPPED = ("__pycache__", ".git")  # build leftovers, never part of a bundle
 AGENT_ENV_TEMPLATE = """\
 # Runtime settings for this agent (SPEC section 3). Secrets go to secrets.env.
-# Owner root:caldera, mode 0640 (sudoedit keeps both). After a change:
+# Owner root:caldera (a home agent's: root:its group), mode 0640 (sudoedit keeps both). After a change:
 # systemctl reload caldera@NAME
 # CALDERA_AGENT_ENABLED=true
 # CALDERA_BASE_URL=https://caldera.example.org
 # CALDERA_INSTANCE_ID=123
 """
 SECRETS_ENV_TEMPLATE = """\
-# Secrets for this agent. Owner caldera:caldera, mode 0600 (sudoedit keeps both;
+# Secrets for this agent. Owner caldera:caldera (a home agent's: its account), mode 0600
+# (sudoedit keeps both;
 # the runtime refuses this file when others can read it).
 # CALDERA_TOKEN=...
 """
-SERVICE_USER = "caldera"
 
 
 class Refused(Exception):
     """The blueprint can't be installed; nothing was written."""
 
 
-def install(source: str | Path, *, name: str | None = None, environ: Mapping[str, str] = os.environ,
-            systemd_dir: str | Path = SYSTEMD_DIR) -> dict[str, Any]:
+def install(source: str | Path, *, name: str | None = None, user: str | None = None,
+            environ: Mapping[str, str] = os.environ, systemd_dir: str | Path = SYSTEMD_DIR,
+            unit_dir: str | Path | None = None) -> dict[str, Any]:
+    """Install (or move between the two kinds, SPEC section 11) the agent a blueprint holds.
+
+    unit_dir: where the instance's drop-in goes; by default /etc/systemd/system when the
+    agent is installed in /etc/caldera (the unit reads nothing else), else nowhere.
+    """
     source = Path(source)
+    if unit_dir is None and config.config_root(environ) == DEFAULT_CONFIG_ROOT:
+        unit_dir = account.UNIT_DIR
     with tempfile.TemporaryDirectory(prefix="caldera-init-") as tmp:
-        tree = _unpack(source, Path(tmp)) if source.is_file() else _checked_dir(source)
+        if source.is_file():
+            tree = _unpack(source, Path(tmp))
+        elif source.is_dir():
+            tree = source
+        else:
+            raise Refused(f"{source}: no such blueprint (a directory or a .tar.gz)")
         root = _find_root(tree)
         manifest = _load(root)
         name = name or manifest.name
         if not config.valid_agent_name(name):
             raise ConfigError(f"--name {name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
+        try:
+            owner = account.choose(manifest.doc["runtime"].get("workdir"), user)
+        except account.AccountRefused as exc:
+            raise Refused(str(exc)) from None
+        home = owner is not None and owner.is_home
+        if not home:
+            _checked_dir(tree)  # the bundle is copied: links and special files refused
         agents = config.config_root(environ) / "agents"
         config_dir = agents / name
+        moved = ""
         if (config_dir / MANIFEST).exists():
-            raise Refused(f"an agent named {name!r} is already installed in {config_dir}; "
-                          "pick another --name, or update its manifest through a blueprint update")
-        bundled = _install_tree(root, agents, config_dir)
+            before = account.installed_user(name, unit_dir) if unit_dir is not None else account.SERVICE_USER
+            after = owner.name if owner is not None else account.SERVICE_USER
+            if before == after:
+                raise Refused(f"an agent named {name!r} is already installed in {config_dir} (run as {before}); "
+                              "pick another --name, or update its manifest through a blueprint update "
+                              "(re-running init only moves an agent between its bundle and a user's home)")
+            moved = f" Moved from {before} to {after}: agent.env, secrets.env, state and session kept."
+        bundled = _install_tree(root, agents, config_dir, owner, copy_bundle=not home)
     state_dir = config.state_root(environ) / name
-    _make_state_dir(state_dir)
-    started = _next_steps(name, config_dir, config.config_root(environ), systemd_dir)
+    _make_state_dir(state_dir, owner)
+    drop_in = account.write_drop_in(name, owner, unit_dir) if unit_dir is not None else None
+    started = _next_steps(name, config_dir, config.config_root(environ), systemd_dir, reload=bool(moved or drop_in))
     what = f"manifest and bundle ({bundled} files)" if bundled else "manifest"
+    if home and owner is not None:
+        what = f"manifest; the agent stays in {manifest.workdir} and runs as {owner.name}"
     if manifest.runtime_type == "process":
         # Process mode (SPEC 7b): no unit of its own for the agent; the runtime starts it.
         started += " Process mode: the runtime starts and supervises the agent (cron's report --once does not)."
-    return {"message": f"Installed {name} ({what}) in {config_dir}; state in {state_dir}. {started}",
-            "name": name, "config_dir": str(config_dir), "state_dir": str(state_dir), "bundle_files": bundled}
+    return {"message": f"Installed {name} ({what}) in {config_dir}; state in {state_dir}.{moved} {started}",
+            "name": name, "config_dir": str(config_dir), "state_dir": str(state_dir), "bundle_files": bundled,
+            "user": owner.name if owner is not None else None, "kind": owner.kind if owner is not None else "bundle",
+            "drop_in": str(drop_in) if drop_in else None}
 
 
 def _load(root: Path) -> Manifest:
@@ -175,22 +212,36 @@ def _find_root(tree: Path) -> Path:
 
 # ------------------------------------------------------------ installing
 
-def _install_tree(root: Path, agents: Path, config_dir: Path) -> int:
-    """Stage the config dir next to its place, then rename it in: all or nothing."""
+def _install_tree(root: Path, agents: Path, config_dir: Path, owner: account.Account | None, *,
+                  copy_bundle: bool = True) -> int:
+    """Stage the config dir next to its place, then rename it in: all or nothing. An agent
+    already installed (a kind switch) keeps its agent.env, secrets.env and secret projection."""
 
     agents.mkdir(parents=True, exist_ok=True, mode=0o755)
     staging = Path(tempfile.mkdtemp(prefix=f".{config_dir.name}.", dir=agents))
+    old = config_dir.with_name(f".{config_dir.name}.old")
     try:
         os.chmod(staging, 0o755)
-        files = _copy_bundle(root, staging / "bundle")
-        if not files:
-            (staging / "bundle").rmdir()
+        files = _copy_bundle(root, staging / "bundle") if copy_bundle else 0
         data, _ = manifest_bytes_for_install((root / MANIFEST).read_bytes(), staging)
         atomic_write_bytes(staging / MANIFEST, data, mode=0o644)
-        atomic_write_bytes(staging / "agent.env", AGENT_ENV_TEMPLATE.encode(), mode=0o640)
-        atomic_write_bytes(staging / "secrets.env", SECRETS_ENV_TEMPLATE.encode(), mode=0o600)
-        _give_to_service_user(staging)
-        os.rename(staging, config_dir)
+        if config_dir.exists():
+            for kept in ("agent.env", "secrets.env"):
+                shutil.copy2(config_dir / kept, staging / kept)
+            if (config_dir / "secrets").is_dir():
+                shutil.copytree(config_dir / "secrets", staging / "secrets", symlinks=True)
+        else:
+            atomic_write_bytes(staging / "agent.env", AGENT_ENV_TEMPLATE.encode(), mode=0o640)
+            atomic_write_bytes(staging / "secrets.env", SECRETS_ENV_TEMPLATE.encode(), mode=0o600)
+        if owner is not None:
+            account.give_config(staging, owner)
+        if config_dir.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(config_dir, old)
+            os.rename(staging, config_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(staging, config_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -213,38 +264,19 @@ def _copy_bundle(root: Path, bundle: Path) -> int:
     return files
 
 
-def _service_user() -> pwd.struct_passwd | None:
-    """The `caldera` passwd entry when root installs for it; None otherwise (a test, a checkout)."""
-    if os.geteuid() != 0:
-        return None
-    try:
-        return pwd.getpwnam(SERVICE_USER)
-    except KeyError:
-        return None  # no system user (a container without the package): root keeps it
-
-
-def _give_to_service_user(config_dir: Path) -> None:
-    """agent.env root:caldera 0640, secrets.env caldera:caldera 0600: the daemon (user
-    caldera) reads both, and `sudoedit` keeps an existing file's owner and mode."""
-    user = _service_user()
-    if user is None:
-        return
-    os.chown(config_dir / "agent.env", 0, user.pw_gid)
-    os.chown(config_dir / "secrets.env", user.pw_uid, user.pw_gid)
-
-
-def _make_state_dir(state_dir: Path) -> None:
+def _make_state_dir(state_dir: Path, owner: account.Account | None) -> None:
     # 0711, as systemd's StateDirectoryMode=: others reach status.json by name only.
     for sub, mode in (("", 0o711), ("logs", 0o700), ("cache", 0o700)):
         (state_dir / sub).mkdir(parents=True, exist_ok=True, mode=mode)
         os.chmod(state_dir / sub, mode)
-    user = _service_user()
-    if user is not None:
-        for sub in ("", "logs", "cache"):
-            os.chown(state_dir / sub, user.pw_uid, user.pw_gid)
+    if owner is not None:
+        # Everything, not just these three: a kind switch keeps the state and session of the
+        # account before, and root's earlier runs may have left files too.
+        account.give_tree(state_dir, owner)
 
 
-def _next_steps(name: str, config_dir: Path, config_root: Path, systemd_dir: str | Path) -> str:
+def _next_steps(name: str, config_dir: Path, config_root: Path, systemd_dir: str | Path, *,
+                reload: bool = False) -> str:
     """How to start the agent once its configuration is complete. The unit is not enabled
     here: an agent enabled before agent.env and secrets.env are filled would start unconfigured."""
     unit = f"caldera@{name}"
@@ -256,4 +288,21 @@ def _next_steps(name: str, config_dir: Path, config_root: Path, systemd_dir: str
         return f"systemd is not running here. {edit} start it with `{by_hand}` (or `caldera report --once` from cron)."
     if config_root != DEFAULT_CONFIG_ROOT:
         return f"{edit} start it with `{by_hand}` (the {unit} unit reads {DEFAULT_CONFIG_ROOT}, not {config_root})."
+    if reload:
+        # A drop-in written or removed: systemd reads it on daemon-reload; a running unit restarts.
+        _daemon_reload()
+        return (f"{edit}: sudo systemctl enable --now {unit} (already running: sudo systemctl restart {unit}, "
+                "which runs it as its new account).")
     return f"{edit}: sudo systemctl enable --now {unit}"
+
+
+def _daemon_reload() -> None:
+    import subprocess  # here: only an init that wrote a drop-in pays for it
+
+    if os.geteuid() != 0:
+        return
+    try:
+        subprocess.run(["systemctl", "daemon-reload"], check=False, timeout=60,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        pass  # the admin's own daemon-reload (or the next boot) reads it

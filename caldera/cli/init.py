@@ -1,4 +1,4 @@
-"""`caldera init BLUEPRINT [--name NAME]`: install an agent from a blueprint (see caldera.agents.blueprint)."""
+"""`caldera init BLUEPRINT [--name NAME] [--user ACCOUNT]`: install an agent (caldera.agents.blueprint)."""
 from __future__ import annotations
 
 import json
@@ -16,12 +16,15 @@ if TYPE_CHECKING:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("blueprint", metavar="BLUEPRINT", help="a directory or .tar.gz with caldera.agent.yaml")
     parser.add_argument("--name", metavar="NAME", help="the agent's name (default: the manifest's name)")
+    parser.add_argument("--user", metavar="ACCOUNT",
+                        help="the account that runs an agent living in its home (default: the owner of an "
+                             "absolute runtime.workdir in its owner's home, else caldera)")
     add_json_flag(parser)
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        result = install(args.blueprint, name=args.name)
+        result = install(args.blueprint, name=args.name, user=args.user)
     except Refused as exc:
         return _emit(args, {"ok": False, "message": str(exc), "held": []}, EXIT_FAILED)
     return _emit(args, {"ok": True, "held": [], **result}, EXIT_OK)

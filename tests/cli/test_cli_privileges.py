@@ -32,7 +32,7 @@ def test_root_switches_only_where_the_service_user_owns_the_state_root(tmp_path,
 def test_root_state_verbs_switch_before_they_run(caldera_env, monkeypatch):
     install_agent(caldera_env)
     seen = []
-    monkeypatch.setattr(privdrop, "service_user_for", lambda root: _entry(4242))
+    monkeypatch.setattr(privdrop, "service_user_for", lambda root, agent=None: _entry(4242))
     monkeypatch.setattr(privdrop, "become", lambda entry: seen.append(entry.pw_uid))
     assert main(["pause", "--agent", "demo"]) == 0
     assert main(["init", "/nonexistent"]) != 0  # init writes /etc as root: no switch
@@ -44,7 +44,7 @@ def test_inside_an_instance_every_command_stays_the_images_user(caldera_env, mon
     root stays root: the platform's volume is the image user's, not the service user's."""
     install_agent(caldera_env)
     seen = []
-    monkeypatch.setattr(privdrop, "service_user_for", lambda root: _entry(4242))
+    monkeypatch.setattr(privdrop, "service_user_for", lambda root, agent=None: _entry(4242))
     monkeypatch.setattr(privdrop, "become", lambda entry: seen.append(entry.pw_uid))
     monkeypatch.delenv("CALDERA_STATE_DIR")
     monkeypatch.setenv("CLAWMANAGER_AGENT_PERSISTENT_DIR", str(tmp_path / "config"))
