@@ -170,7 +170,8 @@ def _command(argv: list[str]) -> int:
 
 # The commands that read or write an installed agent's state directory: as root they
 # run as the agent's account (caldera.host.privdrop: `caldera`, or a home agent's owner),
-# so root leaves no file there and they see what the daemon sees (its HOME, its rights). `init` stays root: it writes /etc.
+# so root leaves no file there and they see what the daemon sees (its HOME, its rights).
+# `init` stays root: it writes /etc.
 # Not when the state lives in a ClawManager instance's persistent dir (above).
 STATE_COMMANDS = ("status", "pause", "resume", "run-now", "settings", "log", "run", "report", "skills",
                   "check", "turn")
