@@ -13,7 +13,9 @@
 # agent, `systemctl stop` <= 15 s, a broken config ends `failed` with <= 1
 # restart, the cron line, a process agent's 40 s graceful stop outlasting a
 # TimeoutStopSec=10s drop-in (the daemon's EXTEND_TIMEOUT_USEC: Result=success,
-# no kill), and `apt-get purge` leaves nothing running.
+# no kill), and `apt-get purge` leaves nothing running. Then .ci/home-agent.sh (issue 23):
+# an adapter agent that lives in its owner's home, README's block for it, every verb,
+# owners, the secrets denied to a third account, exposure of both kinds, a kind switch.
 #
 # Usage: .ci/systemd.sh SUITE [DEB | DIR-with-one-caldera_*.deb]
 #   SUITE: trixie or bookworm. Without a .deb it builds one (packaging/build-deb.sh,
@@ -513,6 +515,10 @@ for path in /etc/caldera /var/lib/caldera /usr/bin/caldera /usr/lib/systemd/syst
 done
 echo "purged: no caldera process, unit not-found, trees gone"
 
+# ---- issue 23: an adapter agent that lives in its owner's home (its own script, same container)
+# shellcheck source=.ci/home-agent.sh
+. "$ROOT/.ci/home-agent.sh"
+
 shutdown_container
 t_total=$(( $(date +%s) - t0 ))
 printf '\n== systemd %s: summary\n' "$SUITE"
@@ -524,4 +530,6 @@ printf 'to registered    %s s, reporting %s s, first command +%s s (README start
 printf 'kill -9 restart  %s s\n' "$t_restart"
 printf 'stop             %s s\n' "$t_stop"
 printf 'long agent stop  %s s (TimeoutStopSec=10s; the agent exits %s s after SIGTERM)\n' "$t_slow" "$SLOW_EXIT_AFTER"
+printf 'home agent       README block %s s, registered %s s, reporting %s s; exposure home %s vs bundle %s; %s s in all\n' \
+	"$t_home_readme" "$t_home_reg" "$t_home_rep" "$score_home" "$score_bundle" "$t_home"
 printf 'total            %s s\n' "$t_total"
