@@ -113,7 +113,11 @@ def install(source: str | Path, *, name: str | None = None, user: str | None = N
     state_dir = config.state_root(environ) / name
     _make_state_dir(state_dir, owner)
     drop_in = account.write_drop_in(name, owner, unit_dir) if unit_dir is not None else None
-    started = _next_steps(name, config_dir, config.config_root(environ), systemd_dir, reload=bool(moved or drop_in))
+    if (moved or drop_in) and Path(systemd_dir).is_dir():
+        _daemon_reload()  # a drop-in written or removed: systemd reads it now, the unit on its next start
+    runs_as = owner.name if owner is not None else account.SERVICE_USER
+    started = _next_steps(name, config_dir, config.config_root(environ), systemd_dir,
+                          moved_to=runs_as if moved else None)
     what = f"manifest and bundle ({bundled} files)" if bundled else "manifest"
     if home and owner is not None:
         what = f"manifest; the agent stays in {manifest.workdir} and runs as {owner.name}"
@@ -276,7 +280,7 @@ def _make_state_dir(state_dir: Path, owner: account.Account | None) -> None:
 
 
 def _next_steps(name: str, config_dir: Path, config_root: Path, systemd_dir: str | Path, *,
-                reload: bool = False) -> str:
+                moved_to: str | None = None) -> str:
     """How to start the agent once its configuration is complete. The unit is not enabled
     here: an agent enabled before agent.env and secrets.env are filled would start unconfigured."""
     unit = f"caldera@{name}"
@@ -288,11 +292,8 @@ def _next_steps(name: str, config_dir: Path, config_root: Path, systemd_dir: str
         return f"systemd is not running here. {edit} start it with `{by_hand}` (or `caldera report --once` from cron)."
     if config_root != DEFAULT_CONFIG_ROOT:
         return f"{edit} start it with `{by_hand}` (the {unit} unit reads {DEFAULT_CONFIG_ROOT}, not {config_root})."
-    if reload:
-        # A drop-in written or removed: systemd reads it on daemon-reload; a running unit restarts.
-        _daemon_reload()
-        return (f"{edit}: sudo systemctl enable --now {unit} (already running: sudo systemctl restart {unit}, "
-                "which runs it as its new account).")
+    if moved_to:
+        return f"Its configuration is kept: sudo systemctl restart {unit} runs it as {moved_to}."
     return f"{edit}: sudo systemctl enable --now {unit}"
 
 
