@@ -8,13 +8,15 @@ STAMP := $(VENV)/.deps-$(DEPS)
 .PHONY: demo test lint bench deb clean
 
 # The editable install builds with the venv's own setuptools (--no-build-isolation: no
-# build environment to fetch); setuptools needs `wheel` for that, which a venv may lack.
-# One way, no fallback: a fallback would print the first attempt's error.
+# build environment to fetch). A venv of Python 3.12 or later (Debian 13's 3.13) has
+# pip only, no setuptools; 3.11's (Debian 12) has one new enough (pyproject.toml's floor,
+# so nothing is fetched there); setuptools needs `wheel` for the build, which a venv
+# may lack. One way, no fallback: a fallback would print the first attempt's error.
 $(STAMP): requirements/$(DEPS).txt
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements/$(DEPS).txt
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check wheel
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check 'setuptools>=61' wheel
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 

@@ -57,7 +57,7 @@ t_build=$(( $(date +%s) - t0 ))
 
 step "package contents"
 dpkg-deb -c "$DEB" | awk '{print $6}' | sed 's|^\./|/|' > "$WORK/contents"
-for path in /usr/bin/caldera /lib/systemd/system/caldera@.service /etc/cron.d/caldera \
+for path in /usr/bin/caldera /usr/lib/systemd/system/caldera@.service /etc/cron.d/caldera \
 		/usr/share/man/man1/caldera.1.gz /usr/share/caldera/schemas/ \
 		/usr/share/caldera/examples/task-agent/caldera.agent.yaml \
 		/usr/share/doc/caldera/packaging.md.gz /etc/caldera/agents/ /var/lib/caldera/; do
@@ -112,7 +112,7 @@ check_mode /var/lib/caldera caldera:caldera 711  # others reach an agent's statu
 
 step "systemd-analyze verify"
 mkdir "$WORK/unit"
-cp /lib/systemd/system/caldera@.service "$WORK/unit/"
+cp /usr/lib/systemd/system/caldera@.service "$WORK/unit/"
 systemd-analyze verify "$WORK/unit/caldera@.service" > "$WORK/verify" 2>&1 || { cat "$WORK/verify"; fail "systemd-analyze verify exited non-zero"; }
 if [ -s "$WORK/verify" ]; then
 	cat "$WORK/verify"
@@ -176,7 +176,7 @@ step "apt-get purge -y caldera"
 DEBIAN_FRONTEND=noninteractive apt-get purge -y -q caldera
 left=$(ps -eo pid=,user=,args= | awk '$2 == "caldera" || $0 ~ /\/usr\/bin\/caldera/' | grep -v awk || true)
 [ -z "$left" ] || fail "still running after purge: $left"
-for path in /etc/caldera /var/lib/caldera /usr/bin/caldera /lib/systemd/system/caldera@.service \
+for path in /etc/caldera /var/lib/caldera /usr/bin/caldera /usr/lib/systemd/system/caldera@.service \
 		/etc/cron.d/caldera /usr/share/caldera /usr/lib/python3/dist-packages/caldera; do
 	[ ! -e "$path" ] || fail "$path is left after purge"
 done

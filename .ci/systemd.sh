@@ -1,28 +1,38 @@
 #!/bin/bash
-# The package under a real systemd (issue 18; docs/packaging.md, "CI under systemd").
+# The package under a real systemd (issues 18 and 25; docs/packaging.md, "CI under systemd").
 #
-# Boots a Debian 12 root with systemd in a container (systemd-nspawn), installs
-# the .deb there, starts `caldera plane serve`, creates an admin user with sudo
-# and runs README.md's "Install on a host" block AS WRITTEN IN README.md NOW
-# (extracted at test time; sudoedit through an editor script). Then checks:
+# Boots a Debian root (SUITE: trixie = Debian 13, bookworm = Debian 12) with
+# systemd in a container (systemd-nspawn), installs the .deb there, checks the unit
+# with that suite's systemd-analyze (verify, security), starts `caldera plane serve`,
+# creates an admin user with sudo and runs README.md's "Install on a host" block AS
+# WRITTEN IN README.md NOW (extracted at test time; sudoedit through an editor script).
+# Then checks:
 # registered + reporting + a command round trip within 60 s, `caldera status`
 # without sudo, root's CLI verbs leave no root-owned state, `systemctl reload`,
 # kill -9 -> restarted within 15 s with nothing lost, an upgrade restarts the
 # agent, `systemctl stop` <= 15 s, a broken config ends `failed` with <= 1
 # restart, the cron line, a process agent's 40 s graceful stop outlasting a
 # TimeoutStopSec=10s drop-in (the daemon's EXTEND_TIMEOUT_USEC: Result=success,
-# no kill), and `apt-get purge` leaves nothing running.
+# no kill), and `apt-get purge` leaves nothing running. Then .ci/home-agent.sh (issue 23):
+# an adapter agent that lives in its owner's home, README's block for it, every verb,
+# owners, the secrets denied to a third account, exposure of both kinds, a kind switch.
 #
-# Usage: .ci/systemd.sh [DEB | DIR-with-one-caldera_*.deb]
-#   without an argument it builds one (packaging/build-deb.sh, tests skipped:
-#   .ci/deb.sh runs them in its own build).
-# Needs root on Debian 12. Installs debootstrap and systemd-container itself.
+# Usage: .ci/systemd.sh SUITE [DEB | DIR-with-one-caldera_*.deb]
+#   SUITE: trixie or bookworm. Without a .deb it builds one (packaging/build-deb.sh,
+#   tests skipped: .ci/deb.sh runs them in its own build). One .deb, built on
+#   Debian 12, serves both suites.
+# Needs root on a Debian 12 host (CI's). Installs debootstrap and systemd-container itself.
 # The base root (debootstrap + the package's Debian dependencies) is cached in
-# $CALDERA_CI_CACHE (default /var/cache/caldera-ci), keyed on mirror + package list.
+# $CALDERA_CI_CACHE (default /var/cache/caldera-ci), keyed on suite + mirror + package
+# list (.ci/root.sh).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-SUITE=bookworm
+SUITE=${1:-}
+case "$SUITE" in
+	trixie | bookworm) shift ;;
+	*) echo "usage: .ci/systemd.sh trixie|bookworm [DEB | DIR]" >&2; exit 2 ;;
+esac
 # systemd as PID 1, sudo for the admin, and caldera's own Debian dependencies
 # (so that a cached run installs the .deb without touching the network).
 PACKAGES=(systemd systemd-sysv dbus sudo adduser python3 python3-requests python3-jsonschema python3-yaml)
@@ -36,9 +46,9 @@ CPID=
 WORK=
 t0=$(date +%s)
 
-step() { printf '\n== systemd: %s (%ds)\n' "$*" "$(( $(date +%s) - t0 ))"; }
+step() { printf '\n== systemd %s: %s (%ds)\n' "$SUITE" "$*" "$(( $(date +%s) - t0 ))"; }
 fail() {
-	printf 'systemd: FAILED: %s\n' "$*" >&2
+	printf 'systemd %s: FAILED: %s\n' "$SUITE" "$*" >&2
 	if [ -n "$CPID" ]; then
 		echo "--- journal of caldera@$AGENT (last 60 lines)" >&2
 		inside journalctl -u "caldera@$AGENT" --no-pager -n 60 >&2 || true
@@ -129,7 +139,7 @@ BASE=$(base_root "$SUITE" "${PACKAGES[@]}") || fail "debootstrap $SUITE"
 t_base="$(( $(date +%s) - b0 )) s"
 
 step "boot the container (systemd-nspawn -b)"
-WORK=$(mktemp -d /var/tmp/caldera-ci-systemd.XXXXXX)
+WORK=$(mktemp -d "/var/tmp/caldera-ci-systemd-$SUITE.XXXXXX")
 C=$WORK/root
 cp -a --reflink=auto "$BASE" "$C"
 rm -f "$C/.complete"
@@ -159,6 +169,10 @@ for _ in $(seq 120); do
 done
 [ "$state" = running ] || { inside systemctl --failed --no-pager || true; fail "system state '$state' (want running)"; }
 echo "PID 1 is host pid $CPID; system running after $(( $(date +%s) - b0 )) s"
+codename=$(. "$C/etc/os-release" && echo "${VERSION_CODENAME:-}")
+[ "$codename" = "$SUITE" ] || fail "the root is '$codename', not $SUITE"
+os_release="$(. "$C/etc/os-release" && echo "$PRETTY_NAME"), $(inside systemctl --version | head -n 1), $(inside python3 --version)"
+echo "$os_release"
 
 step "apt-get install ./$(basename "$DEB") (as root)"
 mkdir -p "$C/root/ci"
@@ -173,6 +187,19 @@ got=$(inside caldera --version)
 [ "$got" = "caldera $VERSION" ] || fail "caldera --version said '$got', want 'caldera $VERSION'"
 echo "installed; $got; no daemon-reload pending"
 
+step "systemd-analyze verify and security, by this suite's own systemd"
+# .ci/deb.sh checks the unit with the host's systemd (Debian 12's 252); the unit must be
+# as clean for the suite's (257 on Debian 13). --man=no: minbase has no man(1).
+inside sh -c 'mkdir -p /root/ci/unit && cp /usr/lib/systemd/system/caldera@.service /root/ci/unit/'
+inside systemd-analyze verify --man=no /root/ci/unit/caldera@.service > "$WORK/verify" 2>&1 \
+	|| { cat "$WORK/verify"; fail "systemd-analyze verify exited non-zero"; }
+[ ! -s "$WORK/verify" ] || { cat "$WORK/verify"; fail "systemd-analyze verify printed warnings"; }
+score=$(inside systemd-analyze security --offline=yes --no-pager /root/ci/unit/caldera@.service 2>&1 \
+	| sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
+[ -n "$score" ] || fail "no exposure score from systemd-analyze security"
+awk -v s="$score" -v m="${CALDERA_MAX_EXPOSURE:-4.5}" 'BEGIN { exit !(s <= m) }' || fail "exposure $score is above ${CALDERA_MAX_EXPOSURE:-4.5}"
+echo "verify: no warnings; security: exposure $score"
+
 step "caldera plane serve (inside)"
 inside systemd-run --quiet --unit=ci-plane -p User=caldera -p StateDirectory=ci-plane \
 	caldera plane serve --host 127.0.0.1 --port 0 --db /var/lib/ci-plane/plane.db \
@@ -184,7 +211,11 @@ URL=$(cat "$C/var/lib/ci-plane/url")
 echo "plane at $URL"
 
 step "admin user with sudo; the editor sudoedit runs"
-inside useradd -m -s /bin/bash -G sudo admin
+# As Debian's installer makes the first user: adduser, so the home is 0700 (adduser's
+# DIR_MODE on 12 and 13; the README's .deb sits there, out of reach of apt's _apt user).
+inside adduser --quiet --disabled-password --comment '' --shell /bin/bash admin
+inside adduser --quiet admin sudo
+[ "$(inside stat -c %a /home/admin)" = 700 ] || fail "the admin's home is $(inside stat -c %a /home/admin), want adduser's 0700"
 printf 'admin ALL=(ALL:ALL) NOPASSWD: ALL\n' > "$C/etc/sudoers.d/ci-admin"
 chmod 0440 "$C/etc/sudoers.d/ci-admin"
 cp "$DEB" "$C/home/admin/"
@@ -479,18 +510,26 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
 [ -z "$left" ] || fail "still running after purge: $left"
 load=$(unit_prop LoadState)
 [ "$load" = not-found ] || fail "caldera@$AGENT is still $load after purge (no daemon-reload?)"
-for path in /etc/caldera /var/lib/caldera /usr/bin/caldera /lib/systemd/system/caldera@.service; do
+for path in /etc/caldera /var/lib/caldera /usr/bin/caldera /usr/lib/systemd/system/caldera@.service; do
 	[ ! -e "$C$path" ] || fail "$path is left after purge"
 done
 echo "purged: no caldera process, unit not-found, trees gone"
 
+# ---- issue 23: an adapter agent that lives in its owner's home (its own script, same container)
+# shellcheck source=.ci/home-agent.sh
+. "$ROOT/.ci/home-agent.sh"
+
 shutdown_container
 t_total=$(( $(date +%s) - t0 ))
-printf '\n== systemd: summary\n'
+printf '\n== systemd %s: summary\n' "$SUITE"
+printf 'in the root      %s\n' "$os_release"
 printf 'base root        %s\n' "$t_base"
+printf 'unit             verify clean, exposure %s\n' "$score"
 printf 'README block     %s s (as the admin, from README.md)\n' "$t_readme"
 printf 'to registered    %s s, reporting %s s, first command +%s s (README start to a finished command: %s s)\n' "$t_reg" "$t_rep" "$t_cmd" "$t_working"
 printf 'kill -9 restart  %s s\n' "$t_restart"
 printf 'stop             %s s\n' "$t_stop"
 printf 'long agent stop  %s s (TimeoutStopSec=10s; the agent exits %s s after SIGTERM)\n' "$t_slow" "$SLOW_EXIT_AFTER"
+printf 'home agent       README block %s s, registered %s s, reporting %s s; exposure home %s vs bundle %s; %s s in all\n' \
+	"$t_home_readme" "$t_home_reg" "$t_home_rep" "$score_home" "$score_bundle" "$t_home"
 printf 'total            %s s\n' "$t_total"

@@ -25,7 +25,7 @@ FILES = (
      "CALDERA_TOKEN and other secrets (0600; refused if group or world readable)"),
     ("/etc/caldera/agents/NAME/secrets/", "secret projection for backends, e.g. codex/auth.json (0700)"),
     ("/var/lib/caldera/NAME/", "the agent's state: session.json, state.json, outbox/, logs/, cache/, skills/, runs/ (0700)"),
-    ("/lib/systemd/system/caldera@.service", "the template unit: caldera run --agent NAME"),
+    ("/usr/lib/systemd/system/caldera@.service", "the template unit: caldera run --agent NAME"),
     ("/etc/cron.d/caldera", "commented example of one-shot reports for hosts without a daemon"),
     ("/usr/share/caldera/schemas/", "the JSON schemas of the protocol, the commands and the adapter contract"),
     ("/usr/share/caldera/examples/", "example agents (task-agent: an adapter-mode agent; inbox-watcher: a process-mode agent)"),

@@ -1,4 +1,4 @@
-"""`caldera init BLUEPRINT [--name NAME] [--owner USER]`: install an agent from a blueprint.
+"""`caldera init BLUEPRINT [--name NAME] [--user ACCOUNT | --owner USER]`: install an agent from a blueprint.
 
 A blueprint is a directory or a `.tar.gz` holding `caldera.agent.yaml` (at its
 top, or in its one top-level directory) and, optionally, the agent's adapter.
@@ -14,20 +14,25 @@ the state dir USER's): a container image's user, which runs `caldera run` itself
 agent process is started here (in process mode, SPEC 7b, `caldera run` starts and
 supervises the agent the manifest names) and the unit is not enabled: the printed next step
 is `systemctl enable --now caldera@NAME`, once the configuration is complete.
+An agent that lives in its owner's home (seed 000's `/home/agent/task-agent`; named by
+`--user ACCOUNT` or found as the owner of an absolute workdir in that owner's home) is not
+copied: only its manifest is installed, the files above and the state dir belong to that
+account, and the instance's drop-in runs it as that account (caldera.agents.account).
+Re-running init for an installed agent that moves between the two kinds keeps its
+agent.env, secrets.env, state and session, and gives them to the new account.
 Archive members are checked as for skills: no absolute paths, no `..`, no
 links, nothing but files and directories, at most 10,000 members and 512 MiB.
 """
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import shutil
 import tarfile
 import tempfile
 from pathlib import Path
 
 from caldera import TYPE_CHECKING, config
+from caldera.agents import account
 from caldera.agents.manifest import load_manifest
 from caldera.agents.window import manifest_bytes_for_install
 from caldera.errors import ConfigError
@@ -58,43 +63,81 @@ SECRETS_ENV_TEMPLATE = """\
 # the runtime refuses this file when others can read it).
 # CALDERA_TOKEN=...
 """
-SERVICE_USER = "caldera"
 
 
 class Refused(Exception):
     """The blueprint can't be installed; nothing was written."""
 
 
-def install(source: str | Path, *, name: str | None = None, environ: Mapping[str, str] = os.environ,
-            systemd_dir: str | Path = SYSTEMD_DIR, owner: str | None = None) -> dict[str, Any]:
-    """Install the blueprint at `source`; `owner`: the user (name or uid) the agent's files are
-    given to instead of the service user (`caldera init --owner`)."""
+def install(source: str | Path, *, name: str | None = None, user: str | None = None,
+            image_user: str | None = None, environ: Mapping[str, str] = os.environ,
+            systemd_dir: str | Path = SYSTEMD_DIR, unit_dir: str | Path | None = None) -> dict[str, Any]:
+    """Install (or move between the two kinds, SPEC section 11) the agent a blueprint holds.
+
+    user: `--user`, the account an agent living in its home runs as (systemd runs it so);
+    image_user: `--owner`, a container image's user, who runs `caldera run` itself and gets
+    the agent's files (docs/container.md). unit_dir: where the instance's drop-in goes; by
+    default /etc/systemd/system when the agent is installed in /etc/caldera (the unit reads
+    nothing else), else nowhere.
+    """
+    if user is not None and image_user is not None:
+        raise Refused("--user and --owner: pick one (--user: an agent that lives in that account's home, "
+                      "run by systemd as it; --owner: a container image's user, who runs caldera itself)")
     source = Path(source)
-    account = _owner(owner)  # before anything is written: an unknown user refuses the install
+    if unit_dir is None and config.config_root(environ) == DEFAULT_CONFIG_ROOT:
+        unit_dir = account.UNIT_DIR
     with tempfile.TemporaryDirectory(prefix="caldera-init-") as tmp:
-        tree = _unpack(source, Path(tmp)) if source.is_file() else _checked_dir(source)
+        if source.is_file():
+            tree = _unpack(source, Path(tmp))
+        elif source.is_dir():
+            tree = source
+        else:
+            raise Refused(f"{source}: no such blueprint (a directory or a .tar.gz)")
         root = _find_root(tree)
         manifest = _load(root)
         name = name or manifest.name
         if not config.valid_agent_name(name):
             raise ConfigError(f"--name {name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
+        try:
+            owner = (account.for_owner(image_user) if image_user is not None
+                     else account.choose(manifest.doc["runtime"].get("workdir"), user))
+        except account.AccountRefused as exc:
+            raise Refused(str(exc)) from None
+        home = owner is not None and owner.is_home
+        if not home:
+            _checked_dir(tree)  # the bundle is copied: links and special files refused
         agents = config.config_root(environ) / "agents"
         config_dir = agents / name
+        moved = ""
         if (config_dir / MANIFEST).exists():
-            raise Refused(f"an agent named {name!r} is already installed in {config_dir}; "
-                          "pick another --name, or update its manifest through a blueprint update")
-        bundled = _install_tree(root, agents, config_dir, account)
+            before = account.installed_user(name, unit_dir) if unit_dir is not None else account.SERVICE_USER
+            after = owner.name if owner is not None else account.SERVICE_USER
+            if before == after:
+                raise Refused(f"an agent named {name!r} is already installed in {config_dir} (run as {before}); "
+                              "pick another --name, or update its manifest through a blueprint update "
+                              "(re-running init only moves an agent between its bundle and a user's home)")
+            moved = f" Moved from {before} to {after}: agent.env, secrets.env, state and session kept."
+        bundled = _install_tree(root, agents, config_dir, owner, copy_bundle=not home)
     state_dir = config.state_root(environ) / name
-    _make_state_dir(state_dir, account)
-    started = _next_steps(name, config_dir, config.config_root(environ), systemd_dir)
+    _make_state_dir(state_dir, owner)
+    drop_in = account.write_drop_in(name, owner, unit_dir) if unit_dir is not None else None
+    if (moved or drop_in) and Path(systemd_dir).is_dir():
+        _daemon_reload()  # a drop-in written or removed: systemd reads it now, the unit on its next start
+    runs_as = owner.name if owner is not None else account.SERVICE_USER
+    started = _next_steps(name, config_dir, config.config_root(environ), systemd_dir,
+                          moved_to=runs_as if moved else None)
     what = f"manifest and bundle ({bundled} files)" if bundled else "manifest"
+    if home and owner is not None:
+        what = f"manifest; the agent stays in {manifest.workdir} and runs as {owner.name}"
     if manifest.runtime_type == "process":
         # Process mode (SPEC 7b): no unit of its own for the agent; the runtime starts it.
         started += " Process mode: the runtime starts and supervises the agent (cron's report --once does not)."
-    if owner is not None:
-        started += f" Its files belong to {owner} (agent.env readable, secrets.env 0600): run it as {owner}."
-    return {"message": f"Installed {name} ({what}) in {config_dir}; state in {state_dir}. {started}",
-            "name": name, "config_dir": str(config_dir), "state_dir": str(state_dir), "bundle_files": bundled}
+    if image_user is not None and owner is not None:
+        started += f" Its files belong to {owner.name} (agent.env readable, secrets.env 0600): run it as {owner.name}."
+    return {"message": f"Installed {name} ({what}) in {config_dir}; state in {state_dir}.{moved} {started}",
+            "name": name, "config_dir": str(config_dir), "state_dir": str(state_dir), "bundle_files": bundled,
+            "user": owner.name if owner is not None else None, "kind": owner.kind if owner is not None else "bundle",
+            "drop_in": str(drop_in) if drop_in else None}
 
 
 def _load(root: Path) -> Manifest:
@@ -183,24 +226,39 @@ def _find_root(tree: Path) -> Path:
 
 # ------------------------------------------------------------ installing
 
-def _install_tree(root: Path, agents: Path, config_dir: Path, account: pwd.struct_passwd | None) -> int:
-    """Stage the config dir next to its place, then rename it in: all or nothing."""
+def _install_tree(root: Path, agents: Path, config_dir: Path, owner: account.Account | None, *,
+                  copy_bundle: bool = True) -> int:
+    """Stage the config dir next to its place, then rename it in: all or nothing. An agent
+    already installed (a kind switch) keeps its agent.env, secrets.env and secret projection."""
 
     agents.mkdir(parents=True, exist_ok=True, mode=0o755)
     staging = Path(tempfile.mkdtemp(prefix=f".{config_dir.name}.", dir=agents))
+    old = config_dir.with_name(f".{config_dir.name}.old")
     try:
         os.chmod(staging, 0o755)
-        files = _copy_bundle(root, staging / "bundle")
-        if not files:
-            (staging / "bundle").rmdir()
+        files = _copy_bundle(root, staging / "bundle") if copy_bundle else 0
         data, _ = manifest_bytes_for_install((root / MANIFEST).read_bytes(), staging)
         atomic_write_bytes(staging / MANIFEST, data, mode=0o644)
-        user, group = _names(account)
-        atomic_write_bytes(staging / "agent.env", AGENT_ENV_TEMPLATE.format(group=group).encode(), mode=0o640)
-        atomic_write_bytes(staging / "secrets.env", SECRETS_ENV_TEMPLATE.format(user=user, group=group).encode(),
-                           mode=0o600)
-        _give_to(staging, account)
-        os.rename(staging, config_dir)
+        if config_dir.exists():
+            for kept in ("agent.env", "secrets.env"):
+                shutil.copy2(config_dir / kept, staging / kept)
+            if (config_dir / "secrets").is_dir():
+                shutil.copytree(config_dir / "secrets", staging / "secrets", symlinks=True)
+        else:
+            # the owner the daemon reads them as: the service user's, a home agent's or --owner's
+            user, group = (owner.name, owner.group) if owner is not None else (account.SERVICE_USER,) * 2
+            atomic_write_bytes(staging / "agent.env", AGENT_ENV_TEMPLATE.format(group=group).encode(), mode=0o640)
+            atomic_write_bytes(staging / "secrets.env", SECRETS_ENV_TEMPLATE.format(user=user, group=group).encode(),
+                               mode=0o600)
+        if owner is not None:
+            account.give_config(staging, owner)
+        if config_dir.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(config_dir, old)
+            os.rename(staging, config_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(staging, config_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -223,64 +281,19 @@ def _copy_bundle(root: Path, bundle: Path) -> int:
     return files
 
 
-def _service_user() -> pwd.struct_passwd | None:
-    """The `caldera` passwd entry when root installs for it; None otherwise (a test, a checkout)."""
-    if os.geteuid() != 0:
-        return None
-    try:
-        return pwd.getpwnam(SERVICE_USER)
-    except KeyError:
-        return None  # no system user (a container without the package): root keeps it
-
-
-def _owner(owner: str | None) -> pwd.struct_passwd | None:
-    """Whom the agent's files go to: `owner` (a name or a uid; --owner), else the service user
-    when root installs for it; None: leave them to whoever runs this. Only root can give them
-    to someone else."""
-    if owner is None:
-        return _service_user()
-    try:
-        entry = pwd.getpwuid(int(owner)) if owner.isdigit() else pwd.getpwnam(owner)
-    except KeyError:
-        raise Refused(f"--owner {owner}: no such user here (create it before `caldera init`)") from None
-    euid = os.geteuid()
-    if euid != 0 and entry.pw_uid != euid:
-        raise Refused(f"--owner {owner}: only root can give the agent's files to another user")
-    return entry if euid == 0 else None
-
-
-def _names(account: pwd.struct_passwd | None) -> tuple[str, str]:
-    """(user, group) for the templates' comments: the account's, else the service user's."""
-    if account is None:
-        return SERVICE_USER, SERVICE_USER
-    try:
-        group = grp.getgrgid(account.pw_gid).gr_name
-    except KeyError:
-        group = str(account.pw_gid)
-    return account.pw_name, group
-
-
-def _give_to(config_dir: Path, account: pwd.struct_passwd | None) -> None:
-    """agent.env root:<its group> 0640, secrets.env <it>:<its group> 0600: the daemon (the
-    service user caldera, or --owner's) reads both, and `sudoedit` keeps an existing file's
-    owner and mode."""
-    if account is None:
-        return
-    os.chown(config_dir / "agent.env", 0, account.pw_gid)
-    os.chown(config_dir / "secrets.env", account.pw_uid, account.pw_gid)
-
-
-def _make_state_dir(state_dir: Path, account: pwd.struct_passwd | None) -> None:
+def _make_state_dir(state_dir: Path, owner: account.Account | None) -> None:
     # 0711, as systemd's StateDirectoryMode=: others reach status.json by name only.
     for sub, mode in (("", 0o711), ("logs", 0o700), ("cache", 0o700)):
         (state_dir / sub).mkdir(parents=True, exist_ok=True, mode=mode)
         os.chmod(state_dir / sub, mode)
-    if account is not None:
-        for sub in ("", "logs", "cache"):
-            os.chown(state_dir / sub, account.pw_uid, account.pw_gid)
+    if owner is not None:
+        # Everything, not just these three: a kind switch keeps the state and session of the
+        # account before, and root's earlier runs may have left files too.
+        account.give_tree(state_dir, owner)
 
 
-def _next_steps(name: str, config_dir: Path, config_root: Path, systemd_dir: str | Path) -> str:
+def _next_steps(name: str, config_dir: Path, config_root: Path, systemd_dir: str | Path, *,
+                moved_to: str | None = None) -> str:
     """How to start the agent once its configuration is complete. The unit is not enabled
     here: an agent enabled before agent.env and secrets.env are filled would start unconfigured."""
     unit = f"caldera@{name}"
@@ -292,4 +305,18 @@ def _next_steps(name: str, config_dir: Path, config_root: Path, systemd_dir: str
         return f"systemd is not running here. {edit} start it with `{by_hand}` (or `caldera report --once` from cron)."
     if config_root != DEFAULT_CONFIG_ROOT:
         return f"{edit} start it with `{by_hand}` (the {unit} unit reads {DEFAULT_CONFIG_ROOT}, not {config_root})."
+    if moved_to:
+        return f"Its configuration is kept: sudo systemctl restart {unit} runs it as {moved_to}."
     return f"{edit}: sudo systemctl enable --now {unit}"
+
+
+def _daemon_reload() -> None:
+    import subprocess  # here: only an init that wrote a drop-in pays for it
+
+    if os.geteuid() != 0:
+        return
+    try:
+        subprocess.run(["systemctl", "daemon-reload"], check=False, timeout=60,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        pass  # the admin's own daemon-reload (or the next boot) reads it

@@ -70,6 +70,7 @@ class Report:
 
 def run_checks(manifest: Manifest, report: Report, *, controls: bool = False) -> Report:
     """Every probe, each on its own: a failed one never skips a later one."""
+    check_workdir(manifest, report)
     check_status(manifest, report)
     got = check_settings_get(manifest, report)
     if manifest.settings_schema:
@@ -83,6 +84,16 @@ def run_checks(manifest: Manifest, report: Report, *, controls: bool = False) ->
     if manifest.health:
         check_health(manifest, report)
     return report
+
+
+def check_workdir(manifest: Manifest, report: Report) -> None:
+    """Whether this user (root's `sudo caldera check` becomes the agent's account) can write the
+    adapter's working directory: seed 000's minimal adapter keeps `paused`, `run-now` and
+    `settings.json` there. A note, not a breach: which files the adapter writes is the
+    agent's business, and a bundle's workdir is read-only under the unit by design."""
+    problem = invoke.writable_problem(manifest.workdir)
+    if problem:
+        report.note("workdir", problem)
 
 
 def _schema(name: str, document: Any) -> str | None:

@@ -179,8 +179,9 @@ def _command(argv: list[str]) -> int:
 
 
 # The commands that read or write an installed agent's state directory: as root they
-# run as the service user (caldera.host.privdrop), so root leaves no file there and they
-# see what the daemon sees (its HOME, its rights). `init` stays root: it writes /etc.
+# run as the agent's account (caldera.host.privdrop: `caldera`, or a home agent's owner),
+# so root leaves no file there and they see what the daemon sees (its HOME, its rights).
+# `init` stays root: it writes /etc.
 # Not when the state lives in a ClawManager instance's persistent dir (above).
 STATE_COMMANDS = ("status", "pause", "resume", "run-now", "settings", "log", "run", "report", "skills",
                   "check", "turn")
@@ -193,7 +194,8 @@ def _as_service_user(name: str, args: Args) -> None:
         # Inside a ClawManager instance the state lives in the platform's persistent dir, which
         # belongs to the image's user (often root): every command stays that user (docs/container.md).
         return
-    entry = privdrop.service_user_for(state_root())
+    agent = getattr(args, "agent", None) or os.environ.get("CALDERA_AGENT") or None
+    entry = privdrop.service_user_for(state_root(), agent=agent)
     if entry is not None:
         privdrop.become(entry)
 

@@ -6,6 +6,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from caldera import config
+from caldera.agents.adapter.invoke import workdir_problem
 from caldera.agents.check import Report, run_checks
 from caldera.agents.updates import load_effective
 from caldera.cli import add_agent_flags
@@ -47,8 +48,8 @@ def main(args: argparse.Namespace) -> int:
         return _emit(args, paths, report, "the process contract")
     if manifest.runtime_type != "adapter":
         report.breach("manifest", "runtime.type is not adapter: this check covers adapter mode only")
-    elif not manifest.workdir.is_dir():
-        report.breach("manifest", f"runtime.workdir {manifest.workdir} does not exist")
+    elif workdir_problem(manifest.workdir):
+        report.breach("manifest", f"runtime.workdir: {workdir_problem(manifest.workdir)}")
     else:
         run_checks(manifest, report, controls=args.controls)
     return _emit(args, paths, report)

@@ -1,4 +1,4 @@
-"""`caldera init BLUEPRINT [--name NAME] [--owner USER]`: install an agent (caldera.agents.blueprint)."""
+"""`caldera init BLUEPRINT [--name NAME] [--user ACCOUNT | --owner USER]`: install an agent."""
 from __future__ import annotations
 
 import json
@@ -16,15 +16,18 @@ if TYPE_CHECKING:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("blueprint", metavar="BLUEPRINT", help="a directory or .tar.gz with caldera.agent.yaml")
     parser.add_argument("--name", metavar="NAME", help="the agent's name (default: the manifest's name)")
+    parser.add_argument("--user", metavar="ACCOUNT",
+                        help="the account that runs an agent living in its home (default: the owner of an "
+                             "absolute runtime.workdir in its owner's home, else caldera)")
     parser.add_argument("--owner", metavar="USER",
-                        help="give the agent's files to USER (a container image's user) instead of the "
-                             "service user caldera: agent.env root:USER's group 0640, secrets.env USER 0600")
+                        help="a container image's user, who runs caldera itself: the agent's files become "
+                             "USER's (agent.env root:USER's group 0640, secrets.env USER 0600)")
     add_json_flag(parser)
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        result = install(args.blueprint, name=args.name, owner=args.owner)
+        result = install(args.blueprint, name=args.name, user=args.user, image_user=args.owner)
     except Refused as exc:
         return _emit(args, {"ok": False, "message": str(exc), "held": []}, EXIT_FAILED)
     return _emit(args, {"ok": True, "held": [], **result}, EXIT_OK)

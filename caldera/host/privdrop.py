@@ -7,6 +7,11 @@ outbox, the manifest cache, the adapter's own files) that the unit, running as
 state root belongs to the service user), the process switches to that user,
 its groups and its HOME before it opens anything. Elsewhere (a checkout, a
 test's temp dir, a host without the user) nothing changes.
+
+That user is the agent's account (SPEC section 11): `caldera` for an agent installed
+into its bundle, the owner for an agent that lives in a user's home. `caldera init`
+gives the agent's state dir to that account (and systemd's StateDirectory= keeps it
+so), so the state dir's owner says whom to become.
 """
 from __future__ import annotations
 
@@ -23,8 +28,13 @@ if TYPE_CHECKING:
 SERVICE_USER = "caldera"
 
 
-def service_user_for(state_root: StrPath, user: str = SERVICE_USER) -> pwd.struct_passwd | None:
-    """The passwd entry to switch to, or None when this process should stay as it is."""
+def service_user_for(state_root: StrPath, user: str = SERVICE_USER, agent: str | None = None
+                     ) -> pwd.struct_passwd | None:
+    """The passwd entry to switch to, or None when this process should stay as it is.
+
+    agent: the agent acted on; when its state dir belongs to another account than the
+    service user (a home agent), that account is the one to become.
+    """
     if os.geteuid() != 0:
         return None
     try:
@@ -35,7 +45,27 @@ def service_user_for(state_root: StrPath, user: str = SERVICE_USER) -> pwd.struc
         owner = os.stat(state_root).st_uid
     except OSError:
         return None
-    return entry if owner == entry.pw_uid and entry.pw_uid != 0 else None
+    if owner != entry.pw_uid or entry.pw_uid == 0:
+        return None
+    return _agent_account(state_root, agent) or entry
+
+
+def _agent_account(state_root: StrPath, agent: str | None) -> pwd.struct_passwd | None:
+    """The owner of the agent's state dir (without a name: of the only one) when that is
+    neither root nor unknown."""
+    if agent is None:
+        try:
+            names = [n for n in os.listdir(state_root) if not n.startswith(".")]
+        except OSError:
+            return None
+        agent = names[0] if len(names) == 1 else None
+    if not agent or "/" in agent or agent in (".", ".."):
+        return None
+    try:
+        uid = os.stat(os.path.join(state_root, agent)).st_uid
+        return pwd.getpwuid(uid) if uid != 0 else None
+    except (OSError, KeyError):
+        return None
 
 
 def become(entry: pwd.struct_passwd, environ: MutableMapping[str, str] = os.environ) -> None:

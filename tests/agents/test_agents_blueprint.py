@@ -134,3 +134,10 @@ def test_init_owner_refuses_an_unknown_user_and_a_foreign_one(tmp_path, caldera_
     assert main(["init", str(source), "--name", "ops", "--owner", "nobody"]) == 1
     assert "only root can give" in capsys.readouterr().err
     assert not (caldera_env / "etc" / "agents" / "ops").exists()
+
+
+def test_init_refuses_user_and_owner_together(tmp_path, caldera_env, capsys):
+    source = copy_example(tmp_path).parent
+    assert main(["init", str(source), "--name", "ops", "--user", "nobody", "--owner", "nobody"]) == 1
+    assert "--user and --owner: pick one" in capsys.readouterr().err
+    assert not (caldera_env / "etc" / "agents" / "ops").exists()

@@ -99,3 +99,49 @@ def test_every_probe_runs_after_an_earlier_failure(tmp_path):
     assert any("could not put max_7d back" in i["detail"] for i in by_check["settings set"])
     assert by_check["log --list"][0]["result"] == "not implemented"
     assert "log ../../etc/passwd" in by_check  # the name probes still ran
+
+
+def test_check_says_when_the_adapter_cannot_write_its_workdir(tmp_path, caldera_env, capsys, monkeypatch):
+    """Issue 23: a home agent run as the wrong account (or a read-only home) gets a sentence."""
+    from caldera.agents.adapter import invoke
+
+    paths = make_agent(tmp_path, "seed_minimal.py", extra=SEED_SETTINGS)
+    args = ["check", "--json", "--manifest", str(paths.manifest_path), "--state-dir", str(tmp_path / "s")]
+    assert main(args) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert not [c for c in body["checks"] if c["check"] == "workdir"]  # writable: nothing to say
+    real_open = invoke.os.open
+
+    def read_only(path, *a, **kw):
+        if ".caldera-check-" in str(path):
+            raise OSError(30, "Read-only file system", str(path))
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr(invoke.os, "open", read_only)
+    main(args)
+    body = json.loads(capsys.readouterr().out)
+    notes = [c for c in body["checks"] if c["check"] == "workdir"]
+    assert len(notes) == 1 and notes[0]["result"] == "note"
+    assert "the adapter could not write its working directory" in notes[0]["detail"]
+    assert "Read-only file system" in notes[0]["detail"]
+    assert not list((tmp_path / "work").glob(".caldera-check-*"))
+
+
+def test_an_unreachable_workdir_is_a_sentence_not_a_traceback(tmp_path, monkeypatch):
+    """Debian 13's adduser makes homes 0700: user caldera cannot even stat the checkout."""
+    from caldera.agents.adapter import invoke
+
+    real_stat = invoke.os.stat
+    home = tmp_path / "home" / "agent" / "task-agent"
+    home.mkdir(parents=True)
+
+    def denied(path, *a, **kw):
+        if str(path) == str(home):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_stat(path, *a, **kw)
+
+    monkeypatch.setattr(invoke.os, "stat", denied)
+    problem = invoke.workdir_problem(home)
+    assert problem and "out of reach of user" in problem and "caldera init --user ACCOUNT" in problem
+    assert invoke.workdir_problem(tmp_path / "missing").endswith("does not exist")
+    assert invoke.workdir_problem(tmp_path) is None

@@ -2,6 +2,7 @@
 and the plain checks agreeing with schemas/manifest.schema.json."""
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -83,7 +84,7 @@ def test_cache_skips_yaml_and_follows_changes(tmp_path):
     code = ("import sys; from caldera.agents.manifest import load_manifest;"
             f"m = load_manifest({str(path)!r}, cache_dir={str(cache)!r});"
             "print(m.version, 'yaml' in sys.modules)")
-    out = os.popen(f"{sys.executable} -c \"{code}\"").read().split()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["1", "False"]
     # Same size, new content: mtime (and inode) invalidate the entry.
     path.write_text(yaml.safe_dump(_doc(version="2")))

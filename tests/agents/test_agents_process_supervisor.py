@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import threading
+from pathlib import Path
 
 import pytest
 from process_helpers import alive, kill_quietly, make_process_agent, read_state, wait_for
@@ -169,6 +170,7 @@ def test_stop_group_kills_after_the_timeout_only(tmp_path):
         stubborn.stdout.readline()
         assert stop_group(stubborn.pid, signal.SIGTERM, 0.5, reap=stubborn.poll, tick=threading.Event()) is False
         assert stubborn.wait() == -signal.SIGKILL
+        stubborn.stdout.close()
     finally:
         kill_quietly(child.pid)
 
@@ -290,8 +292,8 @@ def test_instructions_and_mcp_and_what_a_revision_may_tell(tmp_path):
         env_file = paths.state_dir / "agent" / "env.json"
         wait_for(lambda: env_file.exists() and env_file.stat().st_size, "the agent's env dump")
         env = json.loads(env_file.read_text())
-        assert open(env["CALDERA_INSTRUCTIONS_FILE"]).read() == "Be brief.\n"
-        mcp = json.loads(open(env["CALDERA_MCP_CONFIG"]).read())["mcpServers"]
+        assert Path(env["CALDERA_INSTRUCTIONS_FILE"]).read_text() == "Be brief.\n"
+        mcp = json.loads(Path(env["CALDERA_MCP_CONFIG"]).read_text())["mcpServers"]
         assert mcp == {"files": {"command": ["npx", "fs-server"]}, "search": {"url": "https://search.example/mcp"}}
         refused = check_told(run.driver, {"mcp": {"files": {"command": ["sh", "-c", "evil"]},
                                                   "files2": {"command": ["x"]},
@@ -306,8 +308,8 @@ def test_instructions_and_mcp_and_what_a_revision_may_tell(tmp_path):
         wait_for(status.exists, "the status file")
         result = apply_told(run.driver, content)
         assert result == {"applied": ["instructions", "mcp"], "agent_told": True}
-        assert open(env["CALDERA_INSTRUCTIONS_FILE"]).read() == "Be thorough.\n"
-        mcp = json.loads(open(env["CALDERA_MCP_CONFIG"]).read())["mcpServers"]
+        assert Path(env["CALDERA_INSTRUCTIONS_FILE"]).read_text() == "Be thorough.\n"
+        mcp = json.loads(Path(env["CALDERA_MCP_CONFIG"]).read_text())["mcpServers"]
         assert mcp["search"] == {"url": "https://search2.example/mcp"}
         assert mcp["files"]["command"] == ["npx", "fs-server"]
         assert mcp["docs"] == {"url": "https://docs.example/mcp"}  # an added url server (trust.check_update allows it)

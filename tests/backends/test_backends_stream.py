@@ -168,3 +168,9 @@ def test_close_returns_while_a_process_outside_the_group_holds_stdout(tmp_path):
         assert "still held open by a process outside codex's group" in (tmp_path / "run.log").read_text()
     finally:
         os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    # The readers close() left behind end at the escaped process's death; their streams
+    # are closed here, not left to the garbage collector (a ResourceWarning, an error here).
+    for thread in server.threads:
+        thread.join(10)
+    server.proc.stdout.close()
+    server.proc.stderr.close()

@@ -32,7 +32,7 @@ def test_root_switches_only_where_the_service_user_owns_the_state_root(tmp_path,
 def test_root_state_verbs_switch_before_they_run(caldera_env, monkeypatch):
     install_agent(caldera_env)
     seen = []
-    monkeypatch.setattr(privdrop, "service_user_for", lambda root: _entry(4242))
+    monkeypatch.setattr(privdrop, "service_user_for", lambda root, agent=None: _entry(4242))
     monkeypatch.setattr(privdrop, "become", lambda entry: seen.append(entry.pw_uid))
     assert main(["pause", "--agent", "demo"]) == 0
     assert main(["init", "/nonexistent"]) != 0  # init writes /etc as root: no switch
@@ -44,7 +44,7 @@ def test_inside_an_instance_every_command_stays_the_images_user(caldera_env, mon
     root stays root: the platform's volume is the image user's, not the service user's."""
     install_agent(caldera_env)
     seen = []
-    monkeypatch.setattr(privdrop, "service_user_for", lambda root: _entry(4242))
+    monkeypatch.setattr(privdrop, "service_user_for", lambda root, agent=None: _entry(4242))
     monkeypatch.setattr(privdrop, "become", lambda entry: seen.append(entry.pw_uid))
     monkeypatch.delenv("CALDERA_STATE_DIR")
     monkeypatch.setenv("CLAWMANAGER_AGENT_PERSISTENT_DIR", str(tmp_path / "config"))
@@ -70,3 +70,43 @@ def test_a_permission_error_exits_2_naming_the_file(caldera_env, monkeypatch, ca
     err = capsys.readouterr().err
     assert f"{config / 'agent.env'}: permission denied for user" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_root_becomes_the_account_that_owns_the_agents_state_dir(tmp_path, monkeypatch):
+    """Issue 23: a home agent's state dir is its account's; root's verbs become that account,
+    a bundle agent's (the state dir caldera's, or root's) stay caldera's."""
+    (tmp_path / "home-agent").mkdir()
+    (tmp_path / "bundle-agent").mkdir()
+    uids = {str(tmp_path): 998, str(tmp_path / "home-agent"): 4242, str(tmp_path / "bundle-agent"): 998,
+            str(tmp_path / "rooted"): 0}
+    monkeypatch.setattr(privdrop.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(pwd, "getpwnam", lambda name: _entry(998))
+
+    def getpwuid(uid):
+        if uid == 4242:
+            return pwd.struct_passwd(("agent", "x", 4242, 4242, "", "/home/agent", "/bin/bash"))
+        if uid == 998:
+            return _entry(998)
+        raise KeyError(uid)
+
+    monkeypatch.setattr(pwd, "getpwuid", getpwuid)
+    monkeypatch.setattr(privdrop.os, "stat", lambda path: os.stat_result(
+        (0, 0, 0, 0, uids.get(str(path), 0), 0, 0, 0, 0, 0)) if str(path) in uids else (_ for _ in ()).throw(
+        FileNotFoundError(2, "No such file", str(path))))
+    assert privdrop.service_user_for(tmp_path, agent="home-agent").pw_name == "agent"
+    assert privdrop.service_user_for(tmp_path, agent="bundle-agent").pw_name == "caldera"
+    assert privdrop.service_user_for(tmp_path, agent="rooted").pw_name == "caldera"  # never root
+    assert privdrop.service_user_for(tmp_path, agent="missing").pw_name == "caldera"
+    assert privdrop.service_user_for(tmp_path, agent="../etc").pw_name == "caldera"
+    # Without --agent: the only agent installed decides; with two, the service user.
+    assert privdrop.service_user_for(tmp_path).pw_name == "caldera"
+    (tmp_path / "bundle-agent").rmdir()
+    assert privdrop.service_user_for(tmp_path).pw_name == "agent"
+
+
+def test_root_verbs_name_the_agent_to_privdrop(caldera_env, monkeypatch):
+    install_agent(caldera_env)
+    asked = []
+    monkeypatch.setattr(privdrop, "service_user_for", lambda root, agent=None: asked.append(agent))
+    assert main(["pause", "--agent", "demo"]) == 0
+    assert asked == ["demo"]

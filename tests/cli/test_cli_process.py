@@ -83,6 +83,7 @@ def test_the_example_under_caldera_run(caldera_env):
     finally:
         os.kill(runtime.pid, signal.SIGTERM)
         runtime.wait(60)
+        runtime.stderr.close()
     assert runtime.returncode == 0
     done = caldera("pause", "--agent", "inbox-watcher")
     assert done.returncode == 1 and "no caldera runtime is running" in done.stderr

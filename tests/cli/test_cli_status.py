@@ -136,6 +136,7 @@ def test_watch_without_a_terminal_prints_successive_blocks(caldera_env):
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0, proc.stderr.read()
     reader.join(10)
+    proc.stdout.close()
     text = b"".join(sink).decode()
     assert "\x1b" not in text  # no terminal codes in a log or a pipe
     blocks = [b for b in text.split("--- ")[1:]]
@@ -143,6 +144,7 @@ def test_watch_without_a_terminal_prints_successive_blocks(caldera_env):
         assert "agent demo: Ready (ok)" in block and "[#####...............]  25%" in block
         assert "connection: last heartbeat ok never" in block and "commands: none yet" in block
     assert "Traceback" not in proc.stderr.read().decode()
+    proc.stderr.close()
 
 
 def test_watch_on_a_terminal_redraws_in_place(caldera_env):
@@ -161,6 +163,7 @@ def test_watch_on_a_terminal_redraws_in_place(caldera_env):
         assert proc.wait(timeout=30) == 0
     reader.join(10)
     os.close(master)
+    proc.stderr.close()
     screen = b"".join(sink).decode()
     assert screen.startswith("\x1b[2J\x1b[H")  # cleared once, then each frame starts at home
     frame = screen.split("\x1b[H")[2]

@@ -178,3 +178,4 @@ def test_sigterm_drains_and_second_signal_cancels(caldera_env, plane):
         daemon.signal(signal.SIGTERM)
         assert daemon.proc.wait(30) == 0
     assert "stopped" in daemon.log()
+    daemon.stop()  # closes its stderr file (the process has exited)

@@ -1,6 +1,7 @@
 """A figure that cannot be read is left out, the sample says why, and nothing raises."""
 import os
 import shutil
+from pathlib import Path
 
 from sampler_helpers import HOST_AVAILABLE, HOST_TOTAL, copy_case, sampler_for, write
 
@@ -111,7 +112,7 @@ def test_a_bug_in_one_group_does_not_escape(tmp_path, monkeypatch):
 
 def test_recovers_when_the_file_is_fixed(tmp_path):
     root = copy_case(tmp_path, "v2_cpuset_narrow")
-    good = open(os.path.join(root, "sys/fs/cgroup/job/memory.max")).read()
+    good = Path(root, "sys/fs/cgroup/job/memory.max").read_text()
     write(root, "sys/fs/cgroup/job/memory.max", "lots\n")
     sampler = sampler_for(root)
     assert sampler.sample().metrics_collector == "degraded"
@@ -143,7 +144,7 @@ def test_nested_path_without_mountinfo_finds_the_existing_suffix(tmp_path):
     # host path /kubepods.slice/…/ctr.scope/app; the mount shows the container: app exists in it
     root = copy_case(tmp_path, "container_nested")
     os.unlink(os.path.join(root, "proc/self/mountinfo"))
-    text = open(os.path.join(root, "proc/self/cgroup")).read().strip()
+    text = Path(root, "proc/self/cgroup").read_text().strip()
     write(root, "proc/self/cgroup", text + "/app\n")
     write(root, "sys/fs/cgroup/app/memory.max", "134217728\n")
     write(root, "sys/fs/cgroup/app/memory.current", "0\n")

@@ -26,8 +26,9 @@ def interval(manifest: Manifest) -> int:
 
 def check(manifest: Manifest, *, cancel: threading.Event | None = None) -> dict[str, Any]:
     """One run of the health check -> {name, level: ok|bad, reason}."""
-    if not manifest.workdir.is_dir():
-        return {"name": NAME, "level": "bad", "reason": f"the adapter's workdir {manifest.workdir} does not exist"}
+    problem = invoke.workdir_problem(manifest.workdir)
+    if problem:
+        return {"name": NAME, "level": "bad", "reason": problem}
     result = invoke.run_health(manifest, cancel=cancel)
     failure = result.failure()
     said = _first_line(result.stdout) or _first_line(result.stderr)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import stat
 import threading
 
 from caldera import TYPE_CHECKING
@@ -31,6 +32,7 @@ from caldera.host.jsonlimits import scrub
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
+    from pathlib import Path
 
     from caldera.agents.manifest import Manifest
 
@@ -94,14 +96,55 @@ def call(manifest: Manifest, verb_name: str, args: Sequence[str] = (), *, cancel
     verb = verb or VERBS[verb_name]
     argv = [*manifest.command, *verb.words, *args]
     answer = Answer(verb=verb_name, kind=FAILED)
-    if not manifest.workdir.is_dir():
-        answer.reason = f"the adapter's workdir {manifest.workdir} does not exist"
+    problem = workdir_problem(manifest.workdir)
+    if problem:
+        answer.reason = problem
         return answer
     result = proc.run(argv, env=adapter_env(manifest.name, verb_name, environ),
                       timeout=timeout_for(manifest, verb), stdout_cap=verb.stdout_cap,
                       cwd=str(manifest.workdir), keep_tail=verb.mode == "text",
                       cancel=cancel, grace=GRACE_SECONDS)
     return interpret(verb_name, verb, result, answer)
+
+
+def _user() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return f"uid {os.geteuid()}"
+
+
+def workdir_problem(workdir: Path) -> str | None:
+    """Why the adapter cannot run in its workdir, as a sentence (None: it can). A home that
+    user `caldera` may not enter (Debian 13's adduser makes homes 0700) is said so, never a traceback."""
+    try:
+        st = os.stat(workdir)
+    except FileNotFoundError:
+        return f"the adapter's workdir {workdir} does not exist"
+    except PermissionError:
+        return (f"the adapter's workdir {workdir} is out of reach of user {_user()} (permission denied): an agent "
+                "that lives in a user's home runs as that account (caldera init --user ACCOUNT, docs/adapter.md)")
+    except OSError as exc:
+        return f"the adapter's workdir {workdir}: {exc.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"the adapter's workdir {workdir} is not a directory"
+    if not os.access(workdir, os.X_OK):
+        return (f"the adapter's workdir {workdir} cannot be entered by user {_user()} (permission denied): an agent "
+                "that lives in a user's home runs as that account (caldera init --user ACCOUNT, docs/adapter.md)")
+    return None
+
+
+def writable_problem(workdir: Path) -> str | None:
+    """Whether this user can create a file in the workdir, as the adapter would (None: it can)."""
+    probe = os.path.join(workdir, f".caldera-check-{os.getpid()}")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        return (f"the adapter could not write its working directory {workdir} as user {_user()} "
+                f"({exc.strerror}): an adapter that keeps its state there fails every verb that writes")
+    os.close(fd)
+    os.unlink(probe)
+    return None
 
 
 def interpret(verb_name: str, verb: Verb, result: proc.ProcResult, answer: Answer) -> Answer:
