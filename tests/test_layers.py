@@ -99,3 +99,14 @@ def test_the_shared_agent_modules_import_no_mode():
              for target, _ in imports(PACKAGE / "agents" / f"{name}.py")
              if target.startswith("caldera.agents.") and target.split(".")[2] not in shared]
     assert wrong == []
+
+
+def test_nothing_in_caldera_probes_with_hasattr():
+    """A driver is asked through its declared interface (agents/driver.py: `AgentDriver`, and
+    `as_process_driver` for what only process mode has), never probed for an attribute; no other
+    `hasattr` remains in the package either, so the rule is simply: none."""
+    wrong = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+             for path in sorted(PACKAGE.rglob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"]
+    assert wrong == []
