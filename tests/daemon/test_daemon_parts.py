@@ -75,6 +75,39 @@ def test_final_report_after_sigterm_says_stopping(parts):
     assert json.loads(call.request.body)["runtime"]["runtime_status"] == "stopping"
 
 
+@responses.activate
+def test_final_report_asks_the_declared_interface_not_an_attribute(parts):
+    """Only a ProcessDriver gets a fresh section at the stop; an adapter-mode driver that
+    happens to have a `supervise` attribute is not mistaken for one."""
+    class LooksSupervised(RunningDriver):
+        supervise = None
+        asked = 0
+
+        def report_section(self):
+            self.asked += 1
+            return super().report_section()
+
+    driver = LooksSupervised()
+    parts.current.replace(driver=driver)
+    parts.reports.section()  # the last report's section, which the final report repeats
+    responses.add(responses.POST, API + "/register", json={"success": True, "data": {"session_token": "agt_sess_x1"}})
+    responses.add(responses.POST, API + "/state/report", json={"success": True})
+    daemon_run._final_flush(parts, __import__("time").monotonic() + 10)
+    assert driver.asked == 1  # not asked again at the stop
+
+
+def test_current_replace_takes_only_its_three_parts(parts):
+    settings = parts.current.settings
+    parts.current.replace(manifest=None, driver=RunningDriver())
+    assert parts.current.settings is settings and parts.current.manifest is None  # not given: kept
+    parts.current.replace(driver=None)
+    assert parts.current.driver is None and parts.current.settings is settings  # None is a value
+    with pytest.raises(TypeError):
+        parts.current.replace(drvier=None)  # a typo is refused, never set beside the real one
+    with pytest.raises(AttributeError):
+        parts.current.drvier = None  # slots: no attribute appears by accident
+
+
 def test_protocol_errors_are_kinds_of_the_one_taxonomy():
     assert isinstance(api.Retryable(503, "down", 7), errors.Retryable)
     assert isinstance(api.Forbidden(403, "no"), errors.Refused)
