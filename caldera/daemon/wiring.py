@@ -173,7 +173,7 @@ def _process_driver(parts: Parts, manifest: Manifest, supervise: bool) -> Proces
     # deferred: an adapter-mode daemon never loads process mode (docs/performance.md, section 2)
     from caldera.agents.process.driver import open_process_driver
 
-    return open_process_driver(parts.paths, manifest, store=parts.state, redactor=parts.redactor,
+    return open_process_driver(parts.paths, manifest, state=parts.state, redactor=parts.redactor,
                                report_interval=parts.current.settings.report_interval, supervise=supervise,
                                report_now=parts.wake.report_now)
 
