@@ -46,6 +46,33 @@ def test_desired_revision_after_close_is_not_lost_for_the_next_try(parts):
     assert 42 not in lanes._desired_seen  # a later runtime (or a reopened lane) sees it again
 
 
+def test_an_unusable_desired_revision_is_ignored_with_one_line(parts, caplog):
+    """A list or an object as desired_config_revision_id (unhashable) used to raise in the
+    lanes' seen-set at every heartbeat; a numeric string is the revision it spells."""
+    from caldera.daemon.heartbeat import send_heartbeat
+
+    answers = []
+
+    class Plane:
+        def heartbeat(self, body):
+            return {"desired_config_revision_id": answers.pop(0)}
+
+    seen = set()  # as Lanes.desired_revision keeps them: hashed
+    answers += [["unusable", 1], ["unusable", 1], {"id": 3}, "7", 8, True, "-1"]
+    for _ in range(len(answers)):
+        send_heartbeat(Plane(), parts.reports, parts.state, parts.wake, seen.add)
+    assert seen == {7, 8}
+    lines = [r.getMessage() for r in caplog.records if "desired_config_revision_id" in r.getMessage()]
+    assert lines == ["ignoring the heartbeat's desired_config_revision_id ['unusable', 1]: not a revision id",
+                     "ignoring the heartbeat's desired_config_revision_id {'id': 3}: not a revision id",
+                     "ignoring the heartbeat's desired_config_revision_id True: not a revision id",
+                     "ignoring the heartbeat's desired_config_revision_id '-1': not a revision id"]
+    parts.state.set("current_config_revision_id", 9)
+    answers += ["9"]
+    send_heartbeat(Plane(), parts.reports, parts.state, parts.wake, seen.add)
+    assert 9 not in seen  # the one in effect, though spelled as a string
+
+
 @responses.activate
 def test_drop_counters_reach_the_report_health_and_state_json(parts):
     parts.outbox.max_items = 1
