@@ -110,3 +110,17 @@ def test_nothing_in_caldera_probes_with_hasattr():
              for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"]
     assert wrong == []
+
+
+def test_the_architecture_table_names_every_module_of_the_layers_it_lists():
+    """daemon/, agents/, protocol/ and host/ list their modules one by one in the layer table
+    (docs/architecture.md); a module added there is named there too (skills/, backends/ and
+    plane/ describe what they own instead)."""
+    import re
+
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `(\w+)/` \|([^\n]*)", doc, re.M))
+    missing = [f"{layer}/{path.name}" for layer in ("daemon", "agents", "protocol", "host")
+               for path in sorted((PACKAGE / layer).glob("*.py"))
+               if path.stem != "__init__" and f"`{path.stem}`" not in rows[layer]]
+    assert missing == []

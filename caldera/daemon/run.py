@@ -293,7 +293,7 @@ def arm_exit_guard(seconds: float = EXIT_GUARD) -> threading.Timer:
         os._exit(0)
 
     timer = threading.Timer(seconds, fire)
-    timer.daemon = True
+    timer.daemon, timer.name = True, "exit-guard"
     timer.start()
     return timer
 
