@@ -112,3 +112,28 @@ def test_typing_constant_is_defined_once():
               if p != PACKAGE / "__init__.py" and defines_it(p)]
     assert copies == []
     assert defines_it(PACKAGE / "__init__.py")
+
+
+def test_nothing_in_caldera_probes_with_hasattr():
+    """A driver is asked through its declared interface (agents/driver.py: `AgentDriver`, and
+    `as_process_driver` for what only process mode has), never probed for an attribute; no other
+    `hasattr` remains in the package either, so the rule is simply: none."""
+    wrong = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+             for path in sorted(PACKAGE.rglob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"]
+    assert wrong == []
+
+
+def test_the_architecture_table_names_every_module_of_the_layers_it_lists():
+    """daemon/, agents/, protocol/ and host/ list their modules one by one in the layer table
+    (docs/architecture.md); a module added there is named there too (skills/, backends/ and
+    plane/ describe what they own instead)."""
+    import re
+
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `(\w+)/` \|([^\n]*)", doc, re.M))
+    missing = [f"{layer}/{path.name}" for layer in ("daemon", "agents", "protocol", "host")
+               for path in sorted((PACKAGE / layer).glob("*.py"))
+               if path.stem != "__init__" and f"`{path.stem}`" not in rows[layer]]
+    assert missing == []

@@ -83,12 +83,25 @@ class Manifest:
     # blueprint update over it (caldera.agents.updates).
     update: dict[str, Any] | None
 
-    def __init__(self, **fields: Any) -> None:
-        fields.setdefault("update", None)
-        for name in self.__slots__:
-            setattr(self, name, fields.pop(name))
-        if fields:
-            raise TypeError(f"unknown Manifest fields: {', '.join(fields)}")
+    def __init__(self, *, path: Path, doc: dict[str, Any], name: str, version: str | None, runtime_type: str,
+                 command: tuple[str, ...], workdir: Path, timeout_seconds: int | None,
+                 settings_schema: tuple[dict[str, Any], ...], settings_defaults: dict[str, Any],
+                 controls: tuple[str, ...] | None, health: dict[str, Any] | None, account: bool,
+                 update: dict[str, Any] | None = None) -> None:
+        self.path = path
+        self.doc = doc
+        self.name = name
+        self.version = version
+        self.runtime_type = runtime_type
+        self.command = command
+        self.workdir = workdir
+        self.timeout_seconds = timeout_seconds
+        self.settings_schema = settings_schema
+        self.settings_defaults = settings_defaults
+        self.controls = controls
+        self.health = health
+        self.account = account
+        self.update = update
 
     def __repr__(self) -> str:
         return f"Manifest({self.name!r}, {self.runtime_type}, {str(self.path)!r})"

@@ -24,9 +24,7 @@ from typing import Any
 from caldera import config
 from caldera.backends import base, events
 from caldera.backends import runlog as runlog_mod
-
-# re-exported: the daemon builds ActiveRuns from the light registry (see there)
-from caldera.backends.registry import ActiveRuns, Refused  # noqa: F401
+from caldera.backends.registry import ActiveRuns, Refused
 from caldera.errors import ConfigError
 
 DEFAULT_TIMEOUT_SECONDS = 600

@@ -113,7 +113,7 @@ def _process_status(paths: AgentPaths, manifest: Manifest) -> dict[str, Any]:
     from caldera.host.statefile import StateFile
     from caldera.redact import Redactor
 
-    driver = open_process_driver(paths, manifest, store=StateFile(paths.state_dir / "state.json"),
+    driver = open_process_driver(paths, manifest, state=StateFile(paths.state_dir / "state.json"),
                                  redactor=Redactor(), supervise=False)
     body, info = driver.status_body()
     return {"body": body, "process": info}

@@ -128,3 +128,44 @@ def resolve(command_type: str) -> Handler:
 
 def schema_name(command_type: str) -> str:
     return f"commands/{command_type}.schema.json"
+
+
+if TYPE_CHECKING:
+    # Never runs: `resolve` imports a handler by its HANDLERS string, which mypy cannot
+    # follow, so this table names every handler once more for mypy to check against
+    # `Handler`. tests/daemon/test_daemon_dispatch.py keeps it equal to HANDLERS.
+    from caldera.agents import revisions
+    from caldera.agents.adapter import commands as adapter_commands
+    from caldera.agents.process import commands as process_commands
+    from caldera.backends import commands as backend_commands
+    from caldera.daemon import builtin
+    from caldera.skills import commands as skill_commands
+
+    _CHECKED: dict[str, Handler] = {
+        "collect_system_info": builtin.collect_system_info,
+        "health_check": builtin.health_check,
+        "pause": adapter_commands.pause,
+        "resume": adapter_commands.resume,
+        "run_now": adapter_commands.run_now,
+        "settings_get": adapter_commands.settings_get,
+        "settings_set": adapter_commands.settings_set,
+        "log_list": adapter_commands.log_list,
+        "log_get": adapter_commands.log_get,
+        "start_openclaw": process_commands.start_openclaw,
+        "stop_openclaw": process_commands.stop_openclaw,
+        "restart_openclaw": process_commands.restart_openclaw,
+        "sync_skill_inventory": skill_commands.sync_skill_inventory,
+        "refresh_skill_inventory": skill_commands.refresh_skill_inventory,
+        "collect_skill_package": skill_commands.collect_skill_package,
+        "install_skill": skill_commands.install_skill,
+        "update_skill": skill_commands.update_skill,
+        "uninstall_skill": skill_commands.uninstall_skill,
+        "remove_skill": skill_commands.remove_skill,
+        "disable_skill": skill_commands.disable_skill,
+        "quarantine_skill": skill_commands.quarantine_skill,
+        "handle_skill_risk": skill_commands.handle_skill_risk,
+        "apply_config_revision": revisions.apply_config_revision,
+        "reload_config": revisions.reload_config,
+        "agent_run": backend_commands.agent_run,
+        "agent_interrupt": backend_commands.agent_interrupt,
+    }

@@ -60,8 +60,11 @@ class Executor:
     # ------------------------------------------------------------ journal
 
     def journal_fetched(self, command: Command) -> None:
-        """Journal the command as the plane sent it (`raw`): recovery parses it again."""
+        """Journal the command as the plane sent it (`raw`), and what the fetch found
+        (`too_large`) beside it: recovery parses it again."""
         entry = {"phase": "fetched", "command": command.raw, "fetched_at": rfc3339()}
+        if command.too_large is not None:
+            entry["too_large"] = command.too_large
         self.state.update(JOURNAL_KEY, lambda j: {**(j or {}), command.key: entry})
         self._announce(command)
 
@@ -190,8 +193,9 @@ def _journaled(key: str, entry: Any) -> Command:
     """A journal entry's command, parsed again; one that no longer parses (an entry this
     version did not write) is still named by its key, so that it is settled, never lost."""
     raw = entry.get("command") if isinstance(entry, dict) else None
+    too_large = entry.get("too_large") if isinstance(entry, dict) else None
     try:
-        return parse_command(raw or {"id": key})
+        return parse_command(raw or {"id": key}, too_large=str(too_large) if too_large is not None else None)
     except MalformedCommand:
         return parse_command({"id": key})
 

@@ -66,19 +66,39 @@ class ConnectionStatus:
 
 
 def send_heartbeat(client: ControlPlaneClient, reports: Reports, state: StateFile, wake: Wakeups,
-                   on_desired: Callable[[Any], None]) -> dict[str, Any]:
+                   on_desired: Callable[[int], None]) -> dict[str, Any]:
     """One heartbeat; returns the response data and acts on its hints."""
     data = client.heartbeat(reports.heartbeat()) or {}
     if data.get("has_pending_command"):
         wake.poll.set()
-    desired = data.get("desired_config_revision_id")
+    desired = desired_revision(data.get("desired_config_revision_id"))
     if desired is not None and desired != state.get(REVISION_KEY):
         on_desired(desired)
     return data
 
 
+_last_unusable: list[str] = []  # the unusable desired_config_revision_id last logged (the heartbeat thread's)
+
+
+def desired_revision(value: object) -> int | None:
+    """The heartbeat's desired_config_revision_id as a revision id (a whole number >= 1, or
+    its digits as a string, as state.json keeps the current one), or None: none named, or
+    one that is unusable (a list, an object, a boolean, ...), logged once while it repeats."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit() and int(value) >= 1:
+        return int(value)
+    shown = repr(value)[:200]
+    if _last_unusable != [shown]:
+        _last_unusable[:] = [shown]
+        log.warning("ignoring the heartbeat's desired_config_revision_id %s: not a revision id", shown)
+    return None
+
+
 def heartbeat_loop(client: ControlPlaneClient, auth: Auth, reports: Reports, status: ConnectionStatus, wake: Wakeups,
-                   live: LiveStatus, on_desired: Callable[[Any], None]) -> None:
+                   live: LiveStatus, on_desired: Callable[[int], None]) -> None:
     backoff = Backoff()
     while not wake.stop.is_set():
         live.tick("heartbeat")

@@ -101,7 +101,7 @@ class Lanes:
             self._pending[lane] += 1  # counted from now, so the poller waits
             self._queues[lane].put(command)
 
-    def desired_revision(self, revision_id: Any) -> None:
+    def desired_revision(self, revision_id: int) -> None:
         """The heartbeat names a config revision we do not run: apply it (once per id)."""
         if revision_id in self._desired_seen:
             return

@@ -29,13 +29,13 @@ DEFAULT_INTERVAL = 5.0
 def fetch_one(client: ControlPlaneClient, executor: Executor) -> Command | None:
     """Fetch the next command, parse it and journal it; None when there is none, or when
     it cannot be named (then it can be neither started nor finished: it is logged)."""
-    raw = client.next_command()
+    raw, too_large = client.next_command()
     if not raw:
         return None
     try:
-        command = parse_command(raw)
+        command = parse_command(raw, too_large=too_large)
     except MalformedCommand as exc:
-        log.error("control plane sent %s: %r", exc, executor.redactor(raw))
+        log.error("control plane sent an unusable command (%s): %r", exc, executor.redactor(raw))
         return None
     executor.journal_fetched(command)
     log.info("command %s (%s) received", command.id, command.type)

@@ -108,5 +108,5 @@ def _run_commands(parts: Parts, client: ControlPlaneClient, executor: Executor, 
     return ran
 
 
-def _ignore_desired(revision_id: Any) -> None:
+def _ignore_desired(revision_id: int) -> None:
     """A one-shot run applies no revision from a heartbeat hint: the plane sends the command."""

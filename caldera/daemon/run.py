@@ -266,7 +266,7 @@ def _final_flush(parts: Parts, stop_by: float) -> None:
     except Exception as exc:  # noqa: BLE001 -- kept in the outbox for next time
         log.warning("outbox not flushed before stop (%d kept): %s", parts.outbox.depth(), parts.redactor(str(exc)))
     try:
-        if hasattr(parts.current.driver, "supervise"):
+        if as_process_driver(parts.current.driver) is not None:
             # Process mode: the agent was stopped first, so the final report says so (stopped, no
             # pid) rather than repeating its last running section. (Adapter mode keeps the cached
             # section: its status verb is a subprocess, and the stop does not wait for one.)
@@ -293,7 +293,7 @@ def arm_exit_guard(seconds: float = EXIT_GUARD) -> threading.Timer:
         os._exit(0)
 
     timer = threading.Timer(seconds, fire)
-    timer.daemon = True
+    timer.daemon, timer.name = True, "exit-guard"
     timer.start()
     return timer
 

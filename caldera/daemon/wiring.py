@@ -46,7 +46,19 @@ SUBPROCESS_WORKERS = 4
 STATE_SUBDIRS = ("logs", "cache", "skills", "runs")
 
 
-@dataclass(eq=False)
+class _Unchanged:
+    """`Current.replace`'s default: the part is not replaced (None is a value there)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+UNCHANGED = _Unchanged()
+
+
+@dataclass(eq=False, slots=True)
 class Current:
     """What may be replaced while the daemon runs (`reload_config`, a blueprint update):
     the settings, the manifest and the driver built from it. Readers take the value
@@ -57,11 +69,18 @@ class Current:
     driver: AgentDriver | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def replace(self, **values: Settings | Manifest | AgentDriver | None) -> None:
-        """settings=, manifest=, driver=: each replaced at once, under the lock."""
+    def replace(self, *, settings: Settings | _Unchanged = UNCHANGED,
+                manifest: Manifest | None | _Unchanged = UNCHANGED,
+                driver: AgentDriver | None | _Unchanged = UNCHANGED) -> None:
+        """Each one given replaced at once, under the lock (None is a value: no manifest, no
+        driver; a name not given stays as it is)."""
         with self._lock:
-            for name, value in values.items():
-                setattr(self, name, value)
+            if not isinstance(settings, _Unchanged):
+                self.settings = settings
+            if not isinstance(manifest, _Unchanged):
+                self.manifest = manifest
+            if not isinstance(driver, _Unchanged):
+                self.driver = driver
 
 
 @dataclass(frozen=True, eq=False)
@@ -154,7 +173,7 @@ def _process_driver(parts: Parts, manifest: Manifest, supervise: bool) -> Proces
     # deferred: an adapter-mode daemon never loads process mode (docs/performance.md, section 2)
     from caldera.agents.process.driver import open_process_driver
 
-    return open_process_driver(parts.paths, manifest, store=parts.state, redactor=parts.redactor,
+    return open_process_driver(parts.paths, manifest, state=parts.state, redactor=parts.redactor,
                                report_interval=parts.current.settings.report_interval, supervise=supervise,
                                report_now=parts.wake.report_now)
 

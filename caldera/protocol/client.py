@@ -509,10 +509,12 @@ class ControlPlaneClient:
     def state_report(self, body: dict[str, Any]) -> Any:
         return self._call("POST", "/state/report", body)
 
-    def next_command(self) -> Any:
+    def next_command(self) -> tuple[Any, str | None]:
         """The next command as the plane sent it (untrusted: `protocol.command.parse_command`
-        reads it), or None; over NEXT_CAP, a stub naming it (`payload_too_large`) so that it
-        is finished failed instead of lost (the server hands a command out once)."""
+        reads it), or None; and, when the answer was over NEXT_CAP, why it was not read in
+        full ("over N bytes"; None otherwise). Then the command is only its head (id, type),
+        so that it is finished failed instead of lost (the server hands a command out once).
+        The second value is this client's finding, never a field of the plane's object."""
         try:
             data = self._call("GET", "/commands/next", cap=NEXT_CAP)
         except TooLarge as exc:
@@ -520,10 +522,10 @@ class ControlPlaneClient:
             if head.get("id") is None:
                 raise Invalid(exc.status, f"commands/next answer over {NEXT_CAP} bytes, and no command id in "
                                           f"its first {len(exc.head)} bytes: the command cannot be named") from None
-            return {**head, "payload_too_large": f"over {NEXT_CAP} bytes"}
+            return head, f"over {NEXT_CAP} bytes"
         if isinstance(data, dict) and "command" in data:
-            return data["command"]
-        return data or None  # a bare command object, or nothing
+            return data["command"], None
+        return data or None, None  # a bare command object, or nothing
 
     def start_command(self, command_id: Any, body: dict[str, Any]) -> Any:
         return self._call("POST", f"/commands/{path_value(command_id, 'command id')}/start", body)

@@ -35,6 +35,7 @@ class Command:
     run_id: str | None = None  # the payload's run_id (agent_run, agent_interrupt)
     refusal: str | None = None  # why it may not run: the error message it is finished with
     local: bool = False  # the runtime gave it itself (a desired config revision): no journal, start or finish
+    too_large: str | None = None  # the fetch read only the answer's head ("over N bytes"); journaled with raw
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -43,9 +44,11 @@ class Command:
         return str(self.id)
 
 
-def parse_command(raw: Any, *, local: bool = False) -> Command:
+def parse_command(raw: Any, *, local: bool = False, too_large: str | None = None) -> Command:
     """The plane's command object as a Command; MalformedCommand (a sentence) when it
-    cannot be named. `local` is never read from the plane's object."""
+    cannot be named. `local` and `too_large` (the fetch read only the answer's head:
+    `ControlPlaneClient.next_command` says so, then the journal) are never read from the
+    plane's object, so a plane cannot forge them."""
     if not isinstance(raw, dict):
         raise MalformedCommand(f"a command must be a JSON object, not {type(raw).__name__}")
     cid = raw.get("id")
@@ -56,19 +59,24 @@ def parse_command(raw: Any, *, local: bool = False) -> Command:
     ctype = str(raw.get("command_type") or "")
     payload = raw.get("payload")
     refusal = None
-    if raw.get("payload_too_large"):  # only the answer's head was read (client.next_command)
-        refusal = f"payload too large: the command's answer was {raw['payload_too_large']}"
+    if too_large is not None:
+        refusal = f"payload too large: the command's answer was {too_large}"
     elif payload is not None and not isinstance(payload, dict):
         refusal = f"invalid payload for {ctype}: must be a JSON object"
     payload = payload if isinstance(payload, dict) else {}
     run_id = payload.get("run_id")
     return Command(id=cid, type=ctype, payload=payload, timeout_seconds=_timeout(raw.get("timeout_seconds")),
-                   run_id=run_id if isinstance(run_id, str) else None, refusal=refusal, local=local, raw=raw)
+                   run_id=run_id if isinstance(run_id, str) else None, refusal=refusal, local=local,
+                   too_large=too_large, raw=raw)
 
 
 def _timeout(value: Any) -> float:
-    """The plane's timeout in seconds; the default for none, nonsense or <= 0. A larger one
-    than a thread's wait can take (threading.TIMEOUT_MAX, about 292 years) is cut to it."""
+    """The plane's timeout in seconds; the default for none, nonsense or <= 0. A boolean is
+    nonsense too (JSON's `true` is no number of seconds, though Python's float(True) is 1.0).
+    A larger one than a thread's wait can take (threading.TIMEOUT_MAX, about 292 years) is
+    cut to it."""
+    if isinstance(value, bool):
+        return DEFAULT_TIMEOUT_SECONDS
     try:
         seconds = float(value)
     except (TypeError, ValueError, OverflowError):

@@ -72,7 +72,7 @@ class Watches:
     def watch(self, seconds: float) -> Iterator[Watch]:
         watch = Watch()
         timer = threading.Timer(max(0.0, seconds), watch.fire, args=("deadline",))
-        timer.daemon = True
+        timer.daemon, timer.name = True, "request-deadline"  # named for a stack dump (docs/architecture.md)
         self._local.watch = watch
         with self._lock:
             self._active.add(watch)

@@ -8,11 +8,12 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from caldera import config
+from caldera import TYPE_CHECKING, config
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from jsonschema.protocols import Validator
 
 _CANDIDATES = (

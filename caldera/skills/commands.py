@@ -36,7 +36,7 @@ def _state_dir(ctx: CommandContext) -> Path:
 
 
 def _env(ctx: CommandContext) -> dict[str, str]:
-    return getattr(ctx.settings, "env", None) or {}
+    return ctx.settings.env
 
 
 def _client(ctx: CommandContext) -> ControlPlaneClient:

@@ -212,3 +212,14 @@ def test_an_unanswered_status_is_never_reused(tmp_path, pool):
     (workdir(paths) / "recorder.py").write_text(
         'import json; print(json.dumps({"state": {"level": "ok", "label": "Back"}}))\n')
     assert driver.report_section()["health"]["adapter"] == "ok"  # asked again at once
+
+
+def test_the_two_openers_name_the_state_file_alike():
+    import inspect
+
+    from caldera.agents.process.driver import open_process_driver
+
+    adapter = inspect.signature(open_adapter_driver).parameters
+    process = inspect.signature(open_process_driver).parameters
+    assert {"state", "redactor"} <= adapter.keys() & process.keys()
+    assert "store" not in process

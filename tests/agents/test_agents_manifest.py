@@ -201,3 +201,15 @@ def test_the_example_manifest_is_valid():
     manifest = load_manifest(EXAMPLE / "caldera.agent.yaml", validate_schema=True)
     assert manifest.workdir == EXAMPLE.resolve()
     assert setting(manifest, "max_7d")["max"] == 1.0
+
+
+def test_the_manifest_takes_each_field_by_name():
+    """A plain class with __slots__ (the quick verbs' import budget), its fields typed keyword
+    parameters: mypy checks `build`'s call, and every slot is a parameter."""
+    import inspect
+
+    from caldera.agents.manifest import Manifest
+
+    params = inspect.signature(Manifest.__init__).parameters
+    assert [name for name in params if name != "self"] == list(Manifest.__slots__)
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for name, p in params.items() if name != "self")

@@ -27,7 +27,7 @@ class Running:
         self.paths = paths
         self.store = StateFile(paths.state_dir / "state.json")
         self.redactor = Redactor(["s3cret-value"])
-        self.driver = open_process_driver(paths, load_manifest(paths.manifest_path), store=self.store,
+        self.driver = open_process_driver(paths, load_manifest(paths.manifest_path), state=self.store,
                                           redactor=self.redactor, report_interval=5.0,
                                           environ=environ if environ is not None else {"TZ": "UTC"})
         if policy is not None:
@@ -230,7 +230,7 @@ def test_after_kill_9_of_the_runtime_the_survivor_is_stopped_never_doubled(tmp_p
             "from pathlib import Path\n"
             "c, m, s = map(Path, sys.argv[1:4])\n"
             "p = AgentPaths('fake', c, m, s)\n"
-            "d = open_process_driver(p, load_manifest(m), store=StateFile(s / 'state.json'), redactor=Redactor(),\n"
+            "d = open_process_driver(p, load_manifest(m), state=StateFile(s / 'state.json'), redactor=Redactor(),\n"
             "                        environ={})\n"
             "d.supervise(threading.Event())\n")
     runtime = subprocess.Popen([sys.executable, "-c", code, str(paths.config_dir), str(paths.manifest_path),

@@ -40,8 +40,18 @@ BUDGETS = {
     "pause": DEPENDENCIES + ("typing", "dataclasses", "inspect", "logging", "shutil", "tempfile",
                              "caldera.daemon", "caldera.protocol", "caldera.backends", "caldera.plane",
                              "caldera.skills", "caldera.agents.process"),
-    "status": DEPENDENCIES + ("shutil", "tempfile", "caldera.daemon", "caldera.backends", "caldera.plane",
+    "status": DEPENDENCIES + ("typing", "shutil", "tempfile", "caldera.daemon", "caldera.backends", "caldera.plane",
                               "caldera.skills", "caldera.agents.process"),
+    # Process mode, the daemon down: the verb finds no control socket and says so (exit 1).
+    # Only the socket's client side is loaded (agents/process/control.py defers `logging`
+    # to the daemon's side); the driver and the supervisor never are.
+    "pause (process)": DEPENDENCIES + ("typing", "dataclasses", "inspect", "logging", "shutil", "tempfile",
+                                       "caldera.daemon", "caldera.protocol", "caldera.backends", "caldera.plane",
+                                       "caldera.skills", "caldera.agents.process.driver",
+                                       "caldera.agents.process.supervisor"),
+    # Process mode: status reads state.json and /proc through a driver that only reports.
+    "status (process)": DEPENDENCIES + ("typing", "shutil", "tempfile", "caldera.daemon", "caldera.backends",
+                                        "caldera.plane", "caldera.skills"),
     "report --once": ("jsonschema", "yaml", "ctypes", "caldera.backends.base", "caldera.backends.service",
                       "caldera.backends.codex", "caldera.plane", "caldera.agents.process", "caldera.daemon.run",
                       "caldera.skills.watcher", "tomllib", "sqlite3", "netrc"),
@@ -49,6 +59,8 @@ BUDGETS = {
 }
 # The 100 commands of bench/bench_runtime.py, in kind: their payload schemas assert only an object.
 DAEMON_COMMANDS = ("pause", "resume", "settings_get", "collect_system_info", "health_check")
+# A process-mode agent the tests never start: its verbs run with the daemon down.
+PROCESS_MANIFEST = "name: worker\nruntime:\n  type: process\n  command: [python3, agent.py]\nstatus: status.json\n"
 PROBE = ("import json, sys\nfrom caldera.cli import main\ncode = main(sys.argv[2:])\n"
          "with open(sys.argv[1], 'w') as fh:\n    json.dump({'code': code, 'modules': sorted(sys.modules)}, fh)\n")
 
@@ -65,9 +77,11 @@ def host(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CALDERA_CONFIG_DIR", env["CALDERA_CONFIG_DIR"])
         install_agent(root, base_url=plane.url, instance_id=INSTANCE)
-    # The manifest cache warm, as any call after the first finds it (the first parses the YAML).
-    subprocess.run([sys.executable, "-m", "caldera.cli", "status", "--agent", "demo"], env=env,
-                   capture_output=True, timeout=60, check=True)
+        install_agent(root, name="worker", base_url=plane.url, instance_id=INSTANCE, manifest=PROCESS_MANIFEST)
+    # The manifest caches warm, as any call after the first finds them (the first parses the YAML).
+    for agent in ("demo", "worker"):
+        subprocess.run([sys.executable, "-m", "caldera.cli", "status", "--agent", agent], env=env,
+                       capture_output=True, timeout=60, check=True)
     try:
         yield root, env, plane
     finally:
@@ -75,7 +89,7 @@ def host(tmp_path_factory):
 
 
 def _probe(root, env, argv, **popen):
-    out = root / f"modules-{argv[0].strip('-')}.json"
+    out = root / f"modules-{'-'.join(a.strip('-') for a in argv)}.json"
     return out, subprocess.Popen([sys.executable, "-c", PROBE, str(out), *argv], env=env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **popen)
 
@@ -95,6 +109,8 @@ def _over_budget(entry, modules):
     ("--help", ["--help"], 0),
     ("pause", ["pause", "--agent", "demo"], 0),
     ("status", ["status", "--agent", "demo"], 0),
+    ("pause (process)", ["pause", "--agent", "worker"], 1),  # no daemon: said, exit 1
+    ("status (process)", ["status", "--agent", "worker"], 0),
 ])
 def test_local_entry_points_stay_within_their_import_budget(host, entry, argv, code):
     root, env, _ = host

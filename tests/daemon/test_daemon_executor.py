@@ -284,8 +284,8 @@ def test_a_command_that_cannot_be_named_is_logged_never_journaled(runtime, caplo
 
     class Plane:
         def next_command(self):
-            return {"command_type": "pause", "payload": {}}
+            return {"command_type": "pause", "payload": {}}, None
 
     assert fetch_one(Plane(), executor_for(runtime)) is None
-    assert "control plane sent a command without an id" in caplog.text
+    assert "control plane sent an unusable command (a command without an id): " in caplog.text
     assert not runtime.state.get("commands")

@@ -174,7 +174,7 @@ def test_a_command_too_large_to_read_is_finished_failed(caldera_env):
 
     executor = Executor(agent_id="a", client=StartOk(), state=parts.state, outbox=parts.outbox,
                         redactor=parts.redactor, report_now=lambda: None, context=None)
-    stub = parse_command({"id": 12, "command_type": "settings_set", "payload_too_large": "over 8388608 bytes"})
+    stub = parse_command({"id": 12, "command_type": "settings_set"}, too_large="over 8388608 bytes")
     executor.journal_fetched(stub)
     assert executor.execute(stub) == "failed"
     [item] = [i for _, i in parts.outbox.items() if i["kind"] == "finish"]
@@ -191,6 +191,10 @@ def test_the_poller_journals_an_oversized_command(caldera_env, plane):
     parts = make_parts(with_driver=False)
     plane.fault(API + "/commands/next$", size=NEXT_CAP + 10,
                 body=b'{"success":true,"data":{"command":{"id":77,"command_type":"log_get","payload":{"x":"')
-    command = fetch_one(parts.client, executor_for(parts))
+    executor = executor_for(parts)
+    command = fetch_one(parts.client, executor)
     assert command.id == 77 and "77" in parts.state.get("commands")
+    assert command.refusal.startswith("payload too large") and command.payload == {}
+    [again] = executor.recover()  # after a restart, the journal still knows it was too large
+    assert again.id == 77 and again.refusal == command.refusal
     parts.pool.shutdown(wait=False)

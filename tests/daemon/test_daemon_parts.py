@@ -46,6 +46,33 @@ def test_desired_revision_after_close_is_not_lost_for_the_next_try(parts):
     assert 42 not in lanes._desired_seen  # a later runtime (or a reopened lane) sees it again
 
 
+def test_an_unusable_desired_revision_is_ignored_with_one_line(parts, caplog):
+    """A list or an object as desired_config_revision_id (unhashable) used to raise in the
+    lanes' seen-set at every heartbeat; a numeric string is the revision it spells."""
+    from caldera.daemon.heartbeat import send_heartbeat
+
+    answers = []
+
+    class Plane:
+        def heartbeat(self, body):
+            return {"desired_config_revision_id": answers.pop(0)}
+
+    seen = set()  # as Lanes.desired_revision keeps them: hashed
+    answers += [["unusable", 1], ["unusable", 1], {"id": 3}, "7", 8, True, "-1"]
+    for _ in range(len(answers)):
+        send_heartbeat(Plane(), parts.reports, parts.state, parts.wake, seen.add)
+    assert seen == {7, 8}
+    lines = [r.getMessage() for r in caplog.records if "desired_config_revision_id" in r.getMessage()]
+    assert lines == ["ignoring the heartbeat's desired_config_revision_id ['unusable', 1]: not a revision id",
+                     "ignoring the heartbeat's desired_config_revision_id {'id': 3}: not a revision id",
+                     "ignoring the heartbeat's desired_config_revision_id True: not a revision id",
+                     "ignoring the heartbeat's desired_config_revision_id '-1': not a revision id"]
+    parts.state.set("current_config_revision_id", 9)
+    answers += ["9"]
+    send_heartbeat(Plane(), parts.reports, parts.state, parts.wake, seen.add)
+    assert 9 not in seen  # the one in effect, though spelled as a string
+
+
 @responses.activate
 def test_drop_counters_reach_the_report_health_and_state_json(parts):
     parts.outbox.max_items = 1
@@ -73,6 +100,39 @@ def test_final_report_after_sigterm_says_stopping(parts):
     import json
     [call] = [c for c in responses.calls if c.request.url.endswith("/state/report")]
     assert json.loads(call.request.body)["runtime"]["runtime_status"] == "stopping"
+
+
+@responses.activate
+def test_final_report_asks_the_declared_interface_not_an_attribute(parts):
+    """Only a ProcessDriver gets a fresh section at the stop; an adapter-mode driver that
+    happens to have a `supervise` attribute is not mistaken for one."""
+    class LooksSupervised(RunningDriver):
+        supervise = None
+        asked = 0
+
+        def report_section(self):
+            self.asked += 1
+            return super().report_section()
+
+    driver = LooksSupervised()
+    parts.current.replace(driver=driver)
+    parts.reports.section()  # the last report's section, which the final report repeats
+    responses.add(responses.POST, API + "/register", json={"success": True, "data": {"session_token": "agt_sess_x1"}})
+    responses.add(responses.POST, API + "/state/report", json={"success": True})
+    daemon_run._final_flush(parts, __import__("time").monotonic() + 10)
+    assert driver.asked == 1  # not asked again at the stop
+
+
+def test_current_replace_takes_only_its_three_parts(parts):
+    settings = parts.current.settings
+    parts.current.replace(manifest=None, driver=RunningDriver())
+    assert parts.current.settings is settings and parts.current.manifest is None  # not given: kept
+    parts.current.replace(driver=None)
+    assert parts.current.driver is None and parts.current.settings is settings  # None is a value
+    with pytest.raises(TypeError):
+        parts.current.replace(drvier=None)  # a typo is refused, never set beside the real one
+    with pytest.raises(AttributeError):
+        parts.current.drvier = None  # slots: no attribute appears by accident
 
 
 def test_protocol_errors_are_kinds_of_the_one_taxonomy():

@@ -52,7 +52,7 @@ def test_envelope_and_bare_objects_and_bearer(tmp_path):
     responses.add(responses.POST, API + "/heartbeat", json=ok({"has_pending_command": True}))
     responses.add(responses.GET, API + "/commands/next", json={"command": {"id": 3, "command_type": "x"}})
     assert client.heartbeat({})["has_pending_command"] is True
-    assert client.next_command() == {"id": 3, "command_type": "x"}
+    assert client.next_command() == ({"id": 3, "command_type": "x"}, None)
     assert responses.calls[0].request.headers["Authorization"] == "Bearer boot-token-xyz"
     assert responses.calls[1].request.headers["Authorization"] == "Bearer agt_sess_one"
     saved = json.loads((tmp_path / "session.json").read_text())
@@ -83,7 +83,7 @@ def test_next_command_null_means_idle(tmp_path):
     client = make(tmp_path)
     register_ok()
     responses.add(responses.GET, API + "/commands/next", json=ok({"command": None}))
-    assert client.next_command() is None
+    assert client.next_command() == (None, None)
 
 
 @responses.activate

@@ -37,8 +37,10 @@ def test_a_well_formed_command():
 def test_what_is_wrong_beyond_the_id_is_kept_as_the_reason_to_finish_failed():
     bad_payload = parse_command({"id": "7", "command_type": "pause", "payload": ["x"]})
     assert bad_payload.payload == {} and bad_payload.refusal == "invalid payload for pause: must be a JSON object"
-    too_large = parse_command({"id": 8, "command_type": "log_get", "payload_too_large": "over 8388608 bytes"})
+    too_large = parse_command({"id": 8, "command_type": "log_get"}, too_large="over 8388608 bytes")
     assert too_large.refusal == "payload too large: the command's answer was over 8388608 bytes"
+    forged = parse_command({"id": 8, "command_type": "log_get", "payload": {}, "payload_too_large": "over 1 byte"})
+    assert forged.refusal is None and forged.too_large is None  # the plane's object cannot say it
     untyped = parse_command({"id": 9, "payload": None})
     assert untyped.type == "" and untyped.payload == {} and untyped.refusal is None  # dispatch refuses ""
 
@@ -47,7 +49,7 @@ def test_what_is_wrong_beyond_the_id_is_kept_as_the_reason_to_finish_failed():
     (None, DEFAULT_TIMEOUT_SECONDS), ("30", 30.0), (0, DEFAULT_TIMEOUT_SECONDS), (-5, DEFAULT_TIMEOUT_SECONDS),
     ("soon", DEFAULT_TIMEOUT_SECONDS), ([30], DEFAULT_TIMEOUT_SECONDS), ("nan", DEFAULT_TIMEOUT_SECONDS),
     (10 ** 400, DEFAULT_TIMEOUT_SECONDS), ("inf", threading.TIMEOUT_MAX), (1e300, threading.TIMEOUT_MAX),
-    (2.5, 2.5),
+    (2.5, 2.5), (True, DEFAULT_TIMEOUT_SECONDS), (False, DEFAULT_TIMEOUT_SECONDS),  # JSON true is no 1 s
 ])
 def test_the_timeout_is_the_planes_when_usable(value, seconds):
     assert parse_command({"id": 1, "timeout_seconds": value}).timeout_seconds == seconds

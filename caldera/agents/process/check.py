@@ -86,7 +86,7 @@ def check_start(paths: AgentPaths, manifest: Manifest, report: Report, *, wait: 
     try:
         (scratch / "logs").mkdir()
         spaths = AgentPaths(paths.name, paths.config_dir, paths.manifest_path, scratch)
-        driver = open_process_driver(spaths, manifest, store=StateFile(scratch / "state.json"),
+        driver = open_process_driver(spaths, manifest, state=StateFile(scratch / "state.json"),
                                      redactor=Redactor(), report_interval=wait)
         stop = threading.Event()
         thread = threading.Thread(target=driver.supervise, args=(stop,), name="check-supervisor")

@@ -12,7 +12,6 @@ not block a `caldera status` beside it.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import struct
@@ -23,13 +22,13 @@ from caldera import TYPE_CHECKING
 from caldera.host.jsonlimits import loads
 
 if TYPE_CHECKING:
+    from logging import Logger
     from typing import Any
 
     from caldera.agents.adapter.answer import Answer
     from caldera.agents.process.driver import ProcessDriver
     from caldera.redact import Redactor
 
-log = logging.getLogger("caldera.agents.process")
 SOCKET_NAME = "control.sock"
 LINE_MAX = 64 * 1024
 ACCEPT_POLL = 0.5
@@ -97,6 +96,9 @@ def _act(driver: ProcessDriver, verb: str, args: dict[str, Any]) -> Answer:
 
 class ControlServer:
     def __init__(self, driver: ProcessDriver, state_dir: str | Path, redactor: Redactor) -> None:
+        import logging  # here: only the daemon's side logs; a process-mode `caldera pause` (the client) never does
+
+        self.log: Logger = logging.getLogger("caldera.agents.process")
         self.driver, self.redactor = driver, redactor
         self.path = Path(state_dir) / SOCKET_NAME
         self._stop = threading.Event()
@@ -161,9 +163,9 @@ class ControlServer:
                 "ok": False, "message": "a request is one JSON object", "held": []}
             _send(conn, self.redactor(reply))
         except (OSError, ValueError) as exc:
-            log.warning("control socket: %s", exc)
+            self.log.warning("control socket: %s", exc)
         except Exception as exc:  # noqa: BLE001 -- a bug answers the person instead of killing the thread
-            log.exception("control socket request failed")
+            self.log.exception("control socket request failed")
             try:
                 _send(conn, {"ok": False, "message": f"internal error: {exc}", "held": []})
             except OSError:

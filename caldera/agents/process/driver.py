@@ -51,29 +51,29 @@ LABELS = {STARTING: ("warn", "Starting"), RUNNING: ("ok", "Running"), STOPPED: (
           P_FAILED: ("bad", "Failed")}
 
 
-def open_process_driver(paths: AgentPaths, manifest: Manifest, *, store: StateFile, redactor: Redactor,
+def open_process_driver(paths: AgentPaths, manifest: Manifest, *, state: StateFile, redactor: Redactor,
                         report_interval: float = 5.0, environ: Mapping[str, str] = os.environ,
                         supervise: bool = True, report_now: Callable[[], None] | None = None) -> ProcessDriver:
     """supervise=False: a driver that only reports (report --once); it starts nothing.
     report_now: called when the agent's state changes (the daemon's report wake-up)."""
     if manifest.runtime_type != "process":
         raise ConfigError(f"{manifest.path}: runtime.type: {manifest.runtime_type} is not process mode")
-    return ProcessDriver(paths, manifest, store=store, redactor=redactor, report_interval=report_interval,
+    return ProcessDriver(paths, manifest, state=state, redactor=redactor, report_interval=report_interval,
                          environ=environ, supervise=supervise, report_now=report_now)
 
 
 class ProcessDriver:
-    def __init__(self, paths: AgentPaths, manifest: Manifest, *, store: StateFile, redactor: Redactor,
+    def __init__(self, paths: AgentPaths, manifest: Manifest, *, state: StateFile, redactor: Redactor,
                  report_interval: float, environ: Mapping[str, str], supervise: bool,
                  report_now: Callable[[], None] | None) -> None:
-        self.paths, self.manifest, self.store, self.redactor = paths, manifest, store, redactor
+        self.paths, self.manifest, self.state, self.redactor = paths, manifest, state, redactor
         self.spec = build_spec(manifest, paths.state_dir)
         self.report_interval = report_interval
         self.supervising = supervise
         self.log_path = Path(paths.state_dir) / "logs" / AGENT_LOG
         self.launcher = Launcher(self, paths, environ=environ)
         self.pump: LogPump | None = None
-        self.supervisor = Supervisor(launch=self.launcher, store=store, pump=None,
+        self.supervisor = Supervisor(launch=self.launcher, store=state, pump=None,
                                      stop_signal=self.spec.stop_signal, stop_timeout=self.spec.stop_timeout,
                                      restart=self.spec.restart, on_change=self._changed)
         self.report_now = report_now or (lambda: None)
@@ -279,7 +279,7 @@ class ProcessDriver:
     # ------------------------------------------------------------ the report
 
     def process_info(self) -> dict[str, Any]:
-        snap = self.supervisor.snapshot() if self.supervising else _observed(self.store)
+        snap = self.supervisor.snapshot() if self.supervising else _observed(self.state)
         return {"pid": snap["pid"], "status": snap["status"], "uptime_seconds": _round(snap.get("uptime")),
                 "restarts": snap["restarts"], "last_exit": snap["last_exit"], "hold": snap["hold"],
                 "reason": snap.get("reason") or ""}
@@ -288,7 +288,7 @@ class ProcessDriver:
         """(agent_status body, process_info()) from the status file and the process."""
         info = self.process_info()
         read = read_status_file(self.spec.status_file, stale_after=3 * self.report_interval)
-        started = (self.store.get("agent_process") or {}).get("started_at")
+        started = (self.state.get("agent_process") or {}).get("started_at")
         if read.body is not None and read.mtime and started and rfc3339(read.mtime) >= started:
             self.supervisor.mark_running()
             info["status"] = self.supervisor.status if self.supervising else info["status"]
