@@ -45,11 +45,16 @@ def test_a_pause_queued_behind_a_slow_log_get_runs_at_once_and_controls_keep_the
         wait_for(lambda: heartbeats(plane.store, INSTANCE), what="heartbeat")
         slow = plane.store.enqueue(INSTANCE, "log_get", {"name": "agent"}, timeout_seconds=60)
         wait_for(lambda: _status(plane, slow)["status"] == "running", what="log_get running")
+        # "running" at the plane comes with the start, before the adapter is called: wait until
+        # the adapter really holds the log, so that the controls are queued behind it.
+        calls_log = config / "calls.log"
+        wait_for(lambda: calls_log.exists() and "log agent" in calls_log.read_text().splitlines(),
+                 what="the adapter holding the log")
         controls = [plane.store.enqueue(INSTANCE, kind) for kind in ("pause", "resume", "settings_get", "log_list")]
         # A bounded wait, well under the 15 s the log_get holds: 2 s + the adapter's time + the poll.
         wait_for(lambda: all(_status(plane, c)["status"] == "succeeded" for c in controls), what="controls done")
         assert _status(plane, slow)["status"] == "running"  # the controls did not wait for it
-        calls = [line for line in (config / "calls.log").read_text().splitlines() if line != "status"]
+        calls = [line for line in calls_log.read_text().splitlines() if line != "status"]
         assert calls[calls.index("pause"):] [:4] == ["pause", "resume", "settings get", "log --list"]
         finished = [_status(plane, c)["finished_at"] for c in controls]
         assert finished == sorted(finished)
