@@ -129,7 +129,8 @@ def install(source: str | Path, *, name: str | None = None, user: str | None = N
                     raise Refused(f"caldera@{name} is running: stop it first (sudo systemctl stop caldera@{name}), "
                                   f"then re-run caldera init to move it from {before} to {after}, then start it; "
                                   "nothing was changed")
-                moved = f" Moved from {before} to {after}: agent.env, secrets.env, state and session kept."
+                moved = (f" Moved from {before} to {after}: agent.env, secrets.env, state and session kept. "
+                         f"{before} could have kept a copy of secrets.env: rotate the token.")
             bundled = _install_tree(root, data, agents, config_dir, owner, copy_bundle=not home)
             _make_state_dir(state_dir, owner)
         except account.AccountRefused as exc:
@@ -374,7 +375,7 @@ def _next_steps(name: str, config_dir: Path, config_root: Path, systemd_dir: str
     if config_root != DEFAULT_CONFIG_ROOT:
         return f"{edit} start it with `{by_hand}` (the {unit} unit reads {DEFAULT_CONFIG_ROOT}, not {config_root})."
     if moved_to:
-        return f"Its configuration is kept: sudo systemctl restart {unit} runs it as {moved_to}."
+        return f"Its configuration is kept: sudo systemctl start {unit} runs it as {moved_to}."
     return f"{edit}: sudo systemctl enable --now {unit}"
 
 

@@ -196,6 +196,7 @@ def test_moving_between_the_kinds_keeps_state_and_session_and_fixes_owners(tmp_p
     checkout = _checkout(tmp_path, owners)
     moved = blueprint.install(checkout, name="task-agent", user="agent", unit_dir=units)
     assert "Moved from caldera to agent" in moved["message"]
+    assert "caldera could have kept a copy of secrets.env: rotate the token" in moved["message"]
     assert drop_in.exists() and not (config / "bundle").exists()
     assert (config / "secrets.env").read_text() == "CALDERA_TOKEN=kept\n"
     assert (state / "session.json").read_text() == '{"token": "session-kept"}'
@@ -426,3 +427,5 @@ def test_a_kind_switch_under_a_running_instance_is_refused(tmp_path, caldera_env
     monkeypatch.setattr(blueprint, "_instance_active", lambda name: False)
     moved = blueprint.install(checkout, name="task-agent", user="agent", unit_dir=units, systemd_dir=systemd)
     assert "Moved from caldera to agent" in moved["message"]
+    assert "sudo systemctl start caldera@task-agent runs it as agent" in moved["message"] or \
+        "the caldera@task-agent unit reads" in moved["message"]
