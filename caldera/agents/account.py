@@ -294,11 +294,10 @@ def write_drop_in(name: str, account: Account | None, unit_dir: StrPath = UNIT_D
 
 # ------------------------------------------------------------ owners
 
-def refuse_link(path: Path, what: str = "") -> AccountRefused:
+def refuse_link(path: Path) -> AccountRefused:
     """The sentence for a path that is a link or not a directory where one is needed."""
-    return AccountRefused(f"{path} is not a directory of its own (a link, or another kind of file){what}: "
-                          "caldera init changed nothing there and follows no link as root; remove it and run "
-                          "caldera init again")
+    return AccountRefused(f"{path} is not a directory of its own (a link, or another kind of file): caldera init "
+                          "follows no link as root and changed nothing there; remove it and run caldera init again")
 
 
 def open_dir(path: Path, *, dir_fd: int | None = None, name: str | None = None) -> int:

@@ -315,7 +315,7 @@ def _check_state_dir(state_dir: Path) -> None:
         except FileNotFoundError:
             continue
         if not stat.S_ISDIR(st.st_mode):
-            raise account.refuse_link(path, " (nothing was changed)")
+            raise account.refuse_link(path)
 
 
 def _open_or_make(parent_fd: int, path: Path, mode: int) -> int:

@@ -283,7 +283,7 @@ def test_a_state_dir_planted_as_a_link_is_refused_and_nothing_changes(tmp_path, 
     state = caldera_env / "var" / "task-agent"
     state.parent.mkdir(parents=True, exist_ok=True)
     os.symlink(target, state)
-    with pytest.raises(Refused, match="not a directory of its own.*nothing was changed"):
+    with pytest.raises(Refused, match="not a directory of its own.*changed nothing there"):
         blueprint.install(copy_example(tmp_path).parent, name="task-agent", unit_dir=tmp_path / "units")
     _untouched(target, chowned)
     assert not (caldera_env / "etc" / "agents" / "task-agent").exists()
