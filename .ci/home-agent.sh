@@ -55,7 +55,15 @@ refused() {  # refused WHAT EXPECTED-WORDS COMMAND…
 refused "no such account" "no such account" caldera init $CHECKOUT --name refused-1 --user nobody-here
 refused "not the checkout's owner" "belongs to agent, not other" caldera init $CHECKOUT --name refused-2 --user other
 refused "a system account" "is a system account" caldera init $CHECKOUT --name refused-3 --user daemon
-[ ! -e "$C/etc/caldera/agents/refused-1" ] && [ ! -e "$C/etc/caldera/agents/refused-2" ] || fail "a refused init left files"
+# The service user plants its state dir as a link to /etc: root follows it nowhere.
+etc_before=$(inside stat -c '%U:%G %a' /etc)
+inside runuser -u caldera -- ln -s /etc /var/lib/caldera/refused-4
+refused "a state dir planted as a link" "not a directory of its own" \
+	caldera init /usr/share/caldera/examples/task-agent --name refused-4
+[ "$(inside stat -c '%U:%G %a' /etc)" = "$etc_before" ] || fail "init changed /etc through a planted link"
+inside rm /var/lib/caldera/refused-4
+[ ! -e "$C/etc/caldera/agents/refused-1" ] && [ ! -e "$C/etc/caldera/agents/refused-2" ] \
+	&& [ ! -e "$C/etc/caldera/agents/refused-4" ] || fail "a refused init left files"
 
 step "home agent: caldera plane serve for it (inside)"
 inside systemd-run --quiet --unit=ci-plane-home -p User=caldera -p StateDirectory=ci-plane-home \
@@ -193,6 +201,9 @@ awk -v h="$score_home" -v b="$score_bundle" 'BEGIN { exit !(h <= b + 1.0) }' \
 diff <(grep -v '^→ Overall' "$WORK/sec-bundle") <(grep -v '^→ Overall' "$WORK/sec-home") | sed -n 's/^[<>]/  &/p' || true
 
 step "home agent: kind switch home -> bundle -> home keeps state and session, fixes owners"
+refused "a kind switch under the running unit" "is running: stop it first" \
+	caldera init /usr/share/caldera/examples/task-agent --name $HOME_AGENT
+[ -e "$C$DROP_IN" ] || fail "a refused kind switch removed the drop-in"
 inside systemctl stop "caldera@$HOME_AGENT"
 session_sum() { inside sha256sum "/var/lib/caldera/$HOME_AGENT/session.json" | cut -d' ' -f1; }
 sum0=$(session_sum)

@@ -10,17 +10,21 @@ Two kinds of agent:
   (User=, Group=, and a home made writable for this instance only: ProtectHome=tmpfs
   hides every other home, BindPaths= brings back the account's own).
 
-The account is named (`caldera init … --user ACCOUNT`) or derived from the owner of an
-absolute `runtime.workdir` that lies in its owner's home. Refused, each with a sentence:
-an account that does not exist, a workdir that does not belong to it, a system account
-(or root) for a home agent, a home agent whose workdir is not an absolute path.
+A home agent's account is named (`caldera init … --user ACCOUNT`), never derived from
+the manifest (its writer controls it). Refused, each with a sentence: an account that does
+not exist, a system account (or root), a home that does not exist or is `/`, a workdir that
+is not an absolute path inside that home or does not belong to the account, a checkout or
+manifest that is not the account's (or a link). Root opens what it hands over with
+O_NOFOLLOW and walks it by fd: a link planted in the state dir changes nothing outside.
 """
 from __future__ import annotations
 
+import errno
 import grp
 import os
 import pwd
 import re
+import stat
 from pathlib import Path
 
 from caldera import TYPE_CHECKING
@@ -33,6 +37,7 @@ UNIT_DIR = Path("/etc/systemd/system")
 DROP_IN = "caldera-account.conf"
 LOGIN_DEFS = "/etc/login.defs"
 NOBODY_UID = 65534
+MAX_MANIFEST = 1024 * 1024
 
 
 class AccountRefused(Exception):
@@ -88,32 +93,36 @@ def _within(path: Path, parent: str) -> bool:
     return parent_path != Path("/") and (path == parent_path or parent_path in path.parents)
 
 
-def _owner_entry(workdir: Path) -> pwd.struct_passwd | None:
+def _owner_name(uid: int) -> str:
     try:
-        return pwd.getpwuid(os.stat(workdir).st_uid)
-    except (OSError, KeyError):
-        return None
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 def choose(workdir: str | None, user: str | None, *, login_defs: StrPath = LOGIN_DEFS) -> Account | None:
     """The account for an agent whose manifest says `runtime.workdir: workdir`.
 
+    A home agent is named (`--user ACCOUNT`), never derived: the workdir comes from the
+    manifest, which its writer controls, so its owner says nothing about who may run it.
     None: a bundle agent and no `caldera` user here (a checkout, a test, a container):
     the files keep the installer's owner. Raises AccountRefused with the sentence.
     """
     if user is None:
-        derived = _derived(workdir)
-        if derived is None:
-            return _bundle_account()
-        return _home_account(derived, workdir, login_defs)
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        raise AccountRefused(f"--user {user}: no such account on this host (create it first, "
-                             f"or install the agent into its bundle without --user)") from None
+        return _bundle_account()
+    entry = named(user)
     if user == SERVICE_USER:
         return _from_entry(entry, "bundle")
     return _home_account(entry, workdir, login_defs)
+
+
+def named(user: str) -> pwd.struct_passwd:
+    """`--user ACCOUNT`'s passwd entry, or AccountRefused."""
+    try:
+        return pwd.getpwnam(user)
+    except KeyError:
+        raise AccountRefused(f"--user {user}: no such account on this host (create it first, "
+                             f"or install the agent into its bundle without --user)") from None
 
 
 def for_owner(owner: str) -> Account | None:
@@ -130,17 +139,6 @@ def for_owner(owner: str) -> Account | None:
     return _from_entry(entry, "bundle") if euid == 0 else None
 
 
-def _derived(workdir: str | None) -> pwd.struct_passwd | None:
-    """The owner of an absolute workdir in that owner's home (seed 000's checkout), else None."""
-    if not workdir or not Path(workdir).is_absolute():
-        return None
-    path = Path(os.path.normpath(workdir))
-    entry = _owner_entry(path)
-    if entry is None or entry.pw_name == SERVICE_USER or not _within(path, entry.pw_dir):
-        return None
-    return entry
-
-
 def _bundle_account() -> Account | None:
     if os.geteuid() != 0:
         return None
@@ -150,16 +148,37 @@ def _bundle_account() -> Account | None:
         return None  # no system user (a container without the package): root keeps it
 
 
-def _home_account(entry: pwd.struct_passwd, workdir: str | None, login_defs: StrPath) -> Account:
-    name = entry.pw_name
+def _unsafe_path(path: str) -> bool:
+    """A path no drop-in line can carry (a newline, a control character)."""
+    return any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in path)
+
+
+def refuse_system(entry: pwd.struct_passwd, login_defs: StrPath = LOGIN_DEFS) -> None:
+    """AccountRefused for a system account (or root) named for a home agent."""
     if is_system_account(entry, login_defs):
-        raise AccountRefused(f"{name} (uid {entry.pw_uid}) is a system account: an agent that lives in a home "
-                             f"runs as that home's regular account (an agent for the system user {SERVICE_USER} "
+        raise AccountRefused(f"{entry.pw_name} (uid {entry.pw_uid}) is a system account: an agent that lives in a "
+                             f"home runs as that home's regular account (an agent for the system user {SERVICE_USER} "
                              "is installed into its bundle, without --user)")
+
+
+def _home_account(entry: pwd.struct_passwd, workdir: str | None, login_defs: StrPath) -> Account:
+    """A home agent's account, once its home, its workdir and their owners fit (SPEC section 11)."""
+    name = entry.pw_name
+    refuse_system(entry, login_defs)
+    home = entry.pw_dir
+    if (not home or not os.path.isabs(home) or _unsafe_path(home)
+            or os.path.realpath(home) == "/" or os.path.normpath(home) == "/"):
+        raise AccountRefused(f"{name}'s home is {home or '(none)'}: an agent that runs as {name} lives in a "
+                             "home of its own (the unit makes only that home writable), not in / or nowhere")
+    if not os.path.isdir(home):
+        raise AccountRefused(f"{name}'s home {home} does not exist: create it (and the checkout in it) first")
     if not workdir or not Path(workdir).is_absolute():
         raise AccountRefused(f"runtime.workdir {workdir or '(none)'}: an agent that runs as {name} lives where it is, "
-                             f"so its manifest names its checkout by an absolute path (e.g. {entry.pw_dir}/NAME)")
+                             f"so its manifest names its checkout by an absolute path (e.g. {home}/NAME)")
     path = Path(os.path.normpath(workdir))
+    if not (_within(path, home) and _within(Path(os.path.realpath(path)), os.path.realpath(home))):
+        raise AccountRefused(f"runtime.workdir {path} is not inside {name}'s home {home}: the unit makes only "
+                             f"that home writable for this agent, so its checkout lives there")
     try:
         owner = os.stat(path).st_uid
     except FileNotFoundError:
@@ -167,13 +186,49 @@ def _home_account(entry: pwd.struct_passwd, workdir: str | None, login_defs: Str
     except OSError as exc:
         raise AccountRefused(f"runtime.workdir {path}: {exc.strerror}") from None
     if owner != entry.pw_uid:
-        try:
-            owner_name = pwd.getpwuid(owner).pw_name
-        except KeyError:
-            owner_name = f"uid {owner}"
+        owner_name = _owner_name(owner)
         raise AccountRefused(f"runtime.workdir {path} belongs to {owner_name}, not {name}: the account that runs "
                              f"the agent owns its checkout (chown -R {name}: {path}, or --user {owner_name})")
     return _from_entry(entry, "home")
+
+
+def check_checkout(directory: Path, manifest_name: str, entry: pwd.struct_passwd) -> bytes:
+    """The manifest of a home agent's checkout, read as root without following links.
+
+    The checkout directory must be the account's, the manifest a regular file (not a link)
+    owned by it or by root: else AccountRefused, and nothing outside the checkout is read.
+    """
+    name = entry.pw_name
+    refuse_system(entry)
+    try:
+        st = os.lstat(directory)
+    except OSError as exc:
+        raise AccountRefused(f"{directory}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise AccountRefused(f"{directory}: an agent that lives in a home is installed from its checkout, "
+                             "a directory (not a link, not an archive)")
+    if st.st_uid != entry.pw_uid:
+        raise AccountRefused(f"{directory} belongs to {_owner_name(st.st_uid)}, not {name}: the account that runs "
+                             "the agent owns its checkout")
+    manifest = directory / manifest_name
+    try:
+        fd = os.open(manifest, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        why = "a link (refused: root reads only the checkout's own file)" if exc.errno == errno.ELOOP else exc.strerror
+        raise AccountRefused(f"{manifest}: {why}") from None
+    try:
+        fst = os.fstat(fd)
+        if not stat.S_ISREG(fst.st_mode):
+            raise AccountRefused(f"{manifest}: not a regular file")
+        if fst.st_uid not in (entry.pw_uid, 0):
+            raise AccountRefused(f"{manifest} belongs to {_owner_name(fst.st_uid)}, not {name}: the account that "
+                                 "runs the agent owns its manifest")
+        if fst.st_size > MAX_MANIFEST:
+            raise AccountRefused(f"{manifest}: over {MAX_MANIFEST // 1024} KiB, not a manifest")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read(MAX_MANIFEST + 1)
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------ the drop-in
@@ -182,16 +237,27 @@ def drop_in_path(name: str, unit_dir: StrPath = UNIT_DIR) -> Path:
     return Path(unit_dir) / f"caldera@{name}.service.d" / DROP_IN
 
 
+def unit_path(path: str) -> str:
+    """A path as one word of a systemd unit setting (systemd.exec, BindPaths=): `%` doubled
+    (specifiers expand even in quotes), `\\`, `"` and `:` (BindPaths' separator) backslash-escaped,
+    the whole quoted when it holds a space. A control character cannot be carried: ValueError."""
+    if _unsafe_path(path):
+        raise ValueError(f"{path!r}: a control character cannot be written into a unit")
+    word = (path.replace("%", "%%").replace("\\", "\\\\").replace('"', '\\"').replace(":", "\\:"))
+    return f'"{word}"' if any(ch.isspace() for ch in word) else word
+
+
 def drop_in_text(account: Account) -> str:
     """The [Service] lines for a home agent: its account, and its home writable for this instance only."""
+    home = unit_path(account.home)
     return (f"# Written by `caldera init` (docs/packaging.md, \"An agent that lives in a user's home\").\n"
-            f"# This agent lives in {account.home}: its runtime and adapter run as {account.name}.\n"
+            f"# This agent lives in {home.replace('%%', '%')}: its runtime and adapter run as {account.name}.\n"
             "# Every other home is hidden (an empty tmpfs); the account's own is bound back, writable.\n"
             "[Service]\n"
             f"User={account.name}\n"
             f"Group={account.group}\n"
             "ProtectHome=tmpfs\n"
-            f"BindPaths={account.home}\n")
+            f"BindPaths={home}\n")
 
 
 def installed_user(name: str, unit_dir: StrPath = UNIT_DIR) -> str:
@@ -228,21 +294,75 @@ def write_drop_in(name: str, account: Account | None, unit_dir: StrPath = UNIT_D
 
 # ------------------------------------------------------------ owners
 
+def refuse_link(path: Path) -> AccountRefused:
+    """The sentence for a path that is a link or not a directory where one is needed."""
+    return AccountRefused(f"{path} is not a directory of its own (a link, or another kind of file): caldera init "
+                          "follows no link as root and changed nothing there; remove it and run caldera init again")
+
+
+def open_dir(path: Path, *, dir_fd: int | None = None, name: str | None = None) -> int:
+    """A directory opened without following a link (O_DIRECTORY|O_NOFOLLOW): its fd, or
+    AccountRefused. name: the entry to open under dir_fd (path then only names it)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(name if name is not None else path, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise refuse_link(path) from None
+        raise
+
+
+def give_file(dir_fd: int, name: str, uid: int, gid: int, mode: int) -> None:
+    """dir_fd's regular file `name` to uid:gid with mode, through its own fd (no link followed)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise AccountRefused(f"{name}: a link where a file is expected; caldera init follows no link as root"
+                                 ) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise AccountRefused(f"{name}: not a regular file")
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
 def give_config(config_dir: Path, account: Account) -> None:
     """agent.env root:GROUP 0640, secrets.env (and the secret projection) ACCOUNT:GROUP 0600."""
-    os.chown(config_dir / "agent.env", 0, account.gid)
-    os.chmod(config_dir / "agent.env", 0o640)
-    os.chown(config_dir / "secrets.env", account.uid, account.gid)
-    os.chmod(config_dir / "secrets.env", 0o600)
-    secrets = config_dir / "secrets"
-    if secrets.is_dir():
-        give_tree(secrets, account)
+    fd = open_dir(config_dir)
+    try:
+        give_file(fd, "agent.env", 0, account.gid, 0o640)
+        give_file(fd, "secrets.env", account.uid, account.gid, 0o600)
+        try:
+            secrets = open_dir(config_dir / "secrets", dir_fd=fd, name="secrets")
+        except FileNotFoundError:
+            return
+        try:
+            give_tree_fd(secrets, account)
+        finally:
+            os.close(secrets)
+    finally:
+        os.close(fd)
 
 
 def give_tree(root: Path, account: Account) -> None:
-    """Everything under root (root too) to the account, links not followed: no file the
-    account cannot use is left behind (a kind switch, root's earlier runs)."""
-    os.lchown(root, account.uid, account.gid)
-    for dirpath, dirnames, filenames in os.walk(root):
+    """Everything under root (root too) to the account; root opened without following a link."""
+    fd = open_dir(root)
+    try:
+        give_tree_fd(fd, account)
+    finally:
+        os.close(fd)
+
+
+def give_tree_fd(fd: int, account: Account) -> None:
+    """Everything under the directory fd (it too) to the account, no path re-resolved and no
+    link followed (os.fwalk from the fd, chown relative to each directory's own fd): no file
+    the account cannot use is left behind (a kind switch, root's earlier runs), and a link
+    planted inside hands over nothing outside."""
+    os.fchown(fd, account.uid, account.gid)
+    for _, dirnames, filenames, dir_fd in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
         for entry in dirnames + filenames:
-            os.lchown(os.path.join(dirpath, entry), account.uid, account.gid)
+            os.chown(entry, account.uid, account.gid, dir_fd=dir_fd, follow_symlinks=False)

@@ -14,12 +14,15 @@ the state dir USER's): a container image's user, which runs `caldera run` itself
 agent process is started here (in process mode, SPEC 7b, `caldera run` starts and
 supervises the agent the manifest names) and the unit is not enabled: the printed next step
 is `systemctl enable --now caldera@NAME`, once the configuration is complete.
-An agent that lives in its owner's home (seed 000's `/home/agent/task-agent`; named by
-`--user ACCOUNT` or found as the owner of an absolute workdir in that owner's home) is not
-copied: only its manifest is installed, the files above and the state dir belong to that
-account, and the instance's drop-in runs it as that account (caldera.agents.account).
+An agent that lives in its owner's home (seed 000's `/home/agent/task-agent`; always named
+by `--user ACCOUNT`, never derived from the manifest) is not copied: only its manifest is
+installed (read once, without following a link, from the account's own checkout), the files
+above and the state dir belong to that account, and the instance's drop-in runs it as that
+account (caldera.agents.account). Root follows no link in the state dir: it is opened
+O_NOFOLLOW and handed over by fd; a link there is refused before anything is written.
 Re-running init for an installed agent that moves between the two kinds keeps its
-agent.env, secrets.env, state and session, and gives them to the new account.
+agent.env, secrets.env, state and session, and gives them to the new account; it is
+refused while caldera@NAME runs (stop it first).
 Archive members are checked as for skills: no absolute paths, no `..`, no
 links, nothing but files and directories, at most 10,000 members and 512 MiB.
 """
@@ -27,13 +30,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tarfile
 import tempfile
 from pathlib import Path
 
 from caldera import TYPE_CHECKING, config
 from caldera.agents import account
-from caldera.agents.manifest import load_manifest
+from caldera.agents.manifest import build, parse_text, schema_check
 from caldera.agents.window import manifest_bytes_for_install
 from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_bytes
@@ -86,40 +90,51 @@ def install(source: str | Path, *, name: str | None = None, user: str | None = N
     source = Path(source)
     if unit_dir is None and config.config_root(environ) == DEFAULT_CONFIG_ROOT:
         unit_dir = account.UNIT_DIR
+    home = user is not None and user != account.SERVICE_USER
     with tempfile.TemporaryDirectory(prefix="caldera-init-") as tmp:
-        if source.is_file():
-            tree = _unpack(source, Path(tmp))
-        elif source.is_dir():
-            tree = source
-        else:
-            raise Refused(f"{source}: no such blueprint (a directory or a .tar.gz)")
-        root = _find_root(tree)
-        manifest = _load(root)
-        name = name or manifest.name
-        if not config.valid_agent_name(name):
-            raise ConfigError(f"--name {name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
         try:
+            if home:
+                # Root reads the account's own checkout: its manifest at its top, read once,
+                # without following a link, owned by the account (or root).
+                root = source
+                data = account.check_checkout(source, MANIFEST, account.named(str(user)))
+            else:
+                if source.is_file():
+                    tree = _unpack(source, Path(tmp))
+                elif source.is_dir():
+                    tree = _checked_dir(source)  # the bundle is copied: links and special files refused
+                else:
+                    raise Refused(f"{source}: no such blueprint (a directory or a .tar.gz)")
+                root = _find_root(tree)
+                data = (root / MANIFEST).read_bytes()
+            manifest = _load(root, data)
+            name = name or manifest.name
+            if not config.valid_agent_name(name):
+                raise ConfigError(f"--name {name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
             owner = (account.for_owner(image_user) if image_user is not None
                      else account.choose(manifest.doc["runtime"].get("workdir"), user))
+            agents = config.config_root(environ) / "agents"
+            config_dir = agents / name
+            state_dir = config.state_root(environ) / name
+            _check_state_dir(state_dir)
+            moved = ""
+            if (config_dir / MANIFEST).exists():
+                before = account.installed_user(name, unit_dir) if unit_dir is not None else account.SERVICE_USER
+                after = owner.name if owner is not None else account.SERVICE_USER
+                if before == after:
+                    raise Refused(f"an agent named {name!r} is already installed in {config_dir} (run as {before}); "
+                                  "pick another --name, or update its manifest through a blueprint update "
+                                  "(re-running init only moves an agent between its bundle and a user's home)")
+                if Path(systemd_dir).is_dir() and _instance_active(name):
+                    raise Refused(f"caldera@{name} is running: stop it first (sudo systemctl stop caldera@{name}), "
+                                  f"then re-run caldera init to move it from {before} to {after}, then start it; "
+                                  "nothing was changed")
+                moved = (f" Moved from {before} to {after}: agent.env, secrets.env, state and session kept. "
+                         f"{before} could have kept a copy of secrets.env: rotate the token.")
+            bundled = _install_tree(root, data, agents, config_dir, owner, copy_bundle=not home)
+            _make_state_dir(state_dir, owner)
         except account.AccountRefused as exc:
             raise Refused(str(exc)) from None
-        home = owner is not None and owner.is_home
-        if not home:
-            _checked_dir(tree)  # the bundle is copied: links and special files refused
-        agents = config.config_root(environ) / "agents"
-        config_dir = agents / name
-        moved = ""
-        if (config_dir / MANIFEST).exists():
-            before = account.installed_user(name, unit_dir) if unit_dir is not None else account.SERVICE_USER
-            after = owner.name if owner is not None else account.SERVICE_USER
-            if before == after:
-                raise Refused(f"an agent named {name!r} is already installed in {config_dir} (run as {before}); "
-                              "pick another --name, or update its manifest through a blueprint update "
-                              "(re-running init only moves an agent between its bundle and a user's home)")
-            moved = f" Moved from {before} to {after}: agent.env, secrets.env, state and session kept."
-        bundled = _install_tree(root, agents, config_dir, owner, copy_bundle=not home)
-    state_dir = config.state_root(environ) / name
-    _make_state_dir(state_dir, owner)
     drop_in = account.write_drop_in(name, owner, unit_dir) if unit_dir is not None else None
     if (moved or drop_in) and Path(systemd_dir).is_dir():
         _daemon_reload()  # a drop-in written or removed: systemd reads it now, the unit on its next start
@@ -140,8 +155,12 @@ def install(source: str | Path, *, name: str | None = None, user: str | None = N
             "drop_in": str(drop_in) if drop_in else None}
 
 
-def _load(root: Path) -> Manifest:
-    manifest = load_manifest(root / MANIFEST, validate_schema=True)
+def _load(root: Path, data: bytes) -> Manifest:
+    """The blueprint's manifest from the bytes read once (never re-read through a path)."""
+    path = root.absolute() / MANIFEST
+    doc = parse_text(data, path)
+    schema_check(doc, path)
+    manifest = build(doc, path)
     if manifest.runtime_type not in ("adapter", "process"):
         raise Refused(f"runtime.type: {manifest.runtime_type}: not a mode this caldera knows")
     return manifest
@@ -226,7 +245,7 @@ def _find_root(tree: Path) -> Path:
 
 # ------------------------------------------------------------ installing
 
-def _install_tree(root: Path, agents: Path, config_dir: Path, owner: account.Account | None, *,
+def _install_tree(root: Path, data: bytes, agents: Path, config_dir: Path, owner: account.Account | None, *,
                   copy_bundle: bool = True) -> int:
     """Stage the config dir next to its place, then rename it in: all or nothing. An agent
     already installed (a kind switch) keeps its agent.env, secrets.env and secret projection."""
@@ -237,11 +256,13 @@ def _install_tree(root: Path, agents: Path, config_dir: Path, owner: account.Acc
     try:
         os.chmod(staging, 0o755)
         files = _copy_bundle(root, staging / "bundle") if copy_bundle else 0
-        data, _ = manifest_bytes_for_install((root / MANIFEST).read_bytes(), staging)
-        atomic_write_bytes(staging / MANIFEST, data, mode=0o644)
+        installed, _ = manifest_bytes_for_install(data, staging)
+        atomic_write_bytes(staging / MANIFEST, installed, mode=0o644)
         if config_dir.exists():
             for kept in ("agent.env", "secrets.env"):
                 shutil.copy2(config_dir / kept, staging / kept)
+            if (config_dir / "secrets").is_symlink():
+                raise account.refuse_link(config_dir / "secrets")
             if (config_dir / "secrets").is_dir():
                 shutil.copytree(config_dir / "secrets", staging / "secrets", symlinks=True)
         else:
@@ -281,15 +302,63 @@ def _copy_bundle(root: Path, bundle: Path) -> int:
     return files
 
 
+STATE_SUBDIRS = (("logs", 0o700), ("cache", 0o700))
+
+
+def _check_state_dir(state_dir: Path) -> None:
+    """Before anything is written: the state dir and its logs/ and cache/, where they exist,
+    are real directories. Their parent belongs to the service user, so a link planted there
+    (NAME -> /etc) would otherwise have root chown and chmod what it points to."""
+    for path in (state_dir, *(state_dir / sub for sub, _ in STATE_SUBDIRS)):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise account.refuse_link(path)
+
+
+def _open_or_make(parent_fd: int, path: Path, mode: int) -> int:
+    """parent_fd's entry path.name made (mode) when missing, then opened without following a link."""
+    try:
+        os.mkdir(path.name, mode, dir_fd=parent_fd)
+    except FileExistsError:
+        pass
+    fd = account.open_dir(path, dir_fd=parent_fd, name=path.name)
+    os.fchmod(fd, mode)
+    return fd
+
+
 def _make_state_dir(state_dir: Path, owner: account.Account | None) -> None:
-    # 0711, as systemd's StateDirectoryMode=: others reach status.json by name only.
-    for sub, mode in (("", 0o711), ("logs", 0o700), ("cache", 0o700)):
-        (state_dir / sub).mkdir(parents=True, exist_ok=True, mode=mode)
-        os.chmod(state_dir / sub, mode)
-    if owner is not None:
-        # Everything, not just these three: a kind switch keeps the state and session of the
-        # account before, and root's earlier runs may have left files too.
-        account.give_tree(state_dir, owner)
+    """The state dir (0711, as systemd's StateDirectoryMode=: others reach status.json by name
+    only), its logs/ and cache/ (0700), everything in it given to the owner: each opened
+    O_NOFOLLOW and walked by fd, so no planted link is followed and no path re-resolved."""
+    state_dir.parent.mkdir(parents=True, exist_ok=True)
+    parent = os.open(state_dir.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        top = _open_or_make(parent, state_dir, 0o711)
+    finally:
+        os.close(parent)
+    try:
+        for sub, mode in STATE_SUBDIRS:
+            os.close(_open_or_make(top, state_dir / sub, mode))
+        if owner is not None:
+            # Everything, not just these three: a kind switch keeps the state and session of the
+            # account before, and root's earlier runs may have left files too.
+            account.give_tree_fd(top, owner)
+    finally:
+        os.close(top)
+
+
+def _instance_active(name: str) -> bool:
+    """`systemctl is-active --quiet caldera@NAME` says it runs (a kind switch waits for a stop)."""
+    import subprocess  # here: only a kind switch under systemd pays for it
+
+    try:
+        return subprocess.run(["systemctl", "is-active", "--quiet", f"caldera@{name}"], check=False, timeout=30,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def _next_steps(name: str, config_dir: Path, config_root: Path, systemd_dir: str | Path, *,
@@ -306,7 +375,7 @@ def _next_steps(name: str, config_dir: Path, config_root: Path, systemd_dir: str
     if config_root != DEFAULT_CONFIG_ROOT:
         return f"{edit} start it with `{by_hand}` (the {unit} unit reads {DEFAULT_CONFIG_ROOT}, not {config_root})."
     if moved_to:
-        return f"Its configuration is kept: sudo systemctl restart {unit} runs it as {moved_to}."
+        return f"Its configuration is kept: sudo systemctl start {unit} runs it as {moved_to}."
     return f"{edit}: sudo systemctl enable --now {unit}"
 
 

@@ -17,8 +17,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("blueprint", metavar="BLUEPRINT", help="a directory or .tar.gz with caldera.agent.yaml")
     parser.add_argument("--name", metavar="NAME", help="the agent's name (default: the manifest's name)")
     parser.add_argument("--user", metavar="ACCOUNT",
-                        help="the account that runs an agent living in its home (default: the owner of an "
-                             "absolute runtime.workdir in its owner's home, else caldera)")
+                        help="the account that runs an agent living in its home (its checkout, manifest and "
+                             "workdir are that account's, in its home); without it the agent is installed "
+                             "into its bundle and runs as caldera")
     parser.add_argument("--owner", metavar="USER",
                         help="a container image's user, who runs caldera itself: the agent's files become "
                              "USER's (agent.env root:USER's group 0640, secrets.env USER 0600)")

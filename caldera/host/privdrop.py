@@ -11,12 +11,15 @@ test's temp dir, a host without the user) nothing changes.
 That user is the agent's account (SPEC section 11): `caldera` for an agent installed
 into its bundle, the owner for an agent that lives in a user's home. `caldera init`
 gives the agent's state dir to that account (and systemd's StateDirectory= keeps it
-so), so the state dir's owner says whom to become.
+so), so the state dir's owner says whom to become: the owner of a real directory (lstat),
+never of what a link there points to (a link: stay the service user, with a sentence).
 """
 from __future__ import annotations
 
 import os
 import pwd
+import stat
+import sys
 
 from caldera import TYPE_CHECKING
 
@@ -61,10 +64,19 @@ def _agent_account(state_root: StrPath, agent: str | None) -> pwd.struct_passwd 
         agent = names[0] if len(names) == 1 else None
     if not agent or "/" in agent or agent in (".", ".."):
         return None
+    path = os.path.join(state_root, agent)
     try:
-        uid = os.stat(os.path.join(state_root, agent)).st_uid
-        return pwd.getpwuid(uid) if uid != 0 else None
-    except (OSError, KeyError):
+        st = os.lstat(path)  # not stat: a link's target says nothing about the agent
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        # The state root is the service user's: whoever planted this chose the target's owner.
+        sys.stderr.write(f"caldera: {path} is not a directory of its own (a link?): acting as the service "
+                         f"user, not as the owner of what it points to; remove it and re-run caldera init\n")
+        return None
+    try:
+        return pwd.getpwuid(st.st_uid) if st.st_uid != 0 else None
+    except KeyError:
         return None
 
 

@@ -1,6 +1,7 @@
 """Root acting on an installed agent becomes its service user; permission errors exit 2."""
 import os
 import pwd
+import stat
 
 from core_helpers import install_agent
 
@@ -90,9 +91,13 @@ def test_root_becomes_the_account_that_owns_the_agents_state_dir(tmp_path, monke
         raise KeyError(uid)
 
     monkeypatch.setattr(pwd, "getpwuid", getpwuid)
-    monkeypatch.setattr(privdrop.os, "stat", lambda path: os.stat_result(
-        (0, 0, 0, 0, uids.get(str(path), 0), 0, 0, 0, 0, 0)) if str(path) in uids else (_ for _ in ()).throw(
-        FileNotFoundError(2, "No such file", str(path))))
+    def fake_stat(path):
+        if str(path) not in uids:
+            raise FileNotFoundError(2, "No such file", str(path))
+        return os.stat_result((stat.S_IFDIR | 0o711, 0, 0, 0, uids[str(path)], 0, 0, 0, 0, 0))
+
+    monkeypatch.setattr(privdrop.os, "stat", fake_stat)
+    monkeypatch.setattr(privdrop.os, "lstat", fake_stat)
     assert privdrop.service_user_for(tmp_path, agent="home-agent").pw_name == "agent"
     assert privdrop.service_user_for(tmp_path, agent="bundle-agent").pw_name == "caldera"
     assert privdrop.service_user_for(tmp_path, agent="rooted").pw_name == "caldera"  # never root
@@ -110,3 +115,31 @@ def test_root_verbs_name_the_agent_to_privdrop(caldera_env, monkeypatch):
     monkeypatch.setattr(privdrop, "service_user_for", lambda root, agent=None: asked.append(agent))
     assert main(["pause", "--agent", "demo"]) == 0
     assert asked == ["demo"]
+
+
+def test_a_state_dir_that_is_a_link_is_not_whom_root_becomes(tmp_path, monkeypatch, capsys):
+    """Review of issue 23, LOW 7: the state root is the service user's; a link it plants as
+    NAME (-> a home of another account) must not make root become that account."""
+    victim = tmp_path / "victim-home"
+    victim.mkdir()
+    state_root = tmp_path / "state"
+    state_root.mkdir()
+    os.symlink(victim, state_root / "planted")
+    real_stat, real_lstat = os.stat, os.lstat
+    uids = {str(state_root): 998, str(victim): 4242}
+
+    def owned(real):
+        def fake(path, *args, **kwargs):
+            st = real(path, *args, **kwargs)
+            uid = uids.get(os.path.realpath(path) if real is real_stat else str(path))
+            return st if uid is None else os.stat_result((st.st_mode, 0, 0, 0, uid, uid, 0, 0, 0, 0))
+        return fake
+
+    monkeypatch.setattr(privdrop.os, "stat", owned(real_stat))
+    monkeypatch.setattr(privdrop.os, "lstat", owned(real_lstat))
+    monkeypatch.setattr(privdrop.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(pwd, "getpwnam", lambda name: _entry(998))
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: pwd.struct_passwd(
+        ("agent" if uid == 4242 else "caldera", "x", uid, uid, "", "/home/x", "/bin/sh")))
+    assert privdrop.service_user_for(state_root, agent="planted").pw_name == "caldera"
+    assert "is not a directory of its own" in capsys.readouterr().err
