@@ -89,7 +89,7 @@ class Executor:
     def recover(self) -> list[Command]:
         """After a restart: the commands to execute now (they never began); the rest is settled."""
         to_run = []
-        for key, entry in sorted((self.state.get(JOURNAL_KEY) or {}).items()):
+        for key, entry in sorted((self.state.get(JOURNAL_KEY) or {}).items(), key=_fetch_order):
             command = _journaled(key, entry)
             if isinstance(entry, dict) and entry.get("phase") == "fetched":
                 self._announce(command)
@@ -187,6 +187,17 @@ class Executor:
     def _put_finish(self, command: Command, status: str, result: dict[str, Any], error: str) -> None:
         body = finish_body(self.agent_id, status, self.redactor(result or {}), self.redactor(error or ""))
         self.outbox.put("finish", {"command_id": command.id, "command_type": command.type, "body": body})
+
+
+def _fetch_order(item: tuple[str, Any]) -> tuple[int, int, str]:
+    """Journal entries in the order they were fetched: the plane's ids are integers handed out
+    in order, so they sort as numbers ("9" before "10", by length then digits: no int() of a
+    huge string); other ids after them, as text."""
+    key = item[0]
+    if key.isascii() and key.isdigit():
+        digits = key.lstrip("0")
+        return 0, len(digits), digits
+    return 1, 0, key
 
 
 def _journaled(key: str, entry: Any) -> Command:
