@@ -41,6 +41,9 @@ RECENT_KEY, RECENT_KEPT = "recent_commands", 10  # what `caldera status` shows a
 CANCEL_GRACE = 5.0  # after ctx.cancel is set, how long a handler gets to notice
 DEADLINE_GRACE = 1.0  # the same, when the caller's own deadline (report --once) has passed
 INTERRUPTED = "interrupted: runtime restarted"
+# Commands that change nothing: their finish asks for a report without making older ones stale,
+# so a queue of them is answered by one recent report (docs/performance.md, the drain).
+READ_ONLY = frozenset(("health_check", "collect_system_info", "log_list", "log_get", "settings_get"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,9 +56,10 @@ class Executor:
     state: StateFile  # the journal
     outbox: Outbox
     redactor: Redactor
-    report_now: Callable[[], None]
+    report_now: Callable[[], None]  # the state changed: a report now, no older one answers a command
     context: Callable[[Command, threading.Event, float], CommandContext]
     runs: ActiveRuns | None = None  # accepted agent runs, for agent_interrupt
+    report_soon: Callable[[], None] = lambda: None  # a report now, the state unchanged
 
     # ------------------------------------------------------------ journal
 
@@ -119,7 +123,10 @@ class Executor:
         self._remember(command, status, error)
         self._journal_remove(command.key)
         log.info("command %s (%s) %s%s", command.id, command.type, status, f": {error}" if error else "")
-        self.report_now()
+        if command.type in READ_ONLY:
+            self.report_soon()  # nothing changed: a recent report may still answer the next
+        else:
+            self.report_now()
         return status
 
     def _remember(self, command: Command, status: str, error: str) -> None:
@@ -256,4 +263,5 @@ def executor_for(parts: Parts) -> Executor:
         return CommandContext.for_command(parts, command, cancel, deadline)
 
     return Executor(agent_id=parts.identity.agent_id, client=client, state=parts.state, outbox=parts.outbox,
-                    redactor=parts.redactor, report_now=parts.wake.report_now, runs=parts.runs, context=context)
+                    redactor=parts.redactor, report_now=parts.wake.report_now, runs=parts.runs, context=context,
+                    report_soon=parts.wake.report_soon)
