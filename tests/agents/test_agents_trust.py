@@ -202,9 +202,7 @@ def test_a_transient_failure_is_recorded_as_an_outcome_too(tmp_path, monkeypatch
 
 
 def test_a_revision_id_that_is_no_number_goes_into_state_json_bounded(tmp_path):
-    from caldera.agents import outcomes
-
-    from caldera.agents import revisions
+    from caldera.agents import outcomes, revisions
 
     rt = _installed(tmp_path)  # the schema refuses it in a command; a heartbeat's hint is no command
     with pytest.raises(CommandError):
