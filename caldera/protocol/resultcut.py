@@ -81,6 +81,8 @@ def bounded(value: Any, depth: int = 0, cut: list[str] | None = None, chain: Any
             return f"[cut: nested deeper than {MAX_DEPTH} levels]"
         if isinstance(value, dict):
             return {str(k): bounded(v, depth + 1, cut, (chain, k, True)) for k, v in value.items()}
+        if all(type(v) is str for v in value):  # a list of strings (log lines, names): copied at once
+            return list(value)
         return [bounded(v, depth + 1, cut, (chain, i, False)) for i, v in enumerate(value)]
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
