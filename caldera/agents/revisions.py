@@ -328,16 +328,29 @@ def _revision_id(value: object) -> int:
     return number
 
 
+def _recorded_id(value: object) -> int | str | None:
+    """The revision id as state.json keeps it: the whole number when it is one, else a short
+    text of what came (a payload's id can be any JSON value, a megabyte string)."""
+    try:
+        return _revision_id(value)
+    except CommandError:
+        return None if value is None else str(value)[:40]
+
+
 def apply_config_revision(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
     """The command, or the runtime's own apply of a heartbeat's desired revision (a local
     command: no finish). Either way the outcome is kept for the state reports (outcomes)."""
-    revision_id = payload.get("revision_id")
+    revision_id = _recorded_id(payload.get("revision_id"))
     via = "heartbeat" if ctx.command.local else "command"
     try:
         result = apply_revision(ctx, revision_id)
     except CommandError as exc:
         message = ctx.redactor(str(exc))
         outcomes.record(ctx.state, revision_id, "refused" if "refused" in message else "failed", message, via)
+        raise
+    except Exception as exc:  # a transient error, a timeout: the plane sees it failed, why, and how
+        message = ctx.redactor(f"{type(exc).__name__}: {exc}")
+        outcomes.record(ctx.state, revision_id, "failed", message, via)
         raise
     applied = [key for key in ("manifest", "settings", "bootstrap_manifest") if key in result]
     manifest = result.get("manifest") or {}

@@ -11,7 +11,8 @@ if TYPE_CHECKING:
 
 def _send_now(ctx: CommandContext) -> tuple[dict[str, Any], bool]:
     """The state report that answers the command: one built less than the 2 s floor ago
-    (`ReportFloor.recent`: one report answers many, and the command does not wait), else
+    (`ReportFloor.recent`: one report answers many, and the command does not wait) when no
+    change (a mutating command or verb: `Wakeups.report_now`) came after it was built, else
     one sampled and sent now through the floor. (the report, whether it was delivered).
 
     An undelivered report does not fail the command: the result carries the same
@@ -21,12 +22,12 @@ def _send_now(ctx: CommandContext) -> tuple[dict[str, Any], bool]:
         return ctx.reports.state_report(), False
     recent = ctx.reports.floor.recent()
     if recent is not None:
-        ctx.report_now()  # the reporter sends a fresh one once the floor allows
+        ctx.wake.report_soon()  # the reporter sends a fresh one once the floor allows
         return recent
     try:
         report, _ = ctx.reports.send(ctx.client, ctx.cancel, coalesce=True)
     except CalderaError:
-        ctx.report_now()
+        ctx.wake.report_soon()
         return ctx.reports.floor.last_body or ctx.reports.state_report(), False
     if report is None:  # cancelled while waiting for the floor
         return ctx.reports.state_report(), False

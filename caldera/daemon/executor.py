@@ -41,6 +41,9 @@ RECENT_KEY, RECENT_KEPT = "recent_commands", 10  # what `caldera status` shows a
 CANCEL_GRACE = 5.0  # after ctx.cancel is set, how long a handler gets to notice
 DEADLINE_GRACE = 1.0  # the same, when the caller's own deadline (report --once) has passed
 INTERRUPTED = "interrupted: runtime restarted"
+# Commands that change nothing: their finish asks for a report without making older ones stale,
+# so a queue of them is answered by one recent report (docs/performance.md, the drain).
+READ_ONLY = frozenset(("health_check", "collect_system_info", "log_list", "log_get", "settings_get"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,9 +56,10 @@ class Executor:
     state: StateFile  # the journal
     outbox: Outbox
     redactor: Redactor
-    report_now: Callable[[], None]
+    report_now: Callable[[], None]  # the state changed: a report now, no older one answers a command
     context: Callable[[Command, threading.Event, float], CommandContext]
     runs: ActiveRuns | None = None  # accepted agent runs, for agent_interrupt
+    report_soon: Callable[[], None] = lambda: None  # a report now, the state unchanged
 
     # ------------------------------------------------------------ journal
 
@@ -89,7 +93,7 @@ class Executor:
     def recover(self) -> list[Command]:
         """After a restart: the commands to execute now (they never began); the rest is settled."""
         to_run = []
-        for key, entry in sorted((self.state.get(JOURNAL_KEY) or {}).items()):
+        for key, entry in sorted((self.state.get(JOURNAL_KEY) or {}).items(), key=_fetch_order):
             command = _journaled(key, entry)
             if isinstance(entry, dict) and entry.get("phase") == "fetched":
                 self._announce(command)
@@ -119,7 +123,10 @@ class Executor:
         self._remember(command, status, error)
         self._journal_remove(command.key)
         log.info("command %s (%s) %s%s", command.id, command.type, status, f": {error}" if error else "")
-        self.report_now()
+        if command.type in READ_ONLY:
+            self.report_soon()  # nothing changed: a recent report may still answer the next
+        else:
+            self.report_now()
         return status
 
     def _remember(self, command: Command, status: str, error: str) -> None:
@@ -189,6 +196,17 @@ class Executor:
         self.outbox.put("finish", {"command_id": command.id, "command_type": command.type, "body": body})
 
 
+def _fetch_order(item: tuple[str, Any]) -> tuple[int, int, str]:
+    """Journal entries in the order they were fetched: the plane's ids are integers handed out
+    in order, so they sort as numbers ("9" before "10", by length then digits: no int() of a
+    huge string); other ids after them, as text."""
+    key = item[0]
+    if key.isascii() and key.isdigit():
+        digits = key.lstrip("0")
+        return 0, len(digits), digits
+    return 1, 0, key
+
+
 def _journaled(key: str, entry: Any) -> Command:
     """A journal entry's command, parsed again; one that no longer parses (an entry this
     version did not write) is still named by its key, so that it is settled, never lost."""
@@ -245,4 +263,5 @@ def executor_for(parts: Parts) -> Executor:
         return CommandContext.for_command(parts, command, cancel, deadline)
 
     return Executor(agent_id=parts.identity.agent_id, client=client, state=parts.state, outbox=parts.outbox,
-                    redactor=parts.redactor, report_now=parts.wake.report_now, runs=parts.runs, context=context)
+                    redactor=parts.redactor, report_now=parts.wake.report_now, runs=parts.runs, context=context,
+                    report_soon=parts.wake.report_soon)

@@ -6,9 +6,10 @@ by a None sentinel, each running its commands one at a time in the order they ca
   runs      agent_run (code-agent turns, which can take long)
   main      everything else (skill transfers, log_get, revisions, system info, ...)
 
-The poller fetches the next command while the main lane runs one, so a control queued
-behind a slow command reaches its lane; at most one main command waits (docs/runtime.md,
-"Lanes").
+The poller keeps fetching while no control is pending, holding fetched main commands in the
+main lane's queue (a backlog of at most MAIN_BACKLOG beside the running one, each journaled at
+fetch), so a control queued behind a slow command and any number of other main commands up to
+that bound reaches its lane (docs/runtime.md, "Lanes").
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from caldera.protocol.command import Command, parse_command
 log = logging.getLogger("caldera.lanes")
 RUN_TYPES = ("agent_run",)
 CONTROL_TYPES = ("pause", "resume", "run_now", "settings_get", "settings_set", "log_list", "agent_interrupt")
-MAIN_WAITING = 1  # main commands fetched ahead while one runs
+MAIN_BACKLOG = 32  # main commands fetched ahead (waiting) while one runs
 
 
 class LanesClosed(RuntimeError):
@@ -113,10 +114,11 @@ class Lanes:
             self._desired_seen.discard(revision_id)  # the next runtime sees it again
 
     def ready(self) -> bool:
-        """Whether the poller may fetch: no control pending, and at most one main command
-        (the running one) so that the next fetched may wait beside it."""
+        """Whether the poller may fetch: no control pending, and room in the main backlog
+        (the running command plus at most MAIN_BACKLOG waiting), so that a control the plane
+        holds behind several main commands is still fetched while the first of them runs."""
         with self._lock:
-            return self._pending["controls"] == 0 and self._pending["main"] <= MAIN_WAITING
+            return self._pending["controls"] == 0 and self._pending["main"] <= MAIN_BACKLOG
 
     def idle(self) -> bool:
         with self._lock:

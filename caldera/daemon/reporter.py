@@ -39,8 +39,10 @@ REVISION_KEY = "current_config_revision_id"  # state.json
 class ReportFloor:
     """The one 2 s floor of every state report; sends are serialised under its lock."""
 
-    def __init__(self, spacing: float = MIN_SPACING, clock: Callable[[], float] = time.monotonic):
-        self.spacing, self._clock = spacing, clock
+    def __init__(self, spacing: float = MIN_SPACING, clock: Callable[[], float] = time.monotonic,
+                 generation: Callable[[], int] = lambda: 0):
+        self.spacing, self._clock, self._generation = spacing, clock, generation
+        self._built_generation = -1  # the state's generation when the last report was built
         self._lock = threading.Lock()
         self._last_sent: float | None = None  # when the last report was built and sent
         self._last_done: float | None = None  # when the last delivered report arrived
@@ -49,9 +51,12 @@ class ReportFloor:
     def recent(self) -> tuple[dict[str, Any], bool] | None:
         """(the last report, whether it was delivered) when it was built less than the floor's
         spacing ago: a command that asks for a report takes it instead of waiting (the floor
-        limits reports, not commands). None when there is none that young."""
+        limits reports, not commands). None when there is none that young, or when the state
+        changed since it was built (`Wakeups.report_now` bumps the generation)."""
         body, sent, done = self.last_body, self._last_sent, self._last_done
         if body is None or sent is None or self._clock() - sent >= self.spacing:
+            return None
+        if self._built_generation != self._generation():
             return None
         return body, done is not None and done >= sent
 
@@ -72,8 +77,9 @@ class ReportFloor:
                 gap = self.spacing - (self._clock() - self._last_sent)
                 if gap > 0 and wait.wait(gap):
                     return None, False
-            built_at = self._clock()
+            built_at, generation = self._clock(), self._generation()
             self.last_body = body = build()
+            self._built_generation = generation
             self._last_sent = built_at
             client.state_report(body)
             self._last_done = self._clock()

@@ -22,9 +22,22 @@ class Wakeups:
     heartbeat: threading.Event = field(default_factory=_event)
     inventory: threading.Event = field(default_factory=_event)
     outbox: threading.Event = field(default_factory=_event)  # the Outbox sets it on every put
+    changes: int = 0  # bumped by every report_now(): a report built before it is stale
+    _changes_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def report_now(self) -> None:
+        """The state changed (a mutating command or verb, the agent's own change): a report now,
+        and no report built before this one answers a command (`ReportFloor.recent`)."""
+        with self._changes_lock:
+            self.changes += 1
         self.report.set()
+
+    def report_soon(self) -> None:
+        """A report now, the state unchanged (a read-only command finished)."""
+        self.report.set()
+
+    def generation(self) -> int:
+        return self.changes
 
     def inventory_changed(self) -> None:
         self.inventory.set()

@@ -22,7 +22,7 @@ from caldera.backends.registry import ActiveRuns
 from caldera.backends.registry import capabilities as backend_capabilities
 from caldera.config import AgentPaths, Settings
 from caldera.daemon.live import LiveStatus
-from caldera.daemon.reporter import Reports
+from caldera.daemon.reporter import ReportFloor, Reports
 from caldera.daemon.wakeups import Wakeups
 from caldera.errors import ConfigError
 from caldera.host.fsutil import ensure_dir
@@ -141,7 +141,8 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
         sampler=sampler, pool=ThreadPoolExecutor(SUBPROCESS_WORKERS, thread_name_prefix="caldera-proc"),
         identity=identity, runs=runs,
         reports=Reports(identity=identity, current=current, state=state, sampler=sampler, live=live,
-                        redactor=redactor, health_extra=lambda: outbox_health(outbox)),
+                        redactor=redactor, health_extra=lambda: outbox_health(outbox),
+                        floor=ReportFloor(generation=wake.generation)),
         publisher=Publisher(state_dir=paths.state_dir, env=lambda: current.settings.env,
                             runtime_type=settings.runtime_type, agent_id=identity.agent_id, outbox=outbox,
                             state=state, on_count=live.set_skill_count, report_now=wake.report_now),

@@ -80,10 +80,16 @@ def _revisions(store: Store, instance: int, body: dict[str, Any], now: float) ->
     recent = _obj(health.get("config_revisions")).get("recent")
     said = {i.get("revision_id"): i for i in (recent if isinstance(recent, list) else []) if isinstance(i, dict)}
     current = _obj(body.get("runtime")).get("current_config_revision_id")
+    # Reports carry the last 5 outcomes and the page lists 20 revisions: one older than what the
+    # agent last spoke of (or than the one it runs) is "no outcome reported", not "not applied yet".
+    known = [i for i in [*said, current] if isinstance(i, int) and not isinstance(i, bool)]
+    newest_known = max(known, default=0)
     rows = []
     for rev in revisions:
         entry = said.get(rev["id"]) or {}
-        outcome = str(entry.get("outcome") or ("current" if rev["id"] == current else "not applied yet"))
+        outcome = str(entry.get("outcome") or ("current" if rev["id"] == current else
+                                               "not applied yet" if rev["id"] > newest_known else
+                                               "no outcome reported"))
         if rev["id"] == current and outcome == "applied":
             outcome = "applied (current)"
         marks = ["desired"] if rev["desired"] else []

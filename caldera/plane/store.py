@@ -605,7 +605,10 @@ class Store:
         instance's heartbeats as `desired_config_revision_id`; returns its id."""
         if not isinstance(content, dict) or not content:
             raise ValueError("a revision's content must be a non-empty JSON object")
-        text = go_json(content)
+        try:
+            text = go_json(content)
+        except RecursionError:
+            raise ValueError("the revision is nested too deeply to be stored as JSON") from None
         if len(text.encode()) > REVISION_MAX_BYTES:
             raise ValueError(f"the revision is over {REVISION_MAX_BYTES} bytes of JSON")
         checksum = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
@@ -650,8 +653,9 @@ class Store:
 
 def go_json(content: Any) -> str:
     """Go json.Marshal's text for a decoded value: compact, keys sorted, <>& and the two
-    line separators escaped (the plane serves a revision's content byte for byte so)."""
-    text = json.dumps(content, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    line separators escaped (the plane serves a revision's content byte for byte so). NaN and
+    infinities are refused (a ValueError), as Go's encoder refuses them."""
+    text = json.dumps(content, separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False)
     for char, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
                           ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
         text = text.replace(char, escaped)

@@ -12,7 +12,7 @@ import pytest
 import responses
 import yaml
 from adapter_helpers import setting
-from skills_helpers import API, FakeRuntime, run
+from skills_helpers import API, FakeRuntime, ctx, run
 
 from caldera.agents import trust, updates, window
 from caldera.agents.manifest import load_manifest
@@ -182,3 +182,30 @@ def test_a_revision_nested_too_deep_is_refused_with_a_sentence(tmp_path):
         rsps.add(responses.GET, f"{API}/config/revisions/3", body=body, status=200)
         with pytest.raises(CommandError, match="nested deeper than 64 levels"):
             run(rt, "apply_config_revision", {"revision_id": 3})
+
+
+def test_a_transient_failure_is_recorded_as_an_outcome_too(tmp_path, monkeypatch):
+    """Only a CommandError was recorded: a plane outage or a timeout left no outcome."""
+    from caldera.agents import outcomes, revisions
+    from caldera.errors import Retryable
+
+    rt = _installed(tmp_path)
+
+    def down(*args, **kwargs):
+        raise Retryable("the plane is down (503)")
+
+    monkeypatch.setattr(revisions, "fetch", down)
+    with pytest.raises(Retryable):
+        revisions.apply_config_revision(ctx(rt, "apply_config_revision"), {"revision_id": 7})
+    last = outcomes.health(rt.state)["config_revisions"]["last"]
+    assert last["revision_id"] == 7 and last["outcome"] == "failed" and "503" in last["reason"]
+
+
+def test_a_revision_id_that_is_no_number_goes_into_state_json_bounded(tmp_path):
+    from caldera.agents import outcomes, revisions
+
+    rt = _installed(tmp_path)  # the schema refuses it in a command; a heartbeat's hint is no command
+    with pytest.raises(CommandError):
+        revisions.apply_config_revision(ctx(rt, "apply_config_revision"), {"revision_id": "x" * 1_000_000})
+    last = outcomes.health(rt.state)["config_revisions"]["last"]
+    assert last["revision_id"] == "x" * 40 and last["outcome"] == "failed"

@@ -289,3 +289,10 @@ def test_a_command_that_cannot_be_named_is_logged_never_journaled(runtime, caplo
     assert fetch_one(Plane(), executor_for(runtime)) is None
     assert "control plane sent an unusable command (a command without an id): " in caplog.text
     assert not runtime.state.get("commands")
+
+
+def test_recovery_keeps_the_fetch_order_of_numeric_ids(runtime):
+    """Ids sorted as text put "10" before "9": a backlog of fetched commands ran out of order."""
+    for cid in (8, 9, 10, 11, "local-b", "local-a"):
+        executor_for(runtime).journal_fetched(parse_command({"id": cid, "command_type": "collect_system_info"}))
+    assert [c.id for c in executor_for(runtime).recover()] == [8, 9, 10, 11, "local-a", "local-b"]

@@ -198,3 +198,34 @@ def test_the_poller_journals_an_oversized_command(caldera_env, plane):
     [again] = executor.recover()  # after a restart, the journal still knows it was too large
     assert again.id == 77 and again.refusal == command.refusal
     parts.pool.shutdown(wait=False)
+
+
+def test_a_report_built_before_a_change_does_not_answer_a_command(caldera_env):
+    """pause (or install_skill) then collect_system_info within 2 s: the answer was the report
+    built before the pause. A change bumps the generation; read-only commands do not."""
+    from caldera.daemon import builtin
+
+    install_agent(caldera_env)
+    parts = make_parts(with_driver=False)
+    clock, waits = Clock(), Waits()
+    object.__setattr__(parts.reports, "floor", ReportFloor(clock=clock, generation=parts.wake.generation))
+    client = Client(clock)
+    ctx = command_context("collect_system_info", cancel=waits, client=client, reports=parts.reports,
+                          wake=parts.wake)
+    builtin.collect_system_info(ctx, {})
+    clock.now += 0.3
+    builtin.health_check(ctx, {})  # read-only: the recent report answers it
+    assert len(client.bodies) == 1
+    parts.wake.report_now()  # what a pause or an install_skill does
+    clock.now += 0.3
+    builtin.collect_system_info(ctx, {})
+    assert len(client.bodies) == 2  # a report of its own, built after the change
+    assert waits.asked == [pytest.approx(1.4)]  # it waited out the floor (a Waits never blocks)
+    parts.pool.shutdown(wait=False)
+
+
+def test_read_only_commands_do_not_make_the_recent_report_stale():
+    from caldera.daemon.executor import READ_ONLY
+
+    assert {"health_check", "collect_system_info", "log_list", "settings_get"} <= READ_ONLY
+    assert not {"pause", "resume", "install_skill", "settings_set", "apply_config_revision"} & READ_ONLY

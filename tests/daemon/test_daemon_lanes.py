@@ -4,7 +4,7 @@ from core_helpers import install_agent
 from daemon_helpers import INSTANCE, Daemon, wait_for
 from plane_helpers import heartbeats
 
-from caldera.daemon.lanes import Lanes, lane_of
+from caldera.daemon.lanes import MAIN_BACKLOG, Lanes, lane_of
 from caldera.protocol.command import parse_command
 
 # `log NAME` holds until the test writes `release` (at most 15 s); the rest answer at once.
@@ -88,7 +88,7 @@ class _Blocked:
         self.release.wait(10)
 
 
-def test_the_poller_may_fetch_beside_one_running_main_command_but_not_more():
+def test_the_poller_keeps_fetching_into_a_bounded_main_backlog():
     executor = _Blocked()
     lanes = Lanes(executor, on_idle=lambda: None)  # type: ignore[arg-type]
     lanes.start()
@@ -97,9 +97,34 @@ def test_the_poller_may_fetch_beside_one_running_main_command_but_not_more():
         lanes.submit(parse_command({"id": 1, "command_type": "log_get"}))
         assert lanes.ready()  # one main command running: the next may be fetched
         lanes.submit(parse_command({"id": 2, "command_type": "collect_system_info"}))
-        assert not lanes.ready()  # one waits beside it: no more
+        assert lanes.ready()  # one waits beside it: a control behind it is still fetched
+        for cid in range(3, 2 + MAIN_BACKLOG):
+            lanes.submit(parse_command({"id": cid, "command_type": "health_check"}))
+        assert not lanes.ready()  # the backlog is full: the plane holds the rest
         assert not lanes.idle()
     finally:
         executor.release.set()
         assert lanes.close(timeout=10)
-    assert lanes.idle() and executor.ran == ["log_get", "collect_system_info"]
+    assert lanes.idle() and executor.ran[:2] == ["log_get", "collect_system_info"]
+    assert len(executor.ran) == 1 + MAIN_BACKLOG
+
+
+def test_a_pause_behind_a_slow_log_get_and_another_main_command_runs_at_once(caldera_env, plane):
+    """The plane hands commands out in order: [log_get running, collect_system_info waiting,
+    pause] used to leave the pause unfetched until the log_get ended."""
+    config = install_agent(caldera_env, base_url=plane.url)
+    (config / "adapter.py").write_text(SLOW_LOG_ADAPTER)
+    daemon = Daemon()
+    try:
+        wait_for(lambda: heartbeats(plane.store, INSTANCE), what="heartbeat")
+        slow = plane.store.enqueue(INSTANCE, "log_get", {"name": "agent"}, timeout_seconds=60)
+        wait_for(lambda: _status(plane, slow)["status"] == "running", what="log_get running")
+        info = plane.store.enqueue(INSTANCE, "collect_system_info")
+        pause = plane.store.enqueue(INSTANCE, "pause")
+        wait_for(lambda: _status(plane, pause)["status"] == "succeeded", what="pause done")
+        assert _status(plane, slow)["status"] == "running"  # the pause did not wait for it
+        (config / "release").write_text("")
+        wait_for(lambda: _status(plane, info)["status"] == "succeeded", what="system info done")
+        assert _status(plane, slow)["status"] == "succeeded"
+    finally:
+        daemon.stop()

@@ -176,4 +176,22 @@ def test_the_revision_verb_refuses_what_it_cannot_publish(caldera_env, plane, tm
     big = tmp_path / "big.yaml"
     big.write_bytes(b"#" * (300 * 1024))
     assert "KiB" in run("--instance", str(INSTANCE), "--manifest", str(big)).stderr
+    for text in ('{"a": NaN}', '{"a": -Infinity}'):  # json.loads takes them; they are not JSON
+        nan = run("--instance", str(INSTANCE), "--settings", text)
+        assert nan.returncode == 2 and "not a JSON value" in nan.stderr, nan.stderr
+    deep = run("--instance", str(INSTANCE), "--settings", '{"a": ' + "[" * 5_000 + "]" * 5_000 + "}")
+    assert deep.returncode == 2 and "nested too deeply" in deep.stderr and "Traceback" not in deep.stderr
+    assert plane.store.config_revisions(INSTANCE) == []
+
+
+def test_the_store_refuses_a_revision_that_is_not_json(plane):
+    import pytest
+
+    with pytest.raises(ValueError):
+        plane.store.publish_revision(INSTANCE, {"settings": {"a": float("nan")}})
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(ValueError, match="nested too deeply"):
+        plane.store.publish_revision(INSTANCE, {"settings": {"a": deep}})
     assert plane.store.config_revisions(INSTANCE) == []

@@ -237,3 +237,18 @@ def _check_presence(strip: list, chart: dict, sent: list) -> None:
     x_back = expected_xy(chart, sent[80]["at"], 0)[0]
     assert strip[1][0] == pytest.approx(x_stale, abs=0.1) and strip[2][0] == pytest.approx(x_offline, abs=0.1)
     assert strip[3][0] == pytest.approx(x_back, abs=0.1)
+
+
+def test_a_revision_older_than_the_reported_outcomes_is_not_called_not_applied_yet(plane, agent):
+    """Reports carry 5 outcomes, the page lists 20 revisions: an older applied one read
+    "not applied yet"."""
+    revs = [plane.store.publish_revision(1, {"settings": {"n": n}}, desired=False) for n in range(8)]
+    recent = [{"revision_id": r, "outcome": "applied", "reason": "settings", "via": "command"} for r in revs[2:7]]
+    agent.report(system_info=SYSTEM_INFO, agent_status=AGENT_STATUS,
+                 runtime={"openclaw_status": "running", "openclaw_pid": None, "current_config_revision_id": revs[6]},
+                 health={"config_revisions": {"level": "ok", "last": recent[-1], "recent": recent[::-1]}})
+    text = requests.get(plane.url + "/agents/1").text
+    outcome = dict(re.findall(r'<tr data-revision="(\d+)" data-outcome="([^"]*)"', text))
+    assert outcome[str(revs[0])] == outcome[str(revs[1])] == "no"  # "no outcome reported"
+    assert outcome[str(revs[3])] == "applied" and outcome[str(revs[7])] == "not"  # "not applied yet"
+    assert "no outcome reported" in text and "not applied yet" in text

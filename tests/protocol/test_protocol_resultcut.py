@@ -122,3 +122,72 @@ def test_short_strings_are_never_cut_even_when_long_ones_are():
 def test_non_finite_numbers_and_non_json_values_still_arrive():
     got, _ = sent({"load": float("nan"), "t": (1, 2), "o": object})
     assert got["load"] is None and got["t"] == [1, 2] and isinstance(got["o"], str)
+
+
+def _count_dumps(monkeypatch):
+    """How many json.dumps calls the cut makes (a count, not a time)."""
+    import caldera.protocol.resultcut as rc
+    calls = [0]
+    real = rc.json.dumps
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        assert calls[0] < 1000, "a dump per item or per pass: the cut is not linear"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rc.json, "dumps", counting)
+    return calls
+
+
+def test_many_small_lists_are_cut_in_a_few_passes(monkeypatch):
+    """40,000 small lists took about an hour (a re-walk and a dump per list per pass)."""
+    doc = {"status": "ok", "xs": [[i, "ab", 3] for i in range(40_000)], "ys": [[1] * 5 for _ in range(40_000)]}
+    calls = _count_dumps(monkeypatch)
+    got, length = sent(doc)
+    assert length <= RESULT_CAP and got["truncated"] is True and got["status"] == "ok"
+    assert got["xs"] == doc["xs"][:len(got["xs"])] and len(got["xs"]) > 30_000
+    assert calls[0] < 100  # was one dump per list per pass
+
+
+def test_small_strings_are_not_dumped_one_by_one(monkeypatch):
+    doc = {"s": ["a"] * 500_000, "t": [{"k": "v"} for _ in range(50_000)]}
+    calls = _count_dumps(monkeypatch)
+    got, length = sent(doc)
+    assert length <= RESULT_CAP and got["s"] == ["a"] * len(got["s"])
+    assert calls[0] < 100
+
+
+def test_a_huge_dict_keeps_its_first_keys_in_order():
+    doc = {"m": {f"key-{i}": i for i in range(100_000)}}
+    got, length = sent(doc)
+    assert length <= RESULT_CAP and len(got["m"]) > 50_000
+    assert list(got["m"]) == list(doc["m"])[:len(got["m"])]
+    assert got["cut_fields"] == [f"m{{{len(got['m'])}:100000}}"]
+
+
+def test_named_fields_survive_many_short_top_level_fields():
+    doc = {f"f{i:05d}-" + "x" * 20: "v" * 10 for i in range(40_000)}
+    doc.update(status="failed", run_id="r-1", failure_kind="timeout", log_path="/var/log/run.log")
+    got, length = sent(doc)
+    assert length <= RESULT_CAP
+    assert (got["status"], got["run_id"], got["failure_kind"], got["log_path"]) == (
+        "failed", "r-1", "timeout", "/var/log/run.log")
+    assert length > RESULT_CAP * 0.9  # the full target is used, not half of it
+
+
+def test_cut_paths_are_bounded_and_the_body_stays_under_the_cap():
+    inner = {f"s{j}": "y" * 30_000 for j in range(60)}
+    for i in range(20):
+        inner = {f"k{i}" * 50: inner}
+    got, length = sent(inner)
+    assert length <= RESULT_CAP and got["truncated"] is True
+    assert all(len(p) <= 200 for p in got["cut_fields"])
+    assert len(json.dumps(got["cut_fields"])) <= 4096 // 2 + 2
+    assert got["cut_fields_left_out"] == 60 - len(got["cut_fields"])
+
+
+@pytest.mark.parametrize("key_chars", [2 * MIB, 9 * MIB])
+def test_a_huge_key_is_dropped_not_sent(key_chars):
+    got, length = sent({"status": "ok", "x" * key_chars: 1})
+    assert length <= RESULT_CAP and got["status"] == "ok" and got["truncated"] is True
+    assert "9000000" in got["cut_fields"][0] or str(key_chars) in got["cut_fields"][0]
