@@ -116,7 +116,7 @@ else
 	cat "$WORK/lintian"
 	errors=$(grep -c '^E: ' "$WORK/lintian" || true)
 	warnings=$(grep -c '^W: ' "$WORK/lintian" || true)
-	grep -q '^lintian v\?[0-9]' "$WORK/lintian" || fail "lintian did not run (above)"
+	grep -qi '^lintian v\?[0-9]' "$WORK/lintian" || fail "lintian did not run (above)"
 	[ "$errors" -eq 0 ] || fail "lintian (Debian 13): $errors error(s)"
 	for tag in $(grep '^W: ' "$WORK/lintian" | awk '{print $3}' | sort -u); do
 		grep -qF "\`$tag\`" "$ROOT/docs/packaging.md" || fail "lintian (Debian 13) warning $tag is not explained in docs/packaging.md"
