@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from caldera import config
 from caldera.errors import EXIT_FAILED, EXIT_OK, UsageError
+from caldera.host import jsonlimits
 from caldera.host.fsutil import atomic_write_bytes
 from caldera.host.stopsignals import stop_on_signals
 from caldera.host.timefmt import human_age
@@ -280,11 +281,6 @@ def reports(args: argparse.Namespace) -> int:
 MANIFEST_MAX_BYTES = 256 * 1024  # a caldera.agent.yaml is a few KiB; the revision must fit the runtime's read
 
 
-def _no_constant(name: str) -> Any:
-    """json.loads takes NaN and Infinity, which are not JSON: refused (a ValueError)."""
-    raise ValueError(f"{name} is not a JSON value")
-
-
 def revision(args: argparse.Namespace) -> int:
     """Store a revision carrying `manifest` text and/or `settings` values; print its id."""
     content: dict[str, Any] = {}
@@ -292,11 +288,13 @@ def revision(args: argparse.Namespace) -> int:
         content["manifest"] = _manifest_text(Path(args.manifest))
     if args.settings is not None:
         try:
-            values = json.loads(args.settings, parse_constant=_no_constant)
+            # the one bounded parser: NaN/Infinity refused, depth checked before decoding (the
+            # interpreter's own recursion limit differs by version: 3.13 decodes 5,000 levels)
+            values = jsonlimits.loads(args.settings, max_bytes=MANIFEST_MAX_BYTES, what="--settings")
+        except jsonlimits.JSONLimitError as exc:
+            raise UsageError(str(exc)) from None
         except ValueError as exc:
             raise UsageError(f"--settings is not JSON: {exc}") from None
-        except RecursionError:
-            raise UsageError("--settings is nested too deeply to be a settings object") from None
         if not isinstance(values, dict) or not values:
             raise UsageError("--settings must be a JSON object of values, e.g. '{\"interval\": 30}'")
         content["settings"] = values
