@@ -47,7 +47,13 @@ def accounts(monkeypatch, tmp_path):
     def faked(st, path):
         if isinstance(path, int):
             path = _fd_path(path)
-        uid = owners.get(os.path.normpath(os.fspath(path))) if path is not None else None
+        uid = None
+        if path is not None:
+            # a file takes the owner set for it or for its nearest directory: a checkout is its
+            # account's through and through (as root or not, whoever really owns the temp tree)
+            here = os.path.normpath(os.fspath(path))
+            while uid is None and here not in ("/", ""):
+                uid, here = owners.get(here), os.path.dirname(here)
         if uid is None:
             return st
         return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, uid, uid, st.st_size,
