@@ -289,9 +289,15 @@ start_container() {
 		sleep 0.05
 	done
 	[ -n "$CPID" ] || fail "no PID 1 under systemd-nspawn"
-	# at first it is still nspawn's own helper; then it executes the image's command
+	# at first it is still nspawn's own helper, whose argv holds the command too (nspawn's
+	# own arguments end with it): only its executable tells the two apart
+	local exe
 	for _ in $(seq 200); do
-		tr '\0' ' ' < "/proc/$CPID/cmdline" 2>/dev/null | grep -q "caldera run" && return 0
+		exe=$(readlink "/proc/$CPID/exe" 2>/dev/null) || exe=
+		if [ -n "$exe" ] && [ "${exe##*/}" != systemd-nspawn ] &&
+			tr '\0' ' ' < "/proc/$CPID/cmdline" 2>/dev/null | grep -q "caldera run"; then
+			return 0
+		fi
 		sleep 0.05
 	done
 	fail "PID 1 of the container never became '${CMD[*]}'"
