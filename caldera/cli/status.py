@@ -23,6 +23,7 @@ from caldera.host.stopsignals import stop_on_signals
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
     from typing import Any, TextIO
 
     from caldera.agents.manifest import Manifest
@@ -144,11 +145,33 @@ def _redactor(paths: AgentPaths) -> Redactor:
         return Redactor()  # an operator without rights to secrets.env: the shapes are still masked
 
 
-def snapshot(paths: AgentPaths, redact: Redactor) -> dict[str, Any]:
+def storage_info(paths: AgentPaths, daemon_saw: Any = None,
+                 statvfs: Callable[[Any], os.statvfs_result] = os.statvfs) -> dict[str, Any] | None:
+    """Whether the state dir takes writes: its file system as seen now (full, read-only), else
+    what the daemon last recorded (status.json; state.json cannot say: it is not written
+    then). None when nothing is wrong."""
+    from caldera.host.storage import free_space_problem  # here: `status --help` does without it
+
+    if not paths.state_dir.is_dir():
+        return None
+    problem = free_space_problem(paths.state_dir, statvfs)
+    if problem is not None:
+        return {"state_dir": str(paths.state_dir), "problem": problem}
+    if isinstance(daemon_saw, dict) and daemon_saw.get("error"):
+        return {"state_dir": str(paths.state_dir), "problem": f"{daemon_saw.get('error')} "
+                f"(writing {daemon_saw.get('path')}, since {daemon_saw.get('since')})"}
+    return None
+
+
+def snapshot(paths: AgentPaths, redact: Redactor,
+             statvfs: Callable[[Any], os.statvfs_result] = os.statvfs) -> dict[str, Any]:
     """Everything `caldera status` shows, read once (the adapter is asked once). A user who
-    may not read the state dir (0711: an admin without sudo) gets the daemon's status.json."""
+    may not read the state dir (0711: an admin without sudo) gets the daemon's status.json.
+    `statvfs` looks at the state dir's file system (a test's stands in for a full one)."""
     if paths.state_dir.is_dir() and not os.access(paths.state_dir, os.R_OK):
-        return _daemon_snapshot(paths)
+        doc = _daemon_snapshot(paths)
+        doc["storage"] = storage_info(paths, doc.pop("daemon_storage", None), statvfs)
+        return doc
     from caldera.host.fsutil import StateLock  # here: `status --help` does without it
     from caldera.protocol.outbox import held_items, outbox_depth, rejected_count
 
@@ -166,10 +189,22 @@ def snapshot(paths: AgentPaths, redact: Redactor) -> dict[str, Any]:
               "held_back": redact(held_items(paths.state_dir / "outbox")),  # failed deliveries, with why
               "rejected": rejected_count(paths.state_dir)}
     doc = {"agent_status": agent, "connection": conn, "outbox": outbox, "commands": redact(recent_commands(state)),
-           "manifest": manifest_info(paths, manifest, state)}
+           "manifest": manifest_info(paths, manifest, state), "storage": storage_info(paths, _status_json_storage(paths),
+                                                                                      statvfs)}
     if process is not None:
         doc["process"] = process
     return doc
+
+
+def _status_json_storage(paths: AgentPaths) -> Any:
+    """The daemon's storage record as status.json last had it (a failure it could still write)."""
+    from caldera.host.fsutil import read_json  # here, as above
+
+    try:
+        snap = read_json(paths.state_dir / "status.json", None)
+    except (OSError, ValueError):
+        return None
+    return snap.get("storage") if isinstance(snap, dict) else None
 
 
 def dumps(doc: dict[str, Any]) -> str:
@@ -197,7 +232,7 @@ def _daemon_snapshot(paths: AgentPaths) -> dict[str, Any]:
     agent = snap.get("agent_status") if isinstance(snap.get("agent_status"), dict) else None
     commands = recent_commands({"recent_commands": snap.get("recent_commands")})
     doc = {"agent_status": agent, "connection": conn, "outbox": outbox, "commands": commands,
-           "snapshot_at": snap.get("written_at")}
+           "snapshot_at": snap.get("written_at"), "daemon_storage": snap.get("storage")}
     if isinstance(snap.get("process"), dict):  # process mode, as of the daemon's last report
         doc["process"] = snap["process"]
     return doc
@@ -287,6 +322,10 @@ def render(name: str, doc: dict[str, Any]) -> str:
         lines.append(f"  registration refused: {conn['auth_blocked']} (fix the configuration, then: systemctl reload)")
     lines.extend(_manifest_lines(doc.get("manifest")))
     lines.append(f"daemon: {conn['daemon'] or 'not running'}")
+    storage = doc.get("storage")
+    if storage:
+        until = "there is space" if "full" in storage["problem"] else "it takes writes again"
+        lines.append(f"state dir {storage['state_dir']}: {storage['problem']}: commands are not fetched until {until}")
     dropped = ", ".join(f"{name} {count}" for name, count in sorted((outbox.get("dropped") or {}).items()))
     lines.append(f"outbox: {outbox['items']} waiting"
                  + (f"; dropped since the daemon started: {dropped}" if dropped else "")

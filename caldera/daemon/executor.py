@@ -7,6 +7,12 @@ The server hands a command out once, so nothing fetched may be lost:
 A restarted runtime executes what never began, finishes `failed` ("interrupted:
 runtime restarted") what began without a recorded result, and leaves recorded
 results to the outbox sender. Nothing runs twice.
+
+A write the state dir refuses (a full disk) is never skipped on these three steps: a
+command whose `executing` mark cannot be written waits (retrying, in its place) and a
+result the outbox cannot take is held and retried, until the runtime stops; what is
+left then is settled by the next start, as after a crash. The last-commands list is
+best effort.
 """
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from caldera.daemon import dispatch
@@ -25,6 +31,7 @@ from caldera.protocol import schemas
 from caldera.protocol.client import NotFound, Unsendable
 from caldera.protocol.command import Command, MalformedCommand, parse_command
 from caldera.protocol.payloads import finish_body
+from caldera.protocol.retry import Backoff
 
 if TYPE_CHECKING:
     from caldera.backends.registry import ActiveRuns
@@ -60,6 +67,7 @@ class Executor:
     context: Callable[[Command, threading.Event, float], CommandContext]
     runs: ActiveRuns | None = None  # accepted agent runs, for agent_interrupt
     report_soon: Callable[[], None] = lambda: None  # a report now, the state unchanged
+    stop: threading.Event = field(default_factory=threading.Event)  # the runtime's stop: ends a wait for space
 
     # ------------------------------------------------------------ journal
 
@@ -101,33 +109,90 @@ class Executor:
                 continue
             if not self.outbox.has_finish(command.id):
                 log.warning("command %s (%s) was interrupted by a restart; finishing it failed", key, command.type)
-                self._put_finish(command, "failed", {}, INTERRUPTED)
-            self._journal_remove(key)
+                try:
+                    self._put_finish(command, "failed", {}, INTERRUPTED)
+                except OSError as exc:
+                    # A full disk at the start: heartbeats must begin, so a lane finishes it (waiting
+                    # for space); refused with INTERRUPTED, it never runs and that is its one finish.
+                    log.error("command %s: its finish cannot be recorded now (%s); a lane records it when it can",
+                              key, exc.strerror or exc)
+                    to_run.append(replace(command, refusal=INTERRUPTED))
+                    continue
+            try:
+                self._journal_remove(key)
+            except OSError as exc:  # its finish is recorded: the next start removes the entry
+                log.warning("command %s: its journal entry stays until there is space (%s)", key, exc.strerror or exc)
         return to_run
 
     # ------------------------------------------------------------ execution
 
     def execute(self, command: Command, cancel: threading.Event | None = None, deadline: float | None = None) -> str:
         """Run one fetched (journaled) command to its recorded finish; returns the status.
-        `deadline` (report --once's) bounds the handler's time and its cancel grace."""
-        self._journal_phase(command.key, "executing")
+        `deadline` (report --once's) bounds the handler's time and its cancel grace. "deferred":
+        the runtime stopped while the state dir refused its `executing` mark (it never began:
+        the next start runs it)."""
+        if not self._until_written(lambda: self._journal_phase(command.key, "executing"), command,
+                                   "its executing mark (it waits in its place)", cancel):
+            log.warning("command %s (%s) kept for the next start: the state dir took no writes", command.id,
+                        command.type)
+            return "deferred"
         result: dict[str, Any] = {}
         refused = self._send_start(command)
         if refused is not None:
             status, error = "failed", refused
         else:
             status, result, error = self.run_handler(command, cancel, deadline)
-        self._put_finish(command, status, result, error)
+        if not self._until_written(lambda: self._put_finish(command, status, result, error), command,
+                                   f"its result ({status})", cancel):
+            log.error("command %s (%s) %s but its result could not be recorded before the stop; the next start "
+                      "finishes it failed (%s)", command.id, command.type, status, INTERRUPTED)
+            return status
         if self.runs is not None and command.type == "agent_run":
             self.runs.forget(command.run_id)
-        self._remember(command, status, error)
-        self._journal_remove(command.key)
+        try:
+            self._remember(command, status, error)
+        except OSError as exc:  # only `caldera status`'s list: never in the way of the journal
+            log.warning("command %s: not added to the last commands (%s)", command.id, exc.strerror or exc)
+        # The finish is recorded; the entry goes so that no restart settles the command again
+        # (on a stop first, the outbox's copy or its delivered record settles it then).
+        self._until_written(lambda: self._journal_remove(command.key), command, "its journal entry's removal", cancel)
         log.info("command %s (%s) %s%s", command.id, command.type, status, f": {error}" if error else "")
         if command.type in READ_ONLY:
             self.report_soon()  # nothing changed: a recent report may still answer the next
         else:
             self.report_now()
         return status
+
+    def _until_written(self, write: Callable[[], None], command: Command, what: str,
+                       cancel: threading.Event | None) -> bool:
+        """`write()` until the state dir takes it; False when the runtime stops (or the command is
+        cancelled) first. A write refused is logged once, then retried with backoff."""
+        backoff, refused = Backoff(), False
+        while True:
+            try:
+                write()
+            except OSError as exc:
+                if not refused:
+                    log.error("command %s (%s): cannot record %s: %s; retrying until the state dir takes it",
+                              command.id, command.type, what, exc.strerror or exc)
+                refused = True
+                if self._pause(backoff.after(exc), cancel):
+                    return False
+                continue
+            if refused:
+                log.warning("command %s (%s): %s recorded", command.id, command.type, what)
+            return True
+
+    def _pause(self, delay: float, cancel: threading.Event | None) -> bool:
+        """Wait `delay` seconds; True as soon as the runtime stops or `cancel` is set."""
+        events = [e for e in (cancel, self.stop) if e is not None]
+        end = time.monotonic() + delay
+        while not any(e.is_set() for e in events):
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            events[0].wait(min(left, 0.5))  # both are watched: the lanes' cancel, the daemon's stop
+        return True
 
     def _remember(self, command: Command, status: str, error: str) -> None:
         """The last few finished commands, newest first, for `caldera status` (state.json, bounded)."""
@@ -148,15 +213,22 @@ class Executor:
         except NotFound as exc:
             if exc.from_server:
                 return f"the control plane does not know this command: {exc.message}"
-            self.outbox.put("start", {"command_id": command.id, "body": body})  # a proxy's 404: try later
+            self._queue_start(command, body)  # a proxy's 404: try later
         except Unsendable as exc:
             return str(exc)  # an id that cannot go into a URL: not executed (its finish is refused too)
         except (Retryable, AuthBlocked):
             # The agent keeps working: the start goes out later, before the finish.
-            self.outbox.put("start", {"command_id": command.id, "body": body})
+            self._queue_start(command, body)
         except CalderaError as exc:
             log.warning("start of command %s refused (%s); executing it anyway", command.id, exc)
         return None
+
+    def _queue_start(self, command: Command, body: dict[str, Any]) -> None:
+        try:
+            self.outbox.put("start", {"command_id": command.id, "body": body})
+        except OSError as exc:  # the plane takes a finish without a start: only the `running` state is missed
+            log.warning("command %s: its start could not be queued (%s); executing it anyway",
+                        command.id, exc.strerror or exc)
 
     def run_handler(self, command: Command, cancel: threading.Event | None = None,
                     deadline: float | None = None) -> tuple[str, dict[str, Any], str]:
@@ -264,4 +336,4 @@ def executor_for(parts: Parts) -> Executor:
 
     return Executor(agent_id=parts.identity.agent_id, client=client, state=parts.state, outbox=parts.outbox,
                     redactor=parts.redactor, report_now=parts.wake.report_now, runs=parts.runs, context=context,
-                    report_soon=parts.wake.report_soon)
+                    report_soon=parts.wake.report_soon, stop=parts.wake.stop)

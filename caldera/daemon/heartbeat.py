@@ -3,7 +3,9 @@
 `has_pending_command` wakes the poller at once; a `desired_config_revision_id`
 different from the current one is handed on (`on_desired`). Failures are
 logged once per state change with "last successful was X ago", and the
-connection status is kept in state.json for `caldera status`.
+connection status is kept in state.json for `caldera status`: best effort, since
+heartbeats must go on whatever the state dir does (a full disk, issue 26). The
+loop's body survives any exception (a logged line and a backoff).
 """
 from __future__ import annotations
 
@@ -39,15 +41,30 @@ class ConnectionStatus:
         self.on_recovery = on_recovery or (lambda: None)
         self.last_ok: float | None = None  # monotonic
         self.failing = False
+        self._mirror_error: str | None = None  # the last failure to write the mirror, logged once
+
+    def _mirror(self, write: Callable[[], object]) -> None:
+        """Write the state.json mirror; a failure is logged once per change, never raised."""
+        try:
+            write()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            if reason != self._mirror_error:
+                log.warning("could not keep the connection status in state.json (%s); heartbeats go on", reason)
+            self._mirror_error = reason
+            return
+        if self._mirror_error is not None:
+            log.info("connection status kept in state.json again")
+        self._mirror_error = None
 
     def ok(self, data: dict[str, Any]) -> None:
         if self.failing:
             log.info("control plane reachable again")
             self.on_recovery()  # deliver what waited, without sitting out the backoff
         self.failing, self.last_ok = False, time.monotonic()
-        self.state.set(CONNECTION_KEY, {"last_heartbeat_ok_at": rfc3339(), "last_error": None,
-                                        "last_error_at": None, "auth_blocked": None,
-                                        "server_time": data.get("server_time")})
+        conn = {"last_heartbeat_ok_at": rfc3339(), "last_error": None, "last_error_at": None,
+                "auth_blocked": None, "server_time": data.get("server_time")}
+        self._mirror(lambda: self.state.set(CONNECTION_KEY, conn))
 
     def error(self, exc: Exception) -> None:
         reason = self.redactor(str(exc))
@@ -62,7 +79,7 @@ class ConnectionStatus:
             conn.update(last_error=reason, last_error_at=rfc3339(), auth_blocked=blocked)
             return conn
 
-        self.state.update(CONNECTION_KEY, mark)
+        self._mirror(lambda: self.state.update(CONNECTION_KEY, mark))
 
 
 def send_heartbeat(client: ControlPlaneClient, reports: Reports, state: StateFile, wake: Wakeups,
@@ -101,13 +118,23 @@ def heartbeat_loop(client: ControlPlaneClient, auth: Auth, reports: Reports, sta
                    live: LiveStatus, on_desired: Callable[[int], None]) -> None:
     backoff = Backoff()
     while not wake.stop.is_set():
-        live.tick("heartbeat")
         try:
-            status.ok(send_heartbeat(client, reports, status.state, wake, on_desired))
-            backoff.reset()
-            info = auth.info  # read after the call: the first one registers
-            delay = info.heartbeat_interval if info else DEFAULT_INTERVAL
-        except Exception as exc:  # noqa: BLE001 -- every failure is logged and retried
-            status.error(exc)
+            delay = beat(client, auth, reports, status, wake, live, on_desired, backoff)
+        except Exception as exc:  # noqa: BLE001 -- a bug in the error path itself: the loop goes on
+            log.exception("heartbeat loop: unexpected error; going on")
             delay = backoff.after(exc)
         wait_any(wake.stop, wake.heartbeat, delay)
+
+
+def beat(client: ControlPlaneClient, auth: Auth, reports: Reports, status: ConnectionStatus, wake: Wakeups,
+         live: LiveStatus, on_desired: Callable[[int], None], backoff: Backoff) -> float:
+    """One turn of the loop: a heartbeat and its bookkeeping; returns the wait before the next."""
+    live.tick("heartbeat")
+    try:
+        status.ok(send_heartbeat(client, reports, status.state, wake, on_desired))
+    except Exception as exc:  # noqa: BLE001 -- every failure is logged and retried
+        status.error(exc)
+        return backoff.after(exc)
+    backoff.reset()
+    info = auth.info  # read after the call: the first one registers
+    return info.heartbeat_interval if info else DEFAULT_INTERVAL

@@ -99,7 +99,7 @@ def _run_commands(parts: Parts, client: ControlPlaneClient, executor: Executor, 
         ran += 1
     flush(client, parts.outbox, parts.wake.stop, deadline=deadline)
     while time.monotonic() < deadline:
-        fetched = fetch_one(client, executor)
+        fetched = fetch_one(client, executor, parts.wake.stop, deadline)
         if fetched is None:
             break
         executor.execute(fetched, cancel, deadline)

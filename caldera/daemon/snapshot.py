@@ -34,6 +34,7 @@ def write_snapshot(parts: Parts) -> None:
         "connection": parts.state.get(CONNECTION_KEY) or {},
         "outbox": {"items": parts.outbox.depth(), "dropped": parts.state.get(DROPS_KEY) or {}},
         "recent_commands": parts.state.get(RECENT_KEY) or [],
+        "storage": parts.state.storage.failure(),  # a failing write the daemon saw (status.json may still fit)
     }
     process = ((parts.live.last_section or {}).get("health") or {}).get("agent_process")
     if process is not None:  # process mode: pid, uptime, restarts, last exit, hold (agents/process)

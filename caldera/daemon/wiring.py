@@ -28,6 +28,7 @@ from caldera.errors import ConfigError
 from caldera.host.fsutil import ensure_dir
 from caldera.host.sampler import Sampler
 from caldera.host.statefile import StateFile
+from caldera.host.storage import StorageHealth
 from caldera.protocol.client import ControlPlaneClient, Transport
 from caldera.protocol.outbox import Outbox, outbox_health
 from caldera.protocol.payloads import BASE_CAPABILITIES, Identity, register_body
@@ -125,13 +126,14 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
     manifest = _load_manifest(paths)
     name = (manifest.name if manifest is not None else None) or paths.name
     wake = Wakeups()
-    outbox = Outbox(paths.state_dir / "outbox", wakeup=wake.outbox)
+    storage = StorageHealth()  # the state dir's failing writes (a full disk), shared by the state file and the outbox
+    outbox = Outbox(paths.state_dir / "outbox", wakeup=wake.outbox, storage=storage)
     current = Current(settings=settings, manifest=manifest)
     live = LiveStatus()
     live.count_drops("outbox", lambda: outbox.dropped)
     runs = ActiveRuns()
     live.count_drops("events", lambda: runs.events_dropped)
-    state = StateFile(paths.state_dir / "state.json")
+    state = StateFile(paths.state_dir / "state.json", storage=storage)
     sampler = Sampler(persistent_dir=str(settings.persistent_dir), runtime_type=settings.runtime_type,
                       runtime_name=name, disk_limit_bytes=settings.disk_limit_bytes)
     identity = Identity(agent_id=settings.agent_id, agent_name=paths.name, runtime_name=name,
@@ -141,7 +143,7 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
         sampler=sampler, pool=ThreadPoolExecutor(SUBPROCESS_WORKERS, thread_name_prefix="caldera-proc"),
         identity=identity, runs=runs,
         reports=Reports(identity=identity, current=current, state=state, sampler=sampler, live=live,
-                        redactor=redactor, health_extra=lambda: outbox_health(outbox),
+                        redactor=redactor, health_extra=lambda: {**outbox_health(outbox), **storage.health()},
                         floor=ReportFloor(generation=wake.generation)),
         publisher=Publisher(state_dir=paths.state_dir, env=lambda: current.settings.env,
                             runtime_type=settings.runtime_type, agent_id=identity.agent_id, outbox=outbox,

@@ -16,6 +16,11 @@ a 400 after the body was cut to what the server accepts) move to
 
 Bounded at 10,000 items or 64 MiB: past that the oldest inventories go first;
 finish results are never dropped.
+
+A write that fails raises (nothing was stored) and goes into the `StorageHealth`
+record; a finish delivered while its `.finishes-delivered` record cannot be written
+for want of space stays on disk (skipped until the record is written): deleting it
+would let a kill -9 before the journal's last write finish its command twice.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from pathlib import Path
 from caldera import TYPE_CHECKING
 from caldera.host import jsonlimits
 from caldera.host.fsutil import NOFOLLOW, atomic_write_bytes, ensure_dir
+from caldera.host.storage import StorageHealth
 from caldera.host.timefmt import rfc3339
 from caldera.protocol.payloads import finite
 
@@ -49,6 +55,9 @@ STALE_TEMP = 600.0  # seconds: a temp file this old is an atomic write cut short
 DROPPABLE = ("inventory",)  # superseded by a newer one; never "finish" or "start"
 FIRST = ("start", "finish")  # results go before everything else
 REASON_CAP = 500
+# A delivered record that cannot be written for these keeps its finish on disk (it is the
+# state dir's file system failing, not something planted at the record's name).
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 
 
 def _encode(doc: dict[str, Any]) -> bytes:
@@ -64,8 +73,11 @@ def _kind_of(name: str) -> str:
 
 class Outbox:
     def __init__(self, directory: str | os.PathLike[str], max_items: int = MAX_ITEMS, max_bytes: int = MAX_BYTES,
-                 wakeup: threading.Event | None = None, clock: Callable[[], float] = time.time):
+                 wakeup: threading.Event | None = None, clock: Callable[[], float] = time.time,
+                 storage: StorageHealth | None = None):
         self.dir = ensure_dir(directory)
+        self.storage = storage or StorageHealth()
+        self._unrecorded: dict[str, str] = {}  # delivered finishes whose record waits for space: name -> id
         self.max_items, self.max_bytes = max_items, max_bytes
         self._lock = threading.Lock()
         self._clock = clock
@@ -101,13 +113,23 @@ class Outbox:
         with self._lock:
             self._seq += 1
             name = f"{self._seq:012d}-{kind}.json"
-            atomic_write_bytes(self.dir / name, data, mode=0o600)
+            self._write(name, data)
             self._enforce_bounds()
         self.wakeup.set()
         return name
 
+    def _write(self, name: str, data: bytes) -> None:
+        """One durable item (under the lock); a failure is raised and goes into the storage record."""
+        try:
+            atomic_write_bytes(self.dir / name, data, mode=0o600)
+        except OSError as exc:
+            self.storage.failed(self.dir / name, exc)
+            raise
+        self.storage.ok()
+
     def names_in_send_order(self) -> list[str]:
-        names = self._names()
+        self._record_unrecorded()
+        names = [n for n in self._names() if n not in self._unrecorded]
         return [n for n in names if _kind_of(n) in FIRST] + [n for n in names if _kind_of(n) not in FIRST]
 
     def items(self) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -129,13 +151,44 @@ class Outbox:
         if item.get("kind") == "finish":
             command_id = str(item.get("command_id"))
             with self._lock:
-                ids = [command_id] + [i for i in self._delivered_ids() if i != command_id]
                 try:
-                    atomic_write_bytes(self.dir / DELIVERED, json.dumps(ids[:DELIVERED_KEPT]).encode(), mode=0o600)
-                except OSError as exc:  # the record only saves a redundant finish: never hold one up
+                    self._write_delivered([command_id])
+                except OSError as exc:
+                    if exc.errno in STORAGE_ERRNOS:  # kept (not sent again) until the record is written
+                        self._unrecorded[name] = command_id
+                        self.storage.failed(self.dir / DELIVERED, exc)
+                        log.warning("finish %s was delivered but cannot be recorded (%s); kept until it can be",
+                                    name, exc.strerror or exc)
+                        return
+                    # something else at the record's name: it only saves a redundant finish, never hold one up
                     log.warning("could not record that finish %s was delivered (%s); a restart now could "
                                 "finish command %s once more", name, exc.strerror or exc, command_id)
         self.done(name)
+
+    def _write_delivered(self, command_ids: list[str]) -> None:
+        """Put `command_ids` at the head of the delivered record (under the lock). Raises OSError."""
+        ids = command_ids + [i for i in self._delivered_ids() if i not in command_ids]
+        atomic_write_bytes(self.dir / DELIVERED, json.dumps(ids[:DELIVERED_KEPT]).encode(), mode=0o600)
+        self.storage.ok()
+
+    def _record_unrecorded(self) -> None:
+        """Record the delivered finishes kept for want of space, then let them go; still kept
+        while the record cannot be written."""
+        with self._lock:
+            if not self._unrecorded:
+                return
+            try:
+                self._write_delivered(list(self._unrecorded.values()))
+            except OSError as exc:
+                self.storage.failed(self.dir / DELIVERED, exc)
+                return
+            names, self._unrecorded = list(self._unrecorded), {}
+            for name in names:
+                try:
+                    os.unlink(self.dir / name)
+                except FileNotFoundError:
+                    pass
+        log.info("recorded %d delivered finish(es) kept while the state dir was full", len(names))
 
     def _delivered_ids(self) -> list[str]:
         """The record's ids as strings (the journal keys commands by their id as a string);
@@ -171,7 +224,7 @@ class Outbox:
         with self._lock:
             if not (self.dir / name).exists():
                 return False
-            atomic_write_bytes(self.dir / name, _encode(item), mode=0o600)
+            self._write(name, _encode(item))
             return True
 
     def hold(self, name: str, item: dict[str, Any], reason: str, delay: float) -> dict[str, Any]:
@@ -181,7 +234,10 @@ class Outbox:
         retry = {"attempts": int(previous.get("attempts") or 0) + 1,
                  "next_at": self._clock() + delay, "reason": reason[:REASON_CAP],
                  "since": previous.get("since") or rfc3339()}
-        self.rewrite(name, {**item, "retry": retry})
+        try:
+            self.rewrite(name, {**item, "retry": retry})
+        except OSError as exc:  # a full disk: the item stays as it was and is simply tried again sooner
+            log.debug("outbox item %s: its retry record was not written (%s)", name, exc.strerror or exc)
         return retry
 
     def due(self, item: dict[str, Any]) -> bool:
