@@ -273,7 +273,7 @@ class Outbox:
     def has_finish(self, command_id: int | str) -> bool:
         """A finish for this command is waiting here or was taken by the plane."""
         wanted = str(command_id)
-        if wanted in self._delivered_ids():
+        if wanted in self._unrecorded.values() or wanted in self._delivered_ids():
             return True
         return any(str(item.get("command_id")) == wanted and item.get("kind") == "finish"
                    for _, item in self.items())

@@ -1,0 +1,353 @@
+"""A full state dir (issue 26): heartbeats go on, nothing is taken that cannot be journaled,
+commands keep their order, nothing accepted is lost, every command is finished once, and
+the operator is told (the report's health, `caldera status`).
+
+The disk is "full" through fsutil's temp-file step (every durable write of the state file
+and the outbox goes through it), so the tests run as any user, without a tmpfs."""
+import errno
+import json
+import logging
+import os
+import threading
+import types
+
+import pytest
+from core_helpers import Args, install_agent, make_parts
+from daemon_helpers import INSTANCE, wait_for
+from plane_helpers import heartbeats
+
+from caldera.cli import status
+from caldera.config import agent_from_args
+from caldera.daemon.executor import executor_for
+from caldera.daemon.heartbeat import ConnectionStatus, heartbeat_loop
+from caldera.daemon.lanes import Lanes
+from caldera.daemon.live import LiveStatus
+from caldera.daemon.poller import poll_loop
+from caldera.daemon.sender import sender_loop
+from caldera.daemon.wakeups import Wakeups
+from caldera.host import fsutil
+from caldera.host.statefile import StateFile
+from caldera.host.storage import StorageHealth
+from caldera.protocol.command import parse_command
+from caldera.protocol.outbox import Outbox
+from caldera.redact import Redactor
+
+
+class FullDisk:
+    """Durable writes under `root` (whose path passes `which`) fail with ENOSPC while `full`."""
+
+    def __init__(self, monkeypatch, root, which=lambda path: True):
+        self.full, self.refused = False, 0
+        real = fsutil._temp_beside
+
+        def temp_beside(path):
+            if self.full and root in path.parents and which(path):
+                self.refused += 1
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(path)
+
+        monkeypatch.setattr(fsutil, "_temp_beside", temp_beside)
+
+    def refusals_after(self, n):
+        """Wait until `n` more writes were refused than now (the loops tried again)."""
+        start = self.refused
+        wait_for(lambda: self.refused >= start + n, timeout=30, what=f"{n} more refused writes")
+
+
+def _commands(plane):
+    return {c["id"]: c for c in plane.store.commands(INSTANCE)}
+
+
+class Loops:
+    """The daemon's loops in this process, on `parts` (the plane's heartbeat and poll are 1 s)."""
+
+    def __init__(self, parts):
+        self.parts = parts
+        client, auth = parts.connection()
+        self.executor = executor_for(parts)
+        self.lanes = Lanes(self.executor, on_idle=parts.wake.poll.set)
+        self.status = ConnectionStatus(parts.state, parts.redactor, auth)
+        wake, live = parts.wake, parts.live
+        bodies = [(heartbeat_loop, (client, auth, parts.reports, self.status, wake, live, lambda r: None)),
+                  (poll_loop, (client, auth, self.executor, self.lanes, wake, live)),
+                  (sender_loop, (client, parts.outbox, wake, live, parts.redactor))]
+        self.lanes.start()
+        self.threads = [threading.Thread(target=body, args=args, daemon=True) for body, args in bodies]
+        for thread in self.threads:
+            thread.start()
+
+    def stop(self):
+        self.parts.wake.shutdown()
+        self.lanes.cancel.set()
+        self.lanes.close(timeout=10)
+        for thread in self.threads:
+            thread.join(10)
+        self.parts.pool.shutdown(wait=False)
+
+
+@pytest.fixture
+def connected(caldera_env, plane):
+    install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
+    parts = make_parts(with_driver=False)
+    loops = Loops(parts)
+    wait_for(lambda: heartbeats(plane.store, INSTANCE), what="the first heartbeat")
+    yield parts, loops
+    loops.stop()
+
+
+# ------------------------------------------------------------------ defect 1: the heartbeat
+
+def test_heartbeats_go_on_while_the_state_dir_is_full_and_after(connected, plane, monkeypatch):
+    parts, loops = connected
+    disk = FullDisk(monkeypatch, parts.paths.state_dir)
+    disk.full = True
+    before = len(heartbeats(plane.store, INSTANCE))
+    wait_for(lambda: len(heartbeats(plane.store, INSTANCE)) >= before + 3, timeout=30,
+             what="heartbeats while the disk is full")
+    assert all(t.is_alive() for t in loops.threads)
+    assert parts.state.storage.failure()["state"] == "full"
+    disk.full = False
+    during = len(heartbeats(plane.store, INSTANCE))
+    wait_for(lambda: len(heartbeats(plane.store, INSTANCE)) >= during + 2, timeout=30, what="heartbeats after")
+    wait_for(lambda: json.loads((parts.paths.state_dir / "state.json").read_text()).get("connection"),
+             what="the connection mirror written again")
+    assert parts.state.storage.failure() is None
+
+
+# ------------------------------------------------------------------ defect 2: commands
+
+def test_a_command_the_journal_refuses_is_finished_failed_and_later_ones_wait_in_order(connected, plane, monkeypatch):
+    parts, loops = connected
+    disk = FullDisk(monkeypatch, parts.paths.state_dir)
+    disk.full = True  # the disk fills between two polls: the runtime has not seen it yet
+    first = plane.store.enqueue(INSTANCE, "collect_system_info")
+    second = plane.store.enqueue(INSTANCE, "collect_system_info")
+    wait_for(lambda: _commands(plane)[first]["status"] == "failed", timeout=30, what="the refused command failed")
+    refused = _commands(plane)[first]
+    assert "not run" in refused["error_message"] and "No space left on device" in refused["error_message"]
+    disk.refusals_after(3)  # the poller probed the disk again and again meanwhile
+    assert _commands(plane)[second]["status"] == "pending"  # not taken: it waits at the plane, in order
+    assert str(first) not in (parts.state.get("commands") or {})  # memory is what the disk has
+    disk.full = False
+    wait_for(lambda: _commands(plane)[second]["status"] == "succeeded", timeout=30, what="the second command run")
+    wait_for(lambda: parts.outbox.depth() == 0, what="the outbox empty")
+    assert [_commands(plane)[c]["finish_count"] for c in (first, second)] == [1, 1]
+    # nothing resurrects the refused command: the journal on disk has neither
+    assert str(first) not in (StateFile(parts.paths.state_dir / "state.json").get("commands") or {})
+    assert executor_for(parts).recover() == []
+
+
+def test_the_report_and_status_json_say_the_disk_is_full(connected, plane, monkeypatch):
+    parts, loops = connected
+    disk = FullDisk(monkeypatch, parts.paths.state_dir, which=lambda path: path.name != "status.json")
+    parts.reports.state_report()  # its drop counters' mirror is written (reporter.py writes it when they change)
+    disk.full = True
+    disk.refusals_after(1)  # the heartbeat's connection mirror
+    health = parts.reports.state_report()["health"]
+    assert health["storage"]["state"] == "full" and health["storage"]["level"] == "bad"
+    assert health["storage"]["error"] == "No space left on device"
+    from caldera.daemon.snapshot import write_snapshot
+    write_snapshot(parts)
+    snap = json.loads((parts.paths.state_dir / "status.json").read_text())
+    assert snap["storage"]["state"] == "full"
+    disk.full = False
+    wait_for(lambda: parts.state.storage.failure() is None, what="the record cleared by a write")
+    assert "storage" not in parts.reports.state_report()["health"]
+
+
+# ------------------------------------------------------------------ the state file and the outbox
+
+def test_a_failed_state_write_changes_nothing_in_memory_nor_later_on_disk(tmp_path, monkeypatch):
+    disk = FullDisk(monkeypatch, tmp_path)
+    state = StateFile(tmp_path / "state.json")
+    state.set("commands", {"1": {"phase": "fetched"}})
+    disk.full = True
+    with pytest.raises(OSError):
+        state.update("commands", lambda j: {**j, "2": {"phase": "fetched"}})
+    assert set(state.get("commands")) == {"1"}
+    assert state.storage.failure()["state"] == "full"
+    disk.full = False
+    state.set("connection", {"ok": True})  # someone else's write, once there is space
+    assert set(StateFile(tmp_path / "state.json").get("commands")) == {"1"}
+    assert state.storage.failure() is None
+
+
+def test_a_delivered_finish_that_cannot_be_recorded_stays_until_it_can(tmp_path, monkeypatch):
+    # Deleting it would let a kill -9 before the journal's last write finish the command twice.
+    disk = FullDisk(monkeypatch, tmp_path)
+    box = Outbox(tmp_path / "outbox")
+    name = box.put("finish", {"command_id": 5, "body": {"status": "succeeded"}})
+    [(_, item)] = list(box.items())
+    disk.full = True
+    box.delivered(name, item)
+    assert list(box.items()) == []  # not sent again
+    assert box.has_finish(5) and box.depth() == 1  # a restart now settles it, never "interrupted"
+    assert Outbox(tmp_path / "outbox").has_finish(5)
+    disk.full = False
+    assert list(box.items()) == [] and box.depth() == 0
+    assert box.has_finish(5)  # by the record now
+
+
+# ------------------------------------------------------------------ the executor waits for space
+
+@pytest.fixture
+def local_parts(caldera_env):
+    install_agent(caldera_env, base_url="http://127.0.0.1:9")
+    parts = make_parts(with_driver=False)
+    yield parts
+    parts.pool.shutdown(wait=False)
+
+
+def _execute_in_thread(executor, command):
+    out = {}
+    thread = threading.Thread(target=lambda: out.setdefault("status", executor.execute(command)), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_a_command_whose_executing_mark_cannot_be_written_waits_then_runs_once(local_parts, monkeypatch):
+    parts = local_parts
+    executor = executor_for(parts)
+    command = parse_command({"id": 61, "command_type": "make_coffee", "payload": {}})
+    executor.journal_fetched(command)
+    disk = FullDisk(monkeypatch, parts.paths.state_dir)
+    disk.full = True
+    thread, out = _execute_in_thread(executor, command)
+    disk.refusals_after(2)
+    assert parts.state.get("commands")["61"]["phase"] == "fetched" and parts.outbox.depth() == 0  # not begun
+    disk.full = False
+    thread.join(30)
+    assert out["status"] == "failed"  # unsupported type: it ran (once)
+    assert [i["command_id"] for _, i in parts.outbox.items() if i["kind"] == "finish"] == [61]
+    assert parts.state.get("commands") == {}
+
+
+def test_a_stop_while_waiting_for_space_keeps_the_command_for_the_next_start(local_parts, monkeypatch):
+    parts = local_parts
+    executor = executor_for(parts)
+    command = parse_command({"id": 62, "command_type": "make_coffee", "payload": {}})
+    executor.journal_fetched(command)
+    disk = FullDisk(monkeypatch, parts.paths.state_dir)
+    disk.full = True
+    thread, out = _execute_in_thread(executor, command)
+    disk.refusals_after(1)
+    parts.wake.shutdown()
+    thread.join(30)
+    assert out["status"] == "deferred" and parts.outbox.depth() == 0
+    disk.full = False
+    assert [c.id for c in executor_for(parts).recover()] == [62]  # the next start runs it, once
+
+
+def test_a_result_the_outbox_cannot_take_is_held_until_it_can(local_parts, monkeypatch):
+    parts = local_parts
+    executor = executor_for(parts)
+    command = parse_command({"id": 63, "command_type": "make_coffee", "payload": {}})
+    executor.journal_fetched(command)
+    disk = FullDisk(monkeypatch, parts.paths.state_dir, which=lambda path: path.parent.name == "outbox")
+    disk.full = True
+    thread, out = _execute_in_thread(executor, command)
+    disk.refusals_after(3)  # the start's queueing (the plane is away) and the finish, tried again
+    assert parts.state.get("commands")["63"]["phase"] == "executing" and parts.outbox.depth() == 0
+    disk.full = False
+    thread.join(30)
+    finishes = [i for _, i in parts.outbox.items() if i["kind"] == "finish"]
+    assert [f["command_id"] for f in finishes] == [63] and finishes[0]["body"]["status"] == "failed"
+    assert parts.state.get("commands") == {}
+
+
+def test_an_interrupted_command_found_while_full_is_finished_by_a_lane_once(local_parts, monkeypatch):
+    parts = local_parts
+    executor = executor_for(parts)
+    command = parse_command({"id": 64, "command_type": "collect_system_info", "payload": {}})
+    executor.journal_fetched(command)
+    executor._journal_phase("64", "executing")  # then a kill -9
+    disk = FullDisk(monkeypatch, parts.paths.state_dir)
+    disk.full = True
+    [again] = executor.recover()  # the start must not fail: heartbeats begin
+    assert again.id == 64 and again.refusal == "interrupted: runtime restarted"
+    disk.full = False
+    assert executor.execute(again) == "failed"
+    [finish] = [i for _, i in parts.outbox.items() if i["kind"] == "finish"]
+    assert finish["body"]["error_message"] == "interrupted: runtime restarted"
+
+
+# ------------------------------------------------------------------ no loop dies of an exception
+
+class _Flaky:
+    """Raises RuntimeError from `name` the first `times` calls, then behaves as `then`."""
+
+    def __init__(self, times, then):
+        self.left, self.then, self.calls = times, then, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.left > 0:
+            self.left -= 1
+            raise RuntimeError("injected bug")
+        return self.then(*args, **kwargs)
+
+
+def test_the_heartbeat_loop_survives_an_exception_in_its_error_path(tmp_path, caplog):
+    # The state write of the success path raises, then that of the error path: before issue 26
+    # the second escaped the loop and the thread was gone for good.
+    state = StateFile(tmp_path / "state.json")
+    flaky = _Flaky(2, state.set)
+    state.set, state.update = flaky, _Flaky(1, state.update)
+    beats = []
+    client = types.SimpleNamespace(heartbeat=lambda body: beats.append(body) or {})
+    auth = types.SimpleNamespace(info=types.SimpleNamespace(heartbeat_interval=0.05), blocked_reason=None)
+    reports = types.SimpleNamespace(heartbeat=lambda: {"agent_id": "a"})
+    wake = Wakeups()
+    status = ConnectionStatus(state, str, auth)
+    thread = threading.Thread(target=heartbeat_loop, args=(client, auth, reports, status, wake, LiveStatus(),
+                                                           lambda r: None), daemon=True)
+    with caplog.at_level(logging.WARNING):
+        thread.start()
+        wait_for(lambda: len(beats) >= 4 and flaky.left == 0, timeout=30, what="heartbeats after the bug")
+        wake.shutdown()
+        thread.join(10)
+    assert "unexpected error" in caplog.text and "injected bug" in caplog.text
+    assert state.get("connection")["last_error"] is None  # the mirror written once the bug passed
+
+
+def test_the_poll_loop_survives_an_exception_and_logs_it_with_its_traceback(caplog):
+    fetched = []
+    ready = _Flaky(2, lambda: True)
+    lanes = types.SimpleNamespace(ready=ready, submit=fetched.append)
+    client = types.SimpleNamespace(next_command=_Flaky(1, lambda: (None, None)))
+    auth = types.SimpleNamespace(info=types.SimpleNamespace(poll_interval=0.05))
+    executor = types.SimpleNamespace(state=types.SimpleNamespace(storage=StorageHealth()), redactor=str)
+    wake = Wakeups()
+    thread = threading.Thread(target=poll_loop, args=(client, auth, executor, lanes, wake, LiveStatus()), daemon=True)
+    with caplog.at_level(logging.WARNING):
+        thread.start()
+        wait_for(lambda: client.next_command.calls >= 3, timeout=30, what="polls after the bugs")
+        wake.shutdown()
+        thread.join(10)
+    warnings = [r for r in caplog.records if r.name == "caldera.poller" and r.levelno == logging.WARNING]
+    assert len(warnings) == 3 and all(r.exc_info for r in warnings)  # two in ready(), one in the fetch
+
+
+# ------------------------------------------------------------------ caldera status
+
+def _statvfs(free_blocks, flag=0, favail=1000):
+    # (bsize, frsize, blocks, bfree, bavail, files, ffree, favail, flag, namemax)
+    return lambda path: os.statvfs_result((4096, 4096, 2560, free_blocks, free_blocks, 1000, favail,
+                                                          favail, flag, 255))
+
+
+@pytest.mark.parametrize("fs, says", [
+    (_statvfs(0), "file system full (0 bytes free): commands are not fetched until there is space"),
+    (_statvfs(100, favail=0), "file system full (no free inodes)"),
+    (_statvfs(100, flag=os.ST_RDONLY), "read-only file system: commands are not fetched until it "
+                                                     "takes writes again"),
+])
+def test_caldera_status_says_when_the_state_dir_cannot_be_written(caldera_env, fs, says):
+    install_agent(caldera_env)
+    paths = agent_from_args(Args(agent="demo"))
+    paths.state_dir.mkdir(parents=True, exist_ok=True)
+    doc = status.snapshot(paths, Redactor(), statvfs=fs)
+    assert f"state dir {paths.state_dir}: {says}" in status.render("demo", doc)
+    assert doc["storage"]["state_dir"] == str(paths.state_dir)
+    healthy = status.snapshot(paths, Redactor(), statvfs=_statvfs(100))
+    assert healthy["storage"] is None and "state dir" not in status.render("demo", healthy)
