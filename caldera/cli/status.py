@@ -188,9 +188,9 @@ def snapshot(paths: AgentPaths, redact: Redactor,
     outbox = {"items": outbox_depth(paths.state_dir), "dropped": state.get("drops") or {},
               "held_back": redact(held_items(paths.state_dir / "outbox")),  # failed deliveries, with why
               "rejected": rejected_count(paths.state_dir)}
+    storage = storage_info(paths, _status_json_storage(paths), statvfs)
     doc = {"agent_status": agent, "connection": conn, "outbox": outbox, "commands": redact(recent_commands(state)),
-           "manifest": manifest_info(paths, manifest, state), "storage": storage_info(paths, _status_json_storage(paths),
-                                                                                      statvfs)}
+           "manifest": manifest_info(paths, manifest, state), "storage": storage}
     if process is not None:
         doc["process"] = process
     return doc
