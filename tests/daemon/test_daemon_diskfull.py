@@ -119,10 +119,22 @@ def test_heartbeats_go_on_while_the_state_dir_is_full_and_after(connected, plane
 def test_a_command_the_journal_refuses_is_finished_failed_and_later_ones_wait_in_order(connected, plane, monkeypatch):
     parts, loops = connected
     disk = FullDisk(monkeypatch, parts.paths.state_dir)
-    disk.full = True  # the disk fills between two polls: the runtime has not seen it yet
+    fetch = parts.client.next_command
+
+    def next_command():  # the disk fills between the plane's first answer and the journal's write
+        raw, too_large = fetch()
+        if raw and not fills:
+            fills.append(raw["id"])
+            disk.full = True
+        return raw, too_large
+
+    fills = []
+
+    monkeypatch.setattr(parts.client, "next_command", next_command)
     first = plane.store.enqueue(INSTANCE, "collect_system_info")
     second = plane.store.enqueue(INSTANCE, "collect_system_info")
     wait_for(lambda: _commands(plane)[first]["status"] == "failed", timeout=30, what="the refused command failed")
+    assert fills == [first]
     refused = _commands(plane)[first]
     assert "not run" in refused["error_message"] and "No space left on device" in refused["error_message"]
     disk.refusals_after(3)  # the poller probed the disk again and again meanwhile
