@@ -71,7 +71,7 @@ class Plan:
 def plan(rng: random.Random, short: bool, minutes: float, skip: set[str]) -> Plan:
     """Every random choice of the run, made up front from the seed (times from the start)."""
     if short:
-        p = Plan(calm=25.0, chaos_end=0.0, tail_min=20.0, tail_max=90.0)
+        p = Plan(calm=25.0, chaos_end=0.0, tail_min=20.0, tail_max=75.0)
     else:
         p = Plan(calm=60.0, chaos_end=minutes * 60 - 120, tail_min=120.0, tail_max=300.0)
     kinds = [k for k in KINDS if k not in skip]
@@ -240,8 +240,9 @@ class Soak:
         print(f"  {time.time() - self.t0:6.1f} s  episode {kind}", flush=True)
         if kind == "disk_full":
             self.disk_started = time.time()
+            used = self.disk.usage()
             taken = self.disk.fill()
-            self.notes.append(f"the full disk took {taken} bytes")
+            self.notes.append(f"the full disk took {taken} bytes; the largest files before: {used}")
             return
         stale = None
         if kind == "401":
@@ -331,7 +332,8 @@ class Soak:
         self.misses += self._process_misses()
         code = self.supervisor.terminate()
         if code != 0:
-            self.misses.append(f"caldera run exited {code} on SIGTERM after the calm tail, not 0.")
+            dumped = " (its threads' stacks are at the end of runtime.log)" if self.supervisor.stuck else ""
+            self.misses.append(f"caldera run exited {code} on SIGTERM after the calm tail, not 0{dumped}.")
         self.misses += self._leftover_misses()
         tokens = [self.bootstrap, *self.plane.ledger.tokens]
         self.misses += acc.token_misses(tokens, self.tree.log_path, self.tree.state_dir, acc.plane_texts(store))

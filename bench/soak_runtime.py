@@ -98,17 +98,27 @@ class Disk:
     def fill(self) -> int:
         """Write until ENOSPC; the bytes taken."""
         taken = 0
-        with open(self.filler, "wb") as fh:
+        try:
+            fh = open(self.filler, "wb", buffering=0)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            return 0  # full already
+        with fh:
             for size in (1 << 20, 1 << 12, 1):
                 try:
                     while True:
                         fh.write(b"\0" * size)
-                        fh.flush()
                         taken += size
                 except OSError as exc:
                     if exc.errno != errno.ENOSPC:
                         raise
         return taken
+
+    def usage(self) -> list[tuple[int, str]]:
+        """The largest files under the mount: (bytes, path), largest first."""
+        files = [(p.stat().st_size, str(p.relative_to(self.where))) for p in self.where.rglob("*") if p.is_file()]
+        return sorted(files, reverse=True)[:5]
 
     def free(self) -> None:
         try:
@@ -208,6 +218,7 @@ class Supervisor:
     kills: list[float] = field(default_factory=list)
     swept: list[str] = field(default_factory=list)  # orphans killed after a kill (command lines)
     clean_exit: bool = False  # the runtime exited 0 on its own: not restarted
+    stuck: bool = False  # SIGTERM did not end it within the grace (its stacks are in the log)
     proc: subprocess.Popen[bytes] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
@@ -293,6 +304,15 @@ class Supervisor:
             try:
                 proc.wait(grace)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                self.stuck = True
+                os.kill(proc.pid, signal.SIGABRT)  # PYTHONFAULTHANDLER: every thread's stack into the log
+                try:
+                    proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    pass
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
                 proc.wait()
         return proc.returncode
