@@ -101,7 +101,7 @@ def order_misses(commands: list[dict[str, Any]]) -> list[str]:
                    if c.get("started_at") and ((c["command_type"] in members) if members
                                                else c["command_type"] not in CONTROL_TYPES)]
         started.sort()
-        for (a, ta, ka), (b, tb, kb) in zip(started, started[1:]):
+        for (a, ta, ka), (b, tb, kb) in zip(started, started[1:], strict=False):
             if tb < ta - 0.001:
                 misses.append(f"the {lane} lane started command {b} ({kb}) {ta - tb:.1f} s before command {a} ({ka}),"
                               f" which the plane issued first.")
