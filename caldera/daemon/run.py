@@ -197,8 +197,12 @@ def _run_connected(parts: Parts, signals: Signals) -> int:
     lanes = Lanes(executor, on_idle=parts.wake.poll.set)
     parts.live.count_drops("lanes", lambda: lanes.refused)
     lanes.start()
-    for command in executor.recover():
-        lanes.submit(command)
+    try:
+        for command in executor.recover():
+            lanes.submit(command)
+    except BaseException:
+        lanes.close(timeout=10.0)  # the lanes' threads would hold a failed start forever (exit, not hang)
+        raise
     agent = start_agent_supervisor(parts)
     threads = start_threads(parts, lanes, executor)
     log.info("caldera run: agent %s as %s against %s", parts.paths.name, parts.identity.agent_id,

@@ -155,7 +155,13 @@ class Auth:
                            _interval(data.get("heartbeat_interval_seconds"), 15),
                            _interval(data.get("command_poll_interval_seconds"), 5))
         self._info = info
-        self._file.save(info)
+        try:
+            self._file.save(info)
+        except OSError as exc:
+            # The plane issued it: using it beats registering again on every call. Unsaved, the
+            # next start registers anew, which is all a lost session.json ever costs.
+            log.warning("session.json not written (%s): the session is kept in memory; the next start "
+                        "registers again", exc.strerror or exc)
         if self.blocked_reason:
             log.info("registration accepted again")
         self.blocked_reason = None

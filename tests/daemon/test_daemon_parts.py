@@ -272,3 +272,19 @@ def test_an_agent_stop_that_never_ends_stops_asking_and_says_so(tmp_path, monkey
     finally:
         stuck.set()
         listener.close()
+
+
+def test_a_start_whose_recovery_fails_ends_its_lanes_and_raises(parts, monkeypatch):
+    """A start that fails after the lanes began (recovery reading or writing the journal) must
+    end the process with its error: the lanes' threads are not daemon threads, and left running
+    they held `caldera run` forever, deaf to SIGTERM (the soak's full disk at a restart)."""
+    from caldera.daemon.executor import Executor
+    from caldera.daemon.signals import Signals
+
+    def recover(self):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Executor, "recover", recover)
+    with pytest.raises(OSError, match="No space"):
+        daemon_run._run_connected(parts, Signals())
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("lane-") and t.is_alive()]

@@ -298,3 +298,29 @@ def test_a_body_nested_too_deep_is_one_failed_call(tmp_path):
     with pytest.raises(Invalid):  # an error body too deep: still just that call's error
         client.heartbeat({})
     assert client.heartbeat({})["has_pending_command"] is False  # the next call works
+
+
+def test_a_session_the_disk_cannot_hold_is_used_from_memory(tmp_path, caplog, monkeypatch):
+    """register's answer is the plane's word even when session.json cannot be written (a full
+    state dir): the call that registered gets its token, later calls use it, and the log says
+    the next start registers again -- one register, not one per call."""
+    from caldera.protocol import session as session_mod
+    from caldera.redact import Redactor
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(session_mod, "atomic_write_json", full)
+    registers = []
+
+    def register():
+        registers.append(1)
+        return {"session_token": "sess-from-plane", "heartbeat_interval_seconds": 15}
+
+    auth = Auth(bootstrap_token="boot", session_file=SessionFile(tmp_path / "session.json", BASE, 7),
+                register=register, redactor=Redactor())
+    assert auth.token() == "sess-from-plane"
+    assert auth.token() == "sess-from-plane"
+    assert registers == [1]
+    assert not (tmp_path / "session.json").exists()
+    assert "session.json not written (No space left on device)" in caplog.text
