@@ -144,7 +144,9 @@ class LogPump:
                 self.file.write(chunk)
                 self._guard_writer.ok()
             except Exception as exc:  # noqa: BLE001 -- a full or broken disk, or a bug: keep draining
-                self._count_dropped(dropped + len(chunk))
+                with self._lock:
+                    self.dropped += dropped  # counted already, not yet said: the next write says it
+                self._count_dropped(len(chunk))
                 self._closing.wait(self._guard_writer.failed(exc))
         self.file.close()
 
