@@ -138,8 +138,8 @@ class LogPump:
                 dropped, self.dropped = self.dropped, 0
             try:
                 if dropped:
-                    self.file.write(f"\n[caldera] {dropped} bytes of agent output dropped: "
-                                    f"the log was written slower than the agent printed, or could not be written\n".encode())
+                    self.file.write(f"\n[caldera] {dropped} bytes of agent output dropped: the log was "
+                                    f"written slower than the agent printed, or could not be written\n".encode())
                     dropped = 0
                 self.file.write(chunk)
                 self._guard_writer.ok()
