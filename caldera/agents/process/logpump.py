@@ -18,7 +18,6 @@ from pathlib import Path
 
 from caldera import TYPE_CHECKING
 from caldera.host.loopguard import LoopGuard
-from caldera.protocol.retry import Backoff
 
 if TYPE_CHECKING:
     from typing import IO
@@ -79,6 +78,8 @@ class LogPump:
         self.dropped = 0  # bytes dropped since the last marker (the reader adds, the writer reports)
         self.dropped_total = 0
         self._lock = threading.Lock()
+        from caldera.protocol.retry import Backoff  # here: `caldera status` imports this module (no typing)
+
         self._closing = threading.Event()  # close() began: a writer backing off goes on at once
         self._guard_reader = LoopGuard(log, "agent log reader")
         self._guard_writer = LoopGuard(log, "agent.log writer", Backoff(WRITE_BACKOFF))

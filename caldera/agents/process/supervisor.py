@@ -26,7 +26,6 @@ from caldera.agents.process.policy import ERROR, MAX_FAILURES, RESTART, RestartP
 from caldera.host import proc
 from caldera.host.loopguard import LoopGuard
 from caldera.host.timefmt import rfc3339
-from caldera.protocol.retry import Backoff
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -305,6 +304,8 @@ def supervise_loop(supervisor: Supervisor, stop: threading.Event) -> None:
     """The supervisor thread: boot, a turn every POLL s, and a graceful stop at the end. A turn
     that raises (a full disk under state.json, a bug) is logged by the guard, once while it
     repeats, and the next comes after a backoff: the agent stays supervised."""
+    from caldera.protocol.retry import Backoff  # here: `caldera status` reads through this module (no typing)
+
     guard = LoopGuard(log, "agent supervisor", Backoff())
     booted = tried = False
     while not stop.is_set() or not tried:  # boot is tried once even when asked to stop at once
