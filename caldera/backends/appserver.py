@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import io
 import json
+import logging
 import queue
 import re
 import signal
@@ -27,6 +28,7 @@ from caldera.backends import failures as fk
 from caldera.backends.codex_deltas import unused_delta
 from caldera.host import proc
 from caldera.host.jsonlimits import JSONLimitError, line_parser
+from caldera.host.loopguard import LoopGuard
 
 if TYPE_CHECKING:
     from caldera.backends.runlog import RunLog
@@ -40,6 +42,7 @@ HANDOFF_POLL = 0.05  # how often a reader waiting on a full channel looks whethe
 STDERR_KEEP = 64 * 1024
 STDERR_LINE = 64 * 1024
 CLOSE_GRACE = 2.0  # after closing stdin; codex exits at once (docs/performance.md, section 5)
+log = logging.getLogger("caldera.backends")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 Message: TypeAlias = dict[str, Any]  # one JSON-RPC message, as parsed
@@ -248,13 +251,19 @@ def pump_stdout(stream: io.BufferedReader, end: Handoff) -> None:
     except (OSError, ValueError) as exc:  # the pipe was closed under us at shutdown
         if end.runlog is not None:
             end.runlog.note(f"stdout reader stopped: {exc}")
+    except Exception as exc:  # noqa: BLE001 -- a bug: the turn ends on it (a skipped block would garble the stream)
+        log.exception("codex stdout reader failed")
+        end.put(("fatal", fk.BackendFailure(fk.BACKEND_FAILED, f"the runtime's stdout reader failed: {exc}")))
     finally:
         end.put(_EOF)
 
 
 def pump_stderr(stream: IO[bytes], tail: collections.deque[str], runlog: RunLog | None) -> None:
-    """Reader thread body: stderr lines, ANSI stripped, into the run log and a bounded tail."""
+    """Reader thread body: stderr lines, ANSI stripped, into the run log and a bounded tail.
+    It reads to EOF whatever the run log does (a full disk): a reader that stopped would
+    leave codex blocked on a full stderr pipe for the rest of the turn."""
     size = 0
+    guard = LoopGuard(log, "codex stderr reader: the run log")
     try:
         # Whole lines up to STDERR_LINE (a piece of a longer one is a record of its own): each
         # record is masked alone, so a smaller piece could cut a secret in two.
@@ -262,12 +271,16 @@ def pump_stderr(stream: IO[bytes], tail: collections.deque[str], runlog: RunLog 
             text = _ANSI.sub("", raw.decode("utf-8", "replace")).rstrip()
             if not text:
                 continue
-            if runlog is not None:
-                runlog.write("stderr", text)
             tail.append(text)
             size += len(text)
             while size > STDERR_KEEP and tail:
                 size -= len(tail.popleft())
+            if runlog is not None:
+                try:
+                    runlog.write("stderr", text)
+                    guard.ok()
+                except Exception as exc:  # noqa: BLE001 -- the line stays in the tail; the pipe keeps draining
+                    guard.failed(exc)
     except (OSError, ValueError) as exc:
         if runlog is not None:
             runlog.note(f"stderr reader stopped: {exc}")

@@ -5,15 +5,19 @@ Other errors keep the batch (bounded) for the next attempt; nothing here blocks 
 """
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from caldera.host.loopguard import LoopGuard
 from caldera.protocol.client import ApiError, NotFound
+from caldera.protocol.retry import Backoff
 
 if TYPE_CHECKING:
     from caldera.protocol.client import ControlPlaneClient
 
+log = logging.getLogger("caldera.backends")
 Note = Callable[[str], None]  # where a posting problem is told (a log line)
 
 BATCH = 100
@@ -23,27 +27,41 @@ MAX_PENDING = 2000
 
 def post_events_loop(client: ControlPlaneClient, agent_id: str, run_id: str, pending: list[dict[str, Any]],
                      lock: threading.Lock, stop: threading.Event, note: Note) -> None:
-    """Thread body: every INTERVAL (or when stopped) send what is pending, BATCH at a time."""
-
+    """Thread body: every INTERVAL (or when stopped) send what is pending, BATCH at a time.
+    A batch leaves `pending` only once the plane took it; any failure keeps it for the next
+    turn, after a backoff (the plane's errors, said through `note`, or anything else: the guard)."""
+    guard = LoopGuard(log, f"run events poster ({run_id})", Backoff())
+    delay = INTERVAL
     while True:
-        stopping = stop.wait(INTERVAL)
-        while True:
-            with lock:
-                batch = pending[:BATCH]
-            if not batch:
-                break
-            try:
-                client.post_run_events(run_id, {"agent_id": agent_id, "run_id": run_id, "events": batch})
-            except NotFound:
-                note("the control plane has no run-events endpoint: events stay in the run log")
+        stopping = stop.wait(delay)
+        delay = INTERVAL
+        try:
+            if not _post_pending(client, agent_id, run_id, pending, lock, note):
                 return
-            except ApiError as exc:
-                note(f"posting run events failed: {exc}")
-                break
-            with lock:
-                del pending[:len(batch)]
+            guard.ok()
+        except ApiError as exc:
+            note(f"posting run events failed: {exc}")
+        except Exception as exc:  # noqa: BLE001 -- a bug, an auth block: the events wait, the thread goes on
+            delay = max(INTERVAL, guard.failed(exc))
         if stopping:
             return
+
+
+def _post_pending(client: ControlPlaneClient, agent_id: str, run_id: str, pending: list[dict[str, Any]],
+                  lock: threading.Lock, note: Note) -> bool:
+    """Send what is pending, BATCH at a time; False when the plane has no such route."""
+    while True:
+        with lock:
+            batch = pending[:BATCH]
+        if not batch:
+            return True
+        try:
+            client.post_run_events(run_id, {"agent_id": agent_id, "run_id": run_id, "events": batch})
+        except NotFound:
+            note("the control plane has no run-events endpoint: events stay in the run log")
+            return False
+        with lock:
+            del pending[:len(batch)]
 
 
 class EventPoster:

@@ -20,12 +20,15 @@ from collections.abc import Callable
 from typing import Any
 
 from caldera.daemon.executor import Executor
+from caldera.host.loopguard import LoopGuard
 from caldera.protocol.command import Command, parse_command
+from caldera.protocol.retry import Backoff
 
 log = logging.getLogger("caldera.lanes")
 RUN_TYPES = ("agent_run",)
 CONTROL_TYPES = ("pause", "resume", "run_now", "settings_get", "settings_set", "log_list", "agent_interrupt")
 MAIN_BACKLOG = 32  # main commands fetched ahead (waiting) while one runs
+LANE_BACKOFF = (1, 2, 5, 10)  # after a command that raised: short, so that the lane is back soon after the fault
 
 
 class LanesClosed(RuntimeError):
@@ -39,23 +42,34 @@ def lane_of(command: Command) -> str:
 
 
 def lane_worker(executor: Executor, work: queue.Queue[Command | None], done: Callable[[], None],
-                cancel: threading.Event) -> None:
+                cancel: threading.Event, closing: threading.Event | None = None) -> None:
+    """One lane: its commands in order. A command that raises is logged (once while the same
+    error repeats) and stays in the journal, which the next start settles; its pending count
+    is given back whatever happens (the poller waits on it), and the lane backs off before the
+    next one (`closing` ends the wait: the lanes are closing)."""
+    guard = LoopGuard(log, f"lane {threading.current_thread().name}", Backoff(LANE_BACKOFF))
+    pause = closing or threading.Event()
     while True:
         command = work.get()
         if command is None:
             return
+        delay = 0.0
         try:
             if command.local:
                 run_local(executor, command, cancel)
             else:
                 executor.execute(command, cancel)
-        except Exception:  # noqa: BLE001 -- the lane must survive a bug in one command
-            log.exception("command %s could not be settled", command.id)
+            guard.ok()
+        except Exception as exc:  # noqa: BLE001 -- the lane must survive a bug in one command
+            log.error("command %s could not be settled; it stays in the journal", command.id)
+            delay = guard.failed(exc)
         finally:
             try:
                 done()
             except Exception:  # noqa: BLE001 -- nor a bug in its wake-up
                 log.exception("lane wake-up failed")
+        if delay:
+            pause.wait(delay)
 
 
 def run_local(executor: Executor, command: Command, cancel: threading.Event) -> None:
@@ -68,6 +82,7 @@ class Lanes:
     def __init__(self, executor: Executor, on_idle: Callable[[], None]):
         self.executor, self.on_idle = executor, on_idle
         self.cancel = threading.Event()  # the second SIGTERM: cancel what runs
+        self.closing = threading.Event()  # close() began: a lane backing off after a failure goes on
         self.refused = 0  # commands offered after close (counted: `caldera status`, the report's health)
         self._queues: dict[str, queue.Queue[Command | None]] = {
             "main": queue.Queue(), "controls": queue.Queue(), "runs": queue.Queue()}
@@ -80,7 +95,7 @@ class Lanes:
     def start(self) -> None:
         for name, work in self._queues.items():
             thread = threading.Thread(target=lane_worker, name=f"lane-{name}",
-                                      args=(self.executor, work, self._done_callback(name), self.cancel))
+                                      args=(self.executor, work, self._done_callback(name), self.cancel, self.closing))
             thread.start()
             self._threads.append(thread)
 
@@ -128,6 +143,7 @@ class Lanes:
         """Send the sentinels and join; True when every lane ended in time."""
         with self._lock:
             self._closed = True
+            self.closing.set()
             for work in self._queues.values():
                 work.put(None)
         for thread in self._threads:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from caldera.agents import outcomes
 from caldera.daemon.live import DROPS_KEY, LiveStatus, ago
 from caldera.daemon.wakeups import Wakeups, wait_any
+from caldera.host.loopguard import LoopGuard
 from caldera.protocol.payloads import Identity, finite, heartbeat_body, state_report_body
 from caldera.protocol.retry import Backoff
 
@@ -142,6 +143,7 @@ def report_loop(client: ControlPlaneClient, reports: Reports, wake: Wakeups, liv
                 after_report: Callable[[], None] = lambda: None) -> None:
     """`after_report`: the daemon's status.json snapshot (caldera.daemon.snapshot)."""
     backoff, last_ok, failing = Backoff(), None, False
+    snapshot = LoopGuard(log, "status snapshot (after a report)", redact=redactor)
     while not wake.stop.is_set():
         live.tick("reporter")
         try:
@@ -158,5 +160,9 @@ def report_loop(client: ControlPlaneClient, reports: Reports, wake: Wakeups, liv
                 log.warning("state report failed: %s (last successful was %s)", redactor(str(exc)), ago(last_ok))
             failing = True
             delay = max(interval(), backoff.after(exc))
-        after_report()
+        try:  # the snapshot is status.json: a full disk must not end the reports with it
+            after_report()
+            snapshot.ok()
+        except Exception as exc:  # noqa: BLE001 -- logged by the guard; the next report writes it again
+            snapshot.failed(exc)
         wait_any(wake.stop, wake.report, delay)

@@ -109,6 +109,16 @@ def run(parts: Parts, signals: Signals) -> int:
         return _run_connected(parts, signals)
 
 
+def _reread(parts: Parts) -> bool:
+    """SIGHUP's re-read; a bug in it keeps the running configuration rather than ending the
+    main thread (and with it the daemon) on an operator's `systemctl reload`."""
+    try:
+        return reread(parts)
+    except Exception:  # noqa: BLE001 -- logged; the next reload tries again
+        log.exception("reload failed; keeping the running configuration")
+        return False
+
+
 def _restart_or_stop(signals: Signals) -> int:
     """After a changing reload's stop sequence: REEXEC, unless a SIGTERM/SIGINT came
     meanwhile: the operator's stop wins over the reload (`systemctl reload` then `stop`)."""
@@ -128,7 +138,7 @@ def _run_local(parts: Parts, signals: Signals) -> int:
     sdnotify.notify(READY)
     while signals.count == 0:
         signals.wait(_watchdog_period())
-        if signals.take_hup() and reread(parts):
+        if signals.take_hup() and _reread(parts):
             sdnotify.notify("RELOADING=1")  # not STOPPING=1: systemd would wait for an exit
             stop_agent_supervisor(agent)  # the restarted runtime starts it again, with the new env
             return _restart_or_stop(signals)
@@ -213,7 +223,7 @@ def _run_connected(parts: Parts, signals: Signals) -> int:
     outcome = 0
     while signals.count == 0:
         signals.wait(_watchdog_period())
-        if signals.take_hup() and reread(parts):
+        if signals.take_hup() and _reread(parts):
             outcome = REEXEC
             break
         if signals.count == 0 and parts.live.alive(names, LIVENESS):

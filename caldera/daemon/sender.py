@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from caldera.daemon.live import LiveStatus
 from caldera.daemon.wakeups import Wakeups, wait_any
 from caldera.errors import AuthBlocked, CalderaError
+from caldera.host.loopguard import LoopGuard
 from caldera.protocol.client import ApiError, Invalid, NotFound, Unauthorized, Unsendable
 from caldera.protocol.payloads import ERROR_MESSAGE_CAP, cut_finish
 from caldera.protocol.retry import Backoff
@@ -138,19 +139,33 @@ def flush(client: ControlPlaneClient, outbox: Outbox, stop: threading.Event, dea
 
 def sender_loop(client: ControlPlaneClient, outbox: Outbox, wake: Wakeups, live: LiveStatus,
                 redactor: Redactor) -> None:
+    """An item leaves the outbox only once the plane took it: whatever fails in a turn (the
+    plane away, a full disk, no descriptors left, a bug) leaves every item in place."""
     backoff, failing = Backoff(), False
+    guard = LoopGuard(log, "outbox sender", backoff, redact=redactor)
     while not wake.stop.is_set():
         live.tick("sender")
         try:
             flush(client, outbox, wake.stop)
-            backoff.reset()
             if failing:
-                log.info("outbox delivering again (%d waiting)", outbox.depth())
+                log.info("outbox delivering again (%s waiting)", _waiting(outbox))
+            guard.ok()
             due = outbox.next_try_in()
             failing, delay = False, IDLE_WAIT if due is None else min(IDLE_WAIT, max(due, 0.5))
-        except Exception as exc:  # noqa: BLE001 -- logged, retried with backoff
+        except CalderaError as exc:  # the plane is away: said once, retried with backoff
             if not failing:
-                log.warning("outbox delivery paused: %s (%d waiting)", redactor(str(exc)), outbox.depth())
+                log.warning("outbox delivery paused: %s (%s waiting)", redactor(str(exc)), _waiting(outbox))
             failing = True
             delay = backoff.after(exc)
+        except Exception as exc:  # noqa: BLE001 -- the host's or a bug: logged by the guard, retried
+            failing = True
+            delay = guard.failed(exc)
         wait_any(wake.stop, outbox.wakeup, delay)
+
+
+def _waiting(outbox: Outbox) -> str:
+    """The outbox's depth for a log line; "?" when the directory cannot be listed (no descriptors left)."""
+    try:
+        return str(outbox.depth())
+    except OSError:
+        return "?"

@@ -14,12 +14,14 @@ the Event (or calls the callback). (The daemon counts its signals instead: calde
 """
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
 import threading
 
 from caldera import TYPE_CHECKING
+from caldera.host.loopguard import LoopGuard
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
@@ -72,13 +74,26 @@ def on_signals(callback: Callable[[], None], signums: Collection[int] = STOPPING
 
 
 def _relay(read: int, signums: set[int], callback: Callable[[], None], closed: threading.Event, once: bool) -> None:
+    """A callback that raises is logged (once while it repeats) and the relay waits for the next
+    signal: a second Ctrl-C must still reach it."""
+    guard = LoopGuard(logging.getLogger("caldera.signals"), "signal relay")
     while not closed.is_set():
-        select.select([read], [], [])
         try:
-            data = os.read(read, 512)
-        except BlockingIOError:
-            continue
-        if any(byte in signums for byte in data) and not closed.is_set():
-            callback()
-            if once:
+            if _relay_one(read, signums, callback, closed) and once:
                 return
+            guard.ok()
+        except Exception as exc:  # noqa: BLE001 -- the relay is the only way a stop gets in
+            closed.wait(guard.failed(exc))
+
+
+def _relay_one(read: int, signums: set[int], callback: Callable[[], None], closed: threading.Event) -> bool:
+    """Wait for the pipe; True when one of `signums` came and the callback ran."""
+    select.select([read], [], [])
+    try:
+        data = os.read(read, 512)
+    except BlockingIOError:
+        return False
+    if any(byte in signums for byte in data) and not closed.is_set():
+        callback()
+        return True
+    return False

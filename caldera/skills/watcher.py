@@ -13,6 +13,8 @@ import logging
 import threading
 from typing import Protocol
 
+from caldera.host.loopguard import LoopGuard
+from caldera.protocol.retry import Backoff
 from caldera.skills import inventory, notify, publish, store
 
 log = logging.getLogger("caldera.skills")
@@ -33,9 +35,6 @@ class Live(Protocol):
 
 
 def skills_loop(publisher: publish.Publisher, wake: Wake, live: Live) -> None:
-    with inventory.exclusive_lock(publisher.state_dir):
-        for note in store.recover(inventory.managed_root(publisher.state_dir)):
-            log.warning("%s", note)
     notifier = notify.Notifier.open()
     try:
         _loop(publisher, wake, live, notifier)
@@ -44,20 +43,37 @@ def skills_loop(publisher: publish.Publisher, wake: Wake, live: Live) -> None:
             notifier.close()
 
 
+def _recover(publisher: publish.Publisher) -> None:
+    """Put back what an interrupted swap left (once, before the first scan)."""
+    with inventory.exclusive_lock(publisher.state_dir):
+        for note in store.recover(inventory.managed_root(publisher.state_dir)):
+            log.warning("%s", note)
+
+
 def _loop(publisher: publish.Publisher, wake: Wake, live: Live, notifier: notify.Notifier | None) -> None:
-    scanner = publisher.scanner(notifier)
+    """Every turn survives: a failed recovery or scan is logged by the guard (once while it
+    repeats) and tried again after a backoff (at most CHECK_INTERVAL) or a wake-up."""
+    guard = LoopGuard(log, "skills watcher", Backoff())
+    scanner, recovered = None, False
     trigger = "startup"
     while not wake.stop.is_set():
         live.tick("skills")
-        if scanner.env != (publisher.env() or {}):
-            scanner = publisher.scanner(notifier)  # reload_config may have changed CALDERA_SKILL_DIRS
+        delay = CHECK_INTERVAL
         try:
+            if not recovered:
+                _recover(publisher)
+                recovered = True
+            if scanner is None or scanner.env != (publisher.env() or {}):
+                scanner = publisher.scanner(notifier)  # reload_config may have changed CALDERA_SKILL_DIRS
             check_once(publisher, scanner, trigger)
-        except Exception:  # noqa: BLE001 -- one bad scan must not end the watcher; retried next turn
-            log.exception("skill scan failed")
-        woke = wake.inventory.wait(CHECK_INTERVAL) if not wake.stop.is_set() else False
+            guard.ok()
+            trigger = "change"
+        except Exception as exc:  # noqa: BLE001 -- one bad turn must not end the watcher; the trigger is kept
+            delay = min(CHECK_INTERVAL, guard.failed(exc))
+        woke = wake.inventory.wait(delay) if not wake.stop.is_set() else False
         wake.inventory.clear()
-        trigger = "command" if woke else "change"
+        if woke:
+            trigger = "command"
 
 
 def check_once(publisher: publish.Publisher, scanner: inventory.Inventory, trigger: str) -> bool:

@@ -62,3 +62,33 @@ def test_once_gives_the_second_signal_its_default_action():
     finally:
         restore()
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_the_relay_survives_a_callback_that_raises():
+    """A bug in the callback ended the relay before: the next Ctrl-C was never relayed (issue 26)."""
+    from caldera.host.stopsignals import on_signals
+
+    calls = []
+
+    def callback():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in the stop")
+
+    before = signal.getsignal(signal.SIGUSR1)
+    restore = on_signals(callback, {signal.SIGUSR1})
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        waiter = threading.Event()
+        deadline = 30.0  # generous: polled for the condition, never timed
+        while not calls and deadline > 0:
+            waiter.wait(0.05)
+            deadline -= 0.05
+        os.kill(os.getpid(), signal.SIGUSR1)
+        while len(calls) < 2 and deadline > 0:
+            waiter.wait(0.05)
+            deadline -= 0.05
+        assert len(calls) == 2
+    finally:
+        restore()
+    assert signal.getsignal(signal.SIGUSR1) == before

@@ -34,6 +34,7 @@ LINE_MAX = 64 * 1024
 ACCEPT_POLL = 0.5
 CLIENT_TIMEOUT = 330.0  # a stop may take stop_timeout_seconds (at most 300) + the KILL wait
 MAX_CLIENTS = 8
+ACCEPT_BACKOFF = (0.5, 1, 2, 5)  # after a failed accept (no descriptors left): short, a person waits
 VERBS = ("status", "pause", "resume", "run-now", "start", "stop", "restart", "settings get", "settings set",
          "log --list", "log")
 
@@ -132,19 +133,34 @@ class ControlServer:
         sock = self._sock
         if sock is None:  # start() sets it before this thread runs
             return
+        from caldera.host.loopguard import LoopGuard
+        from caldera.protocol.retry import Backoff
+
+        guard = LoopGuard(self.log, "control socket", Backoff(ACCEPT_BACKOFF))
         while not self._stop.is_set():
             try:
-                conn, _ = sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
+                self._accept_one(sock)
+                guard.ok()
+            except Exception as exc:  # noqa: BLE001 -- no descriptors left, no thread to start: the socket stays
                 if self._stop.is_set():
-                    return
-                raise
-            if not self._slots.acquire(blocking=False):
-                conn.close()  # more than MAX_CLIENTS at once: refuse rather than queue
-                continue
+                    return  # close() closed the socket under accept
+                self._stop.wait(guard.failed(exc))
+
+    def _accept_one(self, sock: socket.socket) -> None:
+        """One connection, served in a thread of its own (at most MAX_CLIENTS at once)."""
+        try:
+            conn, _ = sock.accept()
+        except TimeoutError:
+            return
+        if not self._slots.acquire(blocking=False):
+            conn.close()  # more than MAX_CLIENTS at once: refuse rather than queue
+            return
+        try:
             threading.Thread(target=self._serve, args=(conn,), name="control-client", daemon=True).start()
+        except BaseException:
+            conn.close()  # no thread to answer it: the person sees the connection end
+            self._slots.release()
+            raise
 
     def _serve(self, conn: socket.socket) -> None:
         try:

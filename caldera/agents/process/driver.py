@@ -90,7 +90,10 @@ class ProcessDriver:
 
     def supervise(self, stop: threading.Event) -> None:
         """Thread body: run the agent until `stop`, then stop it gracefully."""
-        self.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            self.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:  # the pump says so for every write it cannot do; the agent is supervised anyway
+            log.warning("%s cannot be made: %s", self.log_path.parent, exc.strerror or exc)
         self.pump = LogPump(self.log_path)
         self.supervisor.attach_pump(self.pump)
         try:

@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 from caldera import TYPE_CHECKING
+from caldera.host.loopguard import LoopGuard
 
 if TYPE_CHECKING:
     from typing import IO
@@ -25,6 +26,7 @@ CHUNK = 64 * 1024
 QUEUE_CHUNKS = 64
 MAX_BYTES = 10 * 1024 * 1024
 BACKUPS = 3
+WRITE_BACKOFF = (0.5, 1, 2, 5)  # after a failed write: the queue (4 MiB) takes the agent's output meanwhile
 log = logging.getLogger("caldera.agents.process")
 
 
@@ -76,6 +78,11 @@ class LogPump:
         self.dropped = 0  # bytes dropped since the last marker (the reader adds, the writer reports)
         self.dropped_total = 0
         self._lock = threading.Lock()
+        from caldera.protocol.retry import Backoff  # here: `caldera status` imports this module (no typing)
+
+        self._closing = threading.Event()  # close() began: a writer backing off goes on at once
+        self._guard_reader = LoopGuard(log, "agent log reader")
+        self._guard_writer = LoopGuard(log, "agent.log writer", Backoff(WRITE_BACKOFF))
         self._writer = threading.Thread(target=self._write_loop, name="agent-log-writer", daemon=True)
         self._writer.start()
 
@@ -92,24 +99,38 @@ class LogPump:
         try:
             self.queue.put_nowait(chunk)
         except queue.Full:
-            with self._lock:
-                self.dropped += len(chunk)
-                self.dropped_total += len(chunk)
+            self._count_dropped(len(chunk))
 
     def _read_loop(self, pipe: IO[bytes]) -> None:
+        """Drain the pipe until EOF whatever else fails: a reader that stopped would leave the
+        agent blocked on a full pipe. What it cannot queue is counted as dropped."""
         fd = pipe.fileno()
         try:
             while True:
-                chunk = os.read(fd, CHUNK)
+                try:
+                    chunk = os.read(fd, CHUNK)
+                except OSError as exc:  # the pipe itself is broken: nothing more can come through it
+                    log.warning("agent output: reading the pipe failed: %s", exc)
+                    break
                 if not chunk:
                     break
-                self._put(chunk)
-        except OSError as exc:
-            log.warning("agent output: reading the pipe failed: %s", exc)
+                try:
+                    self._put(chunk)
+                except Exception as exc:  # noqa: BLE001 -- a bug here must not stop the draining
+                    self._guard_reader.failed(exc)
+                    self._count_dropped(len(chunk))
         finally:
             pipe.close()
 
+    def _count_dropped(self, size: int) -> None:
+        with self._lock:
+            self.dropped += size
+            self.dropped_total += size
+
     def _write_loop(self) -> None:
+        """Put chunks on disk. A write that fails (a full disk) is logged by the guard, once while it
+        repeats; its chunk is counted as dropped, and the writer pauses for the backoff (`close()`
+        ends the pause) while the reader, finding the queue full, counts what it cannot queue."""
         while True:
             chunk = self.queue.get()
             if chunk is None:
@@ -118,15 +139,21 @@ class LogPump:
                 dropped, self.dropped = self.dropped, 0
             try:
                 if dropped:
-                    self.file.write(f"\n[caldera] {dropped} bytes of agent output dropped: "
-                                    f"the log was written slower than the agent printed\n".encode())
+                    self.file.write(f"\n[caldera] {dropped} bytes of agent output dropped: the log was "
+                                    f"written slower than the agent printed, or could not be written\n".encode())
+                    dropped = 0
                 self.file.write(chunk)
-            except OSError as exc:  # a full or broken disk: say so once per chunk, keep draining
-                log.warning("agent.log: write failed: %s", exc)
+                self._guard_writer.ok()
+            except Exception as exc:  # noqa: BLE001 -- a full or broken disk, or a bug: keep draining
+                with self._lock:
+                    self.dropped += dropped  # counted already, not yet said: the next write says it
+                self._count_dropped(len(chunk))
+                self._closing.wait(self._guard_writer.failed(exc))
         self.file.close()
 
     def close(self, timeout: float = 5.0) -> None:
         """Flush what is queued and end the writer (readers end with their pipes)."""
+        self._closing.set()
         try:
             self.queue.put(None, timeout=timeout)
         except queue.Full:  # the writer is stuck on the disk; a daemon thread, left behind if it stays so

@@ -24,6 +24,7 @@ import time
 from caldera import TYPE_CHECKING
 from caldera.agents.process.policy import ERROR, MAX_FAILURES, RESTART, RestartPolicy
 from caldera.host import proc
+from caldera.host.loopguard import LoopGuard
 from caldera.host.timefmt import rfc3339
 
 if TYPE_CHECKING:
@@ -300,18 +301,28 @@ class Supervisor:
 
 
 def supervise_loop(supervisor: Supervisor, stop: threading.Event) -> None:
-    """The supervisor thread: boot, a turn every POLL s, and a graceful stop at the end."""
-    try:
-        supervisor.boot()
-    except LaunchError as exc:
-        supervisor._set(FAILED, str(exc))
-        log.error("%s", exc)
-        stop.wait()
-        return
-    while not stop.is_set():
+    """The supervisor thread: boot, a turn every POLL s, and a graceful stop at the end. A turn
+    that raises (a full disk under state.json, a bug) is logged by the guard, once while it
+    repeats, and the next comes after a backoff: the agent stays supervised."""
+    from caldera.protocol.retry import Backoff  # here: `caldera status` reads through this module (no typing)
+
+    guard = LoopGuard(log, "agent supervisor", Backoff())
+    booted = tried = False
+    while not stop.is_set() or not tried:  # boot is tried once even when asked to stop at once
+        tried, delay = True, POLL
         try:
-            supervisor.step()
-        except Exception as exc:  # noqa: BLE001 -- a bug must not end supervision silently
-            log.exception("supervisor turn failed: %s", exc)
-        stop.wait(POLL)
+            if not booted:
+                supervisor.boot()
+                booted = True
+            else:
+                supervisor.step()
+            guard.ok()
+        except LaunchError as exc:  # the previous agent could not be stopped: start none, say why
+            supervisor._set(FAILED, str(exc))
+            log.error("%s", exc)
+            stop.wait()
+            return
+        except Exception as exc:  # noqa: BLE001 -- a bug or a full disk must not end supervision
+            delay = guard.failed(exc)
+        stop.wait(delay)
     supervisor.shutdown()
