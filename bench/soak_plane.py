@@ -274,13 +274,17 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
 
     def _relay(self, status: int, resp_headers: list, data: bytes, what: str = "forwarded") -> None:
         self.owner.count(f"{self.owner.mode}: {what}")
+        self._head(status, resp_headers, len(data))
+        self.wfile.write(data)
+
+    def _head(self, status: int, resp_headers: list, length: int) -> None:
+        """The plane's status line and end-to-end headers, with the body's length."""
         self.send_response(status)
         for key, value in resp_headers:
             if key.lower() not in _HOP_BY_HOP:
                 self.send_header(key, value)
-        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Length", str(length))
         self.end_headers()
-        self.wfile.write(data)
 
     def _answer(self, status: int, data: bytes, what: str, extra: dict[str, str] | None = None) -> None:
         self.owner.count(f"{what}: answered {status}")
@@ -311,12 +315,7 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
 
     def _trickle(self, status: int, resp_headers: list, data: bytes) -> None:
         self.owner.count("trickle: trickled")
-        self.send_response(status)
-        for key, value in resp_headers:
-            if key.lower() not in _HOP_BY_HOP:
-                self.send_header(key, value)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
+        self._head(status, resp_headers, len(data))
         self.wfile.flush()
         step = max(1, len(data) // 60)
         pause = TRICKLE_SECONDS / max(1, len(data) / step)

@@ -1,11 +1,11 @@
 """No loop thread dies of an exception (issue 26), process mode's loops: the supervisor, the
 control socket's accept loop, the agent log pump's reader and writer. Each test injects errors
 into the loop's body, lets it behave, and checks the thread goes on doing its job."""
-import errno
 import os
 import threading
 import types
 
+from fault_inject_helpers import Faulty
 from process_helpers import kill_quietly, make_process_agent, wait_for
 
 from caldera.agents.manifest import load_manifest
@@ -16,24 +16,6 @@ from caldera.host.statefile import StateFile
 from caldera.redact import Redactor
 
 WAIT = 30.0
-
-
-def enospc():
-    return OSError(errno.ENOSPC, "No space left on device")
-
-
-class Faulty:
-    """Wraps a callable: raises `error()` on the first `times` calls, then calls through."""
-
-    def __init__(self, real, times, error=enospc):
-        self.real, self.left, self.error, self.calls = real, times, error, 0
-
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        if self.left > 0:
-            self.left -= 1
-            raise self.error()
-        return self.real(*args, **kwargs)
 
 
 def test_supervisor_survives_a_failing_boot_and_turns_then_runs_the_agent(tmp_path, caplog):

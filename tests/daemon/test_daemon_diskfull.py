@@ -14,6 +14,7 @@ import types
 import pytest
 from core_helpers import Args, install_agent, make_parts
 from daemon_helpers import INSTANCE, wait_for
+from fault_inject_helpers import Faulty, injected_bug
 from plane_helpers import heartbeats
 
 from caldera.cli import status
@@ -285,26 +286,12 @@ def test_an_interrupted_command_found_while_full_is_finished_by_a_lane_once(loca
 
 # ------------------------------------------------------------------ no loop dies of an exception
 
-class _Flaky:
-    """Raises RuntimeError from `name` the first `times` calls, then behaves as `then`."""
-
-    def __init__(self, times, then):
-        self.left, self.then, self.calls = times, then, 0
-
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        if self.left > 0:
-            self.left -= 1
-            raise RuntimeError("injected bug")
-        return self.then(*args, **kwargs)
-
-
 def test_the_heartbeat_loop_survives_an_exception_in_its_error_path(tmp_path, caplog):
     # The state write of the success path raises, then that of the error path: before issue 26
     # the second escaped the loop and the thread was gone for good.
     state = StateFile(tmp_path / "state.json")
-    flaky = _Flaky(2, state.set)
-    state.set, state.update = flaky, _Flaky(1, state.update)
+    flaky = Faulty(state.set, 2, injected_bug)
+    state.set, state.update = flaky, Faulty(state.update, 1, injected_bug)
     beats = []
     client = types.SimpleNamespace(heartbeat=lambda body: beats.append(body) or {})
     auth = types.SimpleNamespace(info=types.SimpleNamespace(heartbeat_interval=0.05), blocked_reason=None)
@@ -324,9 +311,9 @@ def test_the_heartbeat_loop_survives_an_exception_in_its_error_path(tmp_path, ca
 
 def test_the_poll_loop_survives_an_exception_and_logs_it_with_its_traceback(caplog):
     fetched = []
-    ready = _Flaky(2, lambda: True)
+    ready = Faulty(lambda: True, 2, injected_bug)
     lanes = types.SimpleNamespace(ready=ready, submit=fetched.append)
-    client = types.SimpleNamespace(next_command=_Flaky(1, lambda: (None, None)))
+    client = types.SimpleNamespace(next_command=Faulty(lambda: (None, None), 1, injected_bug))
     auth = types.SimpleNamespace(info=types.SimpleNamespace(poll_interval=0.05))
     executor = types.SimpleNamespace(state=types.SimpleNamespace(storage=StorageHealth()), redactor=str)
     wake = Wakeups()

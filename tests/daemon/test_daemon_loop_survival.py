@@ -10,6 +10,7 @@ import pytest
 import responses
 from core_helpers import install_agent, make_parts
 from daemon_helpers import wait_for
+from fault_inject_helpers import Faulty, enospc
 
 from caldera.daemon import lanes as lanes_module
 from caldera.daemon import run as run_module
@@ -22,24 +23,6 @@ from caldera.skills import store, watcher
 BASE = "http://127.0.0.1:9"
 API = BASE + "/api/v1/agent"
 WAIT = 30.0  # generous: the loops back off 1 s, then 2 s, between the injected faults
-
-
-def enospc():
-    return OSError(errno.ENOSPC, "No space left on device")
-
-
-class Faulty:
-    """Wraps a callable: raises `error()` on the first `times` calls, then calls through."""
-
-    def __init__(self, real, times, error=enospc):
-        self.real, self.left, self.error, self.calls = real, times, error, 0
-
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        if self.left > 0:
-            self.left -= 1
-            raise self.error()
-        return self.real(*args, **kwargs)
 
 
 @pytest.fixture
