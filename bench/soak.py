@@ -274,9 +274,10 @@ class Soak:
             self.misses.append("while the disk was full, `caldera status` did not say so.")
 
     def _kill(self, _: Any) -> None:
-        print(f"  {time.time() - self.t0:6.1f} s  SIGKILL caldera run", flush=True)
-        self.supervisor.kill()
+        held = self.proxy.handouts.when_quiet(self.supervisor.kill, self.stop)
         self.timeline.kills.append(time.time())
+        waited = f" (held {held:.1f} s for a hand-out on the wire)" if held >= 0.1 else ""
+        print(f"  {time.time() - self.t0:6.1f} s  SIGKILL caldera run{waited}", flush=True)
 
     def _command(self, arg: tuple[str, dict[str, Any], bool]) -> None:
         kind, payload, out_of_bounds = arg

@@ -10,7 +10,9 @@ state), every session token it issued and every register it took.
 idempotent at the plane (heartbeat, report, start, finish, inventory): a command the plane
 handed out (`commands/next`) or a session it issued (`register`) is never thrown away by the
 proxy, since no runtime could recover those (the server hands a command out once) and
-losing them would be the harness's fault, not the runtime's.
+losing them would be the harness's fault, not the runtime's. For the same reason the soak's
+kills wait for `HandOuts.when_quiet`: a runtime killed while the plane's hand-out is still on
+the wire, or before it had a moment to journal it, loses a command no runtime could keep.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +34,8 @@ CLIENT_TOTAL = 30.0  # caldera.protocol.client.TOTAL: a hang must outlast it
 HANG_SECONDS = CLIENT_TOTAL + 4
 TRICKLE_SECONDS = 6.0  # a trickled answer arrives whole well inside the client's deadline
 MISMATCH = "Agent ID does not match session"
+HANDOUT_SETTLE = 1.5  # after a hand-out's last byte: the runtime's time to journal it
+KILL_HOLD_LIMIT = 30.0  # a kill waits at most this long for a quiet wire
 
 # The proxy's moods (the soak's episode kinds, but disk_full, which is the soak's own).
 MODES = ("healthy", "503", "finish500", "finish500_taken", "hang_heartbeat", "401", "403", "garbage",
@@ -121,6 +126,42 @@ def _command_id(path: str) -> int | None:
 
 # ---- the proxy -----------------------------------------------------------------------------
 
+class HandOuts:
+    """The `commands/next` answers on the wire. The plane marks a command dispatched as it
+    answers and never hands it out again (SPEC §5), so between that answer and the runtime's
+    journal a kill loses the command whatever the runtime does; `when_quiet` lets an action
+    (the soak's SIGKILL) run only outside that window, holding new hand-outs back meanwhile."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._on_wire = 0
+        self._last = 0.0  # monotonic: when the last hand-out carrying a command was delivered
+
+    def begin(self) -> None:
+        with self._cond:
+            self._on_wire += 1
+
+    def end(self, carried: bool) -> None:
+        with self._cond:
+            self._on_wire -= 1
+            if carried:
+                self._last = time.monotonic()
+            self._cond.notify_all()
+
+    def when_quiet(self, action: Callable[[], None], stop: threading.Event) -> float:
+        """Run `action` once no hand-out is on the wire and the last one was delivered
+        HANDOUT_SETTLE ago (at most KILL_HOLD_LIMIT later); how long it waited."""
+        start = time.monotonic()
+        with self._cond:
+            while time.monotonic() - start < KILL_HOLD_LIMIT and not stop.is_set():
+                settle = self._last + HANDOUT_SETTLE - time.monotonic()
+                if self._on_wire == 0 and settle <= 0:
+                    break
+                self._cond.wait(max(0.05, settle) if self._on_wire == 0 else 0.5)
+            action()
+        return time.monotonic() - start
+
+
 class FaultProxy:
     """An HTTP/1.1 proxy on 127.0.0.1:`port` (0: a free one) in front of `upstream` (host, port)."""
 
@@ -129,6 +170,7 @@ class FaultProxy:
         self.mode = "healthy"
         self.stale_token: str | None = None  # 403 mode: requests carrying it are refused
         self.counts: dict[str, int] = {}  # (mode, what was done) -> how often
+        self.handouts = HandOuts()
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._server = self._listen(port)
@@ -265,12 +307,31 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
             return self._answer(500, _error("internal server error (soak)"), mode)
         if mode == "garbage" and (register or not idempotent):
             return self._garbage(None)
+        if path.endswith("/commands/next"):
+            return self._hand_out(mode, headers, body)
+        return self._pass(mode, headers, body)
+
+    def _hand_out(self, mode: str, headers: dict[str, str], body: bytes) -> None:
+        """Forward a poll, its answer counted on the wire until written whole (or failed)."""
+        self.owner.handouts.begin()
+        carried = False
+        try:
+            carried = self._pass(mode, headers, body)
+        finally:
+            self.owner.handouts.end(carried)
+
+    def _pass(self, mode: str, headers: dict[str, str], body: bytes) -> bool:
+        """Forward to the plane and relay its answer as the mood says; True when the answer
+        handed out a command."""
         status, resp_headers, data = self.owner.forward(self.command, self.path, headers, body)
+        carried = b'"command":{' in data.replace(b" ", b"")
         if mode == "garbage":
-            return self._garbage(status)
-        if mode == "trickle":
-            return self._trickle(status, resp_headers, data)
-        return self._relay(status, resp_headers, data)
+            self._garbage(status)
+        elif mode == "trickle":
+            self._trickle(status, resp_headers, data)
+        else:
+            self._relay(status, resp_headers, data)
+        return carried
 
     def _relay(self, status: int, resp_headers: list, data: bytes, what: str = "forwarded") -> None:
         self.owner.count(f"{self.owner.mode}: {what}")
