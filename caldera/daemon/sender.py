@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import traceback
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from caldera.daemon.live import LiveStatus
@@ -48,6 +50,14 @@ def _deliver(client: ControlPlaneClient, item: dict[str, Any]) -> None:
         client.skills_inventory(item["body"])
     else:
         raise ValueError(f"unknown outbox item kind {kind!r}")
+
+
+def _unexpected(exc: BaseException) -> str:
+    """A bug's reason, named by its type and where it was raised: its message could carry a
+    value of the item (a result, a header), which no log line may."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    return f"unexpected {type(exc).__name__}{where} while delivering it"
 
 
 def plane_away(exc: BaseException) -> bool:
@@ -97,16 +107,21 @@ class Pass:
             return self._hold(name, item, exc)
         except (KeyError, ValueError) as exc:
             return self._reject(name, f"malformed outbox item: {exc}")
+        except OSError:
+            raise  # the host's (a full disk, no descriptors left): every item meets it, the pass stops
+        except Exception as exc:  # noqa: BLE001 -- a bug this one item meets: it waits, the rest goes on
+            return self._hold(name, item, exc, _unexpected(exc))
         publish.delivered(self.outbox.dir, item)  # an inventory: the digest the plane accepted
         self.outbox.delivered(name, item)
         return True
 
-    def _hold(self, name: str, item: dict[str, Any], exc: BaseException) -> bool:
+    def _hold(self, name: str, item: dict[str, Any], exc: BaseException, reason: str | None = None) -> bool:
         attempts = int((item.get("retry") or {}).get("attempts") or 0)
         delay = self.backoff.delay_for(attempts, getattr(exc, "retry_after", None))
-        retry = self.outbox.hold(name, item, str(exc), delay)
+        reason = reason or str(exc)
+        retry = self.outbox.hold(name, item, reason, delay)
         if attempts == 0:
-            log.warning("outbox item %s held back (%s); retrying it on its own, the rest goes on", name, exc)
+            log.warning("outbox item %s held back (%s); retrying it on its own, the rest goes on", name, reason)
         log.debug("outbox item %s: try %d failed, next in %.0f s", name, retry["attempts"], delay)
         self.held += 1
         return False

@@ -77,6 +77,31 @@ def test_a_finish_not_taken_stays_held_and_the_next_one_goes(plane, tmp_path, fa
     assert len(plane.seen(r"/commands/1/finish$")) == 1
 
 
+def test_a_bug_one_finish_meets_holds_it_back_and_the_rest_goes_on(plane, tmp_path, caplog):
+    """An error no rule foresaw (a bug met by one item) stalled the whole outbox, pass after
+    pass; now that item waits on its own backoff, named by type and place, never by value."""
+    client = make_client(plane, tmp_path)
+    real_finish = client.finish_command
+
+    def finish(command_id, body):
+        if command_id == 1:
+            raise TypeError("secret-looking value sk-should-not-be-logged")
+        return real_finish(command_id, body)
+
+    client.finish_command = finish
+    outbox = Outbox(tmp_path / "outbox")
+    outbox.put("finish", {"command_id": 1, "body": {"agent_id": AGENT, "status": "succeeded"}})
+    outbox.put("finish", {"command_id": 2, "body": {"agent_id": AGENT, "status": "succeeded"}})
+    with caplog.at_level("DEBUG", logger="caldera"):
+        assert sender.flush(client, outbox, threading.Event()) is False
+    assert finish_paths(plane) == [API + "/commands/2/finish"]
+    [(_, item)] = list(outbox.items())
+    assert item["command_id"] == 1 and item["retry"]["attempts"] == 1
+    [held] = held_items(outbox.dir)
+    assert "unexpected TypeError at test_protocol_faults.py:" in held["reason"]
+    assert "unexpected TypeError" in caplog.text and "sk-should-not-be-logged" not in caplog.text
+
+
 def test_a_held_finish_survives_a_restart_and_goes_once_the_plane_takes_it(plane, tmp_path):
     client = make_client(plane, tmp_path)
     clock = [1000.0]
