@@ -16,6 +16,8 @@ subclasses of these.
 """
 from __future__ import annotations
 
+import traceback
+
 from caldera import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -72,3 +74,11 @@ class CommandError(Refused):
 def retry_after(exc: BaseException) -> float | None:
     """The delay floor an error asks for (Retry-After, or an auth block's wait), else None."""
     return exc.retry_after if isinstance(exc, CalderaError) else None
+
+
+def unexpected(exc: BaseException) -> str:
+    """A bug, named by its type and where it was raised ("TypeError at outbox.py:120"), for a
+    reason kept or sent: its message could carry a value (a result, a header), which none may."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+    return f"{type(exc).__name__}{where}"

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from caldera.daemon import dispatch
 from caldera.daemon.dispatch import CommandContext
-from caldera.errors import AuthBlocked, CalderaError, CommandError, Retryable
+from caldera.errors import AuthBlocked, CalderaError, CommandError, Retryable, unexpected
 from caldera.host.timefmt import rfc3339
 from caldera.protocol import schemas
 from caldera.protocol.client import NotFound, Unsendable
@@ -48,6 +48,7 @@ RECENT_KEY, RECENT_KEPT = "recent_commands", 10  # what `caldera status` shows a
 CANCEL_GRACE = 5.0  # after ctx.cancel is set, how long a handler gets to notice
 DEADLINE_GRACE = 1.0  # the same, when the caller's own deadline (report --once) has passed
 INTERRUPTED = "interrupted: runtime restarted"
+BROKEN = "internal error in the runtime"  # and the exception type and place; a bug to report
 # Commands that change nothing: their finish asks for a report without making older ones stale,
 # so a queue of them is answered by one recent report (docs/performance.md, the drain).
 READ_ONLY = frozenset(("health_check", "collect_system_info", "log_list", "log_get", "settings_get"))
@@ -162,6 +163,16 @@ class Executor:
         else:
             self.report_now()
         return status
+
+    def settle_broken(self, command: Command, exc: BaseException) -> None:
+        """A command whose execution raised (a bug): finished failed now, not at the next start
+        (under systemd that may be weeks), unless its finish is already recorded; its journal
+        entry goes. Raises when the state dir refuses: the entry stays for the next start."""
+        if not self.outbox.has_finish(command.id):
+            self._put_finish(command, "failed", {}, f"{BROKEN}: {unexpected(exc)}")
+            log.warning("command %s (%s) finished failed: its execution raised %s", command.id, command.type,
+                        type(exc).__name__)
+        self._journal_remove(command.key)
 
     def _until_written(self, write: Callable[[], None], command: Command, what: str,
                        cancel: threading.Event | None) -> bool:

@@ -44,9 +44,10 @@ def lane_of(command: Command) -> str:
 def lane_worker(executor: Executor, work: queue.Queue[Command | None], done: Callable[[], None],
                 cancel: threading.Event, closing: threading.Event | None = None) -> None:
     """One lane: its commands in order. A command that raises is logged (once while the same
-    error repeats) and stays in the journal, which the next start settles; its pending count
-    is given back whatever happens (the poller waits on it), and the lane backs off before the
-    next one (`closing` ends the wait: the lanes are closing)."""
+    error repeats) and finished failed at once (`Executor.settle_broken`; if that fails too it
+    stays in the journal, which the next start settles); its pending count is given back
+    whatever happens (the poller waits on it), and the lane backs off before the next one
+    (`closing` ends the wait: the lanes are closing)."""
     guard = LoopGuard(log, f"lane {threading.current_thread().name}", Backoff(LANE_BACKOFF))
     pause = closing or threading.Event()
     while True:
@@ -61,8 +62,9 @@ def lane_worker(executor: Executor, work: queue.Queue[Command | None], done: Cal
                 executor.execute(command, cancel)
             guard.ok()
         except Exception as exc:  # noqa: BLE001 -- the lane must survive a bug in one command
-            log.error("command %s could not be settled; it stays in the journal", command.id)
             delay = guard.failed(exc)
+            if not command.local:
+                _settle(executor, command, exc)
         finally:
             try:
                 done()
@@ -70,6 +72,14 @@ def lane_worker(executor: Executor, work: queue.Queue[Command | None], done: Cal
                 log.exception("lane wake-up failed")
         if delay:
             pause.wait(delay)
+
+
+def _settle(executor: Executor, command: Command, exc: BaseException) -> None:
+    try:
+        executor.settle_broken(command, exc)
+    except Exception as again:  # noqa: BLE001 -- a full disk or the same bug: the next start settles it
+        log.error("command %s could not be settled (%s); it stays in the journal for the next start",
+                  command.id, type(again).__name__)
 
 
 def run_local(executor: Executor, command: Command, cancel: threading.Event) -> None:

@@ -17,13 +17,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import traceback
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from caldera.daemon.live import LiveStatus
 from caldera.daemon.wakeups import Wakeups, wait_any
-from caldera.errors import AuthBlocked, CalderaError
+from caldera.errors import AuthBlocked, CalderaError, unexpected
 from caldera.host.loopguard import LoopGuard
 from caldera.protocol.client import ApiError, Invalid, NotFound, Unauthorized, Unsendable
 from caldera.protocol.payloads import ERROR_MESSAGE_CAP, cut_finish
@@ -50,14 +48,6 @@ def _deliver(client: ControlPlaneClient, item: dict[str, Any]) -> None:
         client.skills_inventory(item["body"])
     else:
         raise ValueError(f"unknown outbox item kind {kind!r}")
-
-
-def _unexpected(exc: BaseException) -> str:
-    """A bug's reason, named by its type and where it was raised: its message could carry a
-    value of the item (a result, a header), which no log line may."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
-    return f"unexpected {type(exc).__name__}{where} while delivering it"
 
 
 def plane_away(exc: BaseException) -> bool:
@@ -110,7 +100,7 @@ class Pass:
         except OSError:
             raise  # the host's (a full disk, no descriptors left): every item meets it, the pass stops
         except Exception as exc:  # noqa: BLE001 -- a bug this one item meets: it waits, the rest goes on
-            return self._hold(name, item, exc, _unexpected(exc))
+            return self._hold(name, item, exc, f"unexpected {unexpected(exc)} while delivering it")
         publish.delivered(self.outbox.dir, item)  # an inventory: the digest the plane accepted
         self.outbox.delivered(name, item)
         return True

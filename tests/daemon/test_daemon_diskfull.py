@@ -19,7 +19,8 @@ from plane_helpers import heartbeats
 
 from caldera.cli import status
 from caldera.config import agent_from_args
-from caldera.daemon.executor import executor_for
+from caldera.daemon import lanes as lanes_module
+from caldera.daemon.executor import Executor, executor_for
 from caldera.daemon.heartbeat import ConnectionStatus, heartbeat_loop
 from caldera.daemon.lanes import Lanes
 from caldera.daemon.live import LiveStatus
@@ -282,6 +283,55 @@ def test_an_interrupted_command_found_while_full_is_finished_by_a_lane_once(loca
     assert executor.execute(again) == "failed"
     [finish] = [i for _, i in parts.outbox.items() if i["kind"] == "finish"]
     assert finish["body"]["error_message"] == "interrupted: runtime restarted"
+
+
+# ------------------------------------------------------------------ a command whose execution raises
+
+def _finishes(parts):
+    return {i["command_id"]: i["body"] for _, i in parts.outbox.items() if i["kind"] == "finish"}
+
+
+def _run_in_lanes(parts, executor, numbers, monkeypatch):
+    monkeypatch.setattr(lanes_module, "LANE_BACKOFF", (0.05,))
+    lanes = Lanes(executor, on_idle=lambda: None)
+    lanes.start()
+    try:
+        for number in numbers:
+            command = parse_command({"id": number, "command_type": "make_coffee", "payload": {}})
+            executor.journal_fetched(command)
+            lanes.submit(command)
+        wait_for(lambda: set(_finishes(parts)) == set(numbers) and parts.state.get("commands") == {},
+                 timeout=30, what="every command finished and out of the journal")
+    finally:
+        assert lanes.close(timeout=30)
+
+
+def test_a_command_whose_execution_raises_is_finished_failed_at_once(local_parts, monkeypatch):
+    """It stayed in the journal, `running` at the plane, until the next start (weeks, under
+    systemd); now the lane finishes it failed, naming the bug by type and place, never by value."""
+    executor = executor_for(local_parts)
+    real_start = Executor._send_start
+
+    def send_start(self, command):
+        if command.id == 71:
+            raise RuntimeError("a bug holding sk-not-for-the-plane")
+        return real_start(self, command)
+
+    monkeypatch.setattr(Executor, "_send_start", send_start)
+    _run_in_lanes(local_parts, executor, (71, 72), monkeypatch)
+    broken, after = _finishes(local_parts)[71], _finishes(local_parts)[72]
+    assert broken["status"] == "failed"
+    assert broken["error_message"].startswith("internal error in the runtime: RuntimeError at test_daemon_diskfull.py:")
+    assert "sk-not-for-the-plane" not in json.dumps(broken)
+    assert after["status"] == "failed" and "make_coffee" in after["error_message"]  # the lane went on
+
+
+def test_a_command_that_raises_after_its_finish_is_recorded_keeps_that_one_finish(local_parts, monkeypatch):
+    executor = executor_for(local_parts)
+    monkeypatch.setattr(Executor, "_remember", lambda *args: (_ for _ in ()).throw(RuntimeError("a bug")))
+    _run_in_lanes(local_parts, executor, (73,), monkeypatch)
+    [(_, item)] = [(n, i) for n, i in local_parts.outbox.items() if i["kind"] == "finish"]
+    assert item["command_id"] == 73 and "make_coffee" in item["body"]["error_message"]  # its own, not a second
 
 
 # ------------------------------------------------------------------ no loop dies of an exception

@@ -102,10 +102,15 @@ def test_sender_keeps_an_entry_it_failed_to_send(rt, rsps, start):
 
 
 class FailingExecutor:
-    """execute() raises for the first `times` commands, then records the ones it runs."""
+    """execute() raises for the first `times` commands, then records the ones it runs; the disk
+    is full, so settling a failed one (its finish) raises too."""
 
     def __init__(self, times):
-        self.left, self.ran = times, []
+        self.left, self.ran, self.settled = times, [], []
+
+    def settle_broken(self, command, exc):
+        self.settled.append(command.id)
+        raise enospc()
 
     def execute(self, command, cancel):
         if self.left > 0:
@@ -136,7 +141,8 @@ def test_a_lane_survives_failing_commands_says_so_once_and_runs_the_next(monkeyp
     # The same error three times: one line with its traceback, not three (a full disk would repeat it
     # for every command); each command is still named once.
     assert caplog.text.count("Traceback") == 1
-    assert all(f"command {n} could not be settled" in caplog.text for n in (1, 2, 3))
+    assert executor.settled == [1, 2, 3]
+    assert all(f"command {n} could not be settled (OSError); it stays in the journal" in caplog.text for n in (1, 2, 3))
 
 
 def test_skills_watcher_survives_a_failed_recovery_and_publishes_after(rt, rsps, start, monkeypatch):
