@@ -18,6 +18,7 @@ from caldera.daemon.live import LiveStatus, ago
 from caldera.daemon.reporter import REVISION_KEY, Reports
 from caldera.daemon.wakeups import Wakeups, wait_any
 from caldera.errors import CalderaError
+from caldera.host.loopguard import LoopGuard
 from caldera.host.timefmt import rfc3339
 from caldera.protocol.retry import Backoff
 
@@ -117,12 +118,14 @@ def desired_revision(value: object) -> int | None:
 def heartbeat_loop(client: ControlPlaneClient, auth: Auth, reports: Reports, status: ConnectionStatus, wake: Wakeups,
                    live: LiveStatus, on_desired: Callable[[int], None]) -> None:
     backoff = Backoff()
+    # Its own backoff: a turn that fails in the plane's way backs off on `backoff` and is a good turn here.
+    guard = LoopGuard(log, "heartbeat loop", Backoff(), redact=status.redactor)
     while not wake.stop.is_set():
         try:
             delay = beat(client, auth, reports, status, wake, live, on_desired, backoff)
+            guard.ok()
         except Exception as exc:  # noqa: BLE001 -- a bug in the error path itself: the loop goes on
-            log.exception("heartbeat loop: unexpected error; going on")
-            delay = backoff.after(exc)
+            delay = guard.failed(exc)
         wait_any(wake.stop, wake.heartbeat, delay)
 
 

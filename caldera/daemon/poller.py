@@ -27,6 +27,7 @@ from caldera.daemon.lanes import Lanes, LanesClosed
 from caldera.daemon.live import LiveStatus
 from caldera.daemon.wakeups import Wakeups, wait_any
 from caldera.errors import CalderaError
+from caldera.host.loopguard import LoopGuard
 from caldera.host.storage import describe
 from caldera.protocol.client import NotFound, Unsendable
 from caldera.protocol.command import Command, MalformedCommand, parse_command
@@ -129,15 +130,17 @@ def storage_refuses(executor: Executor) -> bool:
 def poll_loop(client: ControlPlaneClient, auth: Auth, executor: Executor, lanes: Lanes, wake: Wakeups,
               live: LiveStatus) -> None:
     backoff = Backoff()
+    # Its own backoff: a turn that fails in the plane's way backs off on `backoff` and is a good turn here.
+    guard = LoopGuard(log, "command poll", Backoff(), redact=executor.redactor)
     while not wake.stop.is_set() and not wake.draining.is_set():
         try:
             delay = poll_once(client, auth, executor, lanes, wake, live, backoff)
+            guard.ok()
         except LanesClosed as exc:  # stopping: the journal keeps it, the next start executes it
             log.info("%s; kept for the next start (stopping)", exc)
             return
-        except Exception as exc:  # noqa: BLE001 -- a bug: logged where it happened, retried with backoff
-            log.warning("command poll failed unexpectedly: %s", executor.redactor(str(exc)), exc_info=True)
-            delay = backoff.after(exc)
+        except Exception as exc:  # noqa: BLE001 -- a bug: logged with its traceback, retried with backoff
+            delay = guard.failed(exc)
         if delay > 0:
             wait_any(wake.stop, wake.poll, delay)
 
