@@ -129,7 +129,12 @@ class Reports:
         """The drop counters (outbox, events, lanes), mirrored into state.json for `caldera status`."""
         drops = self.live.drops()
         if drops != self.state.get(DROPS_KEY):
-            self.state.set(DROPS_KEY, drops)
+            try:
+                self.state.set(DROPS_KEY, drops)
+            except OSError as exc:
+                # Only `caldera status`'s copy: the report goes out all the same, and its health
+                # says the disk is full (the state file recorded the failed write).
+                log.debug("drop counters not mirrored into state.json: %s", exc.strerror or exc)
         return drops
 
     def heartbeat(self) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from caldera.daemon import lanes as lanes_module
 from caldera.daemon.executor import Executor, executor_for
 from caldera.daemon.heartbeat import ConnectionStatus, heartbeat_loop
 from caldera.daemon.lanes import Lanes
-from caldera.daemon.live import LiveStatus
+from caldera.daemon.live import DROPS_KEY, LiveStatus
 from caldera.daemon.poller import poll_loop
 from caldera.daemon.sender import sender_loop
 from caldera.daemon.wakeups import Wakeups
@@ -167,6 +167,24 @@ def test_the_report_and_status_json_say_the_disk_is_full(connected, plane, monke
     disk.full = False
     wait_for(lambda: parts.state.storage.failure() is None, what="the record cleared by a write")
     assert "storage" not in parts.reports.state_report()["health"]
+
+
+def test_every_report_while_full_says_so_when_the_drop_counts_differ_from_their_mirror(local_parts, monkeypatch):
+    """The drop counters' state.json mirror was written inside the report: with a previous
+    process's counts on disk (a restart into a full disk) every report raised ENOSPC, so no
+    report said the disk was full for as long as it was."""
+    parts = local_parts
+    parts.state.set(DROPS_KEY, {name: 1 for name in parts.live.drops()})  # the last process dropped some
+    disk = FullDisk(monkeypatch, parts.paths.state_dir)
+    disk.full = True
+    with pytest.raises(OSError):
+        parts.state.set("connection", {})  # the heartbeat's mirror: the failed write is recorded
+    for _ in range(3):  # every report while the disk stays full
+        health = parts.reports.state_report()["health"]
+        assert health["storage"]["state"] == "full" and health["dropped"] == parts.live.drops()
+    disk.full = False
+    parts.reports.state_report()
+    assert parts.state.get(DROPS_KEY) == parts.live.drops()  # mirrored once there is space
 
 
 # ------------------------------------------------------------------ the state file and the outbox
