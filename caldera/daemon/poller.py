@@ -35,6 +35,8 @@ from caldera.protocol.payloads import finish_body
 from caldera.protocol.retry import Backoff
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from caldera.protocol.client import ControlPlaneClient
     from caldera.protocol.session import Auth
 
@@ -43,11 +45,12 @@ DEFAULT_INTERVAL = 5.0
 
 
 def fetch_one(client: ControlPlaneClient, executor: Executor, stop: threading.Event | None = None,
-              deadline: float | None = None) -> Command | None:
+              deadline: float | None = None, tick: Callable[[], None] = lambda: None) -> Command | None:
     """Fetch the next command, parse it and journal it; None when there is none, when it
     cannot be named (then it can be neither started nor finished: it is logged), or when
     the journal refused it (then it is finished failed, not run: `refuse_unjournaled`,
-    which tries until `stop` is set or `deadline` (time.monotonic()) passes)."""
+    which tries until `stop` is set or `deadline` (time.monotonic()) passes, calling `tick`
+    on each try: the loop's liveness while it does)."""
     raw, too_large = client.next_command()
     if not raw:
         return None
@@ -59,7 +62,7 @@ def fetch_one(client: ControlPlaneClient, executor: Executor, stop: threading.Ev
     try:
         executor.journal_fetched(command)
     except OSError as exc:
-        refuse_unjournaled(client, executor, command, exc, stop or threading.Event(), deadline)
+        refuse_unjournaled(client, executor, command, exc, stop or threading.Event(), deadline, tick)
         return None
     log.info("command %s (%s) received", command.id, command.type)
     return command
@@ -71,7 +74,8 @@ def unjournaled_reason(exc: OSError, path: object) -> str:
 
 
 def refuse_unjournaled(client: ControlPlaneClient, executor: Executor, command: Command, exc: OSError,
-                       stop: threading.Event, deadline: float | None) -> bool:
+                       stop: threading.Event, deadline: float | None,
+                       tick: Callable[[], None] = lambda: None) -> bool:
     """Finish a command the journal refused `failed` (never run), straight through the client:
     retried with backoff until the plane takes it, the outbox takes it (the sender then
     delivers it), `stop` is set or `deadline` passes. True when settled."""
@@ -80,6 +84,7 @@ def refuse_unjournaled(client: ControlPlaneClient, executor: Executor, command: 
     body = finish_body(executor.agent_id, "failed", {}, reason)
     backoff = Backoff()
     while True:
+        tick()  # a plane away as well may keep this up for minutes: the watchdog must not take it for a hang
         try:
             client.finish_command(command.id, body)
             log.warning("command %s finished failed (not run: it could not be recorded)", command.id)
@@ -152,7 +157,7 @@ def poll_once(client: ControlPlaneClient, auth: Auth, executor: Executor, lanes:
     if not lanes.ready() or storage_refuses(executor):
         return poll_interval(auth)
     try:
-        command = fetch_one(client, executor, wake.stop)
+        command = fetch_one(client, executor, wake.stop, tick=lambda: live.tick("poller"))
     except CalderaError as exc:  # the plane or the network: the heartbeat says so, this retries quietly
         log.debug("command poll failed: %s", executor.redactor(str(exc)))
         return backoff.after(exc)

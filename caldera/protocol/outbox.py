@@ -78,6 +78,7 @@ class Outbox:
         self.dir = ensure_dir(directory)
         self.storage = storage or StorageHealth()
         self._unrecorded: dict[str, str] = {}  # delivered finishes whose record waits for space: name -> id
+        self._holds: dict[str, dict[str, Any]] = {}  # retry records the disk refused: name -> record
         self.max_items, self.max_bytes = max_items, max_bytes
         self._lock = threading.Lock()
         self._clock = clock
@@ -137,12 +138,16 @@ class Outbox:
         for name in self.names_in_send_order():
             try:
                 with open(self.dir / name, "rb") as fh:
-                    yield name, json.loads(fh.read())
+                    item = json.loads(fh.read())
             except FileNotFoundError:
+                self._holds.pop(name, None)
                 continue
             except ValueError:
                 log.error("outbox item %s is not JSON; moved to outbox/rejected/", name)
                 self.reject(name, "the stored item is not JSON")
+                continue
+            held = self._holds.get(name)
+            yield name, ({**item, "retry": held} if held and isinstance(item, dict) else item)
 
     def delivered(self, name: str, item: dict[str, Any]) -> None:
         """The plane took `item`: a finish's command id is recorded before the item goes, so
@@ -236,7 +241,11 @@ class Outbox:
                  "since": previous.get("since") or rfc3339()}
         try:
             self.rewrite(name, {**item, "retry": retry})
-        except OSError as exc:  # a full disk: the item stays as it was and is simply tried again sooner
+            self._holds.pop(name, None)
+        except OSError as exc:
+            # A full disk: the record is kept in memory, so the item still backs off (a restart
+            # forgets it; the item itself is whole on disk).
+            self._holds[name] = retry
             log.debug("outbox item %s: its retry record was not written (%s)", name, exc.strerror or exc)
         return retry
 

@@ -20,6 +20,7 @@ from plane_helpers import heartbeats
 from caldera.cli import status
 from caldera.config import agent_from_args
 from caldera.daemon import lanes as lanes_module
+from caldera.daemon import poller, sender
 from caldera.daemon.executor import Executor, executor_for
 from caldera.daemon.heartbeat import ConnectionStatus, heartbeat_loop
 from caldera.daemon.lanes import Lanes
@@ -30,6 +31,7 @@ from caldera.daemon.wakeups import Wakeups
 from caldera.host import fsutil
 from caldera.host.statefile import StateFile
 from caldera.host.storage import StorageHealth
+from caldera.protocol.client import Retryable
 from caldera.protocol.command import parse_command
 from caldera.protocol.outbox import Outbox
 from caldera.redact import Redactor
@@ -99,14 +101,19 @@ def connected(caldera_env, plane):
 
 # ------------------------------------------------------------------ defect 1: the heartbeat
 
-def test_heartbeats_go_on_while_the_state_dir_is_full_and_after(connected, plane, monkeypatch):
+def test_heartbeats_go_on_while_the_state_dir_is_full_and_after(connected, plane, monkeypatch, caplog):
     parts, loops = connected
     disk = FullDisk(monkeypatch, parts.paths.state_dir)
     disk.full = True
     before = len(heartbeats(plane.store, INSTANCE))
-    wait_for(lambda: len(heartbeats(plane.store, INSTANCE)) >= before + 3, timeout=30,
-             what="heartbeats while the disk is full")
+    with caplog.at_level(logging.WARNING, logger="caldera.heartbeat"):
+        wait_for(lambda: len(heartbeats(plane.store, INSTANCE)) >= before + 3, timeout=30,
+                 what="heartbeats while the disk is full")
     assert all(t.is_alive() for t in loops.threads)
+    # A heartbeat the plane took is no failure: no backoff, no traceback (the mirror's write is
+    # best effort; when its ENOSPC escaped, each beat was counted failed and backed off 1, 2, 5 s...)
+    lines = [r.getMessage() for r in caplog.records if r.name == "caldera.heartbeat"]
+    assert [m for m in lines if "heartbeats go on" in m] and not [m for m in lines if "failed" in m], lines
     assert parts.state.storage.failure()["state"] == "full"
     disk.full = False
     during = len(heartbeats(plane.store, INSTANCE))
@@ -218,6 +225,63 @@ def test_a_delivered_finish_that_cannot_be_recorded_stays_until_it_can(tmp_path,
     disk.full = False
     assert list(box.items()) == [] and box.depth() == 0
     assert box.has_finish(5)  # by the record now
+
+
+class Plane500:
+    def __init__(self):
+        self.calls = 0
+
+    def finish_command(self, command_id, body):
+        self.calls += 1
+        raise Retryable(500, "internal server error (test)")
+
+
+def test_a_held_finish_still_backs_off_while_its_retry_record_cannot_be_written(tmp_path, monkeypatch):
+    """The retry record of a held item was dropped when the disk refused it: the item kept its
+    old, passed `next_at`, and the sender tried it against a failing plane twice a second."""
+    clock = [1000.0]
+    outbox = Outbox(tmp_path / "outbox", clock=lambda: clock[0])
+    outbox.put("finish", {"command_id": 7, "body": {"status": "succeeded"}})
+    plane = Plane500()
+    sender.flush(plane, outbox, threading.Event())  # held once, with space
+    disk = FullDisk(monkeypatch, tmp_path)
+    disk.full = True
+    waits = []
+    for _ in range(5):
+        clock[0] += outbox.next_try_in() + 0.01  # the sender wakes when the item is due
+        sender.flush(plane, outbox, threading.Event())
+        waits.append(outbox.next_try_in())
+    assert plane.calls == 6 and disk.refused >= 5
+    assert waits == sorted(waits) and waits[-1] > 10  # the backoff grows: 2, 5, 10, 20, 40 s (±20 %)
+    [(_, item)] = list(outbox.items())
+    assert item["retry"]["attempts"] == 6
+    disk.full = False
+    clock[0] += outbox.next_try_in() + 0.01
+    sender.flush(plane, outbox, threading.Event())
+    assert json.loads(next((tmp_path / "outbox").glob("*.json")).read_text())["retry"]["attempts"] == 7  # on disk again
+
+
+def test_the_poller_stays_alive_for_the_watchdog_while_it_retries_a_refused_command(monkeypatch):
+    """A full disk and a plane away at once: the failed finish of a command the journal refused
+    is retried for minutes inside one poll turn, which never said it was alive: past 90 s the
+    watchdog pings stop and systemd kills the unit."""
+    monkeypatch.setattr(poller, "Backoff", lambda: types.SimpleNamespace(after=lambda exc: 0.01))
+    stop, tries, ticks = threading.Event(), [], []
+
+    def finish_command(command_id, body):
+        tries.append(command_id)
+        if len(tries) == 4:
+            stop.set()
+        raise Retryable(None, "connection refused (test)")
+
+    client = types.SimpleNamespace(finish_command=finish_command)
+    executor = types.SimpleNamespace(state=types.SimpleNamespace(path="/var/lib/caldera/a/state.json"),
+                                     agent_id="a", redactor=str,
+                                     outbox=types.SimpleNamespace(put=Faulty(None, 99)))
+    command = parse_command({"id": 81, "command_type": "pause", "payload": {}})
+    settled = poller.refuse_unjournaled(client, executor, command, OSError(errno.ENOSPC, "No space left on device"),
+                                        stop, None, tick=lambda: ticks.append(1))
+    assert not settled and len(tries) == 4 and len(ticks) == 4  # one tick per try
 
 
 # ------------------------------------------------------------------ the executor waits for space
