@@ -154,7 +154,8 @@ def storage_info(paths: AgentPaths, daemon_saw: Any = None,
 
     if not paths.state_dir.is_dir():
         return None
-    problem = free_space_problem(paths.state_dir, statvfs)
+    # The daemon writes as the state dir's owner: root (a container's) may use the reserved blocks.
+    problem = free_space_problem(paths.state_dir, statvfs, as_root=paths.state_dir.stat().st_uid == 0)
     if problem is not None:
         return {"state_dir": str(paths.state_dir), "problem": problem}
     if isinstance(daemon_saw, dict) and daemon_saw.get("error"):

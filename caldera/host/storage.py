@@ -91,18 +91,20 @@ def _log_change(failure: dict[str, Any] | None) -> None:
                   "takes writes again", failure["path"], failure["error"], failure["since"])
 
 
-def free_space_problem(directory: StrPath, statvfs: Callable[[StrPath], os.statvfs_result] = os.statvfs) -> str | None:
+def free_space_problem(directory: StrPath, statvfs: Callable[[StrPath], os.statvfs_result] = os.statvfs,
+                       as_root: bool = False) -> str | None:
     """Why the file system of `directory` cannot take the runtime's writes, as a sentence part
-    ('file system full (0 bytes free)', 'read-only file system'), or None when it can."""
+    ('file system full (0 bytes free)', 'read-only file system'), or None when it can.
+    `as_root`: the daemon writes as root (a container's), which may use the reserved blocks."""
     try:
         st = statvfs(directory)
     except OSError as exc:
         return f"cannot be examined: {describe(exc)}"
     if st.f_flag & os.ST_RDONLY:
         return "read-only file system"
-    free = st.f_bavail * st.f_frsize
+    free = (st.f_bfree if as_root else st.f_bavail) * st.f_frsize
     if free < LOW_SPACE:
         return f"file system full ({free} bytes free)"
-    if st.f_files and not st.f_favail:  # inodes: a file system can be "full" with space left
+    if st.f_files and not (st.f_ffree if as_root else st.f_favail):  # inodes: "full" with space left
         return "file system full (no free inodes)"
     return None

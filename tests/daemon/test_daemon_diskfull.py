@@ -30,7 +30,7 @@ from caldera.daemon.sender import sender_loop
 from caldera.daemon.wakeups import Wakeups
 from caldera.host import fsutil
 from caldera.host.statefile import StateFile
-from caldera.host.storage import StorageHealth
+from caldera.host.storage import StorageHealth, free_space_problem
 from caldera.protocol.client import Retryable
 from caldera.protocol.command import parse_command
 from caldera.protocol.outbox import Outbox
@@ -466,10 +466,26 @@ def test_the_poll_loop_survives_an_exception_and_logs_it_once_with_its_traceback
 
 # ------------------------------------------------------------------ caldera status
 
-def _statvfs(free_blocks, flag=0, favail=1000):
+def test_caldera_status_counts_the_reserved_blocks_for_a_daemon_that_writes_as_root(caldera_env):
+    """A container's daemon runs as root and writes into ext4's reserved blocks: its state dir
+    (root's) is not full while they last; an agent account's is."""
+    install_agent(caldera_env)
+    paths = agent_from_args(Args(agent="demo"))
+    paths.state_dir.mkdir(parents=True, exist_ok=True)
+    only_reserved = _statvfs(0, reserved=500)
+    assert free_space_problem(paths.state_dir, only_reserved, as_root=True) is None
+    assert free_space_problem(paths.state_dir, only_reserved, as_root=False) == "file system full (0 bytes free)"
+    as_root = paths.state_dir.stat().st_uid == 0  # `caldera status` asks the state dir's owner
+    doc = status.snapshot(paths, Redactor(), statvfs=only_reserved)
+    assert (doc["storage"] is None) is as_root
+    assert status.storage_info(paths, statvfs=only_reserved) == doc["storage"]
+
+
+
+def _statvfs(free_blocks, flag=0, favail=1000, reserved=0):
     # (bsize, frsize, blocks, bfree, bavail, files, ffree, favail, flag, namemax)
-    return lambda path: os.statvfs_result((4096, 4096, 2560, free_blocks, free_blocks, 1000, favail,
-                                                          favail, flag, 255))
+    return lambda path: os.statvfs_result((4096, 4096, 2560, free_blocks + reserved, free_blocks, 1000, favail,
+                                           favail, flag, 255))
 
 
 @pytest.mark.parametrize("fs, says", [
