@@ -17,6 +17,7 @@ import os
 import random
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 import soak_account as acc  # noqa: E402
-from soak_plane import MODES, FaultProxy, RecordingPlane  # noqa: E402
+from soak_plane import KILL_HOLD_LIMIT, MODES, FaultProxy, Held, RecordingPlane, durably_kept  # noqa: E402
 from soak_runtime import (  # noqa: E402
     ADAPTER,
     ADAPTER_TIMEOUT,
@@ -54,6 +55,8 @@ MOOD_WEIGHTS = (50, 15, 10, 12, 13)
 HEARTBEAT, POLL = 5, 2  # the plane's intervals
 COMMAND_TIMEOUT = 120
 NS_MARK = "SOAK_IN_NAMESPACE"
+STRETCH = 600.0  # the long form's kill-free stretch (memory and threads of one process)
+STRETCH_SETTLE = 60.0  # its resources are measured from this far in
 
 
 @dataclass
@@ -66,6 +69,7 @@ class Plan:
     kills: list[float] = field(default_factory=list)
     moods: list[tuple[float, float, str]] = field(default_factory=list)
     commands: list[tuple[float, str, dict[str, Any], bool]] = field(default_factory=list)
+    stretch: tuple[float, float] | None = None  # the long form's kill-free stretch, inside the chaos
 
 
 def plan(rng: random.Random, short: bool, minutes: float, skip: set[str]) -> Plan:
@@ -89,7 +93,20 @@ def plan(rng: random.Random, short: bool, minutes: float, skip: set[str]) -> Pla
         t += rng.uniform(15, 25) if short else rng.uniform(60, 120)
     _plan_moods(rng, p, short)
     _plan_commands(rng, p, short)
+    if not short:
+        _plan_stretch(rng, p)
     return p
+
+
+def _plan_stretch(rng: random.Random, p: Plan) -> None:
+    """STRETCH seconds without a kill, somewhere in the chaos (episodes, moods and commands go
+    on): one runtime process lives through all of it, so its own growth can be measured."""
+    earliest, latest = p.calm + 30, p.chaos_end - STRETCH - 30
+    if latest < earliest:
+        return  # too short a run: the figures say so
+    start = rng.uniform(earliest, latest)
+    p.stretch = (start, start + STRETCH)
+    p.kills = [t for t in p.kills if not start - 5 <= t <= start + STRETCH]
 
 
 def _length(rng: random.Random, kind: str, short: bool) -> float:
@@ -162,8 +179,9 @@ class Soak:
         self.bootstrap = "agt_boot_" + secrets.token_hex(24)
         self.plane = RecordingPlane(root / "plane.db", tokens={self.bootstrap: INSTANCE},
                                     heartbeat_interval=HEARTBEAT, poll_interval=POLL).start()
-        self.proxy = FaultProxy(("127.0.0.1", self.plane.port), random.Random(args.seed + 1), self.stop)
         self.tree = AgentTree(root, self.bootstrap)
+        self.proxy = FaultProxy(("127.0.0.1", self.plane.port), random.Random(args.seed + 1), self.stop,
+                                durably_kept(self.plane, self.tree.state_dir))
         self.disk = Disk(self.tree.state_dir)
         self.supervisor = Supervisor(self.tree, threading.Event())
         self.timeline = acc.Timeline()
@@ -174,6 +192,8 @@ class Soak:
         self.misses: list[str] = []
         self.notes: list[str] = []
         self.t0 = self.disk_started = 0.0
+        self.stretch_at: list[float] = []  # wall times of the stretch's start and end, as they came
+        self.stretch_figure = ""
 
     # -- setup
 
@@ -219,6 +239,8 @@ class Soak:
         events += [(t, 3, "command", (k, p, o)) for t, k, p, o in self.plan.commands]
         events.append((self.plan.calm, 4, "baseline", None))
         events.append((self.plan.chaos_end, 5, "calm", None))
+        if self.plan.stretch is not None:
+            events += [(self.plan.stretch[0], 6, "stretch", "begins"), (self.plan.stretch[1], 6, "stretch", "ends")]
         mood_started = (self.t0, "normal")
         for at, _, what, arg in sorted(events, key=lambda e: (e[0], e[1])):
             if self.stop.wait(max(0.0, self.t0 + at - time.time())):
@@ -249,7 +271,9 @@ class Soak:
             self.plane.drop_session(INSTANCE)
         elif kind == "403":
             stale = self.plane.session_token(INSTANCE)
-        self.proxy.set_mode(kind, stale)
+        held = self.proxy.set_mode(kind, stale)
+        if held is not None:
+            self._held(held, "the port_closed cut")
 
     def _episode_end(self, kind: str) -> None:
         if kind == "disk_full":
@@ -270,14 +294,29 @@ class Soak:
             self.misses.append("while the disk was full, the last state report's health did not say so.")
         status = subprocess.run([sys.executable, "-m", "caldera.cli", "status", "--agent", AGENT],
                                 env=self.tree.env, capture_output=True, text=True, timeout=60)
-        if not acc.CAUSE_WORDS["disk"].search(status.stdout + status.stderr):
+        if not acc.CAUSE_WORDS["disk"].search(status.stdout):  # a crash's "No space left" on stderr says nothing
             self.misses.append("while the disk was full, `caldera status` did not say so.")
 
     def _kill(self, _: Any) -> None:
-        held = self.proxy.handouts.when_quiet(self.supervisor.kill, self.stop)
+        exited: list[bool] = []
+        held = self.proxy.handouts.when_quiet(lambda: exited.append(self.supervisor.kill()), self.stop)
         self.timeline.kills.append(time.time())
-        waited = f" (held {held:.1f} s for a hand-out on the wire)" if held >= 0.1 else ""
+        waited = f" (held {held.waited:.1f} s for a hand-out to be confirmed)" if held.waited >= 0.1 else ""
         print(f"  {time.time() - self.t0:6.1f} s  SIGKILL caldera run{waited}", flush=True)
+        self._held(held, "a SIGKILL")
+        if exited and not exited[0]:
+            self.notes.append(f"the runtime had not exited {time.time() - self.t0:.0f} s in, 10 s after its SIGKILL")
+
+    def _held(self, held: Held, what: str) -> None:
+        """A wait for a quiet wire that hit its limit: the command(s) it may have cost, by name."""
+        if held.unconfirmed or held.on_wire:
+            ids = ", ".join(str(cid) for cid in held.unconfirmed) or "none"
+            self.notes.append(f"{what} {time.time() - self.t0:.0f} s in went after {KILL_HOLD_LIMIT:.0f} s with "
+                              f"command(s) {ids} handed out but not confirmed, {held.on_wire} answer(s) on the wire")
+
+    def _stretch(self, edge: str) -> None:
+        self.stretch_at.append(time.time())
+        print(f"  {time.time() - self.t0:6.1f} s  kill-free stretch {edge}", flush=True)
 
     def _command(self, arg: tuple[str, dict[str, Any], bool]) -> None:
         kind, payload, out_of_bounds = arg
@@ -330,6 +369,7 @@ class Soak:
         if self.supervisor.clean_exit:
             self.misses.append("caldera run exited 0 on its own during the soak (not restarted).")
         self.misses += self._resource_misses()
+        self.misses += self._stretch_misses()
         self.misses += self._process_misses()
         code = self.supervisor.terminate()
         if code != 0:
@@ -353,6 +393,36 @@ class Soak:
             misses.append(f"{end.threads} threads at the end, more than the calm minute's {base.threads} + 5.")
         if end.fds > base.fds + 5:
             misses.append(f"{end.fds} open fds at the end, more than the calm minute's {base.fds} + 5.")
+        return misses
+
+    def _stretch_misses(self) -> list[str]:
+        """The long form's kill-free stretch: one process throughout, its RSS at the end within
+        1.3x of its RSS STRETCH_SETTLE in, threads and fds within +5."""
+        if self.plan.stretch is None:
+            if not self.args.short:
+                self.notes.append(f"no kill-free stretch: the chaos phase is shorter than {STRETCH + 60:.0f} s")
+            return []
+        if len(self.stretch_at) < 2:
+            return ["the kill-free stretch did not run to its end."]
+        start, end = self.stretch_at
+        exits = [f"pid {pid} exited {code}" for t, pid, code in self.supervisor.exits if start <= t <= end]
+        if exits:
+            return [f"the runtime exited on its own during the kill-free stretch ({', '.join(exits)}) and was "
+                    f"restarted."]
+        got = [s for s in self.samples if start <= s.at <= end]
+        first = next((s for s in got if s.at >= start + STRETCH_SETTLE), None)
+        last = got[-1] if got else None
+        if first is None or last is None or first.pid != last.pid:
+            return ["no samples of one runtime process through the kill-free stretch."]
+        self.stretch_figure = (f"pid {last.pid}, {end - start:.0f} s: RSS {first.rss_kib} -> {last.rss_kib} KiB, "
+                               f"threads {first.threads} -> {last.threads}, fds {first.fds} -> {last.fds}")
+        misses = []
+        if last.rss_kib > 1.3 * first.rss_kib:
+            misses.append(f"in the kill-free stretch the runtime's RSS grew from {first.rss_kib} KiB to "
+                          f"{last.rss_kib} KiB, over 1.3x.")
+        if last.threads > first.threads + 5 or last.fds > first.fds + 5:
+            misses.append(f"in the kill-free stretch the runtime's threads went {first.threads} -> {last.threads} and "
+                          f"its open fds {first.fds} -> {last.fds}, more than 5 up.")
         return misses
 
     def _process_misses(self) -> list[str]:
@@ -404,6 +474,8 @@ class Soak:
         if base and end:
             print(f"  RSS               {base.rss_kib} KiB -> {end.rss_kib} KiB")
             print(f"  threads, fds      {base.threads} -> {end.threads}, {base.fds} -> {end.fds}")
+        if self.stretch_figure:
+            print(f"  stretch           {self.stretch_figure}")
         if longest:
             print(f"  longest-lived     pid {longest[0]}, {longest[1]:.0f} s: RSS {longest[2]} -> {longest[3]} KiB")
         print(f"  proxy             {json.dumps(dict(sorted(self.proxy.counts.items())))}")
@@ -445,8 +517,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _on_signal(signum: int, _frame: Any) -> None:
+    """SIGTERM or SIGINT: unwind the main thread through `soak.close()` (the runtime stopped,
+    the tmpfs unmounted); a second signal meanwhile is ignored."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print(f"soak: {signal.Signals(signum).name}: shutting down", flush=True)
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
     if "disk_full" not in args.skip:
         enter_namespace([str(Path(__file__).resolve()), *argv])
     root = Path(tempfile.mkdtemp(prefix="caldera-soak-"))

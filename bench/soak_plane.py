@@ -11,20 +11,24 @@ idempotent at the plane (heartbeat, report, start, finish, inventory): a command
 handed out (`commands/next`) or a session it issued (`register`) is never thrown away by the
 proxy, since no runtime could recover those (the server hands a command out once) and
 losing them would be the harness's fault, not the runtime's. For the same reason the soak's
-kills wait for `HandOuts.when_quiet`: a runtime killed while the plane's hand-out is still on
-the wire, or before it had a moment to journal it, loses a command no runtime could keep.
+kills and the port_closed cut wait for `HandOuts.when_quiet`: a runtime killed (or cut off)
+while the plane's hand-out is still on the wire, or before it has the command durably, loses
+a command no runtime could keep.
 """
 from __future__ import annotations
 
 import http.client
 import http.server
 import json
+import os
 import random
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from caldera.plane import api
@@ -34,8 +38,8 @@ CLIENT_TOTAL = 30.0  # caldera.protocol.client.TOTAL: a hang must outlast it
 HANG_SECONDS = CLIENT_TOTAL + 4
 TRICKLE_SECONDS = 6.0  # a trickled answer arrives whole well inside the client's deadline
 MISMATCH = "Agent ID does not match session"
-HANDOUT_SETTLE = 1.5  # after a hand-out's last byte: the runtime's time to journal it
-KILL_HOLD_LIMIT = 30.0  # a kill waits at most this long for a quiet wire
+KILL_HOLD_LIMIT = 30.0  # a kill (or the port_closed cut) waits at most this long for a quiet wire
+QUIET_STEP = 0.1  # how often a wait for a quiet wire looks at the plane and the state dir again
 
 # The proxy's moods (the soak's episode kinds, but disk_full, which is the soak's own).
 MODES = ("healthy", "503", "finish500", "finish500_taken", "hang_heartbeat", "401", "403", "garbage",
@@ -126,51 +130,156 @@ def _command_id(path: str) -> int | None:
 
 # ---- the proxy -----------------------------------------------------------------------------
 
+@dataclass
+class Held:
+    """What `HandOuts.when_quiet` waited for: its seconds, and the hand-outs it gave up on
+    (the limit was hit): command ids not yet confirmed, answers still on the wire."""
+
+    waited: float
+    unconfirmed: list[int]
+    on_wire: int
+
+
 class HandOuts:
-    """The `commands/next` answers on the wire. The plane marks a command dispatched as it
-    answers and never hands it out again (SPEC §5), so between that answer and the runtime's
-    journal a kill loses the command whatever the runtime does; `when_quiet` lets an action
-    (the soak's SIGKILL) run only outside that window, holding new hand-outs back meanwhile."""
+    """The `commands/next` answers on the wire and the commands they handed out. The plane
+    marks a command dispatched as it answers and never hands it out again (SPEC §5), so from
+    that answer until the runtime has the command durably a kill (or a cut connection) loses
+    it whatever the runtime does. `when_quiet` runs an action (the soak's SIGKILL, the
+    port_closed cut) only outside that window: no answer on the wire and every command
+    handed out confirmed by `confirmed(id)` (durably kept: see `durably_kept`).
 
-    def __init__(self) -> None:
+    `begin` and the action take the same lock, and `begin` forwards a poll only when its
+    client is still connected: a poll the proxy counts after a kill finds its client gone and
+    is never forwarded, one counted before it holds the kill until its command is confirmed."""
+
+    def __init__(self, confirmed: Callable[[int], bool]) -> None:
         self._cond = threading.Condition()
+        self._confirmed = confirmed
         self._on_wire = 0
-        self._last = 0.0  # monotonic: when the last hand-out carrying a command was delivered
+        self._pending = 0  # actions waiting for a quiet wire: new polls wait behind them
+        self._unconfirmed: set[int] = set()
 
-    def begin(self) -> None:
+    def begin(self, alive: Callable[[], bool], stop: threading.Event) -> bool:
+        """A poll is about to be forwarded: False (not forwarded) when its client is gone.
+        A poll that comes while an action waits for a quiet wire waits for that action."""
         with self._cond:
+            while self._pending and not stop.is_set():
+                self._cond.wait(QUIET_STEP)
+            if not alive():
+                return False
             self._on_wire += 1
+            return True
 
-    def end(self, carried: bool) -> None:
+    def end(self, command_id: int | None) -> None:
+        """The poll's answer is written (or failed); `command_id`: the command it handed out."""
         with self._cond:
             self._on_wire -= 1
-            if carried:
-                self._last = time.monotonic()
+            if command_id is not None:
+                self._unconfirmed.add(command_id)
             self._cond.notify_all()
 
-    def when_quiet(self, action: Callable[[], None], stop: threading.Event) -> float:
-        """Run `action` once no hand-out is on the wire and the last one was delivered
-        HANDOUT_SETTLE ago (at most KILL_HOLD_LIMIT later); how long it waited."""
+    def _quiet(self) -> bool:
+        self._unconfirmed = {cid for cid in self._unconfirmed if not self._confirmed(cid)}
+        return self._on_wire == 0 and not self._unconfirmed
+
+    def when_quiet(self, action: Callable[[], object], stop: threading.Event) -> Held:
+        """Run `action` under the lock once no answer is on the wire and every command handed
+        out is confirmed, or after KILL_HOLD_LIMIT (the ids given up on are in the result)."""
         start = time.monotonic()
         with self._cond:
-            while time.monotonic() - start < KILL_HOLD_LIMIT and not stop.is_set():
-                settle = self._last + HANDOUT_SETTLE - time.monotonic()
-                if self._on_wire == 0 and settle <= 0:
-                    break
-                self._cond.wait(max(0.05, settle) if self._on_wire == 0 else 0.5)
-            action()
-        return time.monotonic() - start
+            self._pending += 1
+            try:
+                while (not self._quiet() and time.monotonic() - start < KILL_HOLD_LIMIT
+                       and not stop.is_set()):
+                    self._cond.wait(QUIET_STEP)
+                held = Held(time.monotonic() - start, sorted(self._unconfirmed), self._on_wire)
+                self._unconfirmed.clear()  # given up on: the caller notes them
+                action()
+            finally:
+                self._pending -= 1
+                self._cond.notify_all()
+        return held
+
+
+def durably_kept(plane: RecordingPlane, state_dir: Path) -> Callable[[int], bool]:
+    """A handed-out command is kept once the plane has it past `dispatched` (started or
+    finished), or the runtime's state dir names it: a key of state.json's journal
+    ("commands"), or an outbox item (its start or finish, written before the journal entry
+    goes). Files read as they are: absent or half-written counts as not there."""
+
+    def kept(command_id: int) -> bool:
+        try:
+            if plane._status(command_id) not in (None, "pending", "dispatched"):
+                return True
+        except sqlite3.Error:
+            pass  # the plane is stopping: the state dir may still say
+        return str(command_id) in _journal(state_dir / "state.json") or command_id in _outboxed(state_dir / "outbox")
+
+    return kept
+
+
+def _journal(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    commands = doc.get("commands") if isinstance(doc, dict) else None
+    return commands if isinstance(commands, dict) else {}
+
+
+def _outboxed(outbox: Path) -> set[int]:
+    ids = set()
+    try:
+        names = [n for n in os.listdir(outbox) if n.endswith(".json") and n[:1].isdigit()]
+    except OSError:
+        return ids
+    for name in names:
+        try:
+            item = json.loads((outbox / name).read_bytes())
+        except (OSError, ValueError):
+            continue
+        if isinstance(item, dict) and isinstance(item.get("command_id"), int):
+            ids.add(item["command_id"])
+    return ids
+
+
+def handed_out_id(data: bytes) -> int | None:
+    """The id of the command a `commands/next` answer carries (data.command.id), else None."""
+    try:
+        command = json.loads(data)["data"]["command"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    cid = command.get("id") if isinstance(command, dict) else None
+    return cid if isinstance(cid, int) else None
+
+
+def client_gone(sock: socket.socket) -> bool:
+    """The client closed its end (EOF or reset), seen without reading: a peek that does not wait."""
+    timeout = sock.gettimeout()
+    try:
+        sock.settimeout(0)  # with a timeout, Python waits for readability before the peek
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:  # ConnectionResetError, or the socket already shut down or closed
+        return True
+    finally:
+        try:
+            sock.settimeout(timeout)
+        except OSError:
+            pass
 
 
 class FaultProxy:
     """An HTTP/1.1 proxy on 127.0.0.1:`port` (0: a free one) in front of `upstream` (host, port)."""
 
-    def __init__(self, upstream: tuple[str, int], rng: random.Random, stop: threading.Event, port: int = 0):
+    def __init__(self, upstream: tuple[str, int], rng: random.Random, stop: threading.Event,
+                 confirmed: Callable[[int], bool], port: int = 0):
         self.upstream, self.rng, self.stop = upstream, rng, stop
         self.mode = "healthy"
         self.stale_token: str | None = None  # 403 mode: requests carrying it are refused
         self.counts: dict[str, int] = {}  # (mode, what was done) -> how often
-        self.handouts = HandOuts()
+        self.handouts = HandOuts(confirmed)
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._server = self._listen(port)
@@ -186,15 +295,22 @@ class FaultProxy:
                          daemon=True).start()
         return server
 
-    def set_mode(self, mode: str, stale_token: str | None = None) -> None:
+    def set_mode(self, mode: str, stale_token: str | None = None) -> Held | None:
+        """Switch the mood; closing the port waits for a quiet wire (`HandOuts.when_quiet`),
+        as cutting a hand-out's connection loses its command: what it waited for then."""
         if mode not in MODES:
             raise ValueError(f"unknown proxy mode {mode!r}")
+        if mode == "port_closed" and self.mode != "port_closed":
+            return self.handouts.when_quiet(lambda: (self._switch(mode, stale_token), self._close()), self.stop)
+        was = self._switch(mode, stale_token)
+        if was == "port_closed" and mode != "port_closed":
+            self._server = self._listen(self.port)
+        return None
+
+    def _switch(self, mode: str, stale_token: str | None) -> str:
         with self._lock:
             was, self.mode, self.stale_token = self.mode, mode, stale_token
-        if mode == "port_closed" and was != "port_closed":
-            self._close()
-        elif was == "port_closed" and mode != "port_closed":
-            self._server = self._listen(self.port)
+        return was
 
     def _close(self) -> None:
         """Stop listening (connection refused) and cut the connections that are open."""
@@ -312,26 +428,33 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
         return self._pass(mode, headers, body)
 
     def _hand_out(self, mode: str, headers: dict[str, str], body: bytes) -> None:
-        """Forward a poll, its answer counted on the wire until written whole (or failed)."""
-        self.owner.handouts.begin()
-        carried = False
+        """Forward a poll whose client is still there, its answer counted on the wire until
+        written whole (or failed), the command it carried recorded for confirmation."""
+        if not self.owner.handouts.begin(lambda: not client_gone(self.connection), self.owner.stop):
+            self.owner.count("client gone before its poll")
+            self.close_connection = True
+            return None
+        command_id = None
         try:
-            carried = self._pass(mode, headers, body)
+            status, resp_headers, data = self.owner.forward(self.command, self.path, headers, body)
+            command_id = handed_out_id(data)
+            self._relay_as(mode, status, resp_headers, data)
         finally:
-            self.owner.handouts.end(carried)
+            self.owner.handouts.end(command_id)
+        return None
 
-    def _pass(self, mode: str, headers: dict[str, str], body: bytes) -> bool:
-        """Forward to the plane and relay its answer as the mood says; True when the answer
-        handed out a command."""
+    def _pass(self, mode: str, headers: dict[str, str], body: bytes) -> None:
+        """Forward to the plane and relay its answer as the mood says."""
         status, resp_headers, data = self.owner.forward(self.command, self.path, headers, body)
-        carried = b'"command":{' in data.replace(b" ", b"")
+        self._relay_as(mode, status, resp_headers, data)
+
+    def _relay_as(self, mode: str, status: int, resp_headers: list, data: bytes) -> None:
         if mode == "garbage":
             self._garbage(status)
         elif mode == "trickle":
             self._trickle(status, resp_headers, data)
         else:
             self._relay(status, resp_headers, data)
-        return carried
 
     def _relay(self, status: int, resp_headers: list, data: bytes, what: str = "forwarded") -> None:
         self.owner.count(f"{self.owner.mode}: {what}")

@@ -22,6 +22,7 @@ INSTANCE = 1
 ADAPTER = Path(__file__).resolve().parent / "soak_adapter.py"
 ADAPTER_TIMEOUT = 4  # runtime.timeout_seconds: the hang mood sleeps far past it
 RESTART_DELAY = 1.0  # systemd's RestartSec= of the soak's supervisor
+KILL_WAIT = 10.0  # a SIGKILLed runtime has exited within this (its sockets closed)
 TMPFS_SIZE = "8m"
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -256,15 +257,24 @@ class Supervisor:
         proc = self.proc
         return proc.pid if proc is not None and proc.poll() is None else None
 
-    def kill(self) -> None:
+    def kill(self, wait: float = KILL_WAIT) -> bool:
+        """SIGKILL to the runtime's process group, then wait (at most `wait`) until the runtime
+        has exited: its sockets are closed when this returns True, so a poll the proxy has not
+        forwarded yet finds its client gone. (The supervisor thread polls the same Popen: both
+        are safe together, one of them reaps.)"""
         proc = self.proc
         if proc is None or proc.poll() is not None:
-            return
+            return True
         self.kills.append(time.time())
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        try:
+            proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def sweep(self) -> None:
         """SIGKILL and reap every child of the soak that is not a live runtime or a helper the
