@@ -38,7 +38,9 @@ CLIENT_TOTAL = 30.0  # caldera.protocol.client.TOTAL: a hang must outlast it
 HANG_SECONDS = CLIENT_TOTAL + 4
 TRICKLE_SECONDS = 6.0  # a trickled answer arrives whole well inside the client's deadline
 MISMATCH = "Agent ID does not match session"
-KILL_HOLD_LIMIT = 30.0  # a kill (or the port_closed cut) waits at most this long for a quiet wire
+# A kill (or the port_closed cut) waits at most this long for a quiet wire: well inside the
+# client's deadline, so a poll held behind it is still wanted when it goes on.
+KILL_HOLD_LIMIT = 20.0
 QUIET_STEP = 0.1  # how often a wait for a quiet wire looks at the plane and the state dir again
 
 # The proxy's moods (the soak's episode kinds, but disk_full, which is the soak's own).

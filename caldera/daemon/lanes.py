@@ -64,7 +64,7 @@ def lane_worker(executor: Executor, work: queue.Queue[Command | None], done: Cal
         except Exception as exc:  # noqa: BLE001 -- the lane must survive a bug in one command
             delay = guard.failed(exc)
             if not command.local:
-                _settle(executor, command, exc)
+                settle(executor, command, exc)
         finally:
             try:
                 done()
@@ -74,7 +74,9 @@ def lane_worker(executor: Executor, work: queue.Queue[Command | None], done: Cal
             pause.wait(delay)
 
 
-def _settle(executor: Executor, command: Command, exc: BaseException) -> None:
+def settle(executor: Executor, command: Command, exc: BaseException) -> None:
+    """A journaled command a bug kept from running: finished failed now, else (a full disk)
+    left in the journal for the next start."""
     try:
         executor.settle_broken(command, exc)
     except Exception as again:  # noqa: BLE001 -- a full disk or the same bug: the next start settles it

@@ -23,7 +23,7 @@ import time
 from typing import TYPE_CHECKING
 
 from caldera.daemon.executor import Executor
-from caldera.daemon.lanes import Lanes, LanesClosed
+from caldera.daemon.lanes import Lanes, LanesClosed, settle
 from caldera.daemon.live import LiveStatus
 from caldera.daemon.wakeups import Wakeups, wait_any
 from caldera.errors import CalderaError
@@ -64,6 +64,9 @@ def fetch_one(client: ControlPlaneClient, executor: Executor, stop: threading.Ev
     except OSError as exc:
         refuse_unjournaled(client, executor, command, exc, stop or threading.Event(), deadline, tick)
         return None
+    except Exception as exc:  # a bug in (or after) the journal's write: finished now, not at the next start
+        settle(executor, command, exc)
+        raise
     log.info("command %s (%s) received", command.id, command.type)
     return command
 
@@ -164,5 +167,11 @@ def poll_once(client: ControlPlaneClient, auth: Auth, executor: Executor, lanes:
     backoff.reset()
     if command is None:
         return poll_interval(auth)
-    lanes.submit(command)  # LanesClosed: poll_loop ends
+    try:
+        lanes.submit(command)  # LanesClosed: poll_loop ends
+    except LanesClosed:
+        raise
+    except Exception as exc:  # a bug handing it on: journaled, so finished now rather than at the next start
+        settle(executor, command, exc)
+        raise
     return 0  # there may be more: ask again as soon as the lane is free

@@ -239,6 +239,8 @@ class Outbox:
         retry = {"attempts": int(previous.get("attempts") or 0) + 1,
                  "next_at": self._clock() + delay, "reason": reason[:REASON_CAP],
                  "since": previous.get("since") or rfc3339()}
+        for gone in [n for n in self._holds if not (self.dir / n).exists()]:  # delivered, rejected, dropped
+            self._holds.pop(gone, None)
         try:
             self.rewrite(name, {**item, "retry": retry})
             self._holds.pop(name, None)
@@ -282,10 +284,11 @@ class Outbox:
     def has_finish(self, command_id: int | str) -> bool:
         """A finish for this command is waiting here or was taken by the plane."""
         wanted = str(command_id)
-        if wanted in self._unrecorded.values() or wanted in self._delivered_ids():
+        # The outbox first, the delivered record after: the sender writes the record before it
+        # removes the item, so a delivery between the two looks is seen by one of them.
+        if any(str(item.get("command_id")) == wanted and item.get("kind") == "finish" for _, item in self.items()):
             return True
-        return any(str(item.get("command_id")) == wanted and item.get("kind") == "finish"
-                   for _, item in self.items())
+        return wanted in self._unrecorded.values() or wanted in self._delivered_ids()
 
     def _enforce_bounds(self) -> None:
         names = self._names()

@@ -261,6 +261,25 @@ def test_a_held_finish_still_backs_off_while_its_retry_record_cannot_be_written(
     assert json.loads(next((tmp_path / "outbox").glob("*.json")).read_text())["retry"]["attempts"] == 7  # on disk again
 
 
+def test_retry_records_kept_in_memory_are_forgotten_once_their_items_are_gone(tmp_path, monkeypatch):
+    clock = [1000.0]
+    outbox = Outbox(tmp_path / "outbox", clock=lambda: clock[0])
+    for command_id in range(1, 6):
+        outbox.put("finish", {"command_id": command_id, "body": {"status": "succeeded"}})
+    disk, plane = FullDisk(monkeypatch, tmp_path), Plane500()
+    disk.full = True
+    sender.flush(plane, outbox, threading.Event())  # each held, its record in memory only
+    assert len(outbox._holds) == 5
+    disk.full = False
+    taken = []
+    clock[0] += 3600
+    assert sender.flush(types.SimpleNamespace(finish_command=lambda cid, body: taken.append(cid)), outbox,
+                        threading.Event()) is True
+    outbox.put("finish", {"command_id": 6, "body": {"status": "succeeded"}})
+    sender.flush(plane, outbox, threading.Event())  # a later hold sweeps the records of items gone
+    assert taken == [1, 2, 3, 4, 5] and list(outbox._holds) == []
+
+
 def test_the_poller_stays_alive_for_the_watchdog_while_it_retries_a_refused_command(monkeypatch):
     """A full disk and a plane away at once: the failed finish of a command the journal refused
     is retried for minutes inside one poll turn, which never said it was alive: past 90 s the
@@ -414,6 +433,65 @@ def test_a_command_that_raises_after_its_finish_is_recorded_keeps_that_one_finis
     _run_in_lanes(local_parts, executor, (73,), monkeypatch)
     [(_, item)] = [(n, i) for n, i in local_parts.outbox.items() if i["kind"] == "finish"]
     assert item["command_id"] == 73 and "make_coffee" in item["body"]["error_message"]  # its own, not a second
+
+
+def test_settle_broken_sees_a_finish_the_sender_delivers_while_it_looks(local_parts):
+    """execute() recorded command 91's `succeeded` finish, then raised: the lane settles it
+    while the sender, woken by that very finish, delivers it. Looking at the delivered record
+    first and the outbox after missed it when the delivery fell between the two looks, and a
+    second finish, `failed`, went out."""
+    parts = local_parts
+    executor, outbox = executor_for(parts), parts.outbox
+    command = parse_command({"id": 91, "command_type": "collect_system_info", "payload": {}})
+    executor.journal_fetched(command)
+    executor._put_finish(command, "succeeded", {"ok": True}, "")  # execute's recorded finish
+    sent = []
+    plane = types.SimpleNamespace(finish_command=lambda cid, body: sent.append((cid, body["status"])))
+    real_order = outbox.names_in_send_order
+
+    def names_in_send_order():  # the sender delivers, records and removes it at this very moment
+        outbox.names_in_send_order = real_order
+        sender.flush(plane, outbox, threading.Event())
+        return real_order()
+
+    outbox.names_in_send_order = names_in_send_order
+    executor.settle_broken(command, RuntimeError("a bug after the finish was recorded"))
+    assert sent == [(91, "succeeded")]
+    assert [i for _, i in outbox.items() if i.get("command_id") == 91] == []  # no second finish
+    assert parts.state.get("commands") == {}
+
+
+def test_a_command_a_poll_turn_journals_and_then_raises_on_is_finished_failed_at_once(local_parts, monkeypatch):
+    """A bug after the journal's write (here in journal_fetched's announcement; lanes.submit
+    alike) escaped the poll turn: command 95 stayed dispatched at the plane and `fetched` in the
+    journal, with no lane to run it, until the next start."""
+    executor = executor_for(local_parts)
+    real_announce = Executor._announce
+
+    def announce(self, command):
+        if command.id == 95:
+            raise RuntimeError("a bug after the journal write")
+        return real_announce(self, command)
+
+    monkeypatch.setattr(Executor, "_announce", announce)
+    plane = [{"id": 95, "command_type": "collect_system_info", "payload": {}},
+             {"id": 96, "command_type": "collect_system_info", "payload": {}}]
+    client = types.SimpleNamespace(next_command=lambda: (plane.pop(0), None) if plane else (None, None))
+    submitted = []
+    lanes = types.SimpleNamespace(ready=lambda: True, submit=lambda command: submitted.append(command.id))
+    auth = types.SimpleNamespace(info=types.SimpleNamespace(poll_interval=0.05))
+    wake = Wakeups()
+    thread = threading.Thread(target=poll_loop, args=(client, auth, executor, lanes, wake, LiveStatus()), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: 96 in submitted, timeout=30, what="the next command handed on")
+    finally:
+        wake.shutdown()
+        thread.join(10)
+    [finish] = [i for _, i in local_parts.outbox.items() if i.get("kind") == "finish"]
+    assert finish["command_id"] == 95 and finish["body"]["status"] == "failed"
+    assert finish["body"]["error_message"].startswith("internal error in the runtime: RuntimeError at")
+    assert set(local_parts.state.get("commands")) == {"96"}  # 95 left the journal; 96 is the lane's
 
 
 # ------------------------------------------------------------------ no loop dies of an exception
