@@ -175,6 +175,34 @@ def test_stop_group_kills_after_the_timeout_only(tmp_path):
         kill_quietly(child.pid)
 
 
+def test_a_child_started_before_the_log_pump_has_its_output_drained_once_the_pump_comes(tmp_path):
+    """A resume (a command, the control socket) can start the agent before the supervisor thread
+    made the log pump: that child's pipe was never read (the agent blocks once it is full) nor
+    closed (Debian 13's suite failed on the ResourceWarning)."""
+    paths = make_process_agent(tmp_path, "run")
+    run = Running(paths)
+    run.sup.boot()  # the supervisor thread has not started: no pump yet
+    run.sup.step()
+    first = run.sup.popen
+    assert first is not None and run.sup.pump is None
+    wait_for((paths.state_dir / "agent" / "status.json").exists, "the early child up (it printed before)")
+    agent_log = paths.state_dir / "logs" / "agent.log"
+    with run:
+        wait_for(lambda: agent_log.exists() and f"agent up {first.pid}".encode() in agent_log.read_bytes(),
+                 "the early child's output in agent.log")
+    wait_for(lambda: first.stdout.closed, "the early child's pipe closed by its reader at EOF")
+
+
+def test_the_pipe_of_a_child_stopped_before_any_pump_came_is_closed(tmp_path):
+    paths = make_process_agent(tmp_path, "run")
+    run = Running(paths)
+    run.sup.boot()
+    run.sup.step()
+    popen = run.sup.popen
+    run.sup.shutdown()
+    assert popen.poll() is not None and popen.stdout.closed
+
+
 def test_pause_survives_a_new_runtime_and_resume_starts(tmp_path):
     paths = make_process_agent(tmp_path, "run")
     with Running(paths) as run:

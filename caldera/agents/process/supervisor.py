@@ -29,7 +29,7 @@ from caldera.host.timefmt import rfc3339
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any, Literal
+    from typing import IO, Any, Literal
 
     from caldera.agents.process.logpump import LogPump
     from caldera.host.statefile import StateFile
@@ -71,6 +71,7 @@ class Supervisor:
         self.policy = policy or RestartPolicy(restart)
         self.on_change, self.clock, self.wall, self.proc_root = on_change, clock, wall, proc_root
         self._op = threading.RLock()
+        self._unpumped: IO[bytes] | None = None  # a child's pipe while there is no pump yet
         self._tick = threading.Event()  # never set: a plain timed wait inside stop escalation
         self._view = threading.Lock()  # status, reason and popen change together (a report sees all three)
         self.popen: Popen | None = None
@@ -86,8 +87,13 @@ class Supervisor:
         self.last_exit: dict[str, Any] | None = record.get("last_exit")
 
     def attach_pump(self, pump: LogPump) -> None:
-        """Where the agent's output goes (the supervisor thread makes it when it starts)."""
-        self.pump = pump
+        """Where the agent's output goes (the supervisor thread makes it when it starts). A child
+        started before (a resume that came first) has its pipe drained from now on."""
+        with self._op:
+            self.pump = pump
+            if self._unpumped is not None:
+                pump.attach(self._unpumped)
+                self._unpumped = None
 
     def configure(self, *, stop_signal: int, stop_timeout: float, restart: str) -> None:
         """A reloaded manifest's stop and restart rules (the command itself applies at the next start)."""
@@ -214,7 +220,9 @@ class Supervisor:
         stat = proc.proc_stat(popen.pid, self.proc_root) or {}
         self.store.set(KEY, {"pid": popen.pid, "start_time": stat.get("start_time"), "started_at": rfc3339(self.wall()),
                              "restarts": self.restarts, "last_exit": self.last_exit})
-        if self.pump is not None and popen.stdout is not None:  # spawn always gives the child a pipe
+        if self.pump is None:
+            self._unpumped = popen.stdout  # attach_pump drains it (spawn always gives the child a pipe)
+        elif popen.stdout is not None:
             self.pump.note(f"started pid {popen.pid}")
             self.pump.attach(popen.stdout)
         log.info("agent started: pid %d", popen.pid)
@@ -225,7 +233,14 @@ class Supervisor:
                           "reason": f"could not start: {reason}"}
         self._after_exit(uptime=0.0, failed=True, what=f"could not start: {reason}")
 
+    def _close_unpumped(self) -> None:
+        """The pipe of a child gone before any pump was attached: nobody else will close it."""
+        if self._unpumped is not None:
+            self._unpumped.close()
+            self._unpumped = None
+
     def _exited(self, popen: Popen) -> None:
+        self._close_unpumped()
         uptime = self.clock() - (self.started_at or self.clock())
         code, sig, what = describe_exit(popen.returncode)
         proc.signal_pgid(popen.pid, signal.SIGKILL)  # what it left in its group goes with it
@@ -267,6 +282,7 @@ class Supervisor:
             log.error("agent pid %d still not gone %g s after SIGKILL (uninterruptible sleep?); "
                       "not waiting for it any longer", popen.pid, proc.REAP_WAIT)
         self._set(STOPPED, why, popen=None)
+        self._close_unpumped()
         code, sig, what = describe_exit(popen.returncode)
         self.last_exit = {"code": code, "signal": sig, "at": rfc3339(self.wall()), "reason": f"{why}: {what}"}
         if self.pump is not None:
