@@ -392,6 +392,18 @@ def _finishes(parts):
     return {i["command_id"]: i["body"] for _, i in parts.outbox.items() if i["kind"] == "finish"}
 
 
+def _bug_for(monkeypatch, method, command_id, message):
+    """Executor.`method` raises RuntimeError(message) for that one command (a bug it meets)."""
+    real = getattr(Executor, method)
+
+    def buggy(self, command, *args):
+        if command.id == command_id:
+            raise RuntimeError(message)
+        return real(self, command, *args)
+
+    monkeypatch.setattr(Executor, method, buggy)
+
+
 def _run_in_lanes(parts, executor, numbers, monkeypatch):
     monkeypatch.setattr(lanes_module, "LANE_BACKOFF", (0.05,))
     lanes = Lanes(executor, on_idle=lambda: None)
@@ -411,14 +423,7 @@ def test_a_command_whose_execution_raises_is_finished_failed_at_once(local_parts
     """It stayed in the journal, `running` at the plane, until the next start (weeks, under
     systemd); now the lane finishes it failed, naming the bug by type and place, never by value."""
     executor = executor_for(local_parts)
-    real_start = Executor._send_start
-
-    def send_start(self, command):
-        if command.id == 71:
-            raise RuntimeError("a bug holding sk-not-for-the-plane")
-        return real_start(self, command)
-
-    monkeypatch.setattr(Executor, "_send_start", send_start)
+    _bug_for(monkeypatch, "_send_start", 71, "a bug holding sk-not-for-the-plane")
     _run_in_lanes(local_parts, executor, (71, 72), monkeypatch)
     broken, after = _finishes(local_parts)[71], _finishes(local_parts)[72]
     assert broken["status"] == "failed"
@@ -466,14 +471,7 @@ def test_a_command_a_poll_turn_journals_and_then_raises_on_is_finished_failed_at
     alike) escaped the poll turn: command 95 stayed dispatched at the plane and `fetched` in the
     journal, with no lane to run it, until the next start."""
     executor = executor_for(local_parts)
-    real_announce = Executor._announce
-
-    def announce(self, command):
-        if command.id == 95:
-            raise RuntimeError("a bug after the journal write")
-        return real_announce(self, command)
-
-    monkeypatch.setattr(Executor, "_announce", announce)
+    _bug_for(monkeypatch, "_announce", 95, "a bug after the journal write")
     plane = [{"id": 95, "command_type": "collect_system_info", "payload": {}},
              {"id": 96, "command_type": "collect_system_info", "payload": {}}]
     client = types.SimpleNamespace(next_command=lambda: (plane.pop(0), None) if plane else (None, None))
