@@ -73,6 +73,9 @@ class RecordingPlane(PlaneServer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # The accounting reads every command: the plane's own pruning of finished commands past
+        # the newest 500 would hide most of an hour's (860 or so) from it.
+        self.store.commands_kept = 1 << 30
         self.ledger = Ledger()
         self._finish_lock = threading.Lock()
 

@@ -180,6 +180,7 @@ class Store:
         self.history_seconds = float(history_days) * 86400
         self._history_pruned_at: float | None = None
         self._pruned_at = 0.0
+        self.commands_kept = COMMANDS_KEPT  # finished commands kept per instance (the newest)
 
     def close(self) -> None:
         with self._lock:
@@ -350,7 +351,7 @@ class Store:
                 f"DELETE FROM commands WHERE status IN ({terminal}) AND (finished_at < ? OR id IN ("
                 f"SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY instance_id ORDER BY id DESC) AS n"
                 f" FROM commands WHERE status IN ({terminal})) WHERE n > ?))",
-                (*TERMINAL, cutoff, *TERMINAL, COMMANDS_KEPT)).rowcount
+                (*TERMINAL, cutoff, *TERMINAL, self.commands_kept)).rowcount
             for table in ("reports", "heartbeats", "inventories"):
                 gone[table] = db.execute(
                     f"DELETE FROM {table} WHERE received_at < ? AND id NOT IN "
