@@ -11,6 +11,7 @@ import random
 import socket
 import sys
 import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,24 @@ def test_a_hand_out_is_confirmed_by_the_plane_or_the_outbox_and_named_when_never
     ran = []
     held = proxy.handouts.when_quiet(lambda: ran.append(True), stop)
     assert held.unconfirmed == [lost] and ran == [True]
+
+
+def _stretch(samples):
+    """The soak's kill-free stretch rule over `samples` [(at, rss, threads, fds)] of one pid."""
+    import soak  # bench/soak.py (its imports are the harness's own)
+
+    fake = types.SimpleNamespace(plan=types.SimpleNamespace(stretch=(0.0, 600.0)), stretch_at=[0.0, 600.0],
+                                 supervisor=types.SimpleNamespace(exits=[]), args=types.SimpleNamespace(short=False),
+                                 notes=[], samples=[soak.Sample(at, 7, rss, th, fd) for at, rss, th, fd in samples])
+    return soak.Soak._stretch_misses(fake)
+
+
+def test_the_stretch_rule_reads_floors_so_a_call_in_flight_is_no_leak_and_a_leak_is():
+    steady = [(t, 37000, 13, 32) for t in range(60, 600, 2)]
+    in_flight = steady[:-1] + [(600, 37100, 13, 38)]  # an adapter call and two connections at the last sample
+    assert _stretch(in_flight) == []
+    leaking = [(t, 37000, 13, 32 + t // 60) for t in range(60, 600, 2)]  # one fd more each minute
+    [miss] = _stretch(leaking)
+    assert "open-fd floor 33 -> 41" in miss
+    growing = [(t, 30000 + 20 * t, 13, 32) for t in range(60, 600, 2)]
+    assert "RSS floor grew" in _stretch(growing)[0]
