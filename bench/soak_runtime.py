@@ -97,10 +97,10 @@ class Disk:
         return None
 
     def fill(self) -> int:
-        """Write until ENOSPC; the bytes taken."""
+        """Write until ENOSPC (appending: a top-up takes back what the runtime freed); the bytes taken."""
         taken = 0
         try:
-            fh = open(self.filler, "wb", buffering=0)
+            fh = open(self.filler, "ab", buffering=0)
         except OSError as exc:
             if exc.errno != errno.ENOSPC:
                 raise
