@@ -26,6 +26,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal, TypeAlias
 
 from caldera.backends import failures as fk
 from caldera.backends.codex_deltas import unused_delta
+from caldera.errors import unexpected
 from caldera.host import proc
 from caldera.host.jsonlimits import JSONLimitError, line_parser
 from caldera.host.loopguard import LoopGuard
@@ -253,7 +254,9 @@ def pump_stdout(stream: io.BufferedReader, end: Handoff) -> None:
             end.runlog.note(f"stdout reader stopped: {exc}")
     except Exception as exc:  # noqa: BLE001 -- a bug: the turn ends on it (a skipped block would garble the stream)
         log.exception("codex stdout reader failed")
-        end.put(("fatal", fk.BackendFailure(fk.BACKEND_FAILED, f"the runtime's stdout reader failed: {exc}")))
+        # By type and place, not message: it becomes the finish's error (caldera.errors.unexpected)
+        reason = f"the runtime's stdout reader failed: {unexpected(exc)}"
+        end.put(("fatal", fk.BackendFailure(fk.BACKEND_FAILED, reason)))
     finally:
         end.put(_EOF)
 

@@ -174,3 +174,20 @@ def test_close_returns_while_a_process_outside_the_group_holds_stdout(tmp_path):
         thread.join(10)
     server.proc.stdout.close()
     server.proc.stderr.close()
+
+
+class _Buggy(io.RawIOBase):
+    def readable(self):
+        return True
+
+    def read1(self, n=-1):
+        raise RuntimeError("a bug holding sk-not-for-the-finish")
+
+
+def test_a_bug_in_the_stdout_reader_ends_the_turn_named_by_type_never_by_message():
+    channel = Channel(None)
+    pump_stdout(_Buggy(), channel.reader_end)
+    kind, failure = channel.next(timeout=1)[:2]
+    assert kind == "fatal" and "RuntimeError at test_backends_stream.py:" in str(failure)
+    assert "sk-not-for-the-finish" not in str(failure)
+    assert channel.next(timeout=1)[0] == "eof"
