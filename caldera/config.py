@@ -335,6 +335,7 @@ GATEWAY_API_KEY = ("CLAWMANAGER_LLM_API_KEY", "OPENAI_API_KEY")
 GATEWAY_CATALOGUE, GATEWAY_DEFAULT_MODEL, GATEWAY_PROVIDER = "CLAWMANAGER_LLM_MODEL", "OPENAI_MODEL", \
     "CLAWMANAGER_LLM_PROVIDER"
 CATALOGUE_MAX_BYTES = 64 * 1024  # the server caps what it injects at 64 KiB
+CATALOGUE_NAMED = 20  # a refusal names this many of the catalogue's models
 
 
 def _first(environ: Environ, names: Iterable[str]) -> str | None:
@@ -390,8 +391,10 @@ class Gateway:
             if self.catalogue is not None and requested not in self.catalogue:
                 from caldera.errors import Refused  # here: the quick verbs never choose a model
 
-                raise Refused(f"model {requested!r} is not in the AI gateway's catalogue "
-                              f"({GATEWAY_CATALOGUE}: {', '.join(self.catalogue)})")
+                shown = ", ".join(self.catalogue[:CATALOGUE_NAMED])
+                more = len(self.catalogue) - CATALOGUE_NAMED
+                raise Refused(f"model {requested[:200]!r} is not in the AI gateway's catalogue ({GATEWAY_CATALOGUE}: "
+                              f"{shown}{f' and {more} more' if more > 0 else ''})")
             return requested
         return self.default_model or (self.catalogue[0] if self.catalogue else None)
 
@@ -582,7 +585,7 @@ def _runtime_type(env: Environ) -> str:
     if runtime_type in RUNTIME_MARKERS:  # only CALDERA_RUNTIME_TYPE can still hold one here
         raise ConfigError(f"{source}={runtime_type!r}: {', '.join(RUNTIME_MARKERS)} are ClawManager's placement "
                           "markers (CLAWMANAGER_RUNTIME_TYPE), not a runtime name")
-    if not re.match(_RUNTIME_TYPE_RE, runtime_type):
+    if not re.fullmatch(_RUNTIME_TYPE_RE, runtime_type):  # fullmatch: `$` alone lets a trailing newline by
         raise ConfigError(f"{source}={runtime_type!r}: lowercase letters, digits, '_' or '-', at most 32")
     return runtime_type
 
@@ -595,7 +598,7 @@ def _agent_id(env: Environ) -> str | None:
     raw = env[name]
     if len(raw) > AGENT_ID_MAX:
         raise ConfigError(f"{name}: {len(raw)} characters, the control plane keeps at most {AGENT_ID_MAX}")
-    if not re.match(_AGENT_ID_RE, raw):
+    if not re.fullmatch(_AGENT_ID_RE, raw):
         raise ConfigError(f"{name}={raw[:80]!r}: use letters, digits, '.', '_', ':', '@' or '-', "
                           "starting with a letter or digit (no spaces: the server trims them at register and "
                           "then refuses every command)")

@@ -1,3 +1,4 @@
+import json
 import os
 
 import pytest
@@ -103,6 +104,7 @@ def test_runtime_type_comes_from_the_platforms_name_then_calderas_never_the_mark
     ({"CLAWMANAGER_AGENT_RUNTIME_TYPE": "her mes"}, "CLAWMANAGER_AGENT_RUNTIME_TYPE='her mes': lowercase"),
     ({"CLAWMANAGER_AGENT_ID": "hermes 12"}, "CLAWMANAGER_AGENT_ID='hermes 12': use letters"),
     ({"CLAWMANAGER_AGENT_ID": "-x"}, "starting with a letter or digit"),
+    ({"CLAWMANAGER_AGENT_ID": "hermes-12-main\n"}, "CLAWMANAGER_AGENT_ID='hermes-12-main\\n': use letters"),
     ({"CALDERA_AGENT_ID": "a\tb", "CLAWMANAGER_AGENT_ID": "fine"}, "CALDERA_AGENT_ID="),
     ({"CLAWMANAGER_AGENT_ID": "a" * 256}, "CLAWMANAGER_AGENT_ID: 256 characters, the control plane keeps at most 255"),
 ])
@@ -352,6 +354,10 @@ def test_a_model_the_catalogue_does_not_list_is_refused_naming_the_catalogue():
         config.gateway_model(GATEWAY_ENV, "gpt-9")
     assert str(err.value) == ("model 'gpt-9' is not in the AI gateway's catalogue "
                               "(CLAWMANAGER_LLM_MODEL: auto, gpt-4.1, kimi-k2.6)")
+    big = dict(GATEWAY_ENV, CLAWMANAGER_LLM_MODEL=json.dumps([f"m{i}" for i in range(500)]))
+    with pytest.raises(Refused) as err:
+        config.gateway_model(big, "x" * 5000)
+    assert str(err.value).endswith("m18, m19 and 480 more)") and len(str(err.value)) < 500  # one sentence
 
 
 @pytest.mark.parametrize("raw, words", [

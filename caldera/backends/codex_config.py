@@ -191,7 +191,7 @@ def llm_config(environ: Mapping[str, str], secrets_dir: str | None = None,
         return gateway_config(gateway, LLM_SOURCE, plan.model)
     base_url = plan.base_url or (OPENAI_BASE_URL if plan.provider == "openai" else None)
     status = GATEWAY if gateway is not None and same_endpoint(base_url, gateway.base_url) else EXTERNAL
-    return LLMConfig(LLM_SOURCE, status, base_url, plan.provider, plan.model)
+    return LLMConfig(LLM_SOURCE, status, base_url, plan.provider, plan.model, hide=plan.secret_values)
 
 
 def _is_projected(projection: Projection) -> bool:

@@ -30,11 +30,14 @@ if TYPE_CHECKING:
 GATEWAY, EXTERNAL = "gateway", "external"
 STATUSES = (GATEWAY, EXTERNAL)
 TEXT_CAP = 512  # a provider or model name longer than this is cut (the report is not the place for more)
+MIN_HIDDEN = 4  # a secret shorter than this is no secret a URL could be searched for
 
 
-def public_url(url: object) -> str | None:
+def public_url(url: object, hide: Iterable[str] = ()) -> str | None:
     """`url` as `scheme://host[:port]/path`, lower-case scheme and host, no trailing slash, no
-    userinfo, query or fragment (where a key or token could ride); None when it is no http(s) URL."""
+    userinfo, query or fragment (where a key or token could ride); None when it is no http(s) URL.
+    A value of `hide` (the secrets the URL's owner holds) found in what is left cuts it to
+    `scheme://host[:port]`, and to None if it is there too (a key in the path or the host)."""
     if not isinstance(url, str) or not url.strip():
         return None
     try:
@@ -48,7 +51,12 @@ def public_url(url: object) -> str | None:
     if ":" in host:  # IPv6: the brackets urlsplit took off
         host = f"[{host}]"
     netloc = host if port is None else f"{host}:{port}"
-    return urllib.parse.urlunsplit((parts.scheme.lower(), netloc, parts.path.rstrip("/"), "", ""))[:TEXT_CAP]
+    secrets = [h for h in hide if isinstance(h, str) and len(h) >= MIN_HIDDEN]
+    for path in (parts.path.rstrip("/"), ""):
+        public = urllib.parse.urlunsplit((parts.scheme.lower(), netloc, path, "", ""))[:TEXT_CAP]
+        if not any(h in public or h.lower() in public for h in secrets):
+            return public
+    return None
 
 
 def _text(value: object) -> str | None:
@@ -82,10 +90,11 @@ class LLMConfig:
     model: str | None
 
     def __init__(self, source: str, status: str, base_url: object = None, provider: object = None,
-                 model: object = None) -> None:
+                 model: object = None, hide: Iterable[str] = ()) -> None:
+        """`hide`: secrets the consumer holds (a projection's values): never part of base_url."""
         if status not in STATUSES:
             raise ValueError(f"status {status!r}: one of {', '.join(STATUSES)}")
-        for key, value in (("source", source), ("status", status), ("base_url", public_url(base_url)),
+        for key, value in (("source", source), ("status", status), ("base_url", public_url(base_url, hide)),
                            ("provider", _text(provider)), ("model", _text(model))):
             object.__setattr__(self, key, value)
 

@@ -63,6 +63,14 @@ def test_a_projection_is_a_provider_of_its_own_its_url_without_credentials(tmp_p
     assert CANARY not in json.dumps(found.as_dict())
 
 
+def test_a_projected_key_in_the_urls_path_is_not_reported(tmp_path):
+    """The daemon's redactor does not know a projection's values (a run adds them to its own):
+    the description leaves them out itself."""
+    secrets = write_projection(tmp_path, base_url=f"https://llm.corp.test/k/{CANARY}/v1")
+    found = cc.llm_config(GW, str(secrets), None)
+    assert found.status == EXTERNAL and found.base_url == "https://llm.corp.test"
+
+
 def test_a_projection_pointing_at_the_gateway_is_the_gateway(tmp_path):
     secrets = write_projection(tmp_path, base_url=GATEWAY_URL + "/", model="gpt-4.1")
     found = cc.llm_config(GW, str(secrets), None)

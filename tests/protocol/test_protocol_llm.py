@@ -24,6 +24,15 @@ def test_a_base_url_keeps_no_userinfo_query_or_fragment(url, public):
     assert public_url(url) == public
 
 
+def test_a_secret_the_owner_holds_is_never_part_of_the_url():
+    """A provider that takes its key in the path (or as a host name) leaves the URL cut to its
+    origin, or out altogether."""
+    assert public_url(f"https://llm.test/key/{CANARY}/v1", hide=[CANARY]) == "https://llm.test"
+    assert public_url(f"https://{CANARY.lower()}.llm.test/v1", hide=[CANARY]) is None
+    assert public_url("https://llm.test/v1", hide=[CANARY, "", "v1"]) == "https://llm.test/v1"  # too short to hide
+    assert LLMConfig("x", EXTERNAL, f"https://llm.test/{CANARY}/v1", hide=[CANARY]).base_url == "https://llm.test"
+
+
 def test_the_fingerprint_is_the_same_on_every_host_and_after_a_restart():
     """No salt: another interpreter (another hash seed) computes the same digest."""
     triple = ("http://gw.test/v1", "openai-compatible", "auto")
