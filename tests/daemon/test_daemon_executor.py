@@ -101,6 +101,7 @@ def test_start_during_outage_is_queued_before_the_finish(runtime):
 def test_timeout_kills_the_work_and_finishes_failed(runtime, monkeypatch):
     from caldera.daemon import dispatch as commands
     from caldera.host.proc import run
+    from caldera.protocol.handlers import route
 
     seen = {}
 
@@ -109,8 +110,9 @@ def test_timeout_kills_the_work_and_finishes_failed(runtime, monkeypatch):
                            cancel=ctx.cancel, grace=0.5)
         return {}
 
-    monkeypatch.setitem(commands.HANDLERS, "slow_thing", "test_daemon_executor:_slow_target")
-    monkeypatch.setattr(__import__("test_daemon_executor"), "_slow_target", slow, raising=False)
+    table = commands.routes()
+    table["slow_thing"] = route(lambda parts, call: call, lambda: slow)
+    monkeypatch.setattr(commands, "routes", lambda: table)
 
     started = time.monotonic()
     command = parse_command({"id": 9, "command_type": "slow_thing", "timeout_seconds": 1})
