@@ -49,19 +49,25 @@ def imports(path: Path):
 
 
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
-    """module -> the modules it imports. `from caldera.x import y` names the module
-    caldera.x.y when y is one (a submodule), else caldera.x."""
+    """module -> the modules it imports, as Python runs them: `from caldera.x import y` runs
+    caldera.x (its __init__) and, when y is a submodule, caldera.x.y; `import caldera.x.y`
+    runs caldera.x and caldera.x.y. A package's __init__ is a module like any other here."""
     paths = {module_name(p, package): p for p in package.rglob("*.py")}
+
+    def with_parents(dotted: str) -> set[str]:
+        parts = dotted.split(".")
+        return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+
     graph = {}
     for name, path in paths.items():
         edges = set()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == package.name:
-                for alias in node.names:
-                    sub = f"{node.module}.{alias.name}"
-                    edges.add(sub if sub in paths else node.module)
+                edges |= with_parents(node.module)
+                edges |= {f"{node.module}.{alias.name}" for alias in node.names}
             elif isinstance(node, ast.Import):
-                edges.update(a.name for a in node.names if a.name in paths)
+                for alias in node.names:
+                    edges |= with_parents(alias.name)
         graph[name] = {e for e in edges if e in paths and e != name}
     return graph
 
@@ -99,8 +105,12 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def wrong_layer_imports(package: Path = PACKAGE) -> list[str]:
+    """Imports up a layer; and relative imports, which neither check here could follow."""
     wrong = []
     for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                wrong.append(f"{path.relative_to(package.parent)}:{node.lineno} imports relatively")
         me = layer_of(module_name(path, package))
         for target, line in imports(path):
             other = layer_of(target)
@@ -131,6 +141,21 @@ def test_a_type_only_import_up_a_layer_or_round_a_circle_is_found(tmp_path):
     assert wrong_layer_imports(package) == [
         "caldera/agents/commands.py:3 (agents) imports caldera.daemon.dispatch (daemon)"]
     assert cycles(import_graph(package)) == [["caldera.agents.commands", "caldera.daemon.dispatch"]]
+
+
+def test_a_circle_through_a_package_init_or_a_relative_import_is_found(tmp_path):
+    """`from caldera.agents.process import files` runs process/__init__.py first: a circle
+    through an __init__ is a circle (at run time, a partially initialised module)."""
+    package = tmp_path / "caldera"
+    (package / "agents" / "process").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "agents" / "__init__.py").write_text("")
+    (package / "agents" / "process" / "__init__.py").write_text("from caldera.agents.process.driver import Driver\n")
+    (package / "agents" / "process" / "files.py").write_text("")
+    (package / "agents" / "process" / "driver.py").write_text("from caldera.agents.process import files\n")
+    assert cycles(import_graph(package)) == [["caldera.agents.process", "caldera.agents.process.driver"]]
+    (package / "agents" / "process" / "files.py").write_text("from . import driver\n")
+    assert wrong_layer_imports(package) == ["caldera/agents/process/files.py:1 imports relatively"]
 
 
 def test_the_top_level_names_the_layers():

@@ -131,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     as_program = argv is None  # the console script and `python -m caldera.cli`; tests pass argv
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["__complete"]:  # hidden: bash completion's helper (packaging/caldera.bash-completion)
-        # By name, as every command's module (each imports this table): only a completion pays for it.
-        complete: ModuleType = importlib.import_module("caldera.cli.complete")
-        return int(complete.main(argv[1:]))
+        from caldera.cli import complete  # here: only a completion pays for it
+
+        return complete.main(argv[1:], COMMANDS, build_parser)
     if not argv or argv[0] not in COMMANDS:
         return _top(argv)
     if COMMANDS[argv[0]][0] in fastpath.QUICK_MODULES:

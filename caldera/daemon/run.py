@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from caldera.agents.process import as_process_driver
+from caldera.agents.narrow import as_process_driver
 from caldera.daemon.executor import Executor, executor_for
 from caldera.daemon.heartbeat import ConnectionStatus, heartbeat_loop
 from caldera.daemon.lanes import Lanes

@@ -55,9 +55,23 @@ def test_an_unknown_type_is_refused_naming_it(caldera_env):
         parts.pool.shutdown(wait=False)
 
 
+def test_every_route_in_the_table_is_made_by_route():
+    """`route()` is where mypy checks a handler against its context; a `Route(...)` written
+    into the table (typed Route[Parts, Any]) would be checked against Any."""
+    import ast
+
+    source = Path(dispatch.__file__).read_text(encoding="utf-8")
+    [table] = [node for node in ast.walk(ast.parse(source))
+               if isinstance(node, ast.FunctionDef) and node.name == "routes"]
+    [returned] = [node.value for node in ast.walk(table) if isinstance(node, ast.Return)]
+    assert isinstance(returned, ast.Dict) and len(returned.values) == len(dispatch.routes())
+    made = [ast.unparse(value.func) for value in returned.values if isinstance(value, ast.Call)]
+    assert made == ["route"] * len(returned.values)
+
+
 def test_the_table_imports_no_domain_until_its_first_command():
-    """Building the table and binding a built-in command leave the domains' handler modules
-    unimported; a skill command's route imports the skills' module and no other."""
+    """Building the table leaves the domains' handler modules unimported; a skill command's
+    route, once its handler is looked up, imports the skills' module and no other."""
     probe = """
 import sys, threading
 from types import SimpleNamespace

@@ -8,7 +8,7 @@ calls the driver: the process driver answers them the same way.)
 from __future__ import annotations
 
 from caldera import TYPE_CHECKING
-from caldera.agents.process import as_process_driver
+from caldera.agents.narrow import as_process_driver
 from caldera.errors import CommandError
 
 if TYPE_CHECKING:
