@@ -184,28 +184,34 @@ def snapshot(paths: AgentPaths, redact: Redactor,
     state = _state(paths)
     conn = redact(connection_info(paths, state))
     conn["daemon"] = StateLock(paths.state_dir, "status").holder() if paths.state_dir.is_dir() else None
+    daemon_doc = _status_json(paths)
+    if conn["daemon"] and daemon_doc.get("local") is True:
+        conn["local"] = True  # the running daemon has no control plane
     # drop counters since the daemon started (outbox: superseded reports/inventories; events: run
     # events the plane never got; lanes: commands offered while stopping, kept for the next start)
     outbox = {"items": outbox_depth(paths.state_dir), "dropped": state.get("drops") or {},
               "held_back": redact(held_items(paths.state_dir / "outbox")),  # failed deliveries, with why
               "rejected": rejected_count(paths.state_dir)}
-    storage = storage_info(paths, _status_json_storage(paths), statvfs)
+    storage = storage_info(paths, daemon_doc.get("storage"), statvfs)
     doc = {"agent_status": agent, "connection": conn, "outbox": outbox, "commands": redact(recent_commands(state)),
            "manifest": manifest_info(paths, manifest, state), "storage": storage}
+    if not paths.state_dir.is_dir():
+        doc["state_dir_missing"] = str(paths.state_dir)
     if process is not None:
         doc["process"] = process
     return doc
 
 
-def _status_json_storage(paths: AgentPaths) -> Any:
-    """The daemon's storage record as status.json last had it (a failure it could still write)."""
+def _status_json(paths: AgentPaths) -> dict[str, Any]:
+    """status.json as the daemon last wrote it: its storage record (a failure it could still
+    write) and whether it runs without a control plane; {} when there is none."""
     from caldera.host.fsutil import read_json  # here, as above
 
     try:
         snap = read_json(paths.state_dir / "status.json", None)
     except (OSError, ValueError):
-        return None
-    return snap.get("storage") if isinstance(snap, dict) else None
+        return {}
+    return snap if isinstance(snap, dict) else {}
 
 
 def dumps(doc: dict[str, Any]) -> str:
@@ -229,6 +235,8 @@ def _daemon_snapshot(paths: AgentPaths) -> dict[str, Any]:
     conn["last_successful"] = _ago(conn.get("last_heartbeat_ok_at"))
     pid = snap.get("daemon_pid")
     conn["daemon"] = f"pid {pid}" if isinstance(pid, int) and _alive(pid) else None
+    if conn["daemon"] and snap.get("local") is True:
+        conn["local"] = True
     outbox = snap.get("outbox") if isinstance(snap.get("outbox"), dict) else {"items": "?"}
     agent = snap.get("agent_status") if isinstance(snap.get("agent_status"), dict) else None
     commands = recent_commands({"recent_commands": snap.get("recent_commands")})
@@ -316,13 +324,14 @@ def render(name: str, doc: dict[str, Any]) -> str:
                      + (f" ({entry['reason']})" if entry.get("reason") else ""))
     if agent.get("next_run"):
         lines.append(f"  next run: {agent['next_run'].get('at')} {agent['next_run'].get('reason') or ''}".rstrip())
-    lines.append(f"connection: last heartbeat ok {conn['last_successful']}"
-                 + (f"; last error: {conn['last_error']} ({_ago(conn.get('last_error_at'))})"
-                    if conn.get("last_error") else ""))
+    lines.append(_connection_line(conn))
     if conn.get("auth_blocked"):
         lines.append(f"  registration refused: {conn['auth_blocked']} (fix the configuration, then: systemctl reload)")
     lines.extend(_manifest_lines(doc.get("manifest")))
     lines.append(f"daemon: {conn['daemon'] or 'not running'}")
+    if doc.get("state_dir_missing"):
+        lines.append(f"state dir {doc['state_dir_missing']}: not there (caldera init makes it; an agent installed "
+                     "with CALDERA_STATE_DIR set is read with the same CALDERA_STATE_DIR)")
     storage = doc.get("storage")
     if storage:
         until = "there is space" if "full" in storage["problem"] else "it takes writes again"
@@ -342,6 +351,18 @@ def render(name: str, doc: dict[str, Any]) -> str:
         lines.append(f"(the daemon's snapshot of {_ago(doc['snapshot_at'])}; "
                      f"`sudo caldera status --agent {name}` asks the adapter now)")
     return "\n".join(lines)
+
+
+def _connection_line(conn: dict[str, Any]) -> str:
+    """The control-plane connection: the last good heartbeat, else why there is none."""
+    error = (f"; last error: {conn['last_error']} ({_ago(conn.get('last_error_at'))})"
+             if conn.get("last_error") else "")
+    if conn.get("last_heartbeat_ok_at"):
+        return f"connection: last heartbeat ok {conn['last_successful']}{error}"
+    if conn.get("local"):
+        return ("connection: none, the daemon runs without a control plane (CALDERA_AGENT_ENABLED is not true "
+                "in agent.env); the agent verbs work")
+    return f"connection: no heartbeat has succeeded yet{error}"
 
 
 def _process_lines(info: dict[str, Any]) -> list[str]:
