@@ -24,6 +24,7 @@ from caldera.host.stopsignals import stop_on_signals
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
+    from pathlib import Path
     from typing import Any, TextIO
 
     from caldera.agents.manifest import Manifest
@@ -82,12 +83,18 @@ def connection_info(paths: AgentPaths, state: dict[str, Any] | None = None) -> d
 
 
 def _load(paths: AgentPaths) -> Manifest | None:
-    """The effective manifest (installed + stored update), or None when none is installed."""
+    """The effective manifest (installed + stored update), or None when none is installed.
+    A state dir that is not there is not made here (by the manifest cache): status says so."""
     if not paths.manifest_path.is_file():
         return None
     from caldera.agents.updates import load_effective  # here: `status --help` does without it
 
-    return load_effective(paths, cache_dir=paths.state_dir / "cache")
+    return load_effective(paths, cache_dir=_cache_dir(paths))
+
+
+def _cache_dir(paths: AgentPaths) -> Path | None:
+    """The manifest cache's dir, in a state dir that is there (status never makes one)."""
+    return paths.state_dir / "cache" if paths.state_dir.is_dir() else None
 
 
 def _agent_status(paths: AgentPaths, manifest: Manifest | None) -> dict[str, Any] | None:
@@ -126,7 +133,7 @@ def manifest_info(paths: AgentPaths, manifest: Manifest | None, state: dict[str,
         return None
     from caldera.agents.manifest import load_manifest  # here, as above
 
-    installed = load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
+    installed = load_manifest(paths.manifest_path, cache_dir=_cache_dir(paths))
     update = manifest.update or {}
     return {"installed": {"path": str(paths.manifest_path), "version": installed.version},
             "effective": {"source": "update" if manifest.update else "installed",
@@ -176,6 +183,7 @@ def snapshot(paths: AgentPaths, redact: Redactor,
     from caldera.host.fsutil import StateLock  # here: `status --help` does without it
     from caldera.protocol.outbox import held_items, outbox_depth, rejected_count
 
+    missing = not paths.state_dir.is_dir()
     manifest = _load(paths)
     agent = redact(_agent_status(paths, manifest))
     process = None
@@ -195,7 +203,7 @@ def snapshot(paths: AgentPaths, redact: Redactor,
     storage = storage_info(paths, daemon_doc.get("storage"), statvfs)
     doc = {"agent_status": agent, "connection": conn, "outbox": outbox, "commands": redact(recent_commands(state)),
            "manifest": manifest_info(paths, manifest, state), "storage": storage}
-    if not paths.state_dir.is_dir():
+    if missing:
         doc["state_dir_missing"] = str(paths.state_dir)
     if process is not None:
         doc["process"] = process
@@ -328,7 +336,7 @@ def render(name: str, doc: dict[str, Any]) -> str:
     if conn.get("auth_blocked"):
         lines.append(f"  registration refused: {conn['auth_blocked']} (fix the configuration, then: systemctl reload)")
     lines.extend(_manifest_lines(doc.get("manifest")))
-    lines.append(f"daemon: {conn['daemon'] or 'not running'}")
+    lines.append(f"daemon: {_holder_words(conn['daemon'])}")
     if doc.get("state_dir_missing"):
         lines.append(f"state dir {doc['state_dir_missing']}: not there (caldera init makes it; an agent installed "
                      "with CALDERA_STATE_DIR set is read with the same CALDERA_STATE_DIR)")
@@ -353,6 +361,16 @@ def render(name: str, doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _holder_words(holder: str | None) -> str:
+    """The state dir lock's holder ("PID ROLE", StateLock.holder) as a person reads it."""
+    if not holder:
+        return "not running"
+    pid, _, role = holder.partition(" ")
+    if not pid.isdigit():
+        return holder
+    return {"daemon": f"running, pid {pid}", "report": f"pid {pid} (caldera report --once)"}.get(role, holder)
+
+
 def _connection_line(conn: dict[str, Any]) -> str:
     """The control-plane connection: the last good heartbeat, else why there is none."""
     error = (f"; last error: {conn['last_error']} ({_ago(conn.get('last_error_at'))})"
@@ -360,8 +378,8 @@ def _connection_line(conn: dict[str, Any]) -> str:
     if conn.get("last_heartbeat_ok_at"):
         return f"connection: last heartbeat ok {conn['last_successful']}{error}"
     if conn.get("local"):
-        return ("connection: none, the daemon runs without a control plane (CALDERA_AGENT_ENABLED is not true "
-                "in agent.env); the agent verbs work")
+        return ("connection: none: the daemon runs without a control plane (CALDERA_AGENT_ENABLED is not true; "
+                "its log's first line says how to connect); the agent verbs work")
     return f"connection: no heartbeat has succeeded yet{error}"
 
 

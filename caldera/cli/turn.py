@@ -155,8 +155,8 @@ def _human(event: dict[str, Any]) -> str:
         f"{k}={v}" for k, v in data.items() if k != "phase" and v not in (None, "", [], {}))
 
 
-NOT_FOUND = ("not found (install the Codex CLI on PATH, or set CALDERA_CODEX_BIN to its binary; in a checkout "
-             ".ci/install-codex.sh DIR installs the pinned one: docs/backends.md)")
+HOW_TO_GET = ("install the Codex CLI on PATH, or set CALDERA_CODEX_BIN to its binary (in a checkout, "
+              ".ci/install-codex.sh DIR installs the pinned one and prints its path; docs/backends.md)")
 
 
 def _backends(args: argparse.Namespace) -> int:
@@ -168,8 +168,11 @@ def _backends(args: argparse.Namespace) -> int:
         print(json.dumps(info, separators=(",", ":")))
         return 0
     for backend in info["backends"]:
-        state = "available" if backend["available"] else NOT_FOUND
-        print(f"{backend['name']}{' (default)' if backend['default'] else ''}: {state}"
-              f" {backend.get('version') or ''} {backend.get('binary') or ''}".rstrip())
+        name = f"{backend['name']}{' (default)' if backend['default'] else ''}"
+        if not backend["available"]:
+            where = f" at {backend['binary']}" if backend.get("binary") else ""
+            print(f"{name}: not found{where}: {HOW_TO_GET}")
+            continue
+        print(f"{name}: available {backend.get('version') or ''} {backend.get('binary') or ''}".rstrip())
     print("capabilities: " + ", ".join(info["capabilities"]))
     return 0
