@@ -123,7 +123,9 @@ def install(source: str | Path, *, name: str | None = None, user: str | None = N
                 before = account.installed_user(name, unit_dir) if unit_dir is not None else account.SERVICE_USER
                 after = owner.name if owner is not None else account.SERVICE_USER
                 if before == after:
-                    raise Refused(f"an agent named {name!r} is already installed in {config_dir} (run as {before}); "
+                    # (run as …) only where an account runs it: without one (a checkout) it is whoever starts it
+                    runs = f" (run as {before})" if owner is not None else ""
+                    raise Refused(f"an agent named {name!r} is already installed in {config_dir}{runs}; "
                                   "pick another --name, or update its manifest through a blueprint update "
                                   "(re-running init only moves an agent between its bundle and a user's home)")
                 if Path(systemd_dir).is_dir() and _instance_active(name):

@@ -130,6 +130,25 @@ def test_init_outside_the_default_roots_names_both_variables(tmp_path, monkeypat
     assert "state_dir_missing" not in json.loads(done.stdout)
 
 
+@pytest.mark.skipif(not EXAMPLE.is_dir(), reason="examples/task-agent is not in this checkout")
+def test_init_again_and_report_in_a_checkout(tmp_path, monkeypatch, capsys):
+    """No `caldera` account here: nothing "runs as caldera"; report --once says what enables it."""
+    bare_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("CALDERA_CONFIG_DIR", str(tmp_path / "cfg"))
+    monkeypatch.setenv("CALDERA_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(blueprint.account, "_bundle_account", lambda: None)  # a checkout: no caldera account
+    assert cli.main(["init", str(EXAMPLE), "--name", "ta"]) == 0
+    capsys.readouterr()
+    assert cli.main(["init", str(EXAMPLE), "--name", "ta"]) == 1
+    said("init-twice", capsys.readouterr().err.strip(), tmp=tmp_path)
+    done = subprocess.run([sys.executable, "-m", "caldera.cli", "report", "--once", "--agent", "ta"],
+                          env=clean_env(CALDERA_CONFIG_DIR=str(tmp_path / "cfg"),
+                                        CALDERA_STATE_DIR=str(tmp_path / "state")),
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 1
+    said("report-local", done.stderr.strip(), tmp=tmp_path)
+
+
 def test_init_where_this_user_may_not_write_names_both_ways(tmp_path, monkeypatch, capsys):
     """Not root, /etc/caldera not writable: sudo, or the two variables (never "check its owner")."""
     bare_env(monkeypatch, tmp_path)
