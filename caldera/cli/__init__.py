@@ -34,6 +34,7 @@ from caldera.host import privdrop  # noqa: E402
 
 if TYPE_CHECKING:
     import argparse
+    from pathlib import Path
     from types import ModuleType, SimpleNamespace
     from typing import TypeAlias
 
@@ -206,18 +207,30 @@ def _permission_sentence(exc: PermissionError, command: str) -> str:
         user = f"uid {os.geteuid()}"
     what = exc.filename or "a file"
     if os.geteuid() != 0 and exc.filename and _in_system_roots(str(exc.filename)):
-        # A newcomer in a checkout meets /etc/caldera or /var/lib/caldera first: both ways out.
-        mine = ("set CALDERA_CONFIG_DIR and CALDERA_STATE_DIR to directories of yours to install as yourself"
-                if command == "init" else "for an agent you installed as yourself, set CALDERA_CONFIG_DIR and "
-                                          "CALDERA_STATE_DIR as they were for its caldera init")
-        return f"{what}: permission denied for user {user}: use sudo, or {mine} (README: Without root)"
+        return f"{what}: permission denied for user {user}: {_without_root(str(exc.filename), command)}"
     return f"{what}: permission denied for user {user} (check its owner and mode: docs/packaging.md)"
+
+
+def _without_root(path: str, command: str) -> str:
+    """The way out for a person who is not root and met /etc/caldera or /var/lib/caldera:
+    the state dir's variable alone when the config dir's is set (an agent installed as
+    oneself), else sudo or both variables."""
+    if config_root() != config_root({}) and _within(path, state_root({})):
+        again = "to a directory of yours too" if command == "init" else "as it was for this agent's caldera init"
+        return f"CALDERA_CONFIG_DIR is set but CALDERA_STATE_DIR is not: set it {again} (README: Without root)"
+    mine = ("set CALDERA_CONFIG_DIR and CALDERA_STATE_DIR to directories of yours to install as yourself"
+            if command == "init" else "for an agent you installed as yourself, set CALDERA_CONFIG_DIR and "
+                                      "CALDERA_STATE_DIR as they were for its caldera init")
+    return f"use sudo, or {mine} (README: Without root)"
+
+
+def _within(path: str, root: Path) -> bool:
+    return path == str(root) or path.startswith(str(root) + "/")
 
 
 def _in_system_roots(path: str) -> bool:
     """Whether `path` is in the default config or state root (the package's, root's)."""
-    roots = (str(config_root({})), str(state_root({})))
-    return any(path == root or path.startswith(root + "/") for root in roots)
+    return _within(path, config_root({})) or _within(path, state_root({}))
 
 
 def _os_error_sentence(exc: OSError) -> str:

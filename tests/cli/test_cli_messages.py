@@ -167,6 +167,11 @@ def test_init_where_this_user_may_not_write_names_both_ways(tmp_path, monkeypatc
     said("init-no-rights", capsys.readouterr().err.strip(), user=user)
     sentence = cli._permission_sentence(PermissionError(errno.EACCES, "Permission denied", "/var/lib/caldera"), "run")
     said("run-no-rights", f"caldera run: {sentence}", user=user)
+    monkeypatch.setenv("CALDERA_CONFIG_DIR", str(tmp_path / "cfg"))  # installed as oneself, the state's forgotten
+    for command, case in (("run", "run-no-state-variable"), ("init", "init-no-state-variable")):
+        sentence = cli._permission_sentence(PermissionError(errno.EACCES, "Permission denied", "/var/lib/caldera"),
+                                            command)
+        said(case, f"caldera {command}: {sentence}", user=user)
     elsewhere = cli._permission_sentence(PermissionError(errno.EACCES, "Permission denied", str(tmp_path)), "run")
     assert "check its owner and mode" in elsewhere  # not one of the default roots: the old advice
 
