@@ -306,6 +306,16 @@ def test_settings_and_log_name_the_next_step(tmp_path, capsys):
     said("log-no-such-name", capsys.readouterr().err.strip(), tmp=tmp_path)
 
 
+def test_a_process_agent_without_its_runtime_says_how_to_start_it(tmp_path, capsys):
+    agent = write_agent(tmp_path / "w", "name: w\nruntime:\n  type: process\n  command: [python3, agent.py]\n"
+                                        "status: status.json\n")
+    argv = ["--manifest", str(agent), "--state-dir", str(tmp_path / "st")]
+    assert cli.main(["pause", *argv]) == 1
+    said("process-no-runtime", capsys.readouterr().err.strip(), tmp=tmp_path)
+    assert cli.main(["settings", "set", *argv, "x=1"]) == 2
+    assert "caldera settings: x: not a setting" in capsys.readouterr().err  # said once, not "settings set: x"
+
+
 # ---------------------------------------------------------------- run and status from a checkout
 
 def _local_daemon(tmp_path: Path, **extra_env: str) -> tuple[subprocess.Popen, Path]:
