@@ -205,9 +205,17 @@ def snapshot(paths: AgentPaths, redact: Redactor,
            "manifest": manifest_info(paths, manifest, state), "storage": storage}
     if missing:
         doc["state_dir_missing"] = str(paths.state_dir)
+        doc["installed"] = _installed(paths)
     if process is not None:
         doc["process"] = process
     return doc
+
+
+def _installed(paths: AgentPaths) -> bool:
+    """An agent caldera init installed (--agent), not one named by its manifest (--manifest)."""
+    from caldera.config import config_root  # here, as above
+
+    return paths.manifest_path.parent.parent == config_root() / "agents"
 
 
 def _status_json(paths: AgentPaths) -> dict[str, Any]:
@@ -337,9 +345,11 @@ def render(name: str, doc: dict[str, Any]) -> str:
         lines.append(f"  registration refused: {conn['auth_blocked']} (fix the configuration, then: systemctl reload)")
     lines.extend(_manifest_lines(doc.get("manifest")))
     lines.append(f"daemon: {_holder_words(conn['daemon'])}")
-    if doc.get("state_dir_missing"):
+    if doc.get("state_dir_missing") and doc.get("installed"):
         lines.append(f"state dir {doc['state_dir_missing']}: not there (caldera init makes it; an agent installed "
                      "with CALDERA_STATE_DIR set is read with the same CALDERA_STATE_DIR)")
+    elif doc.get("state_dir_missing"):
+        lines.append(f"state dir {doc['state_dir_missing']}: not there yet (caldera run or a verb makes it)")
     storage = doc.get("storage")
     if storage:
         until = "there is space" if "full" in storage["problem"] else "it takes writes again"

@@ -354,7 +354,24 @@ def test_run_from_a_checkout_and_status_beside_it(tmp_path, capsys, monkeypatch)
     said("status-no-heartbeat", next(line for line in lines if line.startswith("connection:")))
     assert cli.main(["status", "--manifest", str(agent), "--state-dir", str(tmp_path / "elsewhere")]) == 0
     lines = capsys.readouterr().out.splitlines()
+    said("status-manifest-state-dir-missing", next(line for line in lines if line.startswith("state dir")),
+         tmp=tmp_path)
+    assert not (tmp_path / "elsewhere").exists()  # status made none
+
+
+@pytest.mark.skipif(not EXAMPLE.is_dir(), reason="examples/task-agent is not in this checkout")
+def test_status_of_an_installed_agent_without_its_state_variable(tmp_path, monkeypatch, capsys):
+    """Installed with both variables, asked for with CALDERA_CONFIG_DIR only: the state is elsewhere."""
+    bare_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("CALDERA_CONFIG_DIR", str(tmp_path / "cfg"))
+    monkeypatch.setenv("CALDERA_STATE_DIR", str(tmp_path / "state"))
+    assert cli.main(["init", str(EXAMPLE), "--name", "ta"]) == 0
+    monkeypatch.setenv("CALDERA_STATE_DIR", str(tmp_path / "forgotten"))  # stands for the default root
+    capsys.readouterr()
+    assert cli.main(["status", "--agent", "ta"]) == 0
+    lines = capsys.readouterr().out.splitlines()
     said("status-state-dir-missing", next(line for line in lines if line.startswith("state dir")), tmp=tmp_path)
+    assert not (tmp_path / "forgotten").exists()
 
 
 @pytest.mark.skipif(not EXAMPLE.is_dir(), reason="examples/task-agent is not in this checkout")
