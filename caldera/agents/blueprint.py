@@ -408,13 +408,13 @@ def _next_steps(name: str, config_dir: Path, systemd_dir: str | Path, *, roots: 
     edit = f"Fill in {config_dir}/agent.env and secrets.env, then"
     by_hand = f"{roots} caldera run --agent {name}".lstrip()
     cron = "`caldera report --once` with the same variables" if roots else f"`caldera report --once --agent {name}`"
-    local = (f"it stays local, with no control plane, until {config_dir}/agent.env sets CALDERA_AGENT_ENABLED=true "
-             "(docs/runtime.md)")
+    local = f"it stays local, with no control plane, until {config_dir}/agent.env sets CALDERA_AGENT_ENABLED=true"
     if not Path(systemd_dir).is_dir():
-        return f"systemd is not running here: start it with `{by_hand}` (from cron: {cron}); {local}."
+        return (f"systemd is not running here: start it with `{by_hand}`; {local}, and from then on cron can run "
+                f"{cron} instead of a daemon (docs/runtime.md).")
     if roots:
         return (f"Start it with `{by_hand}` (the {unit} unit reads {DEFAULT_CONFIG_ROOT} and {DEFAULT_STATE_ROOT}, "
-                f"not these); {local}.")
+                f"not these); {local} (docs/runtime.md).")
     if moved_to:
         return f"Its configuration is kept: sudo systemctl start {unit} runs it as {moved_to}."
     return f"{edit}: sudo systemctl enable --now {unit}"

@@ -35,6 +35,7 @@ BAR_WIDTH = 20
 WATCH_SECONDS = 2.0
 COMMANDS_SHOWN = 5
 HOME, ERASE_LINE, ERASE_BELOW, CLEAR = "\x1b[H", "\x1b[K", "\x1b[J", "\x1b[2J"
+SYSTEMD_BOOTED = "/run/systemd/system"  # sd_booted()'s test: `systemctl reload` reaches the daemon here
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -342,7 +343,8 @@ def render(name: str, doc: dict[str, Any]) -> str:
         lines.append(f"  next run: {agent['next_run'].get('at')} {agent['next_run'].get('reason') or ''}".rstrip())
     lines.append(_connection_line(conn))
     if conn.get("auth_blocked"):
-        lines.append(f"  registration refused: {conn['auth_blocked']} (fix the configuration, then: systemctl reload)")
+        lines.append(f"  registration refused: {conn['auth_blocked']} (fix the configuration, then: "
+                     f"{_reload(name, conn.get('daemon'))})")
     lines.extend(_manifest_lines(doc.get("manifest")))
     lines.append(f"daemon: {_holder_words(conn['daemon'])}")
     if doc.get("state_dir_missing") and doc.get("installed"):
@@ -369,6 +371,14 @@ def render(name: str, doc: dict[str, Any]) -> str:
         lines.append(f"(the daemon's snapshot of {_ago(doc['snapshot_at'])}; "
                      f"`sudo caldera status --agent {name}` asks the adapter now)")
     return "\n".join(lines)
+
+
+def _reload(name: str, holder: str | None) -> str:
+    """How the daemon re-reads its configuration, from here: systemd's reload, or its pid's SIGHUP."""
+    if os.path.isdir(SYSTEMD_BOOTED):
+        return f"systemctl reload caldera@{name}"
+    pid = (holder or "").partition(" ")[0]
+    return f"kill -HUP {pid}" if pid.isdigit() else "kill -HUP the pid of its caldera run"
 
 
 def _holder_words(holder: str | None) -> str:

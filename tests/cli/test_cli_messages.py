@@ -383,6 +383,19 @@ def test_run_under_systemd_names_the_reload(tmp_path):
         _stop(proc)
 
 
+def test_a_refused_registration_names_the_reload_that_works_here(tmp_path, monkeypatch):
+    from caldera.cli import status as status_cli
+
+    doc = {"agent_status": None, "outbox": {"items": 0}, "commands": [],
+           "connection": {"last_successful": "never", "auth_blocked": "401 bad token", "daemon": "4242 daemon"}}
+    monkeypatch.setattr(status_cli, "SYSTEMD_BOOTED", str(tmp_path / "no-systemd"))
+    line = next(line for line in status_cli.render("ta", doc).splitlines() if "registration refused" in line)
+    said("status-auth-blocked", line)
+    monkeypatch.setattr(status_cli, "SYSTEMD_BOOTED", str(tmp_path))
+    line = next(line for line in status_cli.render("ta", doc).splitlines() if "registration refused" in line)
+    said("status-auth-blocked-systemd", line)
+
+
 # ---------------------------------------------------------------- demo, plane, help
 
 def test_a_gauge_name_is_never_cut():
