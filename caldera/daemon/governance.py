@@ -13,14 +13,14 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from caldera import config
-from caldera.agents.driver import as_process_driver
+from caldera.agents.narrow import as_process_driver
 from caldera.backends.registry import llm_configs as backend_llm_configs
 from caldera.host.loopguard import LoopGuard
 from caldera.protocol.llm import report_fields
 
 if TYPE_CHECKING:
+    from caldera.agents.current import Current
     from caldera.config import AgentPaths
-    from caldera.daemon.wiring import Current
     from caldera.protocol.llm import LLMConfig
     from caldera.redact import Redactor
 
