@@ -24,10 +24,14 @@ from typing import Any
 
 from caldera.backends.failures import BACKEND_FAILED, SECRET_UNAVAILABLE, BackendFailure
 from caldera.backends.registry import gateway_settings
+from caldera.config import Gateway
 from caldera.host.fsutil import atomic_write_bytes
+from caldera.protocol.llm import EXTERNAL, GATEWAY, LLMConfig, gateway_config, same_endpoint
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 GATEWAY_PROVIDER = "caldera-gateway"
+LLM_SOURCE = "backend codex"
+OPENAI_BASE_URL = "https://api.openai.com/v1"  # Codex's built-in `openai` provider without a base_url
 GATEWAY_KEY_ENV = "CALDERA_GATEWAY_API_KEY"
 DEFAULT_REQUEST_MAX_RETRIES = 1
 DEFAULT_STREAM_MAX_RETRIES = 2
@@ -123,13 +127,18 @@ def _env_value(raw: bytes, label: str) -> str:
 
 # ---------------------------------------------------------------- plan
 
-def plan_provider(projection: Projection, environ: Mapping[str, str], model: str | None = None) -> ProviderPlan:
-    """The provider plan from the projection, else from the AI gateway variables."""
-
-    raw_config = projection.read("config.toml")
-    auth_json = projection.read("auth.json")
+def _projected(projection: Projection) -> tuple[bytes | None, bytes | None, dict[str, str]]:
+    """(config.toml, auth.json, env/NAME values) of the projection; all empty: nothing projected."""
     env = {name: _env_value(projection.read(f"env/{name}") or b"", f"{projection.label}/env/{name}")
            for name in projection.env_names()}
+    return projection.read("config.toml"), projection.read("auth.json"), env
+
+
+def plan_provider(projection: Projection, environ: Mapping[str, str], model: str | None = None) -> ProviderPlan:
+    """The provider plan from the projection, else from the AI gateway variables (the model
+    then by the gateway's rule: errors.Refused for one its catalogue does not list)."""
+
+    raw_config, auth_json, env = _projected(projection)
     if raw_config is None and auth_json is None and not env:
         gateway = gateway_settings(environ)
         if gateway is None:
@@ -155,16 +164,42 @@ def plan_provider(projection: Projection, environ: Mapping[str, str], model: str
     return plan
 
 
-def _gateway_plan(gateway: dict[str, Any], model: str | None) -> ProviderPlan:
-    provider = {"name": "AI gateway", "base_url": gateway["base_url"], "env_key": GATEWAY_KEY_ENV,
-                "wire_api": "responses"}
-    config = {"model_provider": GATEWAY_PROVIDER, "model_providers": {GATEWAY_PROVIDER: provider}}
-    model = model or gateway.get("model")
+def _gateway_plan(gateway: Gateway, model: str | None) -> ProviderPlan:
+    base_url, api_key = gateway.base_url or "", gateway.api_key or ""  # gateway_settings: both are set
+    provider = {"name": "AI gateway", "base_url": base_url, "env_key": GATEWAY_KEY_ENV, "wire_api": "responses"}
+    config: dict[str, Any] = {"model_provider": GATEWAY_PROVIDER, "model_providers": {GATEWAY_PROVIDER: provider}}
+    model = gateway.model_for(model)  # the payload's if the catalogue lists it, else OPENAI_MODEL, else its first
     if model:
         config["model"] = model
-    return ProviderPlan(config=config, env={GATEWAY_KEY_ENV: gateway["api_key"]},
-                        secret_values=[gateway["api_key"]], source="gateway",
-                        provider=GATEWAY_PROVIDER, model=model, base_url=gateway["base_url"])
+    return ProviderPlan(config=config, env={GATEWAY_KEY_ENV: api_key}, secret_values=[api_key], source="gateway",
+                        provider=GATEWAY_PROVIDER, model=model, base_url=base_url)
+
+
+def llm_config(environ: Mapping[str, str], secrets_dir: str | None = None,
+               credentials_dir: str | None = None) -> LLMConfig | None:
+    """What a Codex run gets to reach a model (registry.LLM_SOURCES): the AI gateway without a
+    projection, else the projection's provider, `external` unless its base URL is the gateway's
+    (one the projection names but cannot be used as is still a provider of its own); None with
+    neither."""
+    projection = Projection.locate(secrets_dir, credentials_dir)
+    gateway = gateway_settings(environ)
+    try:
+        plan = plan_provider(projection, environ)
+    except BackendFailure:
+        return LLMConfig(LLM_SOURCE, EXTERNAL) if _is_projected(projection) else None
+    if plan.source == "gateway" and gateway is not None:
+        return gateway_config(gateway, LLM_SOURCE, plan.model)
+    base_url = plan.base_url or (OPENAI_BASE_URL if plan.provider == "openai" else None)
+    status = GATEWAY if gateway is not None and same_endpoint(base_url, gateway.base_url) else EXTERNAL
+    return LLMConfig(LLM_SOURCE, status, base_url, plan.provider, plan.model, hide=plan.secret_values)
+
+
+def _is_projected(projection: Projection) -> bool:
+    try:
+        raw_config, auth_json, env = _projected(projection)
+    except BackendFailure:
+        return True  # there, but not readable: projected all the same
+    return raw_config is not None or auth_json is not None or bool(env)
 
 
 def _check_required(plan: ProviderPlan, projection: Projection) -> None:

@@ -21,6 +21,7 @@ from caldera.agents.updates import load_effective
 from caldera.backends.registry import ActiveRuns
 from caldera.backends.registry import capabilities as backend_capabilities
 from caldera.config import AgentPaths, Settings
+from caldera.daemon.governance import LLMFields
 from caldera.daemon.live import LiveStatus
 from caldera.daemon.reporter import ReportFloor, Reports
 from caldera.daemon.wakeups import Wakeups
@@ -106,7 +107,7 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
         identity=identity, runs=runs,
         reports=Reports(identity=identity, current=current, state=state, sampler=sampler, live=live,
                         redactor=redactor, health_extra=lambda: {**outbox_health(outbox), **storage.health()},
-                        floor=ReportFloor(generation=wake.generation)),
+                        floor=ReportFloor(generation=wake.generation), llm=LLMFields(current, paths, redactor)),
         publisher=Publisher(state_dir=paths.state_dir, env=lambda: current.settings.env,
                             runtime_type=settings.runtime_type, agent_id=identity.agent_id, outbox=outbox,
                             state=state, on_count=live.set_skill_count, report_now=wake.report_now),

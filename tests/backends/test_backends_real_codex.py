@@ -238,3 +238,55 @@ def test_policy_timeout_on_a_stalled_provider_is_backend_timeout(tmp_path):
     assert data["status"] == "failed" and data["failure_kind"] == fk.BACKEND_TIMEOUT, events
     assert any(s["phase"] == "interrupting" for s in of_type(events, "backend_status"))
     assert_no_leak(result, events, env, provider)
+
+
+# ------------------------------------------------------------------ ClawManager's AI gateway
+
+CATALOGUE = ["auto", "gpt-4.1", "kimi-k2.6"]
+
+
+def gateway_run(tmp_path, model=None, catalogue=CATALOGUE, **variables):
+    """A run with no projection, on the AI gateway as ClawManager injects it (SPEC section 10),
+    against a fake gateway that refuses any model its catalogue does not list."""
+    with FakeProvider([{"text": "Hello from the gateway."}], models=catalogue) as provider:
+        injected = {"CLAWMANAGER_LLM_BASE_URL": provider.url, "CLAWMANAGER_LLM_API_KEY": CANARY,
+                    "CLAWMANAGER_LLM_MODEL": json.dumps(catalogue), "CLAWMANAGER_LLM_PROVIDER": "openai-compatible",
+                    "OPENAI_BASE_URL": provider.url, "OPENAI_API_KEY": CANARY, "OPENAI_MODEL": "auto"}
+        injected.update(variables)
+        env = environment(tmp_path, CODEX_BIN, None, **{k: v for k, v in injected.items() if v is not None})
+        req = request(workspace(tmp_path))
+        if model is not None:
+            req["model"] = model
+        result, events = execute(req, env)
+    return result, events, env, provider
+
+
+def _models_asked(provider):
+    return [json.loads(post["body"])["model"] for post in provider.posts]
+
+
+@pytest.mark.parametrize("model, variables, asked", [
+    (None, {}, "auto"),  # OPENAI_MODEL, the default model (0.1.0 sent the catalogue itself: refused)
+    ("gpt-4.1", {}, "gpt-4.1"),  # the payload's, the catalogue lists it
+    (None, {"OPENAI_MODEL": None, "CLAWMANAGER_LLM_MODEL": '["kimi-k2.6", "auto"]'}, "kimi-k2.6"),  # its first
+])
+def test_a_turn_on_the_gateway_asks_for_a_model_of_its_catalogue(tmp_path, model, variables, asked):
+    result, events, env, provider = gateway_run(tmp_path, model, **variables)
+    assert terminal(events)["status"] == "completed", events
+    assert _models_asked(provider) and set(_models_asked(provider)) == {asked}
+    assert provider.posts[0]["headers"].get("authorization") == f"Bearer {CANARY}"
+    assert_no_leak(result, events, env, provider)
+
+
+def test_a_model_the_catalogue_does_not_list_is_refused_before_codex_starts(tmp_path):
+    result, events, env, provider = gateway_run(tmp_path, "gpt-9")
+    assert result["status"] == "blocked" and provider.requests == []  # nothing reached the gateway
+    assert result["message"] == ("model 'gpt-9' is not in the AI gateway's catalogue "
+                                 "(CLAWMANAGER_LLM_MODEL: auto, gpt-4.1, kimi-k2.6)")
+    assert_no_leak(result, events, env, provider)
+
+
+def test_a_catalogue_that_is_not_a_json_list_is_ignored(tmp_path):
+    result, events, env, provider = gateway_run(tmp_path, "gpt-4.1", CLAWMANAGER_LLM_MODEL="gpt-4.1,auto")
+    assert terminal(events)["status"] == "completed", events
+    assert set(_models_asked(provider)) == {"gpt-4.1"}  # not refused: there is no catalogue to refuse it
