@@ -4,6 +4,11 @@
 # AGENT (the unit whose journal a failure prints), NSPAWN_PID= CPID= WORK=, and traps
 # cleanup on EXIT. docs/packaging.md, "CI under systemd".
 
+# The base root's packages: systemd as PID 1, sudo for the admin, and caldera's own Debian
+# dependencies (so that a cached run installs the .deb without touching the network).
+# One list, so that every script boots the same cached root (.ci/root.sh keys on it).
+BOOT_PACKAGES=(systemd systemd-sysv dbus sudo adduser python3 python3-requests python3-jsonschema python3-yaml)
+
 step() { printf '\n== %s %s: %s (%ds)\n' "$CI_NAME" "$SUITE" "$*" "$(( $(date +%s) - t0 ))"; }
 fail() {
 	printf '%s %s: FAILED: %s\n' "$CI_NAME" "$SUITE" "$*" >&2

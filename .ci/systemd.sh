@@ -33,9 +33,6 @@ case "$SUITE" in
 	trixie | bookworm) shift ;;
 	*) echo "usage: .ci/systemd.sh trixie|bookworm [DEB | DIR]" >&2; exit 2 ;;
 esac
-# systemd as PID 1, sudo for the admin, and caldera's own Debian dependencies
-# (so that a cached run installs the .deb without touching the network).
-PACKAGES=(systemd systemd-sysv dbus sudo adduser python3 python3-requests python3-jsonschema python3-yaml)
 AGENT=task-agent
 INSTANCE=7
 TOKEN=ci-boot-$RANDOM$RANDOM$RANDOM
@@ -73,7 +70,7 @@ step "base root (debootstrap $SUITE, cached)"
 # shellcheck source=.ci/root.sh
 . "$ROOT/.ci/root.sh"
 b0=$(date +%s)
-BASE=$(base_root "$SUITE" "${PACKAGES[@]}") || fail "debootstrap $SUITE"
+BASE=$(base_root "$SUITE" "${BOOT_PACKAGES[@]}") || fail "debootstrap $SUITE"
 t_base="$(( $(date +%s) - b0 )) s"
 
 step "boot the container (systemd-nspawn -b)"
