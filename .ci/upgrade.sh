@@ -4,7 +4,7 @@
 # Boots the cached Debian root of SUITE (.ci/boot.sh, the one .ci/systemd.sh boots), installs
 # the released 0.1.0 from its .deb (.ci/old-deb.sh: built from its commit, cached) with
 # README.md's "Install on a host" block as the admin, plus a second agent whose run-now
-# takes 20 s, a plane behind .ci/finish-gate.py answering 503 to finishes (so results queue)
+# takes 12 s, a plane behind .ci/finish-gate.py answering 503 to finishes (so results queue)
 # and a command in flight; the admin uncomments the cron line and edits agent.env. Then:
 #   1. `sudo apt-get install ./caldera_NEW_all.deb` without a terminal: exit 0, no conffile
 #      prompt; each agent restarted once on the new version (its state dir's format.json
@@ -152,12 +152,12 @@ grep -q "^\*.*--agent $AGENT" "$C/etc/cron.d/caldera" || fail "could not uncomme
 edits() { inside sha256sum "$cfg/agent.env" "$cfg/secrets.env" /etc/cron.d/caldera | awk '{ print $1 }' | tr '\n' ' '; }
 EDITS=$(edits)
 
-step "a second agent whose run-now takes 20 s"
+step "a second agent whose run-now takes 12 s"
 mkdir -p "$C/root/ci/$SLOW"
 cat > "$C/root/ci/$SLOW/caldera.agent.yaml" <<EOF
 name: $SLOW
 version: 1.0.0
-description: CI only - its run-now verb takes 20 s (a command in flight at the upgrade).
+description: CI only - its run-now verb takes 12 s (a command in flight at the upgrade).
 runtime:
   type: adapter
   command: [python3, adapter.py]
@@ -174,8 +174,8 @@ verb = sys.argv[1] if len(sys.argv) > 1 else ""
 if verb == "status":
     print(json.dumps({"state": {"level": "ok", "label": "Ready"}}))
 elif verb == "run-now":
-    time.sleep(20)
-    print(json.dumps({"message": "Ran for 20 s."}))
+    time.sleep(12)
+    print(json.dumps({"message": "Ran for 12 s."}))
 elif verb in ("pause", "resume"):
     print(json.dumps({"message": "Done."}))
 else:
