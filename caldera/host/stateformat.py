@@ -90,9 +90,10 @@ def prepare(state_dir: Path, *, current: int = FORMAT, migrations: Mapping[int, 
 def _check(state_dir: Path, current: int, version: str) -> tuple[int, str]:
     found, writer = read_format(state_dir)
     if found > current:
+        newer = f"caldera {writer}" if writer != "unknown" else "a newer caldera"
         raise NewerFormat(
-            f"{state_dir} is in state format {found}, written by caldera {writer}, and caldera {version} "
-            f"reads formats up to {current}: install caldera {writer} or later again (nothing was changed)")
+            f"{state_dir} is in state format {found}, written by {newer}, and caldera {version} "
+            f"reads formats up to {current}: install {newer} or later again (nothing was changed)")
     return found, writer
 
 

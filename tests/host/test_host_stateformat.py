@@ -73,7 +73,7 @@ def test_an_unprintable_writer_is_not_echoed(tmp_path):
     (state / MARKER).write_text(json.dumps({"format": 9, "written_by": "\x1b[31mred"}))
     with pytest.raises(NewerFormat) as err:
         prepare(state, version="0.2.0")
-    assert "\x1b" not in str(err.value) and "caldera unknown" in str(err.value)
+    assert "\x1b" not in str(err.value) and "written by a newer caldera" in str(err.value)
 
 
 def _rename_step(state: Path) -> None:
