@@ -66,6 +66,21 @@ cleanup() {
 	exit "$rc"
 }
 
+# the_deb [DEB | DIR]: the path of the .deb to test (DIR: its one caldera_*_all.deb); without
+# one, a .deb built now (packaging/build-deb.sh, tests skipped: .ci/deb.sh runs them).
+the_deb() {
+	local deb=${1:-}
+	if [ -d "$deb" ]; then
+		deb=$(ls "$deb"/caldera_*_all.deb | head -n 1)
+	fi
+	if [ -z "$deb" ]; then
+		mkdir -p "/tmp/caldera-ci-$CI_NAME-deb"
+		deb=$(DEB_BUILD_OPTIONS=nocheck "$ROOT/packaging/build-deb.sh" "/tmp/caldera-ci-$CI_NAME-deb" | tail -n 1)
+	fi
+	[ -f "$deb" ] || fail "no .deb at '$deb'"
+	printf '%s\n' "$deb"
+}
+
 # The tools the host needs: debootstrap, systemd-nspawn, nsenter.
 ci_tools() {
 	need=()

@@ -54,15 +54,7 @@ trap 'exit 130' INT TERM
 step "tools"
 ci_tools
 step "the .deb"
-DEB=${1:-}
-if [ -d "$DEB" ]; then
-	DEB=$(ls "$DEB"/caldera_*_all.deb | head -n 1)
-fi
-if [ -z "$DEB" ]; then
-	mkdir -p /tmp/caldera-ci-systemd-deb
-	DEB=$(DEB_BUILD_OPTIONS=nocheck "$ROOT/packaging/build-deb.sh" /tmp/caldera-ci-systemd-deb | tail -n 1)
-fi
-[ -f "$DEB" ] || fail "no .deb at '$DEB'"
+DEB=$(the_deb "${1:-}")
 VERSION=$(dpkg-deb -f "$DEB" Version)
 echo "$DEB ($VERSION)"
 

@@ -96,15 +96,7 @@ step "tools"
 ci_tools
 
 step "the two .debs"
-NEW=${1:-}
-if [ -d "$NEW" ]; then
-	NEW=$(ls "$NEW"/caldera_*_all.deb | head -n 1)
-fi
-if [ -z "$NEW" ]; then
-	mkdir -p /tmp/caldera-ci-upgrade-deb
-	NEW=$(DEB_BUILD_OPTIONS=nocheck "$ROOT/packaging/build-deb.sh" /tmp/caldera-ci-upgrade-deb | tail -n 1)
-fi
-[ -f "$NEW" ] || fail "no .deb at '$NEW'"
+NEW=$(the_deb "${1:-}")
 b0=$(date +%s)
 OLD=$(bash "$ROOT/.ci/old-deb.sh" 0.1.0) || fail "the 0.1.0 .deb (.ci/old-deb.sh)"
 t_old="$(( $(date +%s) - b0 )) s"
