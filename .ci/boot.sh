@@ -161,9 +161,9 @@ printf 'export EDITOR=/usr/local/bin/ci-editor\n' >> "$C/home/admin/.profile"
 inside chown -R admin:admin /home/admin
 }
 
-# readme_install: README.md's "Install on a host" block, as the admin; sets t_readme.
+# readme_install: README.md's "Install on a host" block, as the admin; sets r0 (its start) and t_readme.
 readme_install() {
-	local r0
+	# r0 (its start) stays set: the caller measures from it
 	# The first ```sh block after the heading, exactly as README.md has it now.
 	awk '/^## Install on a host/ { sect = 1; next }
 		sect && /^## / { exit }
