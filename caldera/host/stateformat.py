@@ -25,6 +25,7 @@ a kill after it leaves format N+1.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from caldera.host.fsutil import atomic_write_json, read_json
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+log = logging.getLogger("caldera.stateformat")
 MARKER = "format.json"
 FORMAT = 1  # the layout this runtime reads and writes
 UNMARKED = 1  # a state dir without a marker: written by 0.1.0
@@ -83,7 +85,13 @@ def prepare(state_dir: Path, *, current: int = FORMAT, migrations: Mapping[int, 
             migrations[step](state_dir)
             _mark(state_dir, step + 1, version)
         if not (state_dir / MARKER).exists():
-            _mark(state_dir, current, version)
+            try:
+                _mark(state_dir, current, version)
+            except OSError as exc:
+                # Only the stamp of a layout this runtime reads as it is (a full disk at the
+                # first start after an upgrade): the next start writes it; the runtime goes on.
+                log.warning("%s not written (%s); the state dir is read as it is (format %d)",
+                            state_dir / MARKER, exc.strerror or exc, current)
     return found
 
 

@@ -146,3 +146,24 @@ def test_two_starts_at_once_migrate_one_after_the_other(tmp_path):
     os.close(fd)
     worker.join(30)
     assert not worker.is_alive() and calls == []  # re-read under the lock: nothing left to do
+
+
+def test_a_full_disk_at_the_first_start_skips_the_stamp_and_goes_on(tmp_path, monkeypatch, caplog):
+    """The stamp of a layout read as it is must not keep the daemon from starting (issue 26's
+    full disk); the next start writes it. A real migration step's failure does stop the start."""
+    import errno
+
+    state = old_state(tmp_path / "s")
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(stateformat, "atomic_write_json", full)
+    assert prepare(state, version="0.2.0") == 1
+    assert not (state / MARKER).exists() and "No space left on device" in caplog.text
+    with pytest.raises(OSError):
+        prepare(state, current=2, migrations={1: _rename_step}, version="0.3.0")
+    assert read_format(state) == (1, "0.1.0")
+    monkeypatch.undo()
+    prepare(state, version="0.2.0")
+    assert read_format(state) == (1, "0.2.0")
