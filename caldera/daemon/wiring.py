@@ -26,6 +26,7 @@ from caldera.daemon.live import LiveStatus
 from caldera.daemon.reporter import ReportFloor, Reports
 from caldera.daemon.wakeups import Wakeups
 from caldera.errors import ConfigError
+from caldera.host import stateformat
 from caldera.host.fsutil import ensure_dir
 from caldera.host.sampler import Sampler
 from caldera.host.statefile import StateFile
@@ -83,6 +84,9 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
     """supervise: the daemon supervises a process-mode agent; `report --once` passes False
     and gets a driver that only reports what state.json and /proc say."""
     ensure_dir(paths.state_dir)
+    # First, before any part opens a file there: a newer caldera's state is refused
+    # untouched, an older release's migrated (caldera/host/stateformat.py).
+    stateformat.prepare(paths.state_dir)
     for sub in STATE_SUBDIRS:
         ensure_dir(paths.state_dir / sub)
     redactor = Redactor(settings.secret_values)
