@@ -5,8 +5,9 @@ Forwards every request to UPSTREAM (a `caldera plane serve` URL) and back, excep
 `POST .../commands/ID/finish` while GATE exists: that one gets 503 and the plane's error
 envelope, so the agent's finishes queue in its outbox (a line `ID STATUS` in GATE answers
 STATUS to that command's finish instead: `1 500` holds command 1's finish back on a retry
-record of its own). Removing GATE is the plane recovering. Each finish it turned away and each it forwarded is one line on stdout
-(`503 finish ID` / `fwd finish ID STATUS`), so a test can count what reached the plane.
+record of its own). Removing GATE is the plane recovering. Each finish it turned away and
+each it forwarded is one line on stdout (`503 finish ID` / `fwd finish ID STATUS`), so a
+test can count what reached the plane.
 
 Used by .ci/upgrade.sh (inside the booted roots) and to make the 0.1.0 fixture state
 dirs (tests/fixtures/state-0.1.0/README.md). Standard library only, loopback only.
