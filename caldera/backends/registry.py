@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 DEFAULT_PROFILE = "codex"
 # profile name -> "module:Class"; the class is imported only when a run needs it.
-PROFILES = {"codex": "caldera.backends.codex:CodexBackend"}
+PROFILES = {"codex": "caldera.backends.codex.backend:CodexBackend"}
 
 
 class Refused(Exception):

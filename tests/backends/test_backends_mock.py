@@ -112,7 +112,7 @@ def test_codex_home_is_private_and_holds_enforced_config(tmp_path):
     sec = write_projection(tmp_path)
     env = environment(tmp_path, mock_binary(tmp_path, script), sec)
     seen = {}
-    from caldera.backends import appserver
+    from caldera.backends.codex import appserver
 
     original = appserver.AppServer.start
 

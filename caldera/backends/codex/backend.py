@@ -20,12 +20,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from caldera import __version__, config
-from caldera.backends import codex_config
 from caldera.backends import failures as fk
-from caldera.backends.appserver import AppServer, Batch, Message
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest
+from caldera.backends.codex import config as codex_config
+from caldera.backends.codex.appserver import AppServer, Batch, Message
+from caldera.backends.codex.normalize import Normalizer
 from caldera.backends.events import EVENT_TYPES, EventSink
-from caldera.backends.normalize import Normalizer
 from caldera.backends.registry import gateway_settings
 from caldera.errors import ConfigError
 from caldera.host import proc

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Literal, TypeAlias
 
 from caldera.backends import failures as fk
-from caldera.backends.codex_deltas import unused_delta
+from caldera.backends.codex.deltas import unused_delta
 from caldera.errors import unexpected
 from caldera.host import proc
 from caldera.host.jsonlimits import JSONLimitError, line_parser
