@@ -165,7 +165,7 @@ def test_close_returns_while_a_process_outside_the_group_holds_stdout(tmp_path):
         closer.join(20)  # bounds a failure only; it returns in about 2 s (the readers' join)
         assert not closer.is_alive(), "close() waited for the escaped process"
         log.close()
-        assert "still held open by a process outside codex's group" in (tmp_path / "run.log").read_text()
+        assert "still held open by a process outside the CLI's group" in (tmp_path / "run.log").read_text()
     finally:
         os.kill(int(pidfile.read_text()), signal.SIGKILL)
     # The readers close() left behind end at the escaped process's death; their streams

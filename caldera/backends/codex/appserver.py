@@ -1,58 +1,46 @@
 """The `codex app-server` process and its JSON-RPC channel over stdio.
 
-The process runs in its own process group. A reader thread (`pump_stdout`, named
-codex-stdout) only reads stdout and hands whole-line blocks of bytes to a bounded
+The process and its reader threads are `stdio.StdioProcess`'s (threads codex-stdout,
+codex-stderr). The stdout reader only hands whole-line blocks of bytes to a bounded
 `Channel`; the thread that uses the messages parses them there (`Dispatcher`): run log,
 bounded parse, each response to the request waiting for it, everything else in order
-into the inbox as batches. Another reader (`pump_stderr`, codex-stderr) keeps a bounded
-stderr tail. What the messages mean is the turn logic's (codex.py).
+into the inbox as batches. What the messages mean is the turn logic's (backend.py).
 
 The inbox holds ("batch", [(kind, message), …]) with kind "notification" or "request",
 ("fatal", BackendFailure) and, last, ("eof", None).
 """
 from __future__ import annotations
 
-import collections
-import io
-import json
-import logging
 import queue
-import re
-import signal
-import subprocess
 import threading
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from caldera.backends import failures as fk
 from caldera.backends.codex.deltas import unused_delta
-from caldera.errors import unexpected
-from caldera.host import proc
+from caldera.backends.stdio import (
+    LINE_CAP,
+    Eof,
+    Fatal,
+    Handoff,
+    HandoffItem,
+    StdioProcess,
+    pump_stderr,
+    pump_stdout,
+)
 from caldera.host.jsonlimits import JSONLimitError, line_parser
-from caldera.host.loopguard import LoopGuard
 
 if TYPE_CHECKING:
     from caldera.backends.runlog import RunLog
     from caldera.redact import Redactor
 
-LINE_CAP = 32 * 1024 * 1024  # one stdout line (a huge aggregatedOutput stays well below)
+__all__ = ["LINE_CAP", "AppServer", "Channel", "Dispatcher", "Handoff", "pump_stderr", "pump_stdout"]
 LINE_JSON_MAX = 64 * 1024 * 1024  # one JSON-RPC line; the nesting limit is what matters
-READ_CHUNK = 64 * 1024  # one read of stdout: its whole lines are handled together
 HANDOFF_BLOCKS = 64  # read blocks waiting for the turn loop; then the reader, and through its pipe codex, waits
-HANDOFF_POLL = 0.05  # how often a reader waiting on a full channel looks whether it was closed
-STDERR_KEEP = 64 * 1024
-STDERR_LINE = 64 * 1024
-CLOSE_GRACE = 2.0  # after closing stdin; codex exits at once (docs/performance.md, section 5)
-log = logging.getLogger("caldera.backends")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 Message: TypeAlias = dict[str, Any]  # one JSON-RPC message, as parsed
 Batch: TypeAlias = list[tuple[Literal["notification", "request"], Message]]
-Fatal: TypeAlias = tuple[Literal["fatal"], fk.BackendFailure]
-Eof: TypeAlias = tuple[Literal["eof"], None]
 InboxItem: TypeAlias = tuple[Literal["batch"], Batch] | Fatal | Eof
-HandoffItem: TypeAlias = tuple[Literal["raw"], bytes] | Fatal | Eof
-_EOF: Eof = ("eof", None)
 
 
 @dataclass(slots=True)
@@ -146,29 +134,6 @@ class Dispatcher:
             slot.event.set()  # message stays None: the process is gone
 
 
-class Handoff:
-    """The reader thread's end of a Channel: whole-line blocks of stdout go over as bytes,
-    at most HANDOFF_BLOCKS waiting. A full channel stops the reader, and the pipe then
-    stops codex: memory stays flat however fast codex writes. Once the channel is closed
-    (the run is over, nobody reads) what comes is dropped instead of waited on."""
-
-    def __init__(self, queue_: queue.Queue[HandoffItem], runlog: RunLog | None):
-        self._queue = queue_
-        self.runlog = runlog
-        self.closed = threading.Event()
-
-    def put(self, item: HandoffItem) -> None:
-        while not self.closed.is_set():
-            try:
-                self._queue.put(item, timeout=HANDOFF_POLL)
-                return
-            except queue.Full:
-                continue
-
-    def block(self, data: bytes) -> None:
-        self.put(("raw", data))
-
-
 class Channel:
     """Codex stdout between the reader thread and the turn loop.
 
@@ -224,113 +189,13 @@ class Channel:
         return None
 
 
-def pump_stdout(stream: io.BufferedReader, end: Handoff) -> None:
-    """Reader thread body: stdout in chunks of up to READ_CHUNK bytes, each chunk's whole
-    lines handed over at once, the last line at EOF, then EOF."""
-    parts: list[bytes] = []  # the line being read, in pieces (a long line is not copied per chunk)
-    size = 0
-    try:
-        while True:
-            chunk = stream.read1(READ_CHUNK)
-            if not chunk:
-                break
-            cut = chunk.rfind(b"\n")
-            if cut < 0:
-                parts.append(chunk)
-                size += len(chunk)
-                if size >= LINE_CAP:
-                    end.put(("fatal", fk.BackendFailure(
-                        fk.BACKEND_PROTOCOL_ERROR, f"backend stdout line longer than {LINE_CAP} bytes")))
-                    return
-                continue
-            head = b"".join((*parts, chunk[:cut])) if parts else chunk[:cut]
-            rest = chunk[cut + 1:]
-            parts, size = ([rest], len(rest)) if rest else ([], 0)
-            end.block(head)
-        if parts:
-            end.block(b"".join(parts))  # a last line without its newline
-    except (OSError, ValueError) as exc:  # the pipe was closed under us at shutdown
-        if end.runlog is not None:
-            end.runlog.note(f"stdout reader stopped: {exc}")
-    except Exception as exc:  # noqa: BLE001 -- a bug: the turn ends on it (a skipped block would garble the stream)
-        log.exception("codex stdout reader failed")
-        # By type and place, not message: it becomes the finish's error (caldera.errors.unexpected)
-        reason = f"the runtime's stdout reader failed: {unexpected(exc)}"
-        end.put(("fatal", fk.BackendFailure(fk.BACKEND_FAILED, reason)))
-    finally:
-        end.put(_EOF)
-
-
-def pump_stderr(stream: IO[bytes], tail: collections.deque[str], runlog: RunLog | None) -> None:
-    """Reader thread body: stderr lines, ANSI stripped, into the run log and a bounded tail.
-    It reads to EOF whatever the run log does (a full disk): a reader that stopped would
-    leave codex blocked on a full stderr pipe for the rest of the turn."""
-    size = 0
-    guard = LoopGuard(log, "codex stderr reader: the run log")
-    try:
-        # Whole lines up to STDERR_LINE (a piece of a longer one is a record of its own): each
-        # record is masked alone, so a smaller piece could cut a secret in two.
-        for raw in iter(lambda: stream.readline(STDERR_LINE), b""):
-            text = _ANSI.sub("", raw.decode("utf-8", "replace")).rstrip()
-            if not text:
-                continue
-            tail.append(text)
-            size += len(text)
-            while size > STDERR_KEEP and tail:
-                size -= len(tail.popleft())
-            if runlog is not None:
-                try:
-                    runlog.write("stderr", text)
-                    guard.ok()
-                except Exception as exc:  # noqa: BLE001 -- the line stays in the tail; the pipe keeps draining
-                    guard.failed(exc)
-    except (OSError, ValueError) as exc:
-        if runlog is not None:
-            runlog.note(f"stderr reader stopped: {exc}")
-
-
-class AppServer:
+class AppServer(StdioProcess):
     """One `codex app-server` process and its JSON-RPC channel."""
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str, runlog: RunLog | None, redactor: Redactor):
-        self.argv, self.env, self.cwd = argv, env, cwd
-        self.runlog, self.redactor = runlog, redactor
         self.channel = Channel(runlog)
-        self.stderr_tail: collections.deque[str] = collections.deque()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.threads: list[threading.Thread] = []
+        super().__init__(argv, env, cwd, runlog, redactor, self.channel.reader_end, "codex")
         self._next_id = 1
-        self._write_lock = threading.Lock()
-
-    def start(self) -> None:
-        try:
-            self.proc = subprocess.Popen(
-                self.argv, cwd=self.cwd, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
-        except OSError as exc:
-            raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED,
-                                    f"cannot start {self.argv[0]}: {exc.strerror or exc}") from None
-        for name, target, args in (
-                ("codex-stdout", pump_stdout, (self.proc.stdout, self.channel.reader_end)),
-                ("codex-stderr", pump_stderr, (self.proc.stderr, self.stderr_tail, self.runlog))):
-            thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-            thread.start()
-            self.threads.append(thread)
-
-    def send(self, message: Message) -> bool:
-        line = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
-        if self.runlog is not None:
-            self.runlog.write("c2s", line)
-        stdin = self.proc.stdin if self.proc is not None else None
-        if stdin is None:
-            return False  # never started
-        with self._write_lock:
-            try:
-                stdin.write(line.encode("utf-8") + b"\n")
-                stdin.flush()
-                return True
-            except (BrokenPipeError, ValueError, OSError):
-                return False  # the process is gone; the reader reports EOF
 
     def call(self, method: str, params: Message) -> _Slot:
         """Send a request; its response arrives in the slot (routed while the channel is pumped)."""
@@ -352,57 +217,3 @@ class AppServer:
             message["result"] = result if result is not None else {}
         self.send(message)
 
-    def returncode(self, wait: float = 0.0) -> int | None:
-        if self.proc is None:
-            return None
-        try:
-            return self.proc.wait(timeout=wait) if wait else self.proc.poll()
-        except subprocess.TimeoutExpired:
-            return None
-
-    def stderr_summary(self, lines: int = 3, limit: int = 500, settle: float = 0.0) -> str:
-        """The last stderr lines, redacted; `settle` waits that long for the reader to reach EOF.
-
-        After an early exit, stdout's EOF can be seen before the stderr reader has read the
-        lines that explain it (the two pipes are read by two threads)."""
-        if settle and len(self.threads) > 1:
-            self.threads[1].join(timeout=settle)  # start(): stdout reader, then stderr reader
-        text = " | ".join(list(self.stderr_tail)[-lines:])
-        return self.redactor.text(text)[-limit:]  # masked whole, then cut: no secret cut in two
-
-    def close(self, grace: float = CLOSE_GRACE) -> int | None:
-        """Close stdin (codex exits at once), then TERM -> KILL the whole group if needed."""
-        if self.proc is None:
-            return None
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        except (BrokenPipeError, OSError, ValueError):
-            pass  # already gone
-        self.channel.close()  # a reader waiting on a full channel would keep codex blocked on stdout
-        if self.returncode(grace) is None:
-            self.kill()
-        proc.signal_group(self.proc, signal.SIGKILL)  # agent commands left in the group
-        held = []
-        # self.threads are the stdout and stderr readers, in that order (start()).
-        for thread, stream in zip(self.threads, (self.proc.stdout, self.proc.stderr), strict=False):
-            thread.join(timeout=2.0)
-            if thread.is_alive():
-                # A process outside the group (a command that ran `setsid`) still holds the
-                # pipe: closing the stream would wait on the reader's lock for as long as that
-                # process lives. The daemon thread keeps it; the turn is over regardless.
-                held.append(thread.name)
-            elif stream is not None:
-                stream.close()
-        if held:
-            self.note(f"{', '.join(held)} still held open by a process outside codex's group; left behind")
-        return self.proc.returncode
-
-    def note(self, text: str) -> None:
-        """The runtime's own remark in the run log."""
-        if self.runlog is not None:
-            self.runlog.note(text)
-
-    def kill(self, grace: float = 1.0) -> None:
-        if self.proc is not None:
-            proc.kill_group(self.proc, grace, reap=2.0)

@@ -173,6 +173,10 @@ class CodexBackend(Backend[CodexContext]):
             os.chmod(run_dir, 0o700)
             codex_config.write_codex_home(run_dir / "codex-home", plan, codex_toml)
             (run_dir / "home").mkdir(mode=0o700, exist_ok=True)
+            # A private TMPDIR: nothing of the run lands in the shared /tmp, and CODEX_HOME is then
+            # not "under the temporary dir", where Codex refuses to make the helper a system
+            # bubblewrap needs (codex-notes section 9, gotcha 13).
+            (run_dir / "tmp").mkdir(mode=0o700, exist_ok=True)
         except OSError as exc:
             shutil.rmtree(run_dir, ignore_errors=True)  # it may hold a partial auth.json
             raise fk.BackendFailure(fk.BACKEND_FAILED, f"cannot prepare the run directory: {exc}") from None
@@ -182,7 +186,7 @@ class CodexBackend(Backend[CodexContext]):
         # Only what Codex needs: nothing of the runtime's own environment (its tokens) leaks in.
         env = {"PATH": context.environment.env.get("PATH") or DEFAULT_PATH,
                "HOME": str(context.run_dir / "home"), "LANG": "C.UTF-8",
-               "CODEX_HOME": str(context.run_dir / "codex-home")}
+               "CODEX_HOME": str(context.run_dir / "codex-home"), "TMPDIR": str(context.run_dir / "tmp")}
         if context.environment.env.get("TZ"):
             env["TZ"] = context.environment.env["TZ"]
         env.update(context.plan.env)
