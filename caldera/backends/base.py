@@ -27,7 +27,7 @@ from caldera.backends import failures as fk
 from caldera.backends.events import EVENT_TYPES, EventSink
 
 # also named here (base.capabilities): the daemon imports them from the light registry (see there)
-from caldera.backends.registry import DEFAULT_PROFILE, PROFILES, capabilities
+from caldera.backends.registry import DEFAULT_PROFILE, PROFILES, Refused, capabilities
 
 if TYPE_CHECKING:
     from caldera.redact import Redactor
@@ -131,6 +131,9 @@ def run_turn(backend: Backend[ContextT], run: RunRequest, environment: Environme
         if on_prepared is not None:
             on_prepared(context)
         backend.start_turn(context)
+    except Refused as exc:  # a policy the backend cannot honour: refused, never widened
+        if not sink.done:
+            sink.emit("terminal_status", {"status": "blocked", "failure_kind": None, "message": str(exc)})
     except fk.BackendFailure as exc:
         _fail(sink, exc.kind, exc.message)
     except Exception as exc:

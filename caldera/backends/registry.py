@@ -14,6 +14,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from caldera import config
 from caldera.config import llm_gateway
 
 if TYPE_CHECKING:
@@ -21,7 +22,16 @@ if TYPE_CHECKING:
 
 DEFAULT_PROFILE = "codex"
 # profile name -> "module:Class"; the class is imported only when a run needs it.
-PROFILES = {"codex": "caldera.backends.codex.backend:CodexBackend"}
+PROFILES = {
+    "codex": "caldera.backends.codex.backend:CodexBackend",
+    "claude-code": "caldera.backends.claude_code.backend:ClaudeCodeBackend",
+}
+# profile name -> (its binary variable's reader in config, the program's name on PATH):
+# enough to say whether it is installed without importing it or starting a process.
+BINARIES = {
+    "codex": (config.codex_binary, "codex"),
+    "claude-code": (config.claude_code_binary, "claude"),
+}
 
 
 class Refused(Exception):
@@ -35,12 +45,26 @@ def gateway_settings(environ: Mapping[str, str]) -> dict[str, Any] | None:
     return found
 
 
+def installed(profile: str, env: Mapping[str, str]) -> bool:
+    """Whether the profile's CLI is there: its variable names an executable, or its program
+    is on PATH (a light look: `caldera backends` and each run look closer)."""
+    variable, program = BINARIES.get(profile, (None, profile))
+    explicit = variable(env) if variable is not None else None
+    if explicit:
+        return os.access(explicit, os.X_OK)
+    import shutil  # here: a daemon that never registers a backend never needs it
+
+    return shutil.which(program, path=env.get("PATH") or os.defpath) is not None
+
+
 def capabilities(env: Mapping[str, str] | None = None) -> list[str]:
-    """Capability strings for `register.capabilities` (cheap: no process is started)."""
+    """Capability strings for `register.capabilities` (cheap: no process is started):
+    `backend.<profile>` for each profile whose CLI is installed."""
     env = os.environ if env is None else env
     caps = ["agent.run", "agent.interrupt"]
     for name in PROFILES:
-        caps.append(f"backend.{name}")
+        if installed(name, env):
+            caps.append(f"backend.{name}")
 
     if gateway_settings(env) is not None:
         caps.append("llm.gateway")
