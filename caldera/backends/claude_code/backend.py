@@ -232,7 +232,7 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
     def _dispatch(self, context: ClaudeContext, process: StdioProcess, msg: Message) -> Message | None:
         kind = msg.get("type")
         if kind == "control_response":
-            response = msg.get("response") if isinstance(msg.get("response"), dict) else {}
+            response = _obj(msg.get("response"))
             if response.get("request_id") == "init_1" and not context.initialised:
                 context.initialised = True
                 context.sink.emit("backend_status", {"phase": "ready", "subtype": response.get("subtype")})
@@ -244,13 +244,13 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
 
     def _answer(self, context: ClaudeContext, process: StdioProcess, msg: Message) -> None:
         """The CLI asks: a permission is declined (the policy is never widened), the rest refused."""
-        request = msg.get("request") if isinstance(msg.get("request"), dict) else {}
+        request = _obj(msg.get("request"))
         rid = msg.get("request_id")
         if request.get("subtype") == "can_use_tool":
             decision = {"behavior": "deny", "message": "the execution policy allows no approvals in unattended runs"}
             process.send({"type": "control_response",
                           "response": {"subtype": "success", "request_id": rid, "response": decision}})
-            tool_input = request.get("input") if isinstance(request.get("input"), dict) else {}
+            tool_input = _obj(request.get("input"))
             context.sink.emit("tool_call", {
                 "item_id": request.get("tool_use_id"), "tool": "approval", "status": "declined",
                 "request": request.get("tool_name"),
@@ -356,6 +356,10 @@ class Lines:
             raise fk.BackendFailure(fk.BACKEND_PROTOCOL_ERROR,
                                     "Claude Code sent a JSON line that is not an object with a type")
         return msg
+
+
+def _obj(value: Any) -> Message:
+    return value if isinstance(value, dict) else {}
 
 
 def _version(binary: str) -> str | None:

@@ -156,7 +156,8 @@ class Normalizer:
 
     def _tool_summary(self, block: Message, status: str) -> Message:
         name = str(block.get("name") or "")
-        args = block.get("input") if isinstance(block.get("input"), dict) else {}
+        raw = block.get("input")
+        args: Message = raw if isinstance(raw, dict) else {}
         data: Message = {"item_id": block.get("id"), "tool": TOOL_KINDS.get(name, name.lower() or "tool"),
                          "name": name, "status": status}
         if name == "Bash":

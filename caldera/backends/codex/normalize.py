@@ -197,7 +197,7 @@ class Normalizer:
             self.sink.diff(self.diff)
         if status == "failed" and not self.error_emitted:
             self.emit_error(kind or fk.BACKEND_FAILED, self.last_error if kind is None else None, message)
-        data = {"status": status, "failure_kind": kind if status != "completed" else None}
+        data: dict[str, Any] = {"status": status, "failure_kind": kind if status != "completed" else None}
         if message and status != "completed":
             data["message"] = message
         if self.usage:
