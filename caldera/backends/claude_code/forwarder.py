@@ -144,7 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not fwd.authorised(self.headers):
             return self._error(401, "authentication_error", "caldera forwarder: not this run's token")
         path = urllib.parse.urlsplit(self.path).path
-        if path not in PATHS:
+        if not self.path.startswith("/") or path not in PATHS:  # origin-form only: never another host
             return self._error(404, "not_found_error", "caldera forwarder: only POST /v1/messages is forwarded")
         if self.headers.get("transfer-encoding"):
             return self._error(411, "invalid_request_error", "caldera forwarder: a Content-Length is required")
