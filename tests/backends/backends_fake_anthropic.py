@@ -7,12 +7,14 @@ entry repeats). Entries:
     {"status": 429, "body": {...}, "headers": {}} an HTTP error
     {"cut": True}                                 message_start and half a text, then the connection drops
     {"stall": 30}                                 headers and message_start, then silence for N seconds
-Every request is recorded (path, headers, body text) for the leak checks.
+Every request is recorded (path, headers, body text) for the leak checks. With `tls` (an
+SSLContext holding a certificate) it speaks HTTPS on the same port.
 """
 from __future__ import annotations
 
 import json
 import socket
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -123,7 +125,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class FakeAnthropic:
-    def __init__(self, script: list[dict]):
+    def __init__(self, script: list[dict], tls: ssl.SSLContext | None = None):
         self.script = list(script)
         self.requests: list[dict] = []
         self.lock = threading.Lock()
@@ -131,12 +133,15 @@ class FakeAnthropic:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.httpd.daemon_threads = True
         self.httpd.provider = self
+        self.scheme = "https" if tls is not None else "http"
+        if tls is not None:  # HTTPS on the same port (the proxy tests)
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                        daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        return f"{self.scheme}://127.0.0.1:{self.httpd.server_address[1]}"
 
     def record(self, handler, body: bytes):
         with self.lock:

@@ -1,14 +1,21 @@
 """What the Claude Code backend adds to the contract suite, with the real CLI: the
 execution policy enforced by its sandbox (no write outside the workspace, none at all
 read-only, no network), the workspace diff, and the refusal of a policy the host cannot
-honour. Skips like the contract suite (CALDERA_REQUIRE_CLAUDE_CODE=1 makes it fail)."""
+honour, and the provider reached through HTTPS_PROXY. Skips like the contract suite
+(CALDERA_REQUIRE_CLAUDE_CODE=1 makes it fail)."""
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import ssl
 import uuid
+from pathlib import Path
 
 import pytest
-from backends_drivers import DRIVERS
+from backends_drivers import CANARY, DRIVERS
+from backends_fake_anthropic import FakeAnthropic
+from backends_proxy import ConnectProxy, tls_certificate
 from test_backends_contract import Turn
 
 DRIVER = DRIVERS["claude-code"]
@@ -65,3 +72,37 @@ def test_network_true_is_refused_unless_the_caps_allow_it_and_missing_sandbox_re
     turn = Turn(DRIVER, tmp_path / "b", [DRIVER.text("never")], extra_env={"PATH": str(empty)})
     assert turn.terminal["status"] == "blocked" and "bubblewrap" in turn.terminal["message"], turn.events
     assert turn.requests == []
+
+
+class _Proxied(type(DRIVER)):
+    """The Claude Code driver with its provider on HTTPS as `provider.test` (reached only
+    through the proxy's tunnel) instead of plain http on loopback."""
+
+    def __init__(self, provider):
+        self.running = provider
+
+    def provider(self, script):
+        return contextlib.nullcontext(self.running)
+
+    def projection(self, root, provider_url, key):
+        return super().projection(root, "https://provider.test", key)
+
+
+def test_the_forwarder_reaches_the_provider_through_https_proxy(tmp_path, monkeypatch):
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    cert, key = tls_certificate(tmp_path, "provider.test")
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    with FakeAnthropic([DRIVER.text("through the proxy")], tls=server) as provider, \
+            ConnectProxy(provider.httpd.server_address[1]) as proxy:
+        monkeypatch.setenv("HTTPS_PROXY", proxy.url.replace("http://", "http://squid:proxy-Passw0rd@"))
+        turn = Turn(_Proxied(provider), tmp_path, [])
+    assert turn.terminal["status"] == "completed", turn.events
+    assert [m["text"] for m in turn.of("assistant_message")] == ["through the proxy"]
+    assert [target for target, _ in proxy.connects] == ["provider.test:443"]
+    assert turn.of("backend_status")[0]["proxy"] == f"127.0.0.1:{proxy.httpd.server_address[1]}"
+    assert provider.posts[0]["headers"]["x-api-key"] == CANARY
+    turn.assert_no_leak()
+    assert "proxy-Passw0rd" not in json.dumps(turn.events) + Path(turn.result["log"]).read_text()

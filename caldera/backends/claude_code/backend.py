@@ -130,6 +130,7 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
         sink.emit("backend_status", {
             "phase": "starting", "backend": cc.PROFILE, "profile": run.backend_profile, "binary": binary,
             "provider": "anthropic", "model": plan.model, "base_url": plan.upstream, "provider_source": "projection",
+            "proxy": plan.proxy.shown if plan.proxy is not None else None,
             "policy": run.policy.as_dict(), "settings_dropped": plan.dropped or None})
         if not binary:
             raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED,
@@ -179,7 +180,7 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
     def start_turn(self, context: ClaudeContext) -> None:
         runlog = context.sink.runlog
         forwarder = Forwarder(context.plan.upstream, context.plan.key_var, context.plan.key, context.plan.run_token,
-                              note=(runlog.note if runlog is not None else lambda text: None))
+                              note=(runlog.note if runlog is not None else lambda text: None), proxy=context.plan.proxy)
         context.forwarder = forwarder
         url = forwarder.start()
         context.snapshot = Snapshot.take(context.run.workspace)

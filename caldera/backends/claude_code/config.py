@@ -11,6 +11,7 @@ are kept (the rest would widen the policy or run commands outside the sandbox).
 """
 from __future__ import annotations
 
+import base64
 import ipaddress
 import secrets
 import urllib.parse
@@ -54,6 +55,7 @@ class ClaudePlan:
     settings: dict[str, Any] = field(default_factory=dict)  # the projection's kept settings
     dropped: list[str] = field(default_factory=list)  # settings keys not kept (names only)
     secret_values: list[str] = field(default_factory=list)
+    proxy: Proxy | None = None  # the HTTPS_PROXY the forwarder tunnels through (upstream_proxy)
     run_token: str = field(default_factory=lambda: "caldera-run-" + secrets.token_urlsafe(32))
 
 
@@ -80,9 +82,11 @@ def plan_provider(projection: Projection, environ: Mapping[str, str], model: str
     settings, dropped, setting_secrets = _settings(raw_settings, projection.label)
     chosen = model or env.get("ANTHROPIC_MODEL") or (settings.get("model") if isinstance(settings.get("model"), str)
                                                      else None)
+    proxy = upstream_proxy(upstream)
+    secret_values += setting_secrets + list(proxy.secrets if proxy else ())
     return ClaudePlan(key_var=key_var, key=env[key_var], upstream=upstream, model=chosen,
                       env={n: v for n, v in env.items() if n in MODEL_VARS}, settings=settings,
-                      dropped=dropped, secret_values=secret_values + setting_secrets)
+                      dropped=dropped, secret_values=secret_values, proxy=proxy)
 
 
 def check_base_url(url: str, label: str) -> str:
@@ -96,19 +100,66 @@ def check_base_url(url: str, label: str) -> str:
                                              "put the key in env/ANTHROPIC_API_KEY")
     if parts.query or parts.fragment:
         raise BackendFailure(BACKEND_FAILED, f"{label}: a query or fragment is not accepted")
-    if parts.scheme == "http" and not _loopback(parts.hostname):
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
         raise BackendFailure(BACKEND_FAILED, f"{label}: plain http is accepted only to a loopback address "
                                              "(the key would cross the network in clear)")
     return url.rstrip("/")
 
 
-def _loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """The HTTP proxy the forwarder tunnels the provider's requests through (CONNECT)."""
+    host: str
+    port: int
+    authorization: str | None = None  # the Proxy-Authorization value from the URL's credentials
+    secrets: tuple[str, ...] = ()  # the URL's password and the header: for the Redactor
+
+    @property
+    def shown(self) -> str:
+        """host:port, never the credentials (for events)."""
+        return f"{self.host}:{self.port}"
+
+
+def upstream_proxy(upstream: str) -> Proxy | None:
+    """The proxy `requests` would use for the upstream URL: HTTPS_PROXY (https_proxy first),
+    ALL_PROXY, NO_PROXY, from the runtime's process environment, read by requests' own
+    functions (SPEC section 3: proxies are honoured as everywhere). One exception: a
+    loopback upstream (the only one plain http may use) is always reached directly, as
+    Go's clients do: a proxy elsewhere cannot reach this host's loopback, and the key would
+    cross the network in clear. Only an http:// proxy is supported (CONNECT over plain
+    HTTP, like requests with urllib3 1.26); an https:// or socks one is refused with a
+    sentence rather than bypassed."""
+    parts = urllib.parse.urlsplit(upstream)
+    if parts.scheme != "https" or not parts.hostname or is_loopback(parts.hostname):
+        return None
+    import requests.utils  # here: only a Claude Code run reads proxies this way
+
+    found = requests.utils.select_proxy(upstream, requests.utils.get_environ_proxies(upstream))
+    if not found:
+        return None
+    url = urllib.parse.urlsplit(requests.utils.prepend_scheme_if_needed(found, "http"))
+    if url.scheme != "http" or not url.hostname:
+        raise BackendFailure(BACKEND_FAILED, (
+            f"the proxy for {parts.hostname} ({url.scheme or 'no scheme'}://{url.hostname or ''}) is not supported: "
+            "the Claude Code forwarder reaches the provider through an http:// proxy (HTTPS_PROXY) only"))
+    try:
+        port = url.port or 80
+    except ValueError:
+        raise BackendFailure(BACKEND_FAILED, f"the proxy for {parts.hostname} has an invalid port") from None
+    user, password = requests.utils.get_auth_from_url(found)
+    if not user and not password:
+        return Proxy(url.hostname, port)
+    header = "Basic " + base64.b64encode(f"{user}:{password}".encode("latin-1", "replace")).decode()
+    return Proxy(url.hostname, port, header, tuple(s for s in (password, header, header[6:]) if s))
 
 
 def _settings(raw: bytes | None, label: str) -> tuple[dict[str, Any], list[str], list[str]]:

@@ -24,7 +24,10 @@ import threading
 import urllib.parse
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from caldera.backends.claude_code.config import Proxy
 
 log = logging.getLogger("caldera.backends")
 
@@ -43,8 +46,9 @@ class Forwarder:
     """start() -> url; close() ends the listener and every request still going."""
 
     def __init__(self, upstream: str, key_var: str, key: str, token: str, note: Callable[[str], None],
-                 timeout: float = UPSTREAM_TIMEOUT):
+                 timeout: float = UPSTREAM_TIMEOUT, proxy: Proxy | None = None):
         parts = urllib.parse.urlsplit(upstream)
+        self.proxy = proxy  # config.upstream_proxy: the HTTPS_PROXY requests would use, or None
         self.scheme, self.host = parts.scheme, parts.hostname or ""
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.base_path = parts.path.rstrip("/")
@@ -94,12 +98,20 @@ class Forwarder:
         return hmac.compare_digest(offered.strip().encode(), self.token)
 
     def connect(self) -> http.client.HTTPConnection:
+        """A connection to the provider (not yet opened): TLS verified for the provider's own
+        name, through the proxy's CONNECT tunnel when there is one (the proxy sees the host
+        and port, never the key: it travels inside the tunnel's TLS)."""
         conn: http.client.HTTPConnection
-        if self.scheme == "https":
+        if self.scheme == "https" and self.proxy is not None:
+            conn = http.client.HTTPSConnection(self.proxy.host, self.proxy.port, timeout=self.timeout,
+                                               context=ssl.create_default_context(), blocksize=CHUNK)
+            auth = self.proxy.authorization
+            conn.set_tunnel(self.host, self.port, headers={"Proxy-Authorization": auth} if auth else None)
+        elif self.scheme == "https":
             conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout,
-                                               context=ssl.create_default_context())
-        else:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+                                               context=ssl.create_default_context(), blocksize=CHUNK)
+        else:  # plain http: a loopback provider (config.check_base_url), never through a proxy
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout, blocksize=CHUNK)
         with self._lock:
             if self._closed:
                 raise OSError("the run is over")
@@ -157,24 +169,30 @@ class _Handler(BaseHTTPRequestHandler):
         if not fwd.slots.acquire(blocking=False):
             return self._error(503, "overloaded_error", "caldera forwarder: too many requests at once")
         try:
-            self._forward(fwd, self.rfile.read(length))
+            self._forward(fwd, _Body(self.rfile, length), length)
         finally:
             fwd.slots.release()
 
-    def _forward(self, fwd: Forwarder, body: bytes) -> None:
+    def _forward(self, fwd: Forwarder, body: _Body, length: int) -> None:
+        """The request upstream, its body streamed through in CHUNK reads (a long
+        conversation's request is never held whole), and the answer relayed."""
         fwd.requests += 1
         try:
             conn = fwd.connect()
         except OSError as exc:
+            self.close_connection = True  # the body was not read
             return self._error(502, "api_error", f"caldera forwarder: {exc}")
         try:
             try:
-                conn.request("POST", fwd.base_path + self.path, body, fwd.upstream_headers(self.headers, len(body)))
+                conn.request("POST", fwd.base_path + self.path, body, fwd.upstream_headers(self.headers, length))
                 answer = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
-                reason = getattr(exc, "strerror", None) or type(exc).__name__
-                fwd.note(f"forwarder: the provider cannot be reached: {reason}")
-                return self._error(502, "api_error", f"caldera forwarder: the provider cannot be reached ({reason})")
+                reason = (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__)[:200]
+                via = f" through the proxy {fwd.proxy.shown}" if fwd.proxy is not None else ""
+                fwd.note(f"forwarder: the provider cannot be reached{via}: {reason}")
+                self.close_connection = True  # the body may be half read
+                return self._error(502, "api_error",
+                                   f"caldera forwarder: the provider cannot be reached{via} ({reason})")
             self._relay(answer)
         finally:
             fwd.release(conn)
@@ -214,6 +232,23 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+
+class _Body:
+    """The CLI's request body as a stream of exactly `length` bytes for http.client (which
+    reads it in `blocksize` pieces); a body cut short is an error, never a short request."""
+
+    def __init__(self, stream: Any, length: int):
+        self.stream, self.left = stream, length
+
+    def read(self, size: int = -1) -> bytes:
+        if self.left <= 0:
+            return b""
+        data = self.stream.read(self.left if size < 0 else min(size, self.left))
+        if not data:
+            raise OSError("the CLI's request body ended early")
+        self.left -= len(data)
+        return data
 
 
 def _capped(value: str, cap: int) -> str:
