@@ -183,3 +183,22 @@ def test_a_long_request_body_is_streamed_upstream_whole(no_proxies):
             fwd.close()
     assert answer.status == 200 and again.status == 200
     assert provider.posts[0]["body"].encode() == body
+
+
+def test_a_failing_request_is_named_in_the_run_log_and_never_printed_with_what_it_failed_on(capfd):
+    # A key http.client refuses as a header value: its ValueError quotes the value whole.
+    # (plan_provider refuses such a key before any run; this is the forwarder's own guard.)
+    bad_key = KEY + "\nsecond-line"
+    notes: list[str] = []
+    with FakeAnthropic([{"text": "never"}]) as provider:
+        fwd = Forwarder(provider.url, "ANTHROPIC_API_KEY", bad_key, TOKEN, note=notes.append)
+        url = fwd.start()
+        try:
+            with pytest.raises((http.client.HTTPException, OSError)):
+                _post(url)  # the connection drops: the CLI reports the provider unavailable
+        finally:
+            fwd.close()
+    printed = capfd.readouterr()
+    assert KEY not in printed.err + printed.out
+    assert notes and notes[-1].startswith("forwarder: a request failed: ValueError at ") and KEY not in notes[-1]
+    assert provider.requests == []

@@ -78,6 +78,11 @@ def plan_provider(projection: Projection, environ: Mapping[str, str], model: str
             f"(or env/ANTHROPIC_AUTH_TOKEN) is missing{gateway}"))
     if not env[key_var]:
         raise BackendFailure(SECRET_UNAVAILABLE, f"{projection.label}/env/{key_var} is empty")
+    if not _header_safe(env[key_var]):
+        # It becomes a header value: http.client would refuse it with an error quoting it whole.
+        raise BackendFailure(SECRET_UNAVAILABLE, (
+            f"{projection.label}/env/{key_var} is not one line of printable characters "
+            "(a line break, a control character or non-ASCII text inside)"))
     upstream = check_base_url(env.get(BASE_URL_VAR) or DEFAULT_BASE_URL, f"{projection.label}/env/{BASE_URL_VAR}")
     settings, dropped, setting_secrets = _settings(raw_settings, projection.label)
     chosen = model or env.get("ANTHROPIC_MODEL") or (settings.get("model") if isinstance(settings.get("model"), str)
@@ -87,6 +92,10 @@ def plan_provider(projection: Projection, environ: Mapping[str, str], model: str
     return ClaudePlan(key_var=key_var, key=env[key_var], upstream=upstream, model=chosen,
                       env={n: v for n, v in env.items() if n in MODEL_VARS}, settings=settings,
                       dropped=dropped, secret_values=secret_values, proxy=proxy)
+
+
+def _header_safe(value: str) -> bool:
+    return value.isascii() and value.isprintable() and value == value.strip()
 
 
 def check_base_url(url: str, label: str) -> str:

@@ -20,11 +20,14 @@ import json
 import logging
 import socket
 import ssl
+import sys
 import threading
 import urllib.parse
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
+
+from caldera.errors import unexpected
 
 if TYPE_CHECKING:
     from caldera.backends.claude_code.config import Proxy
@@ -135,6 +138,16 @@ class Forwarder:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     forwarder: Forwarder
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A bug in a handler: named by type and place in the run log, never printed.
+
+        socketserver's own handle_error prints the traceback to stderr (the daemon's journal),
+        and an exception's message can quote what it failed on: a header holding the key."""
+        exc = sys.exc_info()[1]
+        reason = unexpected(exc) if exc is not None else "unknown"
+        self.forwarder.note(f"forwarder: a request failed: {reason}")
+        log.warning("claude forwarder: a request failed: %s", reason)
 
 
 class _Handler(BaseHTTPRequestHandler):
