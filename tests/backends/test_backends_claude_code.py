@@ -44,6 +44,7 @@ def test_workspace_write_writes_only_in_the_workspace_and_reaches_no_network(tmp
     assert "Read-only file system" in output["output"] and "CONNECTED" not in output["output"], output
     assert not os.path.exists(outside)
     assert (turn.workspace / "inside.txt").read_text() == "inside\n"
+    assert os.listdir(turn.workspace) == ["inside.txt"]  # nothing of the CLI's sandbox (.claude/.cc-writes)
     [diff] = turn.of("diff")  # from the workspace after the turn
     assert "+++ b/inside.txt" in diff["diff"] and "+inside" in diff["diff"]
     turn.assert_no_leak()

@@ -4,7 +4,8 @@ One suite, parametrised by the drivers of backends_drivers.py (Codex, Claude Cod
 backend joins with one driver). Each scenario plants a canary key in the projection: it
 must reach the provider (the key is used) and nothing else: events, finish result, run log
 (the CLI's stderr included), what the model was sent (so the agent's own commands never
-saw it) and the run directory, which must be gone.
+saw it), and nothing may be left: the run directory and any private TMPDIR gone, no
+process holding the run's HOME (after a timeout and an interrupt too).
 
 A driver whose CLI is missing skips, unless its CALDERA_REQUIRE_<BACKEND>=1 (CI sets it):
 then the missing CLI fails the suite.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -84,11 +86,38 @@ class Turn:
         return [e["data"] for e in self.events if e["type"] == kind]
 
     def assert_no_leak(self) -> None:
-        text = "\n".join([json.dumps(self.events), json.dumps(self.result), Path(self.result["log"]).read_text()])
+        log = Path(self.result["log"]).read_text()
+        text = "\n".join([json.dumps(self.events), json.dumps(self.result), log])
         assert CANARY not in text
         for req in self.requests:
             assert CANARY not in req["body"]  # the model never saw it: no command of the agent printed it
-        assert not Path(self.environment.runs_dir, "run-1").exists()  # HOME, config: removed
+        self.assert_nothing_left(log)
+
+    def assert_nothing_left(self, log: str) -> None:
+        """The run's private dirs are gone and no process of the run is left: none has the
+        run dir in its environment (each CLI's HOME is in it, and every process it starts,
+        the agent's commands included, inherits that HOME)."""
+        run_dir = Path(self.environment.runs_dir, "run-1")
+        assert not run_dir.exists()  # HOME, config: removed
+        for tmp in re.findall(r"TMPDIR (/\S+)", log):  # a private TMPDIR outside the run dir
+            assert not Path(tmp).exists(), tmp
+        assert processes_holding(str(run_dir)) == []
+
+
+def processes_holding(marker: str) -> list[str]:
+    """The command lines of live processes whose environment or command line holds `marker`."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as env, open(f"/proc/{pid}/cmdline", "rb") as cmd:
+                environ, cmdline = env.read(), cmd.read()
+        except OSError:
+            continue  # gone, or not ours to read
+        if marker.encode() in environ or marker.encode() in cmdline:
+            found.append(cmdline.replace(b"\0", b" ").decode("utf-8", "replace"))
+    return found
 
 
 def test_text_turn(driver, tmp_path):
@@ -169,11 +198,14 @@ def test_output_missing_a_field_is_response_invalid(driver, tmp_path):
     assert turn.terminal["failure_kind"] == fk.BACKEND_RESPONSE_INVALID, turn.events
 
 
-def test_policy_timeout_on_a_stalled_provider(driver, tmp_path):
-    turn = Turn(driver, tmp_path, [{"stall": 30}], timeout_seconds=2)
+def test_policy_timeout_during_a_long_command_leaves_no_process(driver, tmp_path):
+    sleeper = "python3 -c 'import time; time.sleep(31.4159)'"
+    turn = Turn(driver, tmp_path, [driver.command(sleeper), driver.text("never")], timeout_seconds=2)
     data = turn.terminal
     assert data["status"] == "failed" and data["failure_kind"] == fk.BACKEND_TIMEOUT, turn.events
     assert any(s["phase"] == "interrupting" for s in turn.of("backend_status"))
+    assert [t["status"] for t in turn.of("tool_call")][:1] == ["started"]  # the command was running
+    assert processes_holding("31.4159") == []  # the agent's command is gone with the CLI
     turn.assert_no_leak()
 
 

@@ -46,6 +46,10 @@ TIMEOUT_GRACE = 2.0
 POLL = 0.05
 STDERR_SETTLE = 2.0
 HANDOFF_BLOCKS = 64
+# Directories the CLI's sandbox creates in the workspace for its own bookkeeping (measured,
+# 2.1.332: `.claude/.cc-writes/`, empty after the run), innermost first: removed after the
+# run when they were not there before it and are empty (nothing of the agent's is touched).
+CLI_WORKSPACE_DIRS = (".claude/.cc-writes", ".claude")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 PACKAGES = {"x86_64": "claude-code-linux-x64", "aarch64": "claude-code-linux-arm64"}
 Message = dict[str, Any]
@@ -93,6 +97,7 @@ class ClaudeContext:
     snapshot: Snapshot | None = None
     reason: str | None = None  # "cancelled" | "timeout" once we stop the turn
     stop_sent_at: float = 0.0
+    cli_dirs: list[Path] = field(default_factory=list)  # CLI_WORKSPACE_DIRS absent before the run
     initialised: bool = False
     started: float = field(default_factory=time.monotonic)
 
@@ -184,12 +189,15 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
         context.forwarder = forwarder
         url = forwarder.start()
         context.snapshot = Snapshot.take(context.run.workspace)
+        context.cli_dirs = [path for path in (Path(context.run.workspace, rel) for rel in CLI_WORKSPACE_DIRS)
+                            if not os.path.lexists(path)]
         handoff: queue.Queue[HandoffItem] = queue.Queue(HANDOFF_BLOCKS)
         settings = str(context.run_dir / "home" / ".claude" / "settings.json")
         process = StdioProcess(cc.argv(context.binary, context.run.policy, settings, context.plan.model),
                                self._process_env(context, url), context.run.workspace, runlog,
                                context.environment.redactor, Handoff(handoff, runlog), "claude")
         context.process = process
+        process.note(f"private HOME {context.run_dir / 'home'} and TMPDIR {context.tmp_dir} (removed after the run)")
         process.start()
         process.send({"type": "control_request", "request_id": "init_1", "request": {"subtype": "initialize"}})
         process.send({"type": "user", "session_id": "", "parent_tool_use_id": None,
@@ -327,6 +335,7 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
                 shutil.rmtree(path, ignore_errors=True)
                 if path.exists() and context.sink.runlog is not None:
                     context.sink.runlog.note(f"could not remove {path}")
+            _remove_empty_dirs(context.cli_dirs)
         return context.sink.terminal_data()
 
 
@@ -357,6 +366,17 @@ class Lines:
             raise fk.BackendFailure(fk.BACKEND_PROTOCOL_ERROR,
                                     "Claude Code sent a JSON line that is not an object with a type")
         return msg
+
+
+def _remove_empty_dirs(paths: list[Path]) -> None:
+    """rmdir each (innermost first): only an empty real directory goes, never a file, a
+    symlink or anything the agent left in it."""
+    for path in paths:
+        try:
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+        except OSError:
+            pass  # not empty (the agent's files), or gone: left as it is
 
 
 def _obj(value: Any) -> Message:
