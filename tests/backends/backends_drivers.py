@@ -41,6 +41,8 @@ class Driver(Protocol):
     def key_seen(self, request: dict) -> str | None: ...
     def stdout_binary(self, tmp: Path, lines: list[str]) -> str: ...
 
+    def check_command_env(self, printed: str) -> None: ...  # what `env` printed in a command of the agent
+
     invalid_line: str  # a JSON line that lacks a field the protocol requires
     caps_retry_after: bool  # whether a provider's long Retry-After is shortened (else the test sends none)
 
@@ -97,6 +99,10 @@ class CodexDriver:
     def stdout_binary(self, tmp: Path, lines: list[str]) -> str:
         return printing_binary(tmp, "codex", lines)
 
+    def check_command_env(self, printed: str) -> None:
+        # shell_environment_policy.exclude: not even the variable's name reaches the command
+        assert "FAKE_PROVIDER_API_KEY" not in printed and "PATH=" in printed, printed[-2000:]
+
 
 class ClaudeCodeDriver:
     profile = "claude-code"
@@ -135,6 +141,12 @@ class ClaudeCodeDriver:
 
     def stdout_binary(self, tmp: Path, lines: list[str]) -> str:
         return printing_binary(tmp, "claude", lines)
+
+    def check_command_env(self, printed: str) -> None:
+        # The CLI's environment is the command's: it holds the run's token, worthless outside
+        # the run's forwarder, and a loopback URL in place of the provider's.
+        assert "ANTHROPIC_API_KEY=caldera-run-" in printed, printed[-2000:]
+        assert "ANTHROPIC_BASE_URL=http://127.0.0.1:" in printed
 
 
 DRIVERS: dict[str, Driver] = {"codex": CodexDriver(), "claude-code": ClaudeCodeDriver()}

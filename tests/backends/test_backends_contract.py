@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -139,7 +141,33 @@ def test_tool_turn_runs_a_command_and_its_environment_holds_no_key(driver, tmp_p
     assert any(t["tool"] == "command" for t in turn.of("tool_call"))
     assert [m["text"] for m in turn.of("assistant_message")] == ["done"]
     assert len(turn.posts) == 2 and "from-the-agent" in turn.posts[1]["body"]  # the output went back
+    driver.check_command_env(turn.posts[1]["body"])  # what `env` printed, as the model got it
     turn.assert_no_leak()
+
+
+def test_caldera_turn_prints_no_secret(driver, tmp_path):
+    """`caldera turn --json` (the CLI front): the agent's command prints its environment and
+    the model's answer quotes the key; neither stdout nor stderr nor the run log holds it."""
+    script = [driver.command("env; echo from-the-agent"), driver.text(f"I will not say {CANARY}")]
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with driver.provider(script) as provider:
+        secrets = driver.projection(tmp_path, provider.url, CANARY)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+               "CALDERA_CONFIG_DIR": str(tmp_path / "no-config"), "CALDERA_STATE_DIR": str(tmp_path / "no-state")}
+        env.update(driver.env(driver.binary()))
+        proc = subprocess.run(
+            [sys.executable, "-m", "caldera.cli", "turn", "--backend", driver.profile, "--workspace", str(workspace),
+             "--secrets", str(secrets), "--state-dir", str(tmp_path / "state"), "--json", "Run env"],
+            env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert events[-1]["type"] == "terminal_status" and events[-1]["data"]["status"] == "completed", events
+    assert [e["data"]["text"] for e in events if e["type"] == "assistant_message"] == ["I will not say [REDACTED]"]
+    assert "from-the-agent" in json.dumps(events)
+    [log] = (tmp_path / "state" / "logs").glob("run-*.log")
+    assert CANARY not in proc.stdout + proc.stderr + log.read_text()
+    assert not any((tmp_path / "state" / "runs").iterdir())
 
 
 @pytest.mark.parametrize("entry,kind", [
