@@ -2,8 +2,9 @@
 
 `FakeAnthropic(script)` answers the n-th `POST /v1/messages` with `script[n]` (the last
 entry repeats). Entries:
-    {"text": "..."}                               an assistant message, streamed as SSE deltas
-    {"tool": "Bash", "input": {...}}              a tool_use block (stop_reason tool_use)
+    {"text": "...", "delta": 16}                  an assistant message, streamed as SSE deltas
+    {"tool": "Bash", "input": {...}}              a tool_use block (stop_reason tool_use), after
+                                                  the text block when the entry has both
     {"status": 429, "body": {...}, "headers": {}} an HTTP error
     {"cut": True}                                 message_start and half a text, then the connection drops
     {"stall": 30}                                 headers and message_start, then silence for N seconds
@@ -37,21 +38,25 @@ def _start(n: int, model: str) -> bytes:
 
 
 def message_events(entry: dict, n: int, model: str) -> list[bytes]:
+    """A text block (in deltas of entry["delta"] characters, 16 by default), a tool_use
+    block, or both in that order."""
     out = [_start(n, model)]
+    index = 0
     if "text" in entry:
-        text = entry["text"]
-        out.append(_sse("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}))
-        for i in range(0, max(len(text), 1), 16):
-            delta = {"type": "text_delta", "text": text[i:i + 16]}
-            out.append(_sse("content_block_delta", {"index": 0, "delta": delta}))
-        stop = "end_turn"
-    else:
-        out.append(_sse("content_block_start", {"index": 0, "content_block": {
+        text, size = entry["text"], entry.get("delta", 16)
+        out.append(_sse("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}}))
+        for i in range(0, max(len(text), 1), size):
+            delta = {"type": "text_delta", "text": text[i:i + size]}
+            out.append(_sse("content_block_delta", {"index": index, "delta": delta}))
+        out.append(_sse("content_block_stop", {"index": index}))
+        index += 1
+    if "tool" in entry:
+        out.append(_sse("content_block_start", {"index": index, "content_block": {
             "type": "tool_use", "id": f"toolu_{n}", "name": entry["tool"], "input": {}}}))
-        out.append(_sse("content_block_delta", {"index": 0, "delta": {
+        out.append(_sse("content_block_delta", {"index": index, "delta": {
             "type": "input_json_delta", "partial_json": json.dumps(entry.get("input", {}))}}))
-        stop = "tool_use"
-    out.append(_sse("content_block_stop", {"index": 0}))
+        out.append(_sse("content_block_stop", {"index": index}))
+    stop = "tool_use" if "tool" in entry else "end_turn"
     out.append(_sse("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": None},
                                       "usage": {"output_tokens": 5}}))
     out.append(_sse("message_stop", {}))

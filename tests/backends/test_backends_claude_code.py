@@ -1,6 +1,7 @@
 """What the Claude Code backend adds to the contract suite, with the real CLI: the
-execution policy enforced by its sandbox (no write outside the workspace, none at all
-read-only, no network), the workspace diff, and the refusal of a policy the host cannot
+execution policy enforced by its sandbox and permission modes (no write outside the
+workspace, none at all read-only, no network; what would ask is denied, or declined when
+asked of the runtime), the workspace diff, and the refusal of a policy the host cannot
 honour, and the provider reached through HTTPS_PROXY. Skips like the contract suite
 (CALDERA_REQUIRE_CLAUDE_CODE=1 makes it fail)."""
 from __future__ import annotations
@@ -36,25 +37,43 @@ def _probe(outside: str) -> str:
             "socket.create_connection((p.hostname, p.port), timeout=3); print(\"CONNECTED\")' 2>&1 | tail -1")
 
 
+def _write(path: str) -> dict:
+    return {"tool": "Write", "input": {"file_path": path, "content": "written\n"}}
+
+
 def test_workspace_write_writes_only_in_the_workspace_and_reaches_no_network(tmp_path):
-    outside = f"/tmp/caldera-outside-{uuid.uuid4().hex}"
-    turn = Turn(DRIVER, tmp_path, [DRIVER.command(_probe(outside)), DRIVER.text("done")], sandbox="workspace-write")
+    outside, outside_tool = (f"/tmp/caldera-outside-{uuid.uuid4().hex}" for _ in range(2))
+    script = [DRIVER.command(_probe(outside)), _write(outside_tool), _write(str(tmp_path / "ws" / "w.txt")),
+              DRIVER.text("done")]
+    turn = Turn(DRIVER, tmp_path, script, sandbox="workspace-write")  # approval: never
     assert turn.terminal["status"] == "completed", turn.events
     [output] = turn.of("command_output")
     assert "Read-only file system" in output["output"] and "CONNECTED" not in output["output"], output
-    assert not os.path.exists(outside)
+    assert not os.path.exists(outside) and not os.path.exists(outside_tool)
+    # The Write outside would ask: with approval never it is denied; the one inside goes through.
+    assert [(t["name"], t["status"]) for t in turn.of("tool_call") if t["status"] != "started"] == [
+        ("Write", "denied"), ("Write", "completed")]
     assert (turn.workspace / "inside.txt").read_text() == "inside\n"
-    assert os.listdir(turn.workspace) == ["inside.txt"]  # nothing of the CLI's sandbox (.claude/.cc-writes)
+    assert (turn.workspace / "w.txt").read_text() == "written\n"
+    assert sorted(os.listdir(turn.workspace)) == ["inside.txt", "w.txt"]  # nothing of the CLI's (.claude/.cc-writes)
     [diff] = turn.of("diff")  # from the workspace after the turn
-    assert "+++ b/inside.txt" in diff["diff"] and "+inside" in diff["diff"]
+    assert "+++ b/inside.txt" in diff["diff"] and "+inside" in diff["diff"] and "+++ b/w.txt" in diff["diff"]
     turn.assert_no_leak()
+
+
+def test_approval_on_request_is_asked_of_the_runtime_and_declined(tmp_path):
+    outside = f"/tmp/caldera-outside-{uuid.uuid4().hex}"
+    turn = Turn(DRIVER, tmp_path, [_write(outside), DRIVER.text("done")], approval="on-request",
+                extra_env={"CALDERA_RUN_ALLOW_APPROVAL": "true"})
+    assert turn.terminal["status"] == "completed", turn.events
+    assert [(t["tool"], t["status"]) for t in turn.of("tool_call")] == [
+        ("file_change", "started"), ("approval", "declined"), ("file_change", "failed")]
+    assert not os.path.exists(outside)
 
 
 def test_read_only_writes_nowhere_and_offers_no_write_tool(tmp_path):
     outside = f"/tmp/caldera-outside-{uuid.uuid4().hex}"
-    script = [DRIVER.command(_probe(outside)),
-              {"tool": "Write", "input": {"file_path": str(tmp_path / "ws" / "w.txt"), "content": "x"}},
-              DRIVER.text("done")]
+    script = [DRIVER.command(_probe(outside)), _write(str(tmp_path / "ws" / "w.txt")), DRIVER.text("done")]
     turn = Turn(DRIVER, tmp_path, script, sandbox="read-only")
     assert turn.terminal["status"] == "completed", turn.events
     assert not (turn.workspace / "inside.txt").exists() and not (turn.workspace / "w.txt").exists()

@@ -66,7 +66,7 @@ class Forwarder:
         self._closed = False
         self.server = _Server(("127.0.0.1", 0), _Handler)
         self.server.forwarder = self
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
                                        name="claude-forwarder", daemon=True)
 
     @property
