@@ -126,3 +126,26 @@ def test_the_forwarder_reaches_the_provider_through_https_proxy(tmp_path, monkey
     assert provider.posts[0]["headers"]["x-api-key"] == CANARY
     turn.assert_no_leak()
     assert "proxy-Passw0rd" not in json.dumps(turn.events) + Path(turn.result["log"]).read_text()
+
+
+def test_the_agent_cannot_read_the_runtimes_credentials(tmp_path):
+    """The projection (the key), secrets.env beside it and the state dir's session.json:
+    neither the agent's commands (the sandbox) nor its Read tool (the permission rules)."""
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "session.json").write_text('{"token": "agt_sess_SESSIONMARK1"}')
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets.env").write_text("CALDERA_TOKEN=BOOTMARK2\n")
+    key = tmp_path / "secrets" / "claude-code" / "env" / "ANTHROPIC_API_KEY"
+    command = f"cat {tmp_path}/state/session.json {tmp_path}/secrets.env {key}; echo rc=$?"
+    script = [DRIVER.command(command), {"tool": "Read", "input": {"file_path": str(tmp_path / "secrets.env")}},
+              DRIVER.text("done")]
+    turn = Turn(DRIVER, tmp_path, script)
+    assert turn.terminal["status"] == "completed", turn.events
+    [output] = turn.of("command_output")
+    # The files read as /dev/null (Permission denied), the projection as an empty directory.
+    assert output["output"].count("Permission denied") == 2 and "rc=1" in output["output"], output
+    assert [t["status"] for t in turn.of("tool_call") if t["name"] == "Read"] == ["started", "failed"]
+    sent = json.dumps([post["body"] for post in turn.posts])
+    assert "denied by your permission settings" in turn.posts[2]["body"]  # the Read tool's answer
+    assert "SESSIONMARK1" not in sent and "BOOTMARK2" not in sent  # the model never got them
+    turn.assert_no_leak()

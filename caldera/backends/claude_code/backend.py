@@ -72,6 +72,18 @@ def find_binary(env: Mapping[str, str]) -> str | None:
     return found
 
 
+def hidden_paths(environment: Environment) -> list[str]:
+    """What the agent's commands and file tools may not read: the projection, systemd's
+    credentials, the run logs, and the runtime's own credential files (`secrets.env`
+    beside the projection, as in /etc/caldera/agents/NAME/, and `session.json` in the state
+    dir, the parent of logs/), real paths, those that exist."""
+    found = [environment.secrets_dir, environment.credentials_dir, environment.logs_dir]
+    if environment.secrets_dir:
+        found.append(os.path.join(os.path.dirname(os.path.abspath(environment.secrets_dir)), "secrets.env"))
+    found.append(os.path.join(os.path.dirname(os.path.abspath(environment.logs_dir)), "session.json"))
+    return sorted({os.path.realpath(p) for p in found if p and os.path.lexists(p)})
+
+
 def sandbox_helpers(env: Mapping[str, str]) -> dict[str, str | None]:
     path = env.get("PATH") or DEFAULT_PATH
     return {name: shutil.which(name, path=path) for name in cc.SANDBOX_HELPERS}
@@ -151,8 +163,7 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
         except ConfigError as exc:
             raise fk.BackendFailure(fk.BACKEND_FAILED, str(exc)) from None
         run_dir = Path(environment.runs_dir) / run.run_id
-        hidden = [p for p in (environment.secrets_dir, environment.credentials_dir, environment.logs_dir) if p]
-        settings = cc.policy_settings(run.policy, run.workspace, [os.path.realpath(p) for p in hidden], plan.settings)
+        settings = cc.policy_settings(run.policy, run.workspace, hidden_paths(environment), plan.settings)
         try:
             for sub in ("", "home", "home/.claude"):
                 (run_dir / sub).mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -217,7 +217,8 @@ def policy_settings(policy: Policy, workspace: str, hidden: list[str], projected
     filesystem: dict[str, Any] = {"denyRead": ["/" + path for path in hidden]}
     if policy.sandbox == "read-only":
         filesystem["denyWrite"] = ["/" + workspace]
-    deny = [f"{tool}(/{path}/**)" for path in hidden for tool in ("Read", "Edit")]
+    # "//" starts an absolute path in a rule; a directory's rule covers what is below it.
+    deny = [f"{tool}(/{path}{below})" for path in hidden for below in ("", "/**") for tool in ("Read", "Edit")]
     deny += list((projected.get("permissions") or {}).get("deny") or [])
     settings = {k: v for k, v in projected.items() if k != "permissions"}
     settings.update({

@@ -162,6 +162,8 @@ class Normalizer:
                          "name": name, "status": status}
         if name == "Bash":
             data["command"] = _short(args.get("command"))
+        elif name == "Read":
+            data["path"] = _short(args.get("file_path"))
         elif "file_path" in args or "notebook_path" in args:
             data["changes"] = [{"path": _short(args.get("file_path") or args.get("notebook_path")),
                                 "kind": "update" if name in ("Edit", "NotebookEdit") else "write"}]
