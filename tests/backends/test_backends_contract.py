@@ -192,8 +192,10 @@ def test_failing_provider_ends_within_a_minute_with_default_retries(driver, tmp_
     # The backend's own retry bounds (no test override): a bounded number of requests, then its kind.
     defaults = {name: "" for name in ("CALDERA_CODEX_REQUEST_MAX_RETRIES", "CALDERA_CODEX_STREAM_MAX_RETRIES",
                                       "CALDERA_CLAUDE_CODE_MAX_RETRIES")}
-    entry = {"status": 529, "headers": {"retry-after": "3600"} if driver.caps_retry_after else {}}
-    turn = Turn(driver, tmp_path, [entry], extra_env=defaults)
+    # The first answer asks for an hour's wait (a backend that caps it waits its cap once);
+    # the later ones ask nothing (the CLI's own short backoff): as short as the point allows.
+    first = {"status": 529, "headers": {"retry-after": "3600"} if driver.caps_retry_after else {}}
+    turn = Turn(driver, tmp_path, [first, {"status": 529}], extra_env=defaults)
     data = turn.terminal
     assert data["failure_kind"] == fk.PROVIDER_UNAVAILABLE, turn.events
     assert 1 <= len(turn.posts) <= driver.default_requests, len(turn.posts)
