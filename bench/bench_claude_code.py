@@ -25,6 +25,7 @@ Usage: CALDERA_CLAUDE_CODE_BIN=... python bench/bench_claude_code.py [--turns N]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -34,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,6 +109,15 @@ def caldera_environment(binary: str, url: str, tmp: Path) -> base.Environment:
                                  "CALDERA_CLAUDE_CODE_MAX_RETRIES": "0"})
 
 
+@contextlib.contextmanager
+def workdir(binary: str, url: str) -> Iterator[tuple[Path, Path, base.Environment]]:
+    """A temporary dir, its workspace, and caldera's environment (projection, logs, runs) in it."""
+    with tempfile.TemporaryDirectory(prefix="bench-cc-") as name:
+        tmp = Path(name)
+        (tmp / "ws").mkdir()
+        yield tmp, tmp / "ws", caldera_environment(binary, url, tmp)
+
+
 def caldera_turn(environment: base.Environment, ws: Path, run_id: str, listeners=()) -> dict:
     result = service.execute({"run_id": run_id, "prompt": PROMPT, "workspace": str(ws),
                               "backend_profile": "claude-code", "execution_policy": {"timeout_seconds": 3600}},
@@ -152,11 +163,7 @@ def policy_turn(binary: str, url: str, tmp: Path, ws: Path) -> None:
 def bench_overhead(binary: str, turns: int) -> dict:
     provider = Provider({"mode": "text"})
     try:
-        with tempfile.TemporaryDirectory(prefix="bench-cc-") as name:
-            tmp = Path(name)
-            ws = tmp / "ws"
-            ws.mkdir()
-            environment = caldera_environment(binary, provider.url, tmp)
+        with workdir(binary, provider.url) as (tmp, ws, environment):
             sides = {"caldera": lambda n: caldera_turn(environment, ws, f"bench-{n}"),
                      "bare": lambda n: bare_turn(binary, provider.url, tmp, ws),
                      "policy": lambda n: policy_turn(binary, provider.url, tmp, ws)}
@@ -210,11 +217,7 @@ def bench_memory(binary: str, rounds: int, text: int, output: int) -> dict:
             marks["end"] = rss_kib()
 
     try:
-        with tempfile.TemporaryDirectory(prefix="bench-cc-long-") as name:
-            tmp = Path(name)
-            ws = tmp / "ws"
-            ws.mkdir()
-            environment = caldera_environment(binary, provider.url, tmp)
+        with workdir(binary, provider.url) as (_, ws, environment):
             caldera_turn(environment, ws, "warm-up")  # imports, first allocations
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
