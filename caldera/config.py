@@ -334,6 +334,17 @@ def codex_retries(environ: Environ, request_default: int, stream_default: int) -
             _count(environ, "CALDERA_CODEX_STREAM_MAX_RETRIES", stream_default))
 
 
+def claude_code_binary(environ: Environ = os.environ) -> str | None:
+    """CALDERA_CLAUDE_CODE_BIN: the Claude Code binary to run instead of `claude` on PATH."""
+    return environ.get("CALDERA_CLAUDE_CODE_BIN") or None
+
+
+def claude_code_retries(environ: Environ, default: int) -> int:
+    """CALDERA_CLAUDE_CODE_MAX_RETRIES (Claude Code's CLAUDE_CODE_MAX_RETRIES for a run): a
+    whole number >= 0, its default when unset; ConfigError naming the variable otherwise."""
+    return _count(environ, "CALDERA_CLAUDE_CODE_MAX_RETRIES", default)
+
+
 def _count(environ: Environ, name: str, default: int) -> int:
     raw = environ.get(name)
     if raw in (None, ""):

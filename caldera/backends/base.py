@@ -134,7 +134,9 @@ def run_turn(backend: Backend[ContextT], run: RunRequest, environment: Environme
         backend.start_turn(context)
     except fk.BackendFailure as exc:
         _fail(sink, exc.kind, exc.message)
-    except (Refused, errors.Refused) as exc:  # not allowed as asked (e.g. a model the AI gateway does not offer)
+    except (Refused, errors.Refused) as exc:
+        # not allowed as asked: a policy the backend cannot honour (refused, never widened), a
+        # model the AI gateway does not offer
         if not sink.done:
             sink.emit("terminal_status", {"status": "blocked", "failure_kind": None, "message": str(exc)})
     except Exception as exc:

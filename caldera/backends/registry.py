@@ -26,7 +26,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("caldera.backends")
 DEFAULT_PROFILE = "codex"
 # profile name -> "module:Class"; the class is imported only when a run needs it.
-PROFILES = {"codex": "caldera.backends.codex:CodexBackend"}
+PROFILES = {
+    "codex": "caldera.backends.codex.backend:CodexBackend",
+    "claude-code": "caldera.backends.claude_code.backend:ClaudeCodeBackend",
+}
+# profile name -> (its binary variable's reader in config, the program's name on PATH):
+# enough to say whether it is installed without importing it or starting a process.
+BINARIES = {
+    "codex": (config.codex_binary, "codex"),
+    "claude-code": (config.claude_code_binary, "claude"),
+}
 
 
 class LLMSource(NamedTuple):
@@ -42,7 +51,7 @@ class LLMSource(NamedTuple):
 
 
 # profile name -> what its runs get (docs/container.md, "What the report says of the LLM configuration").
-LLM_SOURCES = {"codex": LLMSource("caldera.backends.codex_config:llm_config", projection="codex")}
+LLM_SOURCES = {"codex": LLMSource("caldera.backends.codex.config:llm_config", projection="codex")}
 
 
 class Refused(Exception):
@@ -92,12 +101,26 @@ def llm_configs(env: Mapping[str, str], secrets_dir: str | None, credentials_dir
     return out
 
 
+def installed(profile: str, env: Mapping[str, str]) -> bool:
+    """Whether the profile's CLI is there: its variable names an executable, or its program
+    is on PATH (a light look: `caldera backends` and each run look closer)."""
+    variable, program = BINARIES.get(profile, (None, profile))
+    explicit = variable(env) if variable is not None else None
+    if explicit:
+        return os.access(explicit, os.X_OK)
+    import shutil  # here: a daemon that never registers a backend never needs it
+
+    return shutil.which(program, path=env.get("PATH") or os.defpath) is not None
+
+
 def capabilities(env: Mapping[str, str] | None = None) -> list[str]:
-    """Capability strings for `register.capabilities` (cheap: no process is started)."""
+    """Capability strings for `register.capabilities` (cheap: no process is started):
+    `backend.<profile>` for each profile whose CLI is installed."""
     env = os.environ if env is None else env
     caps = ["agent.run", "agent.interrupt"]
     for name in PROFILES:
-        caps.append(f"backend.{name}")
+        if installed(name, env):
+            caps.append(f"backend.{name}")
 
     if gateway_settings(env) is not None:
         caps.append("llm.gateway")

@@ -9,8 +9,8 @@ import sys
 import pytest
 from backends_helpers import CANARY, KEY_ENV, write_projection
 
-from caldera.backends import codex_config as cc
 from caldera.backends import registry
+from caldera.backends.codex import config as cc
 from caldera.errors import Refused
 from caldera.protocol.llm import EXTERNAL, GATEWAY
 
@@ -122,7 +122,7 @@ def test_no_workspace_roots_no_run_nothing_handed_out(tmp_path):
 
 def test_a_backends_description_that_fails_counts_as_external(tmp_path, monkeypatch):
     secrets = write_projection(tmp_path)
-    monkeypatch.setitem(registry.LLM_SOURCES, "codex", registry.LLMSource("caldera.backends.codex_config:nothing",
+    monkeypatch.setitem(registry.LLM_SOURCES, "codex", registry.LLMSource("caldera.backends.codex.config:nothing",
                                                                           projection="codex"))
     assert [(c.source, c.status) for c in registry.llm_configs(GW, str(secrets), None)] == [("backend codex", EXTERNAL)]
 
