@@ -9,7 +9,7 @@ import sys
 import pytest
 from backends_helpers import CANARY, KEY_ENV, write_projection
 
-from caldera.backends import registry
+from caldera.backends import projection, registry
 from caldera.backends.codex import config as cc
 from caldera.errors import Refused
 from caldera.protocol.llm import EXTERNAL, GATEWAY
@@ -95,7 +95,7 @@ def test_a_projection_that_cannot_be_used_is_still_external(tmp_path, breakage):
     if breakage == "bad toml":
         config.write_text("model = [unclosed\n")
     if breakage == "unreadable":
-        config.write_bytes(b"x" * (cc.MAX_SECRET_FILE_BYTES + 1))
+        config.write_bytes(b"x" * (projection.MAX_SECRET_FILE_BYTES + 1))
     found = cc.llm_config(GW, str(secrets), None)
     assert (found.source, found.status, found.base_url) == ("backend codex", EXTERNAL, None)
 
