@@ -60,9 +60,12 @@ def test_no_key_is_secret_unavailable_and_the_gateway_is_named(tmp_path):
     ("https://gw.example/?key=s3cr3t-pass", "query"),
     ("http://gw.example", "plain http"),
     ("ftp://gw.example", "http(s) URL"),
+    ("http://gw.example:99999", "the port of the host is not a number from 1 to 65535"),  # the review's L2
+    ("https://gw.example:0/v1", "the port of the host is not a number from 1 to 65535"),
+    ("https://gw.example:port", "the port of the host is not a number from 1 to 65535"),
 ])
-def test_a_base_url_is_refused_with_a_sentence_that_never_quotes_it(tmp_path, url, words):
-    message = _refused(tmp_path, fk.BACKEND_FAILED, env={"ANTHROPIC_API_KEY": KEY, "ANTHROPIC_BASE_URL": url})
+def test_a_base_url_no_run_can_use_is_secret_unavailable_in_a_sentence_that_never_quotes_it(tmp_path, url, words):
+    message = _refused(tmp_path, fk.SECRET_UNAVAILABLE, env={"ANTHROPIC_API_KEY": KEY, "ANTHROPIC_BASE_URL": url})
     assert words in message and "s3cr3t-pass" not in message and "gw.example" not in message
 
 
@@ -80,6 +83,6 @@ def test_settings_keep_only_narrowing_keys_and_every_other_string_is_a_secret(tm
     assert plan.dropped == ["apiKeyHelper", "env", "hooks", "permissions.allow", "permissions.defaultMode"]
     assert {"/bin/echo helper-secret-value", "env-secret-value", "Bash(*)"} <= set(plan.secret_values)
     assert "claude-y" not in plan.secret_values  # a model name may appear (SPEC section 10)
-    merged = cc.policy_settings(Policy(timeout_seconds=60), "/w", ["/secrets"], plan.settings)
+    merged = cc.policy_settings(Policy(timeout_seconds=60), "/w", cc.confine(["/secrets"], ["/w"]), plan.settings)
     assert merged["permissions"]["allow"] == [] and "Bash(curl:*)" in merged["permissions"]["deny"]
     assert merged["sandbox"]["allowUnsandboxedCommands"] is False and merged["disableAllHooks"] is True
