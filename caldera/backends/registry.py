@@ -45,13 +45,20 @@ class LLMSource(NamedTuple):
     caldera.protocol.llm.LLMConfig | None (None: its runs get no provider). `projection` names its secret
     projection (`<secrets>/<it>/`, `$CREDENTIALS_DIRECTORY/<it>/` or `<it>_*` files there): when
     none of it exists, `describe` is not imported (a daemon that runs no turn stays light) and
-    the runs get the AI gateway, if there is one; None: `describe` is always asked."""
+    the runs get the AI gateway, if there is one (`gateway`; False: a backend that never uses
+    it, whose runs then get nothing); None: `describe` is always asked."""
     describe: str
     projection: str | None = None
+    gateway: bool = True
 
 
 # profile name -> what its runs get (docs/container.md, "What the report says of the LLM configuration").
-LLM_SOURCES = {"codex": LLMSource("caldera.backends.codex.config:llm_config", projection="codex")}
+LLM_SOURCES = {
+    "codex": LLMSource("caldera.backends.codex.config:llm_config", projection="codex"),
+    # Claude Code speaks the Anthropic Messages API only: never the (OpenAI-compatible) gateway.
+    "claude-code": LLMSource("caldera.backends.claude_code.config:llm_config", projection="claude-code",
+                             gateway=False),
+}
 
 
 class Refused(Exception):
@@ -86,7 +93,7 @@ def llm_configs(env: Mapping[str, str], secrets_dir: str | None, credentials_dir
     for profile, source in LLM_SOURCES.items():
         label = f"backend {profile}"
         if source.projection is not None and not _projected(source.projection, secrets_dir, credentials_dir):
-            gateway = gateway_from_env(env)
+            gateway = gateway_from_env(env) if source.gateway else None
             found = gateway_config(gateway, label) if gateway is not None else None
         else:
             module, function = source.describe.split(":")

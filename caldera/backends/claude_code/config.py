@@ -25,8 +25,10 @@ from caldera.backends.forwarder import Proxy, Upstream, is_loopback, upstream_pr
 from caldera.backends.projection import Projection
 from caldera.backends.registry import gateway_settings
 from caldera.host.jsonlimits import loads
+from caldera.protocol.llm import EXTERNAL, LLMConfig
 
 PROFILE = "claude-code"
+LLM_SOURCE = f"backend {PROFILE}"
 KEY_VARS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")  # x-api-key, Authorization: Bearer
 BASE_URL_VAR = "ANTHROPIC_BASE_URL"
 DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -97,6 +99,22 @@ def plan_provider(projection: Projection, environ: Mapping[str, str], model: str
     return ClaudePlan(key_var=key_var, key=env[key_var], upstream=upstream, model=chosen,
                       env={n: v for n, v in env.items() if n in MODEL_VARS}, settings=settings,
                       dropped=dropped, secret_values=secret_values, proxy=proxy)
+
+
+def llm_config(environ: Mapping[str, str], secrets_dir: str | None = None,
+               credentials_dir: str | None = None) -> LLMConfig | None:
+    """What a Claude Code run gets to reach a model (registry.LLM_SOURCES): the projection's
+    provider, always `external` (the gateway is never Claude Code's): its base URL (else
+    Anthropic's), provider `anthropic`, the model of env/ANTHROPIC_MODEL (or settings.json).
+    One the projection names but cannot be used is still a provider of its own (no URL);
+    None without a projection. Never a key: the projection's values are kept out of the URL."""
+    projection = Projection.locate(secrets_dir, credentials_dir, backend=PROFILE)
+    try:
+        plan = plan_provider(projection, environ)
+    except BackendFailure:
+        return LLMConfig(LLM_SOURCE, EXTERNAL)  # the registry asks only when a projection is there
+    return LLMConfig(LLM_SOURCE, EXTERNAL, plan.upstream, "anthropic", plan.model,
+                     hide=[plan.key, *plan.secret_values])
 
 
 def _header_safe(value: str) -> bool:
