@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from caldera.backends.failures import BACKEND_FAILED, BackendFailure
+from caldera.config import is_loopback
 from caldera.errors import unexpected
 
 log = logging.getLogger("caldera.backends")
@@ -135,17 +136,6 @@ class Upstream:
             return http.client.HTTPSConnection(self.host, self.port, timeout=timeout,
                                                context=ssl.create_default_context(), blocksize=CHUNK)
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout, blocksize=CHUNK)
-
-
-def is_loopback(host: str) -> bool:
-    import ipaddress  # here: the forwarder's module is imported by every run, this by few
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def upstream_proxy(upstream: str) -> Proxy | None:

@@ -21,9 +21,10 @@ from typing import Any
 
 from caldera.backends.base import Policy
 from caldera.backends.failures import BACKEND_FAILED, SECRET_UNAVAILABLE, BackendFailure
-from caldera.backends.forwarder import Proxy, Upstream, is_loopback, upstream_proxy
+from caldera.backends.forwarder import Proxy, Upstream, upstream_proxy
 from caldera.backends.projection import Projection
 from caldera.backends.registry import gateway_settings
+from caldera.config import is_loopback
 from caldera.host.jsonlimits import loads
 from caldera.protocol.llm import EXTERNAL, LLMConfig
 
