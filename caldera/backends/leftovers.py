@@ -108,12 +108,11 @@ def kill_holders(markers: list[str], wait: float = KILL_WAIT, tick: threading.Ev
     deadline = time.monotonic() + wait
     while True:
         pids = [p for p in holders(markers) if _alive(p)]
-        if not pids or time.monotonic() >= deadline or tick.is_set():
-            return len(killed)
         for pid in pids:
             if proc.signal_pid(pid, signal.SIGKILL):
                 killed.add(pid)
-        tick.wait(0.02)
+        if not pids or time.monotonic() >= deadline or tick.wait(0.02):
+            return len(killed)
 
 
 def _alive(pid: int) -> bool:

@@ -388,7 +388,7 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
             return
         rc = process.close()
         process.note(f"claude ended, rc {rc}")
-        left = leftovers.kill_holders([str(context.private_dir)], tick=context.interrupt_event)
+        left = leftovers.kill_holders([str(context.private_dir)])
         if left:
             process.note(f"{left} process(es) of the run's sandbox outlived the CLI; killed")
 
