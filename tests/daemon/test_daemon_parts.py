@@ -288,3 +288,27 @@ def test_a_start_whose_recovery_fails_ends_its_lanes_and_raises(parts, monkeypat
     with pytest.raises(OSError, match="No space"):
         daemon_run._run_connected(parts, Signals())
     assert not [t.name for t in threading.enumerate() if t.name.startswith("lane-") and t.is_alive()]
+
+
+def test_the_daemons_start_sweeps_what_a_runtime_killed_mid_run_left(parts):
+    """Once, under the state lock, before anything else starts (a stop asked during start-up
+    included): a run dir whose owner is gone (Codex's held a copy of auth.json) is removed."""
+    import signal
+    import subprocess
+    import sys
+
+    from caldera.backends import leftovers
+    from caldera.daemon.signals import Signals
+    from caldera.host import proc
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = proc.proc_stat(child.pid)
+    child.wait()
+    stale = parts.paths.state_dir / "runs" / "run-of-a-dead-runtime"
+    (stale / "codex-home").mkdir(parents=True)
+    (stale / "codex-home" / "auth.json").write_text('{"token": "x"}')
+    (stale / leftovers.OWNER).write_text(f"{child.pid} {started['start_time'] if started else 0}\n")
+    signals = Signals()
+    signals._stop(signal.SIGTERM, None)  # a stop asked during start-up: nothing else starts
+    assert daemon_run.run(parts, signals) == 0
+    assert not stale.exists()
