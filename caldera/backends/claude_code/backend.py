@@ -236,7 +236,9 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
                               note=(runlog.note if runlog is not None else None))
         context.forwarder = forwarder
         url = forwarder.start()
-        context.snapshot = Snapshot.take(context.run.workspace, should_stop=context.should_stop)
+        # The run's deadline bounds this walk too (the one after the turn has only the cancel).
+        context.snapshot = Snapshot.take(
+            context.run.workspace, should_stop=lambda: context.should_stop() or time.monotonic() >= context.deadline)
         if not context.snapshot.complete and runlog is not None:
             runlog.note(f"no diff for this turn: the workspace before it: {context.snapshot.reason}")
         context.cli_dirs = [path for path in (Path(context.run.workspace, rel) for rel in CLI_WORKSPACE_DIRS)
