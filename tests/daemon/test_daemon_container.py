@@ -136,6 +136,59 @@ def test_a_session_issued_to_another_agent_id_is_not_reused_the_agent_registers_
     assert BOOT not in done.stderr
 
 
+def _run(env, log_path):
+    """`caldera run` as the container's command (not PID 1 here: that is tested below)."""
+    with open(log_path, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "caldera.cli", "run"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc):
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(WAIT + 20) == 0
+
+
+def test_what_the_outbox_holds_under_the_old_agent_id_goes_out_once_under_the_new(caldera_env, plane, tmp_path):
+    """Upgraded from 0.1.0 (`desktop-7-main`, here set with CLAWMANAGER_AGENT_ID) with a finish
+    held in the outbox by a 503: restarted as `hermes-7-main`, the finish queued under the old id
+    is delivered once, under the session's id (the plane refuses any other with 403 "agent id
+    does not match session"), after exactly one register; the command does not stay `running`."""
+    env, state = _instance(tmp_path, plane.url, CLAWMANAGER_AGENT_ID=f"desktop-{INSTANCE}-main")
+    log = tmp_path / "run.log"
+    proc = _run(env, log)
+    try:
+        wait_for(lambda: plane.count("POST", "/state/report$", 200), what="the old agent reporting")
+        plane.inject("POST", r"/commands/\d+/finish$", 503, count=10_000, retry_after=1)
+        cid = plane.store.enqueue(INSTANCE, "collect_system_info", {})
+        wait_for(lambda: plane.count("POST", rf"/commands/{cid}/finish$", 503), what="the finish refused")
+        _stop(proc)  # the final flush meets the 503 too: the finish stays queued under the old id
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert [n for n in os.listdir(state / "outbox") if n.endswith("-finish.json")]
+    assert plane.store.command(INSTANCE, cid)["status"] == "running"
+    plane.clear_faults()
+    plane.requests.clear()
+    del env["CLAWMANAGER_AGENT_ID"]
+    proc = _run(env, log)
+    try:
+        done = wait_for(lambda: (c := plane.store.command(INSTANCE, cid))["status"] == "succeeded" and c,
+                        timeout=30, what="the queued finish delivered under the new id")
+        assert done["result"]
+        wait_for(lambda: plane.count("POST", "/state/report$", 200), what="reports under the new id")
+        _stop(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert plane.count("POST", "/register$") == 1  # the new id's, once
+    assert plane.count("POST", rf"/commands/{cid}/finish$") == 1  # delivered once, no 403 before it
+    assert not [r for r in plane.requests if r[2] == 403]
+    assert not [n for n in os.listdir(state / "outbox") if n.endswith(".json")]
+    assert BOOT not in log.read_text()
+
+
 def test_a_bad_agent_id_stops_the_start_with_a_sentence(caldera_env, plane, tmp_path):
     env, state = _instance(tmp_path, plane.url, CLAWMANAGER_AGENT_ID="hermes 7 main")
     done = _report_once(env)
