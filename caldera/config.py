@@ -111,7 +111,7 @@ class Settings:
 
     FIELDS = ("enabled", "base_url", "bootstrap_token", "instance_id", "protocol_version", "persistent_dir",
               "disk_limit_bytes", "runtime_type", "ca_bundle", "log_level", "report_interval", "env",
-              "secret_values", "agent_id_given")
+              "secret_values", "agent_id_given", "injected")
     __slots__ = FIELDS
     enabled: bool
     base_url: str | None
@@ -127,15 +127,17 @@ class Settings:
     env: dict[str, str]
     secret_values: tuple[str, ...]
     agent_id_given: str | None  # CALDERA_AGENT_ID / CLAWMANAGER_AGENT_ID, checked
+    injected: dict[str, str]  # PLATFORM_INJECTED as the platform injected them (injected_values)
 
     def __init__(self, *, enabled: bool, base_url: str | None, bootstrap_token: str | None,
                  instance_id: int | None, protocol_version: str, persistent_dir: Path,
                  disk_limit_bytes: int | None, runtime_type: str, ca_bundle: str | None, log_level: str,
                  report_interval: float, env: dict[str, str] | None = None,
-                 secret_values: tuple[str, ...] = (), agent_id_given: str | None = None) -> None:
+                 secret_values: tuple[str, ...] = (), agent_id_given: str | None = None,
+                 injected: dict[str, str] | None = None) -> None:
         given = (enabled, base_url, bootstrap_token, instance_id, protocol_version, persistent_dir,
                  disk_limit_bytes, runtime_type, ca_bundle, log_level, report_interval,
-                 {} if env is None else env, secret_values, agent_id_given)
+                 {} if env is None else env, secret_values, agent_id_given, {} if injected is None else injected)
         for key, value in zip(self.FIELDS, given, strict=True):
             object.__setattr__(self, key, value)
 
@@ -366,6 +368,9 @@ GATEWAY_BASE_URL = ("CLAWMANAGER_LLM_BASE_URL", "OPENAI_BASE_URL", "OPENAI_API_B
 GATEWAY_API_KEY = ("CLAWMANAGER_LLM_API_KEY", "OPENAI_API_KEY")
 GATEWAY_CATALOGUE, GATEWAY_DEFAULT_MODEL, GATEWAY_PROVIDER = "CLAWMANAGER_LLM_MODEL", "OPENAI_MODEL", \
     "CLAWMANAGER_LLM_PROVIDER"
+# What the LLM-governance status trusts only as the platform injected it: the gateway's base URL
+# under each of its names, and the control plane's (the gateway's host); injected_values.
+PLATFORM_INJECTED = (*GATEWAY_BASE_URL, "CLAWMANAGER_AGENT_BASE_URL")
 CATALOGUE_MAX_BYTES = 64 * 1024  # the server caps what it injects at 64 KiB
 CATALOGUE_NAMED = 20  # a refusal names this many of the catalogue's models
 
@@ -608,6 +613,7 @@ def load_settings(paths: AgentPaths, environ: Environ = os.environ) -> Settings:
         disk_limit_bytes=_parse_int(env, "CALDERA_DISK_LIMIT_BYTES", minimum=0),
         runtime_type=runtime_type, ca_bundle=ca_bundle, log_level=log_level,
         report_interval=report_interval, env=env, secret_values=secret_values, agent_id_given=_agent_id(env),
+        injected=injected_values(env, environ, PLATFORM_INJECTED),
     )
 
 
@@ -709,8 +715,17 @@ def _platform_plain_http(env: Environ, environ: Environ, host: str) -> bool:
     platform's. Anything else needs the operator's CALDERA_ALLOW_PLAIN_HTTP=true."""
     if _is_loopback(host):
         return True
-    injected = environ.get("CLAWMANAGER_AGENT_BASE_URL")
-    return bool(injected) and not env.get("CALDERA_BASE_URL") and env.get("CLAWMANAGER_AGENT_BASE_URL") == injected
+    return bool(injected_values(env, environ, ("CLAWMANAGER_AGENT_BASE_URL",))) and not env.get("CALDERA_BASE_URL")
+
+
+def injected_values(env: Environ, environ: Environ, names: Iterable[str]) -> dict[str, str]:
+    """`names` as the platform injected them: set in the process environment (`environ`, where
+    ClawManager puts its variables; caldera's unit reads agent.env and secrets.env itself, never
+    through EnvironmentFile=) and still the value in use once agent.env and secrets.env are
+    merged (`env`). A value written in either file is the operator's, not the platform's: the
+    plain-http rule (SPEC section 3) and the LLM-governance status (docs/container.md) read
+    only what this returns."""
+    return {name: environ[name] for name in names if environ.get(name) and env.get(name) == environ[name]}
 
 
 def _is_loopback(host: str) -> bool:

@@ -190,6 +190,19 @@ def test_the_injected_url_is_judged_on_the_environ_passed_in(caldera_env, monkey
         load_settings(paths, environ)
 
 
+def test_what_the_platform_injected_is_the_process_environments_no_env_file_replaced(caldera_env, monkeypatch):
+    """The LLM-governance status trusts the gateway's URL only as the platform injected it."""
+    config = install_agent(caldera_env)
+    _instance_env(monkeypatch, config)
+    monkeypatch.setenv("CLAWMANAGER_LLM_BASE_URL", "http://gw.test/api/v1/gateway/llm")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://gw.test/api/v1/gateway/llm")
+    (config / "agent.env").write_text("OPENAI_BASE_URL=https://api.openai.com/v1\nOPENAI_API_BASE=https://x.test/v1\n")
+    settings = load_settings(agent_from_args(Args(agent="demo")))
+    assert settings.injected == {"CLAWMANAGER_LLM_BASE_URL": "http://gw.test/api/v1/gateway/llm",
+                                 "CLAWMANAGER_AGENT_BASE_URL": "http://clawmanager-gateway.demo-system.svc.cluster.local:9001"}
+    assert settings.env["OPENAI_BASE_URL"] == "https://api.openai.com/v1"  # in use, but the operator's
+
+
 def test_loopback_and_https_are_not_named_as_plain_http(caldera_env, monkeypatch):
     config = install_agent(caldera_env, base_url="http://127.0.0.1:8930")
     assert load_settings(agent_from_args(Args(agent="demo"))).plain_http_host is None
