@@ -286,6 +286,73 @@ def test_the_fingerprint_follows_the_configuration_and_only_it(caldera_env, plan
     assert fingerprint(CLAWMANAGER_LLM_PROVIDER="other") != first
 
 
+def _plane_bytes(tmp_path):
+    """Everything the plane keeps on disk (its database and any journal beside it)."""
+    return b"".join(p.read_bytes() for p in tmp_path.glob("plane.db*"))
+
+
+OWN_OPENAI_KEY = "sk-OPERATORSOWN-0123456789abcdef"
+
+
+@pytest.mark.parametrize("how", ["own key in agent.env under the gateway's names", "an injected vendor URL"])
+def test_gateway_is_said_only_of_the_platforms_gateway(caldera_env, plane, tmp_path, how):
+    """ClawManager trusts the status sent: names alone never make a consumer compliant."""
+    if how.startswith("own key"):  # no gateway injected; the operator's own OpenAI key, under the same names
+        env, _ = _instance(tmp_path, plane.url)
+        config = Path(env["CALDERA_CONFIG_DIR"]) / "agents" / "demo"
+        (config / "agent.env").write_text(f"CALDERA_WORKSPACE_ROOTS={tmp_path}\n"
+                                          "OPENAI_BASE_URL=https://api.openai.com/v1\n")
+        (config / "secrets.env").write_text(f"OPENAI_API_KEY={OWN_OPENAI_KEY}\n")
+        url = "https://api.openai.com/v1"
+    else:  # injected in the process environment, but no gateway of the platform's
+        url = "https://api.anthropic.com"
+        env, _ = _instance(tmp_path, plane.url, **dict(INJECTED_LLM, CLAWMANAGER_LLM_BASE_URL=url))
+        config = Path(env["CALDERA_CONFIG_DIR"]) / "agents" / "demo"
+        (config / "agent.env").write_text(f"CALDERA_WORKSPACE_ROOTS={tmp_path}\n")
+    done = _report_once(env)
+    assert done.returncode == 0, done.stderr
+    runtime = plane.store.reports(INSTANCE, last=True)["body"]["runtime"]
+    assert (runtime["llm_config_status"], runtime["llm_provider_base_url"]) == ("external", url)
+    [agent] = [a for a in plane.store.agents() if a["instance_id"] == INSTANCE]
+    assert agent["llm"]["status"] == "external"  # counted non-compliant
+    assert OWN_OPENAI_KEY.encode() not in _plane_bytes(tmp_path) and LLM_KEY.encode() not in _plane_bytes(tmp_path)
+
+
+def test_keys_in_a_urls_path_reach_neither_the_report_nor_the_planes_database(caldera_env, plane, tmp_path):
+    """A projection's key percent-encoded in its URL's path; the gateway's own key in its URL's
+    path (cut from the URL before the fingerprint: a new key leaves the fingerprint as it was)."""
+    own, encoded = "tenant+q7Zx/PRIVATEKEY99", "tenant%2Bq7Zx%2FPRIVATEKEY99"
+    gateway_url = f"{GATEWAY_LLM}/{LLM_KEY}"
+
+    def report(gateway_key, projected):
+        env, _ = _instance(tmp_path, plane.url, **dict(INJECTED_LLM, CLAWMANAGER_LLM_BASE_URL=gateway_url.replace(
+            LLM_KEY, gateway_key), CLAWMANAGER_LLM_API_KEY=gateway_key, OPENAI_API_KEY=gateway_key))
+        config = Path(env["CALDERA_CONFIG_DIR"]) / "agents" / "demo"
+        (config / "agent.env").write_text(f"CALDERA_WORKSPACE_ROOTS={tmp_path}\n")
+        if projected:
+            codex = config / "secrets" / "codex"
+            (codex / "env").mkdir(parents=True)
+            (codex / "config.toml").write_text(f'model_provider = "corp"\n[model_providers.corp]\nbase_url = '
+                                               f'"https://llm.corp.test/v1/{encoded}"\nenv_key = "CORP_KEY"\n')
+            (codex / "env" / "CORP_KEY").write_text(own)
+        done = _report_once(env)
+        assert done.returncode == 0, done.stderr
+        shutil.rmtree(config)
+        shutil.rmtree(tmp_path / "config")
+        shutil.rmtree(tmp_path / "home")
+        return plane.store.reports(INSTANCE, last=True)["body"]["runtime"]
+
+    first = report(LLM_KEY, projected=False)
+    assert (first["llm_config_status"], first["llm_provider_base_url"]) == ("gateway", GATEWAY.lower())
+    assert report("sk-ANOTHERKEY-9876543210", projected=False)["llm_config_fingerprint"] == \
+        first["llm_config_fingerprint"]
+    projected = report(LLM_KEY, projected=True)
+    assert (projected["llm_config_status"], projected["llm_provider_base_url"]) == ("external", "https://llm.corp.test")
+    stored = _plane_bytes(tmp_path)
+    for secret in (LLM_KEY, own, encoded, "PRIVATEKEY99"):
+        assert secret.encode() not in stored, secret
+
+
 def test_a_catalogue_that_is_not_a_json_list_is_named_once_and_ignored(caldera_env, plane, tmp_path):
     env, _ = _instance(tmp_path, plane.url, **dict(INJECTED_LLM, CLAWMANAGER_LLM_MODEL="gpt-4.1"))
     config = Path(env["CALDERA_CONFIG_DIR"]) / "agents" / "demo"
