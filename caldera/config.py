@@ -510,6 +510,21 @@ def skill_dirs(environ: Environ | None) -> list[str]:
     return skill_dirs_of(environ)[0]
 
 
+def skill_dirs_scanned(environ: Environ | None) -> tuple[list[str], list[str], str | None]:
+    """(the discovered dirs a scan takes: absolute, normalised, each once, in order; the entries
+    left out, not being absolute; where they come from, as skill_dirs_of): the one reading of
+    the variable for the inventory and `caldera status` alike."""
+    entries, origin = skill_dirs_of(environ)
+    dirs: list[str] = []
+    left_out: list[str] = []
+    for entry in entries:
+        if not os.path.isabs(entry):
+            left_out.append(entry)
+        elif os.path.normpath(entry) not in dirs:
+            dirs.append(os.path.normpath(entry))
+    return dirs, left_out, origin
+
+
 def manifest_name(path: Path) -> str:
     """The manifest's `name:` read without a YAML parser (cheap), else its directory's name."""
     try:

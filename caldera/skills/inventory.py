@@ -3,7 +3,7 @@
 Roots, in order: `<state-dir>/skills/` (managed: installs go here), every
 directory in `CALDERA_SKILL_DIRS` (else ClawManager's `CLAWMANAGER_AGENT_SKILL_DIRS`;
 colon-separated absolute paths; inside a ClawManager instance with neither, the
-runtime's own: config.skill_dirs_of), discovered, then `<state-dir>/skills-disabled/`
+runtime's own: config.skill_dirs_scanned), discovered, then `<state-dir>/skills-disabled/`
 (reported with `metadata.status: disabled`). The cheap change check is a stat signature of
 each skill's files; only a skill whose signature changed is hashed again.
 The cache lives in `<state-dir>/cache/skills-inventory.json`.
@@ -81,13 +81,10 @@ def quarantine_root(state_dir: StrPath) -> Path:
 def roots(state_dir: StrPath, env: dict[str, str] | None) -> tuple[list[Root], list[str]]:
     """(the roots, problems with the skill dirs' entries)."""
     out = [Root(managed_root(state_dir), MANAGED)]
-    problems: list[str] = []
-    entries, origin = config.skill_dirs_of(env)
-    for entry in entries:
-        if not os.path.isabs(entry):
-            problems.append(f"{origin}: {entry!r} is not an absolute path; left out")
-            continue
-        path = Path(os.path.normpath(entry))
+    dirs, left_out, origin = config.skill_dirs_scanned(env)
+    problems = [f"{origin}: {entry!r} is not an absolute path; left out" for entry in left_out]
+    for entry in dirs:
+        path = Path(entry)
         if all(r.path != path for r in out):
             out.append(Root(path, DISCOVERED))
     out.append(Root(disabled_root(state_dir), DISABLED))
