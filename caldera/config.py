@@ -373,6 +373,7 @@ GATEWAY_CATALOGUE, GATEWAY_DEFAULT_MODEL, GATEWAY_PROVIDER = "CLAWMANAGER_LLM_MO
 PLATFORM_INJECTED = (*GATEWAY_BASE_URL, "CLAWMANAGER_AGENT_BASE_URL")
 CATALOGUE_MAX_BYTES = 64 * 1024  # the server caps what it injects at 64 KiB
 CATALOGUE_NAMED = 20  # a refusal names this many of the catalogue's models
+MODEL_NAMED_CHARS = 64  # and each at most this long (a model id is not bounded by the platform)
 
 
 def _first(environ: Environ, names: Iterable[str]) -> str | None:
@@ -428,12 +429,35 @@ class Gateway:
             if self.catalogue is not None and requested not in self.catalogue:
                 from caldera.errors import Refused  # here: the quick verbs never choose a model
 
-                shown = ", ".join(self.catalogue[:CATALOGUE_NAMED])
-                more = len(self.catalogue) - CATALOGUE_NAMED
-                raise Refused(f"model {requested[:200]!r} is not in the AI gateway's catalogue ({GATEWAY_CATALOGUE}: "
-                              f"{shown}{f' and {more} more' if more > 0 else ''})")
+                raise Refused(f"model {_named_model(requested)!r} is not in the AI gateway's catalogue "
+                              f"({GATEWAY_CATALOGUE}: {self.catalogue_named()})")
             return requested
         return self.default_model or (self.catalogue[0] if self.catalogue else None)
+
+    def catalogue_named(self) -> str:
+        """The catalogue as a sentence names it: CATALOGUE_NAMED ids at most, each cut to
+        MODEL_NAMED_CHARS (a refusal stays a sentence, whatever the platform injected)."""
+        catalogue = self.catalogue or ()
+        shown = ", ".join(_named_model(m) for m in catalogue[:CATALOGUE_NAMED])
+        more = len(catalogue) - CATALOGUE_NAMED
+        return shown + (f" and {more} more" if more > 0 else "")
+
+    def warnings(self) -> list[str]:
+        """What to say once at start about the gateway as injected: a catalogue that is not one
+        (then ignored), a default model the catalogue does not list (a run that names no model
+        asks for it, and a gateway that holds to its catalogue refuses it)."""
+        if self.problem:
+            return [f"{self.problem}: the AI gateway's model catalogue is ignored (a run's model is the one it asks "
+                    f"for, else {GATEWAY_DEFAULT_MODEL})"]
+        if self.default_model and self.catalogue is not None and self.default_model not in self.catalogue:
+            return [f"{GATEWAY_DEFAULT_MODEL}={_named_model(self.default_model)!r} is not in the AI gateway's "
+                    f"catalogue ({GATEWAY_CATALOGUE}: {self.catalogue_named()}): a run that names no model asks "
+                    "for it, and the gateway may refuse it"]
+        return []
+
+
+def _named_model(model: str) -> str:
+    return model if len(model) <= MODEL_NAMED_CHARS else model[:MODEL_NAMED_CHARS - 1] + "…"
 
 
 def gateway_from_env(environ: Environ) -> Gateway | None:
@@ -653,9 +677,24 @@ def _agent_id(env: Environ) -> str | None:
         raise ConfigError(f"{name}: {len(raw)} characters, the control plane keeps at most {AGENT_ID_MAX}")
     if not re.fullmatch(_AGENT_ID_RE, raw):
         raise ConfigError(f"{name}={raw[:80]!r}: use letters, digits, '.', '_', ':', '@' or '-', "
-                          "starting with a letter or digit (no spaces: the server trims them at register and "
-                          "then refuses every command)")
+                          f"starting with a letter or digit ({_agent_id_fault(raw)})")
     return raw
+
+
+def _agent_id_fault(raw: str) -> str:
+    """What is wrong with an agent id _AGENT_ID_RE refuses, named: its first wrong character."""
+    allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:@-")
+    at = next((i for i, c in enumerate(raw) if c not in allowed or (i == 0 and c in "._:@-")), 0)
+    char = raw[at]
+    shown = repr(char) if char.isascii() else f"{char!r} (U+{ord(char):04X})"
+    if char.isspace() and (at == 0 or not raw[at:].strip()):
+        where = "start" if at == 0 else "end"
+        return f"{shown} at its {where}: the server trims it at register and then refuses every command"
+    if at == 0:
+        return f"it starts with {shown}"
+    if char.isspace():
+        return f"{shown} inside it: no spaces"
+    return f"{shown} is not one of them" + ("" if char.isascii() else ": ASCII only")
 
 
 def _parse_bool(env: Environ, name: str) -> bool:

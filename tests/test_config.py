@@ -103,8 +103,14 @@ def test_runtime_type_comes_from_the_platforms_name_then_calderas_never_the_mark
     ({"CALDERA_RUNTIME_TYPE": "desktop"}, "CALDERA_RUNTIME_TYPE='desktop': desktop, gateway, shell are"),
     ({"CLAWMANAGER_AGENT_RUNTIME_TYPE": "her mes"}, "CLAWMANAGER_AGENT_RUNTIME_TYPE='her mes': lowercase"),
     ({"CLAWMANAGER_AGENT_ID": "hermes 12"}, "CLAWMANAGER_AGENT_ID='hermes 12': use letters"),
-    ({"CLAWMANAGER_AGENT_ID": "-x"}, "starting with a letter or digit"),
+    ({"CLAWMANAGER_AGENT_ID": "-x"}, "starting with a letter or digit (it starts with '-')"),
     ({"CLAWMANAGER_AGENT_ID": "hermes-12-main\n"}, "CLAWMANAGER_AGENT_ID='hermes-12-main\\n': use letters"),
+    # what is wrong is named: a blank at an end (which the server trims), a character not allowed
+    ({"CLAWMANAGER_AGENT_ID": "hermes-12-main\n"}, "('\\n' at its end: the server trims it at register and then "
+                                                   "refuses every command)"),
+    ({"CLAWMANAGER_AGENT_ID": "team/hermes"}, "('/' is not one of them)"),
+    ({"CLAWMANAGER_AGENT_ID": "café-12"}, "('é' (U+00E9) is not one of them: ASCII only)"),
+    ({"CLAWMANAGER_AGENT_ID": "hermes 12"}, "(' ' inside it: no spaces)"),
     ({"CALDERA_AGENT_ID": "a\tb", "CLAWMANAGER_AGENT_ID": "fine"}, "CALDERA_AGENT_ID="),
     ({"CLAWMANAGER_AGENT_ID": "a" * 256}, "CLAWMANAGER_AGENT_ID: 256 characters, the control plane keeps at most 255"),
 ])
@@ -371,6 +377,26 @@ def test_a_model_the_catalogue_does_not_list_is_refused_naming_the_catalogue():
     with pytest.raises(Refused) as err:
         config.gateway_model(big, "x" * 5000)
     assert str(err.value).endswith("m18, m19 and 480 more)") and len(str(err.value)) < 500  # one sentence
+    # long model ids: each named cut, so twenty of them still make one sentence
+    long_ids = dict(GATEWAY_ENV, CLAWMANAGER_LLM_MODEL=json.dumps([f"{i}-" + "x" * 1000 for i in range(30)]))
+    with pytest.raises(Refused) as err:
+        config.gateway_model(long_ids, "y" * 3000)
+    assert len(str(err.value)) < 1600 and str(err.value).endswith("… and 10 more)")
+    assert f"0-{'x' * 61}…, 1-" in str(err.value)
+
+
+@pytest.mark.parametrize("env, said", [
+    (GATEWAY_ENV, []),
+    (dict(GATEWAY_ENV, OPENAI_MODEL="gpt-5"), ["OPENAI_MODEL='gpt-5' is not in the AI gateway's catalogue "
+                                               "(CLAWMANAGER_LLM_MODEL: auto, gpt-4.1, kimi-k2.6): a run that names "
+                                               "no model asks for it, and the gateway may refuse it"]),
+    (dict(GATEWAY_ENV, CLAWMANAGER_LLM_MODEL="gpt-4.1"),
+     ["CLAWMANAGER_LLM_MODEL is not JSON (the platform sends a JSON list of model ids): the AI gateway's model "
+      "catalogue is ignored (a run's model is the one it asks for, else OPENAI_MODEL)"]),
+    (dict(GATEWAY_ENV, OPENAI_MODEL=""), []),  # the catalogue's first, listed by definition
+])
+def test_what_is_said_at_start_of_the_gateway_as_injected(env, said):
+    assert config.Gateway(env).warnings() == said
 
 
 @pytest.mark.parametrize("raw, words", [

@@ -195,7 +195,7 @@ def test_a_bad_agent_id_stops_the_start_with_a_sentence(caldera_env, plane, tmp_
     assert done.returncode == 2 and plane.count("POST", "/register$") == 0
     assert done.stderr.strip().endswith(
         "CLAWMANAGER_AGENT_ID='hermes 7 main': use letters, digits, '.', '_', ':', '@' or '-', starting with a "
-        "letter or digit (no spaces: the server trims them at register and then refuses every command)"), done.stderr
+        "letter or digit (' ' inside it: no spaces)"), done.stderr
     assert "Traceback" not in done.stderr
 
 
@@ -223,7 +223,11 @@ GATEWAY_LLM = "http://clawmanager-gateway.demo-system.svc.cluster.local:9001/api
 INJECTED_LLM = {"CLAWMANAGER_LLM_BASE_URL": GATEWAY_LLM, "CLAWMANAGER_LLM_API_KEY": LLM_KEY,
                 "CLAWMANAGER_LLM_MODEL": '["auto","gpt-4.1"]', "CLAWMANAGER_LLM_PROVIDER": "openai-compatible",
                 "CLAWMANAGER_INSTANCE_TOKEN": LLM_KEY, "OPENAI_BASE_URL": GATEWAY_LLM, "OPENAI_API_BASE": GATEWAY_LLM,
-                "OPENAI_API_KEY": LLM_KEY, "OPENAI_MODEL": "auto"}
+                "OPENAI_API_KEY": LLM_KEY, "OPENAI_MODEL": "auto",
+                # CM-aug's (clawmanager-notes 1.5): JSON of a shape the notes do not give, and the egress id
+                "CLAWMANAGER_LLM_REASONING": '{"gpt-4.1":"medium"}',
+                "CLAWMANAGER_LLM_REASONING_CONTROL": '{"enabled":true}',
+                "CLAWMANAGER_EGRESS_INSTANCE_ID": str(INSTANCE)}
 BOUND = PROCESS_MANIFEST + "bindings: [llm_gateway]\n"
 
 
@@ -365,6 +369,16 @@ def test_a_catalogue_that_is_not_a_json_list_is_named_once_and_ignored(caldera_e
                      "OPENAI_MODEL)"], done.stderr
     [described] = plane.store.reports(INSTANCE, last=True)["body"]["runtime"]["llm_configs"]
     assert described["model"] == "auto"  # OPENAI_MODEL, never the raw value
+
+
+def test_a_default_model_the_catalogue_does_not_list_is_named_once(caldera_env, plane, tmp_path):
+    env, _ = _instance(tmp_path, plane.url, **dict(INJECTED_LLM, OPENAI_MODEL="gpt-5"))
+    done = _report_once(env)
+    assert done.returncode == 0, done.stderr
+    named = [line for line in done.stderr.splitlines() if "OPENAI_MODEL" in line]
+    assert named == ["WARNING caldera: OPENAI_MODEL='gpt-5' is not in the AI gateway's catalogue "
+                     "(CLAWMANAGER_LLM_MODEL: auto, gpt-4.1): a run that names no model asks for it, and the "
+                     "gateway may refuse it"], done.stderr
 
 
 # ------------------------------------------------------------------ PID 1
