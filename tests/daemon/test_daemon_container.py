@@ -357,28 +357,26 @@ def test_keys_in_a_urls_path_reach_neither_the_report_nor_the_planes_database(ca
         assert secret.encode() not in stored, secret
 
 
-def test_a_catalogue_that_is_not_a_json_list_is_named_once_and_ignored(caldera_env, plane, tmp_path):
-    env, _ = _instance(tmp_path, plane.url, **dict(INJECTED_LLM, CLAWMANAGER_LLM_MODEL="gpt-4.1"))
+@pytest.mark.parametrize("injected, said, model", [
+    ({"CLAWMANAGER_LLM_MODEL": "gpt-4.1"},  # not a list: named once, then ignored
+     "CLAWMANAGER_LLM_MODEL is not JSON (the platform sends a JSON list of model ids): the AI gateway's model "
+     "catalogue is ignored (a run's model is the one it asks for, else OPENAI_MODEL)", "auto"),
+    ({"OPENAI_MODEL": "gpt-5"},  # a default model the catalogue does not list: named once
+     "OPENAI_MODEL='gpt-5' is not in the AI gateway's catalogue (CLAWMANAGER_LLM_MODEL: auto, gpt-4.1): a run "
+     "that names no model asks for it, and the gateway may refuse it", "gpt-5"),
+], ids=["catalogue-not-a-list", "default-model-not-listed"])
+def test_what_is_wrong_with_the_gateway_as_injected_is_named_once(caldera_env, plane, tmp_path, injected, said,
+                                                                  model):
+    env, _ = _instance(tmp_path, plane.url, **dict(INJECTED_LLM, **injected))
     config = Path(env["CALDERA_CONFIG_DIR"]) / "agents" / "demo"
     (config / "agent.env").write_text(f"CALDERA_WORKSPACE_ROOTS={tmp_path}\n")
     done = _report_once(env)
     assert done.returncode == 0, done.stderr
-    named = [line for line in done.stderr.splitlines() if "CLAWMANAGER_LLM_MODEL" in line]
-    assert named == ["WARNING caldera: CLAWMANAGER_LLM_MODEL is not JSON (the platform sends a JSON list of model "
-                     "ids): the AI gateway's model catalogue is ignored (a run's model is the one it asks for, else "
-                     "OPENAI_MODEL)"], done.stderr
+    named = [line for line in done.stderr.splitlines() if "gateway" in line and "WARNING" in line
+             and "plain http" not in line]
+    assert named == [f"WARNING caldera: {said}"], done.stderr
     [described] = plane.store.reports(INSTANCE, last=True)["body"]["runtime"]["llm_configs"]
-    assert described["model"] == "auto"  # OPENAI_MODEL, never the raw value
-
-
-def test_a_default_model_the_catalogue_does_not_list_is_named_once(caldera_env, plane, tmp_path):
-    env, _ = _instance(tmp_path, plane.url, **dict(INJECTED_LLM, OPENAI_MODEL="gpt-5"))
-    done = _report_once(env)
-    assert done.returncode == 0, done.stderr
-    named = [line for line in done.stderr.splitlines() if "OPENAI_MODEL" in line]
-    assert named == ["WARNING caldera: OPENAI_MODEL='gpt-5' is not in the AI gateway's catalogue "
-                     "(CLAWMANAGER_LLM_MODEL: auto, gpt-4.1): a run that names no model asks for it, and the "
-                     "gateway may refuse it"], done.stderr
+    assert described["model"] == model  # OPENAI_MODEL, never the raw value of the catalogue
 
 
 # ------------------------------------------------------------------ PID 1
