@@ -81,7 +81,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def copy_example(tmp_path: Path) -> Path:
     target = tmp_path / "task-agent"
-    shutil.copytree(EXAMPLE, target, ignore=shutil.ignore_patterns("data", "__pycache__"))
+    shutil.copytree(EXAMPLE, target, ignore=shutil.ignore_patterns("data", "__pycache__", ".caldera-state"))
     return target
 
 
@@ -207,7 +207,7 @@ def home(account):
     root = scratch(account)
     try:
         shutil.copytree(EXAMPLE, root / "co" / "examples" / "task-agent",
-                        ignore=shutil.ignore_patterns("data", "__pycache__"))
+                        ignore=shutil.ignore_patterns("data", "__pycache__", ".caldera-state"))
         account.give(root)
         yield root
     finally:
@@ -759,7 +759,7 @@ def checkout(account):
     root = scratch(account)
     try:
         shutil.copytree(EXAMPLE, root / "co" / "examples" / "task-agent",
-                        ignore=shutil.ignore_patterns("data", "__pycache__"))
+                        ignore=shutil.ignore_patterns("data", "__pycache__", ".caldera-state"))
         venv = root / "co" / ".venv" / "bin"
         venv.mkdir(parents=True)
         (venv / "activate").write_text(f'PATH="{venv}:$PATH"; export PATH\n')
