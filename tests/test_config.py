@@ -321,5 +321,5 @@ def test_a_misspelled_variable_is_named_with_the_closest_known_one(caldera_env):
     from caldera.config import unknown_variables
 
     found = unknown_variables(agent_from_args(Args(agent="demo")))
-    assert [(name, close) for _, name, close in found] == [("CALDERA_HEARTBEAT_INTERVALL",
-                                                            "CALDERA_REPORT_INTERVAL_SECONDS"), ("CALDERA_QQQQQQQQQQQQ", None)]
+    assert [(name, close) for _, name, close in found] == [
+        ("CALDERA_HEARTBEAT_INTERVALL", "CALDERA_REPORT_INTERVAL_SECONDS"), ("CALDERA_QQQQQQQQQQQQ", None)]

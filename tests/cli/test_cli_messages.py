@@ -9,10 +9,8 @@ daemon started from a checkout, …) and compares what the CLI printed. In the f
 test's own directory reads {tmp}, a home {home}, the user's name {user}, a process id {pid},
 a port {port}, a measured duration {secs}.
 """
-import errno
 import json
 import os
-import pwd
 import re
 import shutil
 import signal
@@ -24,7 +22,6 @@ from pathlib import Path
 
 import pytest
 from daemon_helpers import wait_for
-
 from unprivileged_helpers import find_account, scratch
 
 from caldera import cli
@@ -147,8 +144,9 @@ def test_init_prints_what_works_from_where_it_was_typed(tmp_path):
     command = re.search(r"start it with `([^`]*)`", done.stdout, re.I)[1]
     said("init-program-not-on-path", command, tmp=tmp_path, program=script)
     words = command.split()
-    status = subprocess.run([words[2], "status", "--agent", "ta"], env=clean_env(**dict(w.split("=", 1) for w in words[:2])),
-                            cwd="/", capture_output=True, text=True, timeout=60)  # as printed, from anywhere
+    roots = clean_env(**dict(word.split("=", 1) for word in words[:2]))
+    status = subprocess.run([words[2], "status", "--agent", "ta"], env=roots, cwd="/", capture_output=True,
+                            text=True, timeout=60)  # as printed, from anywhere
     assert status.returncode == 0 and "daemon: not running" in status.stdout, status.stdout + status.stderr
 
 
@@ -635,8 +633,8 @@ def test_a_process_agent_that_cannot_start_says_why(tmp_path, capsys):
         lines = log.read_text().splitlines()
         said("run-agent-cannot-start", lines[1], tmp=tmp_path)
         exited = next(line for line in lines if "exited with status 2" in line)
-        said("process-exit-last-words", re.sub(r"after \d+ s", "after {secs} s", re.sub(r"pid \d+", "pid {pid}", exited)),
-             tmp=tmp_path)
+        exited = re.sub(r"after \d+ s", "after {secs} s", re.sub(r"pid \d+", "pid {pid}", exited))
+        said("process-exit-last-words", exited, tmp=tmp_path)
     finally:
         _stop(proc)
     assert "can't open file" in (agent / ".caldera-state" / "miss" / "logs" / "agent.log").read_text()
