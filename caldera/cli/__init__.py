@@ -224,7 +224,10 @@ def _beside_manifest(args: Args | None) -> Path | None:
     manifest = getattr(args, "manifest", None)
     if not manifest or getattr(args, "state_dir", None):
         return None
-    given = Path(manifest).absolute()
+    try:
+        given = Path(manifest).absolute()
+    except OSError:  # no current directory to resolve it against: the plain sentence will do
+        return None
     return (given if given.is_dir() else given.parent) / STATE_BESIDE_MANIFEST
 
 

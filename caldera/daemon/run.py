@@ -40,6 +40,8 @@ from caldera.host.fsutil import StateLock
 from caldera.skills.watcher import skills_loop
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from caldera.agents.process.control import ControlServer
 
 log = logging.getLogger("caldera.daemon")
@@ -110,7 +112,7 @@ def run(parts: Parts, signals: Signals) -> int:
         return _run_connected(parts, signals)
 
 
-def already_run(name: str, state_dir: object, holder: str | None) -> str:
+def already_run(name: str, state_dir: Path, holder: str | None) -> str:
     """Why a second `caldera run` of one agent does not start, and what to do: the state
     dir's lock holder ("PID ROLE") as a person reads it, and how to stop it (its unit's
     stop when systemd runs it, else its pid's SIGTERM), or that a one-shot report ends soon."""
