@@ -19,7 +19,12 @@
 # queued finish reaches the plane exactly once after the restart, the command never runs
 # twice), the same image built for a non-root user (`caldera init --owner app`) run as
 # uid 1000 (`systemd-nspawn --user=app`: register, a command, SIGTERM), and the canary
-# bootstrap token nowhere in the output or any file. Every wait is bounded: a stop by the
+# bootstrap token nowhere in the output or any file. The variables are a current server's
+# (issue 34): CLAWMANAGER_AGENT_RUNTIME_TYPE=hermes beside the placement marker
+# CLAWMANAGER_RUNTIME_TYPE=desktop, and the AI gateway with a canary key: the agent is
+# hermes-12-main, the hermes skill dirs of the volume are scanned (a category recursed) and
+# named by `caldera status`, the reports say the agent is on the gateway, and the gateway's
+# key is nowhere either. Every wait is bounded: a stop by the
 # code's own stop bound (docs/container.md), everything else by a limit named where it is.
 #
 # Usage: .ci/container.sh [DEB | DIR-with-one-caldera_*.deb]
@@ -36,6 +41,7 @@ AGENT=ci-agent
 APP_USER=app  # the non-root image's user (uid 1000, as packaging/container/Dockerfile makes it)
 INSTANCE=12
 TOKEN=agt_boot_$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')  # the canary: ClawManager's format
+LLM_KEY=igt_$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')  # the gateway key's canary
 NS=demo
 GATEWAY_HOST=clawmanager-gateway.$NS-system.svc.cluster.local
 PERSISTENT=/config/.hermes  # what ClawManager injects for hermes
@@ -177,6 +183,7 @@ runtime:
 status: status.json
 state: agent
 controls: [run_now]
+bindings: [llm_gateway]
 EOF
 cat > "$WORK/build/$AGENT/agent.py" <<'EOF'
 import json, os, signal, subprocess, sys, time
@@ -256,14 +263,22 @@ BASE_URL=http://$GATEWAY_HOST:$PORT
 echo "plane $PLANE_URL, live proxy on port $PROXY_PORT; the container's base URL: $BASE_URL"
 touch "$WORK/requests.log" "$WORK/proxied.log"
 
-PERSIST=$WORK/config  # the platform's volume, empty at first
-mkdir -p "$PERSIST"
+PERSIST=$WORK/config  # the platform's volume: the hermes image's skills in it, no caldera state yet
+mkdir -p "$PERSIST/hermes/skills/productivity/notes" "$PERSIST/.hermes/skills/deploy"
+printf -- '---\nname: notes\n---\nTake notes.\n' > "$PERSIST/hermes/skills/productivity/notes/SKILL.md"
+printf -- '---\nname: deploy\n---\nDeploy.\n' > "$PERSIST/.hermes/skills/deploy/SKILL.md"
 RUN_PERSIST=$PERSIST
 STATE=$PERSIST/.hermes/caldera-agent
+GATEWAY_LLM=http://$GATEWAY_HOST:$PORT/api/v1/gateway/llm  # never called: the agent only reads it
+# A current server's variables (issue 34): the runtime's name beside the placement marker, the gateway.
 ENVS=(CLAWMANAGER_AGENT_ENABLED=true "CLAWMANAGER_AGENT_BASE_URL=$BASE_URL"
 	"CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN=$TOKEN" "CLAWMANAGER_AGENT_INSTANCE_ID=$INSTANCE"
 	"CLAWMANAGER_AGENT_PERSISTENT_DIR=$PERSISTENT" CLAWMANAGER_AGENT_PROTOCOL_VERSION=v1
-	CLAWMANAGER_AGENT_DISK_LIMIT_BYTES=10737418240 CLAWMANAGER_RUNTIME_TYPE=hermes)
+	CLAWMANAGER_AGENT_DISK_LIMIT_BYTES=10737418240 CLAWMANAGER_AGENT_RUNTIME_TYPE=hermes
+	CLAWMANAGER_RUNTIME_TYPE=desktop "CLAWMANAGER_LLM_BASE_URL=$GATEWAY_LLM" "CLAWMANAGER_LLM_API_KEY=$LLM_KEY"
+	'CLAWMANAGER_LLM_MODEL=["auto","gpt-4.1"]' CLAWMANAGER_LLM_PROVIDER=openai-compatible
+	"CLAWMANAGER_INSTANCE_TOKEN=$LLM_KEY" "OPENAI_BASE_URL=$GATEWAY_LLM" "OPENAI_API_BASE=$GATEWAY_LLM"
+	"OPENAI_API_KEY=$LLM_KEY" OPENAI_MODEL=auto)
 
 # start_container [VAR=VALUE...]: the image with ClawManager's variables (and the extra ones
 # given); $RUN_IMG, $RUN_PERSIST and $RUN_USER (empty: the image's root) say which image, volume and user.
@@ -392,6 +407,19 @@ inside caldera status > "$WORK/status.txt" 2>&1 || { cat "$WORK/status.txt"; fai
 sed 's/^/  | /' "$WORK/status.txt"
 grep -q "process: pid $AGENT_PID, running" "$WORK/status.txt" || fail "caldera status does not show the agent's pid $AGENT_PID running"
 echo "round trip ${t_cmd} s; caldera status shows pid $AGENT_PID"
+
+step "the hermes skill dirs (a category recursed); the LLM-governance fields"
+grep -q "/config/hermes/skills, /config/.hermes/skills (hermes default)" "$WORK/status.txt" \
+	|| fail "caldera status does not name the hermes skill dirs"
+# The plane's inventory: the skills the runtime reported, as the server keeps them (one row a skill).
+plane_skills() { "$PY" -c 'import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+print(" ".join(sorted(r[0] for r in db.execute("SELECT install_path FROM instance_skills WHERE instance_id=? AND status=?", (int(sys.argv[2]), "active")))))' "$WORK/plane.db" "$INSTANCE"; }
+hermes_skills() { [ "$(plane_skills)" = "/config/.hermes/skills/deploy /config/hermes/skills/productivity/notes" ]; }
+wait_until 30 "the plane's inventory: the two hermes skills (got: $(plane_skills))" hermes_skills >/dev/null
+[ "$(report_field "' '.join(str(x) for x in (b['runtime'].get('llm_config_status'), b['runtime'].get('llm_provider_base_url'), len(b['runtime'].get('llm_config_fingerprint') or '')))")" = "gateway $GATEWAY_LLM 71" ] \
+	|| fail "the report does not say the agent is on the gateway: $(report_field "{k: v for k, v in b['runtime'].items() if k.startswith('llm')}")"
+echo "skills: $(plane_skills); the report: llm_config_status gateway, $GATEWAY_LLM"
 
 step "an agent whose children leave grandchildren behind: no zombie"
 id=$(plane enqueue --instance "$INSTANCE" run_now)
@@ -530,12 +558,15 @@ if grep -v '^Attempted to remove disk file system' "$WORK/container.log" | grep 
 fi
 echo "as uid 1000: registered ${t_app_reg} s after the start, a command round trip ${t_app_cmd} s, SIGTERM exit 0 in $STOP_T s"
 
-step "the canary bootstrap token: nowhere but where ClawManager put it"
+step "the canary bootstrap token: nowhere but where ClawManager put it; the gateway key nowhere"
 [ "$(stat -c %a "$STATE/session.json")" = 600 ] || fail "session.json is not 0600"
 leaks=$(grep -rlF "$TOKEN" "$WORK/container.log" "$PERSIST" "$IMG" "$PERSIST_APP" "$IMG_APP" 2>/dev/null \
 	| grep -v "^$STATE/session.json$" | grep -v "^$STATE_APP/session.json$" || true)
 [ -z "$leaks" ] || fail "the bootstrap token is in: $leaks"
-echo "not in the container's output, the persistent dir or the image (session.json 0600)"
+leaks=$(grep -rlF "$LLM_KEY" "$WORK/container.log" "$PERSIST" "$IMG" "$PERSIST_APP" "$IMG_APP" "$WORK/plane.db" \
+	"$WORK/requests.log" 2>/dev/null || true)
+[ -z "$leaks" ] || fail "the gateway key is in: $leaks"
+echo "not in the container's output, the persistent dir, the image or the plane (session.json 0600)"
 
 stop_container
 printf '\n== container: summary\n'

@@ -59,6 +59,8 @@ step "package contents"
 dpkg-deb -c "$DEB" | awk '{print $6}' | sed 's|^\./|/|' > "$WORK/contents"
 for path in /usr/bin/caldera /usr/lib/systemd/system/caldera@.service /etc/cron.d/caldera \
 		/usr/share/man/man1/caldera.1.gz /usr/share/caldera/schemas/ \
+		/usr/lib/python3/dist-packages/caldera/schemas/manifest.schema.json \
+		/usr/lib/python3/dist-packages/caldera/schemas/protocol/register.schema.json \
 		/usr/share/caldera/examples/task-agent/caldera.agent.yaml \
 		/usr/share/doc/caldera/packaging.md.gz /etc/caldera/agents/ /var/lib/caldera/; do
 	grep -qxF "$path" "$WORK/contents" || fail "$path is not in the package"
@@ -134,6 +136,10 @@ case "$where" in /usr/lib/python3/dist-packages/caldera/*) ;; *) fail "caldera i
 got=$(sys_env caldera --version)
 [ "$got" = "caldera $VERSION" ] || fail "caldera --version said '$got', want 'caldera $VERSION'"
 echo "$got (from $where)"
+# The schemas the installed caldera reads: its package's own (importlib.resources), real files.
+schemas=$(sys_env /usr/bin/python3 -c 'from caldera.protocol import schemas; print(schemas.schema_dir())')
+[ "$schemas" = /usr/lib/python3/dist-packages/caldera/schemas ] && [ ! -L "$schemas" ] \
+	|| fail "the installed caldera reads its schemas from $schemas"
 
 step "caldera check --manifest (the example agent, as user caldera)"
 EXAMPLE=/usr/share/caldera/examples/task-agent/caldera.agent.yaml

@@ -30,10 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "backends"))
 
-from caldera.backends.appserver import Channel, pump_stdout  # noqa: E402
-from caldera.backends.codex import handle_batch  # noqa: E402
+from caldera.backends.codex.appserver import Channel, pump_stdout  # noqa: E402
+from caldera.backends.codex.backend import handle_batch  # noqa: E402
+from caldera.backends.codex.normalize import Normalizer  # noqa: E402
 from caldera.backends.events import EventSink  # noqa: E402
-from caldera.backends.normalize import Normalizer  # noqa: E402
 from caldera.backends.runlog import RunLog  # noqa: E402
 from caldera.redact import Redactor  # noqa: E402
 

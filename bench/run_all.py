@@ -19,6 +19,7 @@ QUICK = {
     "bench_sampler.py": ["--samples", "500"],
     "bench_skills.py": ["--rounds", "3"],
     "bench_codex.py": ["--lines", "50000"],
+    "bench_claude_code.py": ["--turns", "3", "--rounds", "20"],
     "bench_plane_load.py": ["--steps", "250", "--seconds", "20"],
 }
 

@@ -1,6 +1,6 @@
 """caldera: the host runtime that connects agents to their control plane."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # typing.TYPE_CHECKING without importing typing: the quick verbs (`caldera pause`, `status`)
 # load many of caldera's modules, and importing typing would add to every start

@@ -38,7 +38,9 @@ ALIASES = {
     "CALDERA_PROTOCOL_VERSION": "CLAWMANAGER_AGENT_PROTOCOL_VERSION",
     "CALDERA_PERSISTENT_DIR": "CLAWMANAGER_AGENT_PERSISTENT_DIR",
     "CALDERA_DISK_LIMIT_BYTES": "CLAWMANAGER_AGENT_DISK_LIMIT_BYTES",
-    "CALDERA_RUNTIME_TYPE": "CLAWMANAGER_AGENT_RUNTIME_TYPE",  # also CLAWMANAGER_RUNTIME_TYPE (see load_settings)
+    "CALDERA_RUNTIME_TYPE": None,  # the platform's CLAWMANAGER_AGENT_RUNTIME_TYPE comes first: runtime_type_of
+    "CALDERA_AGENT_ID": "CLAWMANAGER_AGENT_ID",
+    "CALDERA_SKILL_DIRS": "CLAWMANAGER_AGENT_SKILL_DIRS",
     "CALDERA_CA_BUNDLE": None,
     "CALDERA_LOG_LEVEL": None,
     "CALDERA_REPORT_INTERVAL_SECONDS": None,
@@ -50,6 +52,20 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # verb that never reads an env file does not pay for compiling them at import.
 _NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 _RUNTIME_TYPE_RE = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+# An agent id: what the server stores trimmed (VARCHAR(255)) and compares untrimmed on start.
+_AGENT_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$"
+AGENT_ID_MAX = 255
+# ClawManager's CLAWMANAGER_RUNTIME_TYPE: where the instance is placed, never what runs in it.
+RUNTIME_MARKERS = ("desktop", "gateway", "shell")
+# The skill dirs of ClawManager's runtime images, as their own agent scans them when neither
+# CALDERA_SKILL_DIRS nor CLAWMANAGER_AGENT_SKILL_DIRS is set (AgentsRuntime, instanceagent
+# runtimeDefaults; docs/container.md). The others (openclaw, deepseek-harness) name none.
+RUNTIME_SKILL_DIRS = {
+    "hermes": ("/config/hermes/skills", "/config/.hermes/skills"),
+    "codex": ("/config/.codex/skills",),
+    "claude-code": ("/config/.claude/skills",),
+    "opencode": ("/config/.opencode/skills",),
+}
 _ENV_LINE_RE = r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$"
 
 
@@ -98,7 +114,7 @@ class Settings:
 
     FIELDS = ("enabled", "base_url", "bootstrap_token", "instance_id", "protocol_version", "persistent_dir",
               "disk_limit_bytes", "runtime_type", "ca_bundle", "log_level", "report_interval", "env",
-              "secret_values")
+              "secret_values", "agent_id_given")
     __slots__ = FIELDS
     enabled: bool
     base_url: str | None
@@ -113,15 +129,16 @@ class Settings:
     report_interval: float
     env: dict[str, str]
     secret_values: tuple[str, ...]
+    agent_id_given: str | None  # CALDERA_AGENT_ID / CLAWMANAGER_AGENT_ID, checked
 
     def __init__(self, *, enabled: bool, base_url: str | None, bootstrap_token: str | None,
                  instance_id: int | None, protocol_version: str, persistent_dir: Path,
                  disk_limit_bytes: int | None, runtime_type: str, ca_bundle: str | None, log_level: str,
                  report_interval: float, env: dict[str, str] | None = None,
-                 secret_values: tuple[str, ...] = ()) -> None:
+                 secret_values: tuple[str, ...] = (), agent_id_given: str | None = None) -> None:
         given = (enabled, base_url, bootstrap_token, instance_id, protocol_version, persistent_dir,
                  disk_limit_bytes, runtime_type, ca_bundle, log_level, report_interval,
-                 {} if env is None else env, secret_values)
+                 {} if env is None else env, secret_values, agent_id_given)
         for key, value in zip(self.FIELDS, given, strict=True):
             object.__setattr__(self, key, value)
 
@@ -134,7 +151,8 @@ class Settings:
 
     @property
     def agent_id(self) -> str:
-        return f"{self.runtime_type}-{self.instance_id}-main"
+        """The one given (CALDERA_AGENT_ID, CLAWMANAGER_AGENT_ID), else `<runtime_type>-<instance>-main`."""
+        return self.agent_id_given or f"{self.runtime_type}-{self.instance_id}-main"
 
     @property
     def plain_http_host(self) -> str | None:
@@ -252,11 +270,30 @@ def persistent_dir(environ: Environ = os.environ) -> str | None:
     return environ.get("CALDERA_PERSISTENT_DIR") or environ.get("CLAWMANAGER_AGENT_PERSISTENT_DIR") or None
 
 
+def runtime_type_of(environ: Environ = os.environ) -> tuple[str, str | None]:
+    """(the runtime's name, the variable it came from; None for the default "caldera"), unchecked.
+
+    ClawManager's own CLAWMANAGER_AGENT_RUNTIME_TYPE first (the platform names what the instance
+    runs; one of the placement markers there is passed over, as ClawManager's own agent does),
+    then CALDERA_RUNTIME_TYPE (the image's or operator's), then "caldera". CLAWMANAGER_RUNTIME_TYPE
+    is never read: it says where the instance is placed (desktop, gateway, shell), not what runs."""
+    platform = (environ.get("CLAWMANAGER_AGENT_RUNTIME_TYPE") or "").strip().lower()
+    if platform and platform not in RUNTIME_MARKERS:
+        return platform, "CLAWMANAGER_AGENT_RUNTIME_TYPE"
+    own = (environ.get("CALDERA_RUNTIME_TYPE") or "").strip()
+    if own:
+        return own, "CALDERA_RUNTIME_TYPE"
+    return "caldera", None
+
+
 def runtime_type_name(environ: Environ = os.environ) -> str:
-    """CALDERA_RUNTIME_TYPE (else ClawManager's CLAWMANAGER_AGENT_RUNTIME_TYPE, CLAWMANAGER_RUNTIME_TYPE)
-    unchecked, "caldera" when unset (`caldera sample` labels only)."""
-    return (environ.get("CALDERA_RUNTIME_TYPE") or environ.get("CLAWMANAGER_AGENT_RUNTIME_TYPE")
-            or environ.get("CLAWMANAGER_RUNTIME_TYPE") or "caldera")
+    """runtime_type_of's name, unchecked (`caldera sample` labels only)."""
+    return runtime_type_of(environ)[0]
+
+
+def in_instance(environ: Environ = os.environ) -> bool:
+    """Inside a ClawManager instance: the platform's persistent dir is set (under either name)."""
+    return persistent_dir(environ) is not None
 
 
 def schema_dir_override(environ: Environ = os.environ) -> Path | None:
@@ -300,6 +337,17 @@ def codex_retries(environ: Environ, request_default: int, stream_default: int) -
             _count(environ, "CALDERA_CODEX_STREAM_MAX_RETRIES", stream_default))
 
 
+def claude_code_binary(environ: Environ = os.environ) -> str | None:
+    """CALDERA_CLAUDE_CODE_BIN: the Claude Code binary to run instead of `claude` on PATH."""
+    return environ.get("CALDERA_CLAUDE_CODE_BIN") or None
+
+
+def claude_code_retries(environ: Environ, default: int) -> int:
+    """CALDERA_CLAUDE_CODE_MAX_RETRIES (Claude Code's CLAUDE_CODE_MAX_RETRIES for a run): a
+    whole number >= 0, its default when unset; ConfigError naming the variable otherwise."""
+    return _count(environ, "CALDERA_CLAUDE_CODE_MAX_RETRIES", default)
+
+
 def _count(environ: Environ, name: str, default: int) -> int:
     raw = environ.get(name)
     if raw in (None, ""):
@@ -313,20 +361,99 @@ def _count(environ: Environ, name: str, default: int) -> int:
     return value
 
 
+# ---------------------------------------------------------------- the AI gateway (SPEC section 10)
+# As ClawManager's server injects it (buildGatewayEnv): the base URL and key under its own names
+# and the OPENAI_* aliases, CLAWMANAGER_LLM_MODEL the catalogue (a JSON list of model ids, never
+# a model name), OPENAI_MODEL the default model, CLAWMANAGER_LLM_PROVIDER `openai-compatible`.
+GATEWAY_BASE_URL = ("CLAWMANAGER_LLM_BASE_URL", "OPENAI_BASE_URL", "OPENAI_API_BASE")
+GATEWAY_API_KEY = ("CLAWMANAGER_LLM_API_KEY", "OPENAI_API_KEY")
+GATEWAY_CATALOGUE, GATEWAY_DEFAULT_MODEL, GATEWAY_PROVIDER = "CLAWMANAGER_LLM_MODEL", "OPENAI_MODEL", \
+    "CLAWMANAGER_LLM_PROVIDER"
+CATALOGUE_MAX_BYTES = 64 * 1024  # the server caps what it injects at 64 KiB
+CATALOGUE_NAMED = 20  # a refusal names this many of the catalogue's models
+
+
+def _first(environ: Environ, names: Iterable[str]) -> str | None:
+    return next((environ[n] for n in names if environ.get(n)), None)
+
+
+def gateway_catalogue(raw: str | None) -> tuple[tuple[str, ...] | None, str | None]:
+    """(the catalogue's model ids, None) from CLAWMANAGER_LLM_MODEL's value; (None, a sentence)
+    when it is not a JSON list of model names (it is then ignored); (None, None) when unset."""
+    if raw is None or not raw.strip():
+        return None, None
+    if len(raw) > CATALOGUE_MAX_BYTES:
+        return None, f"{GATEWAY_CATALOGUE} is over {CATALOGUE_MAX_BYTES // 1024} KiB"
+    import json  # here: only a gateway's reader needs it
+
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None, f"{GATEWAY_CATALOGUE} is not JSON (the platform sends a JSON list of model ids)"
+    if not isinstance(doc, list) or not doc:
+        kinds = {"dict": "object", "str": "string", "int": "number", "float": "number", "bool": "boolean"}
+        what = "an empty list" if doc == [] else f"a JSON {kinds.get(type(doc).__name__, 'null')}"
+        return None, f"{GATEWAY_CATALOGUE} is {what}, not a JSON list of model ids"
+    bad = next((i for i, item in enumerate(doc) if not isinstance(item, str) or not item.strip()), None)
+    if bad is not None:
+        return None, f"{GATEWAY_CATALOGUE}: item {bad + 1} is not a model id (a non-empty string)"
+    return tuple(item.strip() for item in doc), None
+
+
+class Gateway:
+    """ClawManager's AI gateway as the platform injects it (a plain class for AgentPaths' reason).
+    `catalogue` is None when CLAWMANAGER_LLM_MODEL is unset or not a JSON list of model ids
+    (`problem` then says which, for the one warning at start). Its repr shows no key."""
+
+    __slots__ = ("base_url", "api_key", "provider", "default_model", "catalogue", "problem")
+
+    def __init__(self, environ: Environ) -> None:
+        self.base_url = _first(environ, GATEWAY_BASE_URL)
+        self.api_key = _first(environ, GATEWAY_API_KEY)
+        self.provider = environ.get(GATEWAY_PROVIDER) or None
+        self.default_model = (environ.get(GATEWAY_DEFAULT_MODEL) or "").strip() or None
+        self.catalogue, self.problem = gateway_catalogue(environ.get(GATEWAY_CATALOGUE))
+
+    def __repr__(self) -> str:
+        host = urllib.parse.urlsplit(self.base_url or "").hostname  # never the URL: it may carry credentials
+        return f"Gateway(host={host!r}, default_model={self.default_model!r}, catalogue={self.catalogue!r})"
+
+    def model_for(self, requested: str | None = None) -> str | None:
+        """The model of a run on the gateway: `requested` (a payload's `model`) when the catalogue
+        lists it or there is no catalogue, refused (errors.Refused, naming the catalogue) when it
+        does not; without one, OPENAI_MODEL, else the catalogue's first; None when neither says."""
+        if requested:
+            if self.catalogue is not None and requested not in self.catalogue:
+                from caldera.errors import Refused  # here: the quick verbs never choose a model
+
+                shown = ", ".join(self.catalogue[:CATALOGUE_NAMED])
+                more = len(self.catalogue) - CATALOGUE_NAMED
+                raise Refused(f"model {requested[:200]!r} is not in the AI gateway's catalogue ({GATEWAY_CATALOGUE}: "
+                              f"{shown}{f' and {more} more' if more > 0 else ''})")
+            return requested
+        return self.default_model or (self.catalogue[0] if self.catalogue else None)
+
+
+def gateway_from_env(environ: Environ) -> Gateway | None:
+    """The AI gateway when the environment carries one (a base URL and a key), else None."""
+    gateway = Gateway(environ)
+    return gateway if gateway.base_url and gateway.api_key else None
+
+
+def gateway_model(environ: Environ, requested: str | None = None) -> str | None:
+    """The gateway model rule in one call (Gateway.model_for): what a backend's run on the AI
+    gateway asks for. errors.Refused when `requested` is not in the catalogue."""
+    return Gateway(environ).model_for(requested)
+
+
+def credentials_directory(environ: Environ) -> str | None:
+    """$CREDENTIALS_DIRECTORY: systemd's LoadCredential= files (a backend's projection may be there)."""
+    return environ.get("CREDENTIALS_DIRECTORY") or os.environ.get("CREDENTIALS_DIRECTORY") or None
+
+
 # The agent's code-agent settings in agent.env (SPEC section 10); messages name agent.env.
-_LLM_GATEWAY_VARS = {
-    "base_url": ("CLAWMANAGER_LLM_BASE_URL", "OPENAI_BASE_URL"),
-    "api_key": ("CLAWMANAGER_LLM_API_KEY", "OPENAI_API_KEY"),
-    "model": ("CLAWMANAGER_LLM_MODEL", "OPENAI_MODEL"),
-}
 _RUN_TRUE = {"1", "true", "yes", "on"}
 _RUN_FALSE = {"", "0", "false", "no", "off"}
-
-
-def llm_gateway(environ: Environ) -> dict[str, str | None]:
-    """{base_url, api_key, model}: ClawManager's AI-gateway variables, OPENAI_* second; None when unset."""
-    return {key: next((environ[n] for n in names if environ.get(n)), None)
-            for key, names in _LLM_GATEWAY_VARS.items()}
 
 
 def run_caps(environ: Environ, *, sandboxes: Iterable[str], default_max_timeout: int) -> dict[str, Any]:
@@ -361,9 +488,24 @@ def workspace_roots(environ: Environ) -> list[str]:
 SKILL_DIRS_VAR = "CALDERA_SKILL_DIRS"
 
 
+def skill_dirs_of(environ: Environ | None) -> tuple[list[str], str | None]:
+    """(the discovered skill dirs, where they come from: a variable's name, "<runtime> default",
+    or None when there are none). CALDERA_SKILL_DIRS, else ClawManager's CLAWMANAGER_AGENT_SKILL_DIRS
+    (colon-separated, stripped, unchecked), else, inside a ClawManager instance, the dirs the
+    runtime's image keeps skills in (RUNTIME_SKILL_DIRS; scanned where they exist)."""
+    env = environ or {}
+    for name in (SKILL_DIRS_VAR, "CLAWMANAGER_AGENT_SKILL_DIRS"):
+        if env.get(name):
+            return [e.strip() for e in env[name].split(":") if e.strip()], name
+    runtime = runtime_type_name(env)
+    if in_instance(env) and runtime in RUNTIME_SKILL_DIRS:
+        return list(RUNTIME_SKILL_DIRS[runtime]), f"{runtime} default"
+    return [], None
+
+
 def skill_dirs(environ: Environ | None) -> list[str]:
-    """CALDERA_SKILL_DIRS: extra skill directories (colon-separated, stripped, unchecked)."""
-    return [e.strip() for e in ((environ or {}).get(SKILL_DIRS_VAR) or "").split(":") if e.strip()]
+    """The discovered skill dirs (skill_dirs_of)."""
+    return skill_dirs_of(environ)[0]
 
 
 def manifest_name(path: Path) -> str:
@@ -451,10 +593,7 @@ def load_settings(paths: AgentPaths, environ: Environ = os.environ) -> Settings:
     protocol = lookup(env, "CALDERA_PROTOCOL_VERSION") or "v1"
     if protocol != "v1":
         raise ConfigError(f"{_var('CALDERA_PROTOCOL_VERSION')}={protocol!r}: only v1 is spoken")
-    # ClawManager's instance agents read CLAWMANAGER_AGENT_RUNTIME_TYPE, then CLAWMANAGER_RUNTIME_TYPE.
-    runtime_type = lookup(env, "CALDERA_RUNTIME_TYPE") or env.get("CLAWMANAGER_RUNTIME_TYPE") or "caldera"
-    if not re.match(_RUNTIME_TYPE_RE, runtime_type):
-        raise ConfigError(f"CALDERA_RUNTIME_TYPE={runtime_type!r}: lowercase letters, digits, '_' or '-', at most 32")
+    runtime_type = _runtime_type(env)
     log_level = (lookup(env, "CALDERA_LOG_LEVEL") or "info").lower()
     if log_level not in LOG_LEVELS:
         raise ConfigError(f"CALDERA_LOG_LEVEL={log_level!r}: one of {', '.join(LOG_LEVELS)}")
@@ -471,8 +610,34 @@ def load_settings(paths: AgentPaths, environ: Environ = os.environ) -> Settings:
         protocol_version=protocol, persistent_dir=Path(persistent) if persistent else paths.state_dir,
         disk_limit_bytes=_parse_int(env, "CALDERA_DISK_LIMIT_BYTES", minimum=0),
         runtime_type=runtime_type, ca_bundle=ca_bundle, log_level=log_level,
-        report_interval=report_interval, env=env, secret_values=secret_values,
+        report_interval=report_interval, env=env, secret_values=secret_values, agent_id_given=_agent_id(env),
     )
+
+
+def _runtime_type(env: Environ) -> str:
+    """runtime_type_of's name, checked: a bad one names its variable."""
+    runtime_type, source = runtime_type_of(env)
+    if runtime_type in RUNTIME_MARKERS:  # only CALDERA_RUNTIME_TYPE can still hold one here
+        raise ConfigError(f"{source}={runtime_type!r}: {', '.join(RUNTIME_MARKERS)} are ClawManager's placement "
+                          "markers (CLAWMANAGER_RUNTIME_TYPE), not a runtime name")
+    if not re.fullmatch(_RUNTIME_TYPE_RE, runtime_type):  # fullmatch: `$` alone lets a trailing newline by
+        raise ConfigError(f"{source}={runtime_type!r}: lowercase letters, digits, '_' or '-', at most 32")
+    return runtime_type
+
+
+def _agent_id(env: Environ) -> str | None:
+    """CALDERA_AGENT_ID (else ClawManager's CLAWMANAGER_AGENT_ID), checked; None when neither is set."""
+    name = next((n for n in ("CALDERA_AGENT_ID", "CLAWMANAGER_AGENT_ID") if env.get(n)), None)
+    if name is None:
+        return None
+    raw = env[name]
+    if len(raw) > AGENT_ID_MAX:
+        raise ConfigError(f"{name}: {len(raw)} characters, the control plane keeps at most {AGENT_ID_MAX}")
+    if not re.fullmatch(_AGENT_ID_RE, raw):
+        raise ConfigError(f"{name}={raw[:80]!r}: use letters, digits, '.', '_', ':', '@' or '-', "
+                          "starting with a letter or digit (no spaces: the server trims them at register and "
+                          "then refuses every command)")
+    return raw
 
 
 def _parse_bool(env: Environ, name: str) -> bool:

@@ -1,10 +1,11 @@
+import json
 import os
 
 import pytest
 from core_helpers import BOOT, Args, install_agent
 
 from caldera.config import agent_from_args, load_settings
-from caldera.errors import ConfigError
+from caldera.errors import ConfigError, Refused
 
 
 def test_settings_merge_env_then_agent_env_then_secrets(caldera_env, monkeypatch):
@@ -66,11 +67,68 @@ def test_the_injected_plain_http_gateway_is_taken_as_it_is(caldera_env, monkeypa
     """Issue 22: a stock instance's URL is the in-cluster gateway over plain http (SPEC section 3)."""
     config = install_agent(caldera_env)
     _instance_env(monkeypatch, config)
-    monkeypatch.setenv("CLAWMANAGER_RUNTIME_TYPE", "hermes")
+    monkeypatch.setenv("CLAWMANAGER_AGENT_RUNTIME_TYPE", "hermes")  # what a current server injects
+    monkeypatch.setenv("CLAWMANAGER_RUNTIME_TYPE", "desktop")
     settings = load_settings(agent_from_args(Args(agent="demo")))
     assert settings.base_url == "http://clawmanager-gateway.demo-system.svc.cluster.local:9001"
     assert settings.plain_http_host == "clawmanager-gateway.demo-system.svc.cluster.local"
     assert settings.agent_id == "hermes-12-main" and settings.runtime_type == "hermes"
+
+
+@pytest.mark.parametrize("injected, agent_env, runtime", [
+    # an older server: only the placement marker; it is never the runtime's name
+    ({"CLAWMANAGER_RUNTIME_TYPE": "desktop"}, "", "caldera"),
+    ({"CLAWMANAGER_RUNTIME_TYPE": "gateway"}, "", "caldera"),
+    ({"CLAWMANAGER_RUNTIME_TYPE": "shell"}, "CALDERA_RUNTIME_TYPE=openclaw\n", "openclaw"),
+    ({"CLAWMANAGER_RUNTIME_TYPE": "hermes"}, "", "caldera"),  # not read at all, whatever it holds
+    # the platform's runtime name beats the image's CALDERA_RUNTIME_TYPE; trimmed, lower case
+    ({"CLAWMANAGER_AGENT_RUNTIME_TYPE": " Claude-Code ", "CLAWMANAGER_RUNTIME_TYPE": "desktop"},
+     "CALDERA_RUNTIME_TYPE=openclaw\n", "claude-code"),
+    # a marker there is passed over, as ClawManager's own agent does
+    ({"CLAWMANAGER_AGENT_RUNTIME_TYPE": "desktop"}, "CALDERA_RUNTIME_TYPE=opencode\n", "opencode"),
+])
+def test_runtime_type_comes_from_the_platforms_name_then_calderas_never_the_marker(
+        caldera_env, monkeypatch, injected, agent_env, runtime):
+    config = install_agent(caldera_env)
+    _instance_env(monkeypatch, config)
+    (config / "agent.env").write_text(agent_env)
+    for name, value in injected.items():
+        monkeypatch.setenv(name, value)
+    settings = load_settings(agent_from_args(Args(agent="demo")))
+    assert settings.runtime_type == runtime and settings.agent_id == f"{runtime}-12-main"
+    assert all(marker not in settings.agent_id for marker in ("desktop", "gateway", "shell"))
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"CALDERA_RUNTIME_TYPE": "desktop"}, "CALDERA_RUNTIME_TYPE='desktop': desktop, gateway, shell are"),
+    ({"CLAWMANAGER_AGENT_RUNTIME_TYPE": "her mes"}, "CLAWMANAGER_AGENT_RUNTIME_TYPE='her mes': lowercase"),
+    ({"CLAWMANAGER_AGENT_ID": "hermes 12"}, "CLAWMANAGER_AGENT_ID='hermes 12': use letters"),
+    ({"CLAWMANAGER_AGENT_ID": "-x"}, "starting with a letter or digit"),
+    ({"CLAWMANAGER_AGENT_ID": "hermes-12-main\n"}, "CLAWMANAGER_AGENT_ID='hermes-12-main\\n': use letters"),
+    ({"CALDERA_AGENT_ID": "a\tb", "CLAWMANAGER_AGENT_ID": "fine"}, "CALDERA_AGENT_ID="),
+    ({"CLAWMANAGER_AGENT_ID": "a" * 256}, "CLAWMANAGER_AGENT_ID: 256 characters, the control plane keeps at most 255"),
+])
+def test_a_bad_runtime_type_or_agent_id_is_refused_with_a_sentence(caldera_env, monkeypatch, env, words):
+    config = install_agent(caldera_env)
+    _instance_env(monkeypatch, config)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as err:
+        load_settings(agent_from_args(Args(agent="demo")))
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_agent_id_is_given_by_calderas_name_then_clawmanagers(caldera_env, monkeypatch):
+    config = install_agent(caldera_env)
+    _instance_env(monkeypatch, config)
+    monkeypatch.setenv("CLAWMANAGER_AGENT_RUNTIME_TYPE", "hermes")
+    monkeypatch.setenv("CLAWMANAGER_AGENT_ID", "team-a.hermes:12@main")
+    assert load_settings(agent_from_args(Args(agent="demo"))).agent_id == "team-a.hermes:12@main"
+    monkeypatch.setenv("CLAWMANAGER_AGENT_ID", "a" * 255)  # the server's column, exactly
+    assert load_settings(agent_from_args(Args(agent="demo"))).agent_id == "a" * 255
+    (config / "agent.env").write_text("CALDERA_AGENT_ID=mine-1\n")
+    settings = load_settings(agent_from_args(Args(agent="demo")))
+    assert settings.agent_id == "mine-1" and settings.runtime_type == "hermes"
 
 
 @pytest.mark.parametrize("where, allow, taken", [
@@ -261,11 +319,65 @@ def test_codex_retries_refused_with_the_variable_named(raw, words):
         config.codex_retries({"CALDERA_CODEX_STREAM_MAX_RETRIES": raw}, 4, 5)
 
 
-def test_llm_gateway_prefers_clawmanager_names():
+def test_the_gateway_prefers_clawmanager_names_and_needs_a_url_and_a_key():
     env = {"CLAWMANAGER_LLM_BASE_URL": "https://gw.test/v1", "OPENAI_BASE_URL": "https://other.test",
            "OPENAI_API_KEY": "sk-x"}
-    assert config.llm_gateway(env) == {"base_url": "https://gw.test/v1", "api_key": "sk-x", "model": None}
-    assert config.llm_gateway({}) == {"base_url": None, "api_key": None, "model": None}
+    gateway = config.gateway_from_env(env)
+    assert gateway is not None and (gateway.base_url, gateway.api_key) == ("https://gw.test/v1", "sk-x")
+    assert config.gateway_from_env({"OPENAI_API_BASE": "https://gw.test/v1", "OPENAI_API_KEY": "k"}).base_url \
+        == "https://gw.test/v1"
+    assert config.gateway_from_env({"CLAWMANAGER_LLM_BASE_URL": "https://gw.test/v1"}) is None
+    assert config.gateway_from_env({}) is None
+    leaky = config.Gateway({"CLAWMANAGER_LLM_BASE_URL": "https://u:pw-secret@gw.test/v1?key=k-secret",
+                            "CLAWMANAGER_LLM_API_KEY": "sk-secret"})
+    assert "secret" not in repr(leaky)
+
+
+GATEWAY_ENV = {"CLAWMANAGER_LLM_BASE_URL": "http://gw.test/api/v1/gateway/llm", "CLAWMANAGER_LLM_API_KEY": "k",
+               "CLAWMANAGER_LLM_MODEL": '["auto", "gpt-4.1", "kimi-k2.6"]', "OPENAI_MODEL": "auto"}
+
+
+@pytest.mark.parametrize("env, requested, model", [
+    (GATEWAY_ENV, "gpt-4.1", "gpt-4.1"),  # the payload's, the catalogue lists it
+    (GATEWAY_ENV, None, "auto"),  # OPENAI_MODEL, the default model
+    (dict(GATEWAY_ENV, OPENAI_MODEL=""), None, "auto"),  # the catalogue's first
+    ({**GATEWAY_ENV, "OPENAI_MODEL": "", "CLAWMANAGER_LLM_MODEL": '["kimi-k2.6","auto"]'}, None, "kimi-k2.6"),
+    ({"CLAWMANAGER_LLM_BASE_URL": "u", "CLAWMANAGER_LLM_API_KEY": "k"}, "any-model", "any-model"),  # no catalogue
+    ({"CLAWMANAGER_LLM_BASE_URL": "u", "CLAWMANAGER_LLM_API_KEY": "k"}, None, None),
+    (dict(GATEWAY_ENV, CLAWMANAGER_LLM_MODEL="gpt-4.1"), "o3", "o3"),  # not a list: ignored, nothing refused
+    (dict(GATEWAY_ENV, CLAWMANAGER_LLM_MODEL="gpt-4.1"), None, "auto"),
+    ({**GATEWAY_ENV, "CLAWMANAGER_LLM_MODEL": "gpt-4.1", "OPENAI_MODEL": ""}, None, None),  # never the raw value
+])
+def test_the_gateway_model_rule(env, requested, model):
+    assert config.gateway_model(env, requested) == model
+
+
+def test_a_model_the_catalogue_does_not_list_is_refused_naming_the_catalogue():
+    with pytest.raises(Refused) as err:
+        config.gateway_model(GATEWAY_ENV, "gpt-9")
+    assert str(err.value) == ("model 'gpt-9' is not in the AI gateway's catalogue "
+                              "(CLAWMANAGER_LLM_MODEL: auto, gpt-4.1, kimi-k2.6)")
+    big = dict(GATEWAY_ENV, CLAWMANAGER_LLM_MODEL=json.dumps([f"m{i}" for i in range(500)]))
+    with pytest.raises(Refused) as err:
+        config.gateway_model(big, "x" * 5000)
+    assert str(err.value).endswith("m18, m19 and 480 more)") and len(str(err.value)) < 500  # one sentence
+
+
+@pytest.mark.parametrize("raw, words", [
+    ("gpt-4.1", "CLAWMANAGER_LLM_MODEL is not JSON"),
+    ('{"auto": 1}', "CLAWMANAGER_LLM_MODEL is a JSON object, not a JSON list of model ids"),
+    ('"auto"', "a JSON string, not a JSON list"),
+    ("[]", "an empty list"),
+    ('["auto", 5]', "CLAWMANAGER_LLM_MODEL: item 2 is not a model id"),
+    ('["auto", " "]', "item 2 is not a model id"),
+    ("[" * 100_000, "is over 64 KiB"),
+    ("[" * 5_000 + "]" * 5_000, "is not JSON"),  # too deep for the decoder: a sentence, not a crash
+])
+def test_a_catalogue_that_is_not_a_json_list_of_model_ids_is_named_and_ignored(raw, words):
+    catalogue, problem = config.gateway_catalogue(raw)
+    assert catalogue is None and words in problem
+    assert config.gateway_catalogue(None) == (None, None) == config.gateway_catalogue(" ")
+    assert config.gateway_catalogue(' ["auto", " gpt-4.1"] ') == (("auto", "gpt-4.1"), None)
 
 
 def test_run_caps_defaults_and_values():
@@ -295,6 +407,28 @@ def test_workspace_roots_and_skill_dirs_split_on_colons():
     assert config.workspace_roots({}) == []
     assert config.skill_dirs({"CALDERA_SKILL_DIRS": " /s1 :rel:"}) == ["/s1", "rel"]
     assert config.skill_dirs(None) == []
+
+
+@pytest.mark.parametrize("env, dirs, origin", [
+    ({"CLAWMANAGER_AGENT_SKILL_DIRS": "/a:/b"}, ["/a", "/b"], "CLAWMANAGER_AGENT_SKILL_DIRS"),
+    ({"CLAWMANAGER_AGENT_SKILL_DIRS": "/a", "CALDERA_SKILL_DIRS": "/c"}, ["/c"], "CALDERA_SKILL_DIRS"),
+    # inside an instance with neither: the runtime's own
+    ({"CLAWMANAGER_AGENT_PERSISTENT_DIR": "/config/.hermes", "CLAWMANAGER_AGENT_RUNTIME_TYPE": "hermes",
+      "CLAWMANAGER_RUNTIME_TYPE": "desktop"}, ["/config/hermes/skills", "/config/.hermes/skills"], "hermes default"),
+    ({"CLAWMANAGER_AGENT_PERSISTENT_DIR": "/config", "CLAWMANAGER_AGENT_RUNTIME_TYPE": "codex"},
+     ["/config/.codex/skills"], "codex default"),
+    ({"CLAWMANAGER_AGENT_PERSISTENT_DIR": "/config", "CALDERA_RUNTIME_TYPE": "claude-code"},
+     ["/config/.claude/skills"], "claude-code default"),
+    ({"CLAWMANAGER_AGENT_PERSISTENT_DIR": "/config/.opencode", "CLAWMANAGER_AGENT_RUNTIME_TYPE": "opencode"},
+     ["/config/.opencode/skills"], "opencode default"),
+    ({"CLAWMANAGER_AGENT_PERSISTENT_DIR": "/config/.hermes", "CLAWMANAGER_AGENT_RUNTIME_TYPE": "hermes",
+      "CLAWMANAGER_AGENT_SKILL_DIRS": "/mine"}, ["/mine"], "CLAWMANAGER_AGENT_SKILL_DIRS"),
+    ({"CLAWMANAGER_AGENT_PERSISTENT_DIR": "/config", "CLAWMANAGER_AGENT_RUNTIME_TYPE": "openclaw"}, [], None),
+    ({"CLAWMANAGER_AGENT_PERSISTENT_DIR": "/config", "CLAWMANAGER_RUNTIME_TYPE": "desktop"}, [], None),
+    ({"CALDERA_RUNTIME_TYPE": "hermes"}, [], None),  # a host, not an instance: no defaults
+])
+def test_skill_dirs_the_platforms_variable_and_the_runtimes_own(env, dirs, origin):
+    assert config.skill_dirs_of(env) == (dirs, origin)
 
 
 def test_every_caldera_variable_the_source_names_is_known():

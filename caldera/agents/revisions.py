@@ -378,7 +378,8 @@ def apply_config_revision(ctx: RevisionCall, payload: dict[str, Any]) -> dict[st
 
 # ------------------------------------------------------------------ reload_config
 
-FIXED = ("enabled", "base_url", "instance_id", "bootstrap_token")  # never changed by a command
+# never changed by a command (the agent id, and the runtime type it is made of, are the session's)
+FIXED = ("enabled", "base_url", "instance_id", "bootstrap_token", "runtime_type", "agent_id_given")
 
 
 def reload_config(ctx: RevisionCall, payload: dict[str, Any]) -> dict[str, Any]:

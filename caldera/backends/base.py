@@ -23,11 +23,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
+from caldera import errors
 from caldera.backends import failures as fk
 from caldera.backends.events import EVENT_TYPES, EventSink
 
 # also named here (base.capabilities): the daemon imports them from the light registry (see there)
-from caldera.backends.registry import DEFAULT_PROFILE, PROFILES, capabilities
+from caldera.backends.registry import DEFAULT_PROFILE, PROFILES, Refused, capabilities
 
 if TYPE_CHECKING:
     from caldera.redact import Redactor
@@ -133,6 +134,11 @@ def run_turn(backend: Backend[ContextT], run: RunRequest, environment: Environme
         backend.start_turn(context)
     except fk.BackendFailure as exc:
         _fail(sink, exc.kind, exc.message)
+    except (Refused, errors.Refused) as exc:
+        # not allowed as asked: a policy the backend cannot honour (refused, never widened), a
+        # model the AI gateway does not offer
+        if not sink.done:
+            sink.emit("terminal_status", {"status": "blocked", "failure_kind": None, "message": str(exc)})
     except Exception as exc:
         # A bug in the adapter: the run still ends with its terminal event, and the error propagates.
         _fail(sink, fk.BACKEND_FAILED, f"internal error: {type(exc).__name__}: {exc}")

@@ -96,6 +96,15 @@ class EventSink:
                 data["total_bytes"] = len(text.encode("utf-8"))
             self.emit(type_, data)
 
+    def diff(self, text: str) -> None:
+        """The turn's diff, once: redacted, then cut to 64 KiB (`bytes` is the whole size)."""
+        text = self.redactor.text(text)
+        capped, cut = cut_utf8(text, DIFF_CAP_BYTES)
+        data: dict[str, Any] = {"diff": capped, "bytes": len(text.encode("utf-8"))}
+        if cut:
+            data["truncated"] = True
+        self.emit("diff", data)
+
     @property
     def done(self) -> bool:
         return self.terminal is not None

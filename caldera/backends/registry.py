@@ -9,35 +9,118 @@ re-export these names.
 """
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 import threading
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from caldera.config import llm_gateway
+from caldera import config
+from caldera.config import Gateway, gateway_from_env
+from caldera.protocol.llm import EXTERNAL, LLMConfig, gateway_config
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+log = logging.getLogger("caldera.backends")
 DEFAULT_PROFILE = "codex"
 # profile name -> "module:Class"; the class is imported only when a run needs it.
-PROFILES = {"codex": "caldera.backends.codex:CodexBackend"}
+PROFILES = {
+    "codex": "caldera.backends.codex.backend:CodexBackend",
+    "claude-code": "caldera.backends.claude_code.backend:ClaudeCodeBackend",
+}
+# profile name -> (its binary variable's reader in config, the program's name on PATH):
+# enough to say whether it is installed without importing it or starting a process.
+BINARIES = {
+    "codex": (config.codex_binary, "codex"),
+    "claude-code": (config.claude_code_binary, "claude"),
+}
+
+
+class LLMSource(NamedTuple):
+    """How a backend says what its runs get to reach a model (the state report's LLM fields).
+
+    `describe` is "module:function", called as function(env, secrets_dir, credentials_dir) ->
+    caldera.protocol.llm.LLMConfig | None (None: its runs get no provider). `projection` names its secret
+    projection (`<secrets>/<it>/`, `$CREDENTIALS_DIRECTORY/<it>/` or `<it>_*` files there): when
+    none of it exists, `describe` is not imported (a daemon that runs no turn stays light) and
+    the runs get the AI gateway, if there is one; None: `describe` is always asked."""
+    describe: str
+    projection: str | None = None
+
+
+# profile name -> what its runs get (docs/container.md, "What the report says of the LLM configuration").
+LLM_SOURCES = {"codex": LLMSource("caldera.backends.codex.config:llm_config", projection="codex")}
 
 
 class Refused(Exception):
     """The request is wider than the agent's configured policy, or otherwise not allowed."""
 
 
-def gateway_settings(environ: Mapping[str, str]) -> dict[str, Any] | None:
-    found = llm_gateway(environ)
-    if not (found["base_url"] and found["api_key"]):
-        return None
-    return found
+def gateway_settings(environ: Mapping[str, str]) -> Gateway | None:
+    """ClawManager's AI gateway when the environment carries one (config.gateway_from_env)."""
+    return gateway_from_env(environ)
+
+
+def _projected(name: str, secrets_dir: str | None, credentials_dir: str | None) -> bool:
+    """Any file of the projection `name` is there (LLMSource.projection)."""
+    if secrets_dir and os.path.isdir(os.path.join(secrets_dir, name)):
+        return True
+    if not credentials_dir:
+        return False
+    try:
+        return any(entry == name or entry.startswith(f"{name}_") for entry in os.listdir(credentials_dir))
+    except OSError:
+        return False
+
+
+def llm_configs(env: Mapping[str, str], secrets_dir: str | None, credentials_dir: str | None) -> list[LLMConfig]:
+    """What each backend's control-plane runs get to reach a model; none without workspace roots
+    (CALDERA_WORKSPACE_ROOTS: no run can start there). A backend whose description fails while
+    a projection of its own is there counts as `external` all the same: a provider of its own
+    is configured, and the governance view must not lose that to an unreadable file."""
+    if not config.workspace_roots(env):
+        return []
+    out = []
+    for profile, source in LLM_SOURCES.items():
+        label = f"backend {profile}"
+        if source.projection is not None and not _projected(source.projection, secrets_dir, credentials_dir):
+            gateway = gateway_from_env(env)
+            found = gateway_config(gateway, label) if gateway is not None else None
+        else:
+            module, function = source.describe.split(":")
+            try:
+                describe: Callable[..., LLMConfig | None] = getattr(importlib.import_module(module), function)
+                found = describe(env, secrets_dir, credentials_dir)
+            except Exception as exc:  # noqa: BLE001 -- the report goes out; the backend is named
+                log.debug("the LLM configuration of %s could not be read: %s", label, type(exc).__name__)
+                found = LLMConfig(label, EXTERNAL)
+        if found is not None:
+            out.append(found)
+    return out
+
+
+def installed(profile: str, env: Mapping[str, str]) -> bool:
+    """Whether the profile's CLI is there: its variable names an executable, or its program
+    is on PATH (a light look: `caldera backends` and each run look closer)."""
+    variable, program = BINARIES.get(profile, (None, profile))
+    explicit = variable(env) if variable is not None else None
+    if explicit:
+        return os.access(explicit, os.X_OK)
+    import shutil  # here: a daemon that never registers a backend never needs it
+
+    return shutil.which(program, path=env.get("PATH") or os.defpath) is not None
 
 
 def capabilities(env: Mapping[str, str] | None = None) -> list[str]:
-    """Capability strings for `register.capabilities` (cheap: no process is started)."""
+    """Capability strings for `register.capabilities` (cheap: no process is started):
+    `backend.<profile>` for each profile whose CLI is installed."""
     env = os.environ if env is None else env
     caps = ["agent.run", "agent.interrupt"]
     for name in PROFILES:
-        caps.append(f"backend.{name}")
+        if installed(name, env):
+            caps.append(f"backend.{name}")
 
     if gateway_settings(env) is not None:
         caps.append("llm.gateway")

@@ -245,11 +245,11 @@ def agents(args: argparse.Namespace) -> int:
         _print_json({"agents": rows})
         return EXIT_OK
 
-    table = [("INSTANCE", "AGENT", "PRESENCE", "LAST SEEN", "VERSION", "STATUS")]
+    table = [("INSTANCE", "AGENT", "PRESENCE", "LAST SEEN", "VERSION", "STATUS", "LLM")]
     for a in rows:
         seen = human_age(now - a["last_seen"]) if a["last_seen"] else "never"
         table.append((str(a["instance_id"]), a["agent_id"] or "-", a["presence"], seen,
-                      a["agent_version"] or "-", a["openclaw_status"] or "-"))
+                      a["agent_version"] or "-", a["openclaw_status"] or "-", a["llm"]["status"]))
     _print_table(table)
     return EXIT_OK
 

@@ -27,7 +27,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def open_parts(args: Args, role: str) -> Parts:
     """Paths, settings, logging and the runtime's parts, for the commands that talk to the control plane."""
     # here, not at the top: the daemon's modules import requests; `caldera run --help` does without them
-    from caldera.config import agent_from_args, load_settings
+    from caldera.config import agent_from_args, gateway_from_env, load_settings
     from caldera.daemon.wiring import build_parts
     from caldera.host import logsetup
 
@@ -40,6 +40,11 @@ def open_parts(args: Args, role: str) -> Parts:
         logging.getLogger("caldera").warning(
             "the control plane at %s is reached over plain http: nothing on the way is encrypted",
             settings.plain_http_host)
+    gateway = gateway_from_env(settings.env)
+    if gateway is not None and gateway.problem:  # SPEC section 10: named once at start, then ignored
+        logging.getLogger("caldera").warning(
+            "%s: the AI gateway's model catalogue is ignored (a run's model is the one it asks for, "
+            "else OPENAI_MODEL)", gateway.problem)
     return parts
 
 

@@ -23,7 +23,7 @@ from caldera.host.stopsignals import stop_on_signals
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     from pathlib import Path
     from typing import Any, TextIO
 
@@ -176,6 +176,23 @@ def storage_info(paths: AgentPaths, daemon_saw: Any = None,
     return None
 
 
+def skills_info(paths: AgentPaths, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The skill dirs in use (docs/skills.md): the managed one, the discovered ones and where
+    they come from (config.skill_dirs_of; read from the environment and agent.env, as the
+    daemon reads them), each with whether it exists now."""
+    from caldera.config import read_env_file, skill_dirs_of  # here: `status --help` does without it
+
+    env = dict(environ)
+    try:
+        env.update(read_env_file(paths.agent_env))
+    except (OSError, UnicodeDecodeError, ConfigError):
+        pass  # an operator who may not read agent.env: the process environment's dirs
+    dirs, origin = skill_dirs_of(env)
+    managed = str(paths.state_dir / "skills")
+    return {"managed": managed, "discovered": [{"path": d, "exists": os.path.isdir(d)} for d in dirs],
+            "from": origin}
+
+
 def snapshot(paths: AgentPaths, redact: Redactor,
              statvfs: Callable[[Any], os.statvfs_result] = os.statvfs) -> dict[str, Any]:
     """Everything `caldera status` shows, read once (the adapter is asked once). A user who
@@ -184,6 +201,7 @@ def snapshot(paths: AgentPaths, redact: Redactor,
     if paths.state_dir.is_dir() and not os.access(paths.state_dir, os.R_OK):
         doc = _daemon_snapshot(paths)
         doc["storage"] = storage_info(paths, doc.pop("daemon_storage", None), statvfs)
+        doc["skills"] = skills_info(paths)
         return doc
     from caldera.host.fsutil import StateLock  # here: `status --help` does without it
     from caldera.protocol.outbox import held_items, outbox_depth, rejected_count
@@ -207,7 +225,7 @@ def snapshot(paths: AgentPaths, redact: Redactor,
               "rejected": rejected_count(paths.state_dir)}
     storage = storage_info(paths, daemon_doc.get("storage"), statvfs)
     doc = {"agent_status": agent, "connection": conn, "outbox": outbox, "commands": redact(recent_commands(state)),
-           "manifest": manifest_info(paths, manifest, state), "storage": storage}
+           "manifest": manifest_info(paths, manifest, state), "storage": storage, "skills": skills_info(paths)}
     if missing:
         doc["state_dir_missing"] = str(paths.state_dir)
         doc["installed"] = _installed(paths)
@@ -401,6 +419,7 @@ def render(name: str, doc: dict[str, Any]) -> str:
                      f"next {held['next_try_at']}: {held['reason']}")
     if doc.get("process") is not None:
         lines.extend(_process_lines(doc["process"]))
+    lines.extend(_skills_lines(doc.get("skills")))
     lines.extend(_command_lines(doc.get("commands") or []))
     if doc.get("snapshot_at"):
         lines.append(f"(the daemon's snapshot of {_ago(doc['snapshot_at'])}; "
@@ -476,6 +495,14 @@ def _process_lines(info: dict[str, Any]) -> list[str]:
     if info.get("hold"):
         out.append(f"  held: {info['hold']} (caldera resume starts it)")
     return out
+
+
+def _skills_lines(info: dict[str, Any] | None) -> list[str]:
+    if not info:
+        return []
+    found = [d["path"] + ("" if d["exists"] else " (not there)") for d in info["discovered"]]
+    where = f" ({info['from']})" if info.get("from") else ""
+    return [f"skills: {info['managed']} (managed)" + (f"; {', '.join(found)}{where}" if found else "; no other dirs")]
 
 
 def _manifest_lines(info: dict[str, Any] | None) -> list[str]:

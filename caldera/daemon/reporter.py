@@ -101,6 +101,7 @@ class Reports:
     redactor: Redactor
     floor: ReportFloor = field(default_factory=ReportFloor)
     health_extra: Callable[[], dict[str, Any]] = dict  # more health entries (the outbox's held-back items)
+    llm: Callable[[], dict[str, Any]] = dict  # runtime.llm_config_* (daemon/governance.LLMFields)
 
     def send(self, client: ControlPlaneClient, wait: threading.Event, section: dict[str, Any] | None = None,
              lock_timeout: float | None = None, coalesce: bool = False) -> tuple[dict[str, Any] | None, bool]:
@@ -120,6 +121,7 @@ class Reports:
         self.live.last_sample = self.sampler.sample()
         body = state_report_body(self.identity.agent_id, self.current.settings, self.state.get(REVISION_KEY),
                                  section, self.live.last_sample)
+        body["runtime"].update(self.llm())
         body["health"]["dropped"] = self._drops()
         body["health"].update(self.health_extra())
         body["health"].update(outcomes.health(self.state))  # what became of the last config revisions

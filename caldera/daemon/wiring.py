@@ -21,10 +21,12 @@ from caldera.agents.updates import load_effective
 from caldera.backends.registry import ActiveRuns
 from caldera.backends.registry import capabilities as backend_capabilities
 from caldera.config import AgentPaths, Settings
+from caldera.daemon.governance import LLMFields
 from caldera.daemon.live import LiveStatus
 from caldera.daemon.reporter import ReportFloor, Reports
 from caldera.daemon.wakeups import Wakeups
 from caldera.errors import ConfigError
+from caldera.host import stateformat
 from caldera.host.fsutil import ensure_dir
 from caldera.host.sampler import Sampler
 from caldera.host.statefile import StateFile
@@ -82,6 +84,9 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
     """supervise: the daemon supervises a process-mode agent; `report --once` passes False
     and gets a driver that only reports what state.json and /proc say."""
     ensure_dir(paths.state_dir)
+    # First, before any part opens a file there: a newer caldera's state is refused
+    # untouched, an older release's migrated (caldera/host/stateformat.py).
+    stateformat.prepare(paths.state_dir)
     for sub in STATE_SUBDIRS:
         ensure_dir(paths.state_dir / sub)
     redactor = Redactor(settings.secret_values)
@@ -106,7 +111,7 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
         identity=identity, runs=runs,
         reports=Reports(identity=identity, current=current, state=state, sampler=sampler, live=live,
                         redactor=redactor, health_extra=lambda: {**outbox_health(outbox), **storage.health()},
-                        floor=ReportFloor(generation=wake.generation)),
+                        floor=ReportFloor(generation=wake.generation), llm=LLMFields(current, paths, redactor)),
         publisher=Publisher(state_dir=paths.state_dir, env=lambda: current.settings.env,
                             runtime_type=settings.runtime_type, agent_id=identity.agent_id, outbox=outbox,
                             state=state, on_count=live.set_skill_count, report_now=wake.report_now),

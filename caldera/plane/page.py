@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from caldera import __version__
 from caldera.host.timefmt import human_age
 from caldera.plane import agent_page, api
 from caldera.plane.page_parts import (
@@ -80,6 +81,7 @@ def render(store: Store, query: dict[str, str] | None = None) -> str:
     chosen, window = window_seconds(store, query or {})
     cards = [_agent_card(store, a, now, window) for a in store.agents()]
     content = (f'<h1>caldera plane</h1><div class="sub">Protocol v1 reference control plane &middot; '
+               f'caldera {e(__version__)} &middot; '
                f'{window_links("/", chosen)}</div>'
                f'<h2>Agents</h2><div id="agents">{"".join(cards) or "<p class=empty>No instances.</p>"}</div>'
                f'<h2>Recent commands</h2><div id="commands">'

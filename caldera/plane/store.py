@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 from caldera.plane import history
+from caldera.plane.governance import LLM_FIELDS, llm_config_status, merge_llm
 
 ONLINE_SECONDS, STALE_SECONDS = 45, 120
 REPORTS_KEPT, HEARTBEATS_KEPT = 100, 200
@@ -317,7 +318,7 @@ class Store:
             sets = ["openclaw_pid=?", "current_config_revision_id=?", "system_info=?", "health=?",
                     "last_reported_at=?"]
             args = [runtime.get("openclaw_pid"), runtime.get("current_config_revision_id"),
-                    _dumps(body.get("system_info")), _dumps(body.get("health")), seen]
+                    _dumps(merge_llm(body.get("system_info"), runtime)), _dumps(body.get("health")), seen]
             if status:
                 sets.append("openclaw_status=?")
                 args.append(runtime["openclaw_status"])
@@ -485,7 +486,7 @@ class Store:
                           " a.agent_id, a.agent_version, a.protocol_version, a.capabilities, a.host_info,"
                           " a.registered_at, a.last_heartbeat_at, a.last_reported_at, a.last_seen_ip,"
                           " a.registrations, a.session_expires_at, r.openclaw_status, r.openclaw_pid,"
-                          " r.openclaw_version, r.current_config_revision_id, r.summary"
+                          " r.openclaw_version, r.current_config_revision_id, r.summary, r.system_info"
                           " FROM instances i LEFT JOIN agents a ON a.instance_id=i.id"
                           " LEFT JOIN runtime_status r ON r.instance_id=i.id ORDER BY i.id")
         out = []
@@ -493,6 +494,10 @@ class Store:
             item = dict(r)
             for key in ("capabilities", "host_info", "summary"):
                 item[key] = _loads(item[key])
+            system_info = _loads(item.pop("system_info"))  # the figures stay out of the list; the LLM view stays
+            stored = system_info if isinstance(system_info, dict) else {}
+            # `status` as ClawManager's governance view classifies the instance, and the fields it read
+            item["llm"] = {"status": llm_config_status(system_info), **{key: stored.get(key) for key in LLM_FIELDS}}
             item["last_seen"] = item["last_heartbeat_at"]
             item["presence"] = presence(item["last_heartbeat_at"], now)
             item["versions"] = {"agent_version": item["agent_version"],

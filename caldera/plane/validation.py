@@ -29,7 +29,7 @@ class BodyError(ValueError):
 def _validator(name: str) -> Validator:
     import jsonschema  # deferred: see module docstring
 
-    with open(schemas.schema_dir() / "protocol" / name, encoding="utf-8") as fh:
+    with (schemas.schema_dir() / "protocol" / name).open(encoding="utf-8") as fh:
         schema = json.load(fh)
     base = jsonschema.validators.validator_for(schema)
     base.check_schema(schema)

@@ -1,5 +1,10 @@
 """Where the published JSON schemas live, and validation against them.
 
+The schemas travel inside the package (`caldera/schemas`, package data; in the source tree
+a link to the top-level `schemas/`, their one copy): a checkout, an editable install, a
+wheel and the Debian package all read them with importlib.resources from the caldera that
+runs (issue 35). CALDERA_SCHEMA_DIR wins over them.
+
 jsonschema is costly to import, in CPU and in memory (docs/performance.md), so it
 is imported only when a validator is first asked for; local CLI verbs never ask.
 """
@@ -7,33 +12,34 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
 
 from caldera import TYPE_CHECKING, config
 
 if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
     from typing import Any
 
     from jsonschema.protocols import Validator
-
-_CANDIDATES = (
-    Path(__file__).resolve().parents[2] / "schemas",  # a checkout
-    Path("/usr/share/caldera/schemas"),  # the Debian package
-)
-
 
 class SchemaError(ValueError):
     """A document does not match its schema; the message names the place."""
 
 
-def schema_dir() -> Path:
+def schema_dir() -> Traversable:
     override = config.schema_dir_override()
     if override:
         return override
-    for candidate in _CANDIDATES:
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError("caldera's schemas directory was not found")
+    return _packaged()
+
+
+@functools.cache
+def _packaged() -> Traversable:
+    from importlib.resources import files  # deferred: only a validation needs it
+
+    found = files("caldera") / "schemas"
+    if not found.is_dir():
+        raise FileNotFoundError(f"caldera's schemas are not in its package ({found}): a broken install")
+    return found
 
 
 def schema_exists(name: str) -> bool:
@@ -46,12 +52,13 @@ ANNOTATIONS = frozenset({"$schema", "$id", "title", "description"})
 
 
 def _schema(name: str) -> dict[str, Any]:
-    return _load(schema_dir() / name)
+    return _load(str(schema_dir()), name)
 
 
 @functools.cache
-def _load(path: Path) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as fh:
+def _load(where: str, name: str) -> dict[str, Any]:
+    """`where`, the directory's name, keys the cache only (CALDERA_SCHEMA_DIR may change it)."""
+    with (schema_dir() / name).open(encoding="utf-8") as fh:
         return json.load(fh)
 
 

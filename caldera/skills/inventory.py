@@ -1,9 +1,10 @@
 """The inventory of the skill roots: one record per skill, `content_md5` included.
 
 Roots, in order: `<state-dir>/skills/` (managed: installs go here), every
-directory in `CALDERA_SKILL_DIRS` (colon-separated absolute paths,
-discovered), then `<state-dir>/skills-disabled/` (reported with
-`metadata.status: disabled`). The cheap change check is a stat signature of
+directory in `CALDERA_SKILL_DIRS` (else ClawManager's `CLAWMANAGER_AGENT_SKILL_DIRS`;
+colon-separated absolute paths; inside a ClawManager instance with neither, the
+runtime's own: config.skill_dirs_of), discovered, then `<state-dir>/skills-disabled/`
+(reported with `metadata.status: disabled`). The cheap change check is a stat signature of
 each skill's files; only a skill whose signature changed is hashed again.
 The cache lives in `<state-dir>/cache/skills-inventory.json`.
 """
@@ -79,12 +80,13 @@ def quarantine_root(state_dir: StrPath) -> Path:
 
 
 def roots(state_dir: StrPath, env: dict[str, str] | None) -> tuple[list[Root], list[str]]:
-    """(the roots, problems with CALDERA_SKILL_DIRS entries)."""
+    """(the roots, problems with the skill dirs' entries)."""
     out = [Root(managed_root(state_dir), MANAGED)]
     problems: list[str] = []
-    for entry in config.skill_dirs(env):
+    entries, origin = config.skill_dirs_of(env)
+    for entry in entries:
         if not os.path.isabs(entry):
-            problems.append(f"{SKILL_DIRS_VAR}: {entry!r} is not an absolute path; left out")
+            problems.append(f"{origin}: {entry!r} is not an absolute path; left out")
             continue
         path = Path(os.path.normpath(entry))
         if all(r.path != path for r in out):
@@ -113,26 +115,41 @@ def _has_marker(path: Path) -> bool:
     return any(os.path.isfile(path / m) and not os.path.islink(path / m) for m in MARKERS)
 
 
-def skill_dirs(root: Root) -> list[Path]:
-    """The skills of one root. A discovered root may hold "category" folders: a
-    child without a marker file whose own children have one (Hermes layout)."""
+CATEGORY_DEPTH = 4  # category folders inside category folders, at most this deep
+
+
+def _subdirs(path: Path, what: str) -> list[Path]:
+    """The non-hidden directories in `path` (symlinks not followed), by name; [] when it is gone."""
     try:
-        with os.scandir(root.path) as it:
-            children = sorted((e for e in it if not e.name.startswith(".") and _is_dir(e)), key=lambda e: e.name)
+        with os.scandir(path) as it:
+            return [Path(e.path) for e in sorted(it, key=lambda e: e.name) if not e.name.startswith(".") and _is_dir(e)]
     except FileNotFoundError:
         return []
     except OSError as exc:
-        raise md5.ScanError(exc.errno, f"cannot read skill root: {exc.strerror}", str(root.path)) from None
+        raise md5.ScanError(exc.errno, f"cannot read {what}: {exc.strerror}", str(path)) from None
+
+
+def _category_skills(path: Path, depth: int) -> list[Path]:
+    """The skills under a folder without a marker file: its children that have one, and those
+    of its children that are categories themselves (recursed, CATEGORY_DEPTH deep at most)."""
+    out: list[Path] = []
+    for child in _subdirs(path, "skill category"):
+        if _has_marker(child):
+            out.append(child)
+        elif depth < CATEGORY_DEPTH:
+            out.extend(_category_skills(child, depth + 1))
+    return out
+
+
+def skill_dirs(root: Root) -> list[Path]:
+    """The skills of one root. A discovered root may hold "category" folders (Hermes layout:
+    `<root>/<category>/<skill>/SKILL.md`): a child without a marker file under which skills
+    are found (recursed through categories of categories) stands for those skills; without any
+    under it, it is a skill itself, as every child of a managed root is."""
     out = []
-    for child in children:
-        path = Path(child.path)
-        if root.kind == DISCOVERED and not _has_marker(path):
-            inner = [Path(e.path) for e in sorted(os.scandir(path), key=lambda e: e.name)
-                     if not e.name.startswith(".") and _is_dir(e) and _has_marker(Path(e.path))]
-            if inner:
-                out.extend(inner)
-                continue
-        out.append(path)
+    for path in _subdirs(root.path, "skill root"):
+        inner = _category_skills(path, 1) if root.kind == DISCOVERED and not _has_marker(path) else []
+        out.extend(inner or [path])
     return out
 
 

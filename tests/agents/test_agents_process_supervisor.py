@@ -104,7 +104,8 @@ def test_the_environment_the_agent_sees(tmp_path):
     os.chmod(paths.config_dir / "secrets.env", 0o600)
     (paths.config_dir / "agent.env").write_text("AGENT_ENV_VALUE=nope\n")
     environ = {"TZ": "UTC", "CLAWMANAGER_LLM_BASE_URL": "http://gw.local/v1",
-               "CLAWMANAGER_LLM_API_KEY": "sk-gw-0123456789abcdef", "CLAWMANAGER_LLM_MODEL": "m1", "LEAK": "leak",
+               "CLAWMANAGER_LLM_API_KEY": "sk-gw-0123456789abcdef", "CLAWMANAGER_LLM_MODEL": '["m1"]',
+               "OPENAI_MODEL": "m1", "LEAK": "leak",
                "CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN": "agt_boot_zzzzzzzz"}
     with Running(paths, environ=environ) as run:
         run.pid()
@@ -114,8 +115,9 @@ def test_the_environment_the_agent_sees(tmp_path):
         section = run.driver.report_section()
     expected = {"PATH", "HOME", "LANG", "TZ", "CALDERA_AGENT", "CALDERA_AGENT_STATE_DIR", "CALDERA_SETTINGS_FILE",
                 "MODE", "API_KEY", "CLAWMANAGER_LLM_BASE_URL", "CLAWMANAGER_LLM_API_KEY", "CLAWMANAGER_LLM_MODEL",
-                "OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL"}
+                "OPENAI_BASE_URL", "OPENAI_API_BASE", "OPENAI_API_KEY", "OPENAI_MODEL"}
     assert set(env) == expected
+    assert env["OPENAI_MODEL"] == "m1" and env["CLAWMANAGER_LLM_MODEL"] == '["m1"]'  # the catalogue stays a list
     assert env["API_KEY"] == "s3cret-value" and env["OPENAI_API_KEY"] == "sk-gw-0123456789abcdef"
     assert env["CALDERA_AGENT_STATE_DIR"] == str(paths.state_dir / "agent")
     assert oct(os.stat(paths.state_dir / "agent").st_mode & 0o777) == "0o700"

@@ -202,7 +202,8 @@ def test_environment_is_exactly_the_contract(tmp_path, monkeypatch):
     (tmp_path / "secrets" / "FILE_KEY").write_text("from-file\n")
     runtime_env = {"HOME": "/elsewhere", "CALDERA_TOKEN": "agt_boot_x", "SOMETHING": "leak",
                    "CLAWMANAGER_LLM_BASE_URL": "http://gw", "CLAWMANAGER_LLM_API_KEY": "sk-gatewaykey123456",
-                   "CLAWMANAGER_LLM_MODEL": "m1"}
+                   "CLAWMANAGER_LLM_MODEL": '["auto","m1"]', "OPENAI_MODEL": "auto",
+                   "CLAWMANAGER_LLM_PROVIDER": "openai-compatible"}
     secrets_env = {"API_KEY": "s3cret-value", "OTHER": "not-named", "CALDERA_TOKEN": "agt_boot_x"}
     built = environment.build_env(_Spec(env={"MODE": "fast"}, secrets=("API_KEY", "FILE_KEY", "MISSING"),
                                         bindings=("llm_gateway",)),
@@ -214,9 +215,13 @@ def test_environment_is_exactly_the_contract(tmp_path, monkeypatch):
     assert set(env) == {"PATH", "HOME", "LANG", "TZ", "CALDERA_AGENT", "CALDERA_AGENT_STATE_DIR",
                         "CALDERA_SETTINGS_FILE", "MODE", "API_KEY", "FILE_KEY",
                         "CLAWMANAGER_LLM_BASE_URL", "CLAWMANAGER_LLM_API_KEY", "CLAWMANAGER_LLM_MODEL",
-                        "OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL"}
+                        "CLAWMANAGER_LLM_PROVIDER", "OPENAI_BASE_URL", "OPENAI_API_BASE", "OPENAI_API_KEY",
+                        "OPENAI_MODEL"}
     assert env["PATH"] == "/usr/local/bin:/usr/bin:/bin" and env["HOME"] != "/elsewhere"
     assert env["FILE_KEY"] == "from-file" and env["OPENAI_API_KEY"] == "sk-gatewaykey123456"
+    # as the platform injects them: the default model as OPENAI_MODEL, the catalogue only as itself
+    assert env["OPENAI_MODEL"] == "auto" and env["CLAWMANAGER_LLM_MODEL"] == '["auto","m1"]'
+    assert env["OPENAI_BASE_URL"] == env["OPENAI_API_BASE"] == env["CLAWMANAGER_LLM_BASE_URL"] == "http://gw"
     assert "sk-gatewaykey123456" in built.secret_values and "s3cret-value" in built.secret_values
     assert any("MISSING" in p for p in built.problems)
 
@@ -231,7 +236,47 @@ def test_no_binding_no_gateway_and_the_token_never(tmp_path):
 
 def test_gateway_from_openai_names_when_clawmanager_names_are_absent():
     assert environment.gateway_values({"OPENAI_API_KEY": "k", "OPENAI_BASE_URL": "u"}) == {
-        "CLAWMANAGER_LLM_API_KEY": "k", "CLAWMANAGER_LLM_BASE_URL": "u"}
+        "CLAWMANAGER_LLM_API_KEY": "k", "OPENAI_API_KEY": "k", "CLAWMANAGER_LLM_BASE_URL": "u",
+        "OPENAI_BASE_URL": "u", "OPENAI_API_BASE": "u"}
+
+
+def test_the_catalogue_never_becomes_the_agents_model():
+    """Without OPENAI_MODEL the agent gets none: CLAWMANAGER_LLM_MODEL is a list, never a model
+    (0.1.0 handed it out as OPENAI_MODEL); a catalogue that is not JSON still reaches the agent
+    as the platform set it (it is the agent's to read)."""
+    got = environment.gateway_values({"CLAWMANAGER_LLM_BASE_URL": "u", "CLAWMANAGER_LLM_API_KEY": "k",
+                                      "CLAWMANAGER_LLM_MODEL": '["auto","gpt-4.1"]'})
+    assert "OPENAI_MODEL" not in got and got["CLAWMANAGER_LLM_MODEL"] == '["auto","gpt-4.1"]'
+    got = environment.gateway_values({"CLAWMANAGER_LLM_BASE_URL": "u", "CLAWMANAGER_LLM_API_KEY": "k",
+                                      "CLAWMANAGER_LLM_MODEL": "gpt-4.1", "OPENAI_MODEL": "auto"})
+    assert got["OPENAI_MODEL"] == "auto" and got["CLAWMANAGER_LLM_MODEL"] == "gpt-4.1"
+
+
+GW = {"CLAWMANAGER_LLM_BASE_URL": "http://gw.test/api/v1/gateway/llm", "CLAWMANAGER_LLM_API_KEY": "sk-gw-123456",
+      "CLAWMANAGER_LLM_MODEL": '["auto","gpt-4.1"]', "OPENAI_MODEL": "auto",
+      "CLAWMANAGER_LLM_PROVIDER": "openai-compatible"}
+
+
+@pytest.mark.parametrize("spec, runtime_env, want", [
+    (_Spec(bindings=("llm_gateway",)), GW,
+     [("process agent", "gateway", "http://gw.test/api/v1/gateway/llm", "openai-compatible", "auto")]),
+    (_Spec(bindings=("llm_gateway",)), {}, []),  # bound, but no gateway to hand out
+    (_Spec(), GW, []),  # a gateway in the runtime's environment, not handed to the agent
+    # a provider key of its own, with the vendor's URL or the manifest's
+    (_Spec(secrets=("ANTHROPIC_API_KEY",)), GW,
+     [("process agent (ANTHROPIC_API_KEY)", "external", "https://api.anthropic.com", "anthropic", None)]),
+    (_Spec(secrets=("OPENAI_API_KEY",), env={"OPENAI_BASE_URL": "https://llm.corp.test/v1/", "OPENAI_MODEL": "m"}),
+     {}, [("process agent (OPENAI_API_KEY)", "external", "https://llm.corp.test/v1", "openai", "m")]),
+    # the binding overwrites OPENAI_API_KEY with the gateway's key: only the gateway counts
+    (_Spec(secrets=("OPENAI_API_KEY",), bindings=("llm_gateway",)), GW,
+     [("process agent", "gateway", "http://gw.test/api/v1/gateway/llm", "openai-compatible", "auto")]),
+    # a secret pointed at the gateway itself is the gateway
+    (_Spec(secrets=("OPENAI_API_KEY",), env={"OPENAI_BASE_URL": "http://gw.test/api/v1/gateway/llm"}), GW,
+     [("process agent", "gateway", "http://gw.test/api/v1/gateway/llm", "openai-compatible", "auto")]),
+])
+def test_what_the_process_agent_is_handed_for_the_report(spec, runtime_env, want):
+    got = environment.llm_configs(spec, runtime_env)
+    assert [(c.source, c.status, c.base_url, c.provider, c.model) for c in got] == want
 
 
 # ---------------------------------------------------------------- /proc

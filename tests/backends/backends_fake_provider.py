@@ -9,6 +9,9 @@ entry repeats). Entries:
     {"cut": True}                                 headers + one event, then the connection drops
     {"stall": 30}                                 headers, then silence for N seconds
 Every request is recorded (path, headers, body text) for the leak checks.
+
+`FakeProvider(script, models=[...])` is ClawManager's AI gateway: a `POST /v1/responses` whose
+`model` its catalogue does not list is answered 404 `model_not_found`, before the script.
 """
 from __future__ import annotations
 
@@ -72,6 +75,9 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         entry, n = self.server.provider.record(self, body)
+        refused = self.server.provider.refusal(body)
+        if refused is not None:
+            return self._error(refused)
         if "status" in entry:
             return self._error(entry)
         self.send_response(200)
@@ -107,8 +113,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class FakeProvider:
-    def __init__(self, script: list[dict]):
+    def __init__(self, script: list[dict], models: list[str] | None = None):
         self.script = list(script)
+        self.models = models  # a gateway's catalogue: any other model is refused
         self.requests: list[dict] = []
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -132,6 +139,20 @@ class FakeProvider:
         if handler.command != "POST":
             return {}, n
         return self.script[min(n, len(self.script) - 1)], n
+
+    def refusal(self, body: bytes) -> dict | None:
+        """The gateway's answer to a model its catalogue does not list, else None."""
+        if self.models is None:
+            return None
+        try:
+            model = json.loads(body).get("model")
+        except (ValueError, AttributeError):
+            model = None
+        if model in self.models:
+            return None
+        message = f"model {model!r} is not in this gateway's catalogue"
+        return {"status": 404, "body": {"error": {"message": message, "type": "invalid_request_error",
+                                                  "code": "model_not_found"}}}
 
     @property
     def posts(self) -> list[dict]:

@@ -6,8 +6,8 @@ import tomllib
 import pytest
 from backends_helpers import CANARY, KEY_ENV, write_projection
 
-from caldera.backends import codex_config as cc
 from caldera.backends import failures as fk
+from caldera.backends.codex import config as cc
 
 
 def plan_for(tmp_path, environ=None, **kw):

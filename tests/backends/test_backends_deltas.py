@@ -7,10 +7,10 @@ import random
 import pytest
 
 from caldera.backends import failures as fk
-from caldera.backends.appserver import Dispatcher
-from caldera.backends.codex_deltas import METHOD, unused_delta
+from caldera.backends.codex.appserver import Dispatcher
+from caldera.backends.codex.deltas import METHOD, unused_delta
+from caldera.backends.codex.normalize import Normalizer
 from caldera.backends.events import EventSink
-from caldera.backends.normalize import Normalizer
 from caldera.redact import Redactor
 
 T, U = "01a23b05-b33b-7642-9c5b-4a2166fcfa5a", "01a23b05-b35a-7683-ae79-e0518c2ed772"

@@ -7,7 +7,7 @@ from collections import deque
 
 from daemon_helpers import wait_for
 
-from caldera.backends.appserver import pump_stderr
+from caldera.backends.codex.appserver import pump_stderr
 from caldera.backends.poster import EventPoster
 
 WAIT = 30.0

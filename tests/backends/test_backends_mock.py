@@ -112,7 +112,7 @@ def test_codex_home_is_private_and_holds_enforced_config(tmp_path):
     sec = write_projection(tmp_path)
     env = environment(tmp_path, mock_binary(tmp_path, script), sec)
     seen = {}
-    from caldera.backends import appserver
+    from caldera.backends.codex import appserver
 
     original = appserver.AppServer.start
 
@@ -123,6 +123,7 @@ def test_codex_home_is_private_and_holds_enforced_config(tmp_path):
         seen["mode"] = st.S_IMODE(os.stat(home).st_mode)
         seen["config"] = (home / "config.toml").read_text()
         seen["env"] = dict(self.env)
+        seen["tmp_mode"] = st.S_IMODE(os.stat(self.env["TMPDIR"]).st_mode)
         return original(self)
 
     appserver.AppServer.start = spy
@@ -138,7 +139,10 @@ def test_codex_home_is_private_and_holds_enforced_config(tmp_path):
     assert config["analytics"]["enabled"] is False
     assert config["model_providers"]["fake"]["stream_max_retries"] == 0
     assert seen["env"][KEY_ENV] == CANARY
-    assert set(seen["env"]) == {"PATH", "HOME", "LANG", "CODEX_HOME", KEY_ENV}  # nothing else leaks in
+    assert set(seen["env"]) == {"PATH", "HOME", "LANG", "CODEX_HOME", "TMPDIR", KEY_ENV}  # nothing else leaks in
+    # A private TMPDIR in the run dir (removed with it), not the shared /tmp.
+    assert seen["env"]["TMPDIR"].startswith(env.runs_dir) and seen["tmp_mode"] == 0o700
+    assert not Path(env.runs_dir, "run-1").exists()
 
 
 def test_long_assistant_text_is_split_into_8k_parts(tmp_path):

@@ -1,6 +1,9 @@
-"""T3: real turns of the real Codex CLI (`codex app-server`, 0.169.0) against the fake
-Responses provider on 127.0.0.1. `.ci/run` installs Codex and sets CALDERA_CODEX_BIN;
-without it these tests skip, unless CALDERA_REQUIRE_CODEX=1 makes that a failure.
+"""T3: what the real Codex CLI (`codex app-server`, 0.169.0) does beyond the contract suite
+(test_backends_contract.py runs the shared scenarios: provider failures, missing key,
+bad binary, timeout, interrupt, `caldera turn`), against the fake Responses provider on
+127.0.0.1: Codex's phases, apply_patch and its diff, stream retries, connection refused,
+a declined approval. `.ci/run` installs Codex and sets CALDERA_CODEX_BIN; without it
+these tests skip, unless CALDERA_REQUIRE_CODEX=1 makes that a failure.
 
 A canary key is planted in the projection; it must appear nowhere: events, run log,
 finish result, CLI stdout/stderr, requests the model received (so the agent's own
@@ -11,9 +14,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,6 @@ from backends_helpers import (
 )
 
 from caldera.backends import failures as fk
-from caldera.backends import service
 
 CODEX_BIN = os.environ.get("CALDERA_CODEX_BIN")
 
@@ -108,22 +107,6 @@ def test_tool_turn_command_output_diff_and_no_key_for_the_agents_commands(tmp_pa
     assert_no_leak(result, events, env, provider)
 
 
-@pytest.mark.parametrize("entry,kind", [
-    ({"status": 401, "body": {"error": {"message": f"Incorrect API key provided: {CANARY}"}}}, fk.PROVIDER_AUTH_FAILED),
-    ({"status": 429, "body": {"error": {"message": "Rate limit reached", "type": "rate_limit_exceeded"}}},
-     fk.PROVIDER_RATE_LIMITED),
-    ({"status": 503, "body": {"error": {"message": "Service Unavailable"}}}, fk.PROVIDER_UNAVAILABLE),
-    ({"cut": True}, fk.PROVIDER_UNAVAILABLE),
-], ids=["401", "429", "503", "cut-stream"])
-def test_provider_failures(tmp_path, entry, kind):
-    result, events, env, provider = real_run(tmp_path, [entry])
-    data = terminal(events)
-    assert data["status"] == "failed" and data["failure_kind"] == kind, events
-    assert [e["failure_kind"] for e in of_type(events, "error")] == [kind]
-    assert len(provider.posts) == 1  # retries are bounded (0 here): one request
-    assert_no_leak(result, events, env, provider)  # the 401 body echoed the key: redacted
-
-
 def test_503_with_stream_retries_is_progress_then_provider_unavailable(tmp_path):
     with FakeProvider([{"status": 503}]) as provider:
         sec = write_projection(tmp_path, base_url=provider.url)
@@ -153,68 +136,6 @@ def test_connection_refused_fails_fast_without_endless_reconnect(tmp_path):
     assert_no_leak(result, events, env)
 
 
-def test_missing_key_file_is_secret_unavailable_and_nothing_is_sent(tmp_path):
-    result, events, env, provider = real_run(tmp_path, [{"text": "never"}], secrets_kw={"key": None})
-    assert terminal(events)["failure_kind"] == fk.SECRET_UNAVAILABLE
-    assert provider.requests == []
-
-
-def test_interrupt_during_a_stalled_stream_is_cancelled(tmp_path):
-    with FakeProvider([{"stall": 30}]) as provider:
-        sec = write_projection(tmp_path, base_url=provider.url)
-        env = environment(tmp_path, CODEX_BIN, sec)
-        registry = service.ActiveRuns()
-        seen = []
-        started = threading.Event()
-
-        def listen(event):
-            seen.append(event)
-            if event["data"].get("phase") == "turn_started":
-                started.set()
-
-        box = {}
-        thread = threading.Thread(target=lambda: box.update(result=service.execute(
-            request(workspace(tmp_path)), env, roots=None, listeners=[listen], registry=registry)))
-        thread.start()
-        assert started.wait(30)
-        provider.stop.wait(0.3)  # let the request reach the provider
-        registry.get("run-1").interrupt()
-        thread.join(30)
-    assert not thread.is_alive()
-    assert terminal(seen)["status"] == "cancelled" and terminal(seen)["failure_kind"] == fk.CANCELLED
-    assert box["result"]["status"] == "cancelled"
-
-
-def test_bad_binary_path_is_spawn_failed(tmp_path):
-    env = environment(tmp_path, str(Path(CODEX_BIN).parent / "no-such-codex"), write_projection(tmp_path))
-    result, events = execute(request(workspace(tmp_path)), env)
-    assert terminal(events)["failure_kind"] == fk.BACKEND_SPAWN_FAILED
-
-
-def test_cli_turn_json_lines_and_no_leak_on_stdout_or_stderr(tmp_path):
-    (workspace(tmp_path) / "README.md").write_text("x\n")
-    script = [{"call": "exec_command", "args": {"cmd": "echo $FAKE_PROVIDER_API_KEY; env"}},
-              {"text": f"I will not say {CANARY}"}]
-    with FakeProvider(script) as provider:
-        sec = write_projection(tmp_path, base_url=provider.url)
-        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CALDERA_CODEX_BIN": CODEX_BIN,
-               "CALDERA_CONFIG_DIR": str(tmp_path / "no-config"), "CALDERA_STATE_DIR": str(tmp_path / "no-state"),
-               "CALDERA_CODEX_REQUEST_MAX_RETRIES": "0", "CALDERA_CODEX_STREAM_MAX_RETRIES": "0"}
-        proc = subprocess.run(
-            [sys.executable, "-m", "caldera.cli", "turn", "--workspace", str(workspace(tmp_path)),
-             "--secrets", str(sec), "--state-dir", str(tmp_path / "state"), "--json", "Run env"],
-            env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    events = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert events[-1]["type"] == "terminal_status" and events[-1]["data"]["status"] == "completed"
-    assert of_type(events, "assistant_message")[0]["text"] == "I will not say [REDACTED]"
-    assert CANARY not in proc.stdout and CANARY not in proc.stderr
-    logs = list((tmp_path / "state" / "logs").glob("run-*.log"))
-    assert len(logs) == 1 and CANARY not in logs[0].read_text()
-    for req in provider.requests:
-        assert CANARY not in req["body"]
-
-
 def test_approval_request_is_declined_and_the_turn_goes_on(tmp_path):
     # on-request + read-only: Codex asks before apply_patch; the runtime declines, nothing is written.
     (workspace(tmp_path) / "README.md").write_text("hello\n")
@@ -232,9 +153,53 @@ def test_approval_request_is_declined_and_the_turn_goes_on(tmp_path):
     assert_no_leak(result, events, env, provider)
 
 
-def test_policy_timeout_on_a_stalled_provider_is_backend_timeout(tmp_path):
-    result, events, env, provider = real_run(tmp_path, [{"stall": 30}], timeout_seconds=2)
-    data = terminal(events)
-    assert data["status"] == "failed" and data["failure_kind"] == fk.BACKEND_TIMEOUT, events
-    assert any(s["phase"] == "interrupting" for s in of_type(events, "backend_status"))
+# ------------------------------------------------------------------ ClawManager's AI gateway
+
+CATALOGUE = ["auto", "gpt-4.1", "kimi-k2.6"]
+
+
+def gateway_run(tmp_path, model=None, catalogue=CATALOGUE, **variables):
+    """A run with no projection, on the AI gateway as ClawManager injects it (SPEC section 10),
+    against a fake gateway that refuses any model its catalogue does not list."""
+    with FakeProvider([{"text": "Hello from the gateway."}], models=catalogue) as provider:
+        injected = {"CLAWMANAGER_LLM_BASE_URL": provider.url, "CLAWMANAGER_LLM_API_KEY": CANARY,
+                    "CLAWMANAGER_LLM_MODEL": json.dumps(catalogue), "CLAWMANAGER_LLM_PROVIDER": "openai-compatible",
+                    "OPENAI_BASE_URL": provider.url, "OPENAI_API_KEY": CANARY, "OPENAI_MODEL": "auto"}
+        injected.update(variables)
+        env = environment(tmp_path, CODEX_BIN, None, **{k: v for k, v in injected.items() if v is not None})
+        req = request(workspace(tmp_path))
+        if model is not None:
+            req["model"] = model
+        result, events = execute(req, env)
+    return result, events, env, provider
+
+
+def _models_asked(provider):
+    return [json.loads(post["body"])["model"] for post in provider.posts]
+
+
+@pytest.mark.parametrize("model, variables, asked", [
+    (None, {}, "auto"),  # OPENAI_MODEL, the default model (0.1.0 sent the catalogue itself: refused)
+    ("gpt-4.1", {}, "gpt-4.1"),  # the payload's, the catalogue lists it
+    (None, {"OPENAI_MODEL": None, "CLAWMANAGER_LLM_MODEL": '["kimi-k2.6", "auto"]'}, "kimi-k2.6"),  # its first
+])
+def test_a_turn_on_the_gateway_asks_for_a_model_of_its_catalogue(tmp_path, model, variables, asked):
+    result, events, env, provider = gateway_run(tmp_path, model, **variables)
+    assert terminal(events)["status"] == "completed", events
+    assert _models_asked(provider) and set(_models_asked(provider)) == {asked}
+    assert provider.posts[0]["headers"].get("authorization") == f"Bearer {CANARY}"
     assert_no_leak(result, events, env, provider)
+
+
+def test_a_model_the_catalogue_does_not_list_is_refused_before_codex_starts(tmp_path):
+    result, events, env, provider = gateway_run(tmp_path, "gpt-9")
+    assert result["status"] == "blocked" and provider.requests == []  # nothing reached the gateway
+    assert result["message"] == ("model 'gpt-9' is not in the AI gateway's catalogue "
+                                 "(CLAWMANAGER_LLM_MODEL: auto, gpt-4.1, kimi-k2.6)")
+    assert_no_leak(result, events, env, provider)
+
+
+def test_a_catalogue_that_is_not_a_json_list_is_ignored(tmp_path):
+    result, events, env, provider = gateway_run(tmp_path, "gpt-4.1", CLAWMANAGER_LLM_MODEL="gpt-4.1,auto")
+    assert terminal(events)["status"] == "completed", events
+    assert set(_models_asked(provider)) == {"gpt-4.1"}  # not refused: there is no catalogue to refuse it

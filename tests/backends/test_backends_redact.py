@@ -88,7 +88,7 @@ def test_the_stderr_summary_masks_before_it_cuts():
     # A secret straddling the 500-character cut must not leave its tail in the failure message.
     import collections
 
-    from caldera.backends.appserver import AppServer
+    from caldera.backends.codex.appserver import AppServer
 
     secret = "s3cr3t-" + "7h8I9j0K1l2M3n4O5p6q7R8s9" * 2
     server = AppServer.__new__(AppServer)  # only the summary's two fields are used
@@ -103,7 +103,7 @@ def test_a_long_stderr_line_is_masked_whole(tmp_path):
     import collections
     import io
 
-    from caldera.backends.appserver import pump_stderr
+    from caldera.backends.codex.appserver import pump_stderr
 
     secret = "s3cr3t-" + "Q1w2E3r4T5y6U7i8O9p0" * 2
     line = ("x" * (8192 - 10) + secret + " and more\n").encode()

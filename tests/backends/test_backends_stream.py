@@ -4,8 +4,8 @@ import json
 import queue
 
 from caldera.backends import failures as fk
-from caldera.backends.appserver import Channel, Dispatcher, pump_stdout
-from caldera.backends.codex import handle_batch
+from caldera.backends.codex.appserver import Channel, Dispatcher, pump_stdout
+from caldera.backends.codex.backend import handle_batch
 from caldera.backends.runlog import RunLog
 from caldera.redact import MASK, Redactor
 
@@ -126,7 +126,7 @@ def test_a_full_channel_holds_the_reader_back_until_read_or_closed():
     instead of queueing without bound; closing the channel lets a waiting reader end."""
     import threading
 
-    from caldera.backends.appserver import Handoff
+    from caldera.backends.codex.appserver import Handoff
 
     handoff = queue.Queue(1)
     end = Handoff(handoff, None)
@@ -148,7 +148,7 @@ def test_close_returns_while_a_process_outside_the_group_holds_stdout(tmp_path):
     import signal
     import threading
 
-    from caldera.backends.appserver import AppServer
+    from caldera.backends.codex.appserver import AppServer
 
     pidfile = tmp_path / "escaped.pid"
     # The escaped process writes its pid once it is out of the group; codex's stand-in waits for it.
@@ -165,7 +165,7 @@ def test_close_returns_while_a_process_outside_the_group_holds_stdout(tmp_path):
         closer.join(20)  # bounds a failure only; it returns in about 2 s (the readers' join)
         assert not closer.is_alive(), "close() waited for the escaped process"
         log.close()
-        assert "still held open by a process outside codex's group" in (tmp_path / "run.log").read_text()
+        assert "still held open by a process outside the CLI's group" in (tmp_path / "run.log").read_text()
     finally:
         os.kill(int(pidfile.read_text()), signal.SIGKILL)
     # The readers close() left behind end at the escaped process's death; their streams

@@ -27,7 +27,8 @@ DEPENDENCIES = ("requests", "jsonschema", "yaml")
 # Layers and modules the daemon runs without (an adapter agent, commands whose payload
 # schemas assert only an object): docs/performance.md, section 2.
 NOT_IN_THE_DAEMON = ("argparse", "gettext", "jsonschema", "yaml", "caldera.backends.base", "caldera.backends.service",
-                     "caldera.backends.codex", "caldera.plane", "caldera.agents.process", "caldera.cli.report",
+                     "caldera.backends.codex", "caldera.backends.claude_code", "caldera.plane",
+                     "caldera.agents.process", "caldera.cli.report",
                      "caldera.daemon.report_once", "tomllib", "sqlite3", "http.server", "netrc")
 BUDGETS = {
     # --help is argparse's own (its speed target is retired), but it loads no command.

@@ -169,6 +169,24 @@ def test_a_manifest_agents_state_beside_a_manifest_it_may_not_write(account):
 
 
 @pytest.mark.skipif(not EXAMPLE.is_dir(), reason="examples/task-agent is not in this checkout")
+def test_an_agent_id_the_server_would_trim_stops_the_start(tmp_path, monkeypatch, capsys):
+    """Issue 34: an image's CLAWMANAGER_AGENT_ID with a space (the server trims it at register
+    and then refuses every command's start) is refused at start, exit 2, with the variable."""
+    bare_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("CALDERA_CONFIG_DIR", str(tmp_path / "cfg"))
+    monkeypatch.setenv("CALDERA_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(blueprint.account, "_bundle_account", lambda: None)
+    assert cli.main(["init", str(EXAMPLE), "--name", "ta"]) == 0
+    done = subprocess.run([sys.executable, "-m", "caldera.cli", "report", "--once", "--agent", "ta"],
+                          env=clean_env(CALDERA_CONFIG_DIR=str(tmp_path / "cfg"),
+                                        CALDERA_STATE_DIR=str(tmp_path / "state"),
+                                        CLAWMANAGER_AGENT_ID="hermes 12 main"),
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 2
+    said("agent-id-bad", done.stderr.strip(), tmp=tmp_path)
+
+
+@pytest.mark.skipif(not EXAMPLE.is_dir(), reason="examples/task-agent is not in this checkout")
 def test_init_again_and_report_in_a_checkout(tmp_path, monkeypatch, capsys):
     """No `caldera` account here: nothing "runs as caldera"; report --once says what enables it."""
     bare_env(monkeypatch, tmp_path)

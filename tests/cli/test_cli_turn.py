@@ -1,6 +1,5 @@
 """`caldera turn` and `caldera backends` through the real CLI front, with the mock app-server."""
 import json
-import os
 
 from backends_helpers import CANARY, mock_binary, write_projection
 
@@ -64,6 +63,14 @@ def test_backends_json(tmp_path, monkeypatch, capsys):
     assert "gw-secret-key-1" not in json.dumps(info)
 
 
-def test_capabilities_without_gateway():
-    caps = base.capabilities({"PATH": os.environ["PATH"]})
+def test_capabilities_name_the_backends_whose_cli_is_installed(tmp_path):
+    binary = tmp_path / "codex"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    caps = base.capabilities({"PATH": str(tmp_path), "CALDERA_CODEX_BIN": str(binary)})
     assert caps == ["agent.run", "agent.interrupt", "backend.codex"]
+    claude = tmp_path / "claude"  # found on PATH
+    claude.write_text("#!/bin/sh\n")
+    claude.chmod(0o755)
+    caps = base.capabilities({"PATH": str(tmp_path), "CALDERA_CODEX_BIN": str(tmp_path / "gone")})
+    assert caps == ["agent.run", "agent.interrupt", "backend.claude-code"]

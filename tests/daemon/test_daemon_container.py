@@ -1,7 +1,10 @@
 """Inside a ClawManager instance (issue 22, docs/container.md): only the platform's variables,
 the plain-http gateway URL it injects, its proxies (a live one; a dead one with the plane in
 NO_PROXY; never ~/.netrc), and `caldera run` as PID 1 of a PID namespace: orphans reaped,
-the runtime's own waits untouched, SIGTERM and SIGINT graceful."""
+the runtime's own waits untouched, SIGTERM and SIGINT graceful. Issue 34: the variables a
+current server injects (CLAWMANAGER_AGENT_RUNTIME_TYPE beside the placement marker
+CLAWMANAGER_RUNTIME_TYPE), an older server's (the marker alone), the agent id and skill dirs
+they give, and the LLM-governance fields of the state report."""
 import json
 import os
 import pty
@@ -20,6 +23,9 @@ from proxy_helpers import ForwardProxy, dead_port
 GATEWAY_HOST = "clawmanager-gateway.demo-system.svc.cluster.local"
 GATEWAY = f"http://{GATEWAY_HOST}:9001"  # ClawManager's default (clawmanager-notes 1.5); resolves nowhere here
 FAKE = Path(__file__).resolve().parent.parent / "agents" / "process_agents" / "fake_agent.py"
+# What a current server injects to name the runtime: its name, and where the instance is placed
+# (a marker, never a runtime name). An older server injects only the marker.
+CURRENT_SERVER = {"CLAWMANAGER_AGENT_RUNTIME_TYPE": "hermes", "CLAWMANAGER_RUNTIME_TYPE": "desktop"}
 PROCESS_MANIFEST = """\
 name: demo
 version: "1.0.0"
@@ -51,7 +57,8 @@ def _instance(tmp_path, base_url, manifest=None, **extra):
                CLAWMANAGER_AGENT_ENABLED="true", CLAWMANAGER_AGENT_BASE_URL=base_url,
                CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN=BOOT, CLAWMANAGER_AGENT_INSTANCE_ID=str(INSTANCE),
                CLAWMANAGER_AGENT_PERSISTENT_DIR=str(persistent), CLAWMANAGER_AGENT_PROTOCOL_VERSION="v1",
-               CLAWMANAGER_RUNTIME_TYPE="hermes", **extra)
+               **CURRENT_SERVER)
+    env.update(extra)
     return env, persistent / "caldera-agent"
 
 
@@ -96,6 +103,148 @@ def test_a_dead_proxy_with_the_gateway_in_no_proxy_reaches_the_plane(caldera_env
     refused = _report_once(env, deadline=5)
     assert refused.returncode == 1 and "ProxyError" in refused.stderr, refused.stderr
     assert len(plane.requests) == plane_before
+
+
+# ------------------------------------------------------------------ issue 34: names, ids, skill dirs
+
+def test_an_older_server_that_injects_only_the_marker_never_names_the_agent_after_it(caldera_env, plane, tmp_path):
+    """0.1.0 took CLAWMANAGER_RUNTIME_TYPE=desktop for the runtime: `desktop-7-main`."""
+    env, _ = _instance(tmp_path, plane.url)
+    del env["CLAWMANAGER_AGENT_RUNTIME_TYPE"]
+    done = _report_once(env)
+    assert done.returncode == 0, done.stderr
+    report = plane.store.reports(INSTANCE, last=True)["body"]
+    assert report["agent_id"] == f"caldera-{INSTANCE}-main" and report["runtime"]["runtime_type"] == "caldera"
+    [agent] = [a for a in plane.store.agents() if a["instance_id"] == INSTANCE]
+    assert agent["agent_id"] == f"caldera-{INSTANCE}-main" and agent["host_info"]["runtime_type"] == "caldera"
+
+
+def test_a_session_issued_to_another_agent_id_is_not_reused_the_agent_registers_once(caldera_env, plane, tmp_path):
+    """Upgraded from 0.1.0, whose session.json was issued to `desktop-7-main` (here set with
+    CLAWMANAGER_AGENT_ID, as an image may): the new id registers afresh, once."""
+    env, state = _instance(tmp_path, plane.url, CLAWMANAGER_AGENT_ID=f"desktop-{INSTANCE}-main")
+    assert _report_once(env).returncode == 0
+    assert plane.count("POST", "/register$", 200) == 1
+    del env["CLAWMANAGER_AGENT_ID"]
+    done = _report_once(env)
+    assert done.returncode == 0, done.stderr
+    assert "registered" in done.stderr and plane.count("POST", "/register$", 200) == 2
+    assert json.loads((state / "session.json").read_text())["agent_id"] == f"hermes-{INSTANCE}-main"
+    assert _report_once(env).returncode == 0
+    assert plane.count("POST", "/register$", 200) == 2  # once for the new id, then its session is reused
+    assert plane.store.reports(INSTANCE, last=True)["body"]["agent_id"] == f"hermes-{INSTANCE}-main"
+    assert BOOT not in done.stderr
+
+
+def test_a_bad_agent_id_stops_the_start_with_a_sentence(caldera_env, plane, tmp_path):
+    env, state = _instance(tmp_path, plane.url, CLAWMANAGER_AGENT_ID="hermes 7 main")
+    done = _report_once(env)
+    assert done.returncode == 2 and plane.count("POST", "/register$") == 0
+    assert done.stderr.strip().endswith(
+        "CLAWMANAGER_AGENT_ID='hermes 7 main': use letters, digits, '.', '_', ':', '@' or '-', starting with a "
+        "letter or digit (no spaces: the server trims them at register and then refuses every command)"), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_caldera_status_names_the_runtimes_skill_dirs(caldera_env, plane, tmp_path):
+    env, state = _instance(tmp_path, plane.url)
+    run = [sys.executable, "-m", "caldera.cli", "status"]
+    doc = json.loads(subprocess.run([*run, "--json"], env=env, capture_output=True, text=True, timeout=60,
+                                    check=True).stdout)
+    assert doc["skills"]["from"] == "hermes default" and doc["skills"]["managed"] == str(state / "skills")
+    assert [d["path"] for d in doc["skills"]["discovered"]] == ["/config/hermes/skills", "/config/.hermes/skills"]
+    human = subprocess.run(run, env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert f"skills: {state / 'skills'} (managed); /config/hermes/skills" in human and "(hermes default)" in human
+    env["CLAWMANAGER_AGENT_SKILL_DIRS"] = str(tmp_path / "mine")
+    doc = json.loads(subprocess.run([*run, "--json"], env=env, capture_output=True, text=True, timeout=60,
+                                    check=True).stdout)
+    assert doc["skills"]["discovered"] == [{"path": str(tmp_path / "mine"), "exists": False}]
+    assert doc["skills"]["from"] == "CLAWMANAGER_AGENT_SKILL_DIRS"
+
+
+# ------------------------------------------------------------------ issue 34: the LLM governance fields
+
+LLM_KEY = "sk-GATEWAYCANARY-0123456789abcdef"  # the gateway's key, as the platform injects it
+OWN_KEY = "sk-OWNCANARY-0123456789abcdef"  # a provider key of caldera's own projection
+GATEWAY_LLM = "http://clawmanager-gateway.demo-system.svc.cluster.local:9001/api/v1/gateway/llm"
+INJECTED_LLM = {"CLAWMANAGER_LLM_BASE_URL": GATEWAY_LLM, "CLAWMANAGER_LLM_API_KEY": LLM_KEY,
+                "CLAWMANAGER_LLM_MODEL": '["auto","gpt-4.1"]', "CLAWMANAGER_LLM_PROVIDER": "openai-compatible",
+                "CLAWMANAGER_INSTANCE_TOKEN": LLM_KEY, "OPENAI_BASE_URL": GATEWAY_LLM, "OPENAI_API_BASE": GATEWAY_LLM,
+                "OPENAI_API_KEY": LLM_KEY, "OPENAI_MODEL": "auto"}
+BOUND = PROCESS_MANIFEST + "bindings: [llm_gateway]\n"
+
+
+def _project_codex(config, key=OWN_KEY):
+    """secrets/codex/ of the agent: a provider of its own, its URL carrying credentials."""
+    codex = config / "secrets" / "codex"
+    (codex / "env").mkdir(parents=True)
+    (codex / "config.toml").write_text(
+        'model = "gpt-5.5"\nmodel_provider = "corp"\n[model_providers.corp]\n'
+        f'base_url = "https://svc:{key}@llm.corp.test/v1?token={key}#{key}"\nenv_key = "CORP_KEY"\n')
+    (codex / "env" / "CORP_KEY").write_text(key)
+
+
+@pytest.mark.parametrize("manifest, roots, projected, status, url, sources", [
+    (None, False, False, None, None, []),  # the gateway is injected, but caldera hands it to nobody
+    (BOUND, False, False, "gateway", GATEWAY_LLM, ["process agent"]),
+    (None, True, False, "gateway", GATEWAY_LLM, ["backend codex"]),  # runs may start: Codex gets the gateway
+    (None, True, True, "external", "https://llm.corp.test/v1", ["backend codex"]),
+    (BOUND, True, True, "external", "https://llm.corp.test/v1", ["backend codex", "process agent"]),  # never hidden
+], ids=["none", "process-bound", "codex-gateway", "codex-own", "both"])
+def test_the_report_says_what_llm_configuration_caldera_hands_out(caldera_env, plane, tmp_path, manifest, roots,
+                                                                   projected, status, url, sources):
+    if manifest is not None:
+        manifest = manifest.format(python=json.dumps(sys.executable), agent=json.dumps(str(FAKE)), mode="run")
+    env, _ = _instance(tmp_path, plane.url, manifest=manifest, **INJECTED_LLM)
+    config = Path(env["CALDERA_CONFIG_DIR"]) / "agents" / "demo"
+    if roots:
+        (config / "agent.env").write_text(f"CALDERA_WORKSPACE_ROOTS={tmp_path}\n")
+    if projected:
+        _project_codex(config)
+    done = _report_once(env)
+    assert done.returncode == 0, done.stderr
+    runtime = plane.store.reports(INSTANCE, last=True)["body"]["runtime"]
+    [agent] = [a for a in plane.store.agents() if a["instance_id"] == INSTANCE]
+    if status is None:
+        assert not [k for k in runtime if k.startswith("llm_")] and agent["llm"]["status"] == "unknown"
+    else:
+        assert runtime["llm_config_status"] == status == agent["llm"]["status"]  # as ClawManager classifies it
+        assert runtime["llm_provider_base_url"] == url
+        assert runtime["llm_config_fingerprint"].startswith("sha256:")
+        assert [c["source"] for c in runtime["llm_configs"]] == sources
+    everything = json.dumps([r["body"] for r in plane.store.reports(INSTANCE)]) + done.stdout + done.stderr
+    assert LLM_KEY not in everything and OWN_KEY not in everything and BOOT not in everything
+
+
+def test_the_fingerprint_follows_the_configuration_and_only_it(caldera_env, plane, tmp_path):
+    env, state = _instance(tmp_path, plane.url, **INJECTED_LLM)
+    config = Path(env["CALDERA_CONFIG_DIR"]) / "agents" / "demo"
+    (config / "agent.env").write_text(f"CALDERA_WORKSPACE_ROOTS={tmp_path}\n")
+
+    def fingerprint(**changes):
+        assert _report_once(dict(env, **changes)).returncode == 0
+        return plane.store.reports(INSTANCE, last=True)["body"]["runtime"]["llm_config_fingerprint"]
+
+    first = fingerprint()
+    assert fingerprint() == first  # a restart: the same
+    assert fingerprint(CLAWMANAGER_LLM_API_KEY="sk-another-0123456789", OPENAI_API_KEY="x") == first  # not the key
+    assert fingerprint(OPENAI_MODEL="gpt-4.1") != first
+    assert fingerprint(CLAWMANAGER_LLM_BASE_URL="http://gw2.test/api/v1/gateway/llm") != first
+    assert fingerprint(CLAWMANAGER_LLM_PROVIDER="other") != first
+
+
+def test_a_catalogue_that_is_not_a_json_list_is_named_once_and_ignored(caldera_env, plane, tmp_path):
+    env, _ = _instance(tmp_path, plane.url, **dict(INJECTED_LLM, CLAWMANAGER_LLM_MODEL="gpt-4.1"))
+    config = Path(env["CALDERA_CONFIG_DIR"]) / "agents" / "demo"
+    (config / "agent.env").write_text(f"CALDERA_WORKSPACE_ROOTS={tmp_path}\n")
+    done = _report_once(env)
+    assert done.returncode == 0, done.stderr
+    named = [line for line in done.stderr.splitlines() if "CLAWMANAGER_LLM_MODEL" in line]
+    assert named == ["WARNING caldera: CLAWMANAGER_LLM_MODEL is not JSON (the platform sends a JSON list of model "
+                     "ids): the AI gateway's model catalogue is ignored (a run's model is the one it asks for, else "
+                     "OPENAI_MODEL)"], done.stderr
+    [described] = plane.store.reports(INSTANCE, last=True)["body"]["runtime"]["llm_configs"]
+    assert described["model"] == "auto"  # OPENAI_MODEL, never the raw value
 
 
 # ------------------------------------------------------------------ PID 1

@@ -186,7 +186,8 @@ def test_maintainer_scripts_reload_systemd_and_go_through_deb_systemd_invoke():
     assert "systemctl --system daemon-reload" in postinst
     assert postinst.index("daemon-reload") < postinst.index("deb-systemd-invoke try-restart 'caldera@*.service'")
     assert "deb-systemd-invoke stop 'caldera@*.service'" in prerm
-    for script in (postinst, prerm, postrm):  # only daemon-reload goes to systemctl directly
+    preinst = _script("preinst")
+    for script in (preinst, postinst, prerm, postrm):  # only daemon-reload goes to systemctl directly
         calls = re.findall(r"^\s*systemctl .*$", script, flags=re.M)
         assert all("daemon-reload" in c for c in calls), calls
     for action in ("purge)", "remove)"):
@@ -198,3 +199,20 @@ def test_maintainer_scripts_reload_systemd_and_go_through_deb_systemd_invoke():
 def test_one_version_is_checked_when_the_package_builds():
     rules = (ROOT / "debian" / "rules").read_text()
     assert "dpkg-parsechangelog -S Version" in rules and "caldera/__init__.py" in rules
+
+
+def test_an_upgrade_stops_the_agents_before_the_unpack_and_starts_them_after():
+    """preinst upgrade records and stops the running instances (docs/packaging.md, "Upgrades");
+    postinst configure and the abort paths start what was recorded; prerm remove records too."""
+    preinst, postinst, prerm, postrm = (_script(n) for n in ("preinst", "postinst", "prerm", "postrm"))
+    record = "/var/lib/caldera/.stopped-by-dpkg"
+    upgrade = preinst[preinst.index("\tupgrade)"):preinst.index(";;")]
+    assert "systemctl list-units" in upgrade and "deb-systemd-invoke stop $units" in upgrade
+    assert upgrade.index("$STOPPED.new") < upgrade.index("deb-systemd-invoke stop")  # recorded first
+    assert record in preinst and record in postinst and record in prerm and record in postrm
+    configure = postinst[postinst.index("\tconfigure)"):]
+    assert configure.index("try-restart") < configure.index("start_recorded")  # each agent restarts once
+    assert "deb-systemd-invoke start $units" in postinst and "abort-remove" in postinst
+    assert "deb-systemd-invoke start $units" in postrm[postrm.index("\tabort-upgrade)"):]
+    remove = prerm[prerm.index("\tremove|deconfigure)"):]
+    assert remove.index("$STOPPED.new") < remove.index("deb-systemd-invoke stop")

@@ -4,8 +4,8 @@ Exactly: the adapter's base (PATH, HOME, LANG, TZ if set, CALDERA_AGENT), then
 CALDERA_AGENT_STATE_DIR, CALDERA_SETTINGS_FILE, CALDERA_INSTRUCTIONS_FILE and
 CALDERA_MCP_CONFIG (where the manifest declares them), the manifest's `env`
 (plain values), the `secrets` it names (from secrets.env, else a file under
-secrets/), and the `bindings` (llm_gateway: ClawManager's AI Gateway and its
-OPENAI_* aliases). Nothing else of the runtime's environment, agent.env or
+secrets/), and the `bindings` (llm_gateway: ClawManager's AI Gateway as the platform
+injects it). Nothing else of the runtime's environment, agent.env or
 secrets.env reaches the agent; the bootstrap and session tokens never do, even
 when named (the manifest check refuses those names, and this refuses them again).
 """
@@ -18,16 +18,26 @@ from pathlib import Path
 
 from caldera import TYPE_CHECKING
 from caldera.agents.adapter.invoke import adapter_env
-from caldera.config import llm_gateway
+from caldera.config import GATEWAY_API_KEY, GATEWAY_BASE_URL, Gateway, gateway_from_env
+from caldera.protocol.llm import EXTERNAL, LLMConfig, gateway_config, same_endpoint
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from caldera.agents.process.spec import ProcessSpec
 
-OPENAI_ALIAS = {"CLAWMANAGER_LLM_BASE_URL": "OPENAI_BASE_URL", "CLAWMANAGER_LLM_API_KEY": "OPENAI_API_KEY",
-                "CLAWMANAGER_LLM_MODEL": "OPENAI_MODEL"}
-SECRET_BINDING_KEYS = ("CLAWMANAGER_LLM_API_KEY",)
+# llm_gateway: the base URL and the key under every name the platform gives them (whichever it
+# set); the rest only as injected: CLAWMANAGER_LLM_MODEL is the catalogue (a JSON list), never
+# a model, and OPENAI_MODEL the default model (SPEC section 10).
+GATEWAY_AS_INJECTED = ("CLAWMANAGER_LLM_MODEL", "OPENAI_MODEL", "CLAWMANAGER_LLM_PROVIDER",
+                       "CLAWMANAGER_LLM_REASONING", "CLAWMANAGER_LLM_REASONING_CONTROL")
+# A provider key a manifest may hand the agent as a secret: the provider, where its base URL
+# would be set (the manifest's env), and the vendor's own URL otherwise.
+PROVIDER_SECRETS = {
+    "OPENAI_API_KEY": ("openai", ("OPENAI_BASE_URL", "OPENAI_API_BASE"), "https://api.openai.com/v1", "OPENAI_MODEL"),
+    "ANTHROPIC_API_KEY": ("anthropic", ("ANTHROPIC_BASE_URL",), "https://api.anthropic.com", "ANTHROPIC_MODEL"),
+}
+LLM_SOURCE = "process agent"
 NEVER_PASSED = ("CALDERA_TOKEN", "CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN", "CLAWMANAGER_INSTANCE_TOKEN")
 SECRET_FILE_MAX = 64 * 1024
 
@@ -42,9 +52,36 @@ class AgentEnv:
 
 
 def gateway_values(runtime_env: Mapping[str, str]) -> dict[str, str]:
-    """ClawManager's AI Gateway as the runtime sees it (config.llm_gateway: CLAWMANAGER_LLM_*, else
-    OPENAI_*), under the CLAWMANAGER_LLM_* names."""
-    return {f"CLAWMANAGER_LLM_{key.upper()}": value for key, value in llm_gateway(runtime_env).items() if value}
+    """ClawManager's AI Gateway as the agent gets it: the base URL (CLAWMANAGER_LLM_BASE_URL, else
+    OPENAI_BASE_URL, else OPENAI_API_BASE) under all three names, the key under both of its
+    (CLAWMANAGER_LLM_API_KEY, OPENAI_API_KEY), and GATEWAY_AS_INJECTED as the platform set them."""
+    gateway = Gateway(runtime_env)
+    out: dict[str, str] = {}
+    for value, names in ((gateway.base_url, GATEWAY_BASE_URL), (gateway.api_key, GATEWAY_API_KEY)):
+        if value:
+            out.update(dict.fromkeys(names, value))
+    out.update({name: runtime_env[name] for name in GATEWAY_AS_INJECTED if runtime_env.get(name)})
+    return out
+
+
+def llm_configs(spec: ProcessSpec, runtime_env: Mapping[str, str]) -> list[LLMConfig]:
+    """What the agent gets to reach a model, for the state report (protocol/llm): the AI gateway
+    with `bindings: [llm_gateway]`, and a provider of its own for each provider key the manifest
+    names in `secrets` (one the binding overwrites does not count), `gateway` only when its base
+    URL is the gateway's."""
+    gateway = gateway_from_env(runtime_env)
+    bound = gateway is not None and "llm_gateway" in spec.bindings
+    out = [gateway_config(gateway, LLM_SOURCE)] if gateway is not None and bound else []
+    for name in spec.secrets:
+        if name not in PROVIDER_SECRETS or (bound and name in GATEWAY_API_KEY):
+            continue
+        provider, url_names, vendor_url, model_name = PROVIDER_SECRETS[name]
+        url = next((spec.env[n] for n in url_names if spec.env.get(n)), vendor_url)
+        if gateway is not None and same_endpoint(url, gateway.base_url):
+            out.append(gateway_config(gateway, LLM_SOURCE, spec.env.get(model_name)))
+        else:
+            out.append(LLMConfig(f"{LLM_SOURCE} ({name})", EXTERNAL, url, provider, spec.env.get(model_name)))
+    return out
 
 
 def build_env(spec: ProcessSpec, *, agent_name: str, files: Mapping[str, Path | None],
@@ -72,10 +109,8 @@ def build_env(spec: ProcessSpec, *, agent_name: str, files: Mapping[str, Path | 
         gateway = gateway_values(runtime_env)
         if not gateway:
             out.problems.append("binding llm_gateway: no CLAWMANAGER_LLM_* (or OPENAI_*) in the runtime's environment")
-        for name, value in gateway.items():
-            env[name] = env[OPENAI_ALIAS[name]] = value
-            if name in SECRET_BINDING_KEYS:
-                out.secret_values.append(value)
+        env.update(gateway)
+        out.secret_values.extend(gateway[name] for name in GATEWAY_API_KEY if name in gateway)
     out.env = env
     return out
 

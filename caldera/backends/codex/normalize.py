@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from caldera.backends import failures as fk
-from caldera.backends.events import DIFF_CAP_BYTES, cut_utf8
+from caldera.backends.events import cut_utf8
 
 if TYPE_CHECKING:
     from caldera.backends.events import EventSink
@@ -194,15 +194,10 @@ class Normalizer:
                 self.sink.emit("tool_call", self._tool_summary(item, "incomplete"))
         self.open_items.clear()
         if self.diff:
-            text = self.sink.redactor.text(self.diff)
-            capped, cut = cut_utf8(text, DIFF_CAP_BYTES)
-            data = {"diff": capped, "bytes": len(text.encode("utf-8"))}
-            if cut:
-                data["truncated"] = True
-            self.sink.emit("diff", data)
+            self.sink.diff(self.diff)
         if status == "failed" and not self.error_emitted:
             self.emit_error(kind or fk.BACKEND_FAILED, self.last_error if kind is None else None, message)
-        data = {"status": status, "failure_kind": kind if status != "completed" else None}
+        data: dict[str, Any] = {"status": status, "failure_kind": kind if status != "completed" else None}
         if message and status != "completed":
             data["message"] = message
         if self.usage:

@@ -20,12 +20,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from caldera import __version__, config
-from caldera.backends import codex_config
 from caldera.backends import failures as fk
-from caldera.backends.appserver import AppServer, Batch, Message
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest
+from caldera.backends.codex import config as codex_config
+from caldera.backends.codex.appserver import AppServer, Batch, Message
+from caldera.backends.codex.normalize import Normalizer
 from caldera.backends.events import EVENT_TYPES, EventSink
-from caldera.backends.normalize import Normalizer
 from caldera.backends.registry import gateway_settings
 from caldera.errors import ConfigError
 from caldera.host import proc
@@ -173,6 +173,10 @@ class CodexBackend(Backend[CodexContext]):
             os.chmod(run_dir, 0o700)
             codex_config.write_codex_home(run_dir / "codex-home", plan, codex_toml)
             (run_dir / "home").mkdir(mode=0o700, exist_ok=True)
+            # A private TMPDIR: nothing of the run lands in the shared /tmp, and CODEX_HOME is then
+            # not "under the temporary dir", where Codex refuses to make the helper a system
+            # bubblewrap needs (codex-notes section 9, gotcha 13).
+            (run_dir / "tmp").mkdir(mode=0o700, exist_ok=True)
         except OSError as exc:
             shutil.rmtree(run_dir, ignore_errors=True)  # it may hold a partial auth.json
             raise fk.BackendFailure(fk.BACKEND_FAILED, f"cannot prepare the run directory: {exc}") from None
@@ -182,7 +186,7 @@ class CodexBackend(Backend[CodexContext]):
         # Only what Codex needs: nothing of the runtime's own environment (its tokens) leaks in.
         env = {"PATH": context.environment.env.get("PATH") or DEFAULT_PATH,
                "HOME": str(context.run_dir / "home"), "LANG": "C.UTF-8",
-               "CODEX_HOME": str(context.run_dir / "codex-home")}
+               "CODEX_HOME": str(context.run_dir / "codex-home"), "TMPDIR": str(context.run_dir / "tmp")}
         if context.environment.env.get("TZ"):
             env["TZ"] = context.environment.env["TZ"]
         env.update(context.plan.env)

@@ -23,15 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from caldera.backends.failures import BACKEND_FAILED, SECRET_UNAVAILABLE, BackendFailure
+from caldera.backends.projection import Projection
 from caldera.backends.registry import gateway_settings
+from caldera.config import Gateway
 from caldera.host.fsutil import atomic_write_bytes
+from caldera.protocol.llm import EXTERNAL, GATEWAY, LLMConfig, gateway_config, same_endpoint
 
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 GATEWAY_PROVIDER = "caldera-gateway"
+LLM_SOURCE = "backend codex"
+OPENAI_BASE_URL = "https://api.openai.com/v1"  # Codex's built-in `openai` provider without a base_url
 GATEWAY_KEY_ENV = "CALDERA_GATEWAY_API_KEY"
 DEFAULT_REQUEST_MAX_RETRIES = 1
 DEFAULT_STREAM_MAX_RETRIES = 2
-MAX_SECRET_FILE_BYTES = 1024 * 1024
 _SECRETISH_KEY = re.compile(r"(?i)(token|secret|password|passwd|api[_-]?key|bearer|credential)")
 
 
@@ -48,88 +51,18 @@ class ProviderPlan:
     base_url: str | None = None
 
 
-# ---------------------------------------------------------------- projection
-
-@dataclass(frozen=True)
-class Projection:
-    """Read-only view of the projected files of one backend: under `root`, or flat in
-    `flat` (systemd's credentials, named `codex_<name>`), or nowhere (both None)."""
-
-    root: Path | None
-    flat: Path | None = None
-    label: str = "secrets/codex"
-
-    @classmethod
-    def locate(cls, secrets_dir: str | os.PathLike[str] | None = None,
-               credentials_dir: str | os.PathLike[str] | None = None) -> Projection:
-        if secrets_dir and Path(secrets_dir, "codex").is_dir():
-            return cls(Path(secrets_dir, "codex"), label=f"{secrets_dir}/codex")
-        if credentials_dir:
-            cred = Path(credentials_dir)
-            if (cred / "codex").is_dir():
-                return cls(cred / "codex", label="$CREDENTIALS_DIRECTORY/codex")
-            if cred.is_dir():
-                return cls(None, flat=cred, label="$CREDENTIALS_DIRECTORY")
-        return cls(None, label=f"{secrets_dir or 'secrets'}/codex")
-
-    def _path(self, name: str) -> Path | None:
-        if self.root is not None:
-            return self.root / name
-        if self.flat is not None:
-            return self.flat / ("codex_" + name.replace("/", "_"))
-        return None
-
-    def read(self, name: str) -> bytes | None:
-        """The file's bytes, None when absent; secret-unavailable when present but unreadable."""
-        path = self._path(name)
-        if path is None:
-            return None
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read(MAX_SECRET_FILE_BYTES + 1)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise BackendFailure(SECRET_UNAVAILABLE, f"{self.label}/{name}: cannot read ({exc.strerror})") from None
-        if len(data) > MAX_SECRET_FILE_BYTES:
-            raise BackendFailure(SECRET_UNAVAILABLE, f"{self.label}/{name}: larger than 1 MiB")
-        return data
-
-    def env_names(self) -> list[str]:
-        if self.root is not None:
-            try:
-                entries = os.listdir(self.root / "env")
-            except FileNotFoundError:
-                return []
-            except OSError as exc:
-                raise BackendFailure(SECRET_UNAVAILABLE, f"{self.label}/env: cannot list ({exc.strerror})") from None
-            return sorted(n for n in entries if ENV_NAME_RE.match(n))
-        if self.flat is not None:
-            return sorted(n[len("codex_env_"):] for n in os.listdir(self.flat)
-                          if n.startswith("codex_env_") and ENV_NAME_RE.match(n[len("codex_env_"):]))
-        return []
-
-
-def _env_value(raw: bytes, label: str) -> str:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BackendFailure(SECRET_UNAVAILABLE, f"{label}: not UTF-8") from None
-    text = text.rstrip("\r\n")  # files usually end in a newline; the value does not
-    if "\0" in text:
-        raise BackendFailure(SECRET_UNAVAILABLE, f"{label}: holds a NUL byte")
-    return text
-
-
 # ---------------------------------------------------------------- plan
 
-def plan_provider(projection: Projection, environ: Mapping[str, str], model: str | None = None) -> ProviderPlan:
-    """The provider plan from the projection, else from the AI gateway variables."""
+def _projected(projection: Projection) -> tuple[bytes | None, bytes | None, dict[str, str]]:
+    """(config.toml, auth.json, env/NAME values) of the projection; all empty: nothing projected."""
+    return projection.read("config.toml"), projection.read("auth.json"), projection.env()
 
-    raw_config = projection.read("config.toml")
-    auth_json = projection.read("auth.json")
-    env = {name: _env_value(projection.read(f"env/{name}") or b"", f"{projection.label}/env/{name}")
-           for name in projection.env_names()}
+
+def plan_provider(projection: Projection, environ: Mapping[str, str], model: str | None = None) -> ProviderPlan:
+    """The provider plan from the projection, else from the AI gateway variables (the model
+    then by the gateway's rule: errors.Refused for one its catalogue does not list)."""
+
+    raw_config, auth_json, env = _projected(projection)
     if raw_config is None and auth_json is None and not env:
         gateway = gateway_settings(environ)
         if gateway is None:
@@ -155,16 +88,42 @@ def plan_provider(projection: Projection, environ: Mapping[str, str], model: str
     return plan
 
 
-def _gateway_plan(gateway: dict[str, Any], model: str | None) -> ProviderPlan:
-    provider = {"name": "AI gateway", "base_url": gateway["base_url"], "env_key": GATEWAY_KEY_ENV,
-                "wire_api": "responses"}
-    config = {"model_provider": GATEWAY_PROVIDER, "model_providers": {GATEWAY_PROVIDER: provider}}
-    model = model or gateway.get("model")
+def _gateway_plan(gateway: Gateway, model: str | None) -> ProviderPlan:
+    base_url, api_key = gateway.base_url or "", gateway.api_key or ""  # gateway_settings: both are set
+    provider = {"name": "AI gateway", "base_url": base_url, "env_key": GATEWAY_KEY_ENV, "wire_api": "responses"}
+    config: dict[str, Any] = {"model_provider": GATEWAY_PROVIDER, "model_providers": {GATEWAY_PROVIDER: provider}}
+    model = gateway.model_for(model)  # the payload's if the catalogue lists it, else OPENAI_MODEL, else its first
     if model:
         config["model"] = model
-    return ProviderPlan(config=config, env={GATEWAY_KEY_ENV: gateway["api_key"]},
-                        secret_values=[gateway["api_key"]], source="gateway",
-                        provider=GATEWAY_PROVIDER, model=model, base_url=gateway["base_url"])
+    return ProviderPlan(config=config, env={GATEWAY_KEY_ENV: api_key}, secret_values=[api_key], source="gateway",
+                        provider=GATEWAY_PROVIDER, model=model, base_url=base_url)
+
+
+def llm_config(environ: Mapping[str, str], secrets_dir: str | None = None,
+               credentials_dir: str | None = None) -> LLMConfig | None:
+    """What a Codex run gets to reach a model (registry.LLM_SOURCES): the AI gateway without a
+    projection, else the projection's provider, `external` unless its base URL is the gateway's
+    (one the projection names but cannot be used as is still a provider of its own); None with
+    neither."""
+    projection = Projection.locate(secrets_dir, credentials_dir)
+    gateway = gateway_settings(environ)
+    try:
+        plan = plan_provider(projection, environ)
+    except BackendFailure:
+        return LLMConfig(LLM_SOURCE, EXTERNAL) if _is_projected(projection) else None
+    if plan.source == "gateway" and gateway is not None:
+        return gateway_config(gateway, LLM_SOURCE, plan.model)
+    base_url = plan.base_url or (OPENAI_BASE_URL if plan.provider == "openai" else None)
+    status = GATEWAY if gateway is not None and same_endpoint(base_url, gateway.base_url) else EXTERNAL
+    return LLMConfig(LLM_SOURCE, status, base_url, plan.provider, plan.model, hide=plan.secret_values)
+
+
+def _is_projected(projection: Projection) -> bool:
+    try:
+        raw_config, auth_json, env = _projected(projection)
+    except BackendFailure:
+        return True  # there, but not readable: projected all the same
+    return raw_config is not None or auth_json is not None or bool(env)
 
 
 def _check_required(plan: ProviderPlan, projection: Projection) -> None:

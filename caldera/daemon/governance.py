@@ -1,0 +1,59 @@
+"""The state report's LLM-governance fields: what caldera hands out to reach a model.
+
+ClawManager's LLM-governance view classifies every instance from `runtime.llm_config_status`,
+`llm_provider_base_url` and `llm_config_fingerprint` (docs/container.md, "What the report
+says of the LLM configuration"). caldera hands a model provider to two kinds of consumer:
+the code-agent backends' control-plane runs (backends.registry.llm_configs: each backend
+describes its own) and the process-mode agent (its `bindings` and provider `secrets`:
+agents.process.environment.llm_configs). protocol/llm.report_fields makes one answer of them.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from caldera import config
+from caldera.agents.narrow import as_process_driver
+from caldera.backends.registry import llm_configs as backend_llm_configs
+from caldera.host.loopguard import LoopGuard
+from caldera.protocol.llm import report_fields
+
+if TYPE_CHECKING:
+    from caldera.agents.current import Current
+    from caldera.config import AgentPaths
+    from caldera.protocol.llm import LLMConfig
+    from caldera.redact import Redactor
+
+log = logging.getLogger("caldera.reporter")
+
+
+def llm_fields(current: Current, paths: AgentPaths) -> dict[str, Any]:
+    """The `runtime` fields of a state report; {} when caldera hands out no provider. Read
+    afresh for each report (a projection edited on disk shows in the next one): without
+    workspace roots and a process agent, that is two dictionary lookups."""
+    env = current.settings.env
+    configs: list[LLMConfig] = backend_llm_configs(env, str(paths.secrets_dir), config.credentials_directory(env))
+    process = as_process_driver(current.driver)
+    if process is not None:
+        from caldera.agents.process.environment import llm_configs  # loaded with process mode already
+
+        configs += llm_configs(process.spec, env)
+    return report_fields(configs)
+
+
+class LLMFields:
+    """llm_fields for `Reports`: a bug in it never costs a report (the report goes without the
+    fields, and the error is logged once while it repeats)."""
+
+    def __init__(self, current: Current, paths: AgentPaths, redactor: Redactor) -> None:
+        self.current, self.paths = current, paths
+        self.guard = LoopGuard(log, "the LLM-governance fields of the state report", redact=redactor)
+
+    def __call__(self) -> dict[str, Any]:
+        try:
+            fields = llm_fields(self.current, self.paths)
+        except Exception as exc:  # noqa: BLE001 -- logged by the guard; the report goes out
+            self.guard.failed(exc)
+            return {}
+        self.guard.ok()
+        return fields
