@@ -209,6 +209,19 @@ def agent_from_args(args: object, environ: Environ = os.environ) -> AgentPaths:
     return AgentPaths(name, config_dir, config_dir / MANIFEST_NAME, state)
 
 
+def state_left_here(paths: AgentPaths) -> Path | None:
+    """A --manifest agent's state that a caldera before STATE_BESIDE_MANIFEST kept under the
+    directory the command was typed in (./.caldera-state/NAME), when this command uses the
+    default beside the manifest and that one holds a state.json: said by status and at start,
+    never moved (a daemon may run on it)."""
+    default = paths.manifest_path.parent / STATE_BESIDE_MANIFEST / paths.name
+    try:
+        old = Path.cwd() / STATE_BESIDE_MANIFEST / paths.name
+    except OSError:  # no current directory
+        return None
+    return old if paths.state_dir == default != old and (old / "state.json").is_file() else None
+
+
 def manifest_file(given: str) -> Path:
     """--manifest's file: the path given, or the caldera.agent.yaml in the directory given."""
     path = Path(given).resolve()

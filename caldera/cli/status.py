@@ -203,7 +203,8 @@ def snapshot(paths: AgentPaths, redact: Redactor,
         doc["storage"] = storage_info(paths, doc.pop("daemon_storage", None), statvfs)
         doc["skills"] = skills_info(paths)
         return doc
-    from caldera.host.fsutil import StateLock  # here: `status --help` does without it
+    from caldera.config import state_left_here  # here: `status --help` does without them
+    from caldera.host.fsutil import StateLock
     from caldera.protocol.outbox import held_items, outbox_depth, rejected_count
 
     missing = not paths.state_dir.is_dir()
@@ -235,6 +236,9 @@ def snapshot(paths: AgentPaths, redact: Redactor,
         doc["adapter_stderr"] = stderr
     if not conn["daemon"]:
         doc["daemon_elsewhere"] = _elsewhere(paths)
+    older = state_left_here(paths)
+    if older is not None:
+        doc["older_state"] = str(older)
     return doc
 
 
@@ -405,6 +409,10 @@ def render(name: str, doc: dict[str, Any]) -> str:
                      "with CALDERA_STATE_DIR set is read with the same CALDERA_STATE_DIR)")
     elif doc.get("state_dir_missing"):
         lines.append(f"state dir {doc['state_dir_missing']}: not there yet (caldera run or a verb makes it)")
+    if doc.get("older_state"):
+        lines.append(f"state dir {doc['older_state']}: this agent's state from an older caldera (under the directory "
+                     f"the command was typed in); move it beside the manifest, or name it with --state-dir "
+                     f"{doc['older_state']}")
     storage = doc.get("storage")
     if storage:
         until = "there is space" if "full" in storage["problem"] else "it takes writes again"

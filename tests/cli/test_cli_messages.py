@@ -543,6 +543,23 @@ def test_run_from_a_checkout_and_status_beside_it(tmp_path, capsys, monkeypatch)
     said("status-no-heartbeat", next(line for line in lines if line.startswith("connection:")))
 
 
+@pytest.mark.skipif(not EXAMPLE.is_dir(), reason="examples/task-agent is not in this checkout")
+def test_a_manifest_agents_state_an_older_caldera_kept_here_is_named(tmp_path, capsys, monkeypatch):
+    """Before, a --manifest agent's state was ./.caldera-state/NAME under the directory the command
+    was typed in: status and run name it there (never moved: a daemon may run on it)."""
+    bare_env(monkeypatch, tmp_path)
+    agent = copy_example(tmp_path)
+    older = tmp_path / "co" / ".caldera-state" / "task-agent"
+    older.mkdir(parents=True)
+    (older / "state.json").write_text("{}")
+    monkeypatch.chdir(tmp_path / "co")
+    assert cli.main(["status", "--manifest", str(agent)]) == 0
+    said("status-older-state", next(line for line in capsys.readouterr().out.splitlines()
+                                    if line.startswith(f"state dir {older}")), tmp=tmp_path)
+    assert cli.main(["status", "--manifest", str(agent), "--state-dir", str(older)]) == 0
+    assert "older caldera" not in capsys.readouterr().out  # named: nothing to say
+
+
 @pytest.mark.skipif(not INBOX.is_dir(), reason="examples/inbox-watcher is not in this checkout")
 def test_a_manifest_agents_state_is_the_same_wherever_the_command_is_typed(tmp_path, capsys, monkeypatch):
     """`caldera run --manifest iw` typed in the checkout, the other commands typed elsewhere:
@@ -623,17 +640,20 @@ def _daemon_log(tmp_path: Path, agent: Path, until: str) -> tuple[subprocess.Pop
 
 
 def test_run_warns_once_of_what_would_go_unsaid(tmp_path):
-    """An adapter that cannot start, and a misspelled name in agent.env: each one warning at
-    start, after the line that says how to connect."""
+    """An adapter that cannot start, a misspelled name in agent.env, an older caldera's state
+    where the command is typed: each one warning at start, after the line that says how to connect."""
     agent = write_agent(tmp_path / "bad", "name: bad\nruntime:\n  type: adapter\n"
                                           "  command: [python3, no_such_adapter.py]\n  workdir: .\n")
     (agent / "agent.env").write_text("CALDERA_HEARTBEAT_INTERVALL=5\n")
+    (tmp_path / ".caldera-state" / "bad").mkdir(parents=True)  # an older caldera's, where run is typed
+    (tmp_path / ".caldera-state" / "bad" / "state.json").write_text("{}")
     proc, log = _daemon_log(tmp_path, agent, "cannot start")
     try:
         lines = log.read_text().splitlines()
         assert "staying local" in lines[0], lines
         said("run-unknown-variable", lines[1], tmp=tmp_path)
-        said("run-adapter-cannot-start", lines[2], tmp=tmp_path)
+        said("run-older-state", lines[2], tmp=tmp_path)
+        said("run-adapter-cannot-start", lines[3], tmp=tmp_path)
     finally:
         _stop(proc)
     assert log.read_text().count("cannot start") == 1
