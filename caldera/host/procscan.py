@@ -144,6 +144,18 @@ def _default_state(agent: str | None, manifest: str | None, environ: dict[str, s
     return str(config.state_root(environ) / agent)
 
 
+def _same_install(runtime: Runtime, paths: AgentPaths) -> bool:
+    """That process runs this installed agent: its config dir is this one; or, when its
+    environment is another user's (config dir not known), this agent is installed under the
+    default root, where the units systemd starts as the agent's account keep theirs. An
+    unknown process is never claimed for an agent installed elsewhere (a test tree, a
+    user's own CALDERA_CONFIG_DIR): there, another user's runtime of the same name is
+    another install's."""
+    if runtime.config_dir is not None:
+        return runtime.config_dir == str(paths.config_dir)
+    return paths.config_dir == config.config_root({}) / "agents" / paths.name
+
+
 def _installed(paths: AgentPaths) -> bool:
     return paths.config_dir.parent.name == "agents" and paths.manifest_path == paths.config_dir / config.MANIFEST_NAME
 
@@ -175,8 +187,7 @@ def runtime_elsewhere(paths: AgentPaths, proc_root: str = "/proc") -> Runtime | 
             except ConfigError:
                 same = False
         else:
-            same = (installed and runtime.agent == paths.name
-                    and runtime.config_dir in (None, str(paths.config_dir)))
+            same = installed and runtime.agent == paths.name and _same_install(runtime, paths)
         if same:
             return runtime
     return None

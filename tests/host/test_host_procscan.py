@@ -2,6 +2,7 @@
 manifest (relative to the process's cwd) and its state dir (from --state-dir, beside the
 manifest, or its environment's CALDERA_STATE_DIR). A fake /proc: cmdline, cwd, environ."""
 import os
+from pathlib import Path
 
 from caldera.config import AgentPaths
 from caldera.host import procscan
@@ -56,5 +57,10 @@ def test_an_installed_runtime_is_matched_by_name_and_config_dir(tmp_path):
     assert procscan.naming(mine, found) == "CALDERA_STATE_DIR=/srv/st"
     _proc(proc, 23, ["/usr/bin/caldera", "run", "--agent", "ta"])  # another user's: no environ to read
     (proc / "21").rename(proc / "x21")
-    unknown = procscan.runtime_elsewhere(mine, proc_root=str(proc))
-    assert unknown.pid == 23 and unknown.state_dir is None and procscan.naming(mine, unknown) is None
+    # Installed elsewhere than the default root: another user's runtime of the same name is not claimed.
+    assert procscan.runtime_elsewhere(mine, proc_root=str(proc)) is None
+    # Installed under the default root (the units systemd starts as the agent's account): it is.
+    default = Path("/etc/caldera/agents/ta")
+    packaged = AgentPaths("ta", default, default / "caldera.agent.yaml", tmp_path / "state" / "ta")
+    unknown = procscan.runtime_elsewhere(packaged, proc_root=str(proc))
+    assert unknown.pid == 23 and unknown.state_dir is None and procscan.naming(packaged, unknown) is None
