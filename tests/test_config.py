@@ -103,8 +103,14 @@ def test_runtime_type_comes_from_the_platforms_name_then_calderas_never_the_mark
     ({"CALDERA_RUNTIME_TYPE": "desktop"}, "CALDERA_RUNTIME_TYPE='desktop': desktop, gateway, shell are"),
     ({"CLAWMANAGER_AGENT_RUNTIME_TYPE": "her mes"}, "CLAWMANAGER_AGENT_RUNTIME_TYPE='her mes': lowercase"),
     ({"CLAWMANAGER_AGENT_ID": "hermes 12"}, "CLAWMANAGER_AGENT_ID='hermes 12': use letters"),
-    ({"CLAWMANAGER_AGENT_ID": "-x"}, "starting with a letter or digit"),
+    ({"CLAWMANAGER_AGENT_ID": "-x"}, "starting with a letter or digit (it starts with '-')"),
     ({"CLAWMANAGER_AGENT_ID": "hermes-12-main\n"}, "CLAWMANAGER_AGENT_ID='hermes-12-main\\n': use letters"),
+    # what is wrong is named: a blank at an end (which the server trims), a character not allowed
+    ({"CLAWMANAGER_AGENT_ID": "hermes-12-main\n"}, "('\\n' at its end: the server trims it at register and then "
+                                                   "refuses every command)"),
+    ({"CLAWMANAGER_AGENT_ID": "team/hermes"}, "('/' is not one of them)"),
+    ({"CLAWMANAGER_AGENT_ID": "café-12"}, "('é' (U+00E9) is not one of them: ASCII only)"),
+    ({"CLAWMANAGER_AGENT_ID": "hermes 12"}, "(' ' inside it: no spaces)"),
     ({"CALDERA_AGENT_ID": "a\tb", "CLAWMANAGER_AGENT_ID": "fine"}, "CALDERA_AGENT_ID="),
     ({"CLAWMANAGER_AGENT_ID": "a" * 256}, "CLAWMANAGER_AGENT_ID: 256 characters, the control plane keeps at most 255"),
 ])
@@ -188,6 +194,19 @@ def test_the_injected_url_is_judged_on_the_environ_passed_in(caldera_env, monkey
     del environ["CLAWMANAGER_AGENT_BASE_URL"]
     with pytest.raises(ConfigError):
         load_settings(paths, environ)
+
+
+def test_what_the_platform_injected_is_the_process_environments_no_env_file_replaced(caldera_env, monkeypatch):
+    """The LLM-governance status trusts the gateway's URL only as the platform injected it."""
+    config = install_agent(caldera_env)
+    _instance_env(monkeypatch, config)
+    monkeypatch.setenv("CLAWMANAGER_LLM_BASE_URL", "http://gw.test/api/v1/gateway/llm")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://gw.test/api/v1/gateway/llm")
+    (config / "agent.env").write_text("OPENAI_BASE_URL=https://api.openai.com/v1\nOPENAI_API_BASE=https://x.test/v1\n")
+    settings = load_settings(agent_from_args(Args(agent="demo")))
+    assert settings.injected == {"CLAWMANAGER_LLM_BASE_URL": "http://gw.test/api/v1/gateway/llm",
+                                 "CLAWMANAGER_AGENT_BASE_URL": "http://clawmanager-gateway.demo-system.svc.cluster.local:9001"}
+    assert settings.env["OPENAI_BASE_URL"] == "https://api.openai.com/v1"  # in use, but the operator's
 
 
 def test_loopback_and_https_are_not_named_as_plain_http(caldera_env, monkeypatch):
@@ -361,6 +380,26 @@ def test_a_model_the_catalogue_does_not_list_is_refused_naming_the_catalogue():
     with pytest.raises(Refused) as err:
         config.gateway_model(big, "x" * 5000)
     assert str(err.value).endswith("m18, m19 and 480 more)") and len(str(err.value)) < 500  # one sentence
+    # long model ids: each named cut, so twenty of them still make one sentence
+    long_ids = dict(GATEWAY_ENV, CLAWMANAGER_LLM_MODEL=json.dumps([f"{i}-" + "x" * 1000 for i in range(30)]))
+    with pytest.raises(Refused) as err:
+        config.gateway_model(long_ids, "y" * 3000)
+    assert len(str(err.value)) < 1600 and str(err.value).endswith("… and 10 more)")
+    assert f"0-{'x' * 61}…, 1-" in str(err.value)
+
+
+@pytest.mark.parametrize("env, said", [
+    (GATEWAY_ENV, []),
+    (dict(GATEWAY_ENV, OPENAI_MODEL="gpt-5"), ["OPENAI_MODEL='gpt-5' is not in the AI gateway's catalogue "
+                                               "(CLAWMANAGER_LLM_MODEL: auto, gpt-4.1, kimi-k2.6): a run that names "
+                                               "no model asks for it, and the gateway may refuse it"]),
+    (dict(GATEWAY_ENV, CLAWMANAGER_LLM_MODEL="gpt-4.1"),
+     ["CLAWMANAGER_LLM_MODEL is not JSON (the platform sends a JSON list of model ids): the AI gateway's model "
+      "catalogue is ignored (a run's model is the one it asks for, else OPENAI_MODEL)"]),
+    (dict(GATEWAY_ENV, OPENAI_MODEL=""), []),  # the catalogue's first, listed by definition
+])
+def test_what_is_said_at_start_of_the_gateway_as_injected(env, said):
+    assert config.Gateway(env).warnings() == said
 
 
 @pytest.mark.parametrize("raw, words", [

@@ -41,10 +41,8 @@ def open_parts(args: Args, role: str) -> Parts:
             "the control plane at %s is reached over plain http: nothing on the way is encrypted",
             settings.plain_http_host)
     gateway = gateway_from_env(settings.env)
-    if gateway is not None and gateway.problem:  # SPEC section 10: named once at start, then ignored
-        logging.getLogger("caldera").warning(
-            "%s: the AI gateway's model catalogue is ignored (a run's model is the one it asks for, "
-            "else OPENAI_MODEL)", gateway.problem)
+    for warning in gateway.warnings() if gateway is not None else []:  # SPEC section 10: named once at start
+        logging.getLogger("caldera").warning("%s", warning)
     return parts
 
 

@@ -177,20 +177,30 @@ def storage_info(paths: AgentPaths, daemon_saw: Any = None,
 
 
 def skills_info(paths: AgentPaths, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """The skill dirs in use (docs/skills.md): the managed one, the discovered ones and where
-    they come from (config.skill_dirs_of; read from the environment and agent.env, as the
-    daemon reads them), each with whether it exists now."""
-    from caldera.config import read_env_file, skill_dirs_of  # here: `status --help` does without it
+    """The skill dirs in use (docs/skills.md): the managed one, the discovered ones as the scan
+    takes them (config.skill_dirs_scanned over the environment, agent.env and secrets.env merged
+    by the daemon's own loader, config.merged_env), each with whether it exists now, the entries
+    left out (not absolute) and where they come from. A file this user may not read is named in
+    `unread`, and the dirs are then those of the rest."""
+    from caldera.config import merged_env, read_env_file, skill_dirs_scanned  # `status --help` does without it
 
-    env = dict(environ)
+    unread = None
     try:
-        env.update(read_env_file(paths.agent_env))
+        env, _ = merged_env(paths, environ)
     except (OSError, UnicodeDecodeError, ConfigError):
-        pass  # an operator who may not read agent.env: the process environment's dirs
-    dirs, origin = skill_dirs_of(env)
+        unread = "secrets.env"  # an operator who may not read it: the process environment and agent.env
+        env = dict(environ)
+        try:
+            env.update(read_env_file(paths.agent_env))
+        except (OSError, UnicodeDecodeError, ConfigError):
+            unread = "agent.env and secrets.env"
+    dirs, left_out, origin = skill_dirs_scanned(env)
     managed = str(paths.state_dir / "skills")
-    return {"managed": managed, "discovered": [{"path": d, "exists": os.path.isdir(d)} for d in dirs],
-            "from": origin}
+    info: dict[str, Any] = {"managed": managed, "discovered": [{"path": d, "exists": os.path.isdir(d)} for d in dirs],
+                            "left_out": left_out, "from": origin}
+    if unread:
+        info["unread"] = unread
+    return info
 
 
 def snapshot(paths: AgentPaths, redact: Redactor,
@@ -510,7 +520,12 @@ def _skills_lines(info: dict[str, Any] | None) -> list[str]:
         return []
     found = [d["path"] + ("" if d["exists"] else " (not there)") for d in info["discovered"]]
     where = f" ({info['from']})" if info.get("from") else ""
-    return [f"skills: {info['managed']} (managed)" + (f"; {', '.join(found)}{where}" if found else "; no other dirs")]
+    line = f"skills: {info['managed']} (managed)" + (f"; {', '.join(found)}{where}" if found else "; no other dirs")
+    if info.get("left_out"):
+        line += f"; left out (not absolute): {', '.join(info['left_out'])}"
+    if info.get("unread"):
+        line += f" ({info['unread']} not readable here: a skill-dirs setting there is not shown)"
+    return [line]
 
 
 def _manifest_lines(info: dict[str, Any] | None) -> list[str]:
