@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 DEFAULT_PROFILE = "codex"
 # profile name -> "module:Class"; the class is imported only when a run needs it.
-PROFILES = {"codex": "caldera.backends.codex:CodexBackend"}
+PROFILES = {"codex": "caldera.backends.codex:CodexBackend",
+            "opencode": "caldera.backends.opencode.driver:OpenCodeBackend"}
 
 
 class Refused(Exception):
