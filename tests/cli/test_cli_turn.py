@@ -66,4 +66,4 @@ def test_backends_json(tmp_path, monkeypatch, capsys):
 
 def test_capabilities_without_gateway():
     caps = base.capabilities({"PATH": os.environ["PATH"]})
-    assert caps == ["agent.run", "agent.interrupt", "backend.codex"]
+    assert caps == ["agent.run", "agent.interrupt", "backend.codex", "backend.opencode"]

@@ -13,6 +13,7 @@ abort poisons the server (stopped once the turns on it are done).
 """
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shutil
@@ -31,7 +32,7 @@ from caldera.backends.events import EVENT_TYPES, EventSink
 from caldera.backends.opencode import policy as policy_rules
 from caldera.backends.opencode import provider as prov
 from caldera.backends.opencode import server as srv
-from caldera.backends.opencode.mapping import TurnMapper, classify_error, items, obj, retry_kind
+from caldera.backends.opencode.mapping import TurnMapper, items, obj, retry_kind, turn_outcome
 from caldera.backends.opencode.owner import DEFAULT_IDLE_SECONDS, Lease, ServerOwner
 from caldera.backends.registry import gateway_settings
 from caldera.errors import ConfigError
@@ -223,9 +224,8 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         while not context.stream.connected.wait(POLL):  # subscribed before the prompt: nothing is missed
             if time.monotonic() >= limit or not server.alive():
                 raise srv.ServerError("the event stream did not connect")
-        session = server.call("POST", "/session", {
-            "title": f"caldera run {run.run_id}", "permission": policy_rules.rules(run.policy)},
-            directory=run.workspace)
+        session = self._call(context, server, "POST", "/session", {
+            "title": f"caldera run {run.run_id}", "permission": policy_rules.rules(run.policy)})
         if not isinstance(session, dict) or not isinstance(session.get("id"), str):
             raise fk.BackendFailure(fk.BACKEND_RESPONSE_INVALID, "POST /session answered without a session id")
         context.session_id = session["id"]
@@ -239,7 +239,7 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
                                 "model": {"providerID": context.provider, "modelID": context.model}}
         if context.instructions:
             body["system"] = context.instructions
-        server.call("POST", f"/session/{context.session_id}/prompt_async", body, directory=run.workspace)
+        self._call(context, server, "POST", f"/session/{context.session_id}/prompt_async", body)
         sink.emit("backend_status", {"phase": "turn_started", "turn_id": context.session_id})
 
     def _loop(self, context: OpenCodeContext, server: srv.OpenCodeServer) -> None:
@@ -260,10 +260,11 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
                 continue
             if kind == "end":
                 return self._server_gone(context, server, item)
+            self._log(context, "s2c", item[1])
             if kind == "bad":
-                self._note(context, f"an event was not usable JSON: {item}")
+                self._note(context, f"an event was not usable: {item[0]}")
                 continue
-            action = mapper.handle(item)
+            action = mapper.handle(item[0])
             if action is not None:
                 self._act(context, server, action)
             if mapper.idle:
@@ -277,6 +278,8 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
             self._call_quietly(context, server, "POST", f"/question/{value.get('id')}/reject", {})
         elif what == "retry":
             self._retry(context, server, value)
+        elif what == "cut":
+            self._cut(context, server)
         elif what == "model" and context.reason is None and value != (context.provider, context.model):
             message = (f"OpenCode answered with model {value[0]}/{value[1]}, not the configured "
                        f"{context.provider}/{context.model}: the configured model could not be used")
@@ -298,19 +301,31 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
                       "in unattended runs"})
 
     def _retry(self, context: OpenCodeContext, server: srv.OpenCodeServer, status: dict[str, Any]) -> None:
-        assert context.mapper is not None and context.session_id is not None
-        count = len(context.mapper.retries)
+        """A `session.status` retry: shown, counted, and past the cap (or the time budget) the end."""
+        assert context.session_id is not None
         message = str(status.get("message") or "")
         upstream = server.forwarder.last_failure(context.session_id) if server.forwarder else None
-        cause = retry_kind(message, upstream)
         next_at = status.get("next")
-        context.sink.emit("backend_status", {
-            "phase": "retrying", "attempt": count, "max_attempts": context.max_retries, "message": message[:500],
-            "cause": cause, "status_code": upstream.status if upstream else None,
-            "next_in_ms": max(0, int(next_at - time.time() * 1000)) if isinstance(next_at, (int, float)) else None})
+        wait = max(0.0, next_at / 1000 - time.time()) if isinstance(next_at, (int, float)) else 0.0
+        self._trouble(context, server, retry_kind(message, upstream), message,
+                      upstream.status if upstream else None, wait)
+
+    def _cut(self, context: OpenCodeContext, server: srv.OpenCodeServer) -> None:
+        assert context.session_id is not None
+        upstream = server.forwarder.last_failure(context.session_id) if server.forwarder else None
+        message = "the provider's answer ended before it was complete"
+        self._trouble(context, server, retry_kind(upstream.message if upstream else "unavailable", upstream),
+                      message, upstream.status if upstream else None, 0.0)
+
+    def _trouble(self, context: OpenCodeContext, server: srv.OpenCodeServer, cause: str, message: str,
+                 status_code: int | None, wait: float) -> None:
+        assert context.mapper is not None
+        count = context.mapper.retries
         now = time.monotonic()
         context.first_retry = context.first_retry or now
-        wait = max(0.0, next_at / 1000 - time.time()) if isinstance(next_at, (int, float)) else 0.0
+        context.sink.emit("backend_status", {
+            "phase": "retrying", "attempt": count, "max_attempts": context.max_retries, "message": message[:500],
+            "cause": cause, "status_code": status_code, "next_in_ms": int(wait * 1000)})
         if context.reason is not None:
             return
         if count > context.max_retries:
@@ -335,7 +350,7 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
     def _call_quietly(self, context: OpenCodeContext, server: srv.OpenCodeServer, method: str, path: str,
                       body: Any) -> None:
         try:
-            server.call(method, path, body, directory=context.run.workspace, timeout=10.0)
+            self._call(context, server, method, path, body, timeout=10.0)
         except srv.ServerError as exc:
             self._note(context, f"{method} {path} failed: {exc}")
 
@@ -353,8 +368,19 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         return TIMEOUT_GRACE if context.reason == "timeout" else INTERRUPT_GRACE
 
     def _note(self, context: OpenCodeContext, text: str) -> None:
+        self._log(context, "note", text)
+
+    def _log(self, context: OpenCodeContext, channel: str, text: str) -> None:
         if context.sink.runlog is not None:
-            context.sink.runlog.note(text)
+            context.sink.runlog.write(channel, text)
+
+    def _call(self, context: OpenCodeContext, server: srv.OpenCodeServer, method: str, path: str, body: Any,
+              timeout: float = srv.CALL_TIMEOUT) -> Any:
+        """One API call, written to the run log (c2s) with its answer (s2c)."""
+        self._log(context, "c2s", f"{method} {path} {json.dumps(body, ensure_ascii=False) if body is not None else ''}")
+        answer = server.call(method, path, body, directory=context.run.workspace, timeout=timeout)
+        self._log(context, "s2c", json.dumps(answer, ensure_ascii=False)[:4096])
+        return answer
 
     # ------------------------------------------------------------ the end
 
@@ -373,20 +399,12 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         assert mapper is not None
         if context.reason in ("cancelled", "timeout"):
             return self._finish_stopped(context)
-        if context.reason == "failure" and context.failure is not None:
-            return self._end(context, "failed", *context.failure)
-        if mapper.error is not None:
-            upstream = None
-            lease = context.lease
-            if lease is not None and lease.server.forwarder is not None and context.session_id:
-                upstream = lease.server.forwarder.last_failure(context.session_id)
-            kind, message = classify_error(mapper.error[2], upstream)
-            return self._end(context, "failed", kind, message, raw=mapper.error[2])
-        if mapper.steps == 0:
-            return self._end(context, "failed", fk.BACKEND_FAILED, (
-                f"OpenCode went idle without an answer from {context.provider}/{context.model} and without "
-                "an error: the model could not be reached"))
-        self._end(context, "completed", None, None)
+        upstream = None
+        lease = context.lease
+        if lease is not None and lease.server.forwarder is not None and context.session_id:
+            upstream = lease.server.forwarder.last_failure(context.session_id)
+        status, kind, message = turn_outcome(mapper, context.failure, upstream, f"{context.provider}/{context.model}")
+        self._end(context, status, kind, message, raw=None if context.failure else mapper.error)
 
     def _finish_stopped(self, context: OpenCodeContext) -> None:
         if context.reason == "timeout" or (context.reason is None and self._stop_reason(context) == "timeout"):

@@ -130,8 +130,9 @@ class TurnMapper:
         self.diffs: list[str] = []
         self.models: set[tuple[str, str]] = set()  # (provider, model) of the assistant messages
         self.steps = 0  # step-finish parts: answers the model completed
-        self.error: tuple[str, str, Any] | None = None  # (kind, message, raw) of the first session.error
-        self.retries: list[str] = []  # messages of the session.status retries
+        self.error: Any = None  # the first session.error's `error` (classified at the end: the forwarder knows more)
+        self.retries = 0  # session.status retries and broken-off answers (a "cut": see _step)
+        self.with_content: set[str] = set()  # assistant messages that produced text or a tool call
         self.active = False  # the session did something since the prompt
         self.idle = False
 
@@ -158,7 +159,7 @@ class TurnMapper:
             return None
         if kind == "message.part.updated" and isinstance(props.get("part"), dict):
             self.active = True
-            self._part(props["part"])
+            return self._part(props["part"])
         elif kind == "message.updated" and isinstance(props.get("info"), dict):
             return self._message(props["info"])
         elif kind == "session.status" and isinstance(props.get("status"), dict):
@@ -167,7 +168,7 @@ class TurnMapper:
             self.idle = self.active or self.error is not None
         elif kind == "session.error" and self.error is None:
             self.active = True
-            self.error = ("", "", props.get("error"))  # classified by the driver (it knows the forwarder)
+            self.error = props.get("error") or {"name": "UnknownError"}
         elif kind == "permission.asked":
             return ("permission", props)
         elif kind == "question.asked":
@@ -179,8 +180,7 @@ class TurnMapper:
         if status.get("type") in ("busy", "retry") and props.get("sessionID") == self.root:
             self.active = True
         if status.get("type") == "retry":
-            message = str(status.get("message") or "")
-            self.retries.append(message)
+            self.retries += 1
             return ("retry", status)
         if status.get("type") == "idle" and props.get("sessionID") == self.root:
             self.idle = self.active or self.error is not None
@@ -200,17 +200,30 @@ class TurnMapper:
 
     # ------------------------------------------------------------ parts
 
-    def _part(self, part: dict[str, Any]) -> None:
+    def _part(self, part: dict[str, Any]) -> tuple[str, Any] | None:
         ptype, pid = part.get("type"), part.get("id")
         if not isinstance(pid, str):
-            return
+            return None
         if ptype == "text":
             self._text(part, pid)
         elif ptype == "tool":
+            self.with_content.add(str(part.get("messageID")))
             self._tool(part, pid)
         elif ptype == "step-finish":
-            self.steps += 1
             self._tokens(part.get("tokens"))
+            return self._step(part)
+        return None
+
+    def _step(self, part: dict[str, Any]) -> tuple[str, Any] | None:
+        """A step that ended without a finish reason and produced nothing is an answer the
+        provider broke off: OpenCode 1.18.33 does not retry it as an error but starts the
+        next step at once, for ever (measured: hundreds of requests a minute); it counts
+        as a retry here, so the driver's cap ends it."""
+        if part.get("reason") in ("unknown", "error", None) and part.get("messageID") not in self.with_content:
+            self.retries += 1
+            return ("cut", part)
+        self.steps += 1
+        return None
 
     def _text(self, part: dict[str, Any], pid: str) -> None:
         # A user's (the prompt) text part has no `time`; an assistant's has start, then end.
@@ -222,10 +235,13 @@ class TurnMapper:
         text = str(part.get("text") or "")
         if timing.get("end") is None:
             self.open_text[pid] = text
+            if text.strip():
+                self.with_content.add(str(part.get("messageID")))
             return
         self.open_text.pop(pid, None)
         self.emitted_text.add(pid)
         if text.strip():
+            self.with_content.add(str(part.get("messageID")))
             self.sink.text_events("assistant_message", {"item_id": pid}, "text", text, MESSAGE_PARTS)
 
     def _tool(self, part: dict[str, Any], pid: str) -> None:
@@ -341,3 +357,20 @@ class TurnMapper:
                 data["truncated"] = True
             self.sink.emit("diff", data)
             self.diffs = []
+
+
+def turn_outcome(mapper: TurnMapper, failure: tuple[str, str] | None, upstream: Upstream | None,
+                 model: str) -> tuple[str, str | None, str | None]:
+    """(status, failure kind, message) of a turn whose session went idle (not cancelled, not
+    timed out): our own abort's failure; else OpenCode's error; else, when the model never
+    completed an answer, a failure (OpenCode goes idle without an error when it fell back to
+    a model it cannot reach); else completed."""
+    if failure is not None:
+        return "failed", failure[0], failure[1]
+    if mapper.error is not None:
+        kind, message = classify_error(mapper.error, upstream)
+        return "failed", kind, message
+    if mapper.steps == 0:
+        return "failed", fk.BACKEND_FAILED, (f"OpenCode went idle without an answer from {model} and without "
+                                             "an error: the model could not be reached")
+    return "completed", None, None

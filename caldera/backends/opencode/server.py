@@ -326,7 +326,8 @@ class Stopped(Exception):
 
 class EventStream:
     """`GET /event` (SSE) of one directory, read by its own thread into a bounded queue:
-    items ("event", dict) and, last, ("end", reason)."""
+    items ("event", (dict, raw text)), ("bad", (reason, raw text)) and, last, ("end", reason).
+    Token deltas and heartbeats are dropped unparsed (the whole part follows)."""
 
     def __init__(self, port: int, path: str, headers: Mapping[str, str]):
         self._port, self._path, self._headers = port, path, dict(headers, Accept="text/event-stream")
@@ -362,15 +363,18 @@ class EventStream:
                     continue
                 if b'"type":"message.part.delta"' in raw[:200] or b'"type":"server.heartbeat"' in raw[:200]:
                     continue  # token deltas: the whole part follows in message.part.updated
+                text = raw[5:].decode("utf-8", "replace").strip()
                 try:
-                    event = parse(raw[5:].decode("utf-8", "replace").strip())
+                    event = parse(text)
                 except ValueError as exc:
-                    self._put(("bad", str(exc)))
+                    self._put(("bad", (str(exc), text)))
                     continue
                 if isinstance(event, dict):
                     if event.get("type") == "server.connected":
                         self.connected.set()
-                    self._put(("event", event))
+                    self._put(("event", (event, text)))
+                else:
+                    self._put(("bad", ("an event that is not a JSON object", text)))
         except Exception as exc:  # noqa: BLE001 - any end of the stream is reported as its end
             if not self._closed.is_set():
                 reason = f"the OpenCode server's event stream broke ({type(exc).__name__})"
