@@ -8,7 +8,7 @@ model: session titles, summaries) gets a short text and consumes nothing. Entrie
     {"status": 503, "body": {...}, "headers": {}} an HTTP error
     {"cut": True}                                 headers + one chunk, then the connection drops
     {"stall": 30}                                 headers, then silence for N seconds (or until close)
-    {"gate": "name"}                              wait until `release("name")`, then the next entry's answer
+    {"gate": "name", "then": {...}}               wait until `release("name")`, then answer as `then`
 Streams carry `usage` in a last chunk when the request asks `stream_options.include_usage`.
 Every request is recorded (method, path, headers, body, model) for the leak checks.
 """
@@ -70,9 +70,9 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         entry, n, request = self.server.provider.record(self, body)
-        while "gate" in entry:
+        if "gate" in entry:
             self.server.provider.wait_gate(entry["gate"])
-            entry = self.server.provider.after_gate(n)
+            entry = entry.get("then") or {"text": "after the gate"}
         if "status" in entry:
             return self._json(entry["status"], entry.get("body") or {"error": {"message": f"HTTP {entry['status']}"}},
                               entry.get("headers"))
@@ -159,10 +159,6 @@ class FakeChatProvider:
             if not main:
                 return ({"text": "A title"} if handler.command == "POST" else {}), n, request
             return self.script[min(n, len(self.script) - 1)], n, request
-
-    def after_gate(self, n: int) -> dict[str, Any]:
-        with self.lock:
-            return self.script[min(n + 1, len(self.script) - 1)]
 
     def _gate(self, name: str) -> threading.Event:
         with self.lock:
