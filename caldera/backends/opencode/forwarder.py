@@ -81,12 +81,14 @@ class _Handler(BaseHTTPRequestHandler):
         if target.username is not None and "authorization" not in {k.lower() for k in headers}:
             headers["Authorization"] = forwarder.basic(target)
         conn = _connection(target)
-        forwarder.opened(session, conn)
+        sock: socket.socket | None = None
         try:
             try:
                 conn.connect()
-                if conn.sock is not None:
-                    conn.sock.settimeout(READ_TIMEOUT)
+                sock = conn.sock  # kept: http.client lets go of it once an answer says "close"
+                if sock is not None:
+                    sock.settimeout(READ_TIMEOUT)
+                    forwarder.opened(session, sock)
                 conn.request(self.command, path, body=body, headers=headers)
                 answer = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
@@ -95,7 +97,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._answer(502, f"caldera forwarder: cannot reach the provider at {_host(target)}: {reason}")
             self._relay(answer, session)
         finally:
-            forwarder.closed(session, conn)
+            if sock is not None:
+                forwarder.closed(session, sock)
             conn.close()
 
     def _relay(self, answer: http.client.HTTPResponse, session: str) -> None:
@@ -177,7 +180,7 @@ class Forwarder:
         self.placeholders = {f"caldera-secret-{secrets.token_hex(16)}": value
                              for value in sorted(set(secret_values)) if value}
         self._failures: collections.OrderedDict[str, Upstream] = collections.OrderedDict()
-        self._open: dict[str, set[http.client.HTTPConnection]] = {}
+        self._open: dict[str, set[socket.socket]] = {}  # session -> its provider connections
         self.errors = 0  # requests that ended in an exception (the client went away, mostly)
         self._lock = threading.Lock()
         self._httpd = _Server(("127.0.0.1", 0), _Handler)
@@ -234,15 +237,15 @@ class Forwarder:
         with self._lock:
             self.errors += 1
 
-    def opened(self, session: str, conn: http.client.HTTPConnection) -> None:
+    def opened(self, session: str, sock: socket.socket) -> None:
         with self._lock:
-            self._open.setdefault(session, set()).add(conn)
+            self._open.setdefault(session, set()).add(sock)
 
-    def closed(self, session: str, conn: http.client.HTTPConnection) -> None:
+    def closed(self, session: str, sock: socket.socket) -> None:
         with self._lock:
             left = self._open.get(session)
             if left is not None:
-                left.discard(conn)
+                left.discard(sock)
                 if not left:
                     del self._open[session]
 
@@ -250,14 +253,12 @@ class Forwarder:
         """Shut the provider connections of `session` (all when None): a request thread
         blocked on a silent provider ends now, not after READ_TIMEOUT."""
         with self._lock:
-            conns = [c for s, group in self._open.items() if session is None or s == session for c in group]
-        for conn in conns:
-            sock = conn.sock
-            if sock is not None:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass  # already closed
+            socks = [c for s, group in self._open.items() if session is None or s == session for c in group]
+        for sock in socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed
 
     def close(self) -> None:
         if self._thread.is_alive():
