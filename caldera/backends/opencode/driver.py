@@ -213,7 +213,7 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         try:
             self._open_session(context, server)
         except srv.ServerError as exc:
-            context.poison = not server.alive()
+            context.poison = True  # dead, or alive and not answering: the next turn gets a new one
             raise fk.BackendFailure(fk.BACKEND_FAILED, f"the OpenCode server failed: {exc}") from None
         self._loop(context, server)
 
@@ -441,8 +441,13 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         try:
             if context.stream is not None:
                 context.stream.close()
-            if context.lease is not None:
-                context.lease.release(poison=context.poison)
+            lease = context.lease
+            if lease is not None and context.session_id is not None and lease.server.alive() and not context.poison:
+                # The turn's transcript leaves the agent's server with the turn (the run log has it):
+                # later runs, and commands an agent runs there, do not find it.
+                self._call_quietly(context, lease.server, "DELETE", f"/session/{context.session_id}", None)
+            if lease is not None:
+                lease.release(poison=context.poison)
         finally:
             if context.private_owner:
                 context.owner.close()

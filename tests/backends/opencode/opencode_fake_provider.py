@@ -8,6 +8,7 @@ model: session titles, summaries) gets a short text and consumes nothing. Entrie
     {"status": 503, "body": {...}, "headers": {}} an HTTP error
     {"cut": True}                                 headers + one chunk, then the connection drops
     {"stall": 30}                                 headers, then silence for N seconds (or until close)
+    {"raw": "...", "type": "text/html"}           a 200 answer with this body (a gateway that lies)
     {"gate": "name", "then": {...}}               wait until `release("name")`, then answer as `then`
 Streams carry `usage` in a last chunk when the request asks `stream_options.include_usage`.
 Every request is recorded (method, path, headers, body, model) for the leak checks.
@@ -77,6 +78,14 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(entry["status"], entry.get("body") or {"error": {"message": f"HTTP {entry['status']}"}},
                               entry.get("headers"))
         model = request.get("model") or MAIN_MODEL
+        if "raw" in entry:
+            raw = entry["raw"].encode()
+            self.send_response(200)
+            self.send_header("Content-Type", entry.get("type", "text/html"))
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")

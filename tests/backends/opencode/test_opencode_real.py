@@ -10,6 +10,7 @@ appear nowhere (events, run log, finish result, the requests the model received)
 """
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,10 @@ def test_text_turn(agent):
     assert '"stream_options":{"include_usage":true}' in last["body"].replace(" ", "")
     assert result["events_total"] == len(events)
     assert_no_leak(result, events, env, agent.provider)
+    # The turn's session left the agent's server with the turn.
+    session = next(d["thread_id"] for d in of_type(events, "backend_status") if d["phase"] == "thread_started")
+    listed = agent.owner.server.call("GET", "/session", directory=str(agent.ws))
+    assert session not in json.dumps(listed)
 
 
 def test_tool_turn_command_output_diff_and_no_key_for_the_agents_commands(agent):
@@ -141,6 +146,18 @@ def test_provider_failures(agent, entry, kind, requests):
     assert len(retries) == requests - 1 + (1 if requests > 1 else 0)
     assert all(r["cause"] == kind for r in retries)
     assert_no_leak(result, events, env, agent.provider)  # the 401 body echoed the key: redacted
+
+
+@pytest.mark.parametrize("entry,kind,words", [
+    ({"raw": "<html>Welcome to the captive portal</html>"}, fk.PROVIDER_UNAVAILABLE, "ended before it was complete"),
+    ({"status": 429, "headers": {"Retry-After": "100"}, "body": {"error": {"message": "slow down"}}},
+     fk.PROVIDER_RATE_LIMITED, "would wait 100 s"),
+    ({"status": 404, "body": {"error": {"message": "no such model"}}}, fk.BACKEND_FAILED, "HTTP 404"),
+], ids=["html-200", "retry-after-100", "404"])
+def test_a_gateway_that_lies_or_stalls_ends_the_turn_with_a_kind(agent, entry, kind, words):
+    result, events, env = agent.run([entry])
+    data = terminal(events)
+    assert data["status"] == "failed" and data["failure_kind"] == kind and words in data["message"], events
 
 
 def test_cut_stream_is_provider_unavailable(agent):
@@ -264,7 +281,5 @@ def test_instructions_from_agents_md_reach_the_model_and_a_symlink_does_not(agen
 
 
 def _request_tools(req: dict[str, Any]) -> list[dict[str, Any]]:
-    import json
-
     body = json.loads(req["body"])
     return [t["function"] for t in body.get("tools") or []]
