@@ -280,10 +280,15 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
             self._retry(context, server, value)
         elif what == "cut":
             self._cut(context, server)
-        elif what == "model" and context.reason is None and value != (context.provider, context.model):
+        elif what == "model" and context.reason is None and value not in self._models(context):
             message = (f"OpenCode answered with model {value[0]}/{value[1]}, not the configured "
                        f"{context.provider}/{context.model}: the configured model could not be used")
             self._abort(context, server, "failure", (fk.BACKEND_FAILED, message))
+
+    def _models(self, context: OpenCodeContext) -> set[tuple[str, str]]:
+        """The run's model, and the config's default (OpenCode's small model: summaries)."""
+        pid, _, model = context.launch.spec.default_model.partition("/")
+        return {(context.provider, context.model), (pid, model)}
 
     def _reject(self, context: OpenCodeContext, server: srv.OpenCodeServer, props: dict[str, Any]) -> None:
         """Every ask is rejected (no one approves an unattended run), with a sentence the model reads."""

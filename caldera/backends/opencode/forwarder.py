@@ -35,8 +35,8 @@ READ_TIMEOUT = 300.0  # between two reads of a provider's answer (OpenCode's own
 MAX_BODY = 64 * 1024 * 1024  # a request body OpenCode sends (the conversation); more is refused
 ERROR_BODY_CAP = 16 * 1024
 FAILURES_KEPT = 256
-_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
-        "host", "content-length"}
+_HOP = {"accept-encoding", "connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
+        "upgrade", "host", "content-length"}
 
 
 @dataclass(frozen=True)
@@ -70,14 +70,15 @@ class _Handler(BaseHTTPRequestHandler):
         route, rest = forwarder.route_for(self.path)
         if route is None:
             return self._answer(404, "no such route")
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY:
-            return self._answer(413, "request body too large")
-        body = self.rfile.read(length) if length else b""
+        try:
+            body = self._body()
+        except ValueError as exc:
+            return self._answer(400, str(exc))
         session = self.headers.get("x-session-id") or ""
         target = urllib.parse.urlsplit(route.base_url)
         path = forwarder.fill(target.path.rstrip("/") + rest)
         headers = {k: forwarder.fill(v) for k, v in self.headers.items() if k.lower() not in _HOP}
+        headers["Accept-Encoding"] = "identity"  # what the forwarder records of a failure stays readable
         if target.username is not None and "authorization" not in {k.lower() for k in headers}:
             headers["Authorization"] = forwarder.basic(target)
         conn = _connection(target)
@@ -100,6 +101,27 @@ class _Handler(BaseHTTPRequestHandler):
             if sock is not None:
                 forwarder.closed(session, sock)
             conn.close()
+
+    def _body(self) -> bytes:
+        """The request body: by Content-Length, or chunked; at most MAX_BODY bytes."""
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            parts: list[bytes] = []
+            size = 0
+            while True:
+                line = self.rfile.readline(1024).split(b";")[0].strip()
+                chunk = int(line or b"0", 16)
+                if chunk == 0:
+                    self.rfile.readline(1024)  # the empty line after the last chunk (no trailers sent)
+                    return b"".join(parts)
+                size += chunk
+                if size > MAX_BODY:
+                    raise ValueError("request body too large")
+                parts.append(self.rfile.read(chunk))
+                self.rfile.readline(8)  # CRLF after each chunk
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY or length < 0:
+            raise ValueError("request body too large")
+        return self.rfile.read(length) if length else b""
 
     def _relay(self, answer: http.client.HTTPResponse, session: str) -> None:
         forwarder = self.server.forwarder

@@ -54,6 +54,7 @@ class ServerOwner:
         self._cond = threading.Condition()
         self._server: srv.OpenCodeServer | None = None
         self._starting = False
+        self._stopping = 0  # servers being stopped outside the lock: a new one waits for them
         self._closed = False
         self._reaped = False
         self._timer: threading.Timer | None = None
@@ -76,8 +77,8 @@ class ServerOwner:
                 if should_stop is not None and should_stop():
                     raise srv.Stopped()
                 current = self._server
-                if self._starting:
-                    pass  # another turn is starting it: wait for that
+                if self._starting or (current is None and self._stopping):
+                    pass  # another turn is starting one, or the last one is still stopping: wait
                 elif current is not None and not current.alive():
                     retired.append(current)  # died: stopped (cleaned) below, replaced now
                     self._server = None
@@ -96,7 +97,7 @@ class ServerOwner:
                     break
                 self._cond.wait(WAIT_TICK)  # in-flight turns on a server we must replace, or a start
         for old in retired:
-            old.stop()
+            old.stop()  # this thread set _starting: no other one starts a server meanwhile
         return self._start(launch, should_stop)
 
     def _start(self, launch: srv.Launch, should_stop: Callable[[], bool] | None) -> Lease:
@@ -141,9 +142,20 @@ class ServerOwner:
                     stop_now = True
                 else:
                     self._arm_timer()
+            if stop_now:
+                self._stopping += 1
             self._cond.notify_all()
         if stop_now:
+            self._stop_outside(server)
+
+    def _stop_outside(self, server: srv.OpenCodeServer) -> None:
+        """Stop a server the lock no longer holds (`_stopping` counted by the caller, under it)."""
+        try:
             server.stop()
+        finally:
+            with self._cond:
+                self._stopping -= 1
+                self._cond.notify_all()
 
     def _arm_timer(self) -> None:
         self._cancel_timer()
@@ -167,7 +179,8 @@ class ServerOwner:
                 return
             self._server = None
             self._timer = None
-        server.stop()
+            self._stopping += 1
+        self._stop_outside(server)
 
     def close(self) -> None:
         """Stop the server now (the runtime stops); later `get` calls fail. Idempotent."""

@@ -182,6 +182,25 @@ def test_the_forwarder_adds_the_key_streams_the_answer_and_refuses_other_paths()
             fwd.close()
 
 
+def test_the_forwarder_takes_a_chunked_request_body_and_asks_for_no_compression():
+    with FakeChatProvider([{"text": "ok"}]) as upstream:
+        fwd = Forwarder({"fake": upstream.url}, [CANARY])
+        fwd.start()
+        try:
+            route = fwd.url_for("fake").split(str(fwd.port))[1]
+            body = json.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "x" * 5000}]}).encode()
+            conn = http.client.HTTPConnection("127.0.0.1", fwd.port, timeout=30)
+            conn.request("POST", route + "/chat/completions", body=iter([body[:100], body[100:]]),
+                         headers={"Content-Type": "application/json", "Accept-Encoding": "gzip, br"},
+                         encode_chunked=True)
+            assert conn.getresponse().status == 200
+            conn.close()
+            assert upstream.main[0]["body"] == body.decode()
+            assert upstream.main[0]["headers"]["accept-encoding"] == "identity"
+        finally:
+            fwd.close()
+
+
 def test_the_forwarder_records_failures_per_session_and_answers_a_dead_provider_with_502():
     with FakeChatProvider([{"status": 503, "body": {"error": {"message": "Service Unavailable"}}}]) as upstream:
         fwd = Forwarder({"fake": upstream.url, "dead": "http://127.0.0.1:9/v1"}, [CANARY])
