@@ -17,6 +17,7 @@ import pytest
 from opencode_fake_provider import FakeChatProvider
 from opencode_helpers import CANARY, KEY_ENV, opencode_json, write_projection
 
+from caldera.backends import base
 from caldera.backends import failures as fk
 from caldera.backends.base import Policy
 from caldera.backends.events import EventSink
@@ -545,3 +546,18 @@ def test_agents_md_is_read_capped_and_never_through_a_symlink_or_a_fifo(tmp_path
     (tmp_path / "AGENTS.md").unlink()
     os.mkfifo(tmp_path / "AGENTS.md")
     assert driver.read_instructions(str(tmp_path)) is None  # returns at once: nothing writes the fifo
+
+
+def test_the_profile_reports_its_capability_and_version_without_touching_home(tmp_path, monkeypatch):
+    binary = tmp_path / "opencode"
+    binary.write_text('#!/bin/sh\n'
+                      '[ "$HOME" != "$REAL_HOME" ] && [ "$OPENCODE_DISABLE_AUTOUPDATE" = 1 ] && echo 1.18.33\n')
+    binary.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "CALDERA_OPENCODE_BIN": str(binary), "REAL_HOME": os.environ.get("HOME", "/root")}
+    info = driver.OpenCodeBackend().resolve_profile("opencode", env=env, probe=True)
+    assert info["name"] == "opencode" and info["available"] and info["version"] == "1.18.33"
+    assert info["interrupt"] and len(info["failure_kinds"]) == 11 and not info["llm_gateway"]
+    with_content = dict(env, OPENCODE_CONFIG_CONTENT="{}")
+    assert driver.OpenCodeBackend().resolve_profile("opencode", env=with_content)["llm_gateway"]
+    assert "backend.opencode" in base.capabilities(env)
+    assert [b["name"] for b in base.describe(env)["backends"]] == ["codex", "opencode"]
