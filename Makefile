@@ -38,7 +38,7 @@ $(LINT_VENV)/.deps-dev: requirements/dev.txt requirements/newest.txt
 	touch $@
 
 lint: $(LINT_VENV)/.deps-dev
-	$(LINT_VENV)/bin/ruff check caldera tests bench examples bin
+	$(LINT_VENV)/bin/ruff check .
 	$(LINT_VENV)/bin/mypy
 
 bench: $(STAMP)

@@ -172,9 +172,7 @@ def agent_from_args(args: object, environ: Environ = os.environ) -> AgentPaths:
     manifest: str | None = getattr(args, "manifest", None)
     state_dir: str | None = getattr(args, "state_dir", None)
     if manifest:
-        path = Path(manifest).resolve()
-        if not path.is_file():
-            raise ConfigError(f"--manifest: no such file: {manifest}")
+        path = manifest_file(manifest)
         name = manifest_name(path)
         state = Path(state_dir).resolve() if state_dir else Path.cwd() / ".caldera-state" / name
         return AgentPaths(name, path.parent, path, state)
@@ -190,6 +188,20 @@ def agent_from_args(args: object, environ: Environ = os.environ) -> AgentPaths:
     return AgentPaths(name, config_dir, config_dir / MANIFEST_NAME, state)
 
 
+def manifest_file(given: str) -> Path:
+    """--manifest's file: the path given, or the caldera.agent.yaml in the directory given."""
+    path = Path(given).resolve()
+    if path.is_dir():
+        if not (path / MANIFEST_NAME).is_file():
+            raise ConfigError(f"--manifest {given}: a directory without {MANIFEST_NAME} (name the manifest "
+                              "file, or the directory that holds it)")
+        return path / MANIFEST_NAME
+    if not path.is_file():
+        raise ConfigError(f"--manifest {given}: no such file or directory (a manifest file, or the directory "
+                          f"that holds its {MANIFEST_NAME})")
+    return path
+
+
 def _installed_name(name: str | None, environ: Environ) -> str:
     """The installed agent named (else the only one installed); ConfigError otherwise."""
     if not name:
@@ -197,14 +209,23 @@ def _installed_name(name: str | None, environ: Environ) -> str:
         if len(found) != 1:
             where = config_root(environ) / "agents"
             listing = ", ".join(found) if found else "none"
-            raise ConfigError(f"pick an agent with --agent NAME (installed in {where}: {listing})")
+            hint = _elsewhere(environ) if not found else ""
+            raise ConfigError(f"pick an agent with --agent NAME (installed in {where}: {listing}){hint}")
         name = found[0]
     if not re.match(_NAME_RE, name):
         raise ConfigError(f"agent name {name!r}: use letters, digits, '.', '_' or '-'")
     if not (config_root(environ) / "agents" / name / MANIFEST_NAME).is_file():
         listing = ", ".join(installed_agents(environ)) or "none"
-        raise ConfigError(f"no agent {name!r} is installed (installed: {listing})")
+        raise ConfigError(f"no agent {name!r} is installed in {config_root(environ) / 'agents'} (installed there: "
+                          f"{listing}){_elsewhere(environ)}")
     return name
+
+
+def _elsewhere(environ: Environ) -> str:
+    """Where else an agent may be: one installed with CALDERA_CONFIG_DIR is found only with it."""
+    if environ.get("CALDERA_CONFIG_DIR"):
+        return ""
+    return "; one installed with CALDERA_CONFIG_DIR set is found with the same CALDERA_CONFIG_DIR"
 
 
 def state_in_persistent_dir(environ: Environ = os.environ) -> bool:

@@ -53,11 +53,12 @@ MAX_MEMBERS = 10_000
 MAX_BYTES = 512 * 1024 * 1024
 SYSTEMD_DIR = "/run/systemd/system"
 DEFAULT_CONFIG_ROOT = Path("/etc/caldera")
+DEFAULT_STATE_ROOT = Path("/var/lib/caldera")
 SKIPPED = ("__pycache__", ".git")  # build leftovers, never part of a bundle
 AGENT_ENV_TEMPLATE = """\
 # Runtime settings for this agent (SPEC section 3). Secrets go to secrets.env.
-# Owner root:{group}, mode 0640 (sudoedit keeps both). After a change:
-# systemctl reload caldera@NAME
+# Owner {user}:{group}, mode 0640 (sudoedit keeps both). After a change:
+# systemctl reload caldera@NAME (without systemd: kill -HUP the pid of caldera run)
 # CALDERA_AGENT_ENABLED=true
 # CALDERA_BASE_URL=https://caldera.example.org
 # CALDERA_INSTANCE_ID=123
@@ -122,7 +123,9 @@ def install(source: str | Path, *, name: str | None = None, user: str | None = N
                 before = account.installed_user(name, unit_dir) if unit_dir is not None else account.SERVICE_USER
                 after = owner.name if owner is not None else account.SERVICE_USER
                 if before == after:
-                    raise Refused(f"an agent named {name!r} is already installed in {config_dir} (run as {before}); "
+                    # (run as …) only where an account runs it: without one (a checkout) it is whoever starts it
+                    runs = f" (run as {before})" if owner is not None else ""
+                    raise Refused(f"an agent named {name!r} is already installed in {config_dir}{runs}; "
                                   "pick another --name, or update its manifest through a blueprint update "
                                   "(re-running init only moves an agent between its bundle and a user's home)")
                 if Path(systemd_dir).is_dir() and _instance_active(name):
@@ -139,7 +142,7 @@ def install(source: str | Path, *, name: str | None = None, user: str | None = N
     if (moved or drop_in) and Path(systemd_dir).is_dir():
         _daemon_reload()  # a drop-in written or removed: systemd reads it now, the unit on its next start
     runs_as = owner.name if owner is not None else account.SERVICE_USER
-    started = _next_steps(name, config_dir, config.config_root(environ), systemd_dir,
+    started = _next_steps(name, config_dir, systemd_dir, roots=_roots_named(environ),
                           moved_to=runs_as if moved else None)
     what = f"manifest and bundle ({bundled} files)" if bundled else "manifest"
     if home and owner is not None:
@@ -266,9 +269,12 @@ def _install_tree(root: Path, data: bytes, agents: Path, config_dir: Path, owner
             if (config_dir / "secrets").is_dir():
                 shutil.copytree(config_dir / "secrets", staging / "secrets", symlinks=True)
         else:
-            # the owner the daemon reads them as: the service user's, a home agent's or --owner's
-            user, group = (owner.name, owner.group) if owner is not None else (account.SERVICE_USER,) * 2
-            atomic_write_bytes(staging / "agent.env", AGENT_ENV_TEMPLATE.format(group=group).encode(), mode=0o640)
+            # the owner the daemon reads them as: the service user's, a home agent's or --owner's;
+            # without one (no `caldera` user: a checkout, a container, a test), the installer's own
+            user, group = (owner.name, owner.group) if owner is not None else _installer()
+            agent_user = "root" if owner is not None else user
+            atomic_write_bytes(staging / "agent.env", AGENT_ENV_TEMPLATE.format(user=agent_user, group=group).encode(),
+                               mode=0o640)
             atomic_write_bytes(staging / "secrets.env", SECRETS_ENV_TEMPLATE.format(user=user, group=group).encode(),
                                mode=0o600)
         if owner is not None:
@@ -284,6 +290,22 @@ def _install_tree(root: Path, data: bytes, agents: Path, config_dir: Path, owner
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return files
+
+
+def _installer() -> tuple[str, str]:
+    """(user, group) of this process: the owners of what it writes for itself."""
+    import grp
+    import pwd
+
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        user = str(os.geteuid())
+    try:
+        group = grp.getgrgid(os.getegid()).gr_name
+    except KeyError:
+        group = str(os.getegid())
+    return user, group
 
 
 def _copy_bundle(root: Path, bundle: Path) -> int:
@@ -361,19 +383,38 @@ def _instance_active(name: str) -> bool:
         return False
 
 
-def _next_steps(name: str, config_dir: Path, config_root: Path, systemd_dir: str | Path, *,
+def _roots_named(environ: Mapping[str, str]) -> str:
+    """The variables that put this agent where the unit and a bare `caldera` do not look:
+    every later command needs them too, the state dir's above all (without it, `caldera
+    run` makes a second state dir in the default place)."""
+    named = [(var, root) for var, root, default in (
+        ("CALDERA_CONFIG_DIR", config.config_root(environ), DEFAULT_CONFIG_ROOT),
+        ("CALDERA_STATE_DIR", config.state_root(environ), DEFAULT_STATE_ROOT)) if root != default]
+    return " ".join(f"{var}={_quoted(str(root))}" for var, root in named)
+
+
+def _quoted(text: str) -> str:
+    import shlex  # here: only an init outside the default roots pays for it
+
+    return shlex.quote(text)
+
+
+def _next_steps(name: str, config_dir: Path, systemd_dir: str | Path, *, roots: str = "",
                 moved_to: str | None = None) -> str:
     """How to start the agent once its configuration is complete. The unit is not enabled
-    here: an agent enabled before agent.env and secrets.env are filled would start unconfigured."""
+    here: an agent enabled before agent.env and secrets.env are filled would start unconfigured.
+    roots: the variables every later command needs (_roots_named), spelled out."""
     unit = f"caldera@{name}"
     edit = f"Fill in {config_dir}/agent.env and secrets.env, then"
-    by_hand = f"caldera run --agent {name}"
-    if config_root != DEFAULT_CONFIG_ROOT:
-        by_hand = f"CALDERA_CONFIG_DIR={config_root} {by_hand}"
+    by_hand = f"{roots} caldera run --agent {name}".lstrip()
+    cron = "`caldera report --once` with the same variables" if roots else f"`caldera report --once --agent {name}`"
+    local = f"it stays local, with no control plane, until {config_dir}/agent.env sets CALDERA_AGENT_ENABLED=true"
     if not Path(systemd_dir).is_dir():
-        return f"systemd is not running here. {edit} start it with `{by_hand}` (or `caldera report --once` from cron)."
-    if config_root != DEFAULT_CONFIG_ROOT:
-        return f"{edit} start it with `{by_hand}` (the {unit} unit reads {DEFAULT_CONFIG_ROOT}, not {config_root})."
+        return (f"systemd is not running here: start it with `{by_hand}`; {local}, and from then on cron can run "
+                f"{cron} instead of a daemon (docs/runtime.md).")
+    if roots:
+        return (f"Start it with `{by_hand}` (the {unit} unit reads {DEFAULT_CONFIG_ROOT} and {DEFAULT_STATE_ROOT}, "
+                f"not these); {local} (docs/runtime.md).")
     if moved_to:
         return f"Its configuration is kept: sudo systemctl start {unit} runs it as {moved_to}."
     return f"{edit}: sudo systemctl enable --now {unit}"

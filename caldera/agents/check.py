@@ -9,25 +9,45 @@ verb), a path accepted as a log name, silent clamping in `settings set`, a slow
 ones a correct adapter refuses, and anything a wrong one took is put back.
 `--controls` also calls pause, resume and run-now (they act on the agent).
 
-Every probe runs, whatever an earlier one gave (a broken `settings set` is
+First, whether `runtime.command` can start at all: its program on the adapter's PATH
+(or a file in the workdir), and the script an interpreter is given (`[python3,
+adapter.py]`) in the workdir. When it cannot, `status` is still called (the adapter's
+own stderr, python's "can't open file", says it in its words) and nothing else: every
+other verb would only fail the same way, each looking like a verb not implemented.
+
+Otherwise every probe runs, whatever an earlier one gave (a broken `settings set` is
 reported even when `settings get` failed), and each is listed with its result:
 `pass`, `fail`, or `not implemented` — exit 2 for a verb the adapter does not
 implement is what the contract asks for (seed 000's own minimal adapter has no
 `log NAME`), so it is no breach; only `status` is required of every adapter.
+A verb that exits non-zero is shown with the end of its stderr (redacted, then cut:
+answer.stderr_excerpt), so "exit 2" says why.
 Exit 0: no breach; 1: a breach; 2: usage (no such agent).
 """
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 from dataclasses import dataclass, field
 
 from caldera import TYPE_CHECKING
 from caldera.agents import settings, status
 from caldera.agents.adapter import health, invoke, logs
-from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, UNSUPPORTED, ContractError, parse_object
+from caldera.agents.adapter.answer import (
+    DONE,
+    FAILED,
+    REFUSED,
+    UNSUPPORTED,
+    ContractError,
+    parse_object,
+    stderr_excerpt,
+)
 from caldera.protocol.schemas import SchemaError, validate
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from caldera.agents.adapter.answer import Answer
@@ -37,6 +57,8 @@ SLOW_STATUS_SECONDS = 2.0  # a tenth of status's 20 s: answer from a cache you k
 PATH_PROBE = "../../etc/passwd"
 UNKNOWN_LOG = "caldera-check-no-such-log.log"
 UNKNOWN_VERB = "caldera-check-unknown-verb"
+# A program whose first word after it is the script it runs (`[python3, adapter.py]`).
+INTERPRETER = re.compile(r"(python[0-9.]*|node|nodejs|bash|sh|dash|ruby|perl|php)")
 
 
 PASS, FAIL, NOT_IMPLEMENTED, NOTE = "pass", "fail", "not implemented", "note"
@@ -44,21 +66,30 @@ PASS, FAIL, NOT_IMPLEMENTED, NOTE = "pass", "fail", "not implemented", "note"
 
 @dataclass
 class Report:
-    """Each item: {check, result: pass|fail|not implemented|note, ok, detail}."""
+    """Each item: {check, result: pass|fail|not implemented|note, ok, detail[, stderr]}.
+
+    redact: the agent's Redactor; an adapter's stderr passes it before it is cut (stderr:
+    its last lines, for an item whose verb exited non-zero)."""
 
     items: list[dict[str, Any]] = field(default_factory=list)
+    redact: Callable[[Any], Any] = field(default=lambda value: value)
 
-    def _add(self, check: str, result: str, detail: str) -> None:
-        self.items.append({"check": check, "result": result, "ok": result != FAIL, "detail": detail})
+    def _add(self, check: str, result: str, detail: str, stderr: str = "") -> None:
+        item = {"check": check, "result": result, "ok": result != FAIL, "detail": detail}
+        shown = stderr_excerpt(stderr, self.redact) if stderr else []
+        if shown:
+            item["stderr"] = shown
+        self.items.append(item)
 
     def ok(self, check: str, detail: str) -> None:
         self._add(check, PASS, detail)
 
-    def breach(self, check: str, detail: str) -> None:
-        self._add(check, FAIL, detail)
+    def breach(self, check: str, detail: str, stderr: str = "") -> None:
+        self._add(check, FAIL, detail, stderr)
 
-    def not_implemented(self, check: str, detail: str = "exit 2: the adapter does not implement this verb") -> None:
-        self._add(check, NOT_IMPLEMENTED, detail)
+    def not_implemented(self, check: str, detail: str = "exit 2: the adapter does not implement this verb",
+                        stderr: str = "") -> None:
+        self._add(check, NOT_IMPLEMENTED, detail, stderr)
 
     def note(self, check: str, detail: str) -> None:
         self._add(check, NOTE, detail)
@@ -69,9 +100,14 @@ class Report:
 
 
 def run_checks(manifest: Manifest, report: Report, *, controls: bool = False) -> Report:
-    """Every probe, each on its own: a failed one never skips a later one."""
+    """Every probe, each on its own: a failed one never skips a later one (but an adapter
+    that cannot start is asked for `status` only)."""
     check_workdir(manifest, report)
+    starts = check_command(manifest, report)
     check_status(manifest, report)
+    if not starts:
+        report.note("other verbs", "not called: the adapter cannot start (runtime.command, above)")
+        return report
     got = check_settings_get(manifest, report)
     if manifest.settings_schema:
         # Without a good `settings get` the set probes still run: no bounds to narrow with,
@@ -96,6 +132,41 @@ def check_workdir(manifest: Manifest, report: Report) -> None:
         report.note("workdir", problem)
 
 
+def check_command(manifest: Manifest, report: Report) -> bool:
+    """Whether runtime.command can start: its program exists (on the adapter's own PATH,
+    which is not the person's), and so does the script an interpreter is given."""
+    program, fix = manifest.command[0], f"fix runtime.command or runtime.workdir in {manifest.path}"
+    if "/" in program:  # made absolute against the workdir by the manifest's build
+        found: str | None = program if os.path.isfile(program) else None
+        if found is None:
+            report.breach("command", f"runtime.command: {program} does not exist: {fix}")
+            return False
+        if not os.access(program, os.X_OK):
+            report.breach("command", f"runtime.command: {program} is not executable: chmod +x it, or name "
+                                     f"its interpreter first ([python3, {os.path.basename(program)}])")
+            return False
+    else:
+        found = shutil.which(program, path=invoke.SAFE_PATH)
+        if found is None:
+            report.breach("command", f"runtime.command: {program} is not on the adapter's PATH "
+                                     f"({invoke.SAFE_PATH}): name it by its full path in {manifest.path}")
+            return False
+    script = _script(manifest.command)
+    if script is not None and not (manifest.workdir / script).exists():
+        report.breach("command", f"runtime.command: {script} is not in the workdir {manifest.workdir}, so "
+                                 f"{program} cannot open it: {fix}")
+        return False
+    report.ok("command", " ".join([found, *([script] if script else [])]))
+    return True
+
+
+def _script(command: tuple[str, ...]) -> str | None:
+    """The script an interpreter is told to run: the word after it, unless an option."""
+    if len(command) < 2 or not INTERPRETER.fullmatch(os.path.basename(command[0])):
+        return None
+    return None if command[1].startswith("-") else command[1]
+
+
 def _schema(name: str, document: Any) -> str | None:
     try:
         validate(name, document)
@@ -106,13 +177,14 @@ def _schema(name: str, document: Any) -> str | None:
 
 def _not_done(check: str, answer: Answer, report: Report, required: bool = False) -> None:
     if answer.kind == FAILED:
-        report.breach(check, answer.reason or "failed")
+        report.breach(check, answer.reason or "failed", answer.stderr)
     elif answer.kind == UNSUPPORTED and required:
-        report.breach(check, "exit 2 (not supported): every adapter answers this verb")
+        report.breach(check, "exit 2 (not supported), but every adapter must answer this verb", answer.stderr)
     elif answer.kind == UNSUPPORTED:
-        report.not_implemented(check)
+        report.not_implemented(check, stderr=answer.stderr)
     else:
-        report.breach(check, f"exit 1 (refused: {answer.message or 'no message'}); this verb must exit 0")
+        report.breach(check, f"exit 1 (refused: {answer.message or 'no message'}); this verb must exit 0",
+                      answer.stderr)
 
 
 def check_status(manifest: Manifest, report: Report) -> None:
@@ -218,13 +290,14 @@ def _restore(manifest: Manifest, report: Report, key: str, value: Any) -> None:
         report.note("settings set", f"put {key} back to {json.dumps(value)}")
     else:
         report.breach("settings set", f"could not put {key} back to {json.dumps(value)}: "
-                                      f"{answer.reason or answer.message}; check the agent's settings by hand")
+                                      f"{answer.reason or answer.message}; check the agent's settings by hand",
+                      answer.stderr)
 
 
 def check_logs(manifest: Manifest, report: Report) -> None:
     answer = invoke.call(manifest, "log --list")
     if answer.kind == UNSUPPORTED:
-        report.not_implemented("log --list", "exit 2: this agent offers no logs")
+        report.not_implemented("log --list", "exit 2: this agent offers no logs", answer.stderr)
     elif answer.kind != DONE or answer.data is None:  # done: a JSON verb's answer is its object
         _not_done("log --list", answer, report)
     else:
@@ -261,7 +334,7 @@ def _check_log_names(manifest: Manifest, report: Report) -> None:
         elif probe.kind == DONE:
             report.breach(f"log {name}", wrong)
         elif probe.kind == UNSUPPORTED:
-            report.not_implemented(f"log {name}", "exit 2: the adapter does not implement `log NAME`")
+            report.not_implemented(f"log {name}", "exit 2: the adapter does not implement `log NAME`", probe.stderr)
         else:
             _not_done(f"log {name}", probe, report)
 
@@ -273,7 +346,7 @@ def check_unknown_verb(manifest: Manifest, report: Report) -> None:
         report.ok("unknown verb", "exit 2")
     else:
         seen = {DONE: "exit 0", REFUSED: "exit 1"}.get(answer.kind, answer.reason)
-        report.breach("unknown verb", f"{seen}; a verb the adapter does not know must exit 2")
+        report.breach("unknown verb", f"{seen}; a verb the adapter does not know must exit 2", answer.stderr)
 
 
 def check_controls(manifest: Manifest, report: Report) -> None:

@@ -4,21 +4,25 @@ agents/adapter/driver.py) and in process mode (`ProcessDriver`, agents/process/d
 
 Both drivers satisfy `AgentDriver`; mypy checks it (each driver module ends with the
 check). What only process mode has (start / stop / restart, the supervisor thread, the
-control socket) is asked of a `ProcessDriver` by `as_process_driver`, never probed.
+control socket) is asked of a `ProcessDriver` by `agents.process.as_process_driver`, never
+probed.
+
+`AgentCall` is what the commands that act through the driver are given (the adapter verbs,
+agents/adapter/commands.py, and start/stop/restart_openclaw, agents/process/commands.py).
 """
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
+
+from caldera.protocol.handlers import Call
 
 if TYPE_CHECKING:
     import threading
 
     from caldera.agents.adapter.answer import Answer
     from caldera.agents.manifest import Manifest
-    from caldera.agents.process.driver import ProcessDriver
-
-PROCESS_DRIVER_MODULE = "caldera.agents.process.driver"
 
 
 class AgentDriver(Protocol):
@@ -68,12 +72,10 @@ class AgentDriver(Protocol):
         """Apply a checked revision's `instructions`/`mcp`; the finish result's part."""
 
 
-def as_process_driver(driver: AgentDriver | None) -> ProcessDriver | None:
-    """The driver when it is process mode's, else None. An adapter-mode runtime never
-    imports process mode (its start-up and memory budget, docs/performance.md), and no
-    ProcessDriver exists before its module is imported: the isinstance is asked only then."""
-    if driver is None or PROCESS_DRIVER_MODULE not in sys.modules:
-        return None
-    from caldera.agents.process.driver import ProcessDriver
+@dataclass(frozen=True, eq=False)
+class AgentCall(Call):
+    """A command that acts through the agent's driver: the driver current when it started
+    (None without a manifest) and how to ask for a state report now (the state changed)."""
 
-    return driver if isinstance(driver, ProcessDriver) else None
+    driver: AgentDriver | None
+    report_now: Callable[[], None]

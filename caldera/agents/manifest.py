@@ -56,6 +56,7 @@ def _word(text: str, first: frozenset[str], rest: frozenset[str]) -> bool:
 
 TIMEOUT_MIN, TIMEOUT_MAX = 1, 120
 MAX_SETTINGS = 100
+PROBLEM_MAX = 200  # a schema problem quotes the value it found: the sentence stays a line
 PROCESS_RUNTIME_KEYS = ("stop_signal", "stop_timeout_seconds", "restart", "run_now_signal")
 
 
@@ -236,7 +237,7 @@ def check_document(doc: Any, path: str | Path) -> None:
     """Raise ConfigError naming the first problem; the same rules as manifest.schema.json."""
     where = str(path)
     if not isinstance(doc, dict):
-        raise ConfigError(f"{where}: the manifest must be a mapping (name:, runtime:, …)")
+        raise ConfigError(f"{where}: {shape_problem(doc)}")
     runtime = doc.get("runtime")
     if isinstance(runtime, dict) and runtime.get("type") == "adapter":
         for key in (*FORBIDDEN_IN_ADAPTER_MODE, *FORBIDDEN_IN_ADAPTER_MODE_EXTRA):
@@ -261,6 +262,33 @@ def check_document(doc: Any, path: str | Path) -> None:
         _check_process(doc, where)
     elif "account" in doc and not isinstance(doc["account"], bool):
         raise ConfigError(f"{where}: account: must be true or false")
+
+
+def shape_problem(doc: Any) -> str:
+    """Why a document that is not a mapping is no manifest, in one sentence."""
+    if doc is None:
+        return "the manifest is empty; write its keys at the top level: name:, then runtime: with type: and command:"
+    kind = {list: "a YAML list", str: "a single YAML string", bool: "a YAML boolean"}.get(type(doc), "a YAML value")
+    if isinstance(doc, (int, float)) and not isinstance(doc, bool):
+        kind = "a YAML number"
+    return f"the manifest is {kind}, not a mapping; write its keys at the top level: name:, runtime:, …"
+
+
+def explain_schema_problem(doc: dict[str, Any], problem: str) -> list[str]:
+    """One of manifest.schema.json's problems ("path: message", protocol.schemas.problems) in
+    the words of check_document: its `not` rules (the keys adapter mode refuses) would
+    otherwise print the whole document and the rule as jsonschema states them."""
+    at, _, message = problem.partition(": ")
+    if "should not be valid under" in message:
+        scope = doc.get("runtime") if at == "runtime" else doc
+        refused = (PROCESS_RUNTIME_KEYS if at == "runtime"
+                   else (*FORBIDDEN_IN_ADAPTER_MODE, *FORBIDDEN_IN_ADAPTER_MODE_EXTRA))
+        prefix = "runtime." if at == "runtime" else ""
+        keys = [k for k in refused if isinstance(scope, dict) and k in scope]
+        return [f"'{prefix}{key}' is not allowed with runtime.type: adapter" for key in keys] or [problem]
+    if at == "(top level)" and message.startswith("Additional properties are not allowed"):
+        return [f"unknown key '{key}'" for key in doc if key not in TOP_LEVEL] or [problem]
+    return [problem if len(problem) <= PROBLEM_MAX else problem[:PROBLEM_MAX - 1] + "…"]
 
 
 def _check_process(doc: dict[str, Any], where: str) -> None:

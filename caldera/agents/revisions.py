@@ -19,6 +19,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from caldera import TYPE_CHECKING
@@ -29,16 +31,18 @@ from caldera.errors import CommandError, ConfigError
 from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, ensure_dir
 from caldera.host.jsonlimits import loads
 from caldera.protocol.client import ApiError, NotFound, transient
+from caldera.protocol.handlers import Call
 from caldera.protocol.retry import retry_within
 
 if TYPE_CHECKING:
     import threading
-    from collections.abc import Callable
     from typing import Any
 
-    from caldera.config import Settings
-    from caldera.daemon.dispatch import CommandContext
+    from caldera.agents.current import Current
+    from caldera.config import AgentPaths, Settings
+    from caldera.host.statefile import StateFile
     from caldera.protocol.client import ControlPlaneClient
+    from caldera.redact import Redactor
 
     Path_ = tuple[str, ...]  # object keys from the top of a JSON document
 
@@ -216,15 +220,27 @@ def _prune(directory: Path) -> None:
 
 
 # ------------------------------------------------------------------ applying
-# The driver is read from `ctx.current` each time, not `ctx.driver`: a blueprint update or a
-# reload_config may have replaced it since the command started.
+
+@dataclass(frozen=True, eq=False)
+class RevisionCall(Call):
+    """What apply_config_revision and reload_config use. The driver is read from `current`
+    each time: a blueprint update or a reload_config may have replaced it since the command
+    started, and these handlers replace the settings and the manifest themselves."""
+
+    paths: AgentPaths
+    current: Current
+    state: StateFile
+    client: ControlPlaneClient | None  # None when the agent is not connected
+    redactor: Redactor
+    report_now: Callable[[], None]
+
 
 def _refusal(revision_id: int, problems: list[str]) -> str:
     return (f"config revision {revision_id} refused as a whole, nothing applied: " + "; ".join(problems)
             + " (a revision may change only what the agent is told: docs/trust-boundary.md)")
 
 
-def _check_manifest(ctx: CommandContext, revision_id: int, text: object) -> None:
+def _check_manifest(ctx: RevisionCall, revision_id: int, text: object) -> None:
     try:
         window.check_proposed(ctx.paths, text)
     except window.TrustError as exc:
@@ -233,7 +249,7 @@ def _check_manifest(ctx: CommandContext, revision_id: int, text: object) -> None
         raise CommandError(f"config revision {revision_id}: the manifest is refused, nothing applied: {exc}") from None
 
 
-def _apply_manifest(ctx: CommandContext, revision_id: int, text: object) -> dict[str, Any]:
+def _apply_manifest(ctx: RevisionCall, revision_id: int, text: object) -> dict[str, Any]:
     driver = ctx.current.driver
     try:
         outcome = window.apply_manifest_update(
@@ -248,7 +264,7 @@ def _apply_manifest(ctx: CommandContext, revision_id: int, text: object) -> dict
     return {"applied": True, **outcome}
 
 
-def _apply_settings(ctx: CommandContext, values: object) -> dict[str, Any]:
+def _apply_settings(ctx: RevisionCall, values: object) -> dict[str, Any]:
     if not isinstance(values, dict) or not values:
         raise CommandError("the revision's settings must be an object of values")
     driver = ctx.current.driver
@@ -263,7 +279,7 @@ def _apply_settings(ctx: CommandContext, values: object) -> dict[str, Any]:
 TOLD = ("instructions", "mcp")  # what a revision may tell a process agent (SPEC 7b)
 
 
-def _told(ctx: CommandContext, revision_id: int,
+def _told(ctx: RevisionCall, revision_id: int,
           content: dict[str, Any]) -> Callable[[], dict[str, Any]] | None:
     """`instructions` and `mcp`: the driver checks them (the process driver: agents/process/told.py,
     on top of trust.check_content) before anything of the revision is stored or applied; returns
@@ -279,7 +295,7 @@ def _told(ctx: CommandContext, revision_id: int,
     return lambda: driver.apply_told(content)
 
 
-def apply_revision(ctx: CommandContext, revision_id: object) -> dict[str, Any]:
+def apply_revision(ctx: RevisionCall, revision_id: object) -> dict[str, Any]:
     """Fetch, verify, check against the trust boundary, store and apply one revision; the finish result."""
     revision_id = _revision_id(revision_id)
     if ctx.client is None:
@@ -337,7 +353,7 @@ def _recorded_id(value: object) -> int | str | None:
         return None if value is None else str(value)[:40]
 
 
-def apply_config_revision(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def apply_config_revision(ctx: RevisionCall, payload: dict[str, Any]) -> dict[str, Any]:
     """The command, or the runtime's own apply of a heartbeat's desired revision (a local
     command: no finish). Either way the outcome is kept for the state reports (outcomes)."""
     revision_id = _recorded_id(payload.get("revision_id"))
@@ -365,7 +381,7 @@ def apply_config_revision(ctx: CommandContext, payload: dict[str, Any]) -> dict[
 FIXED = ("enabled", "base_url", "instance_id", "bootstrap_token")  # never changed by a command
 
 
-def reload_config(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def reload_config(ctx: RevisionCall, payload: dict[str, Any]) -> dict[str, Any]:
     try:
         fresh = load_settings(ctx.paths)
     except ConfigError as exc:
@@ -393,7 +409,7 @@ def _with(settings: Settings, values: dict[str, Any]) -> Settings:
     return type(settings)(**current)
 
 
-def _reload_manifest(ctx: CommandContext) -> dict[str, Any]:
+def _reload_manifest(ctx: RevisionCall) -> dict[str, Any]:
     if not Path(ctx.paths.manifest_path).is_file():
         return {"present": False}
     try:

@@ -1,39 +1,54 @@
-"""Control-plane commands `agent_run` and `agent_interrupt` (SPEC sections 8 and 10).
-
-Of the CommandContext a handler uses only `paths` (`state_dir`, `secrets_dir`),
-`settings.env`, `redactor`, `client` (or None), `agent_id`, `runs` (the ActiveRuns
-registry), `cancel` and `deadline`.
-"""
+"""Control-plane commands `agent_run` and `agent_interrupt` (SPEC sections 8 and 10),
+given a `RunCall`."""
 from __future__ import annotations
 
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from caldera.backends import base, service
 from caldera.backends.events import Listener
 from caldera.backends.poster import EventPoster
+from caldera.backends.registry import ActiveRuns
 from caldera.errors import CommandError
+from caldera.protocol.handlers import Call
 
 if TYPE_CHECKING:
-    from caldera.daemon.dispatch import CommandContext
+    from caldera.protocol.client import ControlPlaneClient
     from caldera.redact import Redactor
 
 log = logging.getLogger("caldera.backends")
 
 
-def environment_for(ctx: CommandContext) -> base.Environment:
-    env = dict(ctx.settings.env)
-    state = ctx.paths.state_dir
+@dataclass(frozen=True, eq=False)
+class RunCall(Call):
+    """What the run commands use: the agent's id, state and secrets dirs, its environment
+    as current when the command started, the redactor, the client (None when not
+    connected: events are not posted) and the registry of the runs going on now."""
+
+    agent_id: str
+    state_dir: Path
+    secrets_dir: Path
+    env: dict[str, str]
+    redactor: Redactor
+    client: ControlPlaneClient | None
+    runs: ActiveRuns
+
+
+def environment_for(ctx: RunCall) -> base.Environment:
+    env = dict(ctx.env)
+    state = ctx.state_dir
     return base.Environment(
         redactor=ctx.redactor, logs_dir=str(state / "logs"), runs_dir=str(state / "runs"),
-        secrets_dir=str(ctx.paths.secrets_dir),
+        secrets_dir=str(ctx.secrets_dir),
         credentials_dir=env.get("CREDENTIALS_DIRECTORY") or os.environ.get("CREDENTIALS_DIRECTORY"),
         env=env)
 
 
-def agent_run(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def agent_run(ctx: RunCall, payload: dict[str, Any]) -> dict[str, Any]:
     environment = environment_for(ctx)
     listeners: list[Listener] = []
     poster = None
@@ -57,7 +72,7 @@ def agent_run(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
                        result=result)
 
 
-def agent_interrupt(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def agent_interrupt(ctx: RunCall, payload: dict[str, Any]) -> dict[str, Any]:
     run_id = payload["run_id"]
     reached = ctx.runs.interrupt(run_id)
     if reached is None:

@@ -12,12 +12,9 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from caldera.config import llm_gateway
-
-if TYPE_CHECKING:
-    from caldera.backends.service import RunHandle
 
 DEFAULT_PROFILE = "codex"
 # profile name -> "module:Class"; the class is imported only when a run needs it.
@@ -48,6 +45,16 @@ def capabilities(env: Mapping[str, str] | None = None) -> list[str]:
     return caps
 
 
+class LiveRun(Protocol):
+    """A run going on now, as the registry sees it (`service.RunHandle` is one): its id, and the
+    interrupt that reaches its backend (at once, or as soon as the turn is prepared)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    def interrupt(self) -> None: ...
+
+
 QUEUED_KEPT = 1000  # accepted runs not yet started that are remembered (oldest forgotten first)
 
 
@@ -59,7 +66,7 @@ class ActiveRuns:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._runs: dict[str, RunHandle] = {}
+        self._runs: dict[str, LiveRun] = {}
         self._queued: dict[str, bool] = {}  # run_id -> interrupted before it started
         self.events_dropped = 0  # run events the plane never got (it was away too long)
 
@@ -96,7 +103,7 @@ class ActiveRuns:
         with self._lock:
             self.events_dropped += n
 
-    def add(self, handle: RunHandle) -> None:
+    def add(self, handle: LiveRun) -> None:
         with self._lock:
             if handle.run_id in self._runs:
                 raise Refused(f"run {handle.run_id} is already running")
@@ -109,6 +116,6 @@ class ActiveRuns:
         with self._lock:
             self._runs.pop(run_id, None)
 
-    def get(self, run_id: str) -> RunHandle | None:
+    def get(self, run_id: str) -> LiveRun | None:
         with self._lock:
             return self._runs.get(run_id)

@@ -28,12 +28,13 @@ import pwd  # noqa: E402
 
 from caldera import TYPE_CHECKING, __version__  # noqa: E402
 from caldera.cli import fastpath  # noqa: E402
-from caldera.config import state_in_persistent_dir, state_root  # noqa: E402
+from caldera.config import config_root, state_in_persistent_dir, state_root  # noqa: E402
 from caldera.errors import EXIT_FAILED, EXIT_USAGE, CalderaError, Retryable  # noqa: E402
 from caldera.host import privdrop  # noqa: E402
 
 if TYPE_CHECKING:
     import argparse
+    from pathlib import Path
     from types import ModuleType, SimpleNamespace
     from typing import TypeAlias
 
@@ -67,7 +68,7 @@ GROUPS: dict[str, dict[str, tuple[str, str]]] = {
     },
     "control plane": {
         "plane": ("caldera.cli.plane", "the embedded reference control plane"),
-        "demo": ("caldera.cli.demo", "the main job: embedded plane + example agent on loopback"),
+        "demo": ("caldera.cli.demo", "the main job: embedded plane + the two example agents, on loopback"),
     },
 }
 COMMANDS: dict[str, tuple[str, str]] = {name: entry for group in GROUPS.values() for name, entry in group.items()}
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["__complete"]:  # hidden: bash completion's helper (packaging/caldera.bash-completion)
         from caldera.cli import complete  # here: only a completion pays for it
 
-        return complete.main(argv[1:])
+        return complete.main(argv[1:], COMMANDS, build_parser)
     if not argv or argv[0] not in COMMANDS:
         return _top(argv)
     if COMMANDS[argv[0]][0] in fastpath.QUICK_MODULES:
@@ -168,11 +169,10 @@ def _command(argv: list[str]) -> int:
         print(f"caldera {argv[0]}: {exc}{hint}", file=sys.stderr)
         return exc.exit_code
     except PermissionError as exc:  # a configuration problem too: a restart cannot fix it
-        print(f"caldera {argv[0]}: {_permission_sentence(exc)}", file=sys.stderr)
+        print(f"caldera {argv[0]}: {_permission_sentence(exc, argv[0])}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:  # a file or directory problem: say which, without a traceback
-        where = f" {exc.filename}" if exc.filename else ""
-        print(f"caldera {argv[0]}:{where}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"caldera {argv[0]}: {_os_error_sentence(exc)}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
@@ -200,10 +200,46 @@ def _as_service_user(name: str, args: Args) -> None:
         privdrop.become(entry)
 
 
-def _permission_sentence(exc: PermissionError) -> str:
+def _permission_sentence(exc: PermissionError, command: str) -> str:
     try:
         user = pwd.getpwuid(os.geteuid()).pw_name
     except KeyError:
         user = f"uid {os.geteuid()}"
     what = exc.filename or "a file"
+    if os.geteuid() != 0 and exc.filename and _in_system_roots(str(exc.filename)):
+        return f"{what}: permission denied for user {user}: {_without_root(str(exc.filename), command)}"
     return f"{what}: permission denied for user {user} (check its owner and mode: docs/packaging.md)"
+
+
+def _without_root(path: str, command: str) -> str:
+    """The way out for a person who is not root and met /etc/caldera or /var/lib/caldera:
+    the state dir's variable alone when the config dir's is set (an agent installed as
+    oneself), else sudo or both variables."""
+    if config_root() != config_root({}) and _within(path, state_root({})):
+        again = "to a directory of yours too" if command == "init" else "as it was for this agent's caldera init"
+        return f"CALDERA_CONFIG_DIR is set but CALDERA_STATE_DIR is not: set it {again} (README: Without root)"
+    mine = ("set CALDERA_CONFIG_DIR and CALDERA_STATE_DIR to directories of yours to install as yourself"
+            if command == "init" else "for an agent you installed as yourself, set CALDERA_CONFIG_DIR and "
+                                      "CALDERA_STATE_DIR as they were for its caldera init")
+    return f"use sudo, or {mine} (README: Without root)"
+
+
+def _within(path: str, root: Path) -> bool:
+    return path == str(root) or path.startswith(str(root) + "/")
+
+
+def _in_system_roots(path: str) -> bool:
+    """Whether `path` is in the default config or state root (the package's, root's)."""
+    return _within(path, config_root({})) or _within(path, state_root({}))
+
+
+def _os_error_sentence(exc: OSError) -> str:
+    """A file or directory problem as one sentence; one without a file name (the current
+    directory deleted under the shell: Path.cwd()) is said so."""
+    if exc.filename:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    try:
+        os.getcwd()
+    except OSError:
+        return "the current directory no longer exists: cd to one that does, then run it again"
+    return str(exc.strerror or exc)

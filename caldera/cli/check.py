@@ -1,7 +1,12 @@
-"""`caldera check`: a manifest and its adapter against the contract (see caldera.agents.check)."""
+"""`caldera check [MANIFEST]`: a manifest and its adapter against the contract (see caldera.agents.check).
+
+The manifest: `--agent NAME` (an installed one), or a manifest file or the directory that
+holds its caldera.agent.yaml, as `--manifest PATH` or as the argument.
+"""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -10,17 +15,20 @@ from caldera.agents.adapter.invoke import workdir_problem
 from caldera.agents.check import Report, run_checks
 from caldera.agents.updates import load_effective
 from caldera.cli import add_agent_flags
-from caldera.errors import EXIT_FAILED, EXIT_OK, ConfigError
+from caldera.errors import EXIT_FAILED, EXIT_OK, ConfigError, UsageError
 
 if TYPE_CHECKING:
     import argparse
     from pathlib import Path
 
     from caldera.config import AgentPaths
+    from caldera.redact import Redactor
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_agent_flags(parser)
+    parser.add_argument("target", nargs="?", metavar="MANIFEST",
+                        help=f"a manifest file, or a directory holding {config.MANIFEST_NAME} (as --manifest)")
     parser.add_argument("--controls", action="store_true",
                         help="also call pause, resume and run-now (they act on the agent)")
     parser.add_argument("--start", action="store_true",
@@ -28,8 +36,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    _take_target(args)
     paths = config.agent_from_args(args)
-    report = Report()
+    report = Report(redact=_redactor(paths))
     try:
         manifest = load_effective(paths, validate_schema=True)
     except ConfigError as exc:
@@ -55,12 +64,40 @@ def main(args: argparse.Namespace) -> int:
     return _emit(args, paths, report)
 
 
+def _redactor(paths: AgentPaths) -> Redactor:
+    """The agent's secrets where this user may read them, and every credential shape."""
+    from caldera.cli.verbs import local_redactor
+    from caldera.redact import Redactor
+
+    try:
+        return local_redactor(paths)
+    except ConfigError:  # a broken agent.env is not what check is asked about
+        return Redactor()
+
+
+def _take_target(args: argparse.Namespace) -> None:
+    """`caldera check PATH` is `caldera check --manifest PATH`."""
+    if args.target is None:
+        return
+    if args.manifest or args.agent:
+        raise UsageError(f"{args.target}: name the agent once (an argument, --manifest or --agent)")
+    if not os.path.exists(args.target):
+        raise UsageError(f"{args.target}: no such file or directory (a manifest file, or the directory that holds "
+                         f"its {config.MANIFEST_NAME}; an installed agent: --agent NAME)")
+    if os.path.isdir(args.target) and not os.path.isfile(os.path.join(args.target, config.MANIFEST_NAME)):
+        raise UsageError(f"{args.target}: a directory without {config.MANIFEST_NAME} (name the manifest file, "
+                         "or the directory that holds it)")
+    args.manifest = args.target
+
+
 def _every_problem(path: Path, first: str) -> tuple[list[str], str]:
     """(problems, mode): the plain check stops at its first problem; the schema names every bad
     key. Both are shown, the plain one first (it also says what a schema can't, e.g. min above
-    max), a schema problem about the same key only once."""
+    max), a schema problem about the same key only once. A document that is no mapping at all
+    (a list, an empty file) has one problem: the plain check's sentence."""
     import yaml  # here: only a broken manifest pays for a second parse
 
+    from caldera.agents.manifest import explain_schema_problem
     from caldera.protocol.schemas import problems
 
     try:
@@ -68,13 +105,18 @@ def _every_problem(path: Path, first: str) -> tuple[list[str], str]:
             doc = yaml.safe_load(fh)
     except (OSError, yaml.YAMLError):
         return [first], "adapter"
-    runtime = doc.get("runtime") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        return [first], "adapter"
+    runtime = doc.get("runtime")
     kind = "process" if isinstance(runtime, dict) and runtime.get("type") == "process" else "adapter"
     found = [first]
     for problem in problems("manifest.schema.json", doc):
         key = problem.split(": ", 1)[0]
-        if f": {key}:" not in first and f": {key} " not in first:
-            found.append(f"{path}: {problem}")
+        if f": {key}:" in first or f": {key} " in first:
+            continue
+        for sentence in explain_schema_problem(doc, problem):
+            if sentence not in first and f"{path}: {sentence}" not in found:
+                found.append(f"{path}: {sentence}")
     return found, kind
 
 
@@ -82,13 +124,17 @@ def _emit(args: argparse.Namespace, paths: AgentPaths, report: Report, contract:
     code = EXIT_FAILED if report.breaches else EXIT_OK
     summary = (f"{report.breaches} breach{'es' if report.breaches != 1 else ''} of {contract}"
                if report.breaches else f"no breach of {contract}")
+    items = report.redact(report.items)  # what an adapter printed may name a secret
     if args.json:
         print(json.dumps({"ok": not report.breaches, "message": summary, "held": [],
-                          "agent": paths.name, "checks": report.items}))
+                          "agent": paths.name, "checks": items}))
         return code
     print(f"caldera check: {paths.name} ({paths.manifest_path})")
-    for item in report.items:
+    for item in items:
         mark = {"fail": "FAIL"}.get(item["result"], item["result"])
         print(f"  {mark:<15} {item['check']}: {item['detail']}")
+        for number, line in enumerate(item.get("stderr", ())):
+            print(f"  {'':<15}   {'stderr:' if number == 0 else '':<8}{line}")
+    sys.stdout.flush()  # the summary on stderr follows the items, also in a terminal's one stream
     print(summary + ".", file=sys.stdout if not report.breaches else sys.stderr)
     return code

@@ -18,24 +18,30 @@ import sys
 from typing import TYPE_CHECKING
 
 from caldera import config
-from caldera.cli import COMMANDS, build_parser
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Collection
+    from types import ModuleType
+
     from caldera.agents.manifest import Manifest
     from caldera.config import Environ
+
+    # caldera.cli's table, handed over by its `main` (this module is below it, not beside it)
+    ParserFor = Callable[[str], tuple[argparse.ArgumentParser, ModuleType]]
 
 AGENT_VALUED = ("--agent",)
 FILE_VALUED = ("--manifest", "--state-dir", "--db", "--blueprint", "--url-file", "--payload")
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], commands: Collection[str], parser_for: ParserFor) -> int:
+    """`commands`: the command names; `parser_for(name)`: a command's parser (caldera.cli's)."""
     try:
         cword = int(argv[0])
         words = argv[1:]
     except (IndexError, ValueError):
         return 0
     try:
-        candidates = complete(words, cword)
+        candidates = complete(words, cword, commands, parser_for)
     except Exception:  # noqa: BLE001 -- a broken agent or manifest: offer nothing, never a traceback
         candidates = []
     current = words[cword] if 0 <= cword < len(words) else ""
@@ -45,23 +51,24 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def complete(words: list[str], cword: int, environ: Environ = os.environ) -> list[str]:
+def complete(words: list[str], cword: int, commands: Collection[str], parser_for: ParserFor,
+             environ: Environ = os.environ) -> list[str]:
     """Candidates for words[cword] (words[0] is `caldera`), unfiltered."""
     before = words[1:cword]
     current = words[cword] if cword < len(words) else ""
     if current == "=" or (before and before[-1] == "="):
         return []  # bash split KEY=VALUE at '=': a value is being typed, no key or flag fits
     if not before:
-        return ["--help", "--version"] if current.startswith("-") else list(COMMANDS)
+        return ["--help", "--version"] if current.startswith("-") else list(commands)
     command = before[0]
-    if command not in COMMANDS:
+    if command not in commands:
         return []
     previous = before[-1]
     if previous in AGENT_VALUED:
         return config.installed_agents(environ)
     if previous in FILE_VALUED:
         return []
-    parser = _parser(command, before[1:])
+    parser = _parser(parser_for(command)[0], before[1:])
     if current.startswith("-"):
         return _flags(parser)
     subcommands = _subcommands(parser)
@@ -75,9 +82,8 @@ def complete(words: list[str], cword: int, environ: Environ = os.environ) -> lis
     return []
 
 
-def _parser(command: str, rest: list[str]) -> argparse.ArgumentParser:
+def _parser(parser: argparse.ArgumentParser, rest: list[str]) -> argparse.ArgumentParser:
     """The sub-command's parser, descended into the sub-verb (`settings set`, `plane serve`) given."""
-    parser, _module = build_parser(command)
     for word in rest:
         subs = _subcommands(parser)
         if subs is not None and word in subs:

@@ -210,7 +210,13 @@ DemoAgent = tuple[int, Path, list[tuple[str, dict[str, Any]]]]
 
 
 def _run(demo: Demo, blueprint: Path, args: argparse.Namespace) -> int:
-    plane = demo.start_plane(args.port)
+    try:
+        plane = demo.start_plane(args.port)
+    except OSError as exc:
+        from caldera.cli.plane import listen_problem
+
+        print(f"caldera demo: {listen_problem('127.0.0.1', args.port, exc)}", file=sys.stderr)
+        return EXIT_FAILED
     print(f"plane listening on {plane.url} (status page {plane.url}/)", flush=True)
     agents: list[DemoAgent] = [(INSTANCE_ID, blueprint, DEMO_COMMANDS)]
     process = _process_blueprint(getattr(args, "no_process", False))

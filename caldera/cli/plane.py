@@ -136,7 +136,7 @@ def serve(args: argparse.Namespace) -> int:
                             session_ttl=args.session_ttl, collect_skill_packages=not args.no_collect_skill_packages,
                             history_days=args.history_days)
     except OSError as exc:
-        print(f"caldera plane: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"caldera plane: {listen_problem(args.host, args.port, exc)}", file=sys.stderr)
         return EXIT_FAILED
     if not plane.store.instances():
         token_file = _first_instance(plane.store, db_path)
@@ -152,6 +152,21 @@ def serve(args: argparse.Namespace) -> int:
     plane.stop()
     print("caldera plane stopped", flush=True)
     return EXIT_OK
+
+
+def listen_problem(host: str, port: int, exc: OSError) -> str:
+    """Why the plane could not listen, and what to do about it (serve and demo say the same)."""
+    import errno  # here: only a failed start pays for it
+
+    said = f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    if exc.errno == errno.EADDRINUSE:
+        return (f"{said}: another process holds that port (a plane already running?); pick another with --port N, "
+                "or --port 0 for a free one")
+    if exc.errno == errno.EACCES and 0 < port < 1024:
+        return f"{said}: ports below 1024 need root; pick --port 1024 or above"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"{said}: no interface of this host has that address; pick --host 127.0.0.1, or one of its addresses"
+    return said
 
 
 def _first_instance(store: Store, db_path: Path) -> Path:

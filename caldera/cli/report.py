@@ -31,8 +31,9 @@ def main(args: argparse.Namespace) -> int:
     deadline = started + args.deadline
     parts = open_parts(args, "report")
     if parts.client is None:
-        print("caldera report: the control plane is not enabled (CALDERA_AGENT_ENABLED is not true)",
-              file=sys.stderr)
+        print(f"caldera report: the control plane is not enabled (CALDERA_AGENT_ENABLED is not true): set it, "
+              f"CALDERA_BASE_URL and CALDERA_INSTANCE_ID in {parts.paths.agent_env} and CALDERA_TOKEN in "
+              f"{parts.paths.secrets_env}", file=sys.stderr)
         return 1
     lock = StateLock(parts.paths.state_dir, "report")
     why = take_lock(lock, deadline, parts.wake.stop)

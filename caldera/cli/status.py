@@ -24,6 +24,7 @@ from caldera.host.stopsignals import stop_on_signals
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
+    from pathlib import Path
     from typing import Any, TextIO
 
     from caldera.agents.manifest import Manifest
@@ -34,6 +35,7 @@ BAR_WIDTH = 20
 WATCH_SECONDS = 2.0
 COMMANDS_SHOWN = 5
 HOME, ERASE_LINE, ERASE_BELOW, CLEAR = "\x1b[H", "\x1b[K", "\x1b[J", "\x1b[2J"
+SYSTEMD_BOOTED = "/run/systemd/system"  # sd_booted()'s test: `systemctl reload` reaches the daemon here
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -82,12 +84,18 @@ def connection_info(paths: AgentPaths, state: dict[str, Any] | None = None) -> d
 
 
 def _load(paths: AgentPaths) -> Manifest | None:
-    """The effective manifest (installed + stored update), or None when none is installed."""
+    """The effective manifest (installed + stored update), or None when none is installed.
+    A state dir that is not there is not made here (by the manifest cache): status says so."""
     if not paths.manifest_path.is_file():
         return None
     from caldera.agents.updates import load_effective  # here: `status --help` does without it
 
-    return load_effective(paths, cache_dir=paths.state_dir / "cache")
+    return load_effective(paths, cache_dir=_cache_dir(paths))
+
+
+def _cache_dir(paths: AgentPaths) -> Path | None:
+    """The manifest cache's dir, in a state dir that is there (status never makes one)."""
+    return paths.state_dir / "cache" if paths.state_dir.is_dir() else None
 
 
 def _agent_status(paths: AgentPaths, manifest: Manifest | None) -> dict[str, Any] | None:
@@ -126,7 +134,7 @@ def manifest_info(paths: AgentPaths, manifest: Manifest | None, state: dict[str,
         return None
     from caldera.agents.manifest import load_manifest  # here, as above
 
-    installed = load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
+    installed = load_manifest(paths.manifest_path, cache_dir=_cache_dir(paths))
     update = manifest.update or {}
     return {"installed": {"path": str(paths.manifest_path), "version": installed.version},
             "effective": {"source": "update" if manifest.update else "installed",
@@ -176,6 +184,7 @@ def snapshot(paths: AgentPaths, redact: Redactor,
     from caldera.host.fsutil import StateLock  # here: `status --help` does without it
     from caldera.protocol.outbox import held_items, outbox_depth, rejected_count
 
+    missing = not paths.state_dir.is_dir()
     manifest = _load(paths)
     agent = redact(_agent_status(paths, manifest))
     process = None
@@ -184,28 +193,42 @@ def snapshot(paths: AgentPaths, redact: Redactor,
     state = _state(paths)
     conn = redact(connection_info(paths, state))
     conn["daemon"] = StateLock(paths.state_dir, "status").holder() if paths.state_dir.is_dir() else None
+    daemon_doc = _status_json(paths)
+    if conn["daemon"] and daemon_doc.get("local") is True:
+        conn["local"] = True  # the running daemon has no control plane
     # drop counters since the daemon started (outbox: superseded reports/inventories; events: run
     # events the plane never got; lanes: commands offered while stopping, kept for the next start)
     outbox = {"items": outbox_depth(paths.state_dir), "dropped": state.get("drops") or {},
               "held_back": redact(held_items(paths.state_dir / "outbox")),  # failed deliveries, with why
               "rejected": rejected_count(paths.state_dir)}
-    storage = storage_info(paths, _status_json_storage(paths), statvfs)
+    storage = storage_info(paths, daemon_doc.get("storage"), statvfs)
     doc = {"agent_status": agent, "connection": conn, "outbox": outbox, "commands": redact(recent_commands(state)),
            "manifest": manifest_info(paths, manifest, state), "storage": storage}
+    if missing:
+        doc["state_dir_missing"] = str(paths.state_dir)
+        doc["installed"] = _installed(paths)
     if process is not None:
         doc["process"] = process
     return doc
 
 
-def _status_json_storage(paths: AgentPaths) -> Any:
-    """The daemon's storage record as status.json last had it (a failure it could still write)."""
+def _installed(paths: AgentPaths) -> bool:
+    """An agent caldera init installed (--agent), not one named by its manifest (--manifest)."""
+    from caldera.config import config_root  # here, as above
+
+    return paths.manifest_path.parent.parent == config_root() / "agents"
+
+
+def _status_json(paths: AgentPaths) -> dict[str, Any]:
+    """status.json as the daemon last wrote it: its storage record (a failure it could still
+    write) and whether it runs without a control plane; {} when there is none."""
     from caldera.host.fsutil import read_json  # here, as above
 
     try:
         snap = read_json(paths.state_dir / "status.json", None)
     except (OSError, ValueError):
-        return None
-    return snap.get("storage") if isinstance(snap, dict) else None
+        return {}
+    return snap if isinstance(snap, dict) else {}
 
 
 def dumps(doc: dict[str, Any]) -> str:
@@ -229,6 +252,8 @@ def _daemon_snapshot(paths: AgentPaths) -> dict[str, Any]:
     conn["last_successful"] = _ago(conn.get("last_heartbeat_ok_at"))
     pid = snap.get("daemon_pid")
     conn["daemon"] = f"pid {pid}" if isinstance(pid, int) and _alive(pid) else None
+    if conn["daemon"] and snap.get("local") is True:
+        conn["local"] = True
     outbox = snap.get("outbox") if isinstance(snap.get("outbox"), dict) else {"items": "?"}
     agent = snap.get("agent_status") if isinstance(snap.get("agent_status"), dict) else None
     commands = recent_commands({"recent_commands": snap.get("recent_commands")})
@@ -316,13 +341,17 @@ def render(name: str, doc: dict[str, Any]) -> str:
                      + (f" ({entry['reason']})" if entry.get("reason") else ""))
     if agent.get("next_run"):
         lines.append(f"  next run: {agent['next_run'].get('at')} {agent['next_run'].get('reason') or ''}".rstrip())
-    lines.append(f"connection: last heartbeat ok {conn['last_successful']}"
-                 + (f"; last error: {conn['last_error']} ({_ago(conn.get('last_error_at'))})"
-                    if conn.get("last_error") else ""))
+    lines.append(_connection_line(conn))
     if conn.get("auth_blocked"):
-        lines.append(f"  registration refused: {conn['auth_blocked']} (fix the configuration, then: systemctl reload)")
+        lines.append(f"  registration refused: {conn['auth_blocked']} (fix the configuration, then: "
+                     f"{_reload(name, conn.get('daemon'))})")
     lines.extend(_manifest_lines(doc.get("manifest")))
-    lines.append(f"daemon: {conn['daemon'] or 'not running'}")
+    lines.append(f"daemon: {_holder_words(conn['daemon'])}")
+    if doc.get("state_dir_missing") and doc.get("installed"):
+        lines.append(f"state dir {doc['state_dir_missing']}: not there (caldera init makes it; an agent installed "
+                     "with CALDERA_STATE_DIR set is read with the same CALDERA_STATE_DIR)")
+    elif doc.get("state_dir_missing"):
+        lines.append(f"state dir {doc['state_dir_missing']}: not there yet (caldera run or a verb makes it)")
     storage = doc.get("storage")
     if storage:
         until = "there is space" if "full" in storage["problem"] else "it takes writes again"
@@ -342,6 +371,36 @@ def render(name: str, doc: dict[str, Any]) -> str:
         lines.append(f"(the daemon's snapshot of {_ago(doc['snapshot_at'])}; "
                      f"`sudo caldera status --agent {name}` asks the adapter now)")
     return "\n".join(lines)
+
+
+def _reload(name: str, holder: str | None) -> str:
+    """How the daemon re-reads its configuration, from here: systemd's reload, or its pid's SIGHUP."""
+    if os.path.isdir(SYSTEMD_BOOTED):
+        return f"systemctl reload caldera@{name}"
+    pid = (holder or "").partition(" ")[0]
+    return f"kill -HUP {pid}" if pid.isdigit() else "kill -HUP the pid of its caldera run"
+
+
+def _holder_words(holder: str | None) -> str:
+    """The state dir lock's holder ("PID ROLE", StateLock.holder) as a person reads it."""
+    if not holder:
+        return "not running"
+    pid, _, role = holder.partition(" ")
+    if not pid.isdigit():
+        return holder
+    return {"daemon": f"running, pid {pid}", "report": f"pid {pid} (caldera report --once)"}.get(role, holder)
+
+
+def _connection_line(conn: dict[str, Any]) -> str:
+    """The control-plane connection: the last good heartbeat, else why there is none."""
+    error = (f"; last error: {conn['last_error']} ({_ago(conn.get('last_error_at'))})"
+             if conn.get("last_error") else "")
+    if conn.get("last_heartbeat_ok_at"):
+        return f"connection: last heartbeat ok {conn['last_successful']}{error}"
+    if conn.get("local"):
+        return ("connection: none: the daemon runs without a control plane (CALDERA_AGENT_ENABLED is not true; "
+                "its log's first line says how to connect); the agent verbs work")
+    return f"connection: no heartbeat has succeeded yet{error}"
 
 
 def _process_lines(info: dict[str, Any]) -> list[str]:

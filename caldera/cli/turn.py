@@ -74,6 +74,9 @@ def _standalone_state(args: argparse.Namespace) -> Path:
 
 
 def _turn(args: argparse.Namespace) -> int:
+    if not os.path.isdir(args.workspace):
+        raise UsageError(f"--workspace {args.workspace}: no such directory (the directory the code agent works in: "
+                         "create it, or name one that exists)")
     env, state_dir, secrets_dir, secret_values = _agent_context(args)
     if state_dir is None:
         state_dir = _standalone_state(args)
@@ -105,7 +108,15 @@ def _turn(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"{result['status']}" + (f" ({result['failure_kind']})" if result.get("failure_kind") else "")
               + f"; log: {result['log']}", file=sys.stderr)
+        if result.get("failure_kind") == "secret-unavailable" and secrets_dir is None:
+            print(NO_SECRETS_DIR, file=sys.stderr)
     return 0 if result["status"] == "completed" else 1
+
+
+# A standalone turn (no installed agent, no --secrets) has no secret projection at all;
+# the backend's sentence names a relative secrets/codex that is nowhere.
+NO_SECRETS_DIR = ("no secrets dir here: give --secrets DIR (with DIR/codex/config.toml), or --agent NAME for an "
+                  "installed agent's, or set CLAWMANAGER_LLM_BASE_URL and CLAWMANAGER_LLM_API_KEY (docs/backends.md)")
 
 
 def _interrupt(registry: ActiveRuns, run_id: str) -> None:
@@ -144,6 +155,10 @@ def _human(event: dict[str, Any]) -> str:
         f"{k}={v}" for k, v in data.items() if k != "phase" and v not in (None, "", [], {}))
 
 
+HOW_TO_GET = ("install the Codex CLI on PATH, or set CALDERA_CODEX_BIN to its binary (in a checkout, "
+              ".ci/install-codex.sh DIR installs the pinned one and prints its path; docs/backends.md)")
+
+
 def _backends(args: argparse.Namespace) -> int:
     env, _, _, secret_values = _agent_context(args)
     info = base.describe(env, probe=True)
@@ -153,8 +168,11 @@ def _backends(args: argparse.Namespace) -> int:
         print(json.dumps(info, separators=(",", ":")))
         return 0
     for backend in info["backends"]:
-        state = "available" if backend["available"] else "not found"
-        print(f"{backend['name']}{' (default)' if backend['default'] else ''}: {state}"
-              f" {backend.get('version') or ''} {backend.get('binary') or ''}".rstrip())
+        name = f"{backend['name']}{' (default)' if backend['default'] else ''}"
+        if not backend["available"]:
+            where = f" at {backend['binary']}" if backend.get("binary") else ""
+            print(f"{name}: not found{where}: {HOW_TO_GET}")
+            continue
+        print(f"{name}: available {backend.get('version') or ''} {backend.get('binary') or ''}".rstrip())
     print("capabilities: " + ", ".join(info["capabilities"]))
     return 0

@@ -69,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
     from caldera.agents.adapter.verbs import redact_answer  # here: `caldera pause --help` does without it
 
     answer = redact_answer(answer, redactor)
-    return emit(args, answer)
+    return emit(args, answer, redactor)
 
 
 def _settings_set_args(args: argparse.Namespace) -> None:
@@ -78,7 +78,7 @@ def _settings_set_args(args: argparse.Namespace) -> None:
     if isinstance(value, str):
         if value.lstrip().startswith("{"):
             if args.pairs:
-                raise UsageError("settings set: give KEY=VALUE words or --json '{…}', not both")
+                raise UsageError("set takes KEY=VALUE words or --json '{…}', not both")
             args.pairs = [value]
         else:
             args.pairs = [value, *args.pairs]
@@ -86,7 +86,7 @@ def _settings_set_args(args: argparse.Namespace) -> None:
     elif value is True:
         args.json = True
     if not args.pairs:
-        raise UsageError("settings set: give KEY=VALUE… or --json '{…}'")
+        raise UsageError(f"set takes KEY=VALUE… or --json '{{…}}' (`{again(args, 'settings get')}` lists the keys)")
 
 
 def load_local(args: argparse.Namespace) -> tuple[AgentPaths, Manifest]:
@@ -126,20 +126,55 @@ def _dispatch(args: argparse.Namespace, manifest: Manifest) -> Answer:
         try:
             values = parse_pairs(args.pairs, manifest.settings_schema)
         except ValueError as exc:
-            raise UsageError(f"settings set: {exc}") from None
+            raise UsageError(f"{exc} (`{again(args, 'settings get')}` shows each setting's type and bounds)") from None
         return verbs.settings_set(manifest, values)
     if args.name is not None and not args.list:
         return verbs.log_get(manifest, args.name)
     return verbs.log_list(manifest)
 
 
-def emit(args: argparse.Namespace, answer: Answer) -> int:
+def again(args: argparse.Namespace, verb: str) -> str:
+    """`caldera VERB` for the agent this command named, as the person named it."""
+    named = [f"{flag} {value}" for flag, value in (("--agent", getattr(args, "agent", None)),
+                                                  ("--manifest", getattr(args, "manifest", None)),
+                                                  ("--state-dir", getattr(args, "state_dir", None))) if value]
+    return " ".join(["caldera", verb, *named])
+
+
+def _failure_lines(args: argparse.Namespace, answer: Answer, redactor: Redactor | None) -> list[str]:
+    """What a person needs after a failed verb's sentence: the adapter's own last words
+    (stderr, redacted, then cut), and after a timeout, that the outcome is not known."""
+    from caldera.agents.adapter.answer import FAILED, stderr_excerpt
+
+    lines = []
+    if answer.kind == FAILED and answer.returncode is None and "timed out after" in (answer.reason or ""):
+        lines.append(f"  the adapter was stopped (TERM, then KILL): whether {answer.verb} took effect is not known; "
+                     f"`{again(args, 'status')}` shows the agent's state (runtime.timeout_seconds in the manifest "
+                     "sets the limit)")
+    shown = stderr_excerpt(answer.stderr, redactor or (lambda text: text)) if answer.stderr else []
+    lines.extend(f"  {'adapter stderr:' if n == 0 else '':<16}{line}" for n, line in enumerate(shown))
+    return lines
+
+
+def _told(args: argparse.Namespace, answer: Answer) -> Answer:
+    """A refused `log NAME` names the log and where the names are."""
+    from caldera.agents.adapter.logs import NO_SUCH_LOG
+
+    if answer.verb == "log" and not answer.ok and answer.message == NO_SUCH_LOG:
+        answer.message = (f"There is no such log: {args.name}; `{again(args, 'log')}` lists the agent's logs.")
+    return answer
+
+
+def emit(args: argparse.Namespace, answer: Answer, redactor: Redactor | None = None) -> int:
     code = EXIT_OK if answer.ok else EXIT_FAILED
+    answer = _told(args, answer)
     if args.json:
-        print(_json_line(args, answer))
+        print(_json_line(args, answer, redactor))
         return code
     if not answer.ok:
         print(scrub(answer.message or ""), file=sys.stderr)
+        for line in _failure_lines(args, answer, redactor):
+            print(line, file=sys.stderr)
         return code
     data = answer.data or {}
     if answer.verb == "settings get":
@@ -155,9 +190,14 @@ def emit(args: argparse.Namespace, answer: Answer) -> int:
     return code
 
 
-def _json_line(args: argparse.Namespace, answer: Answer) -> str:
-    """`--json`'s one object; data passes JSON-escaped (a lone surrogate as \\udXXX), so printing never fails."""
+def _json_line(args: argparse.Namespace, answer: Answer, redactor: Redactor | None = None) -> str:
+    """`--json`'s one object; data passes JSON-escaped (a lone surrogate as \\udXXX), so printing never fails.
+    A failed verb adds `adapter_stderr`: the end of what the adapter wrote there (redacted, then cut)."""
     payload = answer.payload()
+    if not answer.ok and answer.stderr:
+        from caldera.agents.adapter.answer import stderr_excerpt
+
+        payload["adapter_stderr"] = stderr_excerpt(answer.stderr, redactor or (lambda text: text))
     if answer.ok and answer.data is not None and answer.verb in ("settings get", "log --list"):
         payload.update(answer.data)
     if answer.ok and answer.verb == "log":

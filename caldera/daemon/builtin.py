@@ -1,15 +1,29 @@
 """The built-in commands of seed 004: collect_system_info and health_check."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from caldera.errors import CalderaError
+from caldera.protocol.handlers import Call
 
 if TYPE_CHECKING:
-    from caldera.daemon.dispatch import CommandContext
+    from caldera.daemon.reporter import Reports
+    from caldera.protocol.client import ControlPlaneClient
 
 
-def _send_now(ctx: CommandContext) -> tuple[dict[str, Any], bool]:
+@dataclass(frozen=True, eq=False)
+class BuiltinCall(Call):
+    """What the built-in commands use: the client (None when not connected), the reports,
+    and how to ask the reporter for a fresh report once the 2 s floor allows."""
+
+    client: ControlPlaneClient | None
+    reports: Reports
+    report_soon: Callable[[], None]
+
+
+def _send_now(ctx: BuiltinCall) -> tuple[dict[str, Any], bool]:
     """The state report that answers the command: one built less than the 2 s floor ago
     (`ReportFloor.recent`: one report answers many, and the command does not wait) when no
     change (a mutating command or verb: `Wakeups.report_now`) came after it was built, else
@@ -22,25 +36,25 @@ def _send_now(ctx: CommandContext) -> tuple[dict[str, Any], bool]:
         return ctx.reports.state_report(), False
     recent = ctx.reports.floor.recent()
     if recent is not None:
-        ctx.wake.report_soon()  # the reporter sends a fresh one once the floor allows
+        ctx.report_soon()  # the reporter sends a fresh one once the floor allows
         return recent
     try:
         report, _ = ctx.reports.send(ctx.client, ctx.cancel, coalesce=True)
     except CalderaError:
-        ctx.wake.report_soon()
+        ctx.report_soon()
         return ctx.reports.floor.last_body or ctx.reports.state_report(), False
     if report is None:  # cancelled while waiting for the floor
         return ctx.reports.state_report(), False
     return report, True
 
 
-def collect_system_info(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def collect_system_info(ctx: BuiltinCall, payload: dict[str, Any]) -> dict[str, Any]:
     report, delivered = _send_now(ctx)
     return {"message": "system info collected", "system_info": report["system_info"],
             "metrics_collector": report["health"]["metrics_collector"], "report_delivered": delivered}
 
 
-def health_check(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def health_check(ctx: BuiltinCall, payload: dict[str, Any]) -> dict[str, Any]:
     report, delivered = _send_now(ctx)
     health = report["health"]
     checks = {key: health.get(key) for key in ("runtime_process", "agent", "metrics_collector", "adapter")

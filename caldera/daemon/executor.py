@@ -24,12 +24,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from caldera.daemon import dispatch
-from caldera.daemon.dispatch import CommandContext
 from caldera.errors import AuthBlocked, CalderaError, CommandError, Retryable, unexpected
 from caldera.host.timefmt import rfc3339
 from caldera.protocol import schemas
 from caldera.protocol.client import NotFound, Unsendable
 from caldera.protocol.command import Command, MalformedCommand, parse_command
+from caldera.protocol.handlers import Bound, Call
 from caldera.protocol.payloads import finish_body
 from caldera.protocol.retry import Backoff
 
@@ -45,7 +45,7 @@ log = logging.getLogger("caldera.executor")
 
 JOURNAL_KEY = "commands"
 RECENT_KEY, RECENT_KEPT = "recent_commands", 10  # what `caldera status` shows as the last commands
-CANCEL_GRACE = 5.0  # after ctx.cancel is set, how long a handler gets to notice
+CANCEL_GRACE = 5.0  # after the call's cancel is set, how long a handler gets to notice
 DEADLINE_GRACE = 1.0  # the same, when the caller's own deadline (report --once) has passed
 INTERRUPTED = "interrupted: runtime restarted"
 BROKEN = "internal error in the runtime"  # and the exception type and place; a bug to report
@@ -56,8 +56,8 @@ READ_ONLY = frozenset(("health_check", "collect_system_info", "log_list", "log_g
 
 @dataclass(frozen=True, eq=False)
 class Executor:
-    """Runs fetched commands to their durable finish. `context` builds a handler's
-    CommandContext for (command, cancel, deadline)."""
+    """Runs fetched commands to their durable finish. `bind(call)` gives the handler of the
+    call's command type with its context (daemon/dispatch.py)."""
 
     agent_id: str
     client: ControlPlaneClient
@@ -65,7 +65,7 @@ class Executor:
     outbox: Outbox
     redactor: Redactor
     report_now: Callable[[], None]  # the state changed: a report now, no older one answers a command
-    context: Callable[[Command, threading.Event, float], CommandContext]
+    bind: Callable[[Call], Bound]
     runs: ActiveRuns | None = None  # accepted agent runs, for agent_interrupt
     report_soon: Callable[[], None] = lambda: None  # a report now, the state unchanged
     stop: threading.Event = field(default_factory=threading.Event)  # the runtime's stop: ends a wait for space
@@ -247,22 +247,23 @@ class Executor:
         (and by the caller's `deadline`, when one is given)."""
         if command.refusal is not None:
             return "failed", {}, command.refusal
-        try:
-            handler = dispatch.resolve(command.type)
-            _validate(command)
-        except CommandError as exc:
-            return "failed", {}, str(exc)
         timeout, grace = command.timeout_seconds, CANCEL_GRACE
         if deadline is not None:  # report --once: the run ends by its deadline, handler or not
             timeout = max(0.0, min(timeout, deadline - time.monotonic()))
             grace = min(grace, DEADLINE_GRACE)
-        ctx = self.context(command, cancel or threading.Event(), time.monotonic() + timeout)
+        call = Call(command, cancel or threading.Event(), time.monotonic() + timeout)
+        try:
+            handler = self.bind(call)
+            _validate(command)
+        except CommandError as exc:
+            return "failed", {}, str(exc)
         outcome = Outcome()
-        worker = threading.Thread(target=_call, args=(handler, ctx, outcome), name=f"cmd-{command.id}", daemon=True)
+        worker = threading.Thread(target=_call, args=(handler, call, self.client, outcome), name=f"cmd-{command.id}",
+                                  daemon=True)
         worker.start()
         worker.join(timeout)
         if worker.is_alive():
-            ctx.cancel.set()
+            call.cancel.set()
             worker.join(grace)
             if worker.is_alive():
                 log.error("command %s (%s) ignored its cancel; abandoned", command.id, command.type)
@@ -310,21 +311,17 @@ class Outcome:
     error: str | None = None
 
 
-def _call(handler: dispatch.Handler, ctx: CommandContext, outcome: Outcome) -> None:
+def _call(handler: Bound, call: Call, client: ControlPlaneClient, outcome: Outcome) -> None:
     """The body of a command's thread: the handler's result or error into `outcome`."""
-    payload = ctx.command.payload
     try:
-        if ctx.client is not None:  # every call the handler makes ends by the command's deadline
-            with ctx.client.within(ctx.deadline):
-                outcome.result = handler(ctx, payload)
-        else:
-            outcome.result = handler(ctx, payload)
+        with client.within(call.deadline):  # every call the handler makes ends by the command's deadline
+            outcome.result = handler(call.command.payload)
     except CommandError as exc:
         outcome.error, outcome.result = str(exc), exc.result
     except CalderaError as exc:  # the plane failed a call the handler needed
         outcome.error = f"control plane: {exc}"
     except Exception as exc:  # a bug in a handler must still finish the command
-        log.exception("command %s (%s) crashed", ctx.command.id, ctx.command.type)
+        log.exception("command %s (%s) crashed", call.command.id, call.command.type)
         outcome.error = f"internal error: {type(exc).__name__}: {exc}"
 
 
@@ -339,12 +336,9 @@ def _validate(command: Command) -> None:
 
 
 def executor_for(parts: Parts) -> Executor:
-    """The executor of a connected runtime's parts: handlers get a CommandContext of them."""
+    """The executor of a connected runtime's parts: each handler is given its domain's context
+    of them (daemon/dispatch.py)."""
     client, _ = parts.connection()
-
-    def context(command: Command, cancel: threading.Event, deadline: float) -> CommandContext:
-        return CommandContext.for_command(parts, command, cancel, deadline)
-
     return Executor(agent_id=parts.identity.agent_id, client=client, state=parts.state, outbox=parts.outbox,
-                    redactor=parts.redactor, report_now=parts.wake.report_now, runs=parts.runs, context=context,
-                    report_soon=parts.wake.report_soon, stop=parts.wake.stop)
+                    redactor=parts.redactor, report_now=parts.wake.report_now, runs=parts.runs,
+                    bind=dispatch.binder(parts), report_soon=parts.wake.report_soon, stop=parts.wake.stop)

@@ -26,7 +26,7 @@ from caldera.protocol.payloads import Identity, finite, heartbeat_body, state_re
 from caldera.protocol.retry import Backoff
 
 if TYPE_CHECKING:
-    from caldera.daemon.wiring import Current
+    from caldera.agents.current import Current
     from caldera.host.sampler import Sampler
     from caldera.host.statefile import StateFile
     from caldera.protocol.client import ControlPlaneClient

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from caldera.agents.driver import as_process_driver
+from caldera.agents.narrow import as_process_driver
 from caldera.daemon.executor import Executor, executor_for
 from caldera.daemon.heartbeat import ConnectionStatus, heartbeat_loop
 from caldera.daemon.lanes import Lanes
@@ -131,8 +131,7 @@ def _restart_or_stop(signals: Signals) -> int:
 
 def _run_local(parts: Parts, signals: Signals) -> int:
     """CALDERA_AGENT_ENABLED is not true: no control plane; the CLI verbs still work."""
-    log.info("control plane disabled (CALDERA_AGENT_ENABLED is not true); staying local "
-             "(after editing %s: systemctl reload)", parts.paths.agent_env)
+    log.info("control plane disabled (CALDERA_AGENT_ENABLED is not true); staying local; %s", _to_connect(parts))
     write_snapshot(parts)
     agent = start_agent_supervisor(parts)
     sdnotify.notify(READY)
@@ -146,6 +145,17 @@ def _run_local(parts: Parts, signals: Signals) -> int:
     sdnotify.notify("STOPPING=1")
     stop_agent_supervisor(agent)
     return 0
+
+
+def _to_connect(parts: Parts) -> str:
+    """What connects this daemon to its plane, from where it runs: systemd's reload, or a
+    SIGHUP to this process (started by hand); agent.env may not exist yet (a checkout)."""
+    env = parts.paths.agent_env
+    where = f"{env} (not there yet: create it)" if not env.exists() else str(env)
+    then = (f"systemctl reload caldera@{parts.paths.name}" if sdnotify.by_systemd()
+            else f"kill -HUP {os.getpid()} (this process)")
+    return (f"to connect, set CALDERA_AGENT_ENABLED=true, CALDERA_BASE_URL and CALDERA_INSTANCE_ID in {where} "
+            f"and CALDERA_TOKEN in {parts.paths.secrets_env}, then {then}")
 
 
 class Supervision(NamedTuple):

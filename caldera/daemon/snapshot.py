@@ -35,6 +35,8 @@ def write_snapshot(parts: Parts) -> None:
         "outbox": {"items": parts.outbox.depth(), "dropped": parts.state.get(DROPS_KEY) or {}},
         "recent_commands": parts.state.get(RECENT_KEY) or [],
         "storage": parts.state.storage.failure(),  # a failing write the daemon saw (status.json may still fit)
+        # no control plane (CALDERA_AGENT_ENABLED not true): `caldera status` says so, not "never connected"
+        "local": not parts.settings.enabled or parts.client is None,
     }
     process = ((parts.live.last_section or {}).get("health") or {}).get("agent_process")
     if process is not None:  # process mode: pid, uptime, restarts, last exit, hold (agents/process)

@@ -8,12 +8,12 @@ handed the few parts it uses, never `Parts` itself.
 """
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from caldera.agents.adapter.driver import open_adapter_driver
+from caldera.agents.current import Current
 from caldera.agents.updates import load_effective
 
 # The registry, not base/service: those (with codex_config's tomllib) wait for the first
@@ -39,49 +39,11 @@ from caldera.skills.publish import Publisher
 if TYPE_CHECKING:
     import requests
 
-    from caldera.agents.driver import AgentDriver
     from caldera.agents.manifest import Manifest
     from caldera.agents.process.driver import ProcessDriver
 
 SUBPROCESS_WORKERS = 4
 STATE_SUBDIRS = ("logs", "cache", "skills", "runs")
-
-
-class _Unchanged:
-    """`Current.replace`'s default: the part is not replaced (None is a value there)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "UNCHANGED"
-
-
-UNCHANGED = _Unchanged()
-
-
-@dataclass(eq=False, slots=True)
-class Current:
-    """What may be replaced while the daemon runs (`reload_config`, a blueprint update):
-    the settings, the manifest and the driver built from it. Readers take the value
-    at the time they start; a replacement is one assignment under the lock."""
-
-    settings: Settings
-    manifest: Manifest | None = None
-    driver: AgentDriver | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def replace(self, *, settings: Settings | _Unchanged = UNCHANGED,
-                manifest: Manifest | None | _Unchanged = UNCHANGED,
-                driver: AgentDriver | None | _Unchanged = UNCHANGED) -> None:
-        """Each one given replaced at once, under the lock (None is a value: no manifest, no
-        driver; a name not given stays as it is)."""
-        with self._lock:
-            if not isinstance(settings, _Unchanged):
-                self.settings = settings
-            if not isinstance(manifest, _Unchanged):
-                self.manifest = manifest
-            if not isinstance(driver, _Unchanged):
-                self.driver = driver
 
 
 @dataclass(frozen=True, eq=False)

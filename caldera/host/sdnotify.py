@@ -36,6 +36,12 @@ def _address(raw: str) -> str | bytes | None:
     return None  # e.g. "vsock:…" (systemd >= 254): not used on the hosts we target
 
 
+def by_systemd(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether systemd runs this process as a notify unit (caldera@NAME): what the daemon's
+    advice depends on (`systemctl reload`, or a signal to a process started by hand)."""
+    return bool(environ.get("NOTIFY_SOCKET"))
+
+
 def notify(state: str, environ: Mapping[str, str] = os.environ) -> bool:
     """Send `state` (e.g. "READY=1") to systemd; True when the datagram was sent.
 

@@ -12,7 +12,7 @@ without touching the network. The transport is the one connectivity state of
 the loops: the first answer after an outage calls `on_reconnect`.
 
 `ControlPlaneClient` adds authentication: every call takes the session token
-from `session.Auth`; a 401, or a 403 "agent id does not match session", renews
+from its `Credentials` (`session.Auth`, which registers); a 401, or a 403 "agent id does not match session", renews
 it once (single-flight) and retries. Any other 403 refuses that one call.
 Every value placed in a URL path is checked against its pattern first.
 """
@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -38,9 +38,6 @@ from caldera import __version__, errors
 from caldera.host.jsonlimits import loads as bounded_loads
 from caldera.protocol.deadline import Watch, WatchedAdapter, Watches
 from caldera.protocol.jsonhead import command_head
-
-if TYPE_CHECKING:
-    from caldera.protocol.session import Auth
 
 log = logging.getLogger("caldera.protocol.client")
 
@@ -477,10 +474,22 @@ class MultipartFile:
         yield self._tail
 
 
-class ControlPlaneClient:
-    """Protocol v1 calls, authenticated through `auth` (a `session.Auth`)."""
+class Credentials(Protocol):
+    """What the client asks of the session (`session.Auth`): the token to send, a new one
+    when the plane refused it (one register for all loops), and the bootstrap token that
+    `register` itself is sent with."""
 
-    def __init__(self, transport: Transport, auth: Auth):
+    bootstrap_token: str
+
+    def token(self) -> str: ...
+
+    def renew(self, old_token: str | None) -> str: ...
+
+
+class ControlPlaneClient:
+    """Protocol v1 calls, authenticated through `auth` (`session.Auth`)."""
+
+    def __init__(self, transport: Transport, auth: Credentials):
         self.transport, self.auth = transport, auth
 
     def within(self, deadline: float | None) -> AbstractContextManager[None]:

@@ -1,4 +1,4 @@
-"""Skill commands (SPEC sections 8 and 9): handler(ctx, payload) -> result.
+"""Skill commands (SPEC sections 8 and 9): handler(ctx: SkillCall, payload) -> result.
 
 Each mutating command re-inventories and queues a full inventory itself (when
 the scan is complete), so the control plane sees the change even without the
@@ -12,48 +12,64 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from caldera.errors import CommandError
 from caldera.host.timefmt import rfc3339
 from caldera.protocol.client import ApiError, Unsendable, path_value, transient
+from caldera.protocol.handlers import Call
 from caldera.protocol.retry import retry_within
 from caldera.skills import inventory, package, store
 from caldera.skills.inventory import DISABLED, DISCOVERED, MANAGED
 
 if TYPE_CHECKING:
-    from caldera.daemon.dispatch import CommandContext
     from caldera.protocol.client import ControlPlaneClient, Download
+    from caldera.skills.publish import Publisher
 
 log = logging.getLogger("caldera.skills")
 T = TypeVar("T")
 RISK_ACTIONS = {"disable": "disable", "quarantine": "quarantine", "remove": "remove", "uninstall": "remove"}
 
 
-def _state_dir(ctx: CommandContext) -> Path:
-    return Path(ctx.paths.state_dir)
+@dataclass(frozen=True, eq=False)
+class SkillCall(Call):
+    """What the skill commands use: the agent's id and state dir, its environment as current
+    when the command started (discovery dirs), the client (None when not connected), the
+    Publisher (scan and queue an inventory) and the skills watcher's wake-up."""
+
+    agent_id: str
+    state_dir: Path
+    env: dict[str, str]
+    client: ControlPlaneClient | None
+    publisher: Publisher
+    inventory_changed: Callable[[], None]
 
 
-def _env(ctx: CommandContext) -> dict[str, str]:
-    return ctx.settings.env
+def _state_dir(ctx: SkillCall) -> Path:
+    return Path(ctx.state_dir)
 
 
-def _client(ctx: CommandContext) -> ControlPlaneClient:
+def _env(ctx: SkillCall) -> dict[str, str]:
+    return ctx.env
+
+
+def _client(ctx: SkillCall) -> ControlPlaneClient:
     client = ctx.client
     if client is None:
         raise CommandError(f"{ctx.command.type}: the agent is not connected to a control plane")
     return client
 
 
-def _resync(ctx: CommandContext, trigger: str) -> dict[str, Any]:
+def _resync(ctx: SkillCall, trigger: str) -> dict[str, Any]:
     scan, body = ctx.publisher.scan_and_send(trigger)
     return {"inventory_mode": body["mode"], "skill_count": len(scan.active)}
 
 
 # ------------------------------------------------------------------ inventory
 
-def sync_skill_inventory(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def sync_skill_inventory(ctx: SkillCall, payload: dict[str, Any]) -> dict[str, Any]:
     trigger = payload.get("trigger") or ctx.command.type
     scan, body = ctx.publisher.scan_and_send(str(trigger))
     result = {"mode": body["mode"], "skills": len(body["skills"]), "active": len(scan.active),
@@ -69,7 +85,7 @@ refresh_skill_inventory = sync_skill_inventory
 
 # ------------------------------------------------------------------ package
 
-def _locate_for_package(ctx: CommandContext, payload: dict[str, Any]) -> Path:
+def _locate_for_package(ctx: SkillCall, payload: dict[str, Any]) -> Path:
     """content_md5 first, then identifier, then skill_id (the platform echoes what we reported)."""
     scan = ctx.publisher.scanner().scan()
     wanted = (payload.get("content_md5") or "").strip().lower()
@@ -84,7 +100,7 @@ def _locate_for_package(ctx: CommandContext, payload: dict[str, Any]) -> Path:
     raise CommandError(f"no skill in the inventory matches {named or 'the payload (it names no skill)'}")
 
 
-def collect_skill_package(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def collect_skill_package(ctx: SkillCall, payload: dict[str, Any]) -> dict[str, Any]:
     client = _client(ctx)
     skill = _locate_for_package(ctx, payload)
     cache = _state_dir(ctx) / "cache"
@@ -132,7 +148,7 @@ def _check_uploadable(skill: Path) -> None:
                            f"{inventory.MAX_IDENTIFIER} and keys to {inventory.MAX_KEY} characters")
 
 
-def _retrying(ctx: CommandContext, what: str, call: Callable[[], T]) -> T:
+def _retrying(ctx: SkillCall, what: str, call: Callable[[], T]) -> T:
     """`call()`, with transient failures (no answer, 429, 5xx) retried within the command's own
     deadline: the plane issues these commands once (idempotency keys)."""
     def note(exc: BaseException, delay: float) -> None:
@@ -143,7 +159,7 @@ def _retrying(ctx: CommandContext, what: str, call: Callable[[], T]) -> T:
 
 # ------------------------------------------------------------------ install / update
 
-def _download(ctx: CommandContext, version: str, dest: Path) -> Download:
+def _download(ctx: SkillCall, version: str, dest: Path) -> Download:
     client = _client(ctx)
     try:
         return _retrying(ctx, "downloading", lambda: client.download_skill(version, dest, cap=store.DOWNLOAD_CAP))
@@ -151,7 +167,7 @@ def _download(ctx: CommandContext, version: str, dest: Path) -> Download:
         raise CommandError(f"downloading skill version {version} failed: {exc}") from None
 
 
-def _install(ctx: CommandContext, payload: dict[str, Any], update: bool) -> dict[str, Any]:
+def _install(ctx: SkillCall, payload: dict[str, Any], update: bool) -> dict[str, Any]:
     version = payload.get("skill_version") or payload.get("skill_version_id")
     if version in (None, ""):
         raise CommandError(f"{ctx.command.type}: the payload needs skill_version (e.g. ver_12)")
@@ -188,17 +204,17 @@ def _install(ctx: CommandContext, payload: dict[str, Any], update: bool) -> dict
     return result
 
 
-def install_skill(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def install_skill(ctx: SkillCall, payload: dict[str, Any]) -> dict[str, Any]:
     return _install(ctx, payload, update=False)
 
 
-def update_skill(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def update_skill(ctx: SkillCall, payload: dict[str, Any]) -> dict[str, Any]:
     return _install(ctx, payload, update=True)
 
 
 # ------------------------------------------------------------------ remove / disable / quarantine
 
-def _target(ctx: CommandContext, payload: dict[str, Any],
+def _target(ctx: SkillCall, payload: dict[str, Any],
             kinds: Collection[str] = (MANAGED, DISCOVERED, DISABLED)) -> tuple[Path, inventory.Root] | None:
     return store.find(_state_dir(ctx), _env(ctx), payload, kinds=kinds)
 
@@ -207,7 +223,7 @@ def _named(payload: dict[str, Any]) -> str:
     return store.payload_name(payload) or store.platform_id(payload.get("skill_id")) or "?"
 
 
-def remove_skill(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def remove_skill(ctx: SkillCall, payload: dict[str, Any]) -> dict[str, Any]:
     found = _target(ctx, payload)
     if found is None:
         result = {"target_name": _named(payload), "removed": False, "already_absent": True}
@@ -225,7 +241,7 @@ def remove_skill(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]
 uninstall_skill = remove_skill
 
 
-def disable_skill(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def disable_skill(ctx: SkillCall, payload: dict[str, Any]) -> dict[str, Any]:
     state_dir = _state_dir(ctx)
     found = _target(ctx, payload)
     if found is None:
@@ -246,7 +262,7 @@ def disable_skill(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any
     return result
 
 
-def quarantine_skill(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def quarantine_skill(ctx: SkillCall, payload: dict[str, Any]) -> dict[str, Any]:
     state_dir = _state_dir(ctx)
     found = _target(ctx, payload)
     if found is None:
@@ -270,7 +286,7 @@ def quarantine_skill(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, 
     return result
 
 
-def handle_skill_risk(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def handle_skill_risk(ctx: SkillCall, payload: dict[str, Any]) -> dict[str, Any]:
     action = payload.get("action") or payload.get("risk_action")
     if action not in RISK_ACTIONS:
         raise CommandError(f"handle_skill_risk: action must be one of disable, quarantine, remove (got {action!r})")

@@ -94,6 +94,7 @@ def test_no_manifest(tmp_path, caldera_env):
 
 def test_init_leaves_the_unit_disabled_and_says_how_to_start(tmp_path, caldera_env, monkeypatch):
     monkeypatch.setattr(blueprint, "DEFAULT_CONFIG_ROOT", caldera_env / "etc")
+    monkeypatch.setattr(blueprint, "DEFAULT_STATE_ROOT", caldera_env / "var")
     (tmp_path / "run-systemd").mkdir()
     result = blueprint.install(copy_example(tmp_path).parent, systemd_dir=tmp_path / "run-systemd")
     assert result["message"].endswith("sudo systemctl enable --now caldera@task-agent")

@@ -1,7 +1,6 @@
 """The control-plane handlers of adapter mode, with the real driver and a small runtime double."""
 import concurrent.futures as cf
 import dataclasses
-import threading
 
 import pytest
 from adapter_helpers import calls, make_agent
@@ -9,6 +8,7 @@ from core_helpers import command_context
 
 from caldera.agents.adapter import commands
 from caldera.agents.adapter.driver import open_adapter_driver
+from caldera.agents.driver import AgentCall
 from caldera.agents.manifest import load_manifest
 from caldera.daemon.wakeups import Wakeups
 from caldera.errors import CommandError
@@ -22,16 +22,18 @@ def pool():
     executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _ctx(tmp_path, pool, extra=None, kind="pause"):
+def _ctx(tmp_path, pool, extra=None, kind="pause", wake=None):
     paths = make_agent(tmp_path, "recorder.py", **({"extra": extra} if extra is not None else {}))
     driver = open_adapter_driver(paths, load_manifest(paths.manifest_path), pool=pool, redactor=Redactor())
-    return paths, command_context(kind, driver=driver, wake=Wakeups(), cancel=threading.Event())
+    wake = wake or Wakeups()
+    return paths, command_context(AgentCall, kind, driver=driver, report_now=wake.report_now)
 
 
 def test_pause_succeeds_and_reports_now(tmp_path, pool):
-    _, ctx = _ctx(tmp_path, pool)
+    wake = Wakeups()
+    _, ctx = _ctx(tmp_path, pool, wake=wake)
     assert commands.pause(ctx, {}) == {"ok": True, "message": "Paused.", "held": []}
-    assert ctx.wake.report.is_set()  # the state changed: a report goes out now
+    assert wake.report.is_set()  # the state changed: a report goes out now
 
 
 def test_controls_named_by_the_manifest_limit_the_commands(tmp_path, pool):

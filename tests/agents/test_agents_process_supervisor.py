@@ -309,8 +309,6 @@ def test_hostile_status_files_never_break_a_report(tmp_path, content):
 
 
 def test_instructions_and_mcp_and_what_a_revision_may_tell(tmp_path):
-    from caldera.agents.process.told import apply_told, check_told
-
     extra = ("instructions: prompt.md\nmcp:\n  files: {command: [npx, fs-server]}\n"
              "  search: {url: 'https://search.example/mcp'}\n")
     paths = make_process_agent(tmp_path, "env", extra=extra)
@@ -323,18 +321,18 @@ def test_instructions_and_mcp_and_what_a_revision_may_tell(tmp_path):
         assert Path(env["CALDERA_INSTRUCTIONS_FILE"]).read_text() == "Be brief.\n"
         mcp = json.loads(Path(env["CALDERA_MCP_CONFIG"]).read_text())["mcpServers"]
         assert mcp == {"files": {"command": ["npx", "fs-server"]}, "search": {"url": "https://search.example/mcp"}}
-        refused = check_told(run.driver, {"mcp": {"files": {"command": ["sh", "-c", "evil"]},
+        refused = run.driver.check_told({"mcp": {"files": {"command": ["sh", "-c", "evil"]},
                                                   "files2": {"command": ["x"]},
                                                   "search": {"command": ["x"]}}})
         assert len(refused) == 3 and all(p.startswith("mcp.") for p in refused), refused
-        assert check_told(run.driver, {"mcp": {"files": {"url": "https://x.example"}}}) != []  # a command server
-        assert check_told(run.driver, {"mcp": {"search": {"url": "ftp://x"}}}) != []
+        assert run.driver.check_told({"mcp": {"files": {"url": "https://x.example"}}}) != []  # a command server
+        assert run.driver.check_told({"mcp": {"search": {"url": "ftp://x"}}}) != []
         content = {"instructions": "Be thorough.\n", "mcp": {"search": {"url": "https://search2.example/mcp"},
                                                             "docs": {"url": "https://docs.example/mcp"}}}
-        assert check_told(run.driver, content) == []
+        assert run.driver.check_told(content) == []
         status = paths.state_dir / "agent" / "status.json"
         wait_for(status.exists, "the status file")
-        result = apply_told(run.driver, content)
+        result = run.driver.apply_told(content)["told"]
         assert result == {"applied": ["instructions", "mcp"], "agent_told": True}
         assert Path(env["CALDERA_INSTRUCTIONS_FILE"]).read_text() == "Be thorough.\n"
         mcp = json.loads(Path(env["CALDERA_MCP_CONFIG"]).read_text())["mcpServers"]
@@ -345,7 +343,6 @@ def test_instructions_and_mcp_and_what_a_revision_may_tell(tmp_path):
 
 
 def test_a_revision_may_not_tell_an_adapter_agent_or_an_undeclared_file(tmp_path):
-    from caldera.agents.process.told import check_told
     from caldera.agents.trust import not_told
 
     # An adapter driver refuses nothing and applies nothing: the finish result says why.
@@ -353,7 +350,7 @@ def test_a_revision_may_not_tell_an_adapter_agent_or_an_undeclared_file(tmp_path
         "instructions": {"applied": False, "reason": "adapter mode passes no instructions file"}}
     paths = make_process_agent(tmp_path, "run")
     driver = Running(paths).driver
-    assert "declares no instructions file" in check_told(driver, {"instructions": "x"})[0]
+    assert "declares no instructions file" in driver.check_told({"instructions": "x"})[0]
 
 
 def test_the_health_check_runs_as_in_adapter_mode(tmp_path):

@@ -105,6 +105,9 @@ def fake_runtime(tmp: Path, env: dict, client=None):
 def fake_ctx(runtime, cancel=None, deadline=0.0, command=None):
     from core_helpers import command_context
 
-    return command_context("agent_run", command=command, cancel=cancel or threading.Event(), deadline=deadline,
-                           agent_id=runtime.agent_id, paths=runtime.paths, settings=runtime.settings,
+    from caldera.backends.commands import RunCall
+
+    return command_context(RunCall, "agent_run", command=command, cancel=cancel or threading.Event(),
+                           deadline=deadline, agent_id=runtime.agent_id, state_dir=runtime.paths.state_dir,
+                           secrets_dir=runtime.paths.secrets_dir, env=runtime.settings.env,
                            redactor=runtime.redactor, client=runtime.client, runs=runtime.runs)

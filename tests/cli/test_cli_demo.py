@@ -1,5 +1,6 @@
 """`caldera demo` end to end: plane + example agent + `caldera run`, all on loopback."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,9 @@ def test_demo_shows_what_the_plane_saw_and_exits_cleanly():
         assert "succeeded" in line, line
     assert "status page: http://127.0.0.1:" in out and "stopping" in out
     # the process-mode example beside it (instance 2): supervised, its pid on the plane
-    assert "caldera-2-main" in out and "  process   pid " in out
+    assert "caldera-2-main" in out and re.search(r"^  process +pid ", out, re.M)
+    # a gauge name is never cut to the column (it was "files wai"): the column fits it
+    assert re.search(r"^  files waiting +\[", out, re.M), out
     line = next(line for line in out.splitlines() if "restart_openclaw" in line and line.strip().startswith("#"))
     assert "succeeded" in line and "Restarted (pid" in line
 

@@ -78,8 +78,10 @@ def host(tmp_path_factory):
         patch.setenv("CALDERA_CONFIG_DIR", env["CALDERA_CONFIG_DIR"])
         install_agent(root, base_url=plane.url, instance_id=INSTANCE)
         install_agent(root, name="worker", base_url=plane.url, instance_id=INSTANCE, manifest=PROCESS_MANIFEST)
-    # The manifest caches warm, as any call after the first finds them (the first parses the YAML).
+    # The manifest caches warm, as any call after the first finds them (the first parses the YAML),
+    # in the state dirs caldera init makes (status makes none).
     for agent in ("demo", "worker"):
+        (root / "var" / agent).mkdir()
         subprocess.run([sys.executable, "-m", "caldera.cli", "status", "--agent", agent], env=env,
                        capture_output=True, timeout=60, check=True)
     try:

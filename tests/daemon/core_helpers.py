@@ -62,18 +62,17 @@ def make_parts(name="demo", **build):
     return build_parts(paths, settings, **build)
 
 
-def command_context(command_type="collect_system_info", command=None, **fields):
-    """A handler's CommandContext with the given parts; every part not given is None (a
-    handler that uses one fails loudly), the cancel a fresh event, the wake-ups fresh.
-    `command`: the plane's command object (default: id 1 of `command_type`)."""
+def command_context(context_type, command_type="collect_system_info", command=None, **fields):
+    """A handler's context of `context_type` (a domain's Call: AgentCall, SkillCall, RunCall,
+    RevisionCall, BuiltinCall) with the given parts; every part not given is None (a handler
+    that uses one fails loudly), the cancel a fresh event, no deadline. `command`: the plane's
+    command object (default: id 1 of `command_type`)."""
     import threading
     from dataclasses import fields as dataclass_fields
 
-    from caldera.daemon.dispatch import CommandContext
-    from caldera.daemon.wakeups import Wakeups
     from caldera.protocol.command import parse_command
 
-    given = {f.name: None for f in dataclass_fields(CommandContext)}
-    given.update(cancel=threading.Event(), deadline=0.0, agent_id="", wake=Wakeups())
+    given = {f.name: None for f in dataclass_fields(context_type)}
+    given.update(cancel=threading.Event(), deadline=0.0)
     given.update(fields, command=parse_command(command or {"id": 1, "command_type": command_type}))
-    return CommandContext(**given)
+    return context_type(**given)

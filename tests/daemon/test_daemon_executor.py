@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import threading
@@ -101,6 +102,7 @@ def test_start_during_outage_is_queued_before_the_finish(runtime):
 def test_timeout_kills_the_work_and_finishes_failed(runtime, monkeypatch):
     from caldera.daemon import dispatch as commands
     from caldera.host.proc import run
+    from caldera.protocol.handlers import route
 
     seen = {}
 
@@ -109,8 +111,9 @@ def test_timeout_kills_the_work_and_finishes_failed(runtime, monkeypatch):
                            cancel=ctx.cancel, grace=0.5)
         return {}
 
-    monkeypatch.setitem(commands.HANDLERS, "slow_thing", "test_daemon_executor:_slow_target")
-    monkeypatch.setattr(__import__("test_daemon_executor"), "_slow_target", slow, raising=False)
+    table = commands.routes()
+    table["slow_thing"] = route(lambda parts, call: call, lambda: slow)
+    monkeypatch.setattr(commands, "routes", lambda: table)
 
     started = time.monotonic()
     command = parse_command({"id": 9, "command_type": "slow_thing", "timeout_seconds": 1})
@@ -296,3 +299,48 @@ def test_recovery_keeps_the_fetch_order_of_numeric_ids(runtime):
     for cid in (8, 9, 10, 11, "local-b", "local-a"):
         executor_for(runtime).journal_fetched(parse_command({"id": cid, "command_type": "collect_system_info"}))
     assert [c.id for c in executor_for(runtime).recover()] == [8, 9, 10, 11, "local-a", "local-b"]
+
+
+def test_the_commands_deadline_bounds_every_request_its_handler_makes(runtime, monkeypatch):
+    """A handler's request to a plane that accepts and never answers ends at the command's
+    deadline (the executor's `client.within`), not at the client's own 30 s: the handler's
+    thread is done by the time the executor has given up on it."""
+    import socket
+
+    from caldera.daemon import dispatch
+    from caldera.protocol.client import ControlPlaneClient, Transport
+    from caldera.protocol.handlers import route
+
+    class Auth:
+        bootstrap_token = "boot-token-for-tests-1234"
+
+        def token(self):
+            return "agt_sess_test_token_1234"
+
+        def renew(self, old):
+            return old
+
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (the backlog), never answers
+    client = ControlPlaneClient(Transport(f"http://127.0.0.1:{silent.getsockname()[1]}"), Auth())
+    ended = []
+
+    def waits_on_the_plane(ctx, payload):
+        try:
+            client.state_report({})
+        except Exception as exc:  # noqa: BLE001 -- what ended the request is the point
+            ended.append(type(exc).__name__)
+            raise
+
+    table = dispatch.routes()
+    table["slow_plane"] = route(lambda parts, call: call, lambda: waits_on_the_plane)
+    monkeypatch.setattr(dispatch, "routes", lambda: table)
+    monkeypatch.setattr("caldera.daemon.executor.CANCEL_GRACE", 3.0)
+    executor = executor_for(runtime)
+    executor = dataclasses.replace(executor, client=client)
+    try:
+        status, _, error = executor.run_handler(parse_command({"id": 5, "command_type": "slow_plane",
+                                                              "timeout_seconds": 1}))
+    finally:
+        silent.close()
+    assert status == "failed"
+    assert ended, f"the request was still waiting after the command's deadline and its grace ({error})"

@@ -145,8 +145,8 @@ def test_a_burst_of_collect_system_info_is_answered_by_one_report_without_waitin
     waits = Waits()
     object.__setattr__(parts.reports, "floor", ReportFloor(clock=clock))
     client = Client(clock)
-    ctx = command_context("collect_system_info", cancel=waits, client=client, reports=parts.reports,
-                          wake=parts.wake)
+    ctx = command_context(builtin.BuiltinCall, "collect_system_info", cancel=waits, client=client,
+                          reports=parts.reports, report_soon=parts.wake.report_soon)
     for _ in range(3):
         assert builtin.collect_system_info(ctx, {})["report_delivered"] is True
         assert builtin.health_check(ctx, {})["report_delivered"] is True
@@ -173,7 +173,7 @@ def test_a_command_too_large_to_read_is_finished_failed(caldera_env):
             pass
 
     executor = Executor(agent_id="a", client=StartOk(), state=parts.state, outbox=parts.outbox,
-                        redactor=parts.redactor, report_now=lambda: None, context=None)
+                        redactor=parts.redactor, report_now=lambda: None, bind=None)
     stub = parse_command({"id": 12, "command_type": "settings_set"}, too_large="over 8388608 bytes")
     executor.journal_fetched(stub)
     assert executor.execute(stub) == "failed"
@@ -210,8 +210,8 @@ def test_a_report_built_before_a_change_does_not_answer_a_command(caldera_env):
     clock, waits = Clock(), Waits()
     object.__setattr__(parts.reports, "floor", ReportFloor(clock=clock, generation=parts.wake.generation))
     client = Client(clock)
-    ctx = command_context("collect_system_info", cancel=waits, client=client, reports=parts.reports,
-                          wake=parts.wake)
+    ctx = command_context(builtin.BuiltinCall, "collect_system_info", cancel=waits, client=client,
+                          reports=parts.reports, report_soon=parts.wake.report_soon)
     builtin.collect_system_info(ctx, {})
     clock.now += 0.3
     builtin.health_check(ctx, {})  # read-only: the recent report answers it

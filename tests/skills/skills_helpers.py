@@ -8,12 +8,11 @@ import stat
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
-from core_helpers import command_context
-
+from caldera.agents.current import Current
 from caldera.daemon.live import LiveStatus
 from caldera.daemon.wakeups import Wakeups
-from caldera.daemon.wiring import Current
 from caldera.host.statefile import StateFile
 from caldera.protocol.outbox import Outbox
 from caldera.redact import Redactor
@@ -108,6 +107,10 @@ class FakeRuntime:
     def agent_id(self):
         return self.current.settings.agent_id
 
+    @property
+    def identity(self):
+        return SimpleNamespace(agent_id=self.agent_id)
+
     def inventory_changed(self):
         self.wake.inventory_changed()
 
@@ -115,20 +118,28 @@ class FakeRuntime:
         return [item["body"] for _, item in self.outbox.items() if item["kind"] == "inventory"]
 
 
+def call(command_type):
+    import threading
+
+    from caldera.protocol.command import parse_command
+    from caldera.protocol.handlers import Call
+
+    return Call(parse_command({"id": 1, "command_type": command_type}), threading.Event(), 0.0)
+
+
 def ctx(runtime, command_type):
-    current = runtime.current
-    return command_context(command_type, agent_id=runtime.agent_id, paths=runtime.paths, settings=current.settings,
-                           driver=current.driver, current=current, redactor=runtime.redactor, client=runtime.client,
-                           outbox=runtime.outbox, state=runtime.state, wake=runtime.wake, live=runtime.live,
-                           publisher=runtime.publisher)
+    """The context the daemon's route builds for this command type from the runtime's parts."""
+    from caldera.daemon import dispatch
+
+    return dispatch.routes()[command_type].context(runtime, call(command_type))
 
 
 def run(runtime, command_type, payload):
-    """Validate the payload like the executor does, then call the handler."""
-    from caldera.daemon import dispatch as commands
+    """Validate the payload like the executor does, then call the handler the daemon binds."""
+    from caldera.daemon import dispatch
     from caldera.protocol import schemas
-    schemas.validate(commands.schema_name(command_type), payload)
-    return commands.resolve(command_type)(ctx(runtime, command_type), payload)
+    schemas.validate(dispatch.schema_name(command_type), payload)
+    return dispatch.binder(runtime)(call(command_type))(payload)
 
 
 def write_tree(root: Path, files: dict) -> Path:

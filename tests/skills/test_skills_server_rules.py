@@ -35,7 +35,7 @@ def served(tmp_path, monkeypatch):
 def run_timed(rt, command_type, payload, seconds=60):
     """Like skills_helpers.run, with the command's own deadline (the executor gives one)."""
     context = dataclasses.replace(ctx(rt, command_type), deadline=time.monotonic() + seconds)
-    return dispatch.resolve(command_type)(context, payload)
+    return dispatch.routes()[command_type].handler()(context, payload)
 
 
 def uploads(plane):

@@ -12,7 +12,7 @@ from caldera.agents.contract import ContractError  # noqa: F401 -- the adapter's
 from caldera.host.jsonlimits import JSONLimitError, loads, scrub
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
     from typing import Any
 
 # Answer.kind
@@ -20,6 +20,8 @@ DONE, REFUSED, UNSUPPORTED, FAILED = "done", "refused", "unsupported", "failed"
 MESSAGE_MAX = 1000
 HELD_MAX_ITEMS = 50
 JSON_MAX_BYTES = 512 * 1024  # above every verb's stdout cap: the cap that matters is the verb's
+STDERR_SHOWN_LINES = 3  # the end of a traceback; python's one "can't open file" line
+STDERR_SHOWN_WIDTH = 200
 
 
 class Answer:
@@ -111,3 +113,19 @@ def with_held(message: str | None, held: list[str]) -> str:
         if item and item not in text:
             text = f"{text} Held: {item}." if text else f"Held: {item}."
     return text
+
+
+def stderr_excerpt(stderr: str, redact: Callable[[str], str]) -> list[str]:
+    """The end of an adapter's stderr as a person at the host is shown it (a failed verb,
+    `caldera check`): redacted whole first (a secret cut in two would pass the Redactor),
+    then its last non-empty lines, each cut to a width, control characters escaped (an
+    adapter's bytes never drive the terminal). Never sent to the control plane."""
+    lines = [line.rstrip() for line in redact(stderr).splitlines() if line.strip()][-STDERR_SHOWN_LINES:]
+    return [_printable(line if len(line) <= STDERR_SHOWN_WIDTH else line[:STDERR_SHOWN_WIDTH - 1] + "…")
+            for line in lines]
+
+
+def _printable(line: str) -> str:
+    if line.isprintable():
+        return scrub(line)
+    return scrub("".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in line.replace("\t", " ")))

@@ -16,11 +16,10 @@ if TYPE_CHECKING:
     from typing import Any
 
     from caldera.agents.adapter.answer import Answer
-    from caldera.agents.driver import AgentDriver
-    from caldera.daemon.dispatch import CommandContext
+    from caldera.agents.driver import AgentCall, AgentDriver
 
 
-def _driver(ctx: CommandContext) -> AgentDriver:
+def _driver(ctx: AgentCall) -> AgentDriver:
     driver: AgentDriver | None = ctx.driver
     if driver is None:
         raise CommandError(f"{ctx.command.type}: this agent has no adapter (its manifest is not runtime.type: adapter)")
@@ -42,11 +41,11 @@ def _result(answer: Answer, extra: dict[str, Any] | None = None) -> dict[str, An
     return result
 
 
-def _deadline(ctx: CommandContext) -> float | None:
+def _deadline(ctx: AgentCall) -> float | None:
     return ctx.deadline or None  # 0.0: no deadline
 
 
-def _control(ctx: CommandContext, control: str) -> dict[str, Any]:
+def _control(ctx: AgentCall, control: str) -> dict[str, Any]:
     """pause, resume, run_now: the command's name is the manifest's control."""
     driver = _driver(ctx)
     _allowed(driver, control)
@@ -56,25 +55,25 @@ def _control(ctx: CommandContext, control: str) -> dict[str, Any]:
     return _result(answer)
 
 
-def pause(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def pause(ctx: AgentCall, payload: dict[str, Any]) -> dict[str, Any]:
     return _control(ctx, "pause")
 
 
-def resume(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def resume(ctx: AgentCall, payload: dict[str, Any]) -> dict[str, Any]:
     return _control(ctx, "resume")
 
 
-def run_now(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def run_now(ctx: AgentCall, payload: dict[str, Any]) -> dict[str, Any]:
     return _control(ctx, "run_now")
 
 
-def settings_get(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def settings_get(ctx: AgentCall, payload: dict[str, Any]) -> dict[str, Any]:
     answer = _driver(ctx).settings_get(cancel=ctx.cancel, deadline=_deadline(ctx))
     data = answer.data if answer.ok else {}
     return _result(answer, {"values": data.get("values"), "schema": data.get("schema")} if data else None)
 
 
-def settings_set(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def settings_set(ctx: AgentCall, payload: dict[str, Any]) -> dict[str, Any]:
     values = payload.get("values")
     if not isinstance(values, dict) or not values:
         raise CommandError("settings_set: the payload needs values: {key: value, …}")
@@ -84,12 +83,12 @@ def settings_set(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]
     return _result(answer)
 
 
-def log_list(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def log_list(ctx: AgentCall, payload: dict[str, Any]) -> dict[str, Any]:
     answer = _driver(ctx).log_list(cancel=ctx.cancel, deadline=_deadline(ctx))
     return _result(answer, {"logs": answer.data["logs"]} if answer.ok and answer.data else None)
 
 
-def log_get(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def log_get(ctx: AgentCall, payload: dict[str, Any]) -> dict[str, Any]:
     name = payload.get("name")
     # Anything but text is refused as "a log name is required", as the empty name is.
     answer = _driver(ctx).log_get(name if isinstance(name, str) else "", cancel=ctx.cancel, deadline=_deadline(ctx))

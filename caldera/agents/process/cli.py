@@ -3,6 +3,8 @@ daemon that owns the agent, over its control socket. Without a daemon there is n
 process to act on: the verb says so and exits 1 (SPEC section 7b)."""
 from __future__ import annotations
 
+import os
+
 from caldera import TYPE_CHECKING
 from caldera.agents.adapter.answer import DONE, FAILED, REFUSED, Answer
 from caldera.agents.process import control
@@ -16,7 +18,18 @@ if TYPE_CHECKING:
     from caldera.config import AgentPaths
 
 NO_DAEMON = ("no caldera runtime is running for agent {name}; in process mode the verbs act through it "
-             "(start it: systemctl start caldera@{name}, or caldera run --agent {name})")
+             "(start it: {start})")
+SYSTEMD_BOOTED = "/run/systemd/system"  # sd_booted()'s test: the unit can be started here
+
+
+def how_to_start(args: argparse.Namespace, name: str) -> str:
+    """The runtime's start for the agent as this command named it: a --manifest agent has no unit."""
+    if getattr(args, "manifest", None):
+        state = f" --state-dir {args.state_dir}" if getattr(args, "state_dir", None) else ""
+        return f"caldera run --manifest {args.manifest}{state}"
+    if os.path.isdir(SYSTEMD_BOOTED):
+        return f"systemctl start caldera@{name}, or caldera run --agent {name}"
+    return f"caldera run --agent {name}"
 
 
 def ask(paths: AgentPaths, verb: str, args: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -50,7 +63,7 @@ def dispatch(args: argparse.Namespace, paths: AgentPaths, manifest: Manifest) ->
         try:
             values = parse_pairs(args.pairs, manifest.settings_schema)
         except ValueError as exc:
-            raise UsageError(f"settings set: {exc}") from None
+            raise UsageError(str(exc)) from None
         verb, payload = "settings set", {"values": values}
     elif args.name is not None and not args.list:
         verb, payload = "log", {"name": args.name}
@@ -58,5 +71,6 @@ def dispatch(args: argparse.Namespace, paths: AgentPaths, manifest: Manifest) ->
         verb, payload = "log --list", None
     reply = ask(paths, verb, payload)
     if reply is None:
-        return Answer(verb=verb, kind=FAILED, message=NO_DAEMON.format(name=paths.name))
+        return Answer(verb=verb, kind=FAILED, message=NO_DAEMON.format(name=paths.name,
+                                                                        start=how_to_start(args, paths.name)))
     return to_answer(verb, reply)

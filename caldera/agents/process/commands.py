@@ -8,7 +8,7 @@ calls the driver: the process driver answers them the same way.)
 from __future__ import annotations
 
 from caldera import TYPE_CHECKING
-from caldera.agents.driver import as_process_driver
+from caldera.agents.narrow import as_process_driver
 from caldera.errors import CommandError
 
 if TYPE_CHECKING:
@@ -16,11 +16,11 @@ if TYPE_CHECKING:
     from typing import Any
 
     from caldera.agents.adapter.answer import Answer
+    from caldera.agents.driver import AgentCall
     from caldera.agents.process.driver import ProcessDriver
-    from caldera.daemon.dispatch import CommandContext
 
 
-def _process_driver(ctx: CommandContext) -> ProcessDriver:
+def _process_driver(ctx: AgentCall) -> ProcessDriver:
     driver = as_process_driver(ctx.driver)
     if driver is None:
         raise CommandError(f"{ctx.command.type} acts only in process mode; this agent runs in adapter mode, "
@@ -28,7 +28,7 @@ def _process_driver(ctx: CommandContext) -> ProcessDriver:
     return driver
 
 
-def _act(ctx: CommandContext, verb: str, act: Callable[[ProcessDriver], Answer]) -> dict[str, Any]:
+def _act(ctx: AgentCall, verb: str, act: Callable[[ProcessDriver], Answer]) -> dict[str, Any]:
     driver = _process_driver(ctx)
     answer = act(driver)
     ctx.report_now()
@@ -39,13 +39,13 @@ def _act(ctx: CommandContext, verb: str, act: Callable[[ProcessDriver], Answer])
     return result
 
 
-def start_openclaw(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def start_openclaw(ctx: AgentCall, payload: dict[str, Any]) -> dict[str, Any]:
     return _act(ctx, "start", lambda driver: driver.start())
 
 
-def stop_openclaw(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def stop_openclaw(ctx: AgentCall, payload: dict[str, Any]) -> dict[str, Any]:
     return _act(ctx, "stop", lambda driver: driver.stop())
 
 
-def restart_openclaw(ctx: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
+def restart_openclaw(ctx: AgentCall, payload: dict[str, Any]) -> dict[str, Any]:
     return _act(ctx, "restart", lambda driver: driver.restart())

@@ -199,12 +199,12 @@ class ProcessDriver:
         """A config revision's `instructions`/`mcp`: why they may not be applied ([] = allowed)."""
         from caldera.agents.process.told import check_told
 
-        return check_told(self, content)
+        return check_told(self.spec, self.manifest.doc, content)
 
     def apply_told(self, content: dict[str, Any]) -> dict[str, Any]:
         from caldera.agents.process.told import apply_told
 
-        return {"told": apply_told(self, content)}
+        return {"told": apply_told(self.paths.state_dir, content, self.files_changed)}
 
     def files_changed(self) -> bool:
         """A revision changed instructions or mcp: rebuild the agent's files, then SIGHUP it.

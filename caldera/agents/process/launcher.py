@@ -16,9 +16,21 @@ from caldera.host import proc
 if TYPE_CHECKING:
     import subprocess
     from collections.abc import Mapping
+    from typing import Protocol
 
-    from caldera.agents.process.driver import ProcessDriver
+    from caldera.agents.process.spec import ProcessSpec
     from caldera.config import AgentPaths
+    from caldera.redact import Redactor
+
+    class LaunchState(Protocol):
+        """What a launch reads of its driver as it is now: the spec (a blueprint update
+        replaces it) and the redactor the agent's secret values are added to."""
+
+        @property
+        def spec(self) -> ProcessSpec: ...
+
+        @property
+        def redactor(self) -> Redactor: ...
 
 log = logging.getLogger("caldera.agents.process")
 
@@ -42,8 +54,8 @@ def account_ids(name: str | None) -> tuple[int, int] | None:
 class Launcher:
     """launch() -> Popen; what the last launch learned (secret values, problems) stays readable."""
 
-    def __init__(self, driver: ProcessDriver, paths: AgentPaths, *, environ: Mapping[str, str] = os.environ) -> None:
-        self.state, self.paths, self.environ = driver, paths, environ  # state: the driver's spec and redactor now
+    def __init__(self, state: LaunchState, paths: AgentPaths, *, environ: Mapping[str, str] = os.environ) -> None:
+        self.state, self.paths, self.environ = state, paths, environ
         self.problems: list[str] = []
 
     def __call__(self) -> subprocess.Popen[bytes]:

@@ -16,14 +16,16 @@ from caldera.errors import ConfigError
 from caldera.host.fsutil import atomic_write_bytes, atomic_write_json, ensure_dir
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
     from typing import Any
 
-    from caldera.agents.process.driver import ProcessDriver
+    from caldera.agents.process.spec import ProcessSpec
 
 
-def check_told(driver: ProcessDriver, content: dict[str, Any]) -> list[str]:
-    """Why the revision's `instructions`/`mcp` may not be applied (one sentence each), or []."""
-    spec = driver.spec
+def check_told(spec: ProcessSpec, installed: dict[str, Any], content: dict[str, Any]) -> list[str]:
+    """Why the revision's `instructions`/`mcp` may not be applied (one sentence each), or [].
+    `installed`: the installed manifest's document (its mcp entries)."""
     problems: list[str] = []
     if "instructions" in content:
         text = content["instructions"]
@@ -32,7 +34,7 @@ def check_told(driver: ProcessDriver, content: dict[str, Any]) -> list[str]:
         elif not isinstance(text, str) or len(text.encode("utf-8", "surrogatepass")) > files.INSTRUCTIONS_MAX:
             problems.append("instructions: must be text of at most 1 MiB")
     if "mcp" in content:
-        problems.extend(_mcp_problems(driver.manifest.doc, content["mcp"]))
+        problems.extend(_mcp_problems(installed, content["mcp"]))
     return problems
 
 
@@ -56,9 +58,10 @@ def _mcp_problems(installed: dict[str, Any], proposed: Any) -> list[str]:
     return problems
 
 
-def apply_told(driver: ProcessDriver, content: dict[str, Any]) -> dict[str, Any]:
-    """Write the overrides, rebuild the agent's files, tell it (SIGHUP). Checked before."""
-    overrides = ensure_dir(files.overrides_dir(driver.paths.state_dir))
+def apply_told(state_dir: Path, content: dict[str, Any], files_changed: Callable[[], bool]) -> dict[str, Any]:
+    """Write the overrides into the agent's state dir, then `files_changed()` (rebuild the
+    agent's files, tell it: SIGHUP; True when a running agent was told). Checked before."""
+    overrides = ensure_dir(files.overrides_dir(state_dir))
     applied = []
     if "instructions" in content:
         atomic_write_bytes(overrides / files.INSTRUCTIONS, content["instructions"].encode("utf-8"), mode=0o600)
@@ -67,5 +70,5 @@ def apply_told(driver: ProcessDriver, content: dict[str, Any]) -> dict[str, Any]
         urls = {name: server["url"] for name, server in content["mcp"].items()}
         atomic_write_json(overrides / "mcp-urls.json", urls, mode=0o600)
         applied.append("mcp")
-    told = driver.files_changed()
+    told = files_changed()
     return {"applied": applied, "agent_told": told}
