@@ -37,7 +37,8 @@ def configure(parser: argparse.ArgumentParser, name: str) -> None:
     if name == "turn":
         parser.add_argument("--workspace", required=True, metavar="DIR", help="the directory the agent works in")
         parser.add_argument("--backend", default="codex", help="backend profile (default codex)")
-        parser.add_argument("--secrets", metavar="DIR", help="secret projection elsewhere (DIR holds codex/, opencode/)")
+        parser.add_argument("--secrets", metavar="DIR",
+                            help="secret projection elsewhere (DIR holds codex/, opencode/)")
         parser.add_argument("--timeout", type=int, metavar="S", help="execution_policy.timeout_seconds")
         parser.add_argument("--sandbox", choices=("read-only", "workspace-write"))
         parser.add_argument("--approval", choices=("never", "on-request"))
