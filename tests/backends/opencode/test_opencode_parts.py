@@ -481,6 +481,20 @@ def test_the_owner_replaces_a_dead_server_stops_an_idle_one_and_refuses_after_cl
         owner.get(launch)
 
 
+def test_start_returns_only_once_the_server_says_it_listens(tmp_path):
+    script = tmp_path / "slow"
+    script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(0.6)\n"
+                      "print('opencode server listening on http://127.0.0.1:4555', flush=True)\ntime.sleep(600)\n")
+    script.chmod(0o755)
+    srv = server.OpenCodeServer(_launch(str(script)), tmp_path / "runs")
+    try:
+        srv.start()
+        assert srv.port == 4555 and srv.listening_after is not None and srv.listening_after >= 0.6
+    finally:
+        srv.stop()
+    assert not srv.dir.exists() and not srv.alive()
+
+
 def test_a_server_that_never_listens_or_exits_is_spawn_failed(tmp_path):
     script = tmp_path / "exits"
     script.write_text("#!/bin/sh\necho 'Error: bad flag --pure' >&2\nexit 3\n")

@@ -22,6 +22,7 @@ from opencode_helpers import (
     KEY_ENV,
     assert_no_leak,
     environment,
+    everything_text,
     execute,
     of_type,
     phases,
@@ -113,6 +114,9 @@ def test_tool_turn_command_output_diff_and_no_key_for_the_agents_commands(agent)
     assert len(output) == 1 and output[0]["exit_code"] == 0 and output[0]["status"] == "completed"
     assert "key=\n" in output[0]["output"] and "OPENCODE_CONFIG=" in output[0]["output"]
     assert KEY_ENV not in output[0]["output"] and "apiKey" not in output[0]["output"]
+    # The server's password is in the agent's environment (OpenCode reads it there): masked in every event.
+    assert "OPENCODE_SERVER_PASSWORD=[REDACTED]" in output[0]["output"]
+    assert agent.owner.server.password not in everything_text(result, events, env)
     diff = of_type(events, "diff")
     assert len(diff) == 1 and "+hello world" in diff[0]["diff"] and "NEW.txt" in diff[0]["diff"]
     assert (agent.ws / "README.md").read_text() == "hello world\n" and (agent.ws / "NEW.txt").exists()
