@@ -261,6 +261,42 @@ def test_cli_turn_json_lines_and_no_leak_on_stdout_or_stderr(tmp_path, ws):
     assert not list((tmp_path / "state" / "runs").iterdir())  # its own server, stopped and removed
 
 
+def test_sigterm_to_caldera_turn_cancels_the_turn_and_stops_its_server(tmp_path, ws):
+    with FakeChatProvider([{"stall": 120}]) as provider:
+        sec = write_projection(tmp_path, provider.url)
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
+               "CALDERA_OPENCODE_BIN": os.environ["CALDERA_OPENCODE_BIN"],
+               "CALDERA_CONFIG_DIR": str(tmp_path / "no-config"), "CALDERA_STATE_DIR": str(tmp_path / "no-state")}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "caldera.cli", "turn", "--backend", "opencode", "--workspace", str(ws),
+             "--secrets", str(sec), "--state-dir", str(tmp_path / "state"), "--json", "wait"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert provider.wait_main(1, timeout=120)
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 1, err
+    last = json.loads(out.splitlines()[-1])
+    assert last["data"]["status"] == "cancelled" and last["data"]["failure_kind"] == fk.CANCELLED
+    assert not list((tmp_path / "state" / "runs").iterdir())
+
+
+def test_a_deadline_while_the_server_starts_is_backend_timeout_and_leaves_nothing(tmp_path, ws):
+    slow = tmp_path / "opencode-slow"  # the real binary, 5 s late: the 1 s deadline falls in its start
+    slow.write_text(f'#!/bin/sh\nsleep 5\nexec "{os.environ["CALDERA_OPENCODE_BIN"]}" "$@"\n')
+    slow.chmod(0o755)
+    with FakeChatProvider([{"text": "never"}]) as provider:
+        env = environment(tmp_path, write_projection(tmp_path, provider.url), binary=str(slow))
+        result, events = execute(request(ws, timeout_seconds=1), env)
+    data = terminal(events)
+    assert data["status"] == "failed" and data["failure_kind"] == fk.BACKEND_TIMEOUT, events
+    assert provider.requests == [] and not list((tmp_path / "state" / "runs").iterdir())
+
+
 # ---------------------------------------------------------------- containment
 
 _CONNECT = re.compile(r'connect\(.*sa_family=(AF_INET6?)\b.*?(?:inet_addr\("([^"]+)"\)|inet_pton\(AF_INET6, "([^"]+)")')
