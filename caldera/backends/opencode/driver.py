@@ -32,6 +32,7 @@ from caldera.backends.events import EVENT_TYPES, EventSink
 from caldera.backends.opencode import policy as policy_rules
 from caldera.backends.opencode import provider as prov
 from caldera.backends.opencode import server as srv
+from caldera.backends.opencode.forwarder import process_secret
 from caldera.backends.opencode.mapping import TurnMapper, items, obj, retry_kind, turn_outcome
 from caldera.backends.opencode.owner import DEFAULT_IDLE_SECONDS, Lease, ServerOwner
 from caldera.backends.registry import gateway_settings
@@ -203,10 +204,7 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
             return self._finish_stopped(context)
         server = context.lease.server
         redactor = context.environment.redactor
-        redactor.add(server.password)
-        if server.forwarder is not None:
-            for token in server.forwarder.tokens():
-                redactor.add(token)
+        redactor.add(process_secret())  # the prefix of the server's password, route tokens and placeholders
         context.sink.emit("backend_status", {
             "phase": "ready", "server": "started" if context.lease.started else "reused", "pid": server.pid,
             "listening_after_ms": int((server.listening_after or 0) * 1000) if context.lease.started else None})

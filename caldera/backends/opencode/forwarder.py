@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import functools
 import http.client
 import json
 import secrets
@@ -192,14 +193,24 @@ class _Server(ThreadingHTTPServer):
         self.forwarder.note_error()
 
 
+@functools.cache
+def process_secret() -> str:
+    """A random prefix, one per process, of every server password, route token and
+    placeholder it makes: the Redactor masks it once, and with it every one of them (their
+    random rest alone opens nothing). Masking each whole value instead would add three
+    values to the daemon's one Redactor at every server start, for ever: every log line
+    and event would get slower the longer the daemon ran."""
+    return secrets.token_hex(16)
+
+
 class Forwarder:
     """Routes (one per provider) and the secrets their placeholders stand for."""
 
     def __init__(self, base_urls: dict[str, str], secret_values: Iterable[str]):
-        self._routes = {secrets.token_hex(16): url for url in set(base_urls.values())}
+        self._routes = {process_secret() + secrets.token_hex(8): url for url in set(base_urls.values())}
         by_url = {url: token for token, url in self._routes.items()}
         self.route_of = {pid: by_url[url] for pid, url in base_urls.items()}  # provider id -> token
-        self.placeholders = {f"caldera-secret-{secrets.token_hex(16)}": value
+        self.placeholders = {f"caldera-secret-{process_secret()}{secrets.token_hex(8)}": value
                              for value in sorted(set(secret_values)) if value}
         self._failures: collections.OrderedDict[str, Upstream] = collections.OrderedDict()
         self._open: dict[str, set[socket.socket]] = {}  # session -> its provider connections
@@ -222,11 +233,6 @@ class Forwarder:
 
     def placeholder_for(self, value: str) -> str | None:
         return next((p for p, v in self.placeholders.items() if v == value), None)
-
-    def tokens(self) -> list[str]:
-        """Route tokens and placeholders: not the provider's secrets, but each lets a local
-        process use the provider through this forwarder, so they are masked too."""
-        return list(self._routes) + list(self.placeholders)
 
     def route_for(self, path: str) -> tuple[Route | None, str]:
         parts = path.split("/", 3)  # "", "r", token, rest

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from caldera.backends import failures as fk
-from caldera.backends.opencode.forwarder import Forwarder
+from caldera.backends.opencode.forwarder import Forwarder, process_secret
 from caldera.backends.opencode.provider import ServerSpec
 from caldera.host import jsonlimits, proc
 from caldera.host.fsutil import atomic_write_bytes
@@ -115,7 +115,7 @@ class OpenCodeServer:
     def __init__(self, launch: Launch, runs_dir: str | os.PathLike[str]):
         self.launch = launch
         self.dir = Path(runs_dir) / f".opencode-{secrets.token_hex(6)}"
-        self.password = secrets.token_urlsafe(32)
+        self.password = process_secret() + secrets.token_urlsafe(24)  # random per start; masked by its prefix
         self.proc: subprocess.Popen[bytes] | None = None
         self.port: int | None = None
         self.forwarder: Forwarder | None = None

@@ -520,6 +520,23 @@ def test_leftovers_of_a_dead_owner_are_stopped_and_removed_a_live_owners_kept(tm
     assert live.exists() and not dead.exists()
 
 
+def test_one_masked_prefix_covers_every_password_token_and_placeholder_of_the_process(tmp_path):
+    from caldera.backends.opencode.forwarder import process_secret
+
+    redactor = Redactor([process_secret()])
+    values = []
+    for _ in range(2):  # two server starts: new values, the same prefix
+        fwd = Forwarder({"fake": "http://127.0.0.1:9/v1"}, [CANARY])
+        try:
+            values += [server.OpenCodeServer(_launch("/bin/true"), tmp_path).password, fwd.url_for("fake"),
+                       *fwd.placeholders]
+        finally:
+            fwd.close()
+    assert len(set(values)) == len(values)
+    for value in values:
+        assert process_secret() not in redactor.text(value) and value not in redactor.text(f"x={value} y")
+
+
 def test_the_servers_environment_is_built_from_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("CLAWMANAGER_LLM_API_KEY", "runtime-secret-1")
     monkeypatch.setenv("OPENCODE_CONFIG_CONTENT", "{}")
