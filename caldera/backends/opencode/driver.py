@@ -391,6 +391,8 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         context.poison = True
         if context.reason in ("cancelled", "timeout"):
             return self._finish_stopped(context)
+        if context.reason == "failure" and context.failure is not None:
+            return self._end(context, "failed", *context.failure)  # what we aborted for, not the exit it caused
         rc = server.wait_exit(2.0)
         hint = server.output_tail()
         state = f"exited (rc {rc})" if rc is not None else why

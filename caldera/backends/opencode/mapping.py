@@ -146,7 +146,7 @@ class TurnMapper:
 
     def handle(self, event: Event) -> tuple[str, Any] | None:
         """One event; an action for the driver: ("permission", props), ("question", props),
-        ("retry", message) or ("model", (provider, model)) — or None."""
+        ("retry", status), ("cut", step part) or ("model", (provider, model)) — or None."""
         kind, props = event.get("type"), event.get("properties")
         if not isinstance(props, dict):
             return None
