@@ -13,9 +13,9 @@
   own: its event stream ends).
 - Idle: `idle_seconds` (CALDERA_OPENCODE_IDLE_SECONDS, default 300) after the last lease
   is released, the server is stopped (a `threading.Timer`, thread `opencode-idle`). Why 300 s:
-  an idle server burns ~1.2 % of a core, a new one ~3.4 s of CPU more than a turn on a
-  running one (bench/bench_opencode.py): after ~280 s idle the two are even; a later turn
-  inside that window answers in 0.14 s instead of 5 s (docs/backends.md, "OpenCode").
+  an idle server burns ~1.2 % of a core, a new one ~3.2 s of CPU more than a turn on a
+  running one (bench/bench_opencode.py): after ~270 s idle the two are even; a later turn
+  inside that window answers in 0.1 s instead of 2.5-5 s (docs/backends.md, "OpenCode").
 - On first use, servers left by an owner that died (a killed daemon) are stopped and
   their dirs removed (`server.reap_leftovers`).
 """
