@@ -131,10 +131,11 @@ class OpenCodeContext:
 
 def owner_of(environment: Environment) -> ServerOwner | None:
     """The daemon's owner of this agent's OpenCode server. `Environment` has no field for it
-    yet: the lead adds `servers: dict[str, object]` (profile -> owner, docs/backends.md);
-    until then every turn starts a server of its own, as `caldera turn` does."""
-    servers = getattr(environment, "servers", None)
-    owner = servers.get("opencode") if isinstance(servers, Mapping) else None
+    yet: the lead adds `servers` (anything with `.get(profile)`: a dict, or a holder that
+    makes the owner on first use; docs/backends.md); until then every turn starts a server
+    of its own, as `caldera turn` does."""
+    get = getattr(getattr(environment, "servers", None), "get", None)
+    owner = get("opencode") if callable(get) else None
     return owner if isinstance(owner, ServerOwner) else None
 
 
