@@ -345,6 +345,19 @@ def claude_code_retries(environ: Environ, default: int) -> int:
     return _count(environ, "CALDERA_CLAUDE_CODE_MAX_RETRIES", default)
 
 
+def opencode_binary(environ: Environ = os.environ) -> str | None:
+    """CALDERA_OPENCODE_BIN: the OpenCode binary to run instead of `opencode` on PATH."""
+    return environ.get("CALDERA_OPENCODE_BIN") or None
+
+
+def opencode_settings(environ: Environ, *, retries: int, idle_seconds: int) -> tuple[int, int]:
+    """(CALDERA_OPENCODE_MAX_RETRIES, CALDERA_OPENCODE_IDLE_SECONDS): the provider retries a
+    turn lets OpenCode make before it is aborted, and how long an agent's idle OpenCode
+    server is kept; whole numbers >= 0, the defaults when unset; ConfigError otherwise."""
+    return (_count(environ, "CALDERA_OPENCODE_MAX_RETRIES", retries),
+            _count(environ, "CALDERA_OPENCODE_IDLE_SECONDS", idle_seconds))
+
+
 def _count(environ: Environ, name: str, default: int) -> int:
     raw = environ.get(name)
     if raw in (None, ""):

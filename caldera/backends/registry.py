@@ -29,12 +29,14 @@ DEFAULT_PROFILE = "codex"
 PROFILES = {
     "codex": "caldera.backends.codex.backend:CodexBackend",
     "claude-code": "caldera.backends.claude_code.backend:ClaudeCodeBackend",
+    "opencode": "caldera.backends.opencode.driver:OpenCodeBackend",
 }
 # profile name -> (its binary variable's reader in config, the program's name on PATH):
 # enough to say whether it is installed without importing it or starting a process.
 BINARIES = {
     "codex": (config.codex_binary, "codex"),
     "claude-code": (config.claude_code_binary, "claude"),
+    "opencode": (config.opencode_binary, "opencode"),
 }
 
 

@@ -1,0 +1,343 @@
+"""The agent's OpenCode server with the real CLI: reuse, restart after death (between turns
+and mid-turn), idle stop, two turns at once, a stop during a turn; the providers ClawManager
+gives it (OPENCODE_CONFIG_CONTENT, the gateway variables) and what wins; `caldera turn`;
+containment under strace (no connection off loopback, no file written outside the run's
+dirs and the workspace)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pytest
+from opencode_fake_provider import FakeChatProvider
+from opencode_helpers import (
+    CANARY,
+    KEY_ENV,
+    assert_no_leak,
+    environment,
+    execute,
+    of_type,
+    request,
+    require_opencode,
+    terminal,
+    write_projection,
+)
+
+from caldera.backends import failures as fk
+from caldera.backends.opencode.owner import ServerOwner
+
+ENV_DUMP = {"call": "bash", "args": {"command": f"echo key=${KEY_ENV}; env", "description": "env"}}
+
+
+@pytest.fixture
+def ws(tmp_path):
+    require_opencode()
+    path = tmp_path / "ws"
+    path.mkdir()
+    return path
+
+
+def _wait(predicate: Any, stop: threading.Event | None = None, limit: int = 400) -> bool:
+    """Poll `predicate` every 0.05 s, at most `limit` times (not a timed assertion: a bound)."""
+    tick = stop or threading.Event()
+    for _ in range(limit):
+        if predicate():
+            return True
+        tick.wait(0.05)
+    return bool(predicate())
+
+
+# ---------------------------------------------------------------- the owner
+
+def test_later_turns_reuse_the_server_and_a_dead_one_is_replaced(tmp_path, ws):
+    owner = ServerOwner(tmp_path / "state" / "runs", idle_seconds=600)
+    with FakeChatProvider([{"text": "hi"}]) as provider:
+        env = environment(tmp_path, write_projection(tmp_path, provider.url), owner=owner)
+        try:
+            first = execute(request(ws, run_id="a"), env)[1]
+            pid = owner.server.pid
+            second = execute(request(ws, run_id="b"), env)[1]
+            assert terminal(first)["status"] == terminal(second)["status"] == "completed"
+            assert [d.get("server") for d in of_type(first, "backend_status") if d["phase"] == "ready"] == ["started"]
+            assert [d.get("server") for d in of_type(second, "backend_status") if d["phase"] == "ready"] == ["reused"]
+            assert owner.starts == 1 and owner.server.pid == pid
+            server_dir = owner.server.dir
+            assert oct(server_dir.stat().st_mode & 0o777) == "0o700"
+            os.killpg(pid, signal.SIGKILL)  # dies between turns
+            assert _wait(lambda: not owner.server.alive())
+            third = execute(request(ws, run_id="c"), env)[1]
+            assert terminal(third)["status"] == "completed"
+            assert owner.starts == 2 and owner.server.pid != pid
+            assert not server_dir.exists()  # the dead one's dirs were removed
+        finally:
+            owner.close()
+    assert owner.server is None and not list((tmp_path / "state" / "runs").iterdir())
+
+
+def test_a_server_that_dies_mid_turn_fails_that_turn_and_serves_the_next(tmp_path, ws):
+    owner = ServerOwner(tmp_path / "state" / "runs", idle_seconds=600)
+    with FakeChatProvider([{"stall": 60}]) as provider:
+        env = environment(tmp_path, write_projection(tmp_path, provider.url), owner=owner)
+        box: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: box.update(out=execute(request(ws, run_id="dies"), env)))
+        thread.start()
+        try:
+            assert provider.wait_main(1)
+            os.kill(owner.server.pid, signal.SIGKILL)
+            thread.join(60)
+            assert not thread.is_alive()
+            result, events = box["out"]
+            data = terminal(events)
+            assert data["status"] == "failed" and data["failure_kind"] == fk.BACKEND_FAILED, events
+            assert "OpenCode server" in data["message"]
+            provider.set_script([{"text": "back"}])
+            result, events = execute(request(ws, run_id="after"), env)
+            assert terminal(events)["status"] == "completed" and owner.starts == 2
+        finally:
+            owner.close()
+
+
+def test_an_idle_server_is_stopped_and_the_next_turn_starts_one(tmp_path, ws):
+    owner = ServerOwner(tmp_path / "state" / "runs", idle_seconds=0)
+    with FakeChatProvider([{"text": "hi"}]) as provider:
+        env = environment(tmp_path, write_projection(tmp_path, provider.url), owner=owner)
+        try:
+            assert terminal(execute(request(ws, run_id="a"), env)[1])["status"] == "completed"
+            runs = tmp_path / "state" / "runs"
+            assert _wait(lambda: owner.server is None and not list(runs.iterdir()))
+            assert terminal(execute(request(ws, run_id="b"), env)[1])["status"] == "completed"
+            assert owner.starts == 2
+        finally:
+            owner.close()
+
+
+def test_two_turns_at_once_share_one_server(tmp_path, ws):
+    owner = ServerOwner(tmp_path / "state" / "runs", idle_seconds=600)
+    gate = {"gate": "both", "then": {"text": "together"}}
+    with FakeChatProvider([gate, gate]) as provider:
+        env = environment(tmp_path, write_projection(tmp_path, provider.url), owner=owner)
+        out: dict[str, Any] = {}
+        threads = [threading.Thread(target=lambda rid=rid: out.update({rid: execute(request(ws, run_id=rid), env)}))
+                   for rid in ("one", "two")]
+        try:
+            for thread in threads:
+                thread.start()
+            assert provider.wait_main(2)  # both requests are at the provider at the same time
+            provider.release("both")
+            for thread in threads:
+                thread.join(60)
+            for rid in ("one", "two"):
+                events = out[rid][1]
+                assert terminal(events)["status"] == "completed", events
+                assert [m["text"] for m in of_type(events, "assistant_message")] == ["together"]
+                assert all(e["run_id"] == rid for e in events)
+            assert owner.starts == 1
+        finally:
+            owner.close()
+
+
+def test_a_stop_during_a_turn_ends_it_and_no_new_turn_starts(tmp_path, ws):
+    owner = ServerOwner(tmp_path / "state" / "runs", idle_seconds=600)
+    with FakeChatProvider([{"stall": 60}]) as provider:
+        env = environment(tmp_path, write_projection(tmp_path, provider.url), owner=owner)
+        box: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: box.update(out=execute(request(ws, run_id="stopped"), env)))
+        thread.start()
+        assert provider.wait_main(1)
+        owner.close()
+        thread.join(60)
+        data = terminal(box["out"][1])
+        assert data["status"] == "failed" and data["failure_kind"] == fk.BACKEND_FAILED
+        result, events = execute(request(ws, run_id="later"), env)
+        assert terminal(events)["failure_kind"] == fk.BACKEND_FAILED and "stopping" in terminal(events)["message"]
+    assert not list((tmp_path / "state" / "runs").iterdir())
+
+
+def test_a_changed_projection_restarts_the_server_between_turns(tmp_path, ws):
+    owner = ServerOwner(tmp_path / "state" / "runs", idle_seconds=600)
+    with FakeChatProvider([{"text": "a"}]) as first, FakeChatProvider([{"text": "b"}]) as second:
+        secrets = write_projection(tmp_path, first.url)
+        env = environment(tmp_path, secrets, owner=owner)
+        try:
+            assert terminal(execute(request(ws, run_id="a"), env)[1])["status"] == "completed"
+            write_projection(tmp_path, second.url)
+            events = execute(request(ws, run_id="b"), env)[1]
+            assert [m["text"] for m in of_type(events, "assistant_message")] == ["b"]
+            assert owner.starts == 2 and len(first.main) == 1 and len(second.main) == 1
+        finally:
+            owner.close()
+
+
+# ---------------------------------------------------------------- the providers ClawManager gives
+
+CLAWMANAGER_CONFIG = json.dumps({
+    "$schema": "https://opencode.ai/config.json",
+    "provider": {"clawmanager": {"npm": "@ai-sdk/openai-compatible", "name": "ClawManager",
+                                 "options": {"baseURL": "{env:CLAWMANAGER_LLM_BASE_URL}",
+                                             "apiKey": "{env:CLAWMANAGER_LLM_API_KEY}"},
+                                 "models": {"auto": {"name": "auto"}}}},
+    "model": "clawmanager/auto"})
+
+
+def _gateway_env(url: str, **extra: str) -> dict[str, str]:
+    return dict({"CLAWMANAGER_LLM_BASE_URL": url, "CLAWMANAGER_LLM_API_KEY": CANARY,
+                 "OPENAI_BASE_URL": url, "OPENAI_API_KEY": CANARY, "OPENAI_MODEL": "auto",
+                 "CLAWMANAGER_LLM_MODEL": '["auto","gpt-4.1"]', "CLAWMANAGER_LLM_PROVIDER": "openai-compatible"},
+                **extra)
+
+
+def test_clawmanagers_opencode_config_content_with_the_gateway_token_as_server_password(tmp_path, ws):
+    with FakeChatProvider([ENV_DUMP, {"text": "done"}], model="auto") as provider:
+        env = environment(tmp_path, None, **_gateway_env(provider.url, OPENCODE_CONFIG_CONTENT=CLAWMANAGER_CONFIG,
+                                                          OPENCODE_SERVER_USERNAME="opencode",
+                                                          OPENCODE_SERVER_PASSWORD=CANARY))
+        result, events = execute(request(ws), env)
+        assert terminal(events)["status"] == "completed", events
+        start = of_type(events, "backend_status")[0]
+        assert start["provider_source"] == "opencode-config-content" and start["provider"] == "clawmanager"
+        assert start["model"] == "auto" and start["base_url"] == provider.url
+        assert provider.main[0]["headers"]["authorization"] == f"Bearer {CANARY}"
+        output = of_type(events, "command_output")[0]["output"]
+        assert "CLAWMANAGER_LLM" not in output and "OPENCODE_CONFIG_CONTENT" not in output
+        assert_no_leak(result, events, env, provider)
+        # A model of the catalogue is taken; one outside it is refused, naming the catalogue.
+        provider.set_script([{"text": "other"}])
+        refused = execute(dict(request(ws, run_id="r2"), model="gpt-5-secret-preview"), env)[1]
+        assert terminal(refused)["status"] == "blocked" and "auto, gpt-4.1" in terminal(refused)["message"]
+
+
+def test_the_gateway_variables_build_the_provider_and_the_catalogue_rule_picks_the_model(tmp_path, ws):
+    with FakeChatProvider([{"text": "via gateway"}], model="gpt-4.1") as provider:
+        env = environment(tmp_path, None, **_gateway_env(provider.url))
+        result, events = execute(dict(request(ws), model="gpt-4.1"), env)
+        assert terminal(events)["status"] == "completed", events
+        start = of_type(events, "backend_status")[0]
+        assert start["provider_source"] == "gateway" and start["provider"] == "clawmanager"
+        assert [json.loads(r["body"])["model"] for r in provider.main] == ["gpt-4.1"]
+        assert_no_leak(result, events, env, provider)
+
+
+def test_the_projection_wins_and_a_runtime_opencode_config_content_never_reaches_the_server(tmp_path, ws):
+    with FakeChatProvider([ENV_DUMP, {"text": "done"}]) as mine, \
+            FakeChatProvider([{"text": "no"}], model="auto") as theirs:
+        env = environment(tmp_path, write_projection(tmp_path, mine.url),
+                          **_gateway_env(theirs.url, OPENCODE_CONFIG_CONTENT=CLAWMANAGER_CONFIG))
+        result, events = execute(request(ws), env)
+        assert terminal(events)["status"] == "completed", events
+        assert of_type(events, "backend_status")[0]["provider_source"] == "projection"
+        assert len(mine.main) == 2 and theirs.requests == []
+        assert "OPENCODE_CONFIG_CONTENT" not in of_type(events, "command_output")[0]["output"]
+
+
+# ---------------------------------------------------------------- caldera turn
+
+def test_cli_turn_json_lines_and_no_leak_on_stdout_or_stderr(tmp_path, ws):
+    script = [ENV_DUMP, {"text": f"I will not say {CANARY}"}]
+    with FakeChatProvider(script) as provider:
+        sec = write_projection(tmp_path, provider.url)
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
+               "CALDERA_OPENCODE_BIN": os.environ["CALDERA_OPENCODE_BIN"],
+               "CALDERA_CONFIG_DIR": str(tmp_path / "no-config"), "CALDERA_STATE_DIR": str(tmp_path / "no-state")}
+        proc = subprocess.run(
+            [sys.executable, "-m", "caldera.cli", "turn", "--backend", "opencode", "--workspace", str(ws),
+             "--secrets", str(sec), "--state-dir", str(tmp_path / "state"), "--json", "Run env"],
+            env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert events[-1]["type"] == "terminal_status" and events[-1]["data"]["status"] == "completed"
+    assert of_type(events, "assistant_message")[-1]["text"] == "I will not say [REDACTED]"
+    assert CANARY not in proc.stdout and CANARY not in proc.stderr
+    logs = list((tmp_path / "state" / "logs").glob("run-*.log"))
+    assert len(logs) == 1 and CANARY not in logs[0].read_text()
+    for req in provider.requests:
+        assert CANARY not in req["body"]
+    assert not list((tmp_path / "state" / "runs").iterdir())  # its own server, stopped and removed
+
+
+def test_sigterm_to_caldera_turn_cancels_the_turn_and_stops_its_server(tmp_path, ws):
+    with FakeChatProvider([{"stall": 120}]) as provider:
+        sec = write_projection(tmp_path, provider.url)
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
+               "CALDERA_OPENCODE_BIN": os.environ["CALDERA_OPENCODE_BIN"],
+               "CALDERA_CONFIG_DIR": str(tmp_path / "no-config"), "CALDERA_STATE_DIR": str(tmp_path / "no-state")}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "caldera.cli", "turn", "--backend", "opencode", "--workspace", str(ws),
+             "--secrets", str(sec), "--state-dir", str(tmp_path / "state"), "--json", "wait"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert provider.wait_main(1, timeout=120)
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 1, err
+    last = json.loads(out.splitlines()[-1])
+    assert last["data"]["status"] == "cancelled" and last["data"]["failure_kind"] == fk.CANCELLED
+    assert not list((tmp_path / "state" / "runs").iterdir())
+
+
+def test_a_deadline_while_the_server_starts_is_backend_timeout_and_leaves_nothing(tmp_path, ws):
+    slow = tmp_path / "opencode-slow"  # the real binary, 5 s late: the 1 s deadline falls in its start
+    slow.write_text(f'#!/bin/sh\nsleep 5\nexec "{os.environ["CALDERA_OPENCODE_BIN"]}" "$@"\n')
+    slow.chmod(0o755)
+    with FakeChatProvider([{"text": "never"}]) as provider:
+        env = environment(tmp_path, write_projection(tmp_path, provider.url), binary=str(slow))
+        result, events = execute(request(ws, timeout_seconds=1), env)
+    data = terminal(events)
+    assert data["status"] == "failed" and data["failure_kind"] == fk.BACKEND_TIMEOUT, events
+    assert provider.requests == [] and not list((tmp_path / "state" / "runs").iterdir())
+
+
+# ---------------------------------------------------------------- containment
+
+_CONNECT = re.compile(r'connect\(.*sa_family=(AF_INET6?)\b.*?(?:inet_addr\("([^"]+)"\)|inet_pton\(AF_INET6, "([^"]+)")')
+_CALL = re.compile(r'\b(openat|open|mkdirat|mkdir|unlinkat|unlink|renameat2|renameat|rename)\('
+                   r'(?:(?:AT_FDCWD|\d+)(?:<([^>]*)>)?, )?"([^"]*)"([^)]*)\)')
+
+
+def _written(text: str) -> list[str]:
+    """Paths the trace shows created, opened for writing, renamed or removed (successfully)."""
+    out = []
+    for line in text.splitlines():
+        found = _CALL.search(line)
+        if found is None or "= -1" in line[found.end():]:
+            continue
+        name, base, path, rest = found.groups()
+        if name.startswith("open") and not re.search(r"O_WRONLY|O_RDWR|O_CREAT", rest):
+            continue
+        out.append(os.path.normpath(os.path.join(base or "/", path)))
+    return out
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (apt-get install strace)")
+def test_under_strace_nothing_leaves_loopback_and_nothing_is_written_outside_the_run_dirs(tmp_path, ws):
+    trace = tmp_path / "trace"
+    wrapper = tmp_path / "opencode-traced"
+    wrapper.write_text(f'#!/bin/sh\nexec strace -f -qq -y -e trace=connect,openat,open,mkdir,mkdirat,rename,'
+                       f'renameat,renameat2,unlink,unlinkat -o "{trace}" "{os.environ["CALDERA_OPENCODE_BIN"]}" "$@"\n')
+    wrapper.chmod(0o755)
+    script = [{"call": "bash", "args": {"command": "echo made > made.txt", "description": "x"}}, {"text": "done"}]
+    with FakeChatProvider(script) as provider:
+        env = environment(tmp_path, write_projection(tmp_path, provider.url), binary=str(wrapper))
+        result, events = execute(request(ws, timeout_seconds=120), env)
+    assert terminal(events)["status"] == "completed", events
+    assert (ws / "made.txt").read_text() == "made\n"
+    text = trace.read_text()
+    inet = list(_CONNECT.finditer(text))
+    assert inet and len(inet) == len(re.findall(r"sa_family=AF_INET", text)), "the connect filter is wrong"
+    assert {m.group(2) or m.group(3) for m in inet} <= {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+    runs = str(tmp_path / "state" / "runs")
+    allowed = (runs + "/", str(ws) + "/", "/dev/null", "/dev/tty")
+    written = _written(text)
+    outside = sorted({p for p in written if not p.startswith(allowed)})
+    assert any(p.endswith("/opencode.db") for p in written) and str(ws / "made.txt") in written
+    assert written and outside == [], outside
