@@ -28,7 +28,7 @@ from caldera.backends import failures as fk
 from caldera.backends.events import EVENT_TYPES, EventSink
 
 # also named here (base.capabilities): the daemon imports them from the light registry (see there)
-from caldera.backends.registry import DEFAULT_PROFILE, PROFILES, Refused, capabilities
+from caldera.backends.registry import DEFAULT_PROFILE, PROFILES, BackendServers, Refused, capabilities
 
 if TYPE_CHECKING:
     from caldera.redact import Redactor
@@ -68,6 +68,7 @@ class Environment:
     secrets_dir: str | None = None
     credentials_dir: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # agent.env merged over os.environ
+    servers: BackendServers | None = None  # the daemon's: what a backend keeps between runs (OpenCode's server)
 
 
 class RunContext(Protocol):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from caldera.backends import base, service
 from caldera.backends.events import Listener
 from caldera.backends.poster import EventPoster
-from caldera.backends.registry import ActiveRuns
+from caldera.backends.registry import ActiveRuns, BackendServers
 from caldera.errors import CommandError
 from caldera.protocol.handlers import Call
 
@@ -27,7 +27,8 @@ log = logging.getLogger("caldera.backends")
 class RunCall(Call):
     """What the run commands use: the agent's id, state and secrets dirs, its environment
     as current when the command started, the redactor, the client (None when not
-    connected: events are not posted) and the registry of the runs going on now."""
+    connected: events are not posted), the registry of the runs going on now, and what the
+    backends keep for the agent between runs (OpenCode's server)."""
 
     agent_id: str
     state_dir: Path
@@ -36,6 +37,7 @@ class RunCall(Call):
     redactor: Redactor
     client: ControlPlaneClient | None
     runs: ActiveRuns
+    servers: BackendServers
 
 
 def environment_for(ctx: RunCall) -> base.Environment:
@@ -45,7 +47,7 @@ def environment_for(ctx: RunCall) -> base.Environment:
         redactor=ctx.redactor, logs_dir=str(state / "logs"), runs_dir=str(state / "runs"),
         secrets_dir=str(ctx.secrets_dir),
         credentials_dir=env.get("CREDENTIALS_DIRECTORY") or os.environ.get("CREDENTIALS_DIRECTORY"),
-        env=env)
+        env=env, servers=ctx.servers)
 
 
 def agent_run(ctx: RunCall, payload: dict[str, Any]) -> dict[str, Any]:

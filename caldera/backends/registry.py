@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar, cast
 
 from caldera import config
 from caldera.config import Gateway, gateway_from_env
@@ -127,6 +127,46 @@ def capabilities(env: Mapping[str, str] | None = None) -> list[str]:
     if gateway_settings(env) is not None:
         caps.append("llm.gateway")
     return caps
+
+
+class Held(Protocol):
+    """A part a backend keeps for the agent between runs (OpenCode's server owner)."""
+
+    def close(self) -> None: ...
+
+
+HeldT = TypeVar("HeldT", bound=Held)
+
+
+class BackendServers:
+    """The long-lived parts the backends keep for the agent (OpenCode: the owner of the
+    agent's `opencode serve`), one per profile: made by the backend's own `make(runs_dir)`
+    on its first run (a daemon that never runs that backend imports none of it), held for the
+    agent's life, closed in the stop sequence once the lanes are done, before a restart in
+    place. After `close()`, `get` answers None: a run then keeps its own, for its turn only."""
+
+    def __init__(self, runs_dir: str | os.PathLike[str]) -> None:
+        self.runs_dir = str(runs_dir)
+        self._lock = threading.Lock()
+        self._held: dict[str, Held] = {}
+        self._closed = False
+
+    def get(self, profile: str, make: Callable[[str], HeldT]) -> HeldT | None:
+        with self._lock:
+            if self._closed:
+                return None
+            found = self._held.get(profile)
+            if found is None:
+                found = self._held[profile] = make(self.runs_dir)
+            return cast("HeldT", found)  # made by this profile's own `make`
+
+    def close(self) -> None:
+        """Close every part made (each stops what it holds); idempotent."""
+        with self._lock:
+            self._closed = True
+            held, self._held = list(self._held.values()), {}
+        for part in held:
+            part.close()
 
 
 class LiveRun(Protocol):

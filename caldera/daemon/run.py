@@ -33,7 +33,7 @@ from caldera.daemon.reporter import report_loop
 from caldera.daemon.sender import flush, sender_loop
 from caldera.daemon.signals import Signals
 from caldera.daemon.snapshot import write_snapshot
-from caldera.daemon.wiring import Parts
+from caldera.daemon.wiring import Parts, close_servers
 from caldera.host import proc, sdnotify
 from caldera.host.fsutil import StateLock
 from caldera.skills.watcher import skills_loop
@@ -58,7 +58,8 @@ READY = "READY=1\nWATCHDOG=1"
 # EXTEND_EVERY, then once for what the rest of the stop may take (drain, lanes, budget, exit).
 EXTEND_EVERY = 10.0
 EXTEND_BY = 30.0
-REST_OF_STOP = DRAIN_GRACE + 10.0 + STOP_BUDGET + EXIT_GUARD + 5.0
+SERVERS_STOP = 8.0  # the backends' servers (OpenCode's: TERM, 3 s, KILL, the reap), after the lanes
+REST_OF_STOP = DRAIN_GRACE + 10.0 + SERVERS_STOP + STOP_BUDGET + EXIT_GUARD + 5.0
 
 
 def agent_stop_limit(stop_timeout: float) -> float:
@@ -246,6 +247,7 @@ def _run_connected(parts: Parts, signals: Signals) -> int:
     stop_agent_supervisor(agent)  # the agent first: SIGTERM stops it gracefully (a reload restarts it)
     log.info("stopping: draining (a second signal cancels the running command)")
     _drain(lanes, signals, client.transport.abort)
+    close_servers(parts)  # no run is left to use them; before a restart in place (exec keeps the pid)
     _stop(parts, threads, time.monotonic() + STOP_BUDGET)
     parts.pool.shutdown(wait=False, cancel_futures=True)
     if outcome == REEXEC:

@@ -29,13 +29,14 @@ from caldera import config
 from caldera.backends import failures as fk
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest
 from caldera.backends.events import EVENT_TYPES, EventSink
+from caldera.backends.opencode import confine
 from caldera.backends.opencode import policy as policy_rules
 from caldera.backends.opencode import provider as prov
 from caldera.backends.opencode import server as srv
 from caldera.backends.opencode.forwarder import process_secret
 from caldera.backends.opencode.mapping import TurnMapper, items, obj, retry_kind, turn_outcome
 from caldera.backends.opencode.owner import DEFAULT_IDLE_SECONDS, Lease, ServerOwner
-from caldera.backends.registry import gateway_settings
+from caldera.backends.registry import BINARIES, gateway_settings
 from caldera.errors import ConfigError
 from caldera.host import proc
 
@@ -54,11 +55,13 @@ PLATFORM_PACKAGES = {"x86_64": "opencode-linux-x64", "aarch64": "opencode-linux-
 # ---------------------------------------------------------------- the binary
 
 def find_binary(env: Mapping[str, str]) -> str | None:
-    """CALDERA_OPENCODE_BIN, else `opencode` on PATH (the npm launcher resolved to the native binary)."""
-    explicit = config.opencode_binary(env)
+    """Its variable, else its program on PATH (registry.BINARIES, as `installed` looks for it),
+    the npm launcher resolved to the native binary."""
+    variable, program = BINARIES[prov.PROFILE]
+    explicit = variable(env)
     if explicit:
         return explicit
-    found = shutil.which("opencode", path=env.get("PATH") or DEFAULT_PATH)
+    found = shutil.which(program, path=env.get("PATH") or DEFAULT_PATH)
     return native_for(found) if found else None
 
 
@@ -79,6 +82,16 @@ def native_for(path: str) -> str:
         if os.access(candidate, os.X_OK):
             return str(candidate)
     return path
+
+
+def _writable_roots(env: Mapping[str, str], workspace: str) -> list[str]:
+    """What the agent's commands may write besides the server's dirs: its workspace roots
+    (one server serves every workspace below them), else the run's workspace alone."""
+    real = os.path.realpath(workspace)
+    roots = config.workspace_roots(env)
+    if any(real == os.path.realpath(r) or real.startswith(os.path.realpath(r).rstrip("/") + "/") for r in roots):
+        return roots
+    return [workspace]
 
 
 def read_instructions(workspace: str) -> str | None:
@@ -129,14 +142,13 @@ class OpenCodeContext:
     started: float = field(default_factory=time.monotonic)
 
 
-def owner_of(environment: Environment) -> ServerOwner | None:
-    """The daemon's owner of this agent's OpenCode server. `Environment` has no field for it
-    yet: the lead adds `servers` (anything with `.get(profile)`: a dict, or a holder that
-    makes the owner on first use; docs/backends.md); until then every turn starts a server
-    of its own, as `caldera turn` does."""
-    get = getattr(getattr(environment, "servers", None), "get", None)
-    owner = get("opencode") if callable(get) else None
-    return owner if isinstance(owner, ServerOwner) else None
+def owner_of(environment: Environment, idle_seconds: float) -> ServerOwner | None:
+    """The agent's owner of its OpenCode server, held by the daemon (`Environment.servers`:
+    made by the first OpenCode run, closed in the daemon's stop sequence); None without one
+    (`caldera turn`, or a daemon already stopping): the turn then starts a server of its own."""
+    if environment.servers is None:
+        return None
+    return environment.servers.get(prov.PROFILE, lambda runs_dir: ServerOwner(runs_dir, idle_seconds=idle_seconds))
 
 
 class OpenCodeBackend(Backend[OpenCodeContext]):
@@ -168,28 +180,31 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         for value in spec.secrets:
             redactor.add(value)
         binary = find_binary(env)
-        try:
-            provider, model = prov.choose_model(spec, env, run.model)
-        except prov.ModelRefused as exc:
-            sink.emit("terminal_status", {"status": "blocked", "failure_kind": None, "message": str(exc)})
-            raise fk.BackendFailure(fk.BACKEND_FAILED, str(exc)) from None
-        owner = owner_of(environment)
-        sink.emit("backend_status", {
-            "phase": "starting", "backend": "opencode", "profile": run.backend_profile, "binary": binary,
-            "provider": provider, "model": model, "base_url": spec.base_url(provider),
-            "provider_source": spec.source, "policy": run.policy.as_dict(),
-            "server": "agent" if owner is not None else "turn"})
-        if not binary:
-            raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED,
-                                    "no OpenCode binary: set CALDERA_OPENCODE_BIN or put opencode on PATH")
-        if not os.path.isdir(run.workspace):
-            raise fk.BackendFailure(fk.BACKEND_FAILED, f"workspace {run.workspace} is not a directory")
+        provider, model = prov.choose_model(spec, env, run.model)  # Refused: the run ends blocked
         try:
             retries, idle = config.opencode_settings(env, retries=DEFAULT_MAX_RETRIES,
                                                      idle_seconds=DEFAULT_IDLE_SECONDS)
         except ConfigError as exc:
             raise fk.BackendFailure(fk.BACKEND_FAILED, str(exc)) from None
-        launch = srv.Launch(binary=binary, spec=spec, path=env.get("PATH") or DEFAULT_PATH, tz=env.get("TZ"))
+        owner = owner_of(environment, idle)
+        path = env.get("PATH") or DEFAULT_PATH
+        sandbox = confine.plan(_writable_roots(env, run.workspace), confine.hidden_dirs(
+            environment.secrets_dir, environment.logs_dir, environment.credentials_dir), run.policy.network, path)
+        sink.emit("backend_status", {
+            "phase": "starting", "backend": "opencode", "profile": run.backend_profile, "binary": binary,
+            "provider": provider, "model": model, "base_url": spec.base_url(provider),
+            "provider_source": spec.source, "policy": run.policy.as_dict(),
+            "server": "agent" if owner is not None else "turn",
+            "commands": policy_rules.commands(run.policy, sandbox is not None)})
+        if not binary:
+            raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED,
+                                    "no OpenCode binary: set CALDERA_OPENCODE_BIN or put opencode on PATH")
+        if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+            # said here, before the agent's running server is replaced by one that cannot start
+            raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED, f"cannot start {binary}: not an executable file")
+        if not os.path.isdir(run.workspace):
+            raise fk.BackendFailure(fk.BACKEND_FAILED, f"workspace {run.workspace} is not a directory")
+        launch = srv.Launch(binary=binary, spec=spec, path=path, tz=env.get("TZ"), sandbox=sandbox)
         return OpenCodeContext(
             run=run, environment=environment, sink=sink, launch=launch, provider=provider, model=model,
             owner=owner or ServerOwner(environment.runs_dir, idle_seconds=idle), private_owner=owner is None,
@@ -224,7 +239,8 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
             if time.monotonic() >= limit or not server.alive():
                 raise srv.ServerError("the event stream did not connect")
         session = self._call(context, server, "POST", "/session", {
-            "title": f"caldera run {run.run_id}", "permission": policy_rules.rules(run.policy)})
+            "title": f"caldera run {run.run_id}",
+            "permission": policy_rules.rules(run.policy, context.launch.sandbox is not None)})
         if not isinstance(session, dict) or not isinstance(session.get("id"), str):
             raise fk.BackendFailure(fk.BACKEND_RESPONSE_INVALID, "POST /session answered without a session id")
         context.session_id = session["id"]

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from caldera.backends import failures as fk
+from caldera.backends.opencode.confine import Confinement
 from caldera.backends.opencode.forwarder import Forwarder, process_secret
 from caldera.backends.opencode.provider import ServerSpec
 from caldera.host import jsonlimits, proc
@@ -80,10 +81,11 @@ class Launch:
     spec: ServerSpec
     path: str
     tz: str | None = None
+    sandbox: Confinement | None = None  # its commands' bubblewrap (None: Bash is denied to its turns)
 
     @property
     def fingerprint(self) -> str:
-        return f"{self.binary}\0{self.path}\0{self.tz}\0{self.spec.fingerprint}"
+        return f"{self.binary}\0{self.path}\0{self.tz}\0{self.spec.fingerprint}\0{self.sandbox!r}"
 
 
 def render_config(spec: ServerSpec, forwarder: Forwarder) -> dict[str, Any]:
@@ -154,6 +156,10 @@ class OpenCodeServer:
         os.chmod(self.dir, 0o700)
         for name in DIRS:
             (self.dir / name).mkdir(mode=0o700)
+        if self.launch.sandbox is not None:  # SHELL: OpenCode's Bash runs every command through it
+            (self.dir / "bin").mkdir(mode=0o700)
+            atomic_write_bytes(self.dir / "bin" / "bash", self.launch.sandbox.wrapper(str(self.dir)).encode(),
+                               mode=0o700, durable=False)
 
     def environment(self) -> dict[str, str]:
         d = self.dir
@@ -164,6 +170,8 @@ class OpenCodeServer:
                "OPENCODE_SERVER_PASSWORD": self.password}
         if self.launch.tz:
             env["TZ"] = self.launch.tz
+        if self.launch.sandbox is not None:
+            env["SHELL"] = str(d / "bin" / "bash")
         env.update(OFFLINE_ENV)
         return env
 
