@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "backends"))
 sys.path.insert(0, str(ROOT / "tests" / "backends" / "opencode"))
 
-from opencode_fake_provider import FakeChatProvider  # noqa: E402
+from backends_fake_chat import FakeChat as FakeChatProvider  # noqa: E402
 from opencode_helpers import environment, request, write_projection  # noqa: E402
 
 from caldera.backends import service  # noqa: E402

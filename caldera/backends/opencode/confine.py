@@ -7,9 +7,10 @@ measured on 1.18.33, called as `SHELL -c COMMAND`). The agent's server is starte
 - `/` read-only (`--ro-bind / /`), a fresh `/dev`;
 - writable: the agent's workspace roots (`CALDERA_WORKSPACE_ROOTS`, else the run's
   workspace) and the server's own dir (its HOME and TMPDIR);
-- hidden (an empty tmpfs): the agent's config dir (agent.env, secrets.env, the projection;
-  its config root when it is `<root>/agents/NAME`), its state dir, `$CREDENTIALS_DIRECTORY`;
-  and the server's `opencode.json` (the forwarder's routes and placeholders), `server.json`;
+- hidden (an empty tmpfs, /dev/null for a file): the agent's config dir (agent.env, secrets.env,
+  the projection; its config root when it is `<root>/agents/NAME`), its state dir,
+  `$CREDENTIALS_DIRECTORY`, and the server's `opencode.json` (the forwarder's routes and
+  placeholders) and `server.json`;
 - `OPENCODE_SERVER_PASSWORD` (and the username) unset: a command cannot use the server's API;
 - `network: false`: `--unshare-net`, a command reaches nothing, not even the host's loopback
   (the forwarder, the server).
@@ -43,22 +44,20 @@ class Confinement:
     bwrap: str
     shell: str  # the real bash
     writable: tuple[str, ...]
-    hidden: tuple[str, ...]
+    hidden: tuple[str, ...]  # dirs (an empty tmpfs) and files (/dev/null) a command must not read
     network: bool
 
     def argv(self, server_dir: str) -> list[str]:
-        """bwrap's arguments up to the shell (the wrapper adds the shell's own)."""
+        """bwrap's arguments up to the shell (the wrapper adds the shell's own). In order: `/`
+        read-only; the hidden paths; the workspace roots writable; a hidden path inside a
+        root hidden again (its bind uncovered it; one that holds a root stays hidden around
+        it); the server's dir writable, its config and pid file hidden (there once it runs)."""
         server_dir = os.path.realpath(server_dir)
-        writable = (*self.writable, server_dir)
-        args = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--die-with-parent"]
-        for path in self.hidden:
-            args += ["--tmpfs", path]
-        for path in writable:
+        args = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--die-with-parent", *_hide(self.hidden)]
+        for path in self.writable:
             args += ["--bind", path, path]
-        # a hidden dir inside a writable one was uncovered again by its bind: hidden once more
-        for path in self.hidden:
-            if any(_below(path, root) for root in writable):
-                args += ["--tmpfs", path]
+        args += _hide([p for p in self.hidden if any(_inside(p, root) for root in self.writable)])
+        args += ["--bind", server_dir, server_dir]
         for name in HIDDEN_FILES:
             args += ["--ro-bind", "/dev/null", os.path.join(server_dir, name)]
         for name in UNSET:
@@ -72,23 +71,38 @@ class Confinement:
         return "#!/bin/sh\nexec " + " ".join(shlex.quote(a) for a in self.argv(server_dir)) + ' "$@"\n'
 
 
-def _below(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
+def _hide(paths: Iterable[str]) -> list[str]:
+    """What hides `paths` as they are when the server starts (one not there yet: nothing)."""
+    args: list[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            args += ["--tmpfs", path]
+        elif os.path.lexists(path):
+            args += ["--ro-bind", "/dev/null", path]
+    return args
 
 
-def hidden_dirs(secrets_dir: str | None, logs_dir: str, credentials_dir: str | None) -> list[str]:
-    """The runtime's own dirs an agent's command must not read: the agent's config dir (the
-    projection's parent when it is `secrets/`; its root when that is `<root>/agents/NAME`), its
-    state dir (the parent of `logs/`), `$CREDENTIALS_DIRECTORY`; real paths, those that exist."""
-    found: list[str] = []
+def _inside(path: str, root: str) -> bool:
+    return path.startswith(root.rstrip("/") + "/")
+
+
+def private_paths(secrets_dir: str | None, state_dir: str, credentials_dir: str | None) -> list[str]:
+    """The runtime's own files an agent's command must not read: the agent's config dir (the
+    projection's parent when it is `secrets/`, its root when that is `<root>/agents/NAME`:
+    agent.env, secrets.env, the projection), its state dir (logs, session.json, the journal),
+    `$CREDENTIALS_DIRECTORY`; and each secret within them on its own, so that it stays hidden
+    where a workspace root holds the dir. Real paths, there or not (the same for every run of
+    the agent: they are part of its server's launch; the wrapper hides those that are there)."""
+    found = [state_dir, os.path.join(state_dir, "logs"), os.path.join(state_dir, "session.json")]
     if secrets_dir:
         secrets = Path(os.path.abspath(secrets_dir))
         config = secrets.parent if secrets.name == "secrets" else secrets
-        found.append(str(config.parent.parent if config.parent.name == "agents" else config))
-    found.append(os.path.dirname(os.path.abspath(logs_dir)))
+        found += [str(secrets), str(config / "secrets.env"), str(config / "agent.env"), str(config)]
+        if config.parent.name == "agents":
+            found.append(str(config.parent.parent))
     if credentials_dir:
         found.append(credentials_dir)
-    real = {os.path.realpath(p) for p in found if os.path.isdir(p)}
+    real = {os.path.realpath(p) for p in found}
     return sorted(p for p in real if p != "/")
 
 

@@ -188,8 +188,9 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
             raise fk.BackendFailure(fk.BACKEND_FAILED, str(exc)) from None
         owner = owner_of(environment, idle)
         path = env.get("PATH") or DEFAULT_PATH
-        sandbox = confine.plan(_writable_roots(env, run.workspace), confine.hidden_dirs(
-            environment.secrets_dir, environment.logs_dir, environment.credentials_dir), run.policy.network, path)
+        state_dir = os.path.dirname(owner.runs_dir if owner is not None else os.path.abspath(environment.runs_dir))
+        hidden = confine.private_paths(environment.secrets_dir, state_dir, environment.credentials_dir)
+        sandbox = confine.plan(_writable_roots(env, run.workspace), hidden, run.policy.network, path)
         sink.emit("backend_status", {
             "phase": "starting", "backend": "opencode", "profile": run.backend_profile, "binary": binary,
             "provider": provider, "model": model, "base_url": spec.base_url(provider),
@@ -276,9 +277,13 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
             if kind == "end":
                 return self._server_gone(context, server, item)
             self._log(context, "s2c", item[1])
-            if kind == "bad":
-                self._note(context, f"an event was not usable: {item[0]}")
-                continue
+            if kind in ("bad", "invalid"):
+                # a garbled stream cannot be followed any more (as Codex's stdout): the turn ends
+                # with its kind, and the server that sent it is not trusted with another turn
+                failure = fk.BACKEND_JSON_PARSE_ERROR if kind == "bad" else fk.BACKEND_RESPONSE_INVALID
+                context.poison = True
+                self._abort(context, server, "failure", (failure, f"OpenCode's event stream: {item[0]}"))
+                return self._finish(context)
             action = mapper.handle(item[0])
             if action is not None:
                 self._act(context, server, action)

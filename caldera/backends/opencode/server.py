@@ -334,7 +334,9 @@ class Stopped(Exception):
 
 class EventStream:
     """`GET /event` (SSE) of one directory, read by its own thread into a bounded queue:
-    items ("event", (dict, raw text)), ("bad", (reason, raw text)) and, last, ("end", reason).
+    items ("event", (dict, raw text)), ("bad", (reason, raw text)) for data that is not JSON,
+    ("invalid", (reason, raw text)) for an event without its `type` and `properties`, and,
+    last, ("end", reason).
     Token deltas and heartbeats are dropped unparsed (the whole part follows)."""
 
     def __init__(self, port: int, path: str, headers: Mapping[str, str]):
@@ -377,12 +379,13 @@ class EventStream:
                 except ValueError as exc:
                     self._put(("bad", (str(exc), text)))
                     continue
-                if isinstance(event, dict):
-                    if event.get("type") == "server.connected":
-                        self.connected.set()
-                    self._put(("event", (event, text)))
-                else:
-                    self._put(("bad", ("an event that is not a JSON object", text)))
+                problem = _malformed(event)
+                if problem is not None:
+                    self._put(("invalid", (problem, text)))
+                    continue
+                if event.get("type") == "server.connected":
+                    self.connected.set()
+                self._put(("event", (event, text)))
         except Exception as exc:  # noqa: BLE001 - any end of the stream is reported as its end
             if not self._closed.is_set():
                 reason = f"the OpenCode server's event stream broke ({type(exc).__name__})"
@@ -413,6 +416,17 @@ class EventStream:
                 pass  # already gone
         if self._thread.is_alive():
             self._thread.join(2.0)
+
+
+def _malformed(event: Any) -> str | None:
+    """Why `event` is not an OpenCode event (`{type: str, properties: object}`), else None."""
+    if not isinstance(event, dict):
+        return "an event that is not a JSON object"
+    if not isinstance(event.get("type"), str):
+        return "an event without a type"
+    if not isinstance(event.get("properties"), dict):
+        return f"a {event['type'][:100]} event without properties"
+    return None
 
 
 def _descendant_groups(root: int) -> set[int]:

@@ -1,18 +1,18 @@
-"""Shared pieces of the OpenCode tests: the real binary, projections, environments and a
-`Harness` that runs one turn the way a contract-test scenario does (configure the fake
-provider, `service.execute`, the events and the finish result)."""
+"""Shared pieces of the OpenCode-only tests (the contract suite, test_backends_contract.py,
+runs the scenarios every backend shares): the real binary, projections, environments."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from backends_helpers import everything_text
 
-from caldera.backends import base, service
+from caldera.backends import base
 from caldera.backends.opencode.owner import ServerOwner
+from caldera.backends.registry import BackendServers
 from caldera.redact import Redactor
 
 OPENCODE_BIN = os.environ.get("CALDERA_OPENCODE_BIN")
@@ -28,12 +28,6 @@ def require_opencode() -> str:
     if os.environ.get("CALDERA_REQUIRE_OPENCODE") == "1":
         pytest.fail(reason)
     pytest.skip(reason)
-
-
-@dataclasses.dataclass(frozen=True)
-class OwnedEnvironment(base.Environment):
-    """An Environment with the daemon-owned servers (the field the lead adds to base.Environment)."""
-    servers: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def opencode_json(base_url: str, model: str = "fake-model", key_ref: str = f"{{env:{KEY_ENV}}}",
@@ -54,33 +48,27 @@ def write_projection(root: Path, base_url: str, key: str | None = CANARY, config
     return root / "secrets"
 
 
+def held(owner: ServerOwner) -> BackendServers:
+    """The daemon's holder with `owner` in it, as the agent's first OpenCode run makes it."""
+    servers = BackendServers(owner.runs_dir)
+    servers.get("opencode", lambda runs_dir: owner)
+    return servers
+
+
 def environment(tmp: Path, secrets: Path | None, owner: ServerOwner | None = None, binary: str | None = None,
                 **env: str) -> base.Environment:
     full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     if binary or OPENCODE_BIN:
         full["CALDERA_OPENCODE_BIN"] = binary or str(OPENCODE_BIN)
     full.update(env)
-    kwargs: dict[str, Any] = dict(redactor=Redactor(), logs_dir=str(tmp / "state" / "logs"),
-                                  runs_dir=str(tmp / "state" / "runs"),
-                                  secrets_dir=str(secrets) if secrets else None, env=full)
-    if owner is not None:
-        return OwnedEnvironment(servers={"opencode": owner}, **kwargs)
-    return base.Environment(**kwargs)
+    return base.Environment(redactor=Redactor(), logs_dir=str(tmp / "state" / "logs"),
+                            runs_dir=str(tmp / "state" / "runs"), secrets_dir=str(secrets) if secrets else None,
+                            env=full, servers=held(owner) if owner is not None else None)
 
 
 def request(ws: Path, run_id: str = "run-1", prompt: str = "Say hello", **policy: Any) -> dict[str, Any]:
     return {"run_id": run_id, "prompt": prompt, "workspace": str(ws), "backend_profile": "opencode",
             "execution_policy": dict({"timeout_seconds": 60}, **policy)}
-
-
-def execute(req: dict[str, Any], env: base.Environment, **kwargs: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    seen: list[dict[str, Any]] = []
-    result = service.execute(req, env, roots=None, listeners=[seen.append], **kwargs)
-    return result, seen
-
-
-def of_type(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [e["data"] for e in events if e["type"] == kind]
 
 
 def terminal(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -89,12 +77,7 @@ def terminal(events: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def phases(events: list[dict[str, Any]]) -> list[str]:
-    return [d["phase"] for d in of_type(events, "backend_status")]
-
-
-def everything_text(result: dict[str, Any], events: list[dict[str, Any]], env: base.Environment) -> str:
-    """Every byte a run put out: events, finish result, run log."""
-    return "\n".join([json.dumps(events), json.dumps(result), Path(result["log"]).read_text()])
+    return [e["data"]["phase"] for e in events if e["type"] == "backend_status"]
 
 
 def assert_no_leak(result: dict[str, Any], events: list[dict[str, Any]], env: base.Environment,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opencode_fake_provider import FakeChatProvider
+from backends_fake_chat import FakeChat as FakeChatProvider
 from opencode_helpers import CANARY, KEY_ENV, opencode_json, write_projection
 
 from caldera.backends import base

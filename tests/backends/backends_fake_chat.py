@@ -1,26 +1,27 @@
-"""A fake OpenAI-compatible chat-completions provider on 127.0.0.1 for the real-OpenCode tests.
+"""A fake OpenAI-compatible chat-completions provider on 127.0.0.1 (OpenCode's wire): the
+Responses-API fake (backends_fake_provider.FakeProvider) with another answer's shape.
 
-`FakeChatProvider(script)` answers the n-th `POST /v1/chat/completions` for the main model
-with `script[n]` (the last entry repeats); a request for any other model (OpenCode's small
-model: session titles, summaries) gets a short text and consumes nothing. Entries:
-    {"text": "..."}                               an assistant message, streamed as SSE deltas
+`FakeChat(script)` answers the n-th `POST .../chat/completions` for its model with
+`script[n]` (the last entry repeats); a request for any other model gets a short text and
+consumes nothing. Entries, beside FakeProvider's {"status"}, {"cut"} and {"stall"}:
+    {"text": "..."}                               an assistant message, streamed in 16-character deltas
     {"call": "bash", "args": {...}}               one tool call (finish_reason "tool_calls")
-    {"status": 503, "body": {...}, "headers": {}} an HTTP error
-    {"cut": True}                                 headers + one chunk, then the connection drops
-    {"stall": 30}                                 headers, then silence for N seconds (or until close)
     {"raw": "...", "type": "text/html"}           a 200 answer with this body (a gateway that lies)
     {"gate": "name", "then": {...}}               wait until `release("name")`, then answer as `then`
-Streams carry `usage` in a last chunk when the request asks `stream_options.include_usage`.
-Every request is recorded (method, path, headers, body, model) for the leak checks.
+A stream carries `usage` in a last chunk when the request asks `stream_options.include_usage`.
+`posts` are the requests for its model; `scenario(script)` is a view of one scenario's on a
+provider that serves many (the contract suite's shared OpenCode server keeps one URL).
 """
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import contextmanager
 from typing import Any
+
+from backends_fake_provider import FakeProvider
+from backends_fake_provider import _Handler as ResponsesHandler
 
 MAIN_MODEL = "fake-model"
 
@@ -56,27 +57,17 @@ def stream(entry: dict[str, Any], n: int, model: str, include_usage: bool) -> li
     return out
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _Server
-
-    def log_message(self, *args: Any) -> None:  # quiet
-        pass
-
-    def do_GET(self) -> None:
-        self.server.provider.record(self, b"")
-        self._json(404, {"error": {"message": "not here"}})
-
+class _ChatHandler(ResponsesHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        entry, n, request = self.server.provider.record(self, body)
+        provider: FakeChat = self.server.provider  # type: ignore[attr-defined]
+        entry, n, request = provider.record_chat(self, body)
         if "gate" in entry:
-            self.server.provider.wait_gate(entry["gate"])
+            provider.wait_gate(entry["gate"])
             entry = entry.get("then") or {"text": "after the gate"}
         if "status" in entry:
-            return self._json(entry["status"], entry.get("body") or {"error": {"message": f"HTTP {entry['status']}"}},
-                              entry.get("headers"))
+            return self._error(entry)
         model = request.get("model") or MAIN_MODEL
         if "raw" in entry:
             raw = entry["raw"].encode()
@@ -86,57 +77,21 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(raw)
             return
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
         if entry.get("cut") or entry.get("stall"):
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(_chunk(n, model, {"role": "assistant", "content": ""}))
-            self.wfile.flush()
-            if entry.get("stall"):
-                self.server.provider.stop.wait(entry["stall"])
-            self.close_connection = True
-            try:
-                self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            return
+            return self.drop_after(_chunk(n, model, {"role": "assistant", "content": ""}), entry)
         include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
-        payload = b"".join(stream(entry, n, model, include_usage))
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def _json(self, status: int, doc: Any, headers: dict[str, str] | None = None) -> None:
-        raw = json.dumps(doc).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
+        self.send_stream(b"".join(stream(entry, n, model, include_usage)))
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    provider: FakeChatProvider
+class FakeChat(FakeProvider):
+    handler = _ChatHandler
 
-
-class FakeChatProvider:
     def __init__(self, script: list[dict[str, Any]], model: str = MAIN_MODEL):
-        self.script = list(script)
+        super().__init__(script)
         self.model = model
-        self.requests: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
         self.arrived = threading.Condition(self.lock)
         self._gates: dict[str, threading.Event] = {}
-        self.httpd = _Server(("127.0.0.1", 0), _Handler)
-        self.httpd.provider = self
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
+        self._offset = 0  # main-model requests before the current script
 
     @property
     def url(self) -> str:
@@ -146,28 +101,29 @@ class FakeChatProvider:
         """A new script from the next main-model request on (one provider, several turns)."""
         with self.lock:
             self.script = list(script)
-            self._offset = len(self.main)
+            self._offset = len(self.posts)
 
-    _offset = 0
-
-    def record(self, handler: BaseHTTPRequestHandler, body: bytes) -> tuple[dict[str, Any], int, dict[str, Any]]:
+    def record_chat(self, handler: Any, body: bytes) -> tuple[dict[str, Any], int, dict[str, Any]]:
         try:
             request = json.loads(body) if body else {}
         except ValueError:
             request = {}
-        if not isinstance(request, dict):
-            request = {}
+        request = request if isinstance(request, dict) else {}
         with self.lock:
-            n = len(self.main) - self._offset
-            main = handler.command == "POST" and request.get("model") == self.model
-            self.requests.append({"method": handler.command, "path": handler.path, "main": main,
-                                  "model": request.get("model"),
+            n = len(self.posts) - self._offset
+            self.requests.append({"method": handler.command, "path": handler.path, "model": request.get("model"),
                                   "headers": {k.lower(): v for k, v in handler.headers.items()},
                                   "body": body.decode("utf-8", "replace"), "at": time.monotonic()})
             self.arrived.notify_all()
-            if not main:
-                return ({"text": "A title"} if handler.command == "POST" else {}), n, request
+            if request.get("model") != self.model:
+                return {"text": "A title"}, n, request
             return self.script[min(n, len(self.script) - 1)], n, request
+
+    @property
+    def posts(self) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r["method"] == "POST" and r.get("model") == self.model]
+
+    main = posts  # the OpenCode tests' name for them
 
     def _gate(self, name: str) -> threading.Event:
         with self.lock:
@@ -185,22 +141,32 @@ class FakeChatProvider:
         """Block until `count` main-model requests have arrived (for the interrupt tests)."""
         end = time.monotonic() + timeout
         with self.lock:
-            while len(self.main) < count:
+            while len(self.posts) < count:
                 left = end - time.monotonic()
                 if left <= 0:
                     return False
                 self.arrived.wait(left)
             return True
 
+    @contextmanager
+    def scenario(self, script: list[dict[str, Any]]) -> Any:
+        """This provider for one scenario: `script` from its next request on, and a view whose
+        `requests` and `posts` are that scenario's only."""
+        with self.lock:
+            start = len(self.requests)
+        self.set_script(script)
+        yield _View(self, start)
+
+
+class _View:
+    def __init__(self, provider: FakeChat, start: int):
+        self._provider, self._start = provider, start
+        self.url = provider.url
+
     @property
-    def main(self) -> list[dict[str, Any]]:
-        return [r for r in self.requests if r["main"]]
+    def requests(self) -> list[dict[str, Any]]:
+        return self._provider.requests[self._start:]
 
-    def __enter__(self) -> FakeChatProvider:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    @property
+    def posts(self) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r["method"] == "POST" and r.get("model") == self._provider.model]
