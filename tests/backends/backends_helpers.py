@@ -108,7 +108,7 @@ def fake_ctx(runtime, cancel=None, deadline=0.0, command=None):
     from caldera.backends.commands import RunCall
 
     return command_context(RunCall, "agent_run", command=command, cancel=cancel or threading.Event(),
-                           deadline=deadline, agent_id=runtime.agent_id, state_dir=runtime.paths.state_dir,
-                           secrets_dir=runtime.paths.secrets_dir, env=runtime.settings.env,
+                           deadline=deadline, agent_id=runtime.agent_id, paths=runtime.paths,
+                           env=runtime.settings.env,
                            redactor=runtime.redactor, client=runtime.client, runs=runtime.runs,
                            servers=runtime.servers)

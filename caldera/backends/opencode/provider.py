@@ -29,9 +29,12 @@ from caldera.backends import failures as fk
 from caldera.backends.projection import ENV_NAME_RE, MAX_SECRET_FILE_BYTES, Projection
 from caldera.backends.registry import Refused
 from caldera.config import Gateway, gateway_from_env
+from caldera.errors import Refused as ModelRefused
 from caldera.host import jsonlimits
+from caldera.protocol.llm import EXTERNAL, GATEWAY, LLMConfig, gateway_config, same_endpoint
 
 PROFILE = "opencode"
+LLM_SOURCE = "backend opencode"
 GATEWAY_PROVIDER = "clawmanager"
 GATEWAY_NPM = "@ai-sdk/openai-compatible"
 _ENV_REF = re.compile(r"\{env:([^}]*)\}")
@@ -258,3 +261,35 @@ def choose_model(spec: ServerSpec, environ: Mapping[str, str], requested: str | 
     bare = _model_id(requested, pid) if requested else None
     chosen = Gateway(environ).model_for(bare) or spec.default_model.split("/", 1)[1]
     return pid, _model_id(chosen, pid)
+
+
+# ---------------------------------------------------------------- the state report
+
+def llm_config(environ: Mapping[str, str], secrets_dir: str | None = None,
+               credentials_dir: str | None = None) -> LLMConfig | None:
+    """What an OpenCode run gets to reach a model (registry.LLM_SOURCES): `gateway` when it is
+    the platform's AI gateway (the gateway variables; ClawManager's OPENCODE_CONFIG_CONTENT or a
+    projection whose provider's base URL is the gateway's), `external` for a provider of its own
+    (one the projection names but that cannot be used is one all the same); None with neither.
+    Never a key: the base URL without credentials, the config's secrets hidden from it."""
+    gateway = gateway_from_env(environ)
+    projection = Projection.locate(secrets_dir, credentials_dir, backend=PROFILE)
+    try:
+        spec = plan_server(environ, secrets_dir, credentials_dir)
+        provider, model = choose_model(spec, environ, None)
+    except (fk.BackendFailure, Refused, ModelRefused):
+        if _is_projected(projection):
+            return LLMConfig(LLM_SOURCE, EXTERNAL)
+        return gateway_config(gateway, LLM_SOURCE) if gateway is not None else None
+    if spec.source == "gateway" and gateway is not None:
+        return gateway_config(gateway, LLM_SOURCE, model)
+    base_url = spec.providers[provider].get("options", {}).get("baseURL")
+    status = GATEWAY if gateway is not None and same_endpoint(base_url, gateway.base_url) else EXTERNAL
+    return LLMConfig(LLM_SOURCE, status, base_url, provider, model, hide=spec.secrets)
+
+
+def _is_projected(projection: Projection) -> bool:
+    try:
+        return projection.read("opencode.json") is not None or bool(projection.env_names())
+    except fk.BackendFailure:
+        return True  # there, but not readable: projected all the same

@@ -17,14 +17,17 @@ import pytest
 from backends_fake_chat import FakeChat as FakeChatProvider
 from opencode_helpers import CANARY, KEY_ENV, opencode_json, write_projection
 
-from caldera.backends import base
+from caldera import errors
+from caldera.backends import base, registry
 from caldera.backends import failures as fk
 from caldera.backends.base import Policy
 from caldera.backends.events import EventSink
-from caldera.backends.opencode import driver, policy, provider, server
+from caldera.backends.opencode import confine, driver, policy, provider, server
 from caldera.backends.opencode.forwarder import Forwarder, Upstream
 from caldera.backends.opencode.mapping import TurnMapper, classify_error, retry_kind, turn_outcome
 from caldera.backends.opencode.owner import ServerOwner
+from caldera.backends.registry import Refused
+from caldera.protocol.llm import EXTERNAL, GATEWAY
 from caldera.redact import Redactor
 
 # ---------------------------------------------------------------- provider and model
@@ -82,7 +85,7 @@ def test_clawmanager_config_content_takes_its_values_from_the_runtime_environmen
     assert spec.models("clawmanager") == ["auto", "gpt-4.1"] and spec.catalogue == ("auto", "gpt-4.1")
     assert provider.choose_model(spec, environ, None) == ("clawmanager", "auto")
     assert provider.choose_model(spec, environ, "clawmanager/gpt-4.1") == ("clawmanager", "gpt-4.1")
-    with pytest.raises(provider.ModelRefused, match="auto, gpt-4.1"):
+    with pytest.raises(errors.Refused, match="auto, gpt-4.1"):  # config.Gateway's rule: the run is blocked
         provider.choose_model(spec, environ, "gpt-5")
     without = dict(environ)
     del without["CLAWMANAGER_LLM_BASE_URL"]
@@ -101,32 +104,27 @@ def test_the_gateway_variables_build_a_provider_and_nothing_at_all_is_secret_una
     assert err.value.kind == fk.SECRET_UNAVAILABLE and "CLAWMANAGER_LLM_BASE_URL" in err.value.message
 
 
-@pytest.mark.parametrize("environ,requested,expected", [
-    ({"CLAWMANAGER_LLM_MODEL": '["auto","gpt-4.1"]', "OPENAI_MODEL": "auto"}, "gpt-4.1", "gpt-4.1"),
-    ({"CLAWMANAGER_LLM_MODEL": '["auto","gpt-4.1"]', "OPENAI_MODEL": "gpt-4.1"}, None, "gpt-4.1"),
-    ({"CLAWMANAGER_LLM_MODEL": '["auto","gpt-4.1"]'}, None, "auto"),
-    ({}, "anything", "anything"),
-    ({"OPENAI_MODEL": "auto"}, None, "auto"),
-    ({}, None, None),
-    ({"CLAWMANAGER_LLM_MODEL": "gpt-4.1"}, None, "gpt-4.1"),  # not JSON: a one-model catalogue
-])
-def test_the_gateway_model_rule(environ, requested, expected):
-    assert provider.gateway_model(environ, requested) == expected
-
-
-def test_the_gateway_model_rule_refuses_outside_the_catalogue_and_a_bad_catalogue():
-    with pytest.raises(provider.ModelRefused) as err:
-        provider.gateway_model({"CLAWMANAGER_LLM_MODEL": '["auto","gpt-4.1"]'}, "o3")
-    assert "'o3'" in str(err.value) and "CLAWMANAGER_LLM_MODEL: auto, gpt-4.1" in str(err.value)
-    with pytest.raises(fk.BackendFailure, match="JSON list"):
-        provider.gateway_model({"CLAWMANAGER_LLM_MODEL": '["auto", 3]'}, None)
+def test_the_gateway_model_rule_is_configs_and_a_catalogue_that_is_no_json_list_is_ignored():
+    """The model of a run on the gateway is config.Gateway's (issue 34): a CLAWMANAGER_LLM_MODEL
+    that is not a JSON list is no catalogue (it was a one-model catalogue in OpenCode's copy)."""
+    environ = {"CLAWMANAGER_LLM_BASE_URL": "https://gw.example/v1", "CLAWMANAGER_LLM_API_KEY": "gw-token-123456",
+               "CLAWMANAGER_LLM_MODEL": "gpt-4.1"}
+    spec = provider.plan_server(environ, None, None, requested_model="o3")
+    assert spec.catalogue is None and provider.choose_model(spec, environ, "o3") == ("clawmanager", "o3")
+    listed = dict(environ, CLAWMANAGER_LLM_MODEL='["auto","gpt-4.1"]', OPENAI_MODEL="gpt-4.1")
+    spec = provider.plan_server(listed, None, None)
+    assert provider.choose_model(spec, listed, None) == ("clawmanager", "gpt-4.1")
+    with pytest.raises(errors.Refused) as err:
+        provider.choose_model(spec, listed, "o3")
+    assert str(err.value) == ("model 'o3' is not in the AI gateway's catalogue (CLAWMANAGER_LLM_MODEL: "
+                              "auto, gpt-4.1)")
 
 
 def test_a_projection_model_must_be_one_it_declares(tmp_path):
     spec = provider.plan_server({}, str(write_projection(tmp_path, "http://127.0.0.1:9/v1")), None)
     assert provider.choose_model(spec, {}, None) == ("fake", "fake-model")
     assert provider.choose_model(spec, {}, "fake/fake-model") == ("fake", "fake-model")
-    with pytest.raises(provider.ModelRefused, match="fake-model"):
+    with pytest.raises(Refused, match="fake-model"):  # the run is blocked
         provider.choose_model(spec, {}, "gpt-4.1")
 
 
@@ -240,18 +238,54 @@ def test_cutting_a_session_ends_its_request_on_a_silent_provider():
 
 # ---------------------------------------------------------------- policy
 
-@pytest.mark.parametrize("pol,denied,asked", [
-    (Policy(60), {"question", "task", "webfetch", "websearch", "codesearch"}, set()),
-    (Policy(60, network=True), {"question", "task"}, set()),
-    (Policy(60, sandbox="read-only"),
+@pytest.mark.parametrize("pol,confined,denied,asked", [
+    (Policy(60), True, {"question", "task", "webfetch", "websearch", "codesearch"}, set()),
+    (Policy(60), False, {"question", "task", "bash", "webfetch", "websearch", "codesearch"}, set()),
+    (Policy(60, network=True), True, {"question", "task"}, set()),
+    (Policy(60, network=True), False, {"question", "task", "bash"}, set()),
+    (Policy(60, sandbox="read-only"), True,
      {"question", "task", "edit", "bash", "webfetch", "websearch", "codesearch"}, set()),
-    (Policy(60, sandbox="read-only", approval="on-request", network=True), {"question", "task"}, {"edit", "bash"}),
-])
-def test_policy_rules(pol, denied, asked):
-    rules = policy.rules(pol)
+    (Policy(60, sandbox="read-only", approval="on-request", network=True), True, {"question", "task"},
+     {"edit", "bash"}),
+    (Policy(60, sandbox="read-only", approval="on-request", network=True), False, {"question", "task", "bash"},
+     {"edit"}),
+], ids=["default", "default-unconfined", "network", "network-unconfined", "read-only", "read-only-asks",
+        "read-only-asks-unconfined"])
+def test_policy_rules(pol, confined, denied, asked):
+    rules = policy.rules(pol, confined)
     assert {r["permission"] for r in rules if r["action"] == "deny"} == denied
     assert {r["permission"] for r in rules if r["action"] == "ask"} == asked
     assert all(r["pattern"] == "*" for r in rules)
+
+
+def test_without_bubblewrap_nothing_confines_commands(tmp_path):
+    (tmp_path / "bash").symlink_to("/bin/bash")
+    (tmp_path / "true").symlink_to("/bin/true")  # no bwrap on this PATH
+    assert confine.plan([str(tmp_path)], [], False, str(tmp_path)) is None
+    assert "denied" in policy.commands(Policy(60), confined=False)
+
+
+def test_the_sandbox_hides_the_runtimes_paths_and_keeps_roots_and_the_server_dir_writable(tmp_path):
+    agents = tmp_path / "etc" / "agents" / "a1"
+    (agents / "secrets").mkdir(parents=True)
+    (agents / "secrets.env").write_text("CALDERA_TOKEN=x\n")
+    state = tmp_path / "var" / "a1"
+    (state / "runs").mkdir(parents=True)
+    hidden = confine.private_paths(str(agents / "secrets"), str(state), None)
+    assert {str(tmp_path / "etc"), str(agents / "secrets"), str(agents / "secrets.env"), str(state)} <= set(hidden)
+    box = confine.Confinement(bwrap="/usr/bin/bwrap", shell="/bin/bash", writable=(str(tmp_path / "var"),),
+                              hidden=tuple(hidden), network=False)
+    server_dir = str(state / "runs" / ".opencode-x")
+    argv = box.argv(server_dir)
+    ro = argv.index("--ro-bind")
+    root = argv.index(str(tmp_path / "var"))
+    again = [i for i, a in enumerate(argv) if a == str(state) and argv[i - 1] == "--tmpfs"]
+    server = [i for i, a in enumerate(argv) if a == server_dir and argv[i - 1] == "--bind"]
+    assert ro < again[0] < root < again[1] < server[0]  # hidden; the root writable; hidden again; the server's dir
+    assert "--unshare-net" in argv and argv[argv.index("--") + 1] == "/bin/bash"
+    assert ["--ro-bind", "/dev/null", f"{server_dir}/opencode.json"] == argv[server[0] + 2:server[0] + 5]
+    networked = confine.Confinement(box.bwrap, box.shell, box.writable, box.hidden, network=True)
+    assert "--unshare-net" not in networked.argv(server_dir)
 
 
 # ---------------------------------------------------------------- failure kinds
@@ -591,4 +625,54 @@ def test_the_profile_reports_its_capability_and_version_without_touching_home(tm
     with_content = dict(env, OPENCODE_CONFIG_CONTENT="{}")
     assert driver.OpenCodeBackend().resolve_profile("opencode", env=with_content)["llm_gateway"]
     assert "backend.opencode" in base.capabilities(env)
-    assert [b["name"] for b in base.describe(env)["backends"]] == ["codex", "opencode"]
+    assert [b["name"] for b in base.describe(env)["backends"]] == ["codex", "claude-code", "opencode"]
+
+
+# ---------------------------------------------------------------- the state report (issue 34)
+
+GATEWAY_URL = "http://clawmanager-gateway.demo-system.svc.cluster.local:9001/api/v1/gateway/llm"
+GW = {"CLAWMANAGER_LLM_BASE_URL": GATEWAY_URL, "CLAWMANAGER_LLM_API_KEY": CANARY,
+      "CLAWMANAGER_LLM_MODEL": '["auto","gpt-4.1"]', "OPENAI_MODEL": "auto",
+      "CLAWMANAGER_LLM_PROVIDER": "openai-compatible", "CALDERA_WORKSPACE_ROOTS": "/srv/ws",
+      "OPENCODE_SERVER_PASSWORD": CANARY + "-pw"}
+
+
+def _opencode(configs):
+    return [c for c in configs if c.source == "backend opencode"]
+
+
+def _report(env, secrets=None, cred=None):
+    from caldera.protocol.llm import report_fields
+
+    fields = report_fields(registry.llm_configs(env, str(secrets) if secrets else None, cred))
+    text = json.dumps(fields)
+    assert CANARY not in text  # neither the key nor the server password reaches a report
+    return fields
+
+
+def test_opencode_runs_on_the_gateway_or_on_clawmanagers_config_content_are_gateway(tmp_path):
+    [found] = _opencode(registry.llm_configs(GW, str(tmp_path / "none"), None))
+    assert (found.status, found.base_url, found.model) == (GATEWAY, GATEWAY_URL, "auto")
+    injected = dict(GW, OPENCODE_CONFIG_CONTENT=CM_CONTENT)
+    [found] = _opencode(registry.llm_configs(injected, str(tmp_path / "none"), None))
+    assert (found.status, found.base_url, found.provider, found.model) == (GATEWAY, GATEWAY_URL, "clawmanager", "auto")
+    _report(injected)
+    assert _opencode(registry.llm_configs({"CALDERA_WORKSPACE_ROOTS": "/srv/ws"}, str(tmp_path / "none"), None)) == []
+
+
+def test_opencode_config_content_elsewhere_and_a_projection_are_external_without_their_secrets(tmp_path):
+    elsewhere = json.dumps({"provider": {"corp": {"npm": "@ai-sdk/openai-compatible", "options": {
+        "baseURL": f"https://user:{CANARY}@llm.corp.test/v1?key={CANARY}", "apiKey": "{env:CORP_KEY}"},
+        "models": {"m1": {}}}}, "model": "corp/m1"})
+    env = dict(GW, OPENCODE_CONFIG_CONTENT=elsewhere, CORP_KEY=CANARY, OPENAI_MODEL="", CLAWMANAGER_LLM_MODEL="")
+    [found] = _opencode(registry.llm_configs(env, str(tmp_path / "none"), None))
+    assert (found.status, found.base_url, found.provider, found.model) == (EXTERNAL, "https://llm.corp.test/v1",
+                                                                           "corp", "m1")
+    assert _report(env)["llm_config_status"] == EXTERNAL
+    secrets = write_projection(tmp_path, f"https://llm.corp.test/k/{CANARY}/v1")
+    [found] = _opencode(registry.llm_configs(GW, str(secrets), None))
+    assert (found.status, found.base_url) == (EXTERNAL, "https://llm.corp.test")  # the key in its path: cut
+    _report(GW, secrets)
+    (secrets / "opencode" / "env" / KEY_ENV).unlink()  # projected, but unusable: external all the same
+    [found] = _opencode(registry.llm_configs(GW, str(secrets), None))
+    assert (found.status, found.base_url) == (EXTERNAL, None)
