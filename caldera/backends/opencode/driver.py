@@ -27,7 +27,7 @@ from typing import Any
 
 from caldera import config
 from caldera.backends import failures as fk
-from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest
+from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
 from caldera.backends.events import EVENT_TYPES, EventSink
 from caldera.backends.opencode import confine
 from caldera.backends.opencode import policy as policy_rules
@@ -380,14 +380,7 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
             self._note(context, f"{method} {path} failed: {exc}")
 
     def _stop_reason(self, context: OpenCodeContext) -> str | None:
-        if context.interrupt_event.is_set():
-            return "cancelled"
-        if context.cancel is not None and context.cancel.is_set():
-            is_timeout = context.cancel_is_timeout() if context.cancel_is_timeout else False
-            return "timeout" if is_timeout else "cancelled"
-        if time.monotonic() >= context.deadline:
-            return "timeout"
-        return None
+        return stop_reason(context)
 
     def _grace(self, context: OpenCodeContext) -> float:
         return TIMEOUT_GRACE if context.reason == "timeout" else INTERRUPT_GRACE

@@ -20,19 +20,18 @@ unavailable, other 4xx backend-failed); else `ProviderAuthError` auth; else the 
 """
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from caldera.backends import failures as fk
 from caldera.backends.events import DIFF_CAP_BYTES, EventSink, cut_utf8
+from caldera.backends.events import short_text as _short
 from caldera.backends.opencode.forwarder import Upstream
 
 Event = dict[str, Any]
 MESSAGE_PARTS = 8
 OUTPUT_PARTS = 4
 OUTPUT_PART_BYTES = 8 * 1024
-SUMMARY_BYTES = 2048
 FILE_TOOLS = {"edit", "write", "patch", "multiedit", "apply_patch"}
 WEB_TOOLS = {"webfetch", "websearch", "codesearch"}
 _RATE_TEXT = re.compile(r"(?i)\b429\b|too many requests|rate.?limit|quota|resource.?exhausted")
@@ -104,13 +103,6 @@ def retry_kind(message: str, upstream: Upstream | None) -> str:
     return kind_of_text(message, fk.PROVIDER_UNAVAILABLE)
 
 
-def _short(value: Any, limit: int = SUMMARY_BYTES) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        value = json.dumps(value, ensure_ascii=False, default=str)
-    text, cut = cut_utf8(value, limit)
-    return text + "…" if cut else text
 
 
 class TurnMapper:
