@@ -343,6 +343,7 @@ class EventStream:
         self._port, self._path, self._headers = port, path, dict(headers, Accept="text/event-stream")
         self.queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=EVENT_QUEUE)
         self._conn: http.client.HTTPConnection | None = None
+        self._sock: socket.socket | None = None
         self._closed = threading.Event()
         self.connected = threading.Event()
         self._thread = threading.Thread(target=self._read, name="opencode-events", daemon=True)
@@ -352,6 +353,7 @@ class EventStream:
         self._conn = http.client.HTTPConnection("127.0.0.1", self._port, timeout=10.0)
         try:
             self._conn.request("GET", self._path, headers=self._headers)
+            self._sock = self._conn.sock  # kept: http.client lets go of it when the answer has no length
             answer = self._conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             self._conn.close()
@@ -359,8 +361,8 @@ class EventStream:
         if answer.status != 200:
             self._conn.close()
             raise ServerError(f"GET /event: HTTP {answer.status}", answer.status)
-        if self._conn.sock is not None:
-            self._conn.sock.settimeout(None)
+        if self._sock is not None:
+            self._sock.settimeout(None)
         self._answer = answer
         self._thread.start()
 
@@ -408,7 +410,7 @@ class EventStream:
     def close(self) -> None:
         """Shut the socket: the reader thread sees the end, closes the connection and ends."""
         self._closed.set()
-        sock = self._conn.sock if self._conn is not None else None
+        sock = self._sock
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
