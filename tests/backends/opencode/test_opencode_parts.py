@@ -94,6 +94,16 @@ def test_clawmanager_config_content_takes_its_values_from_the_runtime_environmen
     assert err.value.kind == fk.SECRET_UNAVAILABLE and "CLAWMANAGER_LLM_BASE_URL" in err.value.message
 
 
+def test_the_projection_wins_over_clawmanagers_config_content_and_the_gateway(tmp_path):
+    environ = {"OPENCODE_CONFIG_CONTENT": CM_CONTENT, "CLAWMANAGER_LLM_BASE_URL": "http://gw.example/v1",
+               "CLAWMANAGER_LLM_API_KEY": "gw-token-123456"}
+    spec = provider.plan_server(environ, str(write_projection(tmp_path, "http://127.0.0.1:9/v1")), None)
+    assert spec.source == "projection" and list(spec.providers) == ["fake"] and "gw-token-123456" not in spec.secrets
+    assert provider.plan_server(environ, str(tmp_path / "none"), None).source == "opencode-config-content"
+    del environ["OPENCODE_CONFIG_CONTENT"]
+    assert provider.plan_server(environ, str(tmp_path / "none"), None).source == "gateway"
+
+
 def test_the_gateway_variables_build_a_provider_and_nothing_at_all_is_secret_unavailable():
     environ = {"CLAWMANAGER_LLM_BASE_URL": "https://gw.example/v1", "CLAWMANAGER_LLM_API_KEY": "gw-token-123456"}
     spec = provider.plan_server(environ, None, None, requested_model="gpt-4.1")

@@ -3,7 +3,8 @@
 (test_backends_contract.py) does not ask of every backend. The policy as bubblewrap enforces
 it (a command writing outside the workspace, connecting to a loopback port, reading the
 runtime's secrets), and Bash denied where nothing can confine it; edits and their diff;
-OpenCode's retries against a gateway that lies or stalls; a refused connection; the server
+OpenCode's retries against a gateway that lies or stalls (a provider nothing answers:
+test_opencode_parts, the forwarder's 502); the server
 surviving a timeout; asks rejected; a refused model; AGENTS.md. `.ci/install-opencode.sh`
 installs the CLI; without CALDERA_OPENCODE_BIN these tests skip, unless
 CALDERA_REQUIRE_OPENCODE=1 makes that a failure. The turns share one agent's server (a
@@ -148,23 +149,8 @@ def test_a_gateway_that_lies_or_stalls_ends_the_turn_with_a_kind(agent, entry, k
     assert data["status"] == "failed" and data["failure_kind"] == kind and words in data["message"], events
 
 
-def test_connection_refused_ends_as_provider_unavailable(tmp_path):
-    require_opencode()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = environment(tmp_path, write_projection(tmp_path, f"http://127.0.0.1:{port}/v1"),
-                      CALDERA_OPENCODE_MAX_RETRIES="0")
-    (tmp_path / "ws").mkdir()
-    result, events = execute(request(tmp_path / "ws"), env)
-    data = terminal(events)
-    assert data["failure_kind"] == fk.PROVIDER_UNAVAILABLE, events
-    assert "cannot reach the provider" in data["message"]
-    assert not (tmp_path / "state" / "runs").exists() or not list((tmp_path / "state" / "runs").iterdir())
-
-
 def test_policy_timeout_on_a_stalled_provider_is_backend_timeout(agent):
-    result, events, env = agent.run([{"stall": 60}], timeout_seconds=3)
+    result, events, env = agent.run([{"stall": 60}], timeout_seconds=1)
     data = terminal(events)
     assert data["status"] == "failed" and data["failure_kind"] == fk.BACKEND_TIMEOUT, events
     assert any(s["phase"] == "interrupting" and s["reason"] == "timeout" for s in of_type(events, "backend_status"))

@@ -1,8 +1,9 @@
-"""The agent's OpenCode server with the real CLI: reuse, restart after death (between turns
-and mid-turn), idle stop, two turns at once, a stop during a turn; the providers ClawManager
-gives it (OPENCODE_CONFIG_CONTENT, the gateway variables) and what wins; `caldera turn`;
-containment under strace (no connection off loopback, no file written outside the run's
-dirs and the workspace)."""
+"""The agent's OpenCode server with the real CLI: reuse, replacement for a changed config and
+after death (between turns and mid-turn), two turns at once, a stop during a turn; the
+providers ClawManager gives it (OPENCODE_CONFIG_CONTENT, the gateway variables); SIGTERM to
+`caldera turn`; containment under strace (no connection off loopback, no file written outside
+the run's dirs and the workspace). What wins among the providers, the server's environment
+and its idle stop are test_opencode_parts.py's (no server needed)."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -55,123 +57,93 @@ def _wait(predicate: Any, stop: threading.Event | None = None, limit: int = 400)
 
 # ---------------------------------------------------------------- the owner
 
-def test_later_turns_reuse_the_server_and_a_dead_one_is_replaced(tmp_path, ws):
+def test_the_agents_server_is_reused_replaced_when_its_config_changes_or_it_dies(tmp_path, ws):
+    """One agent's server through its life: reused by a later turn; replaced for a changed
+    projection (the new provider gets the requests); killed mid-turn, that turn fails and the
+    next gets a new one; killed between turns, replaced at the next. (Its idle stop is the
+    owner's alone: test_opencode_parts, with a stand-in binary.)"""
     owner = ServerOwner(tmp_path / "state" / "runs", idle_seconds=600)
-    with FakeChatProvider([{"text": "hi"}]) as provider:
-        env = environment(tmp_path, write_projection(tmp_path, provider.url), owner=owner)
+    with FakeChatProvider([{"text": "a"}]) as first, FakeChatProvider([{"text": "b"}]) as second:
+        env = environment(tmp_path, write_projection(tmp_path, first.url), owner=owner)
         try:
-            first = execute(request(ws, run_id="a"), env)[1]
+            one = execute(request(ws, run_id="a"), env)[1]
             pid = owner.server.pid
-            second = execute(request(ws, run_id="b"), env)[1]
-            assert terminal(first)["status"] == terminal(second)["status"] == "completed"
-            assert [d.get("server") for d in of_type(first, "backend_status") if d["phase"] == "ready"] == ["started"]
-            assert [d.get("server") for d in of_type(second, "backend_status") if d["phase"] == "ready"] == ["reused"]
+            two = execute(request(ws, run_id="b"), env)[1]
+            assert terminal(one)["status"] == terminal(two)["status"] == "completed"
+            assert [d.get("server") for d in of_type(one, "backend_status") if d["phase"] == "ready"] == ["started"]
+            assert [d.get("server") for d in of_type(two, "backend_status") if d["phase"] == "ready"] == ["reused"]
             assert owner.starts == 1 and owner.server.pid == pid
-            server_dir = owner.server.dir
-            assert oct(server_dir.stat().st_mode & 0o777) == "0o700"
-            os.killpg(pid, signal.SIGKILL)  # dies between turns
+            assert oct(owner.server.dir.stat().st_mode & 0o777) == "0o700"
+
+            write_projection(tmp_path, second.url)  # the projection changed
+            three = execute(request(ws, run_id="c"), env)[1]
+            assert [m["text"] for m in of_type(three, "assistant_message")] == ["b"]
+            assert owner.starts == 2 and len(first.main) == 2 and len(second.main) == 1
+
+            second.set_script([{"stall": 60}])  # dies mid-turn: that turn fails
+            box: dict[str, Any] = {}
+            thread = threading.Thread(target=lambda: box.update(out=execute(request(ws, run_id="dies"), env)))
+            thread.start()
+            assert second.wait_main(2)
+            os.kill(owner.server.pid, signal.SIGKILL)
+            thread.join(60)
+            assert not thread.is_alive()
+            data = terminal(box["out"][1])
+            assert data["status"] == "failed" and data["failure_kind"] == fk.BACKEND_FAILED and \
+                "OpenCode server" in data["message"], data
+            second.set_script([{"text": "back"}])
+            four = execute(request(ws, run_id="after"), env)[1]
+            assert terminal(four)["status"] == "completed" and owner.starts == 3
+
+            pid, server_dir = owner.server.pid, owner.server.dir
+            os.killpg(pid, signal.SIGKILL)  # dies between turns: replaced at the next
             assert _wait(lambda: not owner.server.alive())
-            third = execute(request(ws, run_id="c"), env)[1]
-            assert terminal(third)["status"] == "completed"
-            assert owner.starts == 2 and owner.server.pid != pid
-            assert not server_dir.exists()  # the dead one's dirs were removed
+            five = execute(request(ws, run_id="later"), env)[1]
+            assert terminal(five)["status"] == "completed"
+            assert owner.starts == 4 and owner.server.pid != pid and not server_dir.exists()
+
+            _two_turns_at_once_share_it(owner, second, env, ws)
+            _a_stop_during_a_turn_ends_it_and_no_new_turn_starts(owner, second, env, ws)
         finally:
             owner.close()
     assert owner.server is None and not list((tmp_path / "state" / "runs").iterdir())
 
 
-def test_a_server_that_dies_mid_turn_fails_that_turn_and_serves_the_next(tmp_path, ws):
-    owner = ServerOwner(tmp_path / "state" / "runs", idle_seconds=600)
-    with FakeChatProvider([{"stall": 60}]) as provider:
-        env = environment(tmp_path, write_projection(tmp_path, provider.url), owner=owner)
-        box: dict[str, Any] = {}
-        thread = threading.Thread(target=lambda: box.update(out=execute(request(ws, run_id="dies"), env)))
-        thread.start()
-        try:
-            assert provider.wait_main(1)
-            os.kill(owner.server.pid, signal.SIGKILL)
-            thread.join(60)
-            assert not thread.is_alive()
-            result, events = box["out"]
-            data = terminal(events)
-            assert data["status"] == "failed" and data["failure_kind"] == fk.BACKEND_FAILED, events
-            assert "OpenCode server" in data["message"]
-            provider.set_script([{"text": "back"}])
-            result, events = execute(request(ws, run_id="after"), env)
-            assert terminal(events)["status"] == "completed" and owner.starts == 2
-        finally:
-            owner.close()
-
-
-def test_an_idle_server_is_stopped_and_the_next_turn_starts_one(tmp_path, ws):
-    owner = ServerOwner(tmp_path / "state" / "runs", idle_seconds=0)
-    with FakeChatProvider([{"text": "hi"}]) as provider:
-        env = environment(tmp_path, write_projection(tmp_path, provider.url), owner=owner)
-        try:
-            assert terminal(execute(request(ws, run_id="a"), env)[1])["status"] == "completed"
-            runs = tmp_path / "state" / "runs"
-            assert _wait(lambda: owner.server is None and not list(runs.iterdir()))
-            assert terminal(execute(request(ws, run_id="b"), env)[1])["status"] == "completed"
-            assert owner.starts == 2
-        finally:
-            owner.close()
-
-
-def test_two_turns_at_once_share_one_server(tmp_path, ws):
-    owner = ServerOwner(tmp_path / "state" / "runs", idle_seconds=600)
+def _two_turns_at_once_share_it(owner: ServerOwner, provider: FakeChatProvider, env: Any, ws: Path) -> None:
     gate = {"gate": "both", "then": {"text": "together"}}
-    with FakeChatProvider([gate, gate]) as provider:
-        env = environment(tmp_path, write_projection(tmp_path, provider.url), owner=owner)
-        out: dict[str, Any] = {}
-        threads = [threading.Thread(target=lambda rid=rid: out.update({rid: execute(request(ws, run_id=rid), env)}))
-                   for rid in ("one", "two")]
-        try:
-            for thread in threads:
-                thread.start()
-            assert provider.wait_main(2)  # both requests are at the provider at the same time
-            provider.release("both")
-            for thread in threads:
-                thread.join(60)
-            for rid in ("one", "two"):
-                events = out[rid][1]
-                assert terminal(events)["status"] == "completed", events
-                assert [m["text"] for m in of_type(events, "assistant_message")] == ["together"]
-                assert all(e["run_id"] == rid for e in events)
-            assert owner.starts == 1
-        finally:
-            owner.close()
-
-
-def test_a_stop_during_a_turn_ends_it_and_no_new_turn_starts(tmp_path, ws):
-    owner = ServerOwner(tmp_path / "state" / "runs", idle_seconds=600)
-    with FakeChatProvider([{"stall": 60}]) as provider:
-        env = environment(tmp_path, write_projection(tmp_path, provider.url), owner=owner)
-        box: dict[str, Any] = {}
-        thread = threading.Thread(target=lambda: box.update(out=execute(request(ws, run_id="stopped"), env)))
+    provider.set_script([gate, gate])
+    before = len(provider.main)
+    out: dict[str, Any] = {}
+    threads = [threading.Thread(target=lambda rid=rid: out.update({rid: execute(request(ws, run_id=rid), env)}))
+               for rid in ("one", "two")]
+    for thread in threads:
         thread.start()
-        assert provider.wait_main(1)
-        owner.close()
+    assert provider.wait_main(before + 2)  # both requests are at the provider at the same time
+    provider.release("both")
+    for thread in threads:
         thread.join(60)
-        data = terminal(box["out"][1])
-        assert data["status"] == "failed" and data["failure_kind"] == fk.BACKEND_FAILED
-        result, events = execute(request(ws, run_id="later"), env)
-        assert terminal(events)["failure_kind"] == fk.BACKEND_FAILED and "stopping" in terminal(events)["message"]
-    assert not list((tmp_path / "state" / "runs").iterdir())
+    for rid in ("one", "two"):
+        events = out[rid][1]
+        assert terminal(events)["status"] == "completed", events
+        assert [m["text"] for m in of_type(events, "assistant_message")] == ["together"]
+        assert all(e["run_id"] == rid for e in events)
+    assert owner.starts == 4
 
 
-def test_a_changed_projection_restarts_the_server_between_turns(tmp_path, ws):
-    owner = ServerOwner(tmp_path / "state" / "runs", idle_seconds=600)
-    with FakeChatProvider([{"text": "a"}]) as first, FakeChatProvider([{"text": "b"}]) as second:
-        secrets = write_projection(tmp_path, first.url)
-        env = environment(tmp_path, secrets, owner=owner)
-        try:
-            assert terminal(execute(request(ws, run_id="a"), env)[1])["status"] == "completed"
-            write_projection(tmp_path, second.url)
-            events = execute(request(ws, run_id="b"), env)[1]
-            assert [m["text"] for m in of_type(events, "assistant_message")] == ["b"]
-            assert owner.starts == 2 and len(first.main) == 1 and len(second.main) == 1
-        finally:
-            owner.close()
+def _a_stop_during_a_turn_ends_it_and_no_new_turn_starts(owner: ServerOwner, provider: FakeChatProvider, env: Any,
+                                                         ws: Path) -> None:
+    provider.set_script([{"stall": 60}])
+    before = len(provider.main)
+    box: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: box.update(out=execute(request(ws, run_id="stopped"), env)))
+    thread.start()
+    assert provider.wait_main(before + 1)
+    owner.close()  # the daemon's stop sequence
+    thread.join(60)
+    data = terminal(box["out"][1])
+    assert data["status"] == "failed" and data["failure_kind"] == fk.BACKEND_FAILED
+    later = terminal(execute(request(ws, run_id="too-late"), env)[1])
+    assert later["failure_kind"] == fk.BACKEND_FAILED and "stopping" in later["message"]
 
 
 # ---------------------------------------------------------------- the providers ClawManager gives
@@ -221,18 +193,6 @@ def test_the_gateway_variables_build_the_provider_and_the_catalogue_rule_picks_t
         assert start["provider_source"] == "gateway" and start["provider"] == "clawmanager"
         assert [json.loads(r["body"])["model"] for r in provider.main] == ["gpt-4.1"]
         assert_no_leak(result, events, env, provider)
-
-
-def test_the_projection_wins_and_a_runtime_opencode_config_content_never_reaches_the_server(tmp_path, ws):
-    with FakeChatProvider([ENV_DUMP, {"text": "done"}]) as mine, \
-            FakeChatProvider([{"text": "no"}], model="auto") as theirs:
-        env = environment(tmp_path, write_projection(tmp_path, mine.url),
-                          **_gateway_env(theirs.url, OPENCODE_CONFIG_CONTENT=CLAWMANAGER_CONFIG))
-        result, events = execute(request(ws), env)
-        assert terminal(events)["status"] == "completed", events
-        assert of_type(events, "backend_status")[0]["provider_source"] == "projection"
-        assert len(mine.main) == 2 and theirs.requests == []
-        assert "OPENCODE_CONFIG_CONTENT" not in of_type(events, "command_output")[0]["output"]
 
 
 # ---------------------------------------------------------------- caldera turn
