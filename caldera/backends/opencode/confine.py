@@ -4,7 +4,8 @@ OpenCode runs each Bash command with the shell `$SHELL` names (an absolute path 
 measured on 1.18.33, called as `SHELL -c COMMAND`). The agent's server is started with
 `SHELL=<server dir>/bin/bash`, a wrapper that runs the real bash under bubblewrap:
 
-- `/` read-only (`--ro-bind / /`), a fresh `/dev`;
+- `/` read-only (`--ro-bind / /`), a fresh `/dev`, a pid namespace and its own `/proc` (the
+  server's and the runtime's `/proc/PID/environ` are not there to read);
 - writable: the agent's workspace roots (`CALDERA_WORKSPACE_ROOTS`, else the run's
   workspace) and the server's own dir (its HOME and TMPDIR);
 - hidden (an empty tmpfs, /dev/null for a file): the agent's config dir (agent.env, secrets.env,
@@ -36,6 +37,10 @@ from caldera.host import proc
 PROBE_TIMEOUT = 10.0
 HIDDEN_FILES = ("opencode.json", "server.json")
 UNSET = ("OPENCODE_SERVER_PASSWORD", "OPENCODE_SERVER_USERNAME")
+# `/` read-only, a fresh /dev, and a pid namespace with its own /proc: the host's processes
+# (the server, the runtime: their /proc/PID/environ hold the password, the runtime's own
+# variables) are not there to read
+BASE = ("--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc", "--die-with-parent")
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ class Confinement:
         root hidden again (its bind uncovered it; one that holds a root stays hidden around
         it); the server's dir writable, its config and pid file hidden (there once it runs)."""
         server_dir = os.path.realpath(server_dir)
-        args = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--die-with-parent", *_hide(self.hidden)]
+        args = [self.bwrap, *BASE, *_hide(self.hidden)]
         for path in self.writable:
             args += ["--bind", path, path]
         args += _hide([p for p in self.hidden if any(_inside(p, root) for root in self.writable)])
@@ -110,7 +115,7 @@ def private_paths(secrets_dir: str | None, state_dir: str, credentials_dir: str 
 def works(bwrap: str, true: str) -> bool:
     """Whether bubblewrap can make the sandbox here (user namespaces, a network namespace):
     one probe per process and binary."""
-    argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--die-with-parent", "--unshare-net", "--", true]
+    argv = [bwrap, *BASE, "--unshare-net", "--", true]
     return proc.run(argv, env={"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT, stdout_cap=1024).ok
 
 

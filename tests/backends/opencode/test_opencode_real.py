@@ -100,7 +100,8 @@ def test_edits_are_file_changes_and_one_diff(agent):
 PROBE = ("echo in > inside.txt; echo out > {outside}; echo write=$?\n"
          "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 5); print(\"connected\")'\n"
          "cat {key} || echo no-key\necho config-routes=$(cat \"$OPENCODE_CONFIG\" | grep -c /r/)\n"
-         "[ -z \"$OPENCODE_SERVER_PASSWORD\" ] && echo no-server-password\n")
+         "[ -z \"$OPENCODE_SERVER_PASSWORD\" ] && echo no-server-password\n"
+         "[ -n \"$OPENCODE_PID\" ] && [ ! -e /proc/$OPENCODE_PID/environ ] && echo no-server-process\n")
 
 
 def _probe(agent: Any, tmp: Path, env: Any = None, **policy: Any) -> tuple[str, list[dict[str, Any]], int]:
@@ -135,6 +136,7 @@ def test_bubblewrap_keeps_commands_in_the_workspace_off_the_network_and_out_of_t
     assert "no-key" in output and CANARY not in output  # the projection is hidden
     assert "config-routes=0" in output  # the server's config (the forwarder's routes) cannot be read
     assert "no-server-password" in output  # the server's API cannot be used
+    assert "no-server-process" in output  # nor its password read in its /proc/PID/environ
 
 
 @pytest.mark.parametrize("entry,kind,words", [
