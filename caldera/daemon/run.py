@@ -58,8 +58,7 @@ READY = "READY=1\nWATCHDOG=1"
 # EXTEND_EVERY, then once for what the rest of the stop may take (drain, lanes, budget, exit).
 EXTEND_EVERY = 10.0
 EXTEND_BY = 30.0
-SERVERS_STOP = 8.0  # the backends' servers (OpenCode's: TERM, 3 s, KILL, the reap), after the lanes
-REST_OF_STOP = DRAIN_GRACE + 10.0 + SERVERS_STOP + STOP_BUDGET + EXIT_GUARD + 5.0
+REST_OF_STOP = DRAIN_GRACE + 10.0 + STOP_BUDGET + EXIT_GUARD + 5.0
 
 
 def agent_stop_limit(stop_timeout: float) -> float:
@@ -247,8 +246,15 @@ def _run_connected(parts: Parts, signals: Signals) -> int:
     stop_agent_supervisor(agent)  # the agent first: SIGTERM stops it gracefully (a reload restarts it)
     log.info("stopping: draining (a second signal cancels the running command)")
     _drain(lanes, signals, client.transport.abort)
-    close_servers(parts)  # no run is left to use them; before a restart in place (exec keeps the pid)
-    _stop(parts, threads, time.monotonic() + STOP_BUDGET)
+    # No run is left to use the backends' servers (OpenCode's): they stop while the loops do,
+    # within the same budget, and are gone before a restart in place (exec keeps the pid).
+    closing = threading.Thread(target=close_servers, args=(parts,), name="servers-stop", daemon=True)
+    closing.start()
+    stop_by = time.monotonic() + STOP_BUDGET
+    _stop(parts, threads, stop_by)
+    closing.join(max(0.0, stop_by - time.monotonic()))
+    if closing.is_alive():
+        log.error("the backends' servers did not stop within the stop budget; going on without them")
     parts.pool.shutdown(wait=False, cancel_futures=True)
     if outcome == REEXEC:
         outcome = _restart_or_stop(signals)

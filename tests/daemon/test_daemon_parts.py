@@ -314,17 +314,25 @@ class _Hup:
 
 def test_the_backends_servers_close_after_the_lanes_and_before_a_restart_in_place(parts, monkeypatch):
     """OpenCode's server (what the backends keep between runs) outlives no daemon: closed once
-    the lanes are done, before the restart in place (exec keeps the pid, and a server whose
-    owner's pid still runs is never removed as a leftover)."""
+    the lanes are done, alongside the loops' stop, and before the restart in place (exec keeps
+    the pid, and a server whose owner's pid still runs is never removed as a leftover)."""
     said: list[str] = []
     made = parts.servers.get("opencode", lambda runs_dir: _Held(said))
     assert isinstance(made, _Held) and parts.servers.runs_dir == str(parts.paths.state_dir / "runs")
     monkeypatch.setattr(daemon_run, "_reread", lambda parts: True)
     monkeypatch.setattr(daemon_run, "start_threads", lambda parts, lanes, executor: [])
     monkeypatch.setattr(daemon_run, "_drain", lambda lanes, signals, abort: (lanes.close(5.0), said.append("drained")))
-    monkeypatch.setattr(daemon_run, "_stop", lambda parts, threads, stop_by: said.append("loops stopped"))
+    stopping = threading.Event()
+
+    def stop_loops(parts, threads, stop_by):
+        said.append("loops stopping")
+        stopping.set()
+
+    monkeypatch.setattr(daemon_run, "_stop", stop_loops)
+    monkeypatch.setattr(_Held, "close", lambda self: (stopping.wait(10), said.append("servers closed")))
     assert daemon_run._run_connected(parts, _Hup()) == daemon_run.REEXEC
-    assert said == ["drained", "servers closed", "loops stopped"]
+    # the servers stop while the loops do (one budget), and are gone when run() returns REEXEC
+    assert said == ["drained", "loops stopping", "servers closed"]
     assert parts.servers.get("opencode", lambda runs_dir: _Held(said)) is None  # no run gets it after
 
 

@@ -1,15 +1,18 @@
 """The OpenCode backend: one turn = one session on the agent's `opencode serve`.
 
 prepare: the provider (projection, ClawManager's OPENCODE_CONFIG_CONTENT or the gateway
-variables), the run's model (refused -> blocked), the binary; nothing is spawned.
+variables), the run's model (refused -> blocked), the binary, the commands' sandbox (or
+none: Bash denied); nothing is spawned.
 start_turn: the server from the agent's ServerOwner (the daemon's; else one of the turn's
 own, stopped at its end), its event stream for the workspace, a session carrying the
 policy's permission rules, the prompt; then the events until the session is idle.
 Stops: `agent_interrupt`/cancel -> abort -> `cancelled`; the deadline -> abort ->
 `backend-timeout`; a provider OpenCode keeps retrying -> abort after `max_retries`
 retries -> the retry's kind; an answer from another model than the configured one ->
-abort -> `backend-failed`. A session that does not go idle within the grace after its
-abort poisons the server (stopped once the turns on it are done).
+abort -> `backend-failed`; an event stream that is not JSON, or an event without its type
+and properties -> `backend-json-parse-error` / `backend-response-invalid`, at once. A
+session that does not go idle within the grace after its abort, or a garbled stream,
+poisons the server (stopped once the turns on it are done).
 """
 from __future__ import annotations
 
