@@ -187,9 +187,11 @@ def _project_codex(config, key=OWN_KEY):
 @pytest.mark.parametrize("manifest, roots, projected, status, url, sources", [
     (None, False, False, None, None, []),  # the gateway is injected, but caldera hands it to nobody
     (BOUND, False, False, "gateway", GATEWAY_LLM, ["process agent"]),
-    (None, True, False, "gateway", GATEWAY_LLM, ["backend codex"]),  # runs may start: Codex gets the gateway
-    (None, True, True, "external", "https://llm.corp.test/v1", ["backend codex"]),
-    (BOUND, True, True, "external", "https://llm.corp.test/v1", ["backend codex", "process agent"]),  # never hidden
+    # runs may start: Codex and OpenCode get the gateway
+    (None, True, False, "gateway", GATEWAY_LLM, ["backend codex", "backend opencode"]),
+    (None, True, True, "external", "https://llm.corp.test/v1", ["backend codex", "backend opencode"]),
+    (BOUND, True, True, "external", "https://llm.corp.test/v1",
+     ["backend codex", "backend opencode", "process agent"]),  # never hidden
 ], ids=["none", "process-bound", "codex-gateway", "codex-own", "both"])
 def test_the_report_says_what_llm_configuration_caldera_hands_out(caldera_env, plane, tmp_path, manifest, roots,
                                                                    projected, status, url, sources):
@@ -243,8 +245,8 @@ def test_a_catalogue_that_is_not_a_json_list_is_named_once_and_ignored(caldera_e
     assert named == ["WARNING caldera: CLAWMANAGER_LLM_MODEL is not JSON (the platform sends a JSON list of model "
                      "ids): the AI gateway's model catalogue is ignored (a run's model is the one it asks for, else "
                      "OPENAI_MODEL)"], done.stderr
-    [described] = plane.store.reports(INSTANCE, last=True)["body"]["runtime"]["llm_configs"]
-    assert described["model"] == "auto"  # OPENAI_MODEL, never the raw value
+    described = plane.store.reports(INSTANCE, last=True)["body"]["runtime"]["llm_configs"]
+    assert [d["model"] for d in described] == ["auto", "auto"]  # OPENAI_MODEL (Codex, OpenCode), not the raw value
 
 
 # ------------------------------------------------------------------ PID 1
