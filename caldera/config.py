@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 MANIFEST_NAME = "caldera.agent.yaml"
 STATE_SUBDIR_IN_INSTANCE = "caldera-agent"
+# A --manifest agent's state without --state-dir: <the manifest's dir>/.caldera-state/NAME, the
+# same wherever the command is typed (docs/runtime.md, "A --manifest agent's state").
+STATE_BESIDE_MANIFEST = ".caldera-state"
 
 # CALDERA name -> ClawManager alias (None: no alias)
 ALIASES = {
@@ -192,7 +195,7 @@ def agent_from_args(args: object, environ: Environ = os.environ) -> AgentPaths:
     if manifest:
         path = manifest_file(manifest)
         name = manifest_name(path)
-        state = Path(state_dir).resolve() if state_dir else Path.cwd() / ".caldera-state" / name
+        state = Path(state_dir).resolve() if state_dir else path.parent / STATE_BESIDE_MANIFEST / name
         return AgentPaths(name, path.parent, path, state)
     name = _installed_name(getattr(args, "agent", None) or selected_agent(environ), environ)
     config_dir = config_root(environ) / "agents" / name
@@ -204,6 +207,19 @@ def agent_from_args(args: object, environ: Environ = os.environ) -> AgentPaths:
     else:
         state = state_root(environ) / name
     return AgentPaths(name, config_dir, config_dir / MANIFEST_NAME, state)
+
+
+def state_left_here(paths: AgentPaths) -> Path | None:
+    """A --manifest agent's state that a caldera before STATE_BESIDE_MANIFEST kept under the
+    directory the command was typed in (./.caldera-state/NAME), when this command uses the
+    default beside the manifest and that one holds a state.json: said by status and at start,
+    never moved (a daemon may run on it)."""
+    default = paths.manifest_path.parent / STATE_BESIDE_MANIFEST / paths.name
+    try:
+        old = Path.cwd() / STATE_BESIDE_MANIFEST / paths.name
+    except OSError:  # no current directory
+        return None
+    return old if paths.state_dir == default != old and (old / "state.json").is_file() else None
 
 
 def manifest_file(given: str) -> Path:
@@ -735,3 +751,41 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+# ---------------------------------------------------------------- names caldera reads
+
+# Every CALDERA_* name caldera reads or sets (tests/test_config.py holds this to the source):
+# one in agent.env or secrets.env that is none of these is a misspelling or a leftover, and
+# `caldera run` says so once at its start (unknown_variables) rather than ignoring it silently.
+KNOWN_VARS = (
+    "CALDERA_AGENT", "CALDERA_AGENT_ENABLED", "CALDERA_AGENT_ID", "CALDERA_AGENT_STATE_DIR", "CALDERA_ALLOW_PLAIN_HTTP",
+    "CALDERA_BASE_URL", "CALDERA_CA_BUNDLE", "CALDERA_CLAUDE_CODE_BIN", "CALDERA_CLAUDE_CODE_MAX_RETRIES",
+    "CALDERA_CODEX_BIN", "CALDERA_CODEX_REQUEST_MAX_RETRIES",
+    "CALDERA_CODEX_STREAM_MAX_RETRIES", "CALDERA_CONFIG_DIR", "CALDERA_DISK_LIMIT_BYTES", "CALDERA_GATEWAY_API_KEY",
+    "CALDERA_INSTANCE_ID", "CALDERA_INSTRUCTIONS_FILE", "CALDERA_LOG_LEVEL", "CALDERA_MCP_CONFIG",
+    "CALDERA_OPENCODE_BIN", "CALDERA_OPENCODE_IDLE_SECONDS", "CALDERA_OPENCODE_MAX_RETRIES",
+    "CALDERA_PERSISTENT_DIR", "CALDERA_PLANE_DB", "CALDERA_PROTOCOL_VERSION", "CALDERA_REPORT_INTERVAL_SECONDS",
+    "CALDERA_RUNTIME_TYPE", "CALDERA_RUN_ALLOW_APPROVAL", "CALDERA_RUN_ALLOW_NETWORK", "CALDERA_RUN_MAX_SANDBOX",
+    "CALDERA_RUN_MAX_TIMEOUT_SECONDS", "CALDERA_SCHEMA_DIR", "CALDERA_SETTINGS_FILE", "CALDERA_SIGNAL_HANDOVER",
+    "CALDERA_SKILL_DIRS", "CALDERA_STATE_DIR", "CALDERA_TOKEN", "CALDERA_VERB", "CALDERA_WORKSPACE_ROOTS",
+)
+
+
+def unknown_variables(paths: AgentPaths) -> list[tuple[Path, str, str | None]]:
+    """(file, name, the closest known name or None) for each CALDERA_* name in the agent's
+    agent.env and secrets.env that caldera does not read. Files that do not read are skipped
+    (loading the settings names their problems)."""
+    import difflib  # here: only a file with an unknown name pays for it
+
+    found = []
+    for path, secret in ((paths.agent_env, False), (paths.secrets_env, True)):
+        try:
+            names = read_env_file(path, secret=secret)
+        except (OSError, ValueError, ConfigError):
+            continue
+        for name in names:
+            if name.startswith("CALDERA_") and name not in KNOWN_VARS:
+                close = difflib.get_close_matches(name, KNOWN_VARS, n=1, cutoff=0.6)
+                found.append((path, name, close[0] if close else None))
+    return found

@@ -256,7 +256,10 @@ def test_manifest_flag_and_clawmanager_persistent_dir(caldera_env, monkeypatch, 
     manifest.write_text("name: roaming\nruntime:\n  type: adapter\n")
     monkeypatch.chdir(tmp_path)
     paths = agent_from_args(Args(manifest=str(manifest)))
-    assert paths.name == "roaming" and paths.state_dir == tmp_path / ".caldera-state" / "roaming"
+    # Beside the manifest, wherever the command is typed (docs/runtime.md, "A --manifest agent's state").
+    assert paths.name == "roaming" and paths.state_dir == manifest.parent / ".caldera-state" / "roaming"
+    monkeypatch.chdir(manifest.parent)
+    assert agent_from_args(Args(manifest=".")).state_dir == paths.state_dir
     assert paths.agent_env == manifest.parent / "agent.env"
     install_agent(caldera_env, name="inst")
     monkeypatch.delenv("CALDERA_STATE_DIR")
@@ -426,3 +429,31 @@ def test_workspace_roots_and_skill_dirs_split_on_colons():
 ])
 def test_skill_dirs_the_platforms_variable_and_the_runtimes_own(env, dirs, origin):
     assert config.skill_dirs_of(env) == (dirs, origin)
+
+
+def test_every_caldera_variable_the_source_names_is_known():
+    """KNOWN_VARS is what `caldera run` warns against (a misspelled agent.env name): it must hold
+    every CALDERA_* name caldera's source reads or sets, and nothing it does not."""
+    import re
+
+    from caldera import config
+
+    root = Path(config.__file__).parent
+    named = set()
+    for source in root.rglob("*.py"):
+        text = source.read_text()
+        if source == Path(config.__file__):
+            text = text.split("KNOWN_VARS = (", 1)[0] + text.split("KNOWN_VARS = (", 1)[1].split(")", 1)[1]
+        named.update(re.findall(r"CALDERA_[A-Z0-9_]*[A-Z0-9]", text))
+    assert named == set(config.KNOWN_VARS)
+
+
+def test_a_misspelled_variable_is_named_with_the_closest_known_one(caldera_env):
+    config_dir = install_agent(caldera_env)
+    with open(config_dir / "agent.env", "a") as fh:
+        fh.write("CALDERA_HEARTBEAT_INTERVALL=5\nCALDERA_QQQQQQQQQQQQ=1\nOTHER=1\n")
+    from caldera.config import unknown_variables
+
+    found = unknown_variables(agent_from_args(Args(agent="demo")))
+    assert [(name, close) for _, name, close in found] == [
+        ("CALDERA_HEARTBEAT_INTERVALL", "CALDERA_REPORT_INTERVAL_SECONDS"), ("CALDERA_QQQQQQQQQQQQ", None)]

@@ -80,4 +80,13 @@ def _restart_in_place(signals: Signals) -> None:
     if signals.count:
         return
     signals.hand_over()
-    os.execv(sys.executable, [sys.executable, "-m", "caldera.cli", *sys.argv[1:]])
+    os.execv(sys.executable, restart_argv())
+
+
+def restart_argv() -> list[str]:
+    """The interpreter's own command line as it started this process (the console script's
+    path and its words, or `-m caldera.cli …` with its options): the package comes from
+    where it came from. Not `-m caldera.cli` always: `-m` puts the current directory first on
+    sys.path, and a directory named `caldera` there (a clone in $HOME, where the console
+    script was typed) would shadow the package and end the restarted daemon."""
+    return [sys.executable, *sys.orig_argv[1:]]

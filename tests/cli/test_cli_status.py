@@ -29,7 +29,8 @@ def test_status_without_plane_or_daemon(caldera_env):
     assert doc["outbox"] == {"items": 0, "dropped": {}, "held_back": [], "rejected": 0}
     human = status()
     assert "Ready (ok)" in human.stdout and "[#####...............]  25%" in human.stdout
-    assert "daemon: not running" in human.stdout
+    # No state dir yet (install_agent makes none): not a bare "not running" (issue 36's review).
+    assert "daemon: none with this state dir (it is not there), and no caldera run of agent demo" in human.stdout
 
 
 def test_status_shows_the_drop_counters(caldera_env):
