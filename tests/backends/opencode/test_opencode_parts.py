@@ -241,7 +241,9 @@ def test_cutting_a_session_ends_its_request_on_a_silent_provider():
             assert upstream.wait_main(1)
             fwd.cut("ses_s")
             thread.join(30)
-            assert not thread.is_alive() and box["out"][0] == 200  # headers came; the body ended at the cut
+            # ended at the cut, not after the provider's 120 s: with the provider's headers relayed
+            # (200, the body cut short) or, when the cut came first, a 502 from the forwarder
+            assert not thread.is_alive() and box["out"][0] in (200, 502)
         finally:
             fwd.close()
 
