@@ -19,16 +19,17 @@ from __future__ import annotations
 import importlib
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypedDict, TypeVar
 
 from caldera import config, errors
 from caldera.backends import failures as fk
 from caldera.backends.events import EVENT_TYPES, EventSink
 
 # also named here (base.capabilities): the daemon imports them from the light registry (see there)
-from caldera.backends.registry import DEFAULT_PROFILE, PROFILES, Refused, capabilities
+from caldera.backends.registry import DEFAULT_PROFILE, PROFILES, BackendServers, Refused, capabilities
 
 if TYPE_CHECKING:
     from caldera.redact import Redactor
@@ -68,6 +69,7 @@ class Environment:
     secrets_dir: str | None = None
     credentials_dir: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # agent.env merged over os.environ
+    servers: BackendServers | None = None  # the daemon's: what a backend keeps between runs (OpenCode's server)
     # The runtime's roots, which no run may read (every agent's config and secrets, every
     # agent's state): filled where the Environment is built, from `roots(env)`.
     config_root: str | None = None  # CALDERA_CONFIG_DIR (/etc/caldera)
@@ -75,7 +77,13 @@ class Environment:
     persistent_dir: str | None = None  # a ClawManager instance's persistent dir (the state lives in it)
 
 
-def roots(env: Mapping[str, str]) -> dict[str, str | None]:
+class Roots(TypedDict):
+    config_root: str
+    state_root: str
+    persistent_dir: str | None
+
+
+def roots(env: Mapping[str, str]) -> Roots:
     """Environment's root fields for a runtime with this environment (agent.env over os.environ)."""
     return {"config_root": str(config.config_root(env)), "state_root": str(config.state_root(env)),
             "persistent_dir": config.persistent_dir(env)}
@@ -86,6 +94,25 @@ class RunContext(Protocol):
     and whether that cancel was the command's own deadline."""
     cancel: threading.Event | None
     cancel_is_timeout: Callable[[], bool] | None
+
+
+class Stoppable(RunContext, Protocol):
+    """A context whose turn a backend ends early: its interrupt and its own deadline."""
+    interrupt_event: threading.Event
+    deadline: float  # time.monotonic()
+
+
+def stop_reason(context: Stoppable) -> str | None:
+    """Why the turn must end now: "cancelled" (agent_interrupt, the command's cancel),
+    "timeout" (the policy's deadline, or the command's own) or None."""
+    if context.interrupt_event.is_set():
+        return "cancelled"
+    if context.cancel is not None and context.cancel.is_set():
+        is_timeout = context.cancel_is_timeout() if context.cancel_is_timeout else False
+        return "timeout" if is_timeout else "cancelled"
+    if time.monotonic() >= context.deadline:
+        return "timeout"
+    return None
 
 
 ContextT = TypeVar("ContextT", bound=RunContext)

@@ -558,7 +558,7 @@ class _Connection:
         coding = (head.get("transfer-encoding") or "").strip().lower()
         length = head.get("content-length")
         if coding and length is not None:
-            raise _BadRequest(400, "both Content-Length and Transfer-Encoding")
+            self.keep = False  # RFC 9112: the coding wins; the connection cannot be trusted after it
         if coding:
             if coding != "chunked":
                 raise _BadRequest(501, f"transfer coding {coding[:40]!r} is not supported")

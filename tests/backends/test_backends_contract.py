@@ -1,11 +1,13 @@
 """T1-T3 of seed 003 against every backend: its real CLI, its own local fake provider.
 
-One suite, parametrised by the drivers of backends_drivers.py (Codex, Claude Code; another
-backend joins with one driver). Each scenario plants a canary key in the projection: it
+One suite, parametrised by the drivers of backends_drivers.py (Codex, Claude Code, OpenCode;
+another backend joins with one driver). Each scenario plants a canary key in the projection: it
 must reach the provider (the key is used) and nothing else: events, finish result, run log
 (the CLI's stderr included), what the model was sent (so the agent's own commands never
 saw it), and nothing may be left: the run directory and any private TMPDIR gone, no
-process holding the run's HOME (after a timeout and an interrupt too).
+process holding the run's HOME (after a timeout and an interrupt too), nothing of the run on
+what a backend keeps between runs (OpenCode's server: the scenarios share one, as an agent's
+runs do under the daemon).
 
 A driver whose CLI is missing skips, unless its CALDERA_REQUIRE_<BACKEND>=1 (CI sets it):
 then the missing CLI fails the suite.
@@ -26,6 +28,13 @@ from backends_drivers import CANARY, DRIVERS
 from caldera.backends import base, service
 from caldera.backends import failures as fk
 from caldera.redact import Redactor
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drivers_closed():
+    yield
+    for found in DRIVERS.values():
+        found.close()
 
 
 @pytest.fixture(params=sorted(DRIVERS), ids=sorted(DRIVERS))
@@ -49,6 +58,7 @@ class Turn:
         """`config_dir` holds the projection (tmp by default), `state_dir` the logs and runs
         (tmp/state); `fields` are more of the Environment's (its roots)."""
         self.tmp = tmp
+        self.driver = driver
         self.workspace = workspace or tmp / "ws"
         self.workspace.mkdir(exist_ok=True, parents=True)
         state = state_dir or tmp / "state"
@@ -59,7 +69,8 @@ class Turn:
             env.update(extra_env or {})
             self.environment = base.Environment(
                 redactor=Redactor(), logs_dir=str(state / "logs"), runs_dir=str(state / "runs"),
-                secrets_dir=str(secrets), env=env, **(fields or {}))
+                secrets_dir=str(secrets), env=env, servers=driver.servers(binary or driver.binary()),
+                **(fields or {}))
             request = {"run_id": "run-1", "prompt": prompt, "workspace": str(self.workspace),
                        "backend_profile": driver.profile,
                        "execution_policy": dict({"timeout_seconds": 60}, **policy)}
@@ -103,7 +114,10 @@ class Turn:
     def assert_nothing_left(self, log: str) -> None:
         """The run's private dirs are gone and no process of the run is left: none has the
         run dir or a private HOME in its environment (every process a CLI starts, the
-        agent's commands included, inherits its HOME)."""
+        agent's commands included, inherits its HOME), nor anything else of the run's."""
+        runs = Path(self.environment.runs_dir)
+        assert not runs.exists() or list(runs.iterdir()) == []
+        assert self.driver.leftovers(self.workspace) == []
         assert_nothing_left(Path(self.environment.runs_dir, "run-1"), log)
 
 
@@ -201,7 +215,7 @@ def test_provider_failure_has_its_kind(driver, tmp_path, entry, kind):
 def test_failing_provider_ends_within_a_minute_with_default_retries(driver, tmp_path):
     # The backend's own retry bounds (no test override): a bounded number of requests, then its kind.
     defaults = {name: "" for name in ("CALDERA_CODEX_REQUEST_MAX_RETRIES", "CALDERA_CODEX_STREAM_MAX_RETRIES",
-                                      "CALDERA_CLAUDE_CODE_MAX_RETRIES")}
+                                      "CALDERA_CLAUDE_CODE_MAX_RETRIES", "CALDERA_OPENCODE_MAX_RETRIES")}
     # The first answer asks for an hour's wait (a backend that caps it waits its cap once);
     # the later ones ask nothing (the CLI's own short backoff): as short as the point allows.
     first = {"status": 529, "headers": {"retry-after": "3600"} if driver.caps_retry_after else {}}

@@ -416,3 +416,23 @@ def test_a_loopback_provider_is_reached_directly_and_an_unsupported_proxy_is_ref
         with pytest.raises(BackendFailure) as caught:
             fw.upstream_proxy("https://api.anthropic.com")
         assert caught.value.kind == fk.BACKEND_FAILED and "http:// proxy" in caught.value.message
+
+
+def test_a_body_with_both_framings_is_read_chunked_and_the_connection_closed_after():
+    """RFC 9112: Transfer-Encoding wins over a Content-Length beside it (Bun has been seen to
+    send both), and the connection is not kept (what follows could be smuggled)."""
+    body = b'{"model":"m","pad":"' + b"z" * 300 + b'"}'
+    with FakeAnthropic([{"text": "ok"}]) as provider:
+        fwd = _claude(provider.url)
+        sock = socket.create_connection(("127.0.0.1", fwd.port), timeout=30)
+        try:
+            sock.sendall(f"POST /v1/messages HTTP/1.1\r\nx-api-key: {TOKEN}\r\ncontent-length: 5\r\n"
+                         f"transfer-encoding: chunked\r\n\r\n{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        finally:
+            sock.close()
+            fwd.close()
+    assert answer.startswith(b"HTTP/1.1 200 ") and b"Connection: close" in answer
+    assert provider.posts[0]["body"].encode() == body
