@@ -144,7 +144,7 @@ def policy_turn(binary: str, url: str, tmp: Path, ws: Path) -> None:
     policy = base.Policy(timeout_seconds=600)
     settings = tmp / "bare-home" / ".claude" / "settings.json"
     env = bare_env(url, tmp)
-    settings.write_text(json.dumps(cc.policy_settings(policy, str(ws), [], {})))
+    settings.write_text(json.dumps(cc.policy_settings(policy, str(ws), cc.confine([], [str(ws)]), {})))
     proc = subprocess.Popen(cc.argv(binary, policy, str(settings), None), env=env, cwd=str(ws),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert proc.stdin is not None and proc.stdout is not None

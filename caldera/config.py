@@ -164,7 +164,7 @@ class Settings:
             return None
         parts = urllib.parse.urlsplit(self.base_url)
         host = parts.hostname or ""
-        return host if parts.scheme == "http" and not _is_loopback(host) else None
+        return host if parts.scheme == "http" and not is_loopback(host) else None
 
 
 # ---------------------------------------------------------------- paths
@@ -796,7 +796,7 @@ def _platform_plain_http(env: Environ, environ: Environ, host: str) -> bool:
     and secrets.env are merged (`env`: no CALDERA_BASE_URL over it, no other value for it in a
     file). A CLAWMANAGER_AGENT_BASE_URL written in agent.env is the operator's, not the
     platform's. Anything else needs the operator's CALDERA_ALLOW_PLAIN_HTTP=true."""
-    if _is_loopback(host):
+    if is_loopback(host):
         return True
     return bool(injected_values(env, environ, ("CLAWMANAGER_AGENT_BASE_URL",))) and not env.get("CALDERA_BASE_URL")
 
@@ -811,7 +811,7 @@ def injected_values(env: Environ, environ: Environ, names: Iterable[str]) -> dic
     return {name: environ[name] for name in names if environ.get(name) and env.get(name) == environ[name]}
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     import ipaddress  # here: the quick verbs never read base_url (docs/performance.md, section 1)
 
     if host == "localhost":

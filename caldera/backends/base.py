@@ -22,9 +22,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypedDict, TypeVar
 
-from caldera import errors
+from caldera import config, errors
 from caldera.backends import failures as fk
 from caldera.backends.events import EVENT_TYPES, EventSink
 
@@ -70,6 +70,23 @@ class Environment:
     credentials_dir: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # agent.env merged over os.environ
     servers: BackendServers | None = None  # the daemon's: what a backend keeps between runs (OpenCode's server)
+    # The runtime's roots, which no run may read (every agent's config and secrets, every
+    # agent's state): filled where the Environment is built, from `roots(env)`.
+    config_root: str | None = None  # CALDERA_CONFIG_DIR (/etc/caldera)
+    state_root: str | None = None  # CALDERA_STATE_DIR (/var/lib/caldera)
+    persistent_dir: str | None = None  # a ClawManager instance's persistent dir (the state lives in it)
+
+
+class Roots(TypedDict):
+    config_root: str
+    state_root: str
+    persistent_dir: str | None
+
+
+def roots(env: Mapping[str, str]) -> Roots:
+    """Environment's root fields for a runtime with this environment (agent.env over os.environ)."""
+    return {"config_root": str(config.config_root(env)), "state_root": str(config.state_root(env)),
+            "persistent_dir": config.persistent_dir(env)}
 
 
 class RunContext(Protocol):

@@ -46,7 +46,7 @@ def environment_for(ctx: RunCall) -> base.Environment:
         redactor=ctx.redactor, logs_dir=str(state / "logs"), runs_dir=str(state / "runs"),
         secrets_dir=str(ctx.paths.secrets_dir),
         credentials_dir=env.get("CREDENTIALS_DIRECTORY") or os.environ.get("CREDENTIALS_DIRECTORY"),
-        env=env, servers=ctx.servers)
+        env=env, servers=ctx.servers, **base.roots(env))
 
 
 def agent_run(ctx: RunCall, payload: dict[str, Any]) -> dict[str, Any]:

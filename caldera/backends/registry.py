@@ -47,16 +47,21 @@ class LLMSource(NamedTuple):
     caldera.protocol.llm.LLMConfig | None (None: its runs get no provider). `projection` names its secret
     projection (`<secrets>/<it>/`, `$CREDENTIALS_DIRECTORY/<it>/` or `<it>_*` files there): when
     none of it exists and none of `variables` is set, `describe` is not imported (a daemon that
-    runs no turn stays light) and the runs get the AI gateway, if there is one; None: `describe`
-    is always asked."""
+    runs no turn stays light) and the runs get the AI gateway, if there is one (`gateway`;
+    False: a backend that never uses it, whose runs then get nothing); None: `describe` is
+    always asked."""
     describe: str
     projection: str | None = None
     variables: tuple[str, ...] = ()  # the runtime's variables that, when set, are a source too
+    gateway: bool = True
 
 
 # profile name -> what its runs get (docs/container.md, "What the report says of the LLM configuration").
 LLM_SOURCES = {
     "codex": LLMSource("caldera.backends.codex.config:llm_config", projection="codex"),
+    # Claude Code speaks the Anthropic Messages API only: never the (OpenAI-compatible) gateway.
+    "claude-code": LLMSource("caldera.backends.claude_code.config:llm_config", projection="claude-code",
+                             gateway=False),
     # OpenCode also takes ClawManager's OPENCODE_CONFIG_CONTENT (its provider: the gateway's, or not)
     "opencode": LLMSource("caldera.backends.opencode.provider:llm_config", projection="opencode",
                           variables=("OPENCODE_CONFIG_CONTENT",)),
@@ -96,7 +101,7 @@ def llm_configs(env: Mapping[str, str], secrets_dir: str | None, credentials_dir
         label = f"backend {profile}"
         if (source.projection is not None and not _projected(source.projection, secrets_dir, credentials_dir)
                 and not any(env.get(name) for name in source.variables)):
-            gateway = gateway_from_env(env)
+            gateway = gateway_from_env(env) if source.gateway else None
             found = gateway_config(gateway, label) if gateway is not None else None
         else:
             module, function = source.describe.split(":")

@@ -150,9 +150,10 @@ class StdioProcess:
 
     def start(self) -> None:
         try:
+            # die_with_parent: a runtime killed with -9 takes the CLI with it (docs/backends.md).
             self.proc = subprocess.Popen(
                 self.argv, cwd=self.cwd, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+                stderr=subprocess.PIPE, start_new_session=True, close_fds=True, preexec_fn=proc.die_with_parent())
         except OSError as exc:
             raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED,
                                     f"cannot start {self.argv[0]}: {exc.strerror or exc}") from None

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from caldera import config
-from caldera.backends import base, service
+from caldera.backends import base, leftovers, service
 from caldera.cli import add_agent_flags
 from caldera.errors import ConfigError, UsageError
 from caldera.host.stopsignals import on_signals
@@ -90,7 +90,8 @@ def _turn(args: argparse.Namespace) -> int:
     environment = base.Environment(
         redactor=redactor, logs_dir=str(state_dir / "logs"), runs_dir=str(state_dir / "runs"),
         secrets_dir=str(secrets_dir) if secrets_dir else None,
-        credentials_dir=env.get("CREDENTIALS_DIRECTORY"), env=env)
+        credentials_dir=env.get("CREDENTIALS_DIRECTORY"), env=env, **base.roots(env))
+    leftovers.sweep(environment.runs_dir)  # what a runtime killed mid-run left (docs/backends.md)
     policy = {k: v for k, v in (("timeout_seconds", args.timeout), ("sandbox", args.sandbox),
                                 ("approval", args.approval)) if v is not None}
     if args.network:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from caldera.agents.narrow import as_process_driver
+from caldera.backends.leftovers import sweep as sweep_leftovers
 from caldera.daemon.executor import Executor, executor_for
 from caldera.daemon.heartbeat import ConnectionStatus, heartbeat_loop
 from caldera.daemon.lanes import Lanes
@@ -103,6 +104,7 @@ def run(parts: Parts, signals: Signals) -> int:
         print(f"caldera run: {already_run(parts.paths.name, parts.paths.state_dir, lock.holder())}", file=sys.stderr)
         return 1
     with lock:
+        sweep_leftovers(parts.paths.state_dir / "runs")  # what a runtime killed mid-run left (docs/backends.md)
         if signals.count:  # asked to stop during start-up (or held across a restart): start nothing
             log.info("stopped before starting: a stop was asked during start-up")
             sdnotify.notify("STOPPING=1")

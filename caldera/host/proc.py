@@ -209,6 +209,29 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: str, user: str | 
                             stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, **kwargs)
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A `preexec_fn` that makes the child get SIGKILL when the thread that started it ends
+    (prctl PR_SET_PDEATHSIG: the runtime killed with -9 takes its long-lived CLI with it), or
+    None where prctl is not there (not Linux). Built in the parent: the child only calls
+    into libc, and exits at once if its parent is already gone (the signal would never come)."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def child() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+    return child
+
+
 def signal_pid(pid: int, sig: int) -> bool:
     """Send sig to one process; False when it is gone (or not ours to signal)."""
     try:

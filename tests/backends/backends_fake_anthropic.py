@@ -80,8 +80,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(404, {"type": "error", "error": {"type": "not_found_error", "message": "not here"}})
 
     def do_POST(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            body = self._chunked()
+        else:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
         entry, n = self.server.provider.record(self, body)
         if not self.path.startswith("/v1/messages"):
             return self._json(404, {"type": "error", "error": {"type": "not_found_error", "message": self.path}})
@@ -117,6 +120,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
+
+    def _chunked(self) -> bytes:
+        parts = []
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+            if size == 0:
+                self.rfile.readline()
+                return b"".join(parts)
+            parts.append(self.rfile.read(size))
+            self.rfile.readline()
 
     def _json(self, status, doc, headers=None):
         body = json.dumps(doc).encode()

@@ -60,9 +60,12 @@ def test_no_key_is_secret_unavailable_and_the_gateway_is_named(tmp_path):
     ("https://gw.example/?key=s3cr3t-pass", "query"),
     ("http://gw.example", "plain http"),
     ("ftp://gw.example", "http(s) URL"),
+    ("http://gw.example:99999", "the port of the host is not a number from 1 to 65535"),  # the review's L2
+    ("https://gw.example:0/v1", "the port of the host is not a number from 1 to 65535"),
+    ("https://gw.example:port", "the port of the host is not a number from 1 to 65535"),
 ])
-def test_a_base_url_is_refused_with_a_sentence_that_never_quotes_it(tmp_path, url, words):
-    message = _refused(tmp_path, fk.BACKEND_FAILED, env={"ANTHROPIC_API_KEY": KEY, "ANTHROPIC_BASE_URL": url})
+def test_a_base_url_no_run_can_use_is_secret_unavailable_in_a_sentence_that_never_quotes_it(tmp_path, url, words):
+    message = _refused(tmp_path, fk.SECRET_UNAVAILABLE, env={"ANTHROPIC_API_KEY": KEY, "ANTHROPIC_BASE_URL": url})
     assert words in message and "s3cr3t-pass" not in message and "gw.example" not in message
 
 
@@ -80,6 +83,36 @@ def test_settings_keep_only_narrowing_keys_and_every_other_string_is_a_secret(tm
     assert plan.dropped == ["apiKeyHelper", "env", "hooks", "permissions.allow", "permissions.defaultMode"]
     assert {"/bin/echo helper-secret-value", "env-secret-value", "Bash(*)"} <= set(plan.secret_values)
     assert "claude-y" not in plan.secret_values  # a model name may appear (SPEC section 10)
-    merged = cc.policy_settings(Policy(timeout_seconds=60), "/w", ["/secrets"], plan.settings)
+    merged = cc.policy_settings(Policy(timeout_seconds=60), "/w", cc.confine(["/secrets"], ["/w"]), plan.settings)
     assert merged["permissions"]["allow"] == [] and "Bash(curl:*)" in merged["permissions"]["deny"]
     assert merged["sandbox"]["allowUnsandboxedCommands"] is False and merged["disableAllHooks"] is True
+
+
+def test_a_hidden_root_holding_the_workspace_is_denied_around_it_and_the_network_keeps_off_this_host(tmp_path):
+    """A permission rule makes no exception (the sandbox's allowRead does): the rules name
+    every entry of the root on the way to the workspace but that way."""
+    root = tmp_path / "persist"
+    for rel in ("workspace/src", ".claude", "caldera-agent", "other/deep"):
+        (root / rel).mkdir(parents=True)
+    (root / "notes.txt").write_text("x")
+    workspace, private = str(root / "workspace"), str(tmp_path / "private")
+    confined = cc.confine([str(root), str(root / "caldera-agent"), str(tmp_path / "secrets")], [workspace, private],
+                          ["192.0.2.7"])
+    assert confined.hidden[0] == str(root) and confined.allowed == (workspace, private)
+    assert set(confined.rules) == {str(root / n) for n in (".claude", "caldera-agent", "notes.txt", "other")} | {
+        str(tmp_path / "secrets")}
+    settings = cc.policy_settings(Policy(timeout_seconds=60, network=True), workspace, confined, {})
+    assert settings["sandbox"]["filesystem"]["allowRead"] == ["/" + workspace, "/" + private]
+    assert f"Read(/{root}/other/**)" in settings["permissions"]["deny"]
+    assert not any("workspace" in rule for rule in settings["permissions"]["deny"])
+    denied = settings["sandbox"]["network"]["deniedDomains"]
+    assert {"127.0.0.1", "localhost", "10.0.0.0/8", "::1", "192.0.2.7"} <= set(denied)
+    assert settings["sandbox"]["network"]["allowedDomains"] == ["*"]
+    closed = cc.policy_settings(Policy(timeout_seconds=60), workspace, confined, {})
+    assert closed["sandbox"]["network"] == {"allowedDomains": []}
+
+
+def test_a_prompt_starting_with_a_slash_is_sent_as_text():
+    assert cc.prompt_text("/config permissionMode=dontAsk") == " /config permissionMode=dontAsk"
+    assert cc.prompt_text("fix /etc/hosts") == "fix /etc/hosts"
+    assert "--disable-slash-commands" in cc.argv("claude", Policy(timeout_seconds=60), "/s.json", None)

@@ -52,20 +52,26 @@ class Turn:
     """One run of a scenario: its finish result, every event, and the provider's record."""
 
     def __init__(self, driver, tmp: Path, script: list[dict], key: str | None = CANARY, binary: str | None = None,
-                 extra_env: dict | None = None, interrupt: bool = False, **policy):
+                 extra_env: dict | None = None, interrupt: bool = False, workspace: Path | None = None,
+                 config_dir: Path | None = None, state_dir: Path | None = None, fields: dict | None = None,
+                 prompt: str = "Do the thing", **policy):
+        """`config_dir` holds the projection (tmp by default), `state_dir` the logs and runs
+        (tmp/state); `fields` are more of the Environment's (its roots)."""
         self.tmp = tmp
         self.driver = driver
-        self.workspace = tmp / "ws"
-        self.workspace.mkdir(exist_ok=True)
+        self.workspace = workspace or tmp / "ws"
+        self.workspace.mkdir(exist_ok=True, parents=True)
+        state = state_dir or tmp / "state"
         with driver.provider(script) as provider:
-            secrets = driver.projection(tmp, provider.url, key)
+            secrets = driver.projection(config_dir or tmp, provider.url, key)
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
             env.update(driver.env(binary or driver.binary()))
             env.update(extra_env or {})
             self.environment = base.Environment(
-                redactor=Redactor(), logs_dir=str(tmp / "state" / "logs"), runs_dir=str(tmp / "state" / "runs"),
-                secrets_dir=str(secrets), env=env, servers=driver.servers(binary or driver.binary()))
-            request = {"run_id": "run-1", "prompt": "Do the thing", "workspace": str(self.workspace),
+                redactor=Redactor(), logs_dir=str(state / "logs"), runs_dir=str(state / "runs"),
+                secrets_dir=str(secrets), env=env, servers=driver.servers(binary or driver.binary()),
+                **(fields or {}))
+            request = {"run_id": "run-1", "prompt": prompt, "workspace": str(self.workspace),
                        "backend_profile": driver.profile,
                        "execution_policy": dict({"timeout_seconds": 60}, **policy)}
             self.events: list[dict] = []
@@ -107,16 +113,21 @@ class Turn:
 
     def assert_nothing_left(self, log: str) -> None:
         """The run's private dirs are gone and no process of the run is left: none has the
-        run dir in its environment (each CLI's HOME is in it, and every process it starts,
-        the agent's commands included, inherits that HOME)."""
-        run_dir = Path(self.environment.runs_dir, "run-1")
-        assert not run_dir.exists()  # HOME, config: removed
+        run dir or a private HOME in its environment (every process a CLI starts, the
+        agent's commands included, inherits its HOME), nor anything else of the run's."""
         runs = Path(self.environment.runs_dir)
-        assert not runs.exists() or list(runs.iterdir()) == []  # nor anything else of the run's
+        assert not runs.exists() or list(runs.iterdir()) == []
         assert self.driver.leftovers(self.workspace) == []
-        for tmp in re.findall(r"TMPDIR (/\S+)", log):  # a private TMPDIR outside the run dir
-            assert not Path(tmp).exists(), tmp
-        assert processes_holding(str(run_dir)) == []
+        assert_nothing_left(Path(self.environment.runs_dir, "run-1"), log)
+
+
+def assert_nothing_left(run_dir: Path, log: str) -> None:
+    assert not run_dir.exists()  # HOME, config: removed
+    private = re.findall(r"(?:HOME|TMPDIR) (/\S+)", log)  # a private HOME and TMPDIR outside the run dir
+    for path in private:
+        assert not Path(path).exists(), path
+    for marker in [str(run_dir), *private]:
+        assert processes_holding(marker) == [], marker
 
 
 def processes_holding(marker: str) -> list[str]:
@@ -180,7 +191,7 @@ def test_caldera_turn_prints_no_secret(driver, tmp_path):
     assert "from-the-agent" in json.dumps(events)
     [log] = (tmp_path / "state" / "logs").glob("run-*.log")
     assert CANARY not in proc.stdout + proc.stderr + log.read_text()
-    assert not any((tmp_path / "state" / "runs").iterdir())
+    assert_nothing_left(tmp_path / "state" / "runs" / events[-1]["run_id"], log.read_text())
 
 
 @pytest.mark.parametrize("entry,kind", [

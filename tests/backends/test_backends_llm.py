@@ -12,7 +12,7 @@ from backends_helpers import CANARY, KEY_ENV, write_projection
 from caldera.backends import projection, registry
 from caldera.backends.codex import config as cc
 from caldera.errors import Refused
-from caldera.protocol.llm import EXTERNAL, GATEWAY
+from caldera.protocol.llm import EXTERNAL, GATEWAY, report_fields
 
 GATEWAY_URL = "http://clawmanager-gateway.demo-system.svc.cluster.local:9001/api/v1/gateway/llm"
 GW = {"CLAWMANAGER_LLM_BASE_URL": GATEWAY_URL, "CLAWMANAGER_LLM_API_KEY": CANARY,
@@ -158,3 +158,49 @@ def test_without_a_projection_the_daemon_never_imports_the_backends_modules(tmp_
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout
     assert out.strip() == "[[\"gateway\", \"auto\"], [\"gateway\", \"auto\"]] ['caldera.backends.registry']"
+
+
+# ---------------------------------------------------------------- Claude Code
+
+def _claude_projection(tmp_path, **env):
+    root = tmp_path / "secrets" / "claude-code" / "env"
+    root.mkdir(parents=True, exist_ok=True)
+    for name, value in env.items():
+        (root / name).write_text(value + "\n")
+    return str(tmp_path / "secrets")
+
+
+def test_claude_code_runs_get_the_projections_provider_never_the_gateway(tmp_path):
+    from caldera.backends.claude_code import config as claude
+
+    secrets = _claude_projection(tmp_path, ANTHROPIC_API_KEY=CANARY, ANTHROPIC_MODEL="claude-opus-5-5",
+                                 ANTHROPIC_BASE_URL=f"https://llm.corp.test:8443/anthropic/{CANARY}")
+    found = {c.source: c for c in registry.llm_configs(GW, secrets, None)}
+    claude_code = found["backend claude-code"]
+    assert (claude_code.status, claude_code.base_url, claude_code.provider, claude_code.model) == (
+        EXTERNAL, "https://llm.corp.test:8443", "anthropic", "claude-opus-5-5")  # the key in the path: cut
+    assert found["backend codex"].status == GATEWAY  # Codex without a projection of its own
+    report = report_fields(found.values())
+    assert CANARY not in json.dumps(report) and report["llm_config_status"] == EXTERNAL
+    default = claude.llm_config(GW, _claude_projection(tmp_path / "b", ANTHROPIC_AUTH_TOKEN=CANARY), None)
+    assert (default.status, default.base_url, default.provider, default.model) == (
+        EXTERNAL, "https://api.anthropic.com", "anthropic", None)
+
+
+def test_without_a_projection_claude_code_hands_out_nothing_and_is_not_imported(tmp_path):
+    """No projection: a Claude Code run is refused (secret-unavailable), so nothing is handed
+    out, and the gateway never stands in for it (it is OpenAI-compatible)."""
+    code = ("import json, sys; from caldera.backends import registry; "
+            f"found = registry.llm_configs({GW!r}, {str(tmp_path / 'secrets')!r}, None); "
+            "print(json.dumps([[c.source for c in found], "
+            "sorted(m for m in sys.modules if m.startswith('caldera.backends.claude_code'))]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout
+    sources, modules = json.loads(out)
+    assert "backend codex" in sources and "backend claude-code" not in sources and modules == []
+
+
+def test_a_claude_code_projection_that_cannot_be_used_is_still_external(tmp_path):
+    secrets = _claude_projection(tmp_path, ANTHROPIC_BASE_URL="https://llm.corp.test")  # no key
+    found = {c.source: c for c in registry.llm_configs({"CALDERA_WORKSPACE_ROOTS": "/srv/ws"}, secrets, None)}
+    assert (found["backend claude-code"].status, found["backend claude-code"].base_url) == (EXTERNAL, None)

@@ -346,3 +346,27 @@ def test_a_server_that_fails_to_close_does_not_stop_the_stop_sequence(parts, cap
     parts.servers.get("opencode", lambda runs_dir: Broken())
     close_servers(parts)
     assert "stopping the backends' servers failed" in caplog.text
+
+
+def test_the_daemons_start_sweeps_what_a_runtime_killed_mid_run_left(parts):
+    """Once, under the state lock, before anything else starts (a stop asked during start-up
+    included): a run dir whose owner is gone (Codex's held a copy of auth.json) is removed."""
+    import signal
+    import subprocess
+    import sys
+
+    from caldera.backends import leftovers
+    from caldera.daemon.signals import Signals
+    from caldera.host import proc
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = proc.proc_stat(child.pid)
+    child.wait()
+    stale = parts.paths.state_dir / "runs" / "run-of-a-dead-runtime"
+    (stale / "codex-home").mkdir(parents=True)
+    (stale / "codex-home" / "auth.json").write_text('{"token": "x"}')
+    (stale / leftovers.OWNER).write_text(f"{child.pid} {started['start_time'] if started else 0}\n")
+    signals = Signals()
+    signals._stop(signal.SIGTERM, None)  # a stop asked during start-up: nothing else starts
+    assert daemon_run.run(parts, signals) == 0
+    assert not stale.exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -23,11 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from caldera import config
 from caldera.backends import failures as fk
+from caldera.backends import leftovers
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
 from caldera.backends.claude_code import config as cc
-from caldera.backends.claude_code.forwarder import Forwarder
 from caldera.backends.claude_code.normalize import Normalizer
 from caldera.backends.events import EVENT_TYPES, EventSink
+from caldera.backends.forwarder import Forwarder, TokenRoute, Upstream
 from caldera.backends.projection import Projection
 from caldera.backends.registry import Refused
 from caldera.backends.stdio import LINE_CAP, Handoff, HandoffItem, StdioProcess
@@ -72,16 +74,25 @@ def find_binary(env: Mapping[str, str]) -> str | None:
     return found
 
 
-def hidden_paths(environment: Environment) -> list[str]:
-    """What the agent's commands and file tools may not read: the projection, systemd's
-    credentials, the run logs, and the runtime's own credential files (`secrets.env`
-    beside the projection, as in /etc/caldera/agents/NAME/, and `session.json` in the state
-    dir, the parent of logs/), real paths, those that exist."""
-    found = [environment.secrets_dir, environment.credentials_dir, environment.logs_dir]
+def hidden_paths(environment: Environment) -> tuple[list[str], list[str]]:
+    """(roots, secrets): what the agent's commands and file tools may not read, real paths of
+    those that exist. Roots: the runtime's config and state roots, the instance's persistent
+    dir, the agent's own state dir and every private dir of this uid's Claude Code runs (other
+    agents' secrets, session tokens, runs); the workspace may lie inside one of them and stays
+    readable. Secrets: the projection, systemd's credentials, the run logs, `secrets.env`
+    beside the projection (the bootstrap token) and `session.json` (the session token); a
+    workspace inside one of them is refused."""
+    state_dir = os.path.dirname(os.path.abspath(environment.logs_dir))
+    roots = [environment.config_root, environment.state_root, environment.persistent_dir, state_dir,
+             str(leftovers.private_root())]
+    secrets = [environment.secrets_dir, environment.credentials_dir, environment.logs_dir,
+               os.path.join(state_dir, "session.json")]
     if environment.secrets_dir:
-        found.append(os.path.join(os.path.dirname(os.path.abspath(environment.secrets_dir)), "secrets.env"))
-    found.append(os.path.join(os.path.dirname(os.path.abspath(environment.logs_dir)), "session.json"))
-    return sorted({os.path.realpath(p) for p in found if p and os.path.lexists(p)})
+        secrets.append(os.path.join(os.path.dirname(os.path.abspath(environment.secrets_dir)), "secrets.env"))
+
+    def real(paths: list[str | None]) -> list[str]:
+        return sorted({os.path.realpath(p) for p in paths if p and os.path.lexists(p)})
+    return real(roots), real(secrets)
 
 
 def sandbox_helpers(env: Mapping[str, str]) -> dict[str, str | None]:
@@ -96,8 +107,7 @@ class ClaudeContext:
     sink: EventSink
     normalizer: Normalizer
     binary: str
-    run_dir: Path
-    tmp_dir: Path
+    private_dir: Path  # HOME and TMPDIR below it, removed after the run
     plan: cc.ClaudePlan
     retries: int
     deadline: float
@@ -107,11 +117,24 @@ class ClaudeContext:
     process: StdioProcess | None = None
     forwarder: Forwarder | None = None
     snapshot: Snapshot | None = None
+    ended: bool = False  # the CLI and its sandbox are gone (the after-turn diff waits for it)
     reason: str | None = None  # "cancelled" | "timeout" once we stop the turn
     stop_sent_at: float = 0.0
     cli_dirs: list[Path] = field(default_factory=list)  # CLI_WORKSPACE_DIRS absent before the run
     initialised: bool = False
     started: float = field(default_factory=time.monotonic)
+
+    @property
+    def home(self) -> Path:
+        return self.private_dir / "home"
+
+    @property
+    def tmp_dir(self) -> Path:
+        return self.private_dir / "tmp"
+
+    def should_stop(self) -> bool:
+        """The command's cancel (its deadline or the operator's): a workspace walk ends."""
+        return self.cancel is not None and self.cancel.is_set()
 
 
 class ClaudeCodeBackend(Backend[ClaudeContext]):
@@ -162,31 +185,41 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
             retries = config.claude_code_retries(environment.env, cc.DEFAULT_MAX_RETRIES)
         except ConfigError as exc:
             raise fk.BackendFailure(fk.BACKEND_FAILED, str(exc)) from None
-        run_dir = Path(environment.runs_dir) / run.run_id
-        settings = cc.policy_settings(run.policy, run.workspace, hidden_paths(environment), plan.settings)
+        workspace = os.path.realpath(run.workspace)
+        roots, secrets = hidden_paths(environment)
+        inside = next((p for p in secrets if workspace == p or workspace.startswith(p.rstrip("/") + "/")), None)
+        if inside is not None:
+            raise Refused(f"the workspace {run.workspace} lies inside the runtime's secrets ({inside}): "
+                          "the agent's commands would read them")
+        private_dir = _private_dir()
         try:
-            for sub in ("", "home", "home/.claude"):
-                (run_dir / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
-                os.chmod(run_dir / sub, 0o700)
-            atomic_write_json(run_dir / "home" / ".claude" / "settings.json", settings, mode=0o600)
-            # TMPDIR: short (the sandbox's bridge sockets live there, and a Unix socket's path
-            # is at most 108 bytes: under the run dir they did not fit), private (mkdtemp: 0700).
-            tmp_dir = Path(tempfile.mkdtemp(prefix="caldera-cc-"))
-        except OSError as exc:
-            shutil.rmtree(run_dir, ignore_errors=True)
-            raise fk.BackendFailure(fk.BACKEND_FAILED, f"cannot prepare the run directory: {exc}") from None
+            confinement = cc.confine([*roots, *secrets], [workspace, str(private_dir)],
+                                     cc.local_addresses() if run.policy.network else [])
+            settings = cc.policy_settings(run.policy, run.workspace, confinement, plan.settings)
+            for sub in ("home", "home/.claude", "tmp"):
+                (private_dir / sub).mkdir(mode=0o700)
+            atomic_write_json(private_dir / "home" / ".claude" / "settings.json", settings, mode=0o600)
+        except BaseException as exc:
+            shutil.rmtree(private_dir, ignore_errors=True)  # no context yet: finalize will not
+            if isinstance(exc, OSError):
+                raise fk.BackendFailure(fk.BACKEND_FAILED, f"cannot prepare the run's private dir: {exc}") from None
+            raise
         return ClaudeContext(run=run, environment=environment, sink=sink, normalizer=Normalizer(sink), binary=binary,
-                             run_dir=run_dir, tmp_dir=tmp_dir, plan=plan, retries=retries,
+                             private_dir=private_dir, plan=plan, retries=retries,
                              deadline=time.monotonic() + run.policy.timeout_seconds)
 
     def _process_env(self, context: ClaudeContext, forwarder_url: str) -> dict[str, str]:
         """What the CLI (and so every Bash command of the agent) sees: no credential, no
         variable of the runtime's own; the run's token and forwarder instead of the key."""
         env = {"PATH": context.environment.env.get("PATH") or DEFAULT_PATH, "LANG": "C.UTF-8",
-               "HOME": str(context.run_dir / "home"), "TMPDIR": str(context.tmp_dir),
+               "HOME": str(context.home), "TMPDIR": str(context.tmp_dir),
                "ANTHROPIC_BASE_URL": forwarder_url, context.plan.key_var: context.plan.run_token,
                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
                "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1",
+               # No background task: one would outlive the turn's result, write after the diff
+               # and race the runtime's walk of the workspace (the CLI then refuses
+               # run_in_background; measured, 2.1.332).
+               "CLAUDE_CODE_DISABLE_BACKGROUND_TASKS": "1",
                "CLAUDE_CODE_MAX_RETRIES": str(context.retries)}
         if context.environment.env.get("TZ"):
             env["TZ"] = context.environment.env["TZ"]
@@ -195,24 +228,33 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
 
     def start_turn(self, context: ClaudeContext) -> None:
         runlog = context.sink.runlog
-        forwarder = Forwarder(context.plan.upstream, context.plan.key_var, context.plan.key, context.plan.run_token,
-                              note=(runlog.note if runlog is not None else lambda text: None), proxy=context.plan.proxy)
+        plan = context.plan
+        key_header = ("x-api-key", plan.key) if plan.key_var == "ANTHROPIC_API_KEY" else \
+            ("authorization", f"Bearer {plan.key}")
+        route = TokenRoute(Upstream.parse(plan.upstream, plan.proxy), plan.run_token, key_header, cc.FORWARDED_PATHS)
+        forwarder = Forwarder(route, name="claude-forwarder", retry_after_cap=cc.RETRY_AFTER_CAP,
+                              note=(runlog.note if runlog is not None else None))
         context.forwarder = forwarder
         url = forwarder.start()
-        context.snapshot = Snapshot.take(context.run.workspace)
+        # The run's deadline bounds this walk too (the one after the turn has only the cancel).
+        context.snapshot = Snapshot.take(
+            context.run.workspace, should_stop=lambda: context.should_stop() or time.monotonic() >= context.deadline)
+        if not context.snapshot.complete and runlog is not None:
+            runlog.note(f"no diff for this turn: the workspace before it: {context.snapshot.reason}")
         context.cli_dirs = [path for path in (Path(context.run.workspace, rel) for rel in CLI_WORKSPACE_DIRS)
                             if not os.path.lexists(path)]
         handoff: queue.Queue[HandoffItem] = queue.Queue(HANDOFF_BLOCKS)
-        settings = str(context.run_dir / "home" / ".claude" / "settings.json")
-        process = StdioProcess(cc.argv(context.binary, context.run.policy, settings, context.plan.model),
+        settings = str(context.home / ".claude" / "settings.json")
+        process = StdioProcess(cc.argv(context.binary, context.run.policy, settings, plan.model),
                                self._process_env(context, url), context.run.workspace, runlog,
                                context.environment.redactor, Handoff(handoff, runlog), "claude")
         context.process = process
-        process.note(f"private HOME {context.run_dir / 'home'} and TMPDIR {context.tmp_dir} (removed after the run)")
+        process.note(f"private HOME {context.home} and TMPDIR {context.tmp_dir} (removed after the run)")
         process.start()
         process.send({"type": "control_request", "request_id": "init_1", "request": {"subtype": "initialize"}})
         process.send({"type": "user", "session_id": "", "parent_tool_use_id": None,
-                      "message": {"role": "user", "content": [{"type": "text", "text": context.run.prompt}]}})
+                      "message": {"role": "user",
+                                  "content": [{"type": "text", "text": cc.prompt_text(context.run.prompt)}]}})
         self._loop(context, process, handoff, Lines(runlog))
 
     def _loop(self, context: ClaudeContext, process: StdioProcess, handoff: queue.Queue[HandoffItem],
@@ -318,9 +360,32 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
         return f"the run passed its timeout of {context.run.policy.timeout_seconds} s"
 
     def _finish(self, context: ClaudeContext, status: str, kind: str | None, message: str | None) -> None:
-        diff = context.snapshot.diff() if context.snapshot is not None else ""
+        # The CLI and everything in its sandbox are gone first: a write after the walk would be
+        # missing from the diff, and one during it could swap what the walk opens.
+        self._end_process(context)
+        diff = ""
+        if context.snapshot is not None:
+            diff = context.snapshot.diff(should_stop=context.should_stop)
+            if context.snapshot.reason and context.sink.runlog is not None:
+                context.sink.runlog.note(f"no diff for this turn: {context.snapshot.reason}")
         context.normalizer.finish(status, kind, message,
                                   {"duration_ms": int((time.monotonic() - context.started) * 1000)}, diff)
+
+    def _end_process(self, context: ClaudeContext) -> None:
+        """Close the CLI (stdin, grace, TERM -> KILL of its group), then end what is left of
+        its sandbox: a process still holding the run's private dir in its environment (the
+        sandbox's own session is outside the CLI's group) is killed and waited for."""
+        if context.ended:
+            return
+        context.ended = True
+        process = context.process
+        if process is None or process.proc is None:
+            return
+        rc = process.close()
+        process.note(f"claude ended, rc {rc}")
+        left = leftovers.kill_holders([str(context.private_dir)])
+        if left:
+            process.note(f"{left} process(es) of the run's sandbox outlived the CLI; killed")
 
     def interrupt(self, context: ClaudeContext) -> bool:
         already = context.interrupt_event.is_set()
@@ -329,18 +394,40 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
 
     def finalize(self, context: ClaudeContext) -> dict[str, Any]:
         try:
-            if context.process is not None and context.process.proc is not None:
-                rc = context.process.close()
-                context.process.note(f"claude ended, rc {rc}")
+            self._end_process(context)
         finally:
             if context.forwarder is not None:
                 context.forwarder.close()
-            for path in (context.run_dir, context.tmp_dir):
-                shutil.rmtree(path, ignore_errors=True)
-                if path.exists() and context.sink.runlog is not None:
-                    context.sink.runlog.note(f"could not remove {path}")
+            shutil.rmtree(context.private_dir, ignore_errors=True)
+            if context.private_dir.exists() and context.sink.runlog is not None:
+                context.sink.runlog.note(f"could not remove {context.private_dir}")
             _remove_empty_dirs(context.cli_dirs)
         return context.sink.terminal_data()
+
+
+def _private_dir() -> Path:
+    """A new private dir for one run (mkdtemp: 0700) under this uid's private root, claimed
+    (leftovers.claim). Short, because the sandbox's bridge sockets live in its TMPDIR and a
+    socket's path is at most 108 bytes. The root is refused unless it is this uid's own
+    directory, 0700 (in a shared /tmp another user could have made it first)."""
+    root = leftovers.private_root()
+    try:
+        root.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(root)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            raise fk.BackendFailure(fk.BACKEND_FAILED, f"{root} is not a directory of this user's: remove it "
+                                                       "(another user may have made it to see the runs' files)")
+        if st.st_mode & 0o077:
+            os.chmod(root, 0o700)
+        private = Path(tempfile.mkdtemp(dir=root))
+    except OSError as exc:
+        raise fk.BackendFailure(fk.BACKEND_FAILED, f"cannot make the run's private dir under {root}: {exc}") from None
+    try:
+        leftovers.claim(private)
+    except OSError as exc:
+        shutil.rmtree(private, ignore_errors=True)
+        raise fk.BackendFailure(fk.BACKEND_FAILED, f"cannot make the run's private dir under {root}: {exc}") from None
+    return private
 
 
 class Lines:

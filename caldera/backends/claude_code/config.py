@@ -11,21 +11,25 @@ are kept (the rest would widen the policy or run commands outside the sandbox).
 """
 from __future__ import annotations
 
-import base64
 import ipaddress
+import os
 import secrets
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from caldera.backends.base import Policy
 from caldera.backends.failures import BACKEND_FAILED, SECRET_UNAVAILABLE, BackendFailure
+from caldera.backends.forwarder import Proxy, Upstream, upstream_proxy
 from caldera.backends.projection import Projection
 from caldera.backends.registry import gateway_settings
+from caldera.config import is_loopback
 from caldera.host.jsonlimits import loads
+from caldera.protocol.llm import EXTERNAL, LLMConfig
 
 PROFILE = "claude-code"
+LLM_SOURCE = f"backend {PROFILE}"
 KEY_VARS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")  # x-api-key, Authorization: Bearer
 BASE_URL_VAR = "ANTHROPIC_BASE_URL"
 DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -36,6 +40,10 @@ MODEL_VARS = ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAUL
 KEPT_SETTINGS = ("model", "effortLevel", "alwaysThinkingEnabled", "includeCoAuthoredBy", "permissions")
 SHOWN_SETTINGS = ("model", "effortLevel")  # values that are names, not secrets
 DEFAULT_MAX_RETRIES = 2
+FORWARDED_PATHS = ("/v1/messages",)  # all the CLI asks of its provider (code-agents-notes.md)
+# A provider's Retry-After over this is shortened to it by the forwarder: a failing provider
+# must end the turn within a minute with its kind (the CLI honours the header as it is).
+RETRY_AFTER_CAP = 5
 # Tools offered to the model: the only ones a policy maps (anything else, subagents, cron,
 # worktrees, skills, is not offered at all).
 READ_TOOLS = ("Bash", "Read")
@@ -94,81 +102,46 @@ def plan_provider(projection: Projection, environ: Mapping[str, str], model: str
                       dropped=dropped, secret_values=secret_values, proxy=proxy)
 
 
+def llm_config(environ: Mapping[str, str], secrets_dir: str | None = None,
+               credentials_dir: str | None = None) -> LLMConfig | None:
+    """What a Claude Code run gets to reach a model (registry.LLM_SOURCES): the projection's
+    provider, always `external` (the gateway is never Claude Code's): its base URL (else
+    Anthropic's), provider `anthropic`, the model of env/ANTHROPIC_MODEL (or settings.json).
+    One the projection names but cannot be used is still a provider of its own (no URL);
+    None without a projection. Never a key: the projection's values are kept out of the URL."""
+    projection = Projection.locate(secrets_dir, credentials_dir, backend=PROFILE)
+    try:
+        plan = plan_provider(projection, environ)
+    except BackendFailure:
+        return LLMConfig(LLM_SOURCE, EXTERNAL)  # the registry asks only when a projection is there
+    return LLMConfig(LLM_SOURCE, EXTERNAL, plan.upstream, "anthropic", plan.model,
+                     hide=[plan.key, *plan.secret_values])
+
+
 def _header_safe(value: str) -> bool:
     return value.isascii() and value.isprintable() and value == value.strip()
 
 
 def check_base_url(url: str, label: str) -> str:
-    """The upstream URL, or backend-failed with a sentence: http(s) only, no credentials in
-    it, and plain http only to a loopback address (the key must not cross a network in clear)."""
+    """The upstream URL, or secret-unavailable with a sentence (a projected value the run
+    cannot use, like a key that is not one line): http(s) with a host and a port from 1 to
+    65535, no credentials, query or fragment in it, and plain http only to a loopback address
+    (the key must not cross a network in clear). Never quotes the URL."""
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise BackendFailure(BACKEND_FAILED, f"{label}: an http(s) URL is required")
+    try:
+        Upstream.parse(url)
+    except ValueError as exc:
+        raise BackendFailure(SECRET_UNAVAILABLE, f"{label}: {str(exc).replace(parts.hostname or '', 'the host')}") \
+            from None
     if parts.username is not None or parts.password is not None:
-        raise BackendFailure(BACKEND_FAILED, f"{label}: credentials in the URL are not accepted; "
-                                             "put the key in env/ANTHROPIC_API_KEY")
+        raise BackendFailure(SECRET_UNAVAILABLE, f"{label}: credentials in the URL are not accepted; "
+                                                 "put the key in env/ANTHROPIC_API_KEY")
     if parts.query or parts.fragment:
-        raise BackendFailure(BACKEND_FAILED, f"{label}: a query or fragment is not accepted")
-    if parts.scheme == "http" and not is_loopback(parts.hostname):
-        raise BackendFailure(BACKEND_FAILED, f"{label}: plain http is accepted only to a loopback address "
-                                             "(the key would cross the network in clear)")
+        raise BackendFailure(SECRET_UNAVAILABLE, f"{label}: a query or fragment is not accepted")
+    if parts.scheme == "http" and not is_loopback(parts.hostname or ""):
+        raise BackendFailure(SECRET_UNAVAILABLE, f"{label}: plain http is accepted only to a loopback address "
+                                                 "(the key would cross the network in clear)")
     return url.rstrip("/")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-@dataclass(frozen=True)
-class Proxy:
-    """The HTTP proxy the forwarder tunnels the provider's requests through (CONNECT)."""
-    host: str
-    port: int
-    authorization: str | None = None  # the Proxy-Authorization value from the URL's credentials
-    secrets: tuple[str, ...] = ()  # the URL's password and the header: for the Redactor
-
-    @property
-    def shown(self) -> str:
-        """host:port, never the credentials (for events)."""
-        return f"{self.host}:{self.port}"
-
-
-def upstream_proxy(upstream: str) -> Proxy | None:
-    """The proxy `requests` would use for the upstream URL: HTTPS_PROXY (https_proxy first),
-    ALL_PROXY, NO_PROXY, from the runtime's process environment, read by requests' own
-    functions (SPEC section 3: proxies are honoured as everywhere). One exception: a
-    loopback upstream (the only one plain http may use) is always reached directly, as
-    Go's clients do: a proxy elsewhere cannot reach this host's loopback, and the key would
-    cross the network in clear. Only an http:// proxy is supported (CONNECT over plain
-    HTTP, like requests with urllib3 1.26); an https:// or socks one is refused with a
-    sentence rather than bypassed."""
-    parts = urllib.parse.urlsplit(upstream)
-    if parts.scheme != "https" or not parts.hostname or is_loopback(parts.hostname):
-        return None
-    import requests.utils  # here: only a Claude Code run reads proxies this way
-
-    found = requests.utils.select_proxy(upstream, requests.utils.get_environ_proxies(upstream))
-    if not found:
-        return None
-    url = urllib.parse.urlsplit(requests.utils.prepend_scheme_if_needed(found, "http"))
-    if url.scheme != "http" or not url.hostname:
-        raise BackendFailure(BACKEND_FAILED, (
-            f"the proxy for {parts.hostname} ({url.scheme or 'no scheme'}://{url.hostname or ''}) is not supported: "
-            "the Claude Code forwarder reaches the provider through an http:// proxy (HTTPS_PROXY) only"))
-    try:
-        port = url.port or 80
-    except ValueError:
-        raise BackendFailure(BACKEND_FAILED, f"the proxy for {parts.hostname} has an invalid port") from None
-    user, password = requests.utils.get_auth_from_url(found)
-    if not user and not password:
-        return Proxy(url.hostname, port)
-    header = "Basic " + base64.b64encode(f"{user}:{password}".encode("latin-1", "replace")).decode()
-    return Proxy(url.hostname, port, header, tuple(s for s in (password, header, header[6:]) if s))
 
 
 def _settings(raw: bytes | None, label: str) -> tuple[dict[str, Any], list[str], list[str]]:
@@ -206,33 +179,123 @@ def _strings(value: Any) -> list[str]:
 
 # ---------------------------------------------------------------- policy
 
-def policy_settings(policy: Policy, workspace: str, hidden: list[str], projected: dict[str, Any]) -> dict[str, Any]:
+# `network: true` is the internet, not this host or the networks around it. Claude Code's
+# sandbox matches a name's resolved addresses against ranges (and refuses loopback, link-local
+# and cloud metadata addresses of a name on its own), but an IP literal only against the
+# literals listed (measured, 2.1.332): hence both kinds here, and this host's own addresses.
+DENIED_RANGES = ("127.0.0.0/8", "0.0.0.0/8", "169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
+                 "100.64.0.0/10", "::1", "::", "fe80::/10", "fc00::/7")
+DENIED_HOSTS = ("localhost", "*.localhost", "127.0.0.1", "0.0.0.0", "169.254.169.254", "100.100.100.200",
+                "168.63.129.16", "192.0.0.192", "fd00:ec2::254")
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """What the agent's commands (the sandbox) and file tools (the permission rules) may not
+    read, and what they may read all the same."""
+    hidden: tuple[str, ...]  # sandbox denyRead: a file reads as denied, a directory as empty
+    allowed: tuple[str, ...] = ()  # sandbox allowRead: the workspace and the run's private dir, within those
+    rules: tuple[str, ...] = ()  # what the Read/Edit deny rules name (each, and what is below it)
+    network_denied: tuple[str, ...] = ()  # sandbox deniedDomains (with the network on)
+
+
+def confine(hidden: Sequence[str], allowed: Sequence[str], local_addresses: Sequence[str] = ()) -> Confinement:
+    """The Confinement of a run. A permission rule cannot make an exception (measured: a
+    "!" rule does not re-allow below a denied directory), so a hidden directory holding an
+    allowed path is denied in the rules entry by entry around it, as it is at the run's start
+    (the sandbox, which can make the exception, covers what comes later)."""
+    rules: list[str] = []
+    for path in hidden:
+        inside = [a for a in allowed if _below(a, path)]
+        if path in allowed:
+            continue  # the workspace is the root itself: what is hidden inside it has a rule of its own
+        rules += _around(path, inside) if inside else [path]
+    denied = tuple(dict.fromkeys([*DENIED_HOSTS, *DENIED_RANGES, *local_addresses]))
+    return Confinement(tuple(hidden), tuple(allowed), tuple(dict.fromkeys(rules)), denied)
+
+
+def _below(path: str, parent: str) -> bool:
+    return path.startswith(parent.rstrip("/") + "/")
+
+
+def _around(hidden: str, inside: Sequence[str]) -> list[str]:
+    """Every entry of `hidden`, and of each directory below it on the way to a path of
+    `inside`, that is not on that way."""
+    ways: dict[str, set[str]] = {}
+    for path in inside:
+        parts = path[len(hidden.rstrip("/")) + 1:].split("/")
+        current = hidden
+        for part in parts:
+            ways.setdefault(current, set()).add(part)
+            current = f"{current.rstrip('/')}/{part}"
+    out = []
+    for directory, keep in sorted(ways.items()):
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            continue  # unreadable here: the sandbox's denyRead still covers it
+        out += [f"{directory.rstrip('/')}/{name}" for name in names if name not in keep]
+    return out
+
+
+def policy_settings(policy: Policy, workspace: str, confinement: Confinement,
+                    projected: dict[str, Any]) -> dict[str, Any]:
     """The settings.json of the run (the CLI's user settings, in its private HOME).
 
     The sandbox (bubblewrap) carries what permission rules cannot: the agent's Bash
     commands write only in the workspace (read-only: nowhere), reach no network unless the
-    policy says so, and never read the runtime's secrets and logs (`hidden`). The sandbox
-    must start or the CLI refuses to (failIfUnavailable), and a command may not leave it
-    (allowUnsandboxedCommands: false). Hooks are off: they run outside the sandbox."""
-    filesystem: dict[str, Any] = {"denyRead": ["/" + path for path in hidden]}
+    policy says so (and then not this host nor private ranges), and never read the runtime's
+    config, state and secrets, other runs' private dirs or other agents' (`confinement`). The
+    sandbox must start or the CLI refuses to (failIfUnavailable), and a command may not leave
+    it (allowUnsandboxedCommands: false). Hooks are off: they run outside the sandbox."""
+    filesystem: dict[str, Any] = {"denyRead": ["/" + path for path in confinement.hidden],
+                                  "allowRead": ["/" + path for path in confinement.allowed]}
     if policy.sandbox == "read-only":
         filesystem["denyWrite"] = ["/" + workspace]
     # "//" starts an absolute path in a rule; a directory's rule covers what is below it.
-    deny = [f"{tool}(/{path}{below})" for path in hidden for below in ("", "/**") for tool in ("Read", "Edit")]
+    deny = [f"{tool}(/{path}{below})" for path in confinement.rules for below in ("", "/**")
+            for tool in ("Read", "Edit")]
     deny += list((projected.get("permissions") or {}).get("deny") or [])
+    network: dict[str, Any] = {"allowedDomains": ["*"], "deniedDomains": list(confinement.network_denied)} \
+        if policy.network else {"allowedDomains": []}
     settings = {k: v for k, v in projected.items() if k != "permissions"}
     settings.update({
         "permissions": {"deny": deny, "ask": list((projected.get("permissions") or {}).get("ask") or []),
                         "allow": [], "disableBypassPermissionsMode": "disable"},
         "sandbox": {"enabled": True, "failIfUnavailable": True, "autoAllowBashIfSandboxed": True,
                     "allowUnsandboxedCommands": False, "excludedCommands": [],
-                    "network": {"allowedDomains": ["*"] if policy.network else []},
-                    "filesystem": filesystem},
+                    "network": network, "filesystem": filesystem},
         "disableAllHooks": True,
         "enableAllProjectMcpServers": False,
         "cleanupPeriodDays": 1,
     })
     return settings
+
+
+def local_addresses(proc_net: str = "/proc/net") -> list[str]:
+    """This host's own addresses (its interfaces'), from procfs: an IP literal of one of them
+    would reach the host's services as the loopback would."""
+    found: list[str] = []
+    try:
+        with open(f"{proc_net}/fib_trie", encoding="ascii", errors="replace") as fh:
+            last = None
+            for line in fh:
+                words = line.split()
+                if len(words) >= 2 and words[0] == "|--":
+                    last = words[1]
+                elif last and words[:3] == ["/32", "host", "LOCAL"]:
+                    found.append(last)
+    except OSError:
+        pass  # no IPv4 here
+    try:
+        with open(f"{proc_net}/if_inet6", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                raw = line.split()[0] if line.split() else ""
+                if len(raw) == 32:
+                    found.append(str(ipaddress.ip_address(bytes.fromhex(raw))))
+    except (OSError, ValueError):
+        pass  # no IPv6 here
+    return list(dict.fromkeys(found))
 
 
 def tools_for(policy: Policy) -> list[str]:
@@ -244,9 +307,19 @@ def tools_for(policy: Policy) -> list[str]:
     return tools
 
 
+def prompt_text(prompt: str) -> str:
+    """The prompt as the CLI is sent it: one starting with "/" is taken by the CLI for one of
+    its own commands even with --disable-slash-commands (which only makes the built-in ones
+    answer "isn't available"; measured, 2.1.332), and never reaches the model. A space in
+    front makes it text (a path, most likely, or a question about a command)."""
+    return " " + prompt if prompt.startswith("/") else prompt
+
+
 def argv(binary: str, policy: Policy, settings_path: str, model: str | None) -> list[str]:
     """The CLI's argv: stream-json both ways, only the run's own settings (none of the
-    workspace's .claude/ or .mcp.json), no session kept on disk, the policy's tools and mode.
+    workspace's .claude/ or .mcp.json), no session kept on disk, no slash command (a prompt
+    starting with "/" is text: `/config …` would change the CLI's settings), the policy's
+    tools and mode.
 
     workspace-write: acceptEdits (edits inside the workspace go through, edits elsewhere would
     ask); read-only: dontAsk (whatever is not pre-approved is denied). approval never: nothing
@@ -255,7 +328,8 @@ def argv(binary: str, policy: Policy, settings_path: str, model: str | None) -> 
     mode = "acceptEdits" if policy.sandbox == "workspace-write" else "dontAsk"
     out = [binary, "-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose",
            "--settings", settings_path, "--setting-sources", "user", "--strict-mcp-config",
-           "--no-session-persistence", "--permission-mode", mode, "--tools", ",".join(tools_for(policy))]
+           "--no-session-persistence", "--disable-slash-commands", "--permission-mode", mode,
+           "--tools", ",".join(tools_for(policy))]
     if policy.approval == "on-request":
         out += ["--permission-prompt-tool", "stdio"]
     else:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from caldera import __version__, config
 from caldera.backends import failures as fk
+from caldera.backends import leftovers
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
 from caldera.backends.codex import config as codex_config
 from caldera.backends.codex.appserver import AppServer, Batch, Message
@@ -171,6 +172,7 @@ class CodexBackend(Backend[CodexContext]):
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             os.chmod(run_dir, 0o700)
+            leftovers.claim(run_dir)  # a runtime killed mid-run: the next start's sweep removes it
             codex_config.write_codex_home(run_dir / "codex-home", plan, codex_toml)
             (run_dir / "home").mkdir(mode=0o700, exist_ok=True)
             # A private TMPDIR: nothing of the run lands in the shared /tmp, and CODEX_HOME is then
