@@ -12,6 +12,16 @@ from caldera.backends.claude_code import config as cc
 from caldera.backends.projection import Projection
 
 KEY = "sk-ant-secret-0123456789abcdef"
+PROXIES = ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "no_proxy", "NO_PROXY")
+
+
+@pytest.fixture(autouse=True)
+def no_proxy_in_the_environment(monkeypatch):
+    """The plan reads the proxy of the runtime's own environment (forwarder.upstream_proxy):
+    these plans are made as on a host without one (the .deb's build points https_proxy at a
+    dead https:// port, which the plan rightly refuses)."""
+    for name in PROXIES:
+        monkeypatch.delenv(name, raising=False)
 
 
 def _plan(tmp_path, env=None, settings=None, environ=None):
