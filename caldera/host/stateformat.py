@@ -44,7 +44,7 @@ from caldera.host.fsutil import StateLock, atomic_write_json
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from pathlib import Path
-    from typing import Any
+    from typing import Any, TypeGuard
 
 MARKER = "format.json"
 MARKER_CAP = 64 * 1024  # caldera writes about 40 bytes; more is not caldera's file
@@ -170,7 +170,7 @@ def _read(state_dir: Path) -> tuple[int, str, int | None]:
             pending if _positive(pending) and pending < fmt else None)
 
 
-def _positive(value: object) -> bool:
+def _positive(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
