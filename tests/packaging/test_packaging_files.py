@@ -1,4 +1,5 @@
 """The unit, the cron file, the man page generator and debian/ agree with SPEC and docs."""
+import hashlib
 import re
 import shutil
 import subprocess
@@ -140,6 +141,20 @@ def test_cron_file_is_a_guarded_commented_example():
         # Output and exit status reach syslog/the journal, not cron's mail.
         assert fields[6].endswith("| logger -t caldera-report") and "exit status $?" in fields[6]
         assert "%" not in fields[6]  # cron would turn it into a newline
+
+
+# sha256 of /etc/cron.d/caldera as every release so far shipped it (0.1.0: commit f583354).
+RELEASED_CRON = "24af21083b6a370b0d75b85af327b8e534d010440259d7ff258f1257fce7281a"
+
+
+def test_the_cron_conffile_is_the_one_every_release_shipped():
+    """The package's only conffile: admins uncomment its line (README, docs/packaging.md). dpkg
+    asks about a conffile that both the admin and the new package changed, and an upgrade
+    without a terminal (`apt-get install … < /dev/null`, unattended-upgrades) then fails. A
+    change to packaging/caldera.cron needs a reason worth that, and its own handling
+    (docs/packaging.md, "Conffiles"); then add the new digest here with the release."""
+    got = hashlib.sha256(CRON.read_bytes()).hexdigest()
+    assert got == RELEASED_CRON, "packaging/caldera.cron differs from the released one: an edited copy prompts"
 
 
 def test_changelog_version_is_the_package_version():
