@@ -22,8 +22,8 @@
 # bootstrap token nowhere in the output or any file. The variables are a current server's
 # (issue 34): CLAWMANAGER_AGENT_RUNTIME_TYPE=hermes beside the placement marker
 # CLAWMANAGER_RUNTIME_TYPE=desktop, and the AI gateway with a canary key: the agent is
-# hermes-12-main, the hermes skill dirs of the volume are scanned (a category recursed) and
-# named by `caldera status`, the reports say the agent is on the gateway, and the gateway's
+# hermes-12-main, the hermes skill dirs of the volume are scanned (a category recursed; a
+# category holding only DESCRIPTION.md is no skill) and named by `caldera status`, the reports say the agent is on the gateway, and the gateway's
 # key is nowhere either. Every wait is bounded: a stop by the
 # code's own stop bound (docs/container.md), everything else by a limit named where it is.
 #
@@ -267,6 +267,10 @@ PERSIST=$WORK/config  # the platform's volume: the hermes image's skills in it, 
 mkdir -p "$PERSIST/hermes/skills/productivity/notes" "$PERSIST/.hermes/skills/deploy"
 printf -- '---\nname: notes\n---\nTake notes.\n' > "$PERSIST/hermes/skills/productivity/notes/SKILL.md"
 printf -- '---\nname: deploy\n---\nDeploy.\n' > "$PERSIST/.hermes/skills/deploy/SKILL.md"
+# what is no skill: a category's own DESCRIPTION.md, a category with nothing in it yet
+printf -- 'Tools for work.\n' > "$PERSIST/hermes/skills/productivity/DESCRIPTION.md"
+mkdir -p "$PERSIST/hermes/skills/research"
+printf -- 'Papers.\n' > "$PERSIST/hermes/skills/research/DESCRIPTION.md"
 RUN_PERSIST=$PERSIST
 STATE=$PERSIST/.hermes/caldera-agent
 GATEWAY_LLM=http://$GATEWAY_HOST:$PORT/api/v1/gateway/llm  # never called: the agent only reads it
@@ -278,7 +282,10 @@ ENVS=(CLAWMANAGER_AGENT_ENABLED=true "CLAWMANAGER_AGENT_BASE_URL=$BASE_URL"
 	CLAWMANAGER_RUNTIME_TYPE=desktop "CLAWMANAGER_LLM_BASE_URL=$GATEWAY_LLM" "CLAWMANAGER_LLM_API_KEY=$LLM_KEY"
 	'CLAWMANAGER_LLM_MODEL=["auto","gpt-4.1"]' CLAWMANAGER_LLM_PROVIDER=openai-compatible
 	"CLAWMANAGER_INSTANCE_TOKEN=$LLM_KEY" "OPENAI_BASE_URL=$GATEWAY_LLM" "OPENAI_API_BASE=$GATEWAY_LLM"
-	"OPENAI_API_KEY=$LLM_KEY" OPENAI_MODEL=auto)
+	"OPENAI_API_KEY=$LLM_KEY" OPENAI_MODEL=auto
+	# CM-aug's (clawmanager-notes 1.5): JSON, of a shape the notes do not give; the egress instance id
+	'CLAWMANAGER_LLM_REASONING={"gpt-4.1":"medium"}' 'CLAWMANAGER_LLM_REASONING_CONTROL={"enabled":true}'
+	"CLAWMANAGER_EGRESS_INSTANCE_ID=$INSTANCE")
 
 # start_container [VAR=VALUE...]: the image with ClawManager's variables (and the extra ones
 # given); $RUN_IMG, $RUN_PERSIST and $RUN_USER (empty: the image's root) say which image, volume and user.

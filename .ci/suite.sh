@@ -90,7 +90,7 @@ step "the test suite with Debian 13's python3 and packages (warnings are errors)
 # The checkout as a clean clone has it: no version control, venvs, caches or outputs.
 mkdir -p "$C/src/caldera"
 tar -C "$ROOT" --exclude=./.git --exclude='./.venv*' --exclude=./dist --exclude=./build \
-	--exclude='*.egg-info' --exclude=__pycache__ --exclude=.pytest_cache --exclude=./.caldera-state \
+	--exclude='*.egg-info' --exclude=__pycache__ --exclude=.pytest_cache --exclude=.caldera-state \
 	-cf - . | tar -C "$C/src/caldera" -xf -
 s0=$(date +%s)
 # The checkout itself, not installed: PYTHONPATH lets the tests' subprocesses

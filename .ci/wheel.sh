@@ -33,7 +33,7 @@ venv() { "${VENV[@]}" "$@"; }
 step "build the wheel (a copy of the tree, pip wheel)"
 mkdir "$WORK/src" "$WORK/dist" "$WORK/home" "$WORK/etc" "$WORK/var"
 tar -C "$ROOT" --exclude=./.git --exclude='./.venv*' --exclude=./build --exclude=./dist --exclude='*.egg-info' \
-	--exclude=__pycache__ --exclude=./.caldera-state --exclude=./debian -cf - . | tar -C "$WORK/src" -xf -
+	--exclude=__pycache__ --exclude=.caldera-state --exclude=./debian -cf - . | tar -C "$WORK/src" -xf -
 "$PY" -m venv "$WORK/build-venv"
 "$WORK/build-venv/bin/pip" install --quiet --disable-pip-version-check 'setuptools>=61' wheel
 "$WORK/build-venv/bin/pip" wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation \

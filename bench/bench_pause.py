@@ -66,7 +66,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-pause-") as tmp:
         bundle = Path(tmp) / "task-agent"
-        shutil.copytree(EXAMPLE, bundle, ignore=shutil.ignore_patterns("data", "__pycache__"))
+        shutil.copytree(EXAMPLE, bundle, ignore=shutil.ignore_patterns("data", "__pycache__", ".caldera-state"))
         manifest, state = bundle / "caldera.agent.yaml", Path(tmp) / "state"
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("CALDERA_", "CLAWMANAGER_")) and k != "PYTHONDONTWRITEBYTECODE"}

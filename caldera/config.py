@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 MANIFEST_NAME = "caldera.agent.yaml"
 STATE_SUBDIR_IN_INSTANCE = "caldera-agent"
+# A --manifest agent's state without --state-dir: <the manifest's dir>/.caldera-state/NAME, the
+# same wherever the command is typed (docs/runtime.md, "A --manifest agent's state").
+STATE_BESIDE_MANIFEST = ".caldera-state"
 
 # CALDERA name -> ClawManager alias (None: no alias)
 ALIASES = {
@@ -111,7 +114,7 @@ class Settings:
 
     FIELDS = ("enabled", "base_url", "bootstrap_token", "instance_id", "protocol_version", "persistent_dir",
               "disk_limit_bytes", "runtime_type", "ca_bundle", "log_level", "report_interval", "env",
-              "secret_values", "agent_id_given")
+              "secret_values", "agent_id_given", "injected")
     __slots__ = FIELDS
     enabled: bool
     base_url: str | None
@@ -127,15 +130,17 @@ class Settings:
     env: dict[str, str]
     secret_values: tuple[str, ...]
     agent_id_given: str | None  # CALDERA_AGENT_ID / CLAWMANAGER_AGENT_ID, checked
+    injected: dict[str, str]  # PLATFORM_INJECTED as the platform injected them (injected_values)
 
     def __init__(self, *, enabled: bool, base_url: str | None, bootstrap_token: str | None,
                  instance_id: int | None, protocol_version: str, persistent_dir: Path,
                  disk_limit_bytes: int | None, runtime_type: str, ca_bundle: str | None, log_level: str,
                  report_interval: float, env: dict[str, str] | None = None,
-                 secret_values: tuple[str, ...] = (), agent_id_given: str | None = None) -> None:
+                 secret_values: tuple[str, ...] = (), agent_id_given: str | None = None,
+                 injected: dict[str, str] | None = None) -> None:
         given = (enabled, base_url, bootstrap_token, instance_id, protocol_version, persistent_dir,
                  disk_limit_bytes, runtime_type, ca_bundle, log_level, report_interval,
-                 {} if env is None else env, secret_values, agent_id_given)
+                 {} if env is None else env, secret_values, agent_id_given, {} if injected is None else injected)
         for key, value in zip(self.FIELDS, given, strict=True):
             object.__setattr__(self, key, value)
 
@@ -192,7 +197,7 @@ def agent_from_args(args: object, environ: Environ = os.environ) -> AgentPaths:
     if manifest:
         path = manifest_file(manifest)
         name = manifest_name(path)
-        state = Path(state_dir).resolve() if state_dir else Path.cwd() / ".caldera-state" / name
+        state = Path(state_dir).resolve() if state_dir else path.parent / STATE_BESIDE_MANIFEST / name
         return AgentPaths(name, path.parent, path, state)
     name = _installed_name(getattr(args, "agent", None) or selected_agent(environ), environ)
     config_dir = config_root(environ) / "agents" / name
@@ -204,6 +209,19 @@ def agent_from_args(args: object, environ: Environ = os.environ) -> AgentPaths:
     else:
         state = state_root(environ) / name
     return AgentPaths(name, config_dir, config_dir / MANIFEST_NAME, state)
+
+
+def state_left_here(paths: AgentPaths) -> Path | None:
+    """A --manifest agent's state that a caldera before STATE_BESIDE_MANIFEST kept under the
+    directory the command was typed in (./.caldera-state/NAME), when this command uses the
+    default beside the manifest and that one holds a state.json: said by status and at start,
+    never moved (a daemon may run on it)."""
+    default = paths.manifest_path.parent / STATE_BESIDE_MANIFEST / paths.name
+    try:
+        old = Path.cwd() / STATE_BESIDE_MANIFEST / paths.name
+    except OSError:  # no current directory
+        return None
+    return old if paths.state_dir == default != old and (old / "state.json").is_file() else None
 
 
 def manifest_file(given: str) -> Path:
@@ -366,8 +384,12 @@ GATEWAY_BASE_URL = ("CLAWMANAGER_LLM_BASE_URL", "OPENAI_BASE_URL", "OPENAI_API_B
 GATEWAY_API_KEY = ("CLAWMANAGER_LLM_API_KEY", "OPENAI_API_KEY")
 GATEWAY_CATALOGUE, GATEWAY_DEFAULT_MODEL, GATEWAY_PROVIDER = "CLAWMANAGER_LLM_MODEL", "OPENAI_MODEL", \
     "CLAWMANAGER_LLM_PROVIDER"
+# What the LLM-governance status trusts only as the platform injected it: the gateway's base URL
+# under each of its names, and the control plane's (the gateway's host); injected_values.
+PLATFORM_INJECTED = (*GATEWAY_BASE_URL, "CLAWMANAGER_AGENT_BASE_URL")
 CATALOGUE_MAX_BYTES = 64 * 1024  # the server caps what it injects at 64 KiB
 CATALOGUE_NAMED = 20  # a refusal names this many of the catalogue's models
+MODEL_NAMED_CHARS = 64  # and each at most this long (a model id is not bounded by the platform)
 
 
 def _first(environ: Environ, names: Iterable[str]) -> str | None:
@@ -423,12 +445,35 @@ class Gateway:
             if self.catalogue is not None and requested not in self.catalogue:
                 from caldera.errors import Refused  # here: the quick verbs never choose a model
 
-                shown = ", ".join(self.catalogue[:CATALOGUE_NAMED])
-                more = len(self.catalogue) - CATALOGUE_NAMED
-                raise Refused(f"model {requested[:200]!r} is not in the AI gateway's catalogue ({GATEWAY_CATALOGUE}: "
-                              f"{shown}{f' and {more} more' if more > 0 else ''})")
+                raise Refused(f"model {_named_model(requested)!r} is not in the AI gateway's catalogue "
+                              f"({GATEWAY_CATALOGUE}: {self.catalogue_named()})")
             return requested
         return self.default_model or (self.catalogue[0] if self.catalogue else None)
+
+    def catalogue_named(self) -> str:
+        """The catalogue as a sentence names it: CATALOGUE_NAMED ids at most, each cut to
+        MODEL_NAMED_CHARS (a refusal stays a sentence, whatever the platform injected)."""
+        catalogue = self.catalogue or ()
+        shown = ", ".join(_named_model(m) for m in catalogue[:CATALOGUE_NAMED])
+        more = len(catalogue) - CATALOGUE_NAMED
+        return shown + (f" and {more} more" if more > 0 else "")
+
+    def warnings(self) -> list[str]:
+        """What to say once at start about the gateway as injected: a catalogue that is not one
+        (then ignored), a default model the catalogue does not list (a run that names no model
+        asks for it, and a gateway that holds to its catalogue refuses it)."""
+        if self.problem:
+            return [f"{self.problem}: the AI gateway's model catalogue is ignored (a run's model is the one it asks "
+                    f"for, else {GATEWAY_DEFAULT_MODEL})"]
+        if self.default_model and self.catalogue is not None and self.default_model not in self.catalogue:
+            return [f"{GATEWAY_DEFAULT_MODEL}={_named_model(self.default_model)!r} is not in the AI gateway's "
+                    f"catalogue ({GATEWAY_CATALOGUE}: {self.catalogue_named()}): a run that names no model asks "
+                    "for it, and the gateway may refuse it"]
+        return []
+
+
+def _named_model(model: str) -> str:
+    return model if len(model) <= MODEL_NAMED_CHARS else model[:MODEL_NAMED_CHARS - 1] + "…"
 
 
 def gateway_from_env(environ: Environ) -> Gateway | None:
@@ -503,6 +548,21 @@ def skill_dirs_of(environ: Environ | None) -> tuple[list[str], str | None]:
 def skill_dirs(environ: Environ | None) -> list[str]:
     """The discovered skill dirs (skill_dirs_of)."""
     return skill_dirs_of(environ)[0]
+
+
+def skill_dirs_scanned(environ: Environ | None) -> tuple[list[str], list[str], str | None]:
+    """(the discovered dirs a scan takes: absolute, normalised, each once, in order; the entries
+    left out, not being absolute; where they come from, as skill_dirs_of): the one reading of
+    the variable for the inventory and `caldera status` alike."""
+    entries, origin = skill_dirs_of(environ)
+    dirs: list[str] = []
+    left_out: list[str] = []
+    for entry in entries:
+        if not os.path.isabs(entry):
+            left_out.append(entry)
+        elif os.path.normpath(entry) not in dirs:
+            dirs.append(os.path.normpath(entry))
+    return dirs, left_out, origin
 
 
 def manifest_name(path: Path) -> str:
@@ -608,6 +668,7 @@ def load_settings(paths: AgentPaths, environ: Environ = os.environ) -> Settings:
         disk_limit_bytes=_parse_int(env, "CALDERA_DISK_LIMIT_BYTES", minimum=0),
         runtime_type=runtime_type, ca_bundle=ca_bundle, log_level=log_level,
         report_interval=report_interval, env=env, secret_values=secret_values, agent_id_given=_agent_id(env),
+        injected=injected_values(env, environ, PLATFORM_INJECTED),
     )
 
 
@@ -632,9 +693,24 @@ def _agent_id(env: Environ) -> str | None:
         raise ConfigError(f"{name}: {len(raw)} characters, the control plane keeps at most {AGENT_ID_MAX}")
     if not re.fullmatch(_AGENT_ID_RE, raw):
         raise ConfigError(f"{name}={raw[:80]!r}: use letters, digits, '.', '_', ':', '@' or '-', "
-                          "starting with a letter or digit (no spaces: the server trims them at register and "
-                          "then refuses every command)")
+                          f"starting with a letter or digit ({_agent_id_fault(raw)})")
     return raw
+
+
+def _agent_id_fault(raw: str) -> str:
+    """What is wrong with an agent id _AGENT_ID_RE refuses, named: its first wrong character."""
+    allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:@-")
+    at = next((i for i, c in enumerate(raw) if c not in allowed or (i == 0 and c in "._:@-")), 0)
+    char = raw[at]
+    shown = repr(char) if char.isascii() else f"{char!r} (U+{ord(char):04X})"
+    if char.isspace() and (at == 0 or not raw[at:].strip()):
+        where = "start" if at == 0 else "end"
+        return f"{shown} at its {where}: the server trims it at register and then refuses every command"
+    if at == 0:
+        return f"it starts with {shown}"
+    if char.isspace():
+        return f"{shown} inside it: no spaces"
+    return f"{shown} is not one of them" + ("" if char.isascii() else ": ASCII only")
 
 
 def _parse_bool(env: Environ, name: str) -> bool:
@@ -709,8 +785,17 @@ def _platform_plain_http(env: Environ, environ: Environ, host: str) -> bool:
     platform's. Anything else needs the operator's CALDERA_ALLOW_PLAIN_HTTP=true."""
     if _is_loopback(host):
         return True
-    injected = environ.get("CLAWMANAGER_AGENT_BASE_URL")
-    return bool(injected) and not env.get("CALDERA_BASE_URL") and env.get("CLAWMANAGER_AGENT_BASE_URL") == injected
+    return bool(injected_values(env, environ, ("CLAWMANAGER_AGENT_BASE_URL",))) and not env.get("CALDERA_BASE_URL")
+
+
+def injected_values(env: Environ, environ: Environ, names: Iterable[str]) -> dict[str, str]:
+    """`names` as the platform injected them: set in the process environment (`environ`, where
+    ClawManager puts its variables; caldera's unit reads agent.env and secrets.env itself, never
+    through EnvironmentFile=) and still the value in use once agent.env and secrets.env are
+    merged (`env`). A value written in either file is the operator's, not the platform's: the
+    plain-http rule (SPEC section 3) and the LLM-governance status (docs/container.md) read
+    only what this returns."""
+    return {name: environ[name] for name in names if environ.get(name) and env.get(name) == environ[name]}
 
 
 def _is_loopback(host: str) -> bool:
@@ -722,3 +807,40 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+# ---------------------------------------------------------------- names caldera reads
+
+# Every CALDERA_* name caldera reads or sets (tests/test_config.py holds this to the source):
+# one in agent.env or secrets.env that is none of these is a misspelling or a leftover, and
+# `caldera run` says so once at its start (unknown_variables) rather than ignoring it silently.
+KNOWN_VARS = (
+    "CALDERA_AGENT", "CALDERA_AGENT_ENABLED", "CALDERA_AGENT_ID", "CALDERA_AGENT_STATE_DIR", "CALDERA_ALLOW_PLAIN_HTTP",
+    "CALDERA_BASE_URL", "CALDERA_CA_BUNDLE", "CALDERA_CLAUDE_CODE_BIN", "CALDERA_CLAUDE_CODE_MAX_RETRIES",
+    "CALDERA_CODEX_BIN", "CALDERA_CODEX_REQUEST_MAX_RETRIES",
+    "CALDERA_CODEX_STREAM_MAX_RETRIES", "CALDERA_CONFIG_DIR", "CALDERA_DISK_LIMIT_BYTES", "CALDERA_GATEWAY_API_KEY",
+    "CALDERA_INSTANCE_ID", "CALDERA_INSTRUCTIONS_FILE", "CALDERA_LOG_LEVEL", "CALDERA_MCP_CONFIG",
+    "CALDERA_PERSISTENT_DIR", "CALDERA_PLANE_DB", "CALDERA_PROTOCOL_VERSION", "CALDERA_REPORT_INTERVAL_SECONDS",
+    "CALDERA_RUNTIME_TYPE", "CALDERA_RUN_ALLOW_APPROVAL", "CALDERA_RUN_ALLOW_NETWORK", "CALDERA_RUN_MAX_SANDBOX",
+    "CALDERA_RUN_MAX_TIMEOUT_SECONDS", "CALDERA_SCHEMA_DIR", "CALDERA_SETTINGS_FILE", "CALDERA_SIGNAL_HANDOVER",
+    "CALDERA_SKILL_DIRS", "CALDERA_STATE_DIR", "CALDERA_TOKEN", "CALDERA_VERB", "CALDERA_WORKSPACE_ROOTS",
+)
+
+
+def unknown_variables(paths: AgentPaths) -> list[tuple[Path, str, str | None]]:
+    """(file, name, the closest known name or None) for each CALDERA_* name in the agent's
+    agent.env and secrets.env that caldera does not read. Files that do not read are skipped
+    (loading the settings names their problems)."""
+    import difflib  # here: only a file with an unknown name pays for it
+
+    found = []
+    for path, secret in ((paths.agent_env, False), (paths.secrets_env, True)):
+        try:
+            names = read_env_file(path, secret=secret)
+        except (OSError, ValueError, ConfigError):
+            continue
+        for name in names:
+            if name.startswith("CALDERA_") and name not in KNOWN_VARS:
+                close = difflib.get_close_matches(name, KNOWN_VARS, n=1, cutoff=0.6)
+                found.append((path, name, close[0] if close else None))
+    return found

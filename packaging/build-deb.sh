@@ -56,7 +56,7 @@ tar -C "$ROOT" \
 	--exclude=./examples/task-agent/data \
 	--exclude=./build --exclude=./.pybuild --exclude='*.egg-info' \
 	--exclude=__pycache__ --exclude=.pytest_cache --exclude='*.pyc' \
-	--exclude=./.caldera-state --exclude=./debian/caldera --exclude=./debian/.debhelper \
+	--exclude=.caldera-state --exclude=./debian/caldera --exclude=./debian/.debhelper \
 	--exclude='./debian/*.substvars' --exclude='./debian/*.log' --exclude=./debian/files \
 	--exclude=./debian/tmp --exclude=./debian/caldera.1 \
 	-cf - . | tar -C "$SRC" -xf -

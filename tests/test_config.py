@@ -103,8 +103,14 @@ def test_runtime_type_comes_from_the_platforms_name_then_calderas_never_the_mark
     ({"CALDERA_RUNTIME_TYPE": "desktop"}, "CALDERA_RUNTIME_TYPE='desktop': desktop, gateway, shell are"),
     ({"CLAWMANAGER_AGENT_RUNTIME_TYPE": "her mes"}, "CLAWMANAGER_AGENT_RUNTIME_TYPE='her mes': lowercase"),
     ({"CLAWMANAGER_AGENT_ID": "hermes 12"}, "CLAWMANAGER_AGENT_ID='hermes 12': use letters"),
-    ({"CLAWMANAGER_AGENT_ID": "-x"}, "starting with a letter or digit"),
+    ({"CLAWMANAGER_AGENT_ID": "-x"}, "starting with a letter or digit (it starts with '-')"),
     ({"CLAWMANAGER_AGENT_ID": "hermes-12-main\n"}, "CLAWMANAGER_AGENT_ID='hermes-12-main\\n': use letters"),
+    # what is wrong is named: a blank at an end (which the server trims), a character not allowed
+    ({"CLAWMANAGER_AGENT_ID": "hermes-12-main\n"}, "('\\n' at its end: the server trims it at register and then "
+                                                   "refuses every command)"),
+    ({"CLAWMANAGER_AGENT_ID": "team/hermes"}, "('/' is not one of them)"),
+    ({"CLAWMANAGER_AGENT_ID": "café-12"}, "('é' (U+00E9) is not one of them: ASCII only)"),
+    ({"CLAWMANAGER_AGENT_ID": "hermes 12"}, "(' ' inside it: no spaces)"),
     ({"CALDERA_AGENT_ID": "a\tb", "CLAWMANAGER_AGENT_ID": "fine"}, "CALDERA_AGENT_ID="),
     ({"CLAWMANAGER_AGENT_ID": "a" * 256}, "CLAWMANAGER_AGENT_ID: 256 characters, the control plane keeps at most 255"),
 ])
@@ -190,6 +196,19 @@ def test_the_injected_url_is_judged_on_the_environ_passed_in(caldera_env, monkey
         load_settings(paths, environ)
 
 
+def test_what_the_platform_injected_is_the_process_environments_no_env_file_replaced(caldera_env, monkeypatch):
+    """The LLM-governance status trusts the gateway's URL only as the platform injected it."""
+    config = install_agent(caldera_env)
+    _instance_env(monkeypatch, config)
+    monkeypatch.setenv("CLAWMANAGER_LLM_BASE_URL", "http://gw.test/api/v1/gateway/llm")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://gw.test/api/v1/gateway/llm")
+    (config / "agent.env").write_text("OPENAI_BASE_URL=https://api.openai.com/v1\nOPENAI_API_BASE=https://x.test/v1\n")
+    settings = load_settings(agent_from_args(Args(agent="demo")))
+    assert settings.injected == {"CLAWMANAGER_LLM_BASE_URL": "http://gw.test/api/v1/gateway/llm",
+                                 "CLAWMANAGER_AGENT_BASE_URL": "http://clawmanager-gateway.demo-system.svc.cluster.local:9001"}
+    assert settings.env["OPENAI_BASE_URL"] == "https://api.openai.com/v1"  # in use, but the operator's
+
+
 def test_loopback_and_https_are_not_named_as_plain_http(caldera_env, monkeypatch):
     config = install_agent(caldera_env, base_url="http://127.0.0.1:8930")
     assert load_settings(agent_from_args(Args(agent="demo"))).plain_http_host is None
@@ -256,7 +275,10 @@ def test_manifest_flag_and_clawmanager_persistent_dir(caldera_env, monkeypatch, 
     manifest.write_text("name: roaming\nruntime:\n  type: adapter\n")
     monkeypatch.chdir(tmp_path)
     paths = agent_from_args(Args(manifest=str(manifest)))
-    assert paths.name == "roaming" and paths.state_dir == tmp_path / ".caldera-state" / "roaming"
+    # Beside the manifest, wherever the command is typed (docs/runtime.md, "A --manifest agent's state").
+    assert paths.name == "roaming" and paths.state_dir == manifest.parent / ".caldera-state" / "roaming"
+    monkeypatch.chdir(manifest.parent)
+    assert agent_from_args(Args(manifest=".")).state_dir == paths.state_dir
     assert paths.agent_env == manifest.parent / "agent.env"
     install_agent(caldera_env, name="inst")
     monkeypatch.delenv("CALDERA_STATE_DIR")
@@ -358,6 +380,26 @@ def test_a_model_the_catalogue_does_not_list_is_refused_naming_the_catalogue():
     with pytest.raises(Refused) as err:
         config.gateway_model(big, "x" * 5000)
     assert str(err.value).endswith("m18, m19 and 480 more)") and len(str(err.value)) < 500  # one sentence
+    # long model ids: each named cut, so twenty of them still make one sentence
+    long_ids = dict(GATEWAY_ENV, CLAWMANAGER_LLM_MODEL=json.dumps([f"{i}-" + "x" * 1000 for i in range(30)]))
+    with pytest.raises(Refused) as err:
+        config.gateway_model(long_ids, "y" * 3000)
+    assert len(str(err.value)) < 1600 and str(err.value).endswith("… and 10 more)")
+    assert f"0-{'x' * 61}…, 1-" in str(err.value)
+
+
+@pytest.mark.parametrize("env, said", [
+    (GATEWAY_ENV, []),
+    (dict(GATEWAY_ENV, OPENAI_MODEL="gpt-5"), ["OPENAI_MODEL='gpt-5' is not in the AI gateway's catalogue "
+                                               "(CLAWMANAGER_LLM_MODEL: auto, gpt-4.1, kimi-k2.6): a run that names "
+                                               "no model asks for it, and the gateway may refuse it"]),
+    (dict(GATEWAY_ENV, CLAWMANAGER_LLM_MODEL="gpt-4.1"),
+     ["CLAWMANAGER_LLM_MODEL is not JSON (the platform sends a JSON list of model ids): the AI gateway's model "
+      "catalogue is ignored (a run's model is the one it asks for, else OPENAI_MODEL)"]),
+    (dict(GATEWAY_ENV, OPENAI_MODEL=""), []),  # the catalogue's first, listed by definition
+])
+def test_what_is_said_at_start_of_the_gateway_as_injected(env, said):
+    assert config.Gateway(env).warnings() == said
 
 
 @pytest.mark.parametrize("raw, words", [
@@ -426,3 +468,31 @@ def test_workspace_roots_and_skill_dirs_split_on_colons():
 ])
 def test_skill_dirs_the_platforms_variable_and_the_runtimes_own(env, dirs, origin):
     assert config.skill_dirs_of(env) == (dirs, origin)
+
+
+def test_every_caldera_variable_the_source_names_is_known():
+    """KNOWN_VARS is what `caldera run` warns against (a misspelled agent.env name): it must hold
+    every CALDERA_* name caldera's source reads or sets, and nothing it does not."""
+    import re
+
+    from caldera import config
+
+    root = Path(config.__file__).parent
+    named = set()
+    for source in root.rglob("*.py"):
+        text = source.read_text()
+        if source == Path(config.__file__):
+            text = text.split("KNOWN_VARS = (", 1)[0] + text.split("KNOWN_VARS = (", 1)[1].split(")", 1)[1]
+        named.update(re.findall(r"CALDERA_[A-Z0-9_]*[A-Z0-9]", text))
+    assert named == set(config.KNOWN_VARS)
+
+
+def test_a_misspelled_variable_is_named_with_the_closest_known_one(caldera_env):
+    config_dir = install_agent(caldera_env)
+    with open(config_dir / "agent.env", "a") as fh:
+        fh.write("CALDERA_HEARTBEAT_INTERVALL=5\nCALDERA_QQQQQQQQQQQQ=1\nOTHER=1\n")
+    from caldera.config import unknown_variables
+
+    found = unknown_variables(agent_from_args(Args(agent="demo")))
+    assert [(name, close) for _, name, close in found] == [
+        ("CALDERA_HEARTBEAT_INTERVALL", "CALDERA_REPORT_INTERVAL_SECONDS"), ("CALDERA_QQQQQQQQQQQQ", None)]

@@ -25,6 +25,9 @@ agent.env, secrets.env, state and session, and gives them to the new account; it
 refused while caldera@NAME runs (stop it first).
 Archive members are checked as for skills: no absolute paths, no `..`, no
 links, nothing but files and directories, at most 10,000 members and 512 MiB.
+Not part of a bundle: build leftovers, a `--manifest` run's `.caldera-state/`, and what
+the blueprint's own `.calderaignore` lists (what its agent writes beside its code at run
+time: the example task agent's `data/`, which a `--manifest` pause leaves there).
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ from caldera.host import stateformat
 from caldera.host.fsutil import atomic_write_bytes
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Iterator, Mapping, Sequence
     from typing import Any
 
     from caldera.agents.manifest import Manifest
@@ -55,7 +58,11 @@ MAX_BYTES = 512 * 1024 * 1024
 SYSTEMD_DIR = "/run/systemd/system"
 DEFAULT_CONFIG_ROOT = Path("/etc/caldera")
 DEFAULT_STATE_ROOT = Path("/var/lib/caldera")
-SKIPPED = ("__pycache__", ".git")  # build leftovers, never part of a bundle
+# Build leftovers and a --manifest run's state (its session among it), never part of a bundle.
+SKIPPED = ("__pycache__", ".git", config.STATE_BESIDE_MANIFEST)
+# The blueprint's own list of what is not part of it: the files its agent writes at run time
+# beside its code (the example task agent's data/), one pattern a line (docs/adapter.md).
+IGNORE_FILE = ".calderaignore"
 AGENT_ENV_TEMPLATE = """\
 # Runtime settings for this agent (SPEC section 3). Secrets go to secrets.env.
 # Owner {user}:{group}, mode 0640 (sudoedit keeps both). After a change:
@@ -77,14 +84,21 @@ class Refused(Exception):
 
 def install(source: str | Path, *, name: str | None = None, user: str | None = None,
             image_user: str | None = None, environ: Mapping[str, str] = os.environ,
-            systemd_dir: str | Path = SYSTEMD_DIR, unit_dir: str | Path | None = None) -> dict[str, Any]:
+            systemd_dir: str | Path = SYSTEMD_DIR, unit_dir: str | Path | None = None,
+            program: str = "caldera") -> dict[str, Any]:
     """Install (or move between the two kinds, SPEC section 11) the agent a blueprint holds.
 
     user: `--user`, the account an agent living in its home runs as (systemd runs it so);
     image_user: `--owner`, a container image's user, who runs `caldera run` itself and gets
     the agent's files (docs/container.md). unit_dir: where the instance's drop-in goes; by
     default /etc/systemd/system when the agent is installed in /etc/caldera (the unit reads
-    nothing else), else nowhere.
+    nothing else), else nowhere. program: how the printed next step calls caldera (the
+    command that works from where init was typed: cli/init.py).
+
+    All or nothing: whether this process may make the config dir and the state dir is
+    checked before anything is written (PermissionError naming the first directory it may
+    not write, as mkdir would). An agent whose config dir an earlier init wrote without its
+    state dir (an init before that check) is completed: the state dir is made, the rest kept.
     """
     if user is not None and image_user is not None:
         raise Refused("--user and --owner: pick one (--user: an agent that lives in that account's home, "
@@ -104,10 +118,10 @@ def install(source: str | Path, *, name: str | None = None, user: str | None = N
                 if source.is_file():
                     tree = _unpack(source, Path(tmp))
                 elif source.is_dir():
-                    tree = _checked_dir(source)  # the bundle is copied: links and special files refused
+                    tree = source
                 else:
                     raise Refused(f"{source}: no such blueprint (a directory or a .tar.gz)")
-                root = _find_root(tree)
+                root = _checked_dir(_find_root(tree))  # the bundle is copied: links and special files refused
                 data = (root / MANIFEST).read_bytes()
             manifest = _load(root, data)
             name = name or manifest.name
@@ -115,15 +129,21 @@ def install(source: str | Path, *, name: str | None = None, user: str | None = N
                 raise ConfigError(f"--name {name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
             owner = (account.for_owner(image_user) if image_user is not None
                      else account.choose(manifest.doc["runtime"].get("workdir"), user))
-            agents = config.config_root(environ) / "agents"
+            agents = config.config_root(environ).absolute() / "agents"
             config_dir = agents / name
-            state_dir = config.state_root(environ) / name
+            state_dir = config.state_root(environ).absolute() / name
             _check_state_dir(state_dir)
-            moved = ""
+            for needed in (agents, state_dir):
+                _may_make(needed)
+            moved = completed = ""
             if (config_dir / MANIFEST).exists():
                 before = account.installed_user(name, unit_dir) if unit_dir is not None else account.SERVICE_USER
                 after = owner.name if owner is not None else account.SERVICE_USER
-                if before == after:
+                if before == after and not os.path.lexists(state_dir):
+                    completed = (f"{config_dir} was there without its state dir (an earlier caldera init stopped "
+                                 "before it): made it now; its manifest, bundle, agent.env and secrets.env are "
+                                 "kept as they were.")
+                elif before == after:
                     # (run as …) only where an account runs it: without one (a checkout) it is whoever starts it
                     runs = f" (run as {before})" if owner is not None else ""
                     raise Refused(f"an agent named {name!r} is already installed in {config_dir}{runs}; "
@@ -135,7 +155,7 @@ def install(source: str | Path, *, name: str | None = None, user: str | None = N
                                   "nothing was changed")
                 moved = (f" Moved from {before} to {after}: agent.env, secrets.env, state and session kept. "
                          f"{before} could have kept a copy of secrets.env: rotate the token.")
-            bundled = _install_tree(root, data, agents, config_dir, owner, copy_bundle=not home)
+            bundled = 0 if completed else _install_tree(root, data, agents, config_dir, owner, copy_bundle=not home)
             _make_state_dir(state_dir, owner)
         except account.AccountRefused as exc:
             raise Refused(str(exc)) from None
@@ -144,10 +164,16 @@ def install(source: str | Path, *, name: str | None = None, user: str | None = N
         _daemon_reload()  # a drop-in written or removed: systemd reads it now, the unit on its next start
     runs_as = owner.name if owner is not None else account.SERVICE_USER
     started = _next_steps(name, config_dir, systemd_dir, roots=_roots_named(environ),
-                          moved_to=runs_as if moved else None)
+                          moved_to=runs_as if moved else None, program=program)
     what = f"manifest and bundle ({bundled} files)" if bundled else "manifest"
     if home and owner is not None:
         what = f"manifest; the agent stays in {manifest.workdir} and runs as {owner.name}"
+    if completed:
+        return {"message": f"Completed the install of {name}: {completed} State in {state_dir}. {started}",
+                "name": name, "config_dir": str(config_dir), "state_dir": str(state_dir), "bundle_files": None,
+                "user": owner.name if owner is not None else None,
+                "kind": owner.kind if owner is not None else "bundle", "drop_in": str(drop_in) if drop_in else None,
+                "completed": True}
     if manifest.runtime_type == "process":
         # Process mode (SPEC 7b): no unit of its own for the agent; the runtime starts it.
         started += " Process mode: the runtime starts and supervises the agent (cron's report --once does not)."
@@ -220,14 +246,52 @@ def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path) -> None:
     os.chmod(target, 0o755 if member.mode & 0o111 else 0o644)
 
 
+def ignore_patterns(root: Path) -> list[str]:
+    """The blueprint's .calderaignore: one pattern a line (`#` comments), each a glob; one
+    with a `/` inside is matched against the path from the blueprint's top, one without
+    against each name at any depth; a trailing `/` matches directories only."""
+    try:
+        text = (root / IGNORE_FILE).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Refused(f"{root / IGNORE_FILE}: cannot be read ({exc})") from None
+    lines = (line.strip() for line in text.splitlines())
+    return [line.lstrip("/") for line in lines if line and not line.startswith("#")]
+
+
+def _left_out(rel: Path, is_dir: bool, patterns: Sequence[str]) -> bool:
+    """Whether the entry at `rel` (from the blueprint's top) is not part of the bundle."""
+    import fnmatch  # here: only a blueprint's install pays for it
+
+    if rel.name in SKIPPED and is_dir or rel == Path(IGNORE_FILE):
+        return True
+    for pattern in patterns:
+        if pattern.endswith("/") and not is_dir:
+            continue
+        bare = pattern.rstrip("/")
+        if fnmatch.fnmatchcase(rel.as_posix() if "/" in bare else rel.name, bare):
+            return True
+    return False
+
+
+def _walk(root: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
+    """os.walk of the blueprint, sorted, without what it leaves out (SKIPPED, .calderaignore)."""
+    patterns = ignore_patterns(root)
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        rel = here.relative_to(root)
+        dirnames[:] = sorted(d for d in dirnames if not _left_out(rel / d, True, patterns))
+        yield here, dirnames, sorted(f for f in filenames if not _left_out(rel / f, False, patterns))
+
+
 def _checked_dir(tree: Path) -> Path:
     if not tree.is_dir():
         raise Refused(f"{tree}: no such blueprint (a directory or a .tar.gz)")
     count = 0
-    for dirpath, dirnames, filenames in os.walk(tree):
-        dirnames[:] = [d for d in dirnames if d not in SKIPPED]
+    for here, dirnames, filenames in _walk(tree):
         for entry in dirnames + filenames:
-            path = Path(dirpath) / entry
+            path = here / entry
             if path.is_symlink():
                 raise Refused(f"{path}: links are refused in a blueprint")
             if not (path.is_dir() or path.is_file()):
@@ -311,13 +375,12 @@ def _installer() -> tuple[str, str]:
 
 def _copy_bundle(root: Path, bundle: Path) -> int:
     files = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED)
-        rel = Path(dirpath).relative_to(root)
-        for filename in sorted(filenames):
+    for here, _, filenames in _walk(root):
+        rel = here.relative_to(root)
+        for filename in filenames:
             if rel == Path(".") and filename == MANIFEST:
                 continue
-            src, dst = Path(dirpath) / filename, bundle / rel / filename
+            src, dst = here / filename, bundle / rel / filename
             dst.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
             shutil.copyfile(src, dst)
             os.chmod(dst, 0o755 if os.stat(src).st_mode & 0o111 else 0o644)
@@ -326,6 +389,20 @@ def _copy_bundle(root: Path, bundle: Path) -> int:
 
 
 STATE_SUBDIRS = (("logs", 0o700), ("cache", 0o700))
+
+
+def _may_make(path: Path) -> None:
+    """This process may make `path` (or write in it, when it exists): else PermissionError
+    naming the directory it may not write (the missing one it would make first, as mkdir -p
+    names it), before anything is written. Root passes (os.access, effective ids)."""
+    existing, first_missing = path, path
+    while not os.path.lexists(existing) and existing.parent != existing:
+        existing, first_missing = existing.parent, existing
+    if not os.access(existing, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+        import errno  # here: only a refused init pays for it
+
+        denied = existing if existing == path else first_missing
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(denied))
 
 
 def _check_state_dir(state_dir: Path) -> None:
@@ -392,8 +469,8 @@ def _roots_named(environ: Mapping[str, str]) -> str:
     every later command needs them too, the state dir's above all (without it, `caldera
     run` makes a second state dir in the default place)."""
     named = [(var, root) for var, root, default in (
-        ("CALDERA_CONFIG_DIR", config.config_root(environ), DEFAULT_CONFIG_ROOT),
-        ("CALDERA_STATE_DIR", config.state_root(environ), DEFAULT_STATE_ROOT)) if root != default]
+        ("CALDERA_CONFIG_DIR", config.config_root(environ).absolute(), DEFAULT_CONFIG_ROOT),
+        ("CALDERA_STATE_DIR", config.state_root(environ).absolute(), DEFAULT_STATE_ROOT)) if root != default]
     return " ".join(f"{var}={_quoted(str(root))}" for var, root in named)
 
 
@@ -404,14 +481,16 @@ def _quoted(text: str) -> str:
 
 
 def _next_steps(name: str, config_dir: Path, systemd_dir: str | Path, *, roots: str = "",
-                moved_to: str | None = None) -> str:
+                moved_to: str | None = None, program: str = "caldera") -> str:
     """How to start the agent once its configuration is complete. The unit is not enabled
     here: an agent enabled before agent.env and secrets.env are filled would start unconfigured.
-    roots: the variables every later command needs (_roots_named), spelled out."""
+    roots: the variables every later command needs (_roots_named), spelled out; program:
+    how to call caldera from where init was typed."""
     unit = f"caldera@{name}"
     edit = f"Fill in {config_dir}/agent.env and secrets.env, then"
-    by_hand = f"{roots} caldera run --agent {name}".lstrip()
-    cron = "`caldera report --once` with the same variables" if roots else f"`caldera report --once --agent {name}`"
+    by_hand = f"{roots} {program} run --agent {name}".lstrip()
+    cron = (f"`{program} report --once` with the same variables" if roots
+            else f"`{program} report --once --agent {name}`")
     local = f"it stays local, with no control plane, until {config_dir}/agent.env sets CALDERA_AGENT_ENABLED=true"
     if not Path(systemd_dir).is_dir():
         return (f"systemd is not running here: start it with `{by_hand}`; {local}, and from then on cron can run "

@@ -27,13 +27,10 @@ Exit 0: no breach; 1: a breach; 2: usage (no such agent).
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
 from dataclasses import dataclass, field
 
 from caldera import TYPE_CHECKING
-from caldera.agents import settings, status
+from caldera.agents import settings, startprobe, status
 from caldera.agents.adapter import health, invoke, logs
 from caldera.agents.adapter.answer import (
     DONE,
@@ -57,8 +54,6 @@ SLOW_STATUS_SECONDS = 2.0  # a tenth of status's 20 s: answer from a cache you k
 PATH_PROBE = "../../etc/passwd"
 UNKNOWN_LOG = "caldera-check-no-such-log.log"
 UNKNOWN_VERB = "caldera-check-unknown-verb"
-# A program whose first word after it is the script it runs (`[python3, adapter.py]`).
-INTERPRETER = re.compile(r"(python[0-9.]*|node|nodejs|bash|sh|dash|ruby|perl|php)")
 
 
 PASS, FAIL, NOT_IMPLEMENTED, NOTE = "pass", "fail", "not implemented", "note"
@@ -135,36 +130,12 @@ def check_workdir(manifest: Manifest, report: Report) -> None:
 def check_command(manifest: Manifest, report: Report) -> bool:
     """Whether runtime.command can start: its program exists (on the adapter's own PATH,
     which is not the person's), and so does the script an interpreter is given."""
-    program, fix = manifest.command[0], f"fix runtime.command or runtime.workdir in {manifest.path}"
-    if "/" in program:  # made absolute against the workdir by the manifest's build
-        found: str | None = program if os.path.isfile(program) else None
-        if found is None:
-            report.breach("command", f"runtime.command: {program} does not exist: {fix}")
-            return False
-        if not os.access(program, os.X_OK):
-            report.breach("command", f"runtime.command: {program} is not executable: chmod +x it, or name "
-                                     f"its interpreter first ([python3, {os.path.basename(program)}])")
-            return False
-    else:
-        found = shutil.which(program, path=invoke.SAFE_PATH)
-        if found is None:
-            report.breach("command", f"runtime.command: {program} is not on the adapter's PATH "
-                                     f"({invoke.SAFE_PATH}): name it by its full path in {manifest.path}")
-            return False
-    script = _script(manifest.command)
-    if script is not None and not (manifest.workdir / script).exists():
-        report.breach("command", f"runtime.command: {script} is not in the workdir {manifest.workdir}, so "
-                                 f"{program} cannot open it: {fix}")
+    problem, found = startprobe.probe(manifest.command, manifest.workdir, manifest.path, invoke.SAFE_PATH)
+    if problem:
+        report.breach("command", problem)
         return False
-    report.ok("command", " ".join([found, *([script] if script else [])]))
+    report.ok("command", found)
     return True
-
-
-def _script(command: tuple[str, ...]) -> str | None:
-    """The script an interpreter is told to run: the word after it, unless an option."""
-    if len(command) < 2 or not INTERPRETER.fullmatch(os.path.basename(command[0])):
-        return None
-    return None if command[1].startswith("-") else command[1]
 
 
 def _schema(name: str, document: Any) -> str | None:
@@ -175,9 +146,18 @@ def _schema(name: str, document: Any) -> str | None:
     return None
 
 
+def _failure(answer: Answer) -> str:
+    """A failed call's reason as a check's detail: without the verb's name in front (the
+    check names it), and an adapter that cannot start said once (its check is above)."""
+    reason = answer.reason or "failed"
+    if f": {startprobe.CANNOT_START}: " in f": {reason}":
+        return "exit 2 from an adapter that cannot start (command, above), not a verb it does not know"
+    return reason.removeprefix(f"{answer.verb}: ")
+
+
 def _not_done(check: str, answer: Answer, report: Report, required: bool = False) -> None:
     if answer.kind == FAILED:
-        report.breach(check, answer.reason or "failed", answer.stderr)
+        report.breach(check, _failure(answer), answer.stderr)
     elif answer.kind == UNSUPPORTED and required:
         report.breach(check, "exit 2 (not supported), but every adapter must answer this verb", answer.stderr)
     elif answer.kind == UNSUPPORTED:
@@ -196,7 +176,7 @@ def check_status(manifest: Manifest, report: Report) -> None:
         try:
             status.filter_status(answer.data)
         except ContractError as exc:
-            problem = str(exc)
+            problem = str(exc).removeprefix("status: ")
     if problem:
         report.breach("status", problem)
     else:
@@ -223,7 +203,7 @@ def check_settings_get(manifest: Manifest, report: Report) -> tuple[dict[str, An
     try:
         values, bounds = settings.check_settings_get(answer.data, manifest.settings_schema)
     except ContractError as exc:
-        problem = problem or str(exc)
+        problem = problem or str(exc).removeprefix("settings get: ")
     if problem:
         report.breach("settings get", problem)
         return None
@@ -310,7 +290,7 @@ def _check_log_list(data: dict[str, Any], report: Report) -> None:
     try:
         names = logs.check_log_list(data)
     except ContractError as exc:
-        problem = problem or str(exc)
+        problem = problem or str(exc).removeprefix("log --list: ")
         names = []
     if problem:
         report.breach("log --list", problem)
@@ -345,7 +325,7 @@ def check_unknown_verb(manifest: Manifest, report: Report) -> None:
     if answer.kind == UNSUPPORTED:
         report.ok("unknown verb", "exit 2")
     else:
-        seen = {DONE: "exit 0", REFUSED: "exit 1"}.get(answer.kind, answer.reason)
+        seen = {DONE: "exit 0", REFUSED: "exit 1"}.get(answer.kind) or _failure(answer)
         report.breach("unknown verb", f"{seen}; a verb the adapter does not know must exit 2", answer.stderr)
 
 

@@ -247,7 +247,7 @@ def check_document(doc: Any, path: str | Path) -> None:
                     f"runtime reads no agent files and passes no credentials; the adapter owns them)")
     for key in doc:
         if key not in TOP_LEVEL:
-            raise ConfigError(f"{where}: unknown key '{key}'")
+            raise ConfigError(f"{where}: {unknown_key(doc, key)}")
     name = doc.get("name")
     if not isinstance(name, str) or not is_name(name):
         raise ConfigError(f"{where}: name: required, letters, digits, '.', '_' or '-' (at most 64)")
@@ -262,6 +262,16 @@ def check_document(doc: Any, path: str | Path) -> None:
         _check_process(doc, where)
     elif "account" in doc and not isinstance(doc["account"], bool):
         raise ConfigError(f"{where}: account: must be true or false")
+
+
+def unknown_key(doc: dict[str, Any], key: object) -> str:
+    """A top-level key the manifest does not know, in one sentence: a misspelling of a key
+    the document lacks (`runtim:`) names the missing key first, as the reader must fix it."""
+    import difflib  # here: only a manifest with an unknown key pays for it
+
+    missing = [known for known in TOP_LEVEL if known not in doc]
+    close = difflib.get_close_matches(str(key), missing, n=1, cutoff=0.75)
+    return f"{close[0]}: missing (is '{key}' a misspelling?)" if close else f"unknown key '{key}'"
 
 
 def shape_problem(doc: Any) -> str:
@@ -287,7 +297,11 @@ def explain_schema_problem(doc: dict[str, Any], problem: str) -> list[str]:
         keys = [k for k in refused if isinstance(scope, dict) and k in scope]
         return [f"'{prefix}{key}' is not allowed with runtime.type: adapter" for key in keys] or [problem]
     if at == "(top level)" and message.startswith("Additional properties are not allowed"):
-        return [f"unknown key '{key}'" for key in doc if key not in TOP_LEVEL] or [problem]
+        return [unknown_key(doc, key) for key in doc if key not in TOP_LEVEL] or [problem]
+    if at == "(top level)" and message.endswith(" is a required property"):
+        key = message.removesuffix(" is a required property").strip("'")
+        said = [unknown_key(doc, other) for other in doc if other not in TOP_LEVEL]
+        return [s for s in said if s.startswith(f"{key}: ")] or [f"{key}: missing (required)"]
     return [problem if len(problem) <= PROBLEM_MAX else problem[:PROBLEM_MAX - 1] + "…"]
 
 

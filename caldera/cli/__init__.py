@@ -171,7 +171,7 @@ def _command(argv: list[str]) -> int:
         print(f"caldera {argv[0]}: {exc}{hint}", file=sys.stderr)
         return exc.exit_code
     except PermissionError as exc:  # a configuration problem too: a restart cannot fix it
-        print(f"caldera {argv[0]}: {_permission_sentence(exc, argv[0])}", file=sys.stderr)
+        print(f"caldera {argv[0]}: {_permission_sentence(exc, argv[0], args)}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:  # a file or directory problem: say which, without a traceback
         print(f"caldera {argv[0]}: {_os_error_sentence(exc)}", file=sys.stderr)
@@ -224,7 +224,7 @@ def _refuse_a_newer_state(name: str, args: Args) -> None:
         return  # a state dir this user cannot open: the command meets it too and says so its own way
 
 
-def _permission_sentence(exc: PermissionError, command: str) -> str:
+def _permission_sentence(exc: PermissionError, command: str, args: Args | None = None) -> str:
     try:
         user = pwd.getpwuid(os.geteuid()).pw_name
     except KeyError:
@@ -232,7 +232,27 @@ def _permission_sentence(exc: PermissionError, command: str) -> str:
     what = exc.filename or "a file"
     if os.geteuid() != 0 and exc.filename and _in_system_roots(str(exc.filename)):
         return f"{what}: permission denied for user {user}: {_without_root(str(exc.filename), command)}"
+    beside = _beside_manifest(args)
+    if exc.filename and beside and _within(str(exc.filename), beside):
+        return (f"{what}: permission denied for user {user}: without --state-dir a --manifest agent keeps its "
+                f"state beside its manifest, in {beside}; give --state-dir DIR, a directory of yours")
     return f"{what}: permission denied for user {user} (check its owner and mode: docs/packaging.md)"
+
+
+def _beside_manifest(args: Args | None) -> Path | None:
+    """The default state dir's parent of a --manifest agent named without --state-dir."""
+    from pathlib import Path  # here: only a refused command pays for it
+
+    from caldera.config import STATE_BESIDE_MANIFEST
+
+    manifest = getattr(args, "manifest", None)
+    if not manifest or getattr(args, "state_dir", None):
+        return None
+    try:
+        given = Path(manifest).absolute()
+    except OSError:  # no current directory to resolve it against: the plain sentence will do
+        return None
+    return (given if given.is_dir() else given.parent) / STATE_BESIDE_MANIFEST
 
 
 def _without_root(path: str, command: str) -> str:

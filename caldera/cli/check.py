@@ -36,8 +36,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    _take_target(args)
-    paths = config.agent_from_args(args)
+    try:
+        _take_target(args)
+        paths = config.agent_from_args(args)
+    except UsageError as exc:  # ConfigError too: no agent to check, said as --json asks
+        message = f"{exc}{_here(args)}"
+        if args.json:
+            print(json.dumps({"ok": False, "message": message, "held": [], "checks": []}))
+            return exc.exit_code
+        raise UsageError(message) from None
     report = Report(redact=_redactor(paths))
     try:
         manifest = load_effective(paths, validate_schema=True)
@@ -73,6 +80,13 @@ def _redactor(paths: AgentPaths) -> Redactor:
         return local_redactor(paths)
     except ConfigError:  # a broken agent.env is not what check is asked about
         return Redactor()
+
+
+def _here(args: argparse.Namespace) -> str:
+    """Nothing named, in a directory holding a manifest: the way to check that one."""
+    if args.target or args.manifest or args.agent or not os.path.isfile(config.MANIFEST_NAME):
+        return ""
+    return f"; to check the {config.MANIFEST_NAME} here: caldera check ."
 
 
 def _take_target(args: argparse.Namespace) -> None:
@@ -115,7 +129,8 @@ def _every_problem(path: Path, first: str) -> tuple[list[str], str]:
         if f": {key}:" in first or f": {key} " in first:
             continue
         for sentence in explain_schema_problem(doc, problem):
-            if sentence not in first and f"{path}: {sentence}" not in found:
+            said_for = sentence.split(": ", 1)[0]  # the key it is about, when it names one first
+            if sentence not in first and f": {said_for}: " not in first and f"{path}: {sentence}" not in found:
                 found.append(f"{path}: {sentence}")
     return found, kind
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -28,10 +29,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        result = install(args.blueprint, name=args.name, user=args.user, image_user=args.owner)
+        result = install(args.blueprint, name=args.name, user=args.user, image_user=args.owner, program=program())
     except Refused as exc:
         return _emit(args, {"ok": False, "message": str(exc), "held": []}, EXIT_FAILED)
     return _emit(args, {"ok": True, "held": [], **result}, EXIT_OK)
+
+
+def program(argv0: str | None = None) -> str:
+    """How the person calls caldera from here, for the printed next step: `caldera` when the
+    PATH finds this very program (or it was started otherwise: `python3 -m caldera.cli`),
+    else the console script's absolute path (a virtualenv's, not activated)."""
+    import shlex
+    import shutil
+
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    if os.path.basename(argv0) != "caldera":
+        return "caldera"
+    found = shutil.which("caldera")
+    try:
+        if found and os.path.samefile(found, argv0):
+            return "caldera"
+    except OSError:
+        pass
+    return shlex.quote(os.path.abspath(argv0))
 
 
 def _emit(args: argparse.Namespace, payload: dict[str, Any], code: int) -> int:

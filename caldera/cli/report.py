@@ -23,6 +23,7 @@ def main(args: argparse.Namespace) -> int:
     # here, not at the top: the daemon's modules import requests; `caldera report --help` does without them
     from caldera.cli.run import open_parts
     from caldera.daemon.report_once import report_once, take_lock
+    from caldera.daemon.startnotes import start_warnings
     from caldera.host.fsutil import StateLock
 
     if args.deadline <= 0:
@@ -30,6 +31,7 @@ def main(args: argparse.Namespace) -> int:
     started = time.monotonic()
     deadline = started + args.deadline
     parts = open_parts(args, "report")
+    start_warnings(parts)
     if parts.client is None:
         print(f"caldera report: the control plane is not enabled (CALDERA_AGENT_ENABLED is not true): set it, "
               f"CALDERA_BASE_URL and CALDERA_INSTANCE_ID in {parts.paths.agent_env} and CALDERA_TOKEN in "

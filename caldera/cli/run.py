@@ -41,10 +41,8 @@ def open_parts(args: Args, role: str) -> Parts:
             "the control plane at %s is reached over plain http: nothing on the way is encrypted",
             settings.plain_http_host)
     gateway = gateway_from_env(settings.env)
-    if gateway is not None and gateway.problem:  # SPEC section 10: named once at start, then ignored
-        logging.getLogger("caldera").warning(
-            "%s: the AI gateway's model catalogue is ignored (a run's model is the one it asks for, "
-            "else OPENAI_MODEL)", gateway.problem)
+    for warning in gateway.warnings() if gateway is not None else []:  # SPEC section 10: named once at start
+        logging.getLogger("caldera").warning("%s", warning)
     return parts
 
 
@@ -80,4 +78,13 @@ def _restart_in_place(signals: Signals) -> None:
     if signals.count:
         return
     signals.hand_over()
-    os.execv(sys.executable, [sys.executable, "-m", "caldera.cli", *sys.argv[1:]])
+    os.execv(sys.executable, restart_argv())
+
+
+def restart_argv() -> list[str]:
+    """The interpreter's own command line as it started this process (the console script's
+    path and its words, or `-m caldera.cli …` with its options): the package comes from
+    where it came from. Not `-m caldera.cli` always: `-m` puts the current directory first on
+    sys.path, and a directory named `caldera` there (a clone in $HOME, where the console
+    script was typed) would shadow the package and end the restarted daemon."""
+    return [sys.executable, *sys.orig_argv[1:]]

@@ -98,8 +98,11 @@ def _cache_dir(paths: AgentPaths) -> Path | None:
     return paths.state_dir / "cache" if paths.state_dir.is_dir() else None
 
 
-def _agent_status(paths: AgentPaths, manifest: Manifest | None) -> dict[str, Any] | None:
-    from caldera.agents.adapter.driver import adapter_status  # here: `status --help` does without it
+def _agent_status(paths: AgentPaths, manifest: Manifest | None, redact: Redactor) -> dict[str, Any] | None:
+    """{"body": the agent's status body, "process": process mode's figures, "adapter_stderr":
+    the end of a failed status call's stderr (redacted whole, then cut)}; None without a manifest."""
+    from caldera.agents.adapter.answer import stderr_excerpt  # here: `status --help` does without them
+    from caldera.agents.adapter.driver import ask_status
 
     if manifest is None:
         return None
@@ -107,7 +110,8 @@ def _agent_status(paths: AgentPaths, manifest: Manifest | None) -> dict[str, Any
         return _process_status(paths, manifest)
     if manifest.runtime_type != "adapter":
         return None
-    return adapter_status(paths, manifest)
+    body, stderr = ask_status(manifest)
+    return {"body": body, "adapter_stderr": stderr_excerpt(stderr, redact) if stderr else []}
 
 
 def _process_status(paths: AgentPaths, manifest: Manifest) -> dict[str, Any]:
@@ -173,20 +177,30 @@ def storage_info(paths: AgentPaths, daemon_saw: Any = None,
 
 
 def skills_info(paths: AgentPaths, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """The skill dirs in use (docs/skills.md): the managed one, the discovered ones and where
-    they come from (config.skill_dirs_of; read from the environment and agent.env, as the
-    daemon reads them), each with whether it exists now."""
-    from caldera.config import read_env_file, skill_dirs_of  # here: `status --help` does without it
+    """The skill dirs in use (docs/skills.md): the managed one, the discovered ones as the scan
+    takes them (config.skill_dirs_scanned over the environment, agent.env and secrets.env merged
+    by the daemon's own loader, config.merged_env), each with whether it exists now, the entries
+    left out (not absolute) and where they come from. A file this user may not read is named in
+    `unread`, and the dirs are then those of the rest."""
+    from caldera.config import merged_env, read_env_file, skill_dirs_scanned  # `status --help` does without it
 
-    env = dict(environ)
+    unread = None
     try:
-        env.update(read_env_file(paths.agent_env))
+        env, _ = merged_env(paths, environ)
     except (OSError, UnicodeDecodeError, ConfigError):
-        pass  # an operator who may not read agent.env: the process environment's dirs
-    dirs, origin = skill_dirs_of(env)
+        unread = "secrets.env"  # an operator who may not read it: the process environment and agent.env
+        env = dict(environ)
+        try:
+            env.update(read_env_file(paths.agent_env))
+        except (OSError, UnicodeDecodeError, ConfigError):
+            unread = "agent.env and secrets.env"
+    dirs, left_out, origin = skill_dirs_scanned(env)
     managed = str(paths.state_dir / "skills")
-    return {"managed": managed, "discovered": [{"path": d, "exists": os.path.isdir(d)} for d in dirs],
-            "from": origin}
+    info: dict[str, Any] = {"managed": managed, "discovered": [{"path": d, "exists": os.path.isdir(d)} for d in dirs],
+                            "left_out": left_out, "from": origin}
+    if unread:
+        info["unread"] = unread
+    return info
 
 
 def snapshot(paths: AgentPaths, redact: Redactor,
@@ -199,21 +213,22 @@ def snapshot(paths: AgentPaths, redact: Redactor,
         doc["storage"] = storage_info(paths, doc.pop("daemon_storage", None), statvfs)
         doc["skills"] = skills_info(paths)
         return doc
-    from caldera.host.fsutil import StateLock  # here: `status --help` does without it
+    from caldera.config import state_left_here  # here: `status --help` does without them
+    from caldera.host.fsutil import StateLock
     from caldera.protocol.outbox import held_items, outbox_depth, rejected_count
 
     missing = not paths.state_dir.is_dir()
     manifest = _load(paths)
-    agent = redact(_agent_status(paths, manifest))
-    process = None
-    if isinstance(agent, dict) and "process" in agent and "body" in agent:
-        agent, process = agent["body"], agent["process"]
+    asked = redact(_agent_status(paths, manifest, redact)) or {}
+    agent, process, stderr = asked.get("body"), asked.get("process"), asked.get("adapter_stderr")
     state = _state(paths)
     conn = redact(connection_info(paths, state))
     conn["daemon"] = StateLock(paths.state_dir, "status").holder() if paths.state_dir.is_dir() else None
     daemon_doc = _status_json(paths)
     if conn["daemon"] and daemon_doc.get("local") is True:
         conn["local"] = True  # the running daemon has no control plane
+    if not conn["daemon"] and not conn.get("last_heartbeat_ok_at") and _enabled(paths) is False:
+        conn["not_enabled_in"] = str(paths.agent_env)  # no control plane yet: not "no heartbeat has succeeded"
     # drop counters since the daemon started (outbox: superseded reports/inventories; events: run
     # events the plane never got; lanes: commands offered while stopping, kept for the next start)
     outbox = {"items": outbox_depth(paths.state_dir), "dropped": state.get("drops") or {},
@@ -227,7 +242,39 @@ def snapshot(paths: AgentPaths, redact: Redactor,
         doc["installed"] = _installed(paths)
     if process is not None:
         doc["process"] = process
+    if stderr:
+        doc["adapter_stderr"] = stderr
+    if not conn["daemon"]:
+        doc["daemon_elsewhere"] = _elsewhere(paths)
+    older = state_left_here(paths)
+    if older is not None:
+        doc["older_state"] = str(older)
     return doc
+
+
+def _elsewhere(paths: AgentPaths) -> dict[str, Any] | None:
+    """A runtime of this agent that holds another state dir (a forgotten CALDERA_STATE_DIR,
+    another --state-dir), as /proc shows it; None when none is seen."""
+    from caldera.host.procscan import naming, runtime_elsewhere  # here, as above
+
+    other = runtime_elsewhere(paths)
+    if other is None:
+        return None
+    return {"pid": other.pid, "role": other.role, "state_dir": other.state_dir, "name_it": naming(paths, other)}
+
+
+def _enabled(paths: AgentPaths) -> bool | None:
+    """Whether the agent's files and environment enable the control plane (None: they don't read)."""
+    from caldera.config import lookup, merged_env, read_env_file  # here, as above
+
+    try:
+        try:
+            env, _ = merged_env(paths)
+        except PermissionError:  # secrets.env is the daemon's: agent.env says it
+            env = {**os.environ, **read_env_file(paths.agent_env)}
+    except (OSError, ValueError, ConfigError):
+        return None
+    return (lookup(env, "CALDERA_AGENT_ENABLED") or "").strip().lower() in ("true", "1", "yes", "on")
 
 
 def _installed(paths: AgentPaths) -> bool:
@@ -352,6 +399,8 @@ def render(name: str, doc: dict[str, Any]) -> str:
     for gauge in agent.get("gauges") or []:
         label = f" {gauge['label']}" if gauge.get("label") else ""
         lines.append(f"  {gauge.get('name', '?'):<16} {bar(gauge.get('used'))}{label}")
+    for number, line in enumerate(doc.get("adapter_stderr") or ()):  # why a status call failed, in its words
+        lines.append(f"  {'adapter stderr:' if number == 0 else '':<16}{line}")
     for item in agent.get("held") or []:
         lines.append(f"  held: {item}")
     for entry in agent.get("health") or []:
@@ -364,12 +413,16 @@ def render(name: str, doc: dict[str, Any]) -> str:
         lines.append(f"  registration refused: {conn['auth_blocked']} (fix the configuration, then: "
                      f"{_reload(name, conn.get('daemon'))})")
     lines.extend(_manifest_lines(doc.get("manifest")))
-    lines.append(f"daemon: {_holder_words(conn['daemon'])}")
+    lines.append(_daemon_line(name, doc))
     if doc.get("state_dir_missing") and doc.get("installed"):
         lines.append(f"state dir {doc['state_dir_missing']}: not there (caldera init makes it; an agent installed "
                      "with CALDERA_STATE_DIR set is read with the same CALDERA_STATE_DIR)")
     elif doc.get("state_dir_missing"):
         lines.append(f"state dir {doc['state_dir_missing']}: not there yet (caldera run or a verb makes it)")
+    if doc.get("older_state"):
+        lines.append(f"state dir {doc['older_state']}: this agent's state from an older caldera (under the directory "
+                     f"the command was typed in); move it beside the manifest, or name it with --state-dir "
+                     f"{doc['older_state']}")
     storage = doc.get("storage")
     if storage:
         until = "there is space" if "full" in storage["problem"] else "it takes writes again"
@@ -400,6 +453,24 @@ def _reload(name: str, holder: str | None) -> str:
     return f"kill -HUP {pid}" if pid.isdigit() else "kill -HUP the pid of its caldera run"
 
 
+def _daemon_line(name: str, doc: dict[str, Any]) -> str:
+    """Who holds this state dir; when none does, never "not running" while this agent's
+    runtime runs with another state dir, nor where there is no state dir to tell."""
+    holder = doc["connection"].get("daemon")
+    other = doc.get("daemon_elsewhere")
+    if holder or not (other or doc.get("state_dir_missing")):
+        return f"daemon: {_holder_words(holder)}"
+    if not other:
+        return (f"daemon: none with this state dir (it is not there), and no caldera run of agent {name} "
+                "is seen on this host")
+    who = f"pid {other['pid']} ({'caldera run' if other['role'] == 'run' else 'caldera report --once'})"
+    if other.get("state_dir") is None:
+        return (f"daemon: not with this state dir; {who} runs agent {name} with another, which this user cannot "
+                "see (its environment is another user's)")
+    return (f"daemon: not with this state dir; {who} runs agent {name} with state dir {other['state_dir']}: "
+            f"name that one ({other['name_it']})")
+
+
 def _holder_words(holder: str | None) -> str:
     """The state dir lock's holder ("PID ROLE", StateLock.holder) as a person reads it."""
     if not holder:
@@ -419,6 +490,9 @@ def _connection_line(conn: dict[str, Any]) -> str:
     if conn.get("local"):
         return ("connection: none: the daemon runs without a control plane (CALDERA_AGENT_ENABLED is not true; "
                 "its log's first line says how to connect); the agent verbs work")
+    if conn.get("not_enabled_in"):
+        return (f"connection: none: the control plane is not enabled (CALDERA_AGENT_ENABLED is not true in "
+                f"{conn['not_enabled_in']}); caldera run stays local until it is{error}")
     return f"connection: no heartbeat has succeeded yet{error}"
 
 
@@ -446,7 +520,12 @@ def _skills_lines(info: dict[str, Any] | None) -> list[str]:
         return []
     found = [d["path"] + ("" if d["exists"] else " (not there)") for d in info["discovered"]]
     where = f" ({info['from']})" if info.get("from") else ""
-    return [f"skills: {info['managed']} (managed)" + (f"; {', '.join(found)}{where}" if found else "; no other dirs")]
+    line = f"skills: {info['managed']} (managed)" + (f"; {', '.join(found)}{where}" if found else "; no other dirs")
+    if info.get("left_out"):
+        line += f"; left out (not absolute): {', '.join(info['left_out'])}"
+    if info.get("unread"):
+        line += f" ({info['unread']} not readable here: a skill-dirs setting there is not shown)"
+    return [line]
 
 
 def _manifest_lines(info: dict[str, Any] | None) -> list[str]:

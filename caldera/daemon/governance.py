@@ -5,7 +5,9 @@ ClawManager's LLM-governance view classifies every instance from `runtime.llm_co
 says of the LLM configuration"). caldera hands a model provider to two kinds of consumer:
 the code-agent backends' control-plane runs (backends.registry.llm_configs: each backend
 describes its own) and the process-mode agent (its `bindings` and provider `secrets`:
-agents.process.environment.llm_configs). protocol/llm.report_fields makes one answer of them.
+agents.process.environment.llm_configs). What they call `gateway` is `gateway` in the report
+only when it is the platform's, injected in the process environment (protocol/llm.confirmed);
+protocol/llm.report_fields makes one answer of them.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from caldera import config
 from caldera.agents.narrow import as_process_driver
 from caldera.backends.registry import llm_configs as backend_llm_configs
 from caldera.host.loopguard import LoopGuard
-from caldera.protocol.llm import report_fields
+from caldera.protocol.llm import confirmed, platform_gateways, report_fields
 
 if TYPE_CHECKING:
     from caldera.agents.current import Current
@@ -31,14 +33,18 @@ def llm_fields(current: Current, paths: AgentPaths) -> dict[str, Any]:
     """The `runtime` fields of a state report; {} when caldera hands out no provider. Read
     afresh for each report (a projection edited on disk shows in the next one): without
     workspace roots and a process agent, that is two dictionary lookups."""
-    env = current.settings.env
+    settings = current.settings
+    env = settings.env
     configs: list[LLMConfig] = backend_llm_configs(env, str(paths.secrets_dir), config.credentials_directory(env))
     process = as_process_driver(current.driver)
     if process is not None:
         from caldera.agents.process.environment import llm_configs  # loaded with process mode already
 
         configs += llm_configs(process.spec, env)
-    return report_fields(configs)
+    if not configs:
+        return {}
+    keys = [env.get(name) or "" for name in config.GATEWAY_API_KEY]
+    return report_fields(confirmed(configs, platform_gateways(settings.injected, keys)))
 
 
 class LLMFields:

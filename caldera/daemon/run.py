@@ -33,12 +33,15 @@ from caldera.daemon.reporter import report_loop
 from caldera.daemon.sender import flush, sender_loop
 from caldera.daemon.signals import Signals
 from caldera.daemon.snapshot import write_snapshot
+from caldera.daemon.startnotes import start_warnings
 from caldera.daemon.wiring import Parts
 from caldera.host import proc, sdnotify
 from caldera.host.fsutil import StateLock
 from caldera.skills.watcher import skills_loop
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from caldera.agents.process.control import ControlServer
 
 log = logging.getLogger("caldera.daemon")
@@ -97,7 +100,7 @@ def run(parts: Parts, signals: Signals) -> int:
     caller before it built the parts, so that a SIGTERM during start-up is a graceful stop."""
     lock = StateLock(parts.paths.state_dir, "daemon")
     if not lock.acquire():
-        print(f"caldera run: agent {parts.paths.name} is already run by pid {lock.holder()}", file=sys.stderr)
+        print(f"caldera run: {already_run(parts.paths.name, parts.paths.state_dir, lock.holder())}", file=sys.stderr)
         return 1
     with lock:
         if signals.count:  # asked to stop during start-up (or held across a restart): start nothing
@@ -107,6 +110,28 @@ def run(parts: Parts, signals: Signals) -> int:
         if not parts.settings.enabled or parts.client is None:
             return _run_local(parts, signals)
         return _run_connected(parts, signals)
+
+
+def already_run(name: str, state_dir: Path, holder: str | None) -> str:
+    """Why a second `caldera run` of one agent does not start, and what to do: the state
+    dir's lock holder ("PID ROLE") as a person reads it, and how to stop it (its unit's
+    stop when systemd runs it, else its pid's SIGTERM), or that a one-shot report ends soon."""
+    pid, _, role = (holder or "").partition(" ")
+    if role == "report" and pid.isdigit():
+        return (f"agent {name} is busy: pid {pid} (caldera report --once) holds its state dir {state_dir}; it ends "
+                "within its deadline: start caldera run then")
+    if not pid.isdigit():
+        return f"agent {name} already runs: another process holds its state dir {state_dir} ({holder})"
+    unit = f"caldera@{name}.service"
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as fh:
+            by_unit = unit in fh.read()
+    except OSError:
+        by_unit = False
+    stop = f"sudo systemctl stop caldera@{name}" if by_unit else f"kill -TERM {pid}"
+    return (f"agent {name} already runs: pid {pid} (caldera run) holds its state dir {state_dir}, and an agent has "
+            f"one runtime; `caldera status` with the same flags shows it; to start it here, stop that one first "
+            f"({stop})")
 
 
 def _reread(parts: Parts) -> bool:
@@ -132,6 +157,7 @@ def _restart_or_stop(signals: Signals) -> int:
 def _run_local(parts: Parts, signals: Signals) -> int:
     """CALDERA_AGENT_ENABLED is not true: no control plane; the CLI verbs still work."""
     log.info("control plane disabled (CALDERA_AGENT_ENABLED is not true); staying local; %s", _to_connect(parts))
+    start_warnings(parts)  # after the first line, which says how to connect
     write_snapshot(parts)
     agent = start_agent_supervisor(parts)
     sdnotify.notify(READY)
@@ -212,6 +238,7 @@ def _watchdog_period() -> float:
 
 
 def _run_connected(parts: Parts, signals: Signals) -> int:
+    start_warnings(parts)
     client, _ = parts.connection()
     executor = executor_for(parts)
     lanes = Lanes(executor, on_idle=parts.wake.poll.set)

@@ -13,7 +13,11 @@ the loops: the first answer after an outage calls `on_reconnect`.
 
 `ControlPlaneClient` adds authentication: every call takes the session token
 from its `Credentials` (`session.Auth`, which registers); a 401, or a 403 "agent id does not match session", renews
-it once (single-flight) and retries. Any other 403 refuses that one call.
+it once (single-flight) and retries (a mismatch on a session registered for that very
+refusal is not renewed again: `Auth.renew_mismatched`). Any other 403 refuses that one call.
+Every body (and upload form) that names an `agent_id` goes out with the session's: an
+outbox item queued under an earlier id (0.1.0's `desktop-7-main`) is sent as the agent
+that now holds the session, which is the only id the plane takes from it.
 Every value placed in a URL path is checked against its pattern first.
 """
 from __future__ import annotations
@@ -476,14 +480,22 @@ class MultipartFile:
 
 class Credentials(Protocol):
     """What the client asks of the session (`session.Auth`): the token to send, a new one
-    when the plane refused it (one register for all loops), and the bootstrap token that
-    `register` itself is sent with."""
+    when the plane refused it (one register for all loops), the bootstrap token that
+    `register` itself is sent with, and the agent id the session is (or will be) issued to."""
 
     bootstrap_token: str
+
+    @property
+    def agent_id(self) -> str | None: ...
 
     def token(self) -> str: ...
 
     def renew(self, old_token: str | None) -> str: ...
+
+    def renew_mismatched(self, old_token: str | None, refusal: SessionMismatch) -> str: ...
+
+
+RESTAMPED_NAMED = 16  # earlier agent ids named in the log (once each), at most
 
 
 class ControlPlaneClient:
@@ -491,6 +503,7 @@ class ControlPlaneClient:
 
     def __init__(self, transport: Transport, auth: Credentials):
         self.transport, self.auth = transport, auth
+        self._restamped: set[str] = set()  # earlier agent ids already named in the log
 
     def within(self, deadline: float | None) -> AbstractContextManager[None]:
         """Bound this thread's calls by `deadline` (time.monotonic()): a command's own deadline."""
@@ -502,11 +515,28 @@ class ControlPlaneClient:
         token = self.auth.token()
         try:
             return send(token)
-        except (Unauthorized, SessionMismatch) as exc:
+        except Unauthorized as exc:
             log.info("session not accepted (%s); registering again", exc.message)
             return send(self.auth.renew(token))
+        except SessionMismatch as exc:
+            return send(self.auth.renew_mismatched(token, exc))  # Forbidden when a register cannot help
+
+    def as_session(self, body: T) -> T:
+        """`body` as it goes out under the session: an `agent_id` in it is the session's. A
+        result queued in the outbox keeps the id it was made under; after the agent id
+        changed (an upgrade, CLAWMANAGER_AGENT_ID) the plane answers every such item 403
+        "agent id does not match session", for ever. The earlier id is named once."""
+        agent_id = self.auth.agent_id
+        if not agent_id or not isinstance(body, dict) or "agent_id" not in body or body["agent_id"] == agent_id:
+            return body
+        earlier = str(body["agent_id"])[:300]
+        if earlier not in self._restamped and len(self._restamped) < RESTAMPED_NAMED:
+            self._restamped.add(earlier)
+            log.info("what was queued as agent %r goes out as %r, the agent id of this session", earlier, agent_id)
+        return {**body, "agent_id": agent_id}  # type: ignore[return-value]  # the same dict type
 
     def _call(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        body = self.as_session(body)
         return self._authed(lambda token: self.transport.request(method, path, token, body=body, **kw))
 
     def register(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -549,6 +579,7 @@ class ControlPlaneClient:
         name = filename or os.path.basename(str(path))
         if not name.endswith(".zip"):
             raise ValueError("an uploaded skill's filename must end in .zip")
+        fields = self.as_session(fields)
 
         def send(token: str) -> Any:
             form = MultipartFile(fields, "file", path, name)

@@ -20,9 +20,10 @@ import json
 import urllib.parse
 
 from caldera import TYPE_CHECKING
+from caldera.config import GATEWAY_BASE_URL
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Mapping
     from typing import Any
 
     from caldera.config import Gateway
@@ -51,12 +52,19 @@ def public_url(url: object, hide: Iterable[str] = ()) -> str | None:
     if ":" in host:  # IPv6: the brackets urlsplit took off
         host = f"[{host}]"
     netloc = host if port is None else f"{host}:{port}"
-    secrets = [h for h in hide if isinstance(h, str) and len(h) >= MIN_HIDDEN]
+    secrets = [h.lower() for h in hide if isinstance(h, str) and len(h) >= MIN_HIDDEN]
     for path in (parts.path.rstrip("/"), ""):
         public = urllib.parse.urlunsplit((parts.scheme.lower(), netloc, path, "", ""))[:TEXT_CAP]
-        if not any(h in public or h.lower() in public for h in secrets):
+        if not any(h in form for form in _forms(public) for h in secrets):
             return public
     return None
+
+
+def _forms(url: str) -> set[str]:
+    """`url` lower case as written, percent-decoded once and twice: a key may ride in a path
+    encoded (`tenant%2Bq7Zx%2FKEY` for `tenant+q7Zx/KEY`), even encoded twice."""
+    once = urllib.parse.unquote(url)
+    return {url.lower(), once.lower(), urllib.parse.unquote(once).lower()}
 
 
 def _text(value: object) -> str | None:
@@ -143,6 +151,39 @@ def report_fields(configs: Iterable[LLMConfig]) -> dict[str, Any]:
 
 
 def gateway_config(gateway: Gateway, source: str, model: str | None = None) -> LLMConfig:
-    """What a consumer given ClawManager's AI gateway gets: its base URL and provider, and
-    `model` (a run's), else the gateway's default by its rule (config.Gateway.model_for)."""
-    return LLMConfig(source, GATEWAY, gateway.base_url, gateway.provider, model or gateway.model_for())
+    """What a consumer given ClawManager's AI gateway gets: its base URL (without the gateway's
+    key, should the URL carry it in its path: a new key must not change the fingerprint) and
+    provider, and `model` (a run's), else the gateway's default by its rule (Gateway.model_for).
+    `gateway` only as far as the consumer knows: `confirmed` decides whether it is the platform's."""
+    return LLMConfig(source, GATEWAY, gateway.base_url, gateway.provider, model or gateway.model_for(),
+                     hide=[gateway.api_key or ""])
+
+
+def platform_gateways(injected: Mapping[str, str], hide: Iterable[str] = ()) -> set[str]:
+    """The AI gateway's base URLs (public forms, as they are and without the `hide` values, the
+    gateway's keys) that are the platform's: injected by it (`injected`: config.Settings.injected,
+    values of the process environment no env file replaced) and the platform's gateway by
+    ClawManager's own rule (`gateway/llm` or `clawmanager` in the URL, as its governance view
+    classifies a URL) or on the host of the control plane the platform injected."""
+    plane = urllib.parse.urlsplit(injected.get("CLAWMANAGER_AGENT_BASE_URL") or "").hostname
+    out: set[str] = set()
+    for name in GATEWAY_BASE_URL:
+        url = public_url(injected.get(name))
+        if url is None:
+            continue
+        host = urllib.parse.urlsplit(url).hostname
+        if "gateway/llm" in url.lower() or "clawmanager" in url.lower() or (plane and host == plane.lower()):
+            out |= {url, public_url(injected[name], hide) or url}
+    return out
+
+
+def confirmed(configs: Iterable[LLMConfig], platform: set[str]) -> list[LLMConfig]:
+    """Each consumer as the report may say it: `gateway` only where its base URL is one of
+    `platform` (platform_gateways), `external` otherwise. A consumer's description says `gateway`
+    for whatever gateway the merged settings name, and agent.env can name any URL under the
+    gateway's variable names (OPENAI_BASE_URL=https://api.openai.com/v1 with the operator's own
+    key): ClawManager trusts the status sent, so a provider that is not the platform's gateway is
+    reported `external` rather than left for ClawManager to guess from its URL (a corporate URL
+    would be `unknown` there, and `unknown` is not counted non-compliant)."""
+    return [c if c.status != GATEWAY or (c.base_url is not None and c.base_url in platform)
+            else LLMConfig(c.source, EXTERNAL, c.base_url, c.provider, c.model) for c in configs]

@@ -10,6 +10,11 @@ SIGHUP (`unblock()`). A 403 on any other call is not the session's business:
 "agent id does not match session" renews the session (the client does it, like
 a 401), any other 403 refuses that one call (`client.Forbidden`).
 
+A mismatch renews at most once per session: a session registered *because of* a
+mismatch was issued to this very agent id, so the same refusal on it is about what
+was sent, not the session, and another register would only repeat (every retry a
+register, for ever). That call is refused instead (`client.Forbidden`, said once).
+
 The session is kept only for the base URL, instance and agent_id it was issued
 to: a changed `agent_id` (another runtime type) registers afresh instead of
 sending another agent's token.
@@ -27,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 from caldera.errors import AuthBlocked  # noqa: F401 -- re-exported: callers catch it from here too
 from caldera.host.fsutil import atomic_write_json, read_json
 from caldera.protocol.client import Forbidden, Invalid, SessionMismatch, Unaccepted, Unauthorized
+
+MISMATCH_BORN_KEPT = 8  # tokens registered after a mismatch, remembered (the newest is the one in use)
 
 if TYPE_CHECKING:
     from caldera.redact import Redactor
@@ -99,10 +106,17 @@ class Auth:
             redactor.add(self._info.token)
         self.blocked_reason: str | None = None
         self._blocked_until = 0.0
+        self._mismatch_born: list[str] = []  # tokens registered after a 403 mismatch
+        self._mismatch_said = False
 
     @property
     def info(self) -> SessionInfo | None:
         return self._info
+
+    @property
+    def agent_id(self) -> str | None:
+        """The agent id the session is issued to (session.json's key): what every body names."""
+        return self._file.agent_id
 
     def token(self) -> str:
         info = self._info
@@ -119,6 +133,30 @@ class Auth:
                 self._file.clear()
                 return self._do_register().token
             return self._info.token
+
+    def renew_mismatched(self, old_token: str | None, refusal: SessionMismatch) -> str:
+        """Called after a 403 "agent id does not match session" with the token that got it:
+        registers once for everyone, unless that token was itself registered after such a
+        refusal; then a register cannot help and the call is refused (client.Forbidden),
+        said once (no register loop)."""
+        with self._lock:
+            if self._info is not None and self._info.token != old_token:
+                return self._info.token  # another loop renewed it meanwhile
+            if old_token is not None and old_token in self._mismatch_born:
+                if not self._mismatch_said:
+                    self._mismatch_said = True
+                    log.warning("the control plane says the agent id sent does not match the session, which was "
+                                "registered as %r after the same refusal: not registering again (that call is "
+                                "refused; said once)", self.agent_id)
+                raise Forbidden(refusal.status, f"{refusal.message} (the session was registered as "
+                                f"{self.agent_id!r} after the same refusal: not registering again)",
+                                from_server=refusal.from_server)
+            log.info("session not accepted (%s); registering again", refusal.message)
+            self._info = None
+            self._file.clear()
+            token = self._do_register().token
+            self._mismatch_born = [*self._mismatch_born, token][-MISMATCH_BORN_KEPT:]
+            return token
 
     def unblock(self) -> None:
         """SIGHUP: the configuration may have been fixed; try again now."""

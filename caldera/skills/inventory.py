@@ -3,7 +3,7 @@
 Roots, in order: `<state-dir>/skills/` (managed: installs go here), every
 directory in `CALDERA_SKILL_DIRS` (else ClawManager's `CLAWMANAGER_AGENT_SKILL_DIRS`;
 colon-separated absolute paths; inside a ClawManager instance with neither, the
-runtime's own: config.skill_dirs_of), discovered, then `<state-dir>/skills-disabled/`
+runtime's own: config.skill_dirs_scanned), discovered, then `<state-dir>/skills-disabled/`
 (reported with `metadata.status: disabled`). The cheap change check is a stat signature of
 each skill's files; only a skill whose signature changed is hashed again.
 The cache lives in `<state-dir>/cache/skills-inventory.json`.
@@ -37,7 +37,6 @@ MANAGED, DISCOVERED, DISABLED = "managed", "discovered", "disabled"
 INSTALL_RECORD = ".caldera-install.json"
 DISABLED_RECORD = ".caldera-disabled.json"
 LOCK_NAME = ".caldera-lock"
-MARKERS = ("SKILL.md", "skill.json", "manifest.json")
 SOURCE_PLATFORM, SOURCE_DISCOVERED = "injected_by_clawmanager", "discovered_in_instance"
 SKILL_TYPE = "agent-skill"
 DEFAULT_VERSION = "0.0.0"
@@ -82,13 +81,10 @@ def quarantine_root(state_dir: StrPath) -> Path:
 def roots(state_dir: StrPath, env: dict[str, str] | None) -> tuple[list[Root], list[str]]:
     """(the roots, problems with the skill dirs' entries)."""
     out = [Root(managed_root(state_dir), MANAGED)]
-    problems: list[str] = []
-    entries, origin = config.skill_dirs_of(env)
-    for entry in entries:
-        if not os.path.isabs(entry):
-            problems.append(f"{origin}: {entry!r} is not an absolute path; left out")
-            continue
-        path = Path(os.path.normpath(entry))
+    dirs, left_out, origin = config.skill_dirs_scanned(env)
+    problems = [f"{origin}: {entry!r} is not an absolute path; left out" for entry in left_out]
+    for entry in dirs:
+        path = Path(entry)
         if all(r.path != path for r in out):
             out.append(Root(path, DISCOVERED))
     out.append(Root(disabled_root(state_dir), DISABLED))
@@ -111,46 +107,83 @@ def _is_dir(entry: os.DirEntry[str]) -> bool:
         return False
 
 
-def _has_marker(path: Path) -> bool:
-    return any(os.path.isfile(path / m) and not os.path.islink(path / m) for m in MARKERS)
-
-
+SKILL_MD = "skill.md"  # a skill's marker, any case (the control plane checks it so on upload)
 CATEGORY_DEPTH = 4  # category folders inside category folders, at most this deep
 
 
-def _subdirs(path: Path, what: str) -> list[Path]:
-    """The non-hidden directories in `path` (symlinks not followed), by name; [] when it is gone."""
+@dataclass
+class Found:
+    """What one root holds: its skills, and what stood in the way (sentences); `complete` is
+    False when a folder could not be read (skills may be missing: never a full inventory)."""
+
+    skills: list[Path] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    complete: bool = True
+
+
+def _listing(path: Path, what: str) -> tuple[list[Path], bool, list[str]]:
+    """(the non-hidden directories in `path` by name, symlinks not followed; whether it holds a
+    SKILL.md, any case, a regular file; the other marker files it holds: skill.json,
+    manifest.json). Nothing when it is gone; md5.ScanError when it cannot be read."""
     try:
         with os.scandir(path) as it:
-            return [Path(e.path) for e in sorted(it, key=lambda e: e.name) if not e.name.startswith(".") and _is_dir(e)]
+            entries = sorted(it, key=lambda e: e.name)
     except FileNotFoundError:
-        return []
+        return [], False, []
     except OSError as exc:
         raise md5.ScanError(exc.errno, f"cannot read {what}: {exc.strerror}", str(path)) from None
+    dirs = [Path(e.path) for e in entries if not e.name.startswith(".") and _is_dir(e)]
+    files = [e.name for e in entries if _is_file(e)]
+    return dirs, any(n.lower() == SKILL_MD for n in files), [n for n in files if n in ("skill.json", "manifest.json")]
 
 
-def _category_skills(path: Path, depth: int) -> list[Path]:
-    """The skills under a folder without a marker file: its children that have one, and those
-    of its children that are categories themselves (recursed, CATEGORY_DEPTH deep at most)."""
-    out: list[Path] = []
-    for child in _subdirs(path, "skill category"):
-        if _has_marker(child):
-            out.append(child)
-        elif depth < CATEGORY_DEPTH:
-            out.extend(_category_skills(child, depth + 1))
-    return out
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_file(follow_symlinks=False)
+    except OSError:
+        return False
 
 
-def skill_dirs(root: Root) -> list[Path]:
-    """The skills of one root. A discovered root may hold "category" folders (Hermes layout:
-    `<root>/<category>/<skill>/SKILL.md`): a child without a marker file under which skills
-    are found (recursed through categories of categories) stands for those skills; without any
-    under it, it is a skill itself, as every child of a managed root is."""
-    out = []
-    for path in _subdirs(root.path, "skill root"):
-        inner = _category_skills(path, 1) if root.kind == DISCOVERED and not _has_marker(path) else []
-        out.extend(inner or [path])
-    return out
+def skill_dirs(root: Root) -> Found:
+    """The skills of one root. In a managed or disabled root (caldera's own) every child is a
+    skill. In a discovered one a skill is a folder holding SKILL.md, as the control plane
+    requires of a skill's package; a folder without one is a *category* (Hermes layout:
+    `<root>/<category>/<skill>/SKILL.md`) whose subfolders are looked at in turn, CATEGORY_DEPTH
+    categories deep at most; what lies deeper is named, never taken for a skill. A folder that
+    cannot be read is named and the rest of the root is still reported (incomplete).
+    md5.ScanError when the root itself cannot be read."""
+    found = Found()
+    children, _, _ = _listing(root.path, "skill root")
+    if root.kind != DISCOVERED:
+        found.skills = children
+        return found
+    for child in children:
+        _discover(child, 1, found)
+    return found
+
+
+def _discover(path: Path, level: int, found: Found) -> None:
+    """`path`, `level` folders below its root: a skill, or a category to look into."""
+    try:
+        children, is_skill, others = _listing(path, "skill category")
+    except md5.ScanError as exc:
+        found.complete = False
+        found.problems.append(f"{exc.filename}: {exc.strerror}; the skills under it are not reported")
+        return
+    if is_skill:
+        found.skills.append(path)
+        return
+    if others:
+        found.problems.append(f"{path}: {' and '.join(others)} but no SKILL.md, which the control plane requires of "
+                              "a skill; not reported")
+    if not children:
+        return  # an empty folder, or a category's own files (DESCRIPTION.md): no skill here
+    if level > CATEGORY_DEPTH:
+        found.problems.append(f"{path}: a category folder deeper than {CATEGORY_DEPTH} levels; the folders under it "
+                              "are not scanned")
+        return
+    for child in children:
+        _discover(child, level + 1, found)
 
 
 def _read_small(path: Path) -> str | None:
@@ -305,12 +338,14 @@ class Inventory:
         with shared_lock(self.state_dir):
             for root in all_roots:
                 try:
-                    paths = skill_dirs(root)
+                    found = skill_dirs(root)
                 except md5.ScanError as exc:
                     result.complete = False
                     result.problems.append(f"{exc.filename}: {exc.strerror}")
                     continue
-                for path in paths:
+                result.complete = result.complete and found.complete
+                result.problems.extend(found.problems)
+                for path in found.skills:
                     self._scan_one(path, root, result, entries, seen)
         self._hash_buffer = None  # the daemon keeps its Inventory: not its buffer too while idle
         if entries != self._cache:  # unchanged: no write (and no fsync) at all
@@ -336,6 +371,13 @@ class Inventory:
         cached = self._cache.get(str(path))
         # the cache entry of this skill in this root, if any
         known = cached if cached and cached.get("root") == root.kind else None
+        record = known.get("record") if known is not None else None
+        if known is None or not isinstance(record, dict) or not isinstance(record.get("metadata"), dict):
+            known = None  # none, or not one of ours (a hand-edited cache): hashed afresh
+        elif record["metadata"].get("runtime_type") != self.runtime_type:
+            # recorded under another runtime's name (0.1.0's `desktop`): the skill is the same, its record is not
+            metadata = {**record["metadata"], "runtime_type": self.runtime_type}
+            known = {**known, "record": {**record, "metadata": metadata}}
         notifier = self.notifier
         if self._trust and known is not None and notifier is not None and notifier.unchanged(str(path)):
             seen[path.name] = str(path)

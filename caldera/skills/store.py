@@ -73,7 +73,7 @@ def find(state_dir: StrPath, env: dict[str, str] | None, payload: dict[str, Any]
         raise CommandError("the payload names no skill: give target_name (or identifier, skill_name) or skill_id")
     all_roots, _ = inventory.roots(state_dir, env)
     for root in (r for r in all_roots if r.kind in kinds):
-        for path in inventory.skill_dirs(root):
+        for path in inventory.skill_dirs(root).skills:
             if name is not None and path.name == name:
                 return path, root
             if name is None and wanted_id is not None and _has_id(path, wanted_id):

@@ -76,5 +76,5 @@ def workdir(paths: Paths) -> Path:
 
 def copy_example(tmp_path: Path) -> Path:
     dest = tmp_path / "task-agent"
-    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("data", "__pycache__"))
+    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("data", "__pycache__", ".caldera-state"))
     return dest / "caldera.agent.yaml"

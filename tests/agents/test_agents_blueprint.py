@@ -142,3 +142,38 @@ def test_init_refuses_user_and_owner_together(tmp_path, caldera_env, capsys):
     assert main(["init", str(source), "--name", "ops", "--user", "nobody", "--owner", "nobody"]) == 1
     assert "--user and --owner: pick one" in capsys.readouterr().err
     assert not (caldera_env / "etc" / "agents" / "ops").exists()
+
+
+def test_what_the_agent_wrote_beside_its_blueprint_is_not_installed(tmp_path, caldera_env, capsys):
+    """A --manifest run of the example leaves its data/ (the pause) and .caldera-state/ (its
+    state, a session among it, a socket) beside the blueprint: init installs neither, so the
+    new agent does not start paused and no runtime's files travel into a bundle."""
+    source = copy_example(tmp_path).parent
+    assert main(["pause", "--manifest", str(source)]) == 0
+    assert (source / "data" / "paused").is_file() and (source / ".caldera-state").is_dir()
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as sock:  # process mode's control socket is one of these
+        sock.bind(str(source / ".caldera-state" / "task-agent" / "s"))
+        result = blueprint.install(source, name="fresh")
+    bundle = caldera_env / "etc" / "agents" / "fresh" / "bundle"
+    assert result["bundle_files"] == 4 and sorted(p.name for p in bundle.iterdir()) == [
+        "adapter.py", "agent.py", "taskagent.py", "tasks.json"]
+    capsys.readouterr()
+    assert main(["status", "--agent", "fresh", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["agent_status"]["state"]["label"] == "Ready"  # not "Paused"
+
+
+def test_calderaignore_patterns(tmp_path, caldera_env):
+    """One pattern a line: with a '/' inside, a path from the top; without, a name at any depth;
+    a trailing '/' for directories only. The file itself is not installed."""
+    root = tmp_path / "bp"
+    (root / "run" / "sub").mkdir(parents=True)
+    (root / "lib" / "cache").mkdir(parents=True)
+    (root / "caldera.agent.yaml").write_text("name: bp\nruntime:\n  type: adapter\n  command: [python3, a.py]\n")
+    for name in ("a.py", "run/x", "run/sub/y", "lib/keep.py", "lib/cache/z", "lib/tmp.log", "cache"):
+        (root / name).write_text("x\n")
+    (root / ".calderaignore").write_text("# runtime files\nrun/\ncache/\n*.log\n")
+    blueprint.install(root)
+    bundle = caldera_env / "etc" / "agents" / "bp" / "bundle"
+    assert _tree(bundle) == ["a.py", "cache", "lib", "lib/keep.py"]  # `cache` the file stays: cache/ is a directory's

@@ -273,6 +273,22 @@ GW = {"CLAWMANAGER_LLM_BASE_URL": "http://gw.test/api/v1/gateway/llm", "CLAWMANA
     # a secret pointed at the gateway itself is the gateway
     (_Spec(secrets=("OPENAI_API_KEY",), env={"OPENAI_BASE_URL": "http://gw.test/api/v1/gateway/llm"}), GW,
      [("process agent", "gateway", "http://gw.test/api/v1/gateway/llm", "openai-compatible", "auto")]),
+    # bound to the gateway, and handed providers of its own beside it: never hidden behind the gateway
+    (_Spec(secrets=("DEEPSEEK_API_KEY", "OPENROUTER_API_KEY"), bindings=("llm_gateway",),
+           env={"OPENROUTER_BASE_URL": "https://openrouter.corp.test/api/v1"}), GW,
+     [("process agent", "gateway", "http://gw.test/api/v1/gateway/llm", "openai-compatible", "auto"),
+      ("process agent (DEEPSEEK_API_KEY)", "external", "https://api.deepseek.com", "deepseek", None),
+      ("process agent (OPENROUTER_API_KEY)", "external", "https://openrouter.corp.test/api/v1", "openrouter", None)]),
+    (_Spec(secrets=("ANTHROPIC_AUTH_TOKEN",)), {},
+     [("process agent (ANTHROPIC_AUTH_TOKEN)", "external", "https://api.anthropic.com", "anthropic", None)]),
+    # any other provider-looking key beside a base URL of the same prefix
+    (_Spec(secrets=("CORP_LLM_API_KEY", "ACME_AUTH_TOKEN"),
+           env={"CORP_LLM_BASE_URL": "https://llm.corp.test/v1", "CORP_LLM_MODEL": "big",
+                "ACME_API_BASE": "https://acme.test"}), {},
+     [("process agent (CORP_LLM_API_KEY)", "external", "https://llm.corp.test/v1", "corp_llm", "big"),
+      ("process agent (ACME_AUTH_TOKEN)", "external", "https://acme.test", "acme", None)]),
+    # not seen: a key without a base URL beside it, a secret of another shape
+    (_Spec(secrets=("SERP_API_KEY", "GITHUB_TOKEN", "_API_KEY"), env={"GITHUB_BASE_URL": "https://gh.test"}), {}, []),
 ])
 def test_what_the_process_agent_is_handed_for_the_report(spec, runtime_env, want):
     got = environment.llm_configs(spec, runtime_env)

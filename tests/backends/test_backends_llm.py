@@ -86,6 +86,21 @@ def test_the_builtin_openai_provider_is_openais(tmp_path):
     assert (found.status, found.base_url, found.provider) == (EXTERNAL, "https://api.openai.com/v1", "openai")
 
 
+def test_the_builtin_openai_provider_goes_where_openai_base_url_points(tmp_path):
+    """Codex's built-in provider takes `openai_base_url` (and refuses a [model_providers.openai]
+    table; an OPENAI_BASE_URL in its environment it ignores): tried with Codex 0.169."""
+    codex = tmp_path / "secrets" / "codex"
+    (codex / "env").mkdir(parents=True)
+    (codex / "config.toml").write_text('model_provider = "openai"\nmodel = "gpt-5.5"\n'
+                                       'openai_base_url = "https://llm.corp.test/openai/v1"\n')
+    (codex / "env" / "OPENAI_API_KEY").write_text(CANARY)
+    (codex / "env" / "OPENAI_BASE_URL").write_text("https://ignored.test/v1")
+    found = cc.llm_config(GW, str(tmp_path / "secrets"), None)
+    assert (found.status, found.base_url, found.provider) == (EXTERNAL, "https://llm.corp.test/openai/v1", "openai")
+    (codex / "config.toml").write_text(f'model_provider = "openai"\nopenai_base_url = "{GATEWAY_URL}"\n')
+    assert cc.llm_config(GW, str(tmp_path / "secrets"), None).status == GATEWAY  # the gateway, as the URL says
+
+
 @pytest.mark.parametrize("breakage", ["missing key", "bad toml", "unreadable"])
 def test_a_projection_that_cannot_be_used_is_still_external(tmp_path, breakage):
     """A provider of its own is configured; the report must not turn that into `gateway` or

@@ -100,7 +100,7 @@ def test_as_a_program_a_quick_verb_still_prints_and_exits_with_its_code(tmp_path
 
     example = Path(__file__).resolve().parents[2] / "examples" / "task-agent"
     bundle = tmp_path / "task-agent"
-    shutil.copytree(example, bundle, ignore=shutil.ignore_patterns("data", "__pycache__"))
+    shutil.copytree(example, bundle, ignore=shutil.ignore_patterns("data", "__pycache__", ".caldera-state"))
     base = [sys.executable, "-m", "caldera.cli"]
     flags = ["--manifest", str(bundle / "caldera.agent.yaml"), "--state-dir", str(tmp_path / "state")]
     done = subprocess.run([*base, "pause", "--json", *flags], capture_output=True, text=True)

@@ -29,7 +29,8 @@ def test_status_without_plane_or_daemon(caldera_env):
     assert doc["outbox"] == {"items": 0, "dropped": {}, "held_back": [], "rejected": 0}
     human = status()
     assert "Ready (ok)" in human.stdout and "[#####...............]  25%" in human.stdout
-    assert "daemon: not running" in human.stdout
+    # No state dir yet (install_agent makes none): not a bare "not running" (issue 36's review).
+    assert "daemon: none with this state dir (it is not there), and no caldera run of agent demo" in human.stdout
 
 
 def test_status_shows_the_drop_counters(caldera_env):
@@ -210,3 +211,22 @@ def test_status_shows_the_installed_and_the_effective_manifest(caldera_env):
     done = json.loads(status("--json").stdout)
     assert done["manifest"]["effective"] == {"source": "update", "revision_id": 42, "version": "2.0.0"}
     assert "in effect: update 2.0.0 from config revision 42" in status().stdout
+
+
+def test_status_names_the_skill_dirs_the_scan_takes(caldera_env, tmp_path):
+    """The dirs as the daemon reads them (secrets.env included), each once, a relative entry
+    named as left out; the same list `caldera skills` scans."""
+    config = install_agent(caldera_env)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    with open(config / "secrets.env", "a") as fh:
+        fh.write(f"CALDERA_SKILL_DIRS={mine}:{mine}/:relative/dir:{tmp_path}/gone\n")
+    doc = json.loads(status("--json").stdout)["skills"]
+    assert doc["discovered"] == [{"path": str(mine), "exists": True}, {"path": f"{tmp_path}/gone", "exists": False}]
+    assert doc["left_out"] == ["relative/dir"] and doc["from"] == "CALDERA_SKILL_DIRS" and "unread" not in doc
+    human = status().stdout
+    assert (f"; {mine}, {tmp_path}/gone (not there) (CALDERA_SKILL_DIRS); left out (not absolute): relative/dir"
+            in human), human
+    scanned = json.loads(subprocess.run([sys.executable, "-m", "caldera.cli", "skills", "--agent", "demo", "--json"],
+                                        capture_output=True, text=True, timeout=60, check=True).stdout)
+    assert any("'relative/dir' is not an absolute path" in p for p in scanned["problems"])

@@ -136,13 +136,66 @@ def test_a_session_issued_to_another_agent_id_is_not_reused_the_agent_registers_
     assert BOOT not in done.stderr
 
 
+def _run(env, log_path):
+    """`caldera run` as the container's command (not PID 1 here: that is tested below)."""
+    with open(log_path, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "caldera.cli", "run"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc):
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(WAIT + 20) == 0
+
+
+def test_what_the_outbox_holds_under_the_old_agent_id_goes_out_once_under_the_new(caldera_env, plane, tmp_path):
+    """Upgraded from 0.1.0 (`desktop-7-main`, here set with CLAWMANAGER_AGENT_ID) with a finish
+    held in the outbox by a 503: restarted as `hermes-7-main`, the finish queued under the old id
+    is delivered once, under the session's id (the plane refuses any other with 403 "agent id
+    does not match session"), after exactly one register; the command does not stay `running`."""
+    env, state = _instance(tmp_path, plane.url, CLAWMANAGER_AGENT_ID=f"desktop-{INSTANCE}-main")
+    log = tmp_path / "run.log"
+    proc = _run(env, log)
+    try:
+        wait_for(lambda: plane.count("POST", "/state/report$", 200), what="the old agent reporting")
+        plane.inject("POST", r"/commands/\d+/finish$", 503, count=10_000, retry_after=1)
+        cid = plane.store.enqueue(INSTANCE, "collect_system_info", {})
+        wait_for(lambda: plane.count("POST", rf"/commands/{cid}/finish$", 503), what="the finish refused")
+        _stop(proc)  # the final flush meets the 503 too: the finish stays queued under the old id
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert [n for n in os.listdir(state / "outbox") if n.endswith("-finish.json")]
+    assert plane.store.command(INSTANCE, cid)["status"] == "running"
+    plane.clear_faults()
+    plane.requests.clear()
+    del env["CLAWMANAGER_AGENT_ID"]
+    proc = _run(env, log)
+    try:
+        done = wait_for(lambda: (c := plane.store.command(INSTANCE, cid))["status"] == "succeeded" and c,
+                        timeout=30, what="the queued finish delivered under the new id")
+        assert done["result"]
+        wait_for(lambda: plane.count("POST", "/state/report$", 200), what="reports under the new id")
+        _stop(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert plane.count("POST", "/register$") == 1  # the new id's, once
+    assert plane.count("POST", rf"/commands/{cid}/finish$") == 1  # delivered once, no 403 before it
+    assert not [r for r in plane.requests if r[2] == 403]
+    assert not [n for n in os.listdir(state / "outbox") if n.endswith(".json")]
+    assert BOOT not in log.read_text()
+
+
 def test_a_bad_agent_id_stops_the_start_with_a_sentence(caldera_env, plane, tmp_path):
     env, state = _instance(tmp_path, plane.url, CLAWMANAGER_AGENT_ID="hermes 7 main")
     done = _report_once(env)
     assert done.returncode == 2 and plane.count("POST", "/register$") == 0
     assert done.stderr.strip().endswith(
         "CLAWMANAGER_AGENT_ID='hermes 7 main': use letters, digits, '.', '_', ':', '@' or '-', starting with a "
-        "letter or digit (no spaces: the server trims them at register and then refuses every command)"), done.stderr
+        "letter or digit (' ' inside it: no spaces)"), done.stderr
     assert "Traceback" not in done.stderr
 
 
@@ -170,7 +223,11 @@ GATEWAY_LLM = "http://clawmanager-gateway.demo-system.svc.cluster.local:9001/api
 INJECTED_LLM = {"CLAWMANAGER_LLM_BASE_URL": GATEWAY_LLM, "CLAWMANAGER_LLM_API_KEY": LLM_KEY,
                 "CLAWMANAGER_LLM_MODEL": '["auto","gpt-4.1"]', "CLAWMANAGER_LLM_PROVIDER": "openai-compatible",
                 "CLAWMANAGER_INSTANCE_TOKEN": LLM_KEY, "OPENAI_BASE_URL": GATEWAY_LLM, "OPENAI_API_BASE": GATEWAY_LLM,
-                "OPENAI_API_KEY": LLM_KEY, "OPENAI_MODEL": "auto"}
+                "OPENAI_API_KEY": LLM_KEY, "OPENAI_MODEL": "auto",
+                # CM-aug's (clawmanager-notes 1.5): JSON of a shape the notes do not give, and the egress id
+                "CLAWMANAGER_LLM_REASONING": '{"gpt-4.1":"medium"}',
+                "CLAWMANAGER_LLM_REASONING_CONTROL": '{"enabled":true}',
+                "CLAWMANAGER_EGRESS_INSTANCE_ID": str(INSTANCE)}
 BOUND = PROCESS_MANIFEST + "bindings: [llm_gateway]\n"
 
 
@@ -233,18 +290,93 @@ def test_the_fingerprint_follows_the_configuration_and_only_it(caldera_env, plan
     assert fingerprint(CLAWMANAGER_LLM_PROVIDER="other") != first
 
 
-def test_a_catalogue_that_is_not_a_json_list_is_named_once_and_ignored(caldera_env, plane, tmp_path):
-    env, _ = _instance(tmp_path, plane.url, **dict(INJECTED_LLM, CLAWMANAGER_LLM_MODEL="gpt-4.1"))
+def _plane_bytes(tmp_path):
+    """Everything the plane keeps on disk (its database and any journal beside it)."""
+    return b"".join(p.read_bytes() for p in tmp_path.glob("plane.db*"))
+
+
+OWN_OPENAI_KEY = "sk-OPERATORSOWN-0123456789abcdef"
+
+
+@pytest.mark.parametrize("how", ["own key in agent.env under the gateway's names", "an injected vendor URL"])
+def test_gateway_is_said_only_of_the_platforms_gateway(caldera_env, plane, tmp_path, how):
+    """ClawManager trusts the status sent: names alone never make a consumer compliant."""
+    if how.startswith("own key"):  # no gateway injected; the operator's own OpenAI key, under the same names
+        env, _ = _instance(tmp_path, plane.url)
+        config = Path(env["CALDERA_CONFIG_DIR"]) / "agents" / "demo"
+        (config / "agent.env").write_text(f"CALDERA_WORKSPACE_ROOTS={tmp_path}\n"
+                                          "OPENAI_BASE_URL=https://api.openai.com/v1\n")
+        (config / "secrets.env").write_text(f"OPENAI_API_KEY={OWN_OPENAI_KEY}\n")
+        url = "https://api.openai.com/v1"
+    else:  # injected in the process environment, but no gateway of the platform's
+        url = "https://api.anthropic.com"
+        env, _ = _instance(tmp_path, plane.url, **dict(INJECTED_LLM, CLAWMANAGER_LLM_BASE_URL=url))
+        config = Path(env["CALDERA_CONFIG_DIR"]) / "agents" / "demo"
+        (config / "agent.env").write_text(f"CALDERA_WORKSPACE_ROOTS={tmp_path}\n")
+    done = _report_once(env)
+    assert done.returncode == 0, done.stderr
+    runtime = plane.store.reports(INSTANCE, last=True)["body"]["runtime"]
+    assert (runtime["llm_config_status"], runtime["llm_provider_base_url"]) == ("external", url)
+    [agent] = [a for a in plane.store.agents() if a["instance_id"] == INSTANCE]
+    assert agent["llm"]["status"] == "external"  # counted non-compliant
+    assert OWN_OPENAI_KEY.encode() not in _plane_bytes(tmp_path) and LLM_KEY.encode() not in _plane_bytes(tmp_path)
+
+
+def test_keys_in_a_urls_path_reach_neither_the_report_nor_the_planes_database(caldera_env, plane, tmp_path):
+    """A projection's key percent-encoded in its URL's path; the gateway's own key in its URL's
+    path (cut from the URL before the fingerprint: a new key leaves the fingerprint as it was)."""
+    own, encoded = "tenant+q7Zx/PRIVATEKEY99", "tenant%2Bq7Zx%2FPRIVATEKEY99"
+    gateway_url = f"{GATEWAY_LLM}/{LLM_KEY}"
+
+    def report(gateway_key, projected):
+        env, _ = _instance(tmp_path, plane.url, **dict(INJECTED_LLM, CLAWMANAGER_LLM_BASE_URL=gateway_url.replace(
+            LLM_KEY, gateway_key), CLAWMANAGER_LLM_API_KEY=gateway_key, OPENAI_API_KEY=gateway_key))
+        config = Path(env["CALDERA_CONFIG_DIR"]) / "agents" / "demo"
+        (config / "agent.env").write_text(f"CALDERA_WORKSPACE_ROOTS={tmp_path}\n")
+        if projected:
+            codex = config / "secrets" / "codex"
+            (codex / "env").mkdir(parents=True)
+            (codex / "config.toml").write_text(f'model_provider = "corp"\n[model_providers.corp]\nbase_url = '
+                                               f'"https://llm.corp.test/v1/{encoded}"\nenv_key = "CORP_KEY"\n')
+            (codex / "env" / "CORP_KEY").write_text(own)
+        done = _report_once(env)
+        assert done.returncode == 0, done.stderr
+        shutil.rmtree(config)
+        shutil.rmtree(tmp_path / "config")
+        shutil.rmtree(tmp_path / "home")
+        return plane.store.reports(INSTANCE, last=True)["body"]["runtime"]
+
+    first = report(LLM_KEY, projected=False)
+    assert (first["llm_config_status"], first["llm_provider_base_url"]) == ("gateway", GATEWAY.lower())
+    assert report("sk-ANOTHERKEY-9876543210", projected=False)["llm_config_fingerprint"] == \
+        first["llm_config_fingerprint"]
+    projected = report(LLM_KEY, projected=True)
+    assert (projected["llm_config_status"], projected["llm_provider_base_url"]) == ("external", "https://llm.corp.test")
+    stored = _plane_bytes(tmp_path)
+    for secret in (LLM_KEY, own, encoded, "PRIVATEKEY99"):
+        assert secret.encode() not in stored, secret
+
+
+@pytest.mark.parametrize("injected, said, model", [
+    ({"CLAWMANAGER_LLM_MODEL": "gpt-4.1"},  # not a list: named once, then ignored
+     "CLAWMANAGER_LLM_MODEL is not JSON (the platform sends a JSON list of model ids): the AI gateway's model "
+     "catalogue is ignored (a run's model is the one it asks for, else OPENAI_MODEL)", "auto"),
+    ({"OPENAI_MODEL": "gpt-5"},  # a default model the catalogue does not list: named once
+     "OPENAI_MODEL='gpt-5' is not in the AI gateway's catalogue (CLAWMANAGER_LLM_MODEL: auto, gpt-4.1): a run "
+     "that names no model asks for it, and the gateway may refuse it", "gpt-5"),
+], ids=["catalogue-not-a-list", "default-model-not-listed"])
+def test_what_is_wrong_with_the_gateway_as_injected_is_named_once(caldera_env, plane, tmp_path, injected, said,
+                                                                  model):
+    env, _ = _instance(tmp_path, plane.url, **dict(INJECTED_LLM, **injected))
     config = Path(env["CALDERA_CONFIG_DIR"]) / "agents" / "demo"
     (config / "agent.env").write_text(f"CALDERA_WORKSPACE_ROOTS={tmp_path}\n")
     done = _report_once(env)
     assert done.returncode == 0, done.stderr
-    named = [line for line in done.stderr.splitlines() if "CLAWMANAGER_LLM_MODEL" in line]
-    assert named == ["WARNING caldera: CLAWMANAGER_LLM_MODEL is not JSON (the platform sends a JSON list of model "
-                     "ids): the AI gateway's model catalogue is ignored (a run's model is the one it asks for, else "
-                     "OPENAI_MODEL)"], done.stderr
+    named = [line for line in done.stderr.splitlines() if "gateway" in line and "WARNING" in line
+             and "plain http" not in line]
+    assert named == [f"WARNING caldera: {said}"], done.stderr
     [described] = plane.store.reports(INSTANCE, last=True)["body"]["runtime"]["llm_configs"]
-    assert described["model"] == "auto"  # OPENAI_MODEL, never the raw value
+    assert described["model"] == model  # OPENAI_MODEL, never the raw value of the catalogue
 
 
 # ------------------------------------------------------------------ PID 1

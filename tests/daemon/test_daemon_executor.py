@@ -313,6 +313,7 @@ def test_the_commands_deadline_bounds_every_request_its_handler_makes(runtime, m
 
     class Auth:
         bootstrap_token = "boot-token-for-tests-1234"
+        agent_id = None  # bodies go out as built
 
         def token(self):
             return "agt_sess_test_token_1234"

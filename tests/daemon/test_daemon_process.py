@@ -158,7 +158,7 @@ def test_inside_a_clawmanager_instance_with_no_caldera_variable(caldera_env, pla
                CLAWMANAGER_AGENT_BASE_URL=plane.url, CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN=BOOT,
                CLAWMANAGER_AGENT_INSTANCE_ID=str(INSTANCE), CLAWMANAGER_AGENT_PROTOCOL_VERSION="v1",
                CLAWMANAGER_AGENT_PERSISTENT_DIR=str(persistent), CLAWMANAGER_AGENT_RUNTIME_TYPE="hermes",
-               CLAWMANAGER_LLM_BASE_URL="http://gateway.local/v1", CLAWMANAGER_LLM_API_KEY=key,
+               CLAWMANAGER_LLM_BASE_URL="http://gateway.local/api/v1/gateway/llm", CLAWMANAGER_LLM_API_KEY=key,
                CLAWMANAGER_LLM_MODEL='["auto","gw-model"]', OPENAI_MODEL="auto")
     log = tmp_path / "run.log"
     with open(log, "wb") as out:
@@ -175,8 +175,9 @@ def test_inside_a_clawmanager_instance_with_no_caldera_variable(caldera_env, pla
         assert seen["CLAWMANAGER_LLM_API_KEY"] == key == seen["OPENAI_API_KEY"]
         # the default model as OPENAI_MODEL, the catalogue only under its own name (issue 34)
         assert seen["OPENAI_MODEL"] == "auto" and seen["CLAWMANAGER_LLM_MODEL"] == '["auto","gw-model"]'
+        # the platform's gateway (its URL as the server builds it: ClawManager's own rule): gateway
         assert report["runtime"]["llm_config_status"] == "gateway"
-        assert report["runtime"]["llm_provider_base_url"] == "http://gateway.local/v1"
+        assert report["runtime"]["llm_provider_base_url"] == "http://gateway.local/api/v1/gateway/llm"
         assert seen["CALDERA_AGENT_STATE_DIR"] == str(state / "agent")
         assert "CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN" not in seen and BOOT not in json.dumps(seen)
         assert (state / "session.json").exists() and (state / "logs" / "agent.log").exists()

@@ -1,7 +1,10 @@
 """`systemctl reload` = SIGHUP: the daemon re-reads agent.env and secrets.env, logs the names
 that changed (never values) and restarts itself in place (same PID); local mode too."""
 import json
+import os
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -104,3 +107,36 @@ def _reload_with_a_new_secret(config, daemon, plane) -> None:
     (config / "secrets.env").write_text(f"CALDERA_TOKEN={BOOT}\nNEW_SECRET=reload-canary-93b1\n")
     daemon.signal(signal.SIGHUP)
     wait_for(lambda: "reload: changed NEW_SECRET" in daemon.log(), what="the reload")
+
+
+def test_a_restart_in_place_runs_the_program_as_it_was_started(caldera_env, tmp_path):
+    """Started by its console script from a directory holding one named `caldera` (a clone
+    in $HOME): the restart after a reload runs the same script, not `python -m caldera.cli`,
+    which would find that directory first and die ("cannot import name … from 'caldera'")."""
+    config = install_agent(caldera_env)
+    (config / "agent.env").write_text("# local: no control plane\n")
+    script = tmp_path / "bin" / "caldera"
+    script.parent.mkdir()
+    script.write_text(f"#!{sys.executable}\nimport sys\nfrom caldera.cli import main\nsys.exit(main())\n")
+    script.chmod(0o755)
+    home = tmp_path / "home"
+    (home / "caldera").mkdir(parents=True)  # a clone's top: no __init__.py, a namespace package for -m
+    (home / "caldera" / "README.md").write_text("a clone\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CALDERA_", "CLAWMANAGER_"))}
+    env.update(CALDERA_CONFIG_DIR=os.environ["CALDERA_CONFIG_DIR"], CALDERA_STATE_DIR=os.environ["CALDERA_STATE_DIR"])
+    log = tmp_path / "daemon.log"
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen([str(script), "run", "--agent", "demo"], cwd=home, env=env, stdin=subprocess.DEVNULL,
+                                stdout=sink, stderr=sink, start_new_session=True)
+    try:
+        wait_for(lambda: "staying local" in log.read_text(), what="local mode")
+        (config / "agent.env").write_text("# local: no control plane\nSOME_SETTING=1\n")
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: log.read_text().count("staying local") == 2 or proc.poll() is not None, timeout=60,
+                 what="the restarted daemon's first line")
+        assert proc.poll() is None, log.read_text()  # the same process, restarted and running
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    assert code == 0, log.read_text()
+    assert "restarting" in log.read_text() and "cannot import" not in log.read_text()

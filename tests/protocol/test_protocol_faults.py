@@ -193,6 +193,43 @@ def test_session_mismatch_on_finish_registers_again_and_delivers(plane, tmp_path
     assert plane.seen(r"/finish$")[-1].headers["Authorization"] == "Bearer agt_sess_fault_2"
 
 
+def test_a_result_queued_under_an_earlier_agent_id_goes_out_under_the_sessions(plane, tmp_path, caplog):
+    """0.1.0's `desktop-7-main` queued it; the session is `hermes-7-main`'s: the plane
+    takes a body only with the session's id, so that is the id it is sent with."""
+    client = make_client(plane, tmp_path, agent_id="hermes-7-main")
+    outbox = Outbox(tmp_path / "outbox")
+    for kind, cid in (("start", 4), ("finish", 4), ("finish", 5)):
+        outbox.put(kind, {"command_id": cid, "body": {"agent_id": "desktop-7-main", "status": "succeeded"}})
+    outbox.put("inventory", {"body": {"agent_id": "desktop-7-main", "mode": "full", "skills": []}})
+    with caplog.at_level("INFO", logger="caldera"):
+        assert sender.flush(client, outbox, threading.Event()) is True
+    sent = [r.json()["agent_id"] for r in plane.seen(r"/(start|finish|inventory)$")]
+    assert sent == ["hermes-7-main"] * 4 and plane.registrations == 1
+    assert caplog.text.count("what was queued as agent 'desktop-7-main' goes out as 'hermes-7-main'") == 1
+
+
+def test_a_mismatch_a_register_cannot_fix_never_loops_registers(plane, tmp_path, caplog):
+    """A plane that answers every finish 403 "agent id does not match session": one register
+    for the refusal (the session may be another id's), then none: the session registered for
+    that very refusal is this agent's, so the next one is about the call. Said once."""
+    client = make_client(plane, tmp_path)
+    clock = [1000.0]
+    outbox = Outbox(tmp_path / "outbox", clock=lambda: clock[0])
+    outbox.put("finish", {"command_id": 3, "body": {"agent_id": AGENT, "status": "succeeded"}})
+    plane.fault(r"/finish$", status=403, body=b'{"success":false,"error":"agent id does not match session"}',
+                times=None)
+    with caplog.at_level("INFO", logger="caldera"):
+        for _ in range(5):
+            sender.flush(client, outbox, threading.Event())
+            clock[0] += 3600  # each pass finds the item due again
+    assert plane.registrations == 2  # the first session's, and one for the refusal
+    assert len(plane.seen(r"/finish$")) == 6 and outbox.depth() == 1  # kept, held, tried each pass
+    assert caplog.text.count("not registering again (that call is refused; said once)") == 1
+    assert caplog.text.count("registering again") == 2  # the one register, and the one refusal
+    client.heartbeat({"agent_id": AGENT})  # the session goes on
+    assert plane.registrations == 2
+
+
 def test_a_changed_agent_id_never_reuses_the_old_session(plane, tmp_path):
     make_client(plane, tmp_path, agent_id="caldera-7-adapter").auth.token()
     other = make_client(plane, tmp_path, agent_id="caldera-7-process")

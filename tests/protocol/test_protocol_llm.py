@@ -8,7 +8,17 @@ import sys
 import pytest
 
 from caldera.config import Gateway
-from caldera.protocol.llm import EXTERNAL, GATEWAY, LLMConfig, fingerprint, gateway_config, public_url, report_fields
+from caldera.protocol.llm import (
+    EXTERNAL,
+    GATEWAY,
+    LLMConfig,
+    confirmed,
+    fingerprint,
+    gateway_config,
+    platform_gateways,
+    public_url,
+    report_fields,
+)
 
 CANARY = "sk-LLMCANARY-0123456789abcdef"
 
@@ -92,3 +102,57 @@ def test_an_llm_config_is_read_only_and_checks_its_status():
         found.status = EXTERNAL  # type: ignore[misc]
     with pytest.raises(ValueError):
         LLMConfig("x", "unknown")
+
+
+# ---------------------------------------------------------------- keys in a URL's path, encoded
+
+def test_a_key_percent_encoded_in_the_path_is_found_all_the_same():
+    """env/CORP_KEY = `tenant+q7Zx/PRIVATEKEY99`, written in the URL as `tenant%2Bq7Zx%2FPRIVATEKEY99`."""
+    key = "tenant+q7Zx/PRIVATEKEY99"
+    for path in ("tenant%2Bq7Zx%2FPRIVATEKEY99", "tenant%2bq7zx%2fprivatekey99", "tenant%252Bq7Zx%252FPRIVATEKEY99"):
+        assert public_url(f"https://llm.corp/v1/{path}", hide=[key]) == "https://llm.corp", path
+    assert public_url("https://llm.corp/v1/tenant%2Bother", hide=[key]) == "https://llm.corp/v1/tenant%2Bother"
+
+
+def test_the_gateways_own_key_in_its_path_is_never_reported_and_never_changes_the_fingerprint():
+    def described(key):
+        return gateway_config(Gateway({"CLAWMANAGER_LLM_BASE_URL": f"http://gw.test/api/v1/gateway/llm/{key}",
+                                       "CLAWMANAGER_LLM_API_KEY": key, "OPENAI_MODEL": "auto"}), "process agent")
+
+    first, second = described(CANARY), described("sk-ANOTHERKEY-9876543210")
+    assert first.base_url == "http://gw.test" and CANARY not in json.dumps(first.as_dict())
+    assert first.fingerprint == second.fingerprint  # a new key alone leaves it as it was
+
+
+# ---------------------------------------------------------------- gateway only for the platform's gateway
+
+PLANE = "http://clawmanager-gateway.demo-system.svc.cluster.local:9001"
+
+
+@pytest.mark.parametrize("injected, url, status", [
+    # the platform's: injected, and its gateway by ClawManager's rule
+    ({"CLAWMANAGER_LLM_BASE_URL": "http://gw.test/api/v1/gateway/llm"}, "http://gw.test/api/v1/gateway/llm", GATEWAY),
+    ({"OPENAI_BASE_URL": "http://llm.clawmanager.example/v1"}, "http://llm.clawmanager.example/v1", GATEWAY),
+    # on the host of the control plane the platform injected
+    ({"CLAWMANAGER_LLM_BASE_URL": PLANE + "/llm", "CLAWMANAGER_AGENT_BASE_URL": PLANE}, PLANE + "/llm", GATEWAY),
+    # injected, but a vendor's URL: no gateway of the platform's
+    ({"CLAWMANAGER_LLM_BASE_URL": "https://api.anthropic.com"}, "https://api.anthropic.com", EXTERNAL),
+    # a URL under the gateway's variable names that the platform did not inject (agent.env's)
+    ({}, "https://api.openai.com/v1", EXTERNAL),
+    ({}, "http://gw.test/api/v1/gateway/llm", EXTERNAL),
+    # injected, but the consumer was handed another URL
+    ({"CLAWMANAGER_LLM_BASE_URL": "http://gw.test/api/v1/gateway/llm"}, "http://gw2.test/api/v1/gateway/llm", EXTERNAL),
+])
+def test_gateway_is_said_only_of_the_gateway_the_platform_injected(injected, url, status):
+    consumer = LLMConfig("backend codex", GATEWAY, url, "openai-compatible", "auto")
+    [found] = confirmed([consumer], platform_gateways(injected))
+    assert (found.status, found.base_url, found.provider, found.model) == (status, url, "openai-compatible", "auto")
+    assert confirmed([LLMConfig("x", EXTERNAL, url)], platform_gateways(injected))[0].status == EXTERNAL  # never up
+
+
+def test_the_platforms_gateway_with_its_key_in_the_path_is_still_the_platforms():
+    url = f"http://gw.test/api/v1/gateway/llm/{CANARY}"
+    gateway = Gateway({"CLAWMANAGER_LLM_BASE_URL": url, "CLAWMANAGER_LLM_API_KEY": CANARY})
+    [found] = confirmed([gateway_config(gateway, "process agent")],
+                        platform_gateways({"CLAWMANAGER_LLM_BASE_URL": url}, [CANARY]))
+    assert (found.status, found.base_url) == (GATEWAY, "http://gw.test")

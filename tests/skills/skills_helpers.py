@@ -25,6 +25,7 @@ API = BASE + "/api/v1/agent"
 
 class FakeAuth:
     bootstrap_token = "boot-token-for-tests-1234"
+    agent_id = None  # bodies go out as built
 
     def token(self):
         return "agt_sess_test_token_1234"

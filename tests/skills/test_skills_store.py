@@ -20,8 +20,9 @@ def rt(tmp_path):
     skills = runtime.paths.state_dir / "skills"
     write_tree(skills / "notes", {"SKILL.md": "---\nname: Notes\nversion: 2.0.1\n---\nbody\n", "run.sh": "echo\n"})
     os.chmod(skills / "notes" / "run.sh", 0o755)
-    write_tree(extra / "category" / "weather", {"skill.json": '{"id": "wx", "version": "0.3"}', "a.py": "A\n"})
-    write_tree(extra / "plain", {"x.txt": "x"})
+    write_tree(extra / "category" / "weather",
+               {"SKILL.md": "Weather.\n", "skill.json": '{"id": "wx", "version": "0.3"}', "a.py": "A\n"})
+    write_tree(extra / "plain", {"SKILL.md": "No front matter.\n", "x.txt": "x"})
     return runtime
 
 

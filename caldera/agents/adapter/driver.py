@@ -76,9 +76,15 @@ def schema_problem(name: str, document: Any) -> str | None:
 def adapter_status(paths: AgentPaths, manifest: Manifest) -> dict[str, Any]:
     """For `caldera status`: the filtered body, or the "Adapter not answering" body. Plain
     Python (no jsonschema), one `status` call in this thread."""
+    return ask_status(manifest)[0]
+
+
+def ask_status(manifest: Manifest) -> tuple[dict[str, Any], str]:
+    """(adapter_status's body, the adapter's stderr when it did not answer, else ""): what
+    `caldera status` shows below a failed call (cut and redacted there)."""
     answer = invoke.call(manifest, "status")
-    body, _ = _status_body(answer, validate=False)
-    return body
+    body, answered = _status_body(answer, validate=False)
+    return body, "" if answered else answer.stderr
 
 
 def _status_body(answer: Answer, validate: bool) -> tuple[dict[str, Any], bool]:

@@ -6,7 +6,9 @@ every timeout), TERM -> 2 s -> KILL, and an environment built from nothing:
 not one variable of the runtime's own environment, agent.env or secrets.env
 reaches the adapter. Exit codes: 0 done, 1 refused, 2 not supported, anything
 else (and a timeout, a signal, output over the cap, or a JSON verb that printed
-anything but one JSON object) a failure.
+anything but one JSON object) a failure. Exit 2 from an adapter that cannot start
+(python's answer to a script it cannot open) is that failure, said so
+(caldera.agents.startprobe), never "not supported".
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from caldera.agents.adapter.answer import (
     check_answer_body,
     parse_object,
 )
+from caldera.agents.startprobe import CANNOT_START, start_problem
 from caldera.host import proc
 from caldera.host.jsonlimits import scrub
 
@@ -104,7 +107,12 @@ def call(manifest: Manifest, verb_name: str, args: Sequence[str] = (), *, cancel
                       timeout=timeout_for(manifest, verb), stdout_cap=verb.stdout_cap,
                       cwd=str(manifest.workdir), keep_tail=verb.mode == "text",
                       cancel=cancel, grace=GRACE_SECONDS)
-    return interpret(verb_name, verb, result, answer)
+    answer = interpret(verb_name, verb, result, answer)
+    if answer.kind == UNSUPPORTED:
+        cannot = start_problem(manifest.command, manifest.workdir, manifest.path, SAFE_PATH)
+        if cannot:  # exit 2, but from an interpreter that found no adapter to run
+            answer.kind, answer.message, answer.reason = FAILED, None, f"{verb_name}: {CANNOT_START}: {cannot}"
+    return answer
 
 
 def _user() -> str:

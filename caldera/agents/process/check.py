@@ -14,6 +14,7 @@ from caldera import TYPE_CHECKING
 from caldera.agents.adapter.invoke import SAFE_PATH
 from caldera.agents.process.spec import build_spec
 from caldera.agents.process.statusfile import StatusRead, read_status_file
+from caldera.agents.startprobe import probe
 
 if TYPE_CHECKING:
     from caldera.agents.check import Report
@@ -30,11 +31,11 @@ def check_manifest(paths: AgentPaths, manifest: Manifest, report: Report) -> Non
     spec = build_spec(manifest, paths.state_dir)
     if not spec.workdir.is_dir():
         report.breach("runtime.workdir", f"{spec.workdir} does not exist")
-    program = spec.command[0]
-    found = program if os.path.isabs(program) else shutil.which(program, path=SAFE_PATH)
-    if not found or not os.access(found, os.X_OK):
-        report.breach("runtime.command", f"{program}: not an executable file"
-                      + ("" if os.path.isabs(program) else f" on the agent's PATH ({SAFE_PATH})"))
+    # The adapter's probe: the program, and the script an interpreter is given (python exits 2
+    # for a script it cannot open, and `caldera run` would restart it again and again).
+    problem, found = probe(spec.command, spec.workdir, manifest.path, SAFE_PATH, "agent")
+    if problem:
+        report.breach("runtime.command", problem.removeprefix("runtime.command: "))
     else:
         report.ok("runtime.command", f"{found} (restart: {spec.restart}, stop: signal {spec.stop_signal} then KILL "
                                      f"after {spec.stop_timeout:g} s)")

@@ -71,6 +71,21 @@ def dispatch(args: argparse.Namespace, paths: AgentPaths, manifest: Manifest) ->
         verb, payload = "log --list", None
     reply = ask(paths, verb, payload)
     if reply is None:
-        return Answer(verb=verb, kind=FAILED, message=NO_DAEMON.format(name=paths.name,
-                                                                        start=how_to_start(args, paths.name)))
+        return Answer(verb=verb, kind=FAILED, message=no_daemon(args, paths))
     return to_answer(verb, reply)
+
+
+def no_daemon(args: argparse.Namespace, paths: AgentPaths) -> str:
+    """No runtime listens at this state dir: how to start one, unless this agent's runtime runs
+    with another state dir (a second one would start a second copy of the agent)."""
+    from caldera.host.procscan import naming, runtime_elsewhere
+
+    other = runtime_elsewhere(paths)
+    if other is None:
+        return NO_DAEMON.format(name=paths.name, start=how_to_start(args, paths.name))
+    if other.state_dir is None:
+        where = "another state dir, which this user cannot see (its environment is another user's)"
+    else:
+        where = f"state dir {other.state_dir}: name that one ({naming(paths, other)})"
+    return (f"no caldera runtime holds the state dir {paths.state_dir} of agent {paths.name}, but pid {other.pid} "
+            f"runs it with {where}; starting another would start a second copy of the agent")

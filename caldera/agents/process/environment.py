@@ -31,12 +31,28 @@ if TYPE_CHECKING:
 # a model, and OPENAI_MODEL the default model (SPEC section 10).
 GATEWAY_AS_INJECTED = ("CLAWMANAGER_LLM_MODEL", "OPENAI_MODEL", "CLAWMANAGER_LLM_PROVIDER",
                        "CLAWMANAGER_LLM_REASONING", "CLAWMANAGER_LLM_REASONING_CONTROL")
-# A provider key a manifest may hand the agent as a secret: the provider, where its base URL
-# would be set (the manifest's env), and the vendor's own URL otherwise.
+# A provider key a manifest may hand the agent as a secret, by name: the provider, where its base
+# URL would be set (the manifest's env), the vendor's own URL otherwise, and its model variable.
+# Any other `<P>_API_KEY` or `<P>_AUTH_TOKEN` counts beside a `<P>_BASE_URL` or `<P>_API_BASE` in
+# the manifest's env (provider_of): docs/container.md says what is and is not seen.
 PROVIDER_SECRETS = {
     "OPENAI_API_KEY": ("openai", ("OPENAI_BASE_URL", "OPENAI_API_BASE"), "https://api.openai.com/v1", "OPENAI_MODEL"),
     "ANTHROPIC_API_KEY": ("anthropic", ("ANTHROPIC_BASE_URL",), "https://api.anthropic.com", "ANTHROPIC_MODEL"),
+    "ANTHROPIC_AUTH_TOKEN": ("anthropic", ("ANTHROPIC_BASE_URL",), "https://api.anthropic.com", "ANTHROPIC_MODEL"),
+    "DEEPSEEK_API_KEY": ("deepseek", ("DEEPSEEK_BASE_URL", "DEEPSEEK_API_BASE"), "https://api.deepseek.com",
+                         "DEEPSEEK_MODEL"),
+    "OPENROUTER_API_KEY": ("openrouter", ("OPENROUTER_BASE_URL", "OPENROUTER_API_BASE"), "https://openrouter.ai/api/v1",
+                           "OPENROUTER_MODEL"),
+    "GEMINI_API_KEY": ("gemini", ("GEMINI_BASE_URL",), "https://generativelanguage.googleapis.com", "GEMINI_MODEL"),
+    "MISTRAL_API_KEY": ("mistral", ("MISTRAL_BASE_URL",), "https://api.mistral.ai/v1", "MISTRAL_MODEL"),
+    "GROQ_API_KEY": ("groq", ("GROQ_BASE_URL",), "https://api.groq.com/openai/v1", "GROQ_MODEL"),
+    "XAI_API_KEY": ("xai", ("XAI_BASE_URL",), "https://api.x.ai/v1", "XAI_MODEL"),
+    "DASHSCOPE_API_KEY": ("dashscope", ("DASHSCOPE_BASE_URL",), "https://dashscope.aliyuncs.com/compatible-mode/v1",
+                          "DASHSCOPE_MODEL"),
+    "MOONSHOT_API_KEY": ("moonshot", ("MOONSHOT_BASE_URL",), "https://api.moonshot.cn/v1", "MOONSHOT_MODEL"),
 }
+KEY_SUFFIXES = ("_API_KEY", "_AUTH_TOKEN")  # a secret named so, beside a base URL, is a provider's key
+URL_SUFFIXES = ("_BASE_URL", "_API_BASE")
 LLM_SOURCE = "process agent"
 NEVER_PASSED = ("CALDERA_TOKEN", "CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN", "CLAWMANAGER_INSTANCE_TOKEN")
 SECRET_FILE_MAX = 64 * 1024
@@ -67,21 +83,36 @@ def gateway_values(runtime_env: Mapping[str, str]) -> dict[str, str]:
 def llm_configs(spec: ProcessSpec, runtime_env: Mapping[str, str]) -> list[LLMConfig]:
     """What the agent gets to reach a model, for the state report (protocol/llm): the AI gateway
     with `bindings: [llm_gateway]`, and a provider of its own for each provider key the manifest
-    names in `secrets` (one the binding overwrites does not count), `gateway` only when its base
-    URL is the gateway's."""
+    names in `secrets` (provider_of; one the binding overwrites does not count), `gateway` only
+    when its base URL is the gateway's (and then only if that is the platform's: llm.confirmed)."""
     gateway = gateway_from_env(runtime_env)
     bound = gateway is not None and "llm_gateway" in spec.bindings
     out = [gateway_config(gateway, LLM_SOURCE)] if gateway is not None and bound else []
     for name in spec.secrets:
-        if name not in PROVIDER_SECRETS or (bound and name in GATEWAY_API_KEY):
+        found = None if bound and name in GATEWAY_API_KEY else provider_of(name, spec.env)
+        if found is None:
             continue
-        provider, url_names, vendor_url, model_name = PROVIDER_SECRETS[name]
-        url = next((spec.env[n] for n in url_names if spec.env.get(n)), vendor_url)
+        provider, url, model = found
         if gateway is not None and same_endpoint(url, gateway.base_url):
-            out.append(gateway_config(gateway, LLM_SOURCE, spec.env.get(model_name)))
+            out.append(gateway_config(gateway, LLM_SOURCE, model))
         else:
-            out.append(LLMConfig(f"{LLM_SOURCE} ({name})", EXTERNAL, url, provider, spec.env.get(model_name)))
+            out.append(LLMConfig(f"{LLM_SOURCE} ({name})", EXTERNAL, url, provider, model))
     return out
+
+
+def provider_of(name: str, env: Mapping[str, str]) -> tuple[str, str, str | None] | None:
+    """(provider, base URL, model) when the secret `name` handed to the agent is a model
+    provider's key: one PROVIDER_SECRETS names (its base URL from the manifest's `env`, else the
+    vendor's), or any `<P>_API_KEY`/`<P>_AUTH_TOKEN` beside a `<P>_BASE_URL`/`<P>_API_BASE` in
+    `env` (the provider `p`, its model `<P>_MODEL`); None otherwise."""
+    if name in PROVIDER_SECRETS:
+        provider, url_names, vendor_url, model_name = PROVIDER_SECRETS[name]
+        return provider, next((env[n] for n in url_names if env.get(n)), vendor_url), env.get(model_name) or None
+    prefix = next((name[:-len(s)] for s in KEY_SUFFIXES if name.endswith(s) and len(name) > len(s)), None)
+    url = next((env[prefix + s] for s in URL_SUFFIXES if env.get(prefix + s)), None) if prefix else None
+    if prefix is None or url is None:
+        return None
+    return prefix.lower(), url, env.get(f"{prefix}_MODEL") or None
 
 
 def build_env(spec: ProcessSpec, *, agent_name: str, files: Mapping[str, Path | None],

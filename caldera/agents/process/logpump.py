@@ -27,6 +27,9 @@ QUEUE_CHUNKS = 64
 MAX_BYTES = 10 * 1024 * 1024
 BACKUPS = 3
 WRITE_BACKOFF = (0.5, 1, 2, 5)  # after a failed write: the queue (4 MiB) takes the agent's output meanwhile
+TAIL_BYTES = 4096  # of the current child's output, kept in memory for the log line of its exit
+TAIL_LINES = 3  # its last lines in that log line (a traceback's end; python's one "can't open file")
+TAIL_WAIT = 1.0  # seconds an exit's log line waits for the child's pipe to reach its end
 log = logging.getLogger("caldera.agents.process")
 
 
@@ -81,15 +84,29 @@ class LogPump:
         from caldera.protocol.retry import Backoff  # here: `caldera status` imports this module (no typing)
 
         self._closing = threading.Event()  # close() began: a writer backing off goes on at once
+        self._tail = b""  # the last TAIL_BYTES the current child printed (its last words at an exit)
+        self._drained = threading.Event()  # the current child's pipe reached its end (no child yet: set)
+        self._drained.set()
         self._guard_reader = LoopGuard(log, "agent log reader")
         self._guard_writer = LoopGuard(log, "agent.log writer", Backoff(WRITE_BACKOFF))
         self._writer = threading.Thread(target=self._write_loop, name="agent-log-writer", daemon=True)
         self._writer.start()
 
     def attach(self, pipe: IO[bytes]) -> threading.Thread:
-        reader = threading.Thread(target=self._read_loop, args=(pipe,), name="agent-log-reader", daemon=True)
+        drained = threading.Event()
+        with self._lock:
+            self._tail, self._drained = b"", drained
+        reader = threading.Thread(target=self._read_loop, args=(pipe, drained), name="agent-log-reader", daemon=True)
         reader.start()
         return reader
+
+    def last_lines(self, count: int = TAIL_LINES, wait: float = TAIL_WAIT) -> list[str]:
+        """The current child's last non-empty output lines (decoded, unredacted: the caller's log
+        handler redacts), once its pipe reached its end or after `wait` seconds, whichever first."""
+        self._drained.wait(wait)
+        with self._lock:
+            tail = self._tail
+        return [line.strip() for line in tail.decode("utf-8", "replace").splitlines() if line.strip()][-count:]
 
     def note(self, line: str) -> None:
         """A line from the runtime itself (start, exit), in the same log."""
@@ -101,7 +118,7 @@ class LogPump:
         except queue.Full:
             self._count_dropped(len(chunk))
 
-    def _read_loop(self, pipe: IO[bytes]) -> None:
+    def _read_loop(self, pipe: IO[bytes], drained: threading.Event) -> None:
         """Drain the pipe until EOF whatever else fails: a reader that stopped would leave the
         agent blocked on a full pipe. What it cannot queue is counted as dropped."""
         fd = pipe.fileno()
@@ -115,12 +132,19 @@ class LogPump:
                 if not chunk:
                     break
                 try:
+                    self._keep_tail(chunk, drained)
                     self._put(chunk)
                 except Exception as exc:  # noqa: BLE001 -- a bug here must not stop the draining
                     self._guard_reader.failed(exc)
                     self._count_dropped(len(chunk))
         finally:
             pipe.close()
+            drained.set()
+
+    def _keep_tail(self, chunk: bytes, drained: threading.Event) -> None:
+        with self._lock:
+            if drained is self._drained:  # an earlier child's reader, still draining, is not the current one
+                self._tail = (self._tail + chunk)[-TAIL_BYTES:]
 
     def _count_dropped(self, size: int) -> None:
         with self._lock:

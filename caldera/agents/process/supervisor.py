@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("caldera.agents.process")
 POLL = 0.25
 STARTUP_GRACE = 5.0  # "starting" until this long up (or the status file is written)
+LAST_WORDS_WIDTH = 200  # each of a failed agent's last output lines in the daemon's log
 KEY, HOLD = "agent_process", "agent_hold"
 STARTING, RUNNING, STOPPED, FAILED = "starting", "running", "stopped", "error"
 
@@ -247,8 +248,19 @@ class Supervisor:
         self.last_exit = {"code": code, "signal": sig, "at": rfc3339(self.wall()), "reason": what}
         if self.pump is not None:
             self.pump.note(f"pid {popen.pid} {what} after {uptime:.0f} s")
-        log.warning("agent pid %d %s after %.0f s", popen.pid, what, uptime)
+        log.warning("agent pid %d %s after %.0f s%s", popen.pid, what, uptime,
+                    self._last_words() if popen.returncode != 0 else "")
         self._after_exit(uptime, failed=popen.returncode != 0, what=what)
+
+    def _last_words(self) -> str:
+        """A failed agent's last output lines (cut; the daemon's log handler redacts them) and
+        where the rest is: without them a restart loop logs only "exited with status 2"."""
+        if self.pump is None:
+            return ""
+        lines = [line if len(line) <= LAST_WORDS_WIDTH else line[:LAST_WORDS_WIDTH - 1] + "…"
+                 for line in self.pump.last_lines()]
+        said = f"; its output ends: {' | '.join(lines)}" if lines else "; it printed nothing"
+        return f"{said} (all of it: {self.pump.file.path})"
 
     def _after_exit(self, uptime: float, failed: bool, what: str) -> None:
         action, delay = self.policy.on_exit(self.clock(), uptime, failed)

@@ -31,7 +31,8 @@ from caldera.protocol.llm import EXTERNAL, GATEWAY, LLMConfig, gateway_config, s
 
 GATEWAY_PROVIDER = "caldera-gateway"
 LLM_SOURCE = "backend codex"
-OPENAI_BASE_URL = "https://api.openai.com/v1"  # Codex's built-in `openai` provider without a base_url
+BUILTIN_OPENAI = "openai"  # Codex's built-in provider (the default `model_provider`)
+OPENAI_BASE_URL = "https://api.openai.com/v1"  # Codex's built-in `openai` provider without `openai_base_url`
 GATEWAY_KEY_ENV = "CALDERA_GATEWAY_API_KEY"
 DEFAULT_REQUEST_MAX_RETRIES = 1
 DEFAULT_STREAM_MAX_RETRIES = 2
@@ -83,7 +84,13 @@ def plan_provider(projection: Projection, environ: Mapping[str, str], model: str
                         model=model or config.get("model"))
     _check_required(plan, projection)
     provider = config.get("model_providers", {}).get(plan.provider)
-    if isinstance(provider, dict):
+    if plan.provider == BUILTIN_OPENAI:
+        # Codex's built-in provider takes its URL from `openai_base_url` only: it refuses a
+        # [model_providers.openai] table ("reserved built-in provider IDs") and ignores an
+        # OPENAI_BASE_URL in its environment (tried with Codex 0.169).
+        openai_base_url = config.get("openai_base_url")
+        plan.base_url = openai_base_url if isinstance(openai_base_url, str) and openai_base_url.strip() else None
+    elif isinstance(provider, dict):
         plan.base_url = provider.get("base_url")
     return plan
 
@@ -113,7 +120,7 @@ def llm_config(environ: Mapping[str, str], secrets_dir: str | None = None,
         return LLMConfig(LLM_SOURCE, EXTERNAL) if _is_projected(projection) else None
     if plan.source == "gateway" and gateway is not None:
         return gateway_config(gateway, LLM_SOURCE, plan.model)
-    base_url = plan.base_url or (OPENAI_BASE_URL if plan.provider == "openai" else None)
+    base_url = plan.base_url or (OPENAI_BASE_URL if plan.provider == BUILTIN_OPENAI else None)
     status = GATEWAY if gateway is not None and same_endpoint(base_url, gateway.base_url) else EXTERNAL
     return LLMConfig(LLM_SOURCE, status, base_url, plan.provider, plan.model, hide=plan.secret_values)
 
