@@ -43,6 +43,7 @@ CPID=
 WORK=
 t0=$(date +%s)
 CI_NAME=upgrade
+FAIL_UNITS="caldera@$AGENT caldera@$SLOW ci-gate"
 # shellcheck source=.ci/boot.sh
 . "$ROOT/.ci/boot.sh"
 trap cleanup EXIT
