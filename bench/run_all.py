@@ -20,6 +20,7 @@ QUICK = {
     "bench_skills.py": ["--rounds", "3"],
     "bench_codex.py": ["--lines", "50000"],
     "bench_claude_code.py": ["--turns", "3", "--rounds", "20"],
+    "bench_opencode.py": ["--rounds", "2", "--later", "3", "--idle", "10"],
     "bench_plane_load.py": ["--steps", "250", "--seconds", "20"],
 }
 

@@ -363,6 +363,19 @@ def claude_code_retries(environ: Environ, default: int) -> int:
     return _count(environ, "CALDERA_CLAUDE_CODE_MAX_RETRIES", default)
 
 
+def opencode_binary(environ: Environ = os.environ) -> str | None:
+    """CALDERA_OPENCODE_BIN: the OpenCode binary to run instead of `opencode` on PATH."""
+    return environ.get("CALDERA_OPENCODE_BIN") or None
+
+
+def opencode_settings(environ: Environ, *, retries: int, idle_seconds: int) -> tuple[int, int]:
+    """(CALDERA_OPENCODE_MAX_RETRIES, CALDERA_OPENCODE_IDLE_SECONDS): the provider retries a
+    turn lets OpenCode make before it is aborted, and how long an agent's idle OpenCode
+    server is kept; whole numbers >= 0, the defaults when unset; ConfigError otherwise."""
+    return (_count(environ, "CALDERA_OPENCODE_MAX_RETRIES", retries),
+            _count(environ, "CALDERA_OPENCODE_IDLE_SECONDS", idle_seconds))
+
+
 def _count(environ: Environ, name: str, default: int) -> int:
     raw = environ.get(name)
     if raw in (None, ""):
@@ -820,6 +833,7 @@ KNOWN_VARS = (
     "CALDERA_CODEX_BIN", "CALDERA_CODEX_REQUEST_MAX_RETRIES",
     "CALDERA_CODEX_STREAM_MAX_RETRIES", "CALDERA_CONFIG_DIR", "CALDERA_DISK_LIMIT_BYTES", "CALDERA_GATEWAY_API_KEY",
     "CALDERA_INSTANCE_ID", "CALDERA_INSTRUCTIONS_FILE", "CALDERA_LOG_LEVEL", "CALDERA_MCP_CONFIG",
+    "CALDERA_OPENCODE_BIN", "CALDERA_OPENCODE_IDLE_SECONDS", "CALDERA_OPENCODE_MAX_RETRIES",
     "CALDERA_PERSISTENT_DIR", "CALDERA_PLANE_DB", "CALDERA_PROTOCOL_VERSION", "CALDERA_REPORT_INTERVAL_SECONDS",
     "CALDERA_RUNTIME_TYPE", "CALDERA_RUN_ALLOW_APPROVAL", "CALDERA_RUN_ALLOW_NETWORK", "CALDERA_RUN_MAX_SANDBOX",
     "CALDERA_RUN_MAX_TIMEOUT_SECONDS", "CALDERA_SCHEMA_DIR", "CALDERA_SETTINGS_FILE", "CALDERA_SIGNAL_HANDOVER",

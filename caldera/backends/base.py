@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
@@ -28,7 +29,7 @@ from caldera.backends import failures as fk
 from caldera.backends.events import EVENT_TYPES, EventSink
 
 # also named here (base.capabilities): the daemon imports them from the light registry (see there)
-from caldera.backends.registry import DEFAULT_PROFILE, PROFILES, Refused, capabilities
+from caldera.backends.registry import DEFAULT_PROFILE, PROFILES, BackendServers, Refused, capabilities
 
 if TYPE_CHECKING:
     from caldera.redact import Redactor
@@ -68,6 +69,7 @@ class Environment:
     secrets_dir: str | None = None
     credentials_dir: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # agent.env merged over os.environ
+    servers: BackendServers | None = None  # the daemon's: what a backend keeps between runs (OpenCode's server)
 
 
 class RunContext(Protocol):
@@ -75,6 +77,25 @@ class RunContext(Protocol):
     and whether that cancel was the command's own deadline."""
     cancel: threading.Event | None
     cancel_is_timeout: Callable[[], bool] | None
+
+
+class Stoppable(RunContext, Protocol):
+    """A context whose turn a backend ends early: its interrupt and its own deadline."""
+    interrupt_event: threading.Event
+    deadline: float  # time.monotonic()
+
+
+def stop_reason(context: Stoppable) -> str | None:
+    """Why the turn must end now: "cancelled" (agent_interrupt, the command's cancel),
+    "timeout" (the policy's deadline, or the command's own) or None."""
+    if context.interrupt_event.is_set():
+        return "cancelled"
+    if context.cancel is not None and context.cancel.is_set():
+        is_timeout = context.cancel_is_timeout() if context.cancel_is_timeout else False
+        return "timeout" if is_timeout else "cancelled"
+    if time.monotonic() >= context.deadline:
+        return "timeout"
+    return None
 
 
 ContextT = TypeVar("ContextT", bound=RunContext)

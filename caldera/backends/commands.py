@@ -6,17 +6,17 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from caldera.backends import base, service
 from caldera.backends.events import Listener
 from caldera.backends.poster import EventPoster
-from caldera.backends.registry import ActiveRuns
+from caldera.backends.registry import ActiveRuns, BackendServers
 from caldera.errors import CommandError
 from caldera.protocol.handlers import Call
 
 if TYPE_CHECKING:
+    from caldera.config import AgentPaths
     from caldera.protocol.client import ControlPlaneClient
     from caldera.redact import Redactor
 
@@ -25,27 +25,28 @@ log = logging.getLogger("caldera.backends")
 
 @dataclass(frozen=True, eq=False)
 class RunCall(Call):
-    """What the run commands use: the agent's id, state and secrets dirs, its environment
+    """What the run commands use: the agent's id, its paths (state and secrets dirs), its environment
     as current when the command started, the redactor, the client (None when not
-    connected: events are not posted) and the registry of the runs going on now."""
+    connected: events are not posted), the registry of the runs going on now, and what the
+    backends keep for the agent between runs (OpenCode's server)."""
 
     agent_id: str
-    state_dir: Path
-    secrets_dir: Path
+    paths: AgentPaths
     env: dict[str, str]
     redactor: Redactor
     client: ControlPlaneClient | None
     runs: ActiveRuns
+    servers: BackendServers
 
 
 def environment_for(ctx: RunCall) -> base.Environment:
     env = dict(ctx.env)
-    state = ctx.state_dir
+    state = ctx.paths.state_dir
     return base.Environment(
         redactor=ctx.redactor, logs_dir=str(state / "logs"), runs_dir=str(state / "runs"),
-        secrets_dir=str(ctx.secrets_dir),
+        secrets_dir=str(ctx.paths.secrets_dir),
         credentials_dir=env.get("CREDENTIALS_DIRECTORY") or os.environ.get("CREDENTIALS_DIRECTORY"),
-        env=env)
+        env=env, servers=ctx.servers)
 
 
 def agent_run(ctx: RunCall, payload: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ to the listeners (CLI printer, control-plane batch poster).
 from __future__ import annotations
 
 import collections
+import json
 import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,17 @@ def cut_utf8(text: str, limit: int) -> tuple[str, bool]:
     while end > 0 and (raw[end] & 0xC0) == 0x80:
         end -= 1
     return raw[:end].decode("utf-8"), True
+
+
+def short_text(value: Any, limit: int = 2048) -> str | None:
+    """A tool call's argument as an event shows it: JSON unless it is text, cut to `limit`
+    UTF-8 bytes with an ellipsis; None stays None."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        value = json.dumps(value, ensure_ascii=False, default=str)
+    text, cut = cut_utf8(value, limit)
+    return text + "…" if cut else text
 
 
 def split_utf8(text: str, part_bytes: int = TEXT_PART_BYTES, max_parts: int | None = None) -> tuple[list[str], bool]:

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar, cast
 
 from caldera import config
 from caldera.config import Gateway, gateway_from_env
@@ -29,12 +29,14 @@ DEFAULT_PROFILE = "codex"
 PROFILES = {
     "codex": "caldera.backends.codex.backend:CodexBackend",
     "claude-code": "caldera.backends.claude_code.backend:ClaudeCodeBackend",
+    "opencode": "caldera.backends.opencode.driver:OpenCodeBackend",
 }
 # profile name -> (its binary variable's reader in config, the program's name on PATH):
 # enough to say whether it is installed without importing it or starting a process.
 BINARIES = {
     "codex": (config.codex_binary, "codex"),
     "claude-code": (config.claude_code_binary, "claude"),
+    "opencode": (config.opencode_binary, "opencode"),
 }
 
 
@@ -44,14 +46,21 @@ class LLMSource(NamedTuple):
     `describe` is "module:function", called as function(env, secrets_dir, credentials_dir) ->
     caldera.protocol.llm.LLMConfig | None (None: its runs get no provider). `projection` names its secret
     projection (`<secrets>/<it>/`, `$CREDENTIALS_DIRECTORY/<it>/` or `<it>_*` files there): when
-    none of it exists, `describe` is not imported (a daemon that runs no turn stays light) and
-    the runs get the AI gateway, if there is one; None: `describe` is always asked."""
+    none of it exists and none of `variables` is set, `describe` is not imported (a daemon that
+    runs no turn stays light) and the runs get the AI gateway, if there is one; None: `describe`
+    is always asked."""
     describe: str
     projection: str | None = None
+    variables: tuple[str, ...] = ()  # the runtime's variables that, when set, are a source too
 
 
 # profile name -> what its runs get (docs/container.md, "What the report says of the LLM configuration").
-LLM_SOURCES = {"codex": LLMSource("caldera.backends.codex.config:llm_config", projection="codex")}
+LLM_SOURCES = {
+    "codex": LLMSource("caldera.backends.codex.config:llm_config", projection="codex"),
+    # OpenCode also takes ClawManager's OPENCODE_CONFIG_CONTENT (its provider: the gateway's, or not)
+    "opencode": LLMSource("caldera.backends.opencode.provider:llm_config", projection="opencode",
+                          variables=("OPENCODE_CONFIG_CONTENT",)),
+}
 
 
 class Refused(Exception):
@@ -85,7 +94,8 @@ def llm_configs(env: Mapping[str, str], secrets_dir: str | None, credentials_dir
     out = []
     for profile, source in LLM_SOURCES.items():
         label = f"backend {profile}"
-        if source.projection is not None and not _projected(source.projection, secrets_dir, credentials_dir):
+        if (source.projection is not None and not _projected(source.projection, secrets_dir, credentials_dir)
+                and not any(env.get(name) for name in source.variables)):
             gateway = gateway_from_env(env)
             found = gateway_config(gateway, label) if gateway is not None else None
         else:
@@ -125,6 +135,46 @@ def capabilities(env: Mapping[str, str] | None = None) -> list[str]:
     if gateway_settings(env) is not None:
         caps.append("llm.gateway")
     return caps
+
+
+class Held(Protocol):
+    """A part a backend keeps for the agent between runs (OpenCode's server owner)."""
+
+    def close(self) -> None: ...
+
+
+HeldT = TypeVar("HeldT", bound=Held)
+
+
+class BackendServers:
+    """The long-lived parts the backends keep for the agent (OpenCode: the owner of the
+    agent's `opencode serve`), one per profile: made by the backend's own `make(runs_dir)`
+    on its first run (a daemon that never runs that backend imports none of it), held for the
+    agent's life, closed in the stop sequence once the lanes are done, before a restart in
+    place. After `close()`, `get` answers None: a run then keeps its own, for its turn only."""
+
+    def __init__(self, runs_dir: str | os.PathLike[str]) -> None:
+        self.runs_dir = str(runs_dir)
+        self._lock = threading.Lock()
+        self._held: dict[str, Held] = {}
+        self._closed = False
+
+    def get(self, profile: str, make: Callable[[str], HeldT]) -> HeldT | None:
+        with self._lock:
+            if self._closed:
+                return None
+            found = self._held.get(profile)
+            if found is None:
+                found = self._held[profile] = make(self.runs_dir)
+            return cast("HeldT", found)  # made by this profile's own `make`
+
+    def close(self) -> None:
+        """Close every part made (each stops what it holds); idempotent."""
+        with self._lock:
+            self._closed = True
+            held, self._held = list(self._held.values()), {}
+        for part in held:
+            part.close()
 
 
 class LiveRun(Protocol):

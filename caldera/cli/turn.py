@@ -36,9 +36,10 @@ def configure(parser: argparse.ArgumentParser, name: str) -> None:
     add_agent_flags(parser)
     if name == "turn":
         parser.add_argument("--workspace", required=True, metavar="DIR", help="the directory the agent works in")
-        parser.add_argument("--backend", default="codex", help="backend profile: codex (default) or claude-code")
+        parser.add_argument("--backend", default="codex",
+                            help="backend profile: codex (default), claude-code or opencode")
         parser.add_argument("--secrets", metavar="DIR",
-                            help="secret projection elsewhere (DIR holds codex/, claude-code/)")
+                            help="secret projection elsewhere (DIR holds codex/, claude-code/, opencode/)")
         parser.add_argument("--timeout", type=int, metavar="S", help="execution_policy.timeout_seconds")
         parser.add_argument("--sandbox", choices=("read-only", "workspace-write"))
         parser.add_argument("--approval", choices=("never", "on-request"))
@@ -156,8 +157,16 @@ def _human(event: dict[str, Any]) -> str:
         f"{k}={v}" for k, v in data.items() if k != "phase" and v not in (None, "", [], {}))
 
 
-HOW_TO_GET = ("install the Codex CLI on PATH, or set CALDERA_CODEX_BIN to its binary (in a checkout, "
-              ".ci/install-codex.sh DIR installs the pinned one and prints its path; docs/backends.md)")
+HOW_TO_GET = {
+    "codex": ("install the Codex CLI on PATH, or set CALDERA_CODEX_BIN to its binary (in a checkout, "
+              ".ci/install-codex.sh DIR installs the pinned one and prints its path; docs/backends.md)"),
+    "claude-code": ("install Claude Code (npm @anthropic-ai/claude-code) on PATH, or set CALDERA_CLAUDE_CODE_BIN to "
+                    "its binary (in a checkout, .ci/install-claude-code.sh DIR installs the pinned one and prints "
+                    "its path; docs/backends.md)"),
+    "opencode": ("install OpenCode (npm opencode-ai) on PATH, or set CALDERA_OPENCODE_BIN to its binary (in a "
+                 "checkout, .ci/install-opencode.sh DIR installs the pinned one and prints its path; "
+                 "docs/backends.md)"),
+}
 
 
 def _backends(args: argparse.Namespace) -> int:
@@ -172,7 +181,7 @@ def _backends(args: argparse.Namespace) -> int:
         name = f"{backend['name']}{' (default)' if backend['default'] else ''}"
         if not backend["available"]:
             where = f" at {backend['binary']}" if backend.get("binary") else ""
-            print(f"{name}: not found{where}: {HOW_TO_GET}")
+            print(f"{name}: not found{where}: {HOW_TO_GET.get(backend['name'], 'see docs/backends.md')}")
             continue
         print(f"{name}: available {backend.get('version') or ''} {backend.get('binary') or ''}".rstrip())
     print("capabilities: " + ", ".join(info["capabilities"]))

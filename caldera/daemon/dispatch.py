@@ -58,9 +58,8 @@ def _skill(parts: Parts, call: Call) -> skills.SkillCall:
 
 def _run(parts: Parts, call: Call) -> runs.RunCall:
     return runs.RunCall(call.command, call.cancel, call.deadline, agent_id=parts.identity.agent_id,
-                        state_dir=parts.paths.state_dir, secrets_dir=parts.paths.secrets_dir,
-                        env=parts.current.settings.env, redactor=parts.redactor, client=parts.client,
-                        runs=parts.runs)
+                        paths=parts.paths, env=parts.current.settings.env, redactor=parts.redactor,
+                        client=parts.client, runs=parts.runs, servers=parts.servers)
 
 
 # ---------------------------------------------------------------- the table

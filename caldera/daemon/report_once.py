@@ -20,7 +20,7 @@ from caldera.daemon.heartbeat import ConnectionStatus, send_heartbeat
 from caldera.daemon.poller import fetch_one
 from caldera.daemon.reporter import MIN_SPACING
 from caldera.daemon.sender import flush
-from caldera.daemon.wiring import Parts
+from caldera.daemon.wiring import Parts, close_servers
 from caldera.errors import Retryable
 from caldera.host.fsutil import StateLock
 from caldera.protocol.client import ControlPlaneClient
@@ -80,6 +80,7 @@ def _report_once(parts: Parts, client: ControlPlaneClient, deadline: float) -> i
                     redactor(str(exc)), parts.outbox.depth())
     finally:
         timer.cancel()
+        close_servers(parts)  # a backend's server (OpenCode's) ends with the commands that used it
         parts.pool.shutdown(wait=False, cancel_futures=True)
     return 0
 

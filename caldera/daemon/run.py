@@ -34,7 +34,7 @@ from caldera.daemon.sender import flush, sender_loop
 from caldera.daemon.signals import Signals
 from caldera.daemon.snapshot import write_snapshot
 from caldera.daemon.startnotes import start_warnings
-from caldera.daemon.wiring import Parts
+from caldera.daemon.wiring import Parts, close_servers
 from caldera.host import proc, sdnotify
 from caldera.host.fsutil import StateLock
 from caldera.skills.watcher import skills_loop
@@ -274,7 +274,15 @@ def _run_connected(parts: Parts, signals: Signals) -> int:
     stop_agent_supervisor(agent)  # the agent first: SIGTERM stops it gracefully (a reload restarts it)
     log.info("stopping: draining (a second signal cancels the running command)")
     _drain(lanes, signals, client.transport.abort)
-    _stop(parts, threads, time.monotonic() + STOP_BUDGET)
+    # No run is left to use the backends' servers (OpenCode's): they stop while the loops do,
+    # within the same budget, and are gone before a restart in place (exec keeps the pid).
+    closing = threading.Thread(target=close_servers, args=(parts,), name="servers-stop", daemon=True)
+    closing.start()
+    stop_by = time.monotonic() + STOP_BUDGET
+    _stop(parts, threads, stop_by)
+    closing.join(max(0.0, stop_by - time.monotonic()))
+    if closing.is_alive():
+        log.error("the backends' servers did not stop within the stop budget; going on without them")
     parts.pool.shutdown(wait=False, cancel_futures=True)
     if outcome == REEXEC:
         outcome = _restart_or_stop(signals)

@@ -8,6 +8,7 @@ handed the few parts it uses, never `Parts` itself.
 """
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ from caldera.agents.updates import load_effective
 
 # The registry, not base/service: those (with codex_config's tomllib) wait for the first
 # agent_run (code an adapter daemon never runs; docs/performance.md, section 2).
-from caldera.backends.registry import ActiveRuns
+from caldera.backends.registry import ActiveRuns, BackendServers
 from caldera.backends.registry import capabilities as backend_capabilities
 from caldera.config import AgentPaths, Settings
 from caldera.daemon.governance import LLMFields
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from caldera.agents.manifest import Manifest
     from caldera.agents.process.driver import ProcessDriver
 
+log = logging.getLogger("caldera.daemon")
 SUBPROCESS_WORKERS = 4
 STATE_SUBDIRS = ("logs", "cache", "skills", "runs")
 
@@ -61,6 +63,7 @@ class Parts:
     pool: ThreadPoolExecutor
     identity: Identity
     runs: ActiveRuns  # the code-agent runs going on now
+    servers: BackendServers  # what the backends keep between runs (OpenCode's server): closed at stop
     reports: Reports
     publisher: Publisher
     client: ControlPlaneClient | None = None  # when the agent is enabled
@@ -108,7 +111,7 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
     parts = Parts(
         paths=paths, current=current, redactor=redactor, wake=wake, live=live, outbox=outbox, state=state,
         sampler=sampler, pool=ThreadPoolExecutor(SUBPROCESS_WORKERS, thread_name_prefix="caldera-proc"),
-        identity=identity, runs=runs,
+        identity=identity, runs=runs, servers=BackendServers(paths.state_dir / "runs"),
         reports=Reports(identity=identity, current=current, state=state, sampler=sampler, live=live,
                         redactor=redactor, health_extra=lambda: {**outbox_health(outbox), **storage.health()},
                         floor=ReportFloor(generation=wake.generation), llm=LLMFields(current, paths, redactor)),
@@ -130,6 +133,17 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
         client, auth = _build_client(parts, transport_session)
         parts = replace(parts, client=client, auth=auth)
     return parts
+
+
+def close_servers(parts: Parts) -> None:
+    """Stop what the backends keep between runs (OpenCode's server), once no command can use
+    it: `run`'s stop sequence after the lanes (and before a restart in place: exec keeps the
+    pid, and a server whose owner still runs is never removed as a leftover), `report --once`
+    at its end. A failure is logged and the stop goes on (the next start removes what is left)."""
+    try:
+        parts.servers.close()
+    except Exception:  # noqa: BLE001 -- the rest of the stop sequence must run
+        log.exception("stopping the backends' servers failed")
 
 
 def _capabilities(settings: Settings) -> list[str]:

@@ -80,26 +80,37 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(refused)
         if "status" in entry:
             return self._error(entry)
+        if entry.get("cut") or entry.get("stall"):
+            return self.drop_after(_sse("response.created", {"response": {"id": f"resp_{n}"}}), entry)
+        self.send_stream(b"".join(response_events(entry, n)))
+
+    def send_stream(self, payload: bytes) -> None:
+        """A whole SSE answer (200, text/event-stream, its length)."""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
-        if entry.get("cut") or entry.get("stall"):
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(_sse("response.created", {"response": {"id": f"resp_{n}"}}))
-            self.wfile.flush()
-            if entry.get("stall"):
-                self.server.provider.stop.wait(entry["stall"])
-            self.close_connection = True
-            try:
-                self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            return
-        payload = b"".join(response_events(entry, n))
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
+
+    def drop_after(self, first: bytes, entry: dict) -> None:
+        """A {"cut"} or {"stall": N} entry: the stream's headers and `first`, then (after N
+        seconds of silence, or the provider's stop) the connection drops. The client may
+        have gone meanwhile (an aborted turn): nothing to say then."""
+        self.close_connection = True
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(first)
+            self.wfile.flush()
+            if entry.get("stall"):
+                self.server.provider.stop.wait(entry["stall"])
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def _error(self, entry):
         body = json.dumps(entry.get("body") or {"error": {"message": f"HTTP {entry['status']}"}}).encode()
@@ -113,13 +124,15 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class FakeProvider:
+    handler: type[BaseHTTPRequestHandler] = _Handler  # a provider of another wire subclasses both
+
     def __init__(self, script: list[dict], models: list[str] | None = None):
         self.script = list(script)
         self.models = models  # a gateway's catalogue: any other model is refused
         self.requests: list[dict] = []
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self.handler)
         self.httpd.daemon_threads = True
         self.httpd.provider = self
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},

@@ -93,13 +93,13 @@ def everything_text(result, events, env: base.Environment) -> str:
 
 def fake_runtime(tmp: Path, env: dict, client=None):
     """The parts agent_run needs, without the daemon (a real ActiveRuns registry)."""
-    from caldera.backends.service import ActiveRuns
+    from caldera.backends.registry import ActiveRuns, BackendServers
 
     config_dir = tmp / "config"
     paths = SimpleNamespace(state_dir=tmp / "state", config_dir=config_dir, secrets_dir=config_dir / "secrets")
     settings = SimpleNamespace(env=env)
     return SimpleNamespace(paths=paths, settings=settings, redactor=Redactor(), client=client,
-                           agent_id="caldera-7-main", runs=ActiveRuns())
+                           agent_id="caldera-7-main", runs=ActiveRuns(), servers=BackendServers(tmp / "state" / "runs"))
 
 
 def fake_ctx(runtime, cancel=None, deadline=0.0, command=None):
@@ -108,6 +108,7 @@ def fake_ctx(runtime, cancel=None, deadline=0.0, command=None):
     from caldera.backends.commands import RunCall
 
     return command_context(RunCall, "agent_run", command=command, cancel=cancel or threading.Event(),
-                           deadline=deadline, agent_id=runtime.agent_id, state_dir=runtime.paths.state_dir,
-                           secrets_dir=runtime.paths.secrets_dir, env=runtime.settings.env,
-                           redactor=runtime.redactor, client=runtime.client, runs=runtime.runs)
+                           deadline=deadline, agent_id=runtime.agent_id, paths=runtime.paths,
+                           env=runtime.settings.env,
+                           redactor=runtime.redactor, client=runtime.client, runs=runtime.runs,
+                           servers=runtime.servers)

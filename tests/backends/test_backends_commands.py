@@ -164,3 +164,10 @@ def test_same_run_id_twice_at_once_is_refused(tmp_path):
     runtime.runs.add(service.RunHandle("r1", None))
     with pytest.raises(CommandError, match="already running"):
         commands.agent_run(fake_ctx(runtime), {"run_id": "r1", "prompt": "hi", "workspace": str(ws)})
+
+
+def test_a_run_is_given_what_the_daemon_keeps_between_runs(tmp_path):
+    """RunCall.servers (dispatch builds it from the daemon's parts) reaches the backend's
+    Environment: OpenCode's turns find the agent's server there."""
+    runtime = fake_runtime(tmp_path, {})
+    assert commands.environment_for(fake_ctx(runtime)).servers is runtime.servers

@@ -1,11 +1,13 @@
 """T1-T3 of seed 003 against every backend: its real CLI, its own local fake provider.
 
-One suite, parametrised by the drivers of backends_drivers.py (Codex, Claude Code; another
-backend joins with one driver). Each scenario plants a canary key in the projection: it
+One suite, parametrised by the drivers of backends_drivers.py (Codex, Claude Code, OpenCode;
+another backend joins with one driver). Each scenario plants a canary key in the projection: it
 must reach the provider (the key is used) and nothing else: events, finish result, run log
 (the CLI's stderr included), what the model was sent (so the agent's own commands never
 saw it), and nothing may be left: the run directory and any private TMPDIR gone, no
-process holding the run's HOME (after a timeout and an interrupt too).
+process holding the run's HOME (after a timeout and an interrupt too), nothing of the run on
+what a backend keeps between runs (OpenCode's server: the scenarios share one, as an agent's
+runs do under the daemon).
 
 A driver whose CLI is missing skips, unless its CALDERA_REQUIRE_<BACKEND>=1 (CI sets it):
 then the missing CLI fails the suite.
@@ -28,6 +30,13 @@ from caldera.backends import failures as fk
 from caldera.redact import Redactor
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _drivers_closed():
+    yield
+    for found in DRIVERS.values():
+        found.close()
+
+
 @pytest.fixture(params=sorted(DRIVERS), ids=sorted(DRIVERS))
 def driver(request):
     found = DRIVERS[request.param]
@@ -45,6 +54,7 @@ class Turn:
     def __init__(self, driver, tmp: Path, script: list[dict], key: str | None = CANARY, binary: str | None = None,
                  extra_env: dict | None = None, interrupt: bool = False, **policy):
         self.tmp = tmp
+        self.driver = driver
         self.workspace = tmp / "ws"
         self.workspace.mkdir(exist_ok=True)
         with driver.provider(script) as provider:
@@ -54,7 +64,7 @@ class Turn:
             env.update(extra_env or {})
             self.environment = base.Environment(
                 redactor=Redactor(), logs_dir=str(tmp / "state" / "logs"), runs_dir=str(tmp / "state" / "runs"),
-                secrets_dir=str(secrets), env=env)
+                secrets_dir=str(secrets), env=env, servers=driver.servers(binary or driver.binary()))
             request = {"run_id": "run-1", "prompt": "Do the thing", "workspace": str(self.workspace),
                        "backend_profile": driver.profile,
                        "execution_policy": dict({"timeout_seconds": 60}, **policy)}
@@ -101,6 +111,9 @@ class Turn:
         the agent's commands included, inherits that HOME)."""
         run_dir = Path(self.environment.runs_dir, "run-1")
         assert not run_dir.exists()  # HOME, config: removed
+        runs = Path(self.environment.runs_dir)
+        assert not runs.exists() or list(runs.iterdir()) == []  # nor anything else of the run's
+        assert self.driver.leftovers(self.workspace) == []
         for tmp in re.findall(r"TMPDIR (/\S+)", log):  # a private TMPDIR outside the run dir
             assert not Path(tmp).exists(), tmp
         assert processes_holding(str(run_dir)) == []
@@ -191,7 +204,7 @@ def test_provider_failure_has_its_kind(driver, tmp_path, entry, kind):
 def test_failing_provider_ends_within_a_minute_with_default_retries(driver, tmp_path):
     # The backend's own retry bounds (no test override): a bounded number of requests, then its kind.
     defaults = {name: "" for name in ("CALDERA_CODEX_REQUEST_MAX_RETRIES", "CALDERA_CODEX_STREAM_MAX_RETRIES",
-                                      "CALDERA_CLAUDE_CODE_MAX_RETRIES")}
+                                      "CALDERA_CLAUDE_CODE_MAX_RETRIES", "CALDERA_OPENCODE_MAX_RETRIES")}
     # The first answer asks for an hour's wait (a backend that caps it waits its cap once);
     # the later ones ask nothing (the CLI's own short backoff): as short as the point allows.
     first = {"status": 529, "headers": {"retry-after": "3600"} if driver.caps_retry_after else {}}

@@ -122,8 +122,12 @@ def test_systemd_credentials_are_a_projection_too(tmp_path):
         'model_provider = "p"\nmodel = "m"\n[model_providers.p]\nbase_url = "https://x.test/v1"\n'
         f'env_key = "{KEY_ENV}"\n')
     (cred / f"codex_env_{KEY_ENV}").write_text(CANARY)
-    [found] = registry.llm_configs(GW, str(tmp_path / "secrets"), str(cred))
+    [found] = _codex(registry.llm_configs(GW, str(tmp_path / "secrets"), str(cred)))
     assert (found.status, found.base_url, found.model) == (EXTERNAL, "https://x.test/v1", "m")
+
+
+def _codex(configs):
+    return [c for c in configs if c.source == "backend codex"]
 
 
 # ---------------------------------------------------------------- the registry
@@ -131,7 +135,7 @@ def test_systemd_credentials_are_a_projection_too(tmp_path):
 def test_no_workspace_roots_no_run_nothing_handed_out(tmp_path):
     secrets = write_projection(tmp_path)
     assert registry.llm_configs(dict(GW, CALDERA_WORKSPACE_ROOTS=""), str(secrets), None) == []
-    [found] = registry.llm_configs(GW, str(secrets), None)
+    [found] = _codex(registry.llm_configs(GW, str(secrets), None))
     assert found.status == EXTERNAL
 
 
@@ -139,16 +143,18 @@ def test_a_backends_description_that_fails_counts_as_external(tmp_path, monkeypa
     secrets = write_projection(tmp_path)
     monkeypatch.setitem(registry.LLM_SOURCES, "codex", registry.LLMSource("caldera.backends.codex.config:nothing",
                                                                           projection="codex"))
-    assert [(c.source, c.status) for c in registry.llm_configs(GW, str(secrets), None)] == [("backend codex", EXTERNAL)]
+    assert [(c.source, c.status) for c in _codex(registry.llm_configs(GW, str(secrets), None))] == [
+        ("backend codex", EXTERNAL)]
 
 
-def test_without_a_projection_the_daemon_never_imports_the_codex_modules(tmp_path):
+def test_without_a_projection_the_daemon_never_imports_the_backends_modules(tmp_path):
     """The description of a gateway-only backend is the registry's: codex_config (tomllib and
-    all) stays out of a daemon that runs no turn (docs/performance.md, section 2)."""
+    all) and OpenCode's provider stay out of a daemon that runs no turn (docs/performance.md,
+    section 2)."""
     code = ("import json, sys; from caldera.backends import registry; "
             f"found = registry.llm_configs({GW!r}, {str(tmp_path / 'secrets')!r}, None); "
             "print(json.dumps([[c.status, c.model] for c in found]), "
             "sorted(m for m in sys.modules if m.startswith('caldera.backends.') or m == 'tomllib'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout
-    assert out.strip() == "[[\"gateway\", \"auto\"]] ['caldera.backends.registry']"
+    assert out.strip() == "[[\"gateway\", \"auto\"], [\"gateway\", \"auto\"]] ['caldera.backends.registry']"

@@ -27,8 +27,8 @@ DEPENDENCIES = ("requests", "jsonschema", "yaml")
 # Layers and modules the daemon runs without (an adapter agent, commands whose payload
 # schemas assert only an object): docs/performance.md, section 2.
 NOT_IN_THE_DAEMON = ("argparse", "gettext", "jsonschema", "yaml", "caldera.backends.base", "caldera.backends.service",
-                     "caldera.backends.codex", "caldera.backends.claude_code", "caldera.plane",
-                     "caldera.agents.process", "caldera.cli.report",
+                     "caldera.backends.codex", "caldera.backends.claude_code", "caldera.backends.opencode",
+                     "caldera.plane", "caldera.agents.process", "caldera.cli.report",
                      "caldera.daemon.report_once", "tomllib", "sqlite3", "http.server", "netrc")
 BUDGETS = {
     # --help is argparse's own (its speed target is retired), but it loads no command.
@@ -54,8 +54,8 @@ BUDGETS = {
     "status (process)": DEPENDENCIES + ("typing", "shutil", "tempfile", "caldera.daemon", "caldera.backends",
                                         "caldera.plane", "caldera.skills"),
     "report --once": ("jsonschema", "yaml", "ctypes", "caldera.backends.base", "caldera.backends.service",
-                      "caldera.backends.codex", "caldera.plane", "caldera.agents.process", "caldera.daemon.run",
-                      "caldera.skills.watcher", "tomllib", "sqlite3", "netrc"),
+                      "caldera.backends.codex", "caldera.backends.opencode", "caldera.plane", "caldera.agents.process",
+                      "caldera.daemon.run", "caldera.skills.watcher", "tomllib", "sqlite3", "netrc"),
     "run": NOT_IN_THE_DAEMON,
 }
 # The 100 commands of bench/bench_runtime.py, in kind: their payload schemas assert only an object.

@@ -776,8 +776,13 @@ def test_backends_not_found_says_how_to_get_one(tmp_path, capsys, monkeypatch):
     bare_env(monkeypatch, tmp_path)
     monkeypatch.setenv("CALDERA_CONFIG_DIR", str(tmp_path / "none"))
     monkeypatch.setenv("CALDERA_CODEX_BIN", str(tmp_path / "no-codex"))
+    monkeypatch.setenv("CALDERA_OPENCODE_BIN", str(tmp_path / "no-opencode"))
+    monkeypatch.setenv("CALDERA_CLAUDE_CODE_BIN", str(tmp_path / "no-claude"))
     assert cli.main(["backends"]) == 0
-    said("backends-not-found", capsys.readouterr().out.splitlines()[0], tmp=tmp_path)
+    lines = capsys.readouterr().out.splitlines()
+    said("backends-not-found", lines[0], tmp=tmp_path)
+    said("backends-claude-code-not-found", lines[1], tmp=tmp_path)
+    said("backends-opencode-not-found", lines[2], tmp=tmp_path)
 
 
 # ---------------------------------------------------------------- README, "Without root", verbatim

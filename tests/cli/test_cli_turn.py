@@ -74,3 +74,8 @@ def test_capabilities_name_the_backends_whose_cli_is_installed(tmp_path):
     claude.chmod(0o755)
     caps = base.capabilities({"PATH": str(tmp_path), "CALDERA_CODEX_BIN": str(tmp_path / "gone")})
     assert caps == ["agent.run", "agent.interrupt", "backend.claude-code"]
+    opencode = tmp_path / "opencode-native"  # named by its variable
+    opencode.write_text("#!/bin/sh\n")
+    opencode.chmod(0o755)
+    caps = base.capabilities({"PATH": str(tmp_path / "none"), "CALDERA_OPENCODE_BIN": str(opencode)})
+    assert caps == ["agent.run", "agent.interrupt", "backend.opencode"]

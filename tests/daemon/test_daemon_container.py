@@ -244,9 +244,11 @@ def _project_codex(config, key=OWN_KEY):
 @pytest.mark.parametrize("manifest, roots, projected, status, url, sources", [
     (None, False, False, None, None, []),  # the gateway is injected, but caldera hands it to nobody
     (BOUND, False, False, "gateway", GATEWAY_LLM, ["process agent"]),
-    (None, True, False, "gateway", GATEWAY_LLM, ["backend codex"]),  # runs may start: Codex gets the gateway
-    (None, True, True, "external", "https://llm.corp.test/v1", ["backend codex"]),
-    (BOUND, True, True, "external", "https://llm.corp.test/v1", ["backend codex", "process agent"]),  # never hidden
+    # runs may start: Codex and OpenCode get the gateway
+    (None, True, False, "gateway", GATEWAY_LLM, ["backend codex", "backend opencode"]),
+    (None, True, True, "external", "https://llm.corp.test/v1", ["backend codex", "backend opencode"]),
+    (BOUND, True, True, "external", "https://llm.corp.test/v1",
+     ["backend codex", "backend opencode", "process agent"]),  # never hidden
 ], ids=["none", "process-bound", "codex-gateway", "codex-own", "both"])
 def test_the_report_says_what_llm_configuration_caldera_hands_out(caldera_env, plane, tmp_path, manifest, roots,
                                                                    projected, status, url, sources):
@@ -375,8 +377,9 @@ def test_what_is_wrong_with_the_gateway_as_injected_is_named_once(caldera_env, p
     named = [line for line in done.stderr.splitlines() if "gateway" in line and "WARNING" in line
              and "plain http" not in line]
     assert named == [f"WARNING caldera: {said}"], done.stderr
-    [described] = plane.store.reports(INSTANCE, last=True)["body"]["runtime"]["llm_configs"]
-    assert described["model"] == model  # OPENAI_MODEL, never the raw value of the catalogue
+    described = plane.store.reports(INSTANCE, last=True)["body"]["runtime"]["llm_configs"]
+    # OPENAI_MODEL for each backend on the gateway (Codex, OpenCode), never the raw value of the catalogue
+    assert [d["model"] for d in described] == [model, model]
 
 
 # ------------------------------------------------------------------ PID 1

@@ -288,3 +288,61 @@ def test_a_start_whose_recovery_fails_ends_its_lanes_and_raises(parts, monkeypat
     with pytest.raises(OSError, match="No space"):
         daemon_run._run_connected(parts, Signals())
     assert not [t.name for t in threading.enumerate() if t.name.startswith("lane-") and t.is_alive()]
+
+
+class _Held:
+    def __init__(self, said: list[str]) -> None:
+        self.said = said
+
+    def close(self) -> None:
+        self.said.append("servers closed")
+
+
+class _Hup:
+    """A SIGHUP whose reload changed the configuration: the daemon restarts in place."""
+    count = 0
+
+    def wait(self, timeout: float) -> None:
+        pass
+
+    def take_hup(self) -> bool:
+        return True
+
+    def hold(self) -> bool:
+        return True
+
+
+def test_the_backends_servers_close_after_the_lanes_and_before_a_restart_in_place(parts, monkeypatch):
+    """OpenCode's server (what the backends keep between runs) outlives no daemon: closed once
+    the lanes are done, alongside the loops' stop, and before the restart in place (exec keeps
+    the pid, and a server whose owner's pid still runs is never removed as a leftover)."""
+    said: list[str] = []
+    made = parts.servers.get("opencode", lambda runs_dir: _Held(said))
+    assert isinstance(made, _Held) and parts.servers.runs_dir == str(parts.paths.state_dir / "runs")
+    monkeypatch.setattr(daemon_run, "_reread", lambda parts: True)
+    monkeypatch.setattr(daemon_run, "start_threads", lambda parts, lanes, executor: [])
+    monkeypatch.setattr(daemon_run, "_drain", lambda lanes, signals, abort: (lanes.close(5.0), said.append("drained")))
+    stopping = threading.Event()
+
+    def stop_loops(parts, threads, stop_by):
+        said.append("loops stopping")
+        stopping.set()
+
+    monkeypatch.setattr(daemon_run, "_stop", stop_loops)
+    monkeypatch.setattr(_Held, "close", lambda self: (stopping.wait(10), said.append("servers closed")))
+    assert daemon_run._run_connected(parts, _Hup()) == daemon_run.REEXEC
+    # the servers stop while the loops do (one budget), and are gone when run() returns REEXEC
+    assert said == ["drained", "loops stopping", "servers closed"]
+    assert parts.servers.get("opencode", lambda runs_dir: _Held(said)) is None  # no run gets it after
+
+
+def test_a_server_that_fails_to_close_does_not_stop_the_stop_sequence(parts, caplog):
+    from caldera.daemon.wiring import close_servers
+
+    class Broken:
+        def close(self) -> None:
+            raise OSError("gone")
+
+    parts.servers.get("opencode", lambda runs_dir: Broken())
+    close_servers(parts)
+    assert "stopping the backends' servers failed" in caplog.text

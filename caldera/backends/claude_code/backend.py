@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from caldera import config
 from caldera.backends import failures as fk
-from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest
+from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
 from caldera.backends.claude_code import config as cc
 from caldera.backends.claude_code.forwarder import Forwarder
 from caldera.backends.claude_code.normalize import Normalizer
@@ -281,14 +281,7 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
                 "subtype": "error", "request_id": rid, "error": f"caldera does not support {request.get('subtype')}"}})
 
     def _stop_reason(self, context: ClaudeContext) -> str | None:
-        if context.interrupt_event.is_set():
-            return "cancelled"
-        if context.cancel is not None and context.cancel.is_set():
-            is_timeout = context.cancel_is_timeout() if context.cancel_is_timeout else False
-            return "timeout" if is_timeout else "cancelled"
-        if time.monotonic() >= context.deadline:
-            return "timeout"
-        return None
+        return stop_reason(context)
 
     def _grace(self, context: ClaudeContext) -> float:
         return TIMEOUT_GRACE if context.reason == "timeout" else INTERRUPT_GRACE

@@ -14,12 +14,11 @@ Rules from what Claude Code 2.1.332 sends (code-agents-notes.md, and measured he
 """
 from __future__ import annotations
 
-import json
 import re
 from typing import TYPE_CHECKING, Any
 
 from caldera.backends import failures as fk
-from caldera.backends.events import cut_utf8
+from caldera.backends.events import short_text as _short
 
 if TYPE_CHECKING:
     from caldera.backends.events import EventSink
@@ -223,12 +222,3 @@ def _text(content: Any) -> str:
     if isinstance(content, list):
         return "\n".join(str(b.get("text") or "") for b in content if isinstance(b, dict) and b.get("type") == "text")
     return ""
-
-
-def _short(value: Any, limit: int = 2048) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        value = json.dumps(value, ensure_ascii=False, default=str)
-    text, cut = cut_utf8(value, limit)
-    return text + "…" if cut else text

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from caldera import __version__, config
 from caldera.backends import failures as fk
-from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest
+from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
 from caldera.backends.codex import config as codex_config
 from caldera.backends.codex.appserver import AppServer, Batch, Message
 from caldera.backends.codex.normalize import Normalizer
@@ -263,14 +263,7 @@ class CodexBackend(Backend[CodexContext]):
         return msg["result"]
 
     def _stop_reason(self, context: CodexContext) -> str | None:
-        if context.interrupt_event.is_set():
-            return "cancelled"
-        if context.cancel is not None and context.cancel.is_set():
-            is_timeout = context.cancel_is_timeout() if context.cancel_is_timeout else False
-            return "timeout" if is_timeout else "cancelled"
-        if time.monotonic() >= context.deadline:
-            return "timeout"
-        return None
+        return stop_reason(context)
 
     def _loop(self, context: CodexContext, server: AppServer) -> None:
         norm = context.normalizer

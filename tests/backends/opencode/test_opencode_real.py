@@ -1,0 +1,225 @@
+"""The OpenCode backend's own scenarios with the real CLI (`opencode serve`, opencode-ai
+1.18.33) against a fake chat-completions provider on 127.0.0.1: what the contract suite
+(test_backends_contract.py) does not ask of every backend. The policy as bubblewrap enforces
+it (a command writing outside the workspace, connecting to a loopback port, reading the
+runtime's secrets), and Bash denied where nothing can confine it; edits and their diff;
+OpenCode's retries against a gateway that lies or stalls (a provider nothing answers:
+test_opencode_parts, the forwarder's 502); the server
+surviving a timeout; asks rejected; a refused model; AGENTS.md. `.ci/install-opencode.sh`
+installs the CLI; without CALDERA_OPENCODE_BIN these tests skip, unless
+CALDERA_REQUIRE_OPENCODE=1 makes that a failure. The turns share one agent's server (a
+`ServerOwner`, as the daemon holds it) and one provider.
+"""
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from backends_fake_chat import FakeChat as FakeChatProvider
+from backends_helpers import execute, of_type
+from opencode_helpers import (
+    CANARY,
+    KEY_ENV,
+    assert_no_leak,
+    environment,
+    request,
+    require_opencode,
+    terminal,
+    write_projection,
+)
+
+from caldera.backends import failures as fk
+from caldera.backends.opencode.owner import ServerOwner
+
+
+class Harness:
+    """One agent: its fake provider, its projection, its server owner, its workspace."""
+
+    def __init__(self, root: Path, provider: FakeChatProvider):
+        self.root = root
+        self.provider = provider
+        self.secrets = write_projection(root, provider.url)
+        self.owner = ServerOwner(root / "state" / "runs", idle_seconds=600)
+        self.ws = root / "ws"
+        self.ws.mkdir(exist_ok=True)
+        self.count = 0
+
+    def env(self, **extra: str) -> Any:
+        return environment(self.root, self.secrets, owner=self.owner, **extra)
+
+    def run(self, script: list[dict[str, Any]], prompt: str = "Say hello", env: Any = None,
+            **policy: Any) -> tuple[dict[str, Any], list[dict[str, Any]], Any]:
+        self.provider.set_script(script)
+        self.count += 1
+        env = env or self.env()
+        result, events = execute(request(self.ws, run_id=f"run-{self.count}", prompt=prompt, **policy), env,
+                                 roots=None)
+        return result, events, env
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    require_opencode()
+    root = tmp_path_factory.mktemp("opencode-agent")
+    with FakeChatProvider([{"text": "unused"}]) as provider:
+        harness = Harness(root, provider)
+        yield harness
+        harness.owner.close()
+    assert not list((root / "state" / "runs").iterdir())  # every server dir removed
+
+
+@pytest.fixture
+def agent(shared):
+    require_opencode()
+    return shared
+
+
+def test_edits_are_file_changes_and_one_diff(agent):
+    (agent.ws / "README.md").write_text("hello\n")
+    script = [
+        {"call": "write", "args": {"filePath": str(agent.ws / "NEW.txt"), "content": "new file\n"}},
+        {"call": "edit", "args": {"filePath": str(agent.ws / "README.md"), "oldString": "hello",
+                                  "newString": "hello world"}},
+        {"text": "done"}]
+    result, events, env = agent.run(script)
+    assert terminal(events)["status"] == "completed", events
+    diff = of_type(events, "diff")
+    assert len(diff) == 1 and "+hello world" in diff[0]["diff"] and "NEW.txt" in diff[0]["diff"]
+    assert (agent.ws / "README.md").read_text() == "hello world\n" and (agent.ws / "NEW.txt").exists()
+    changes = [t["changes"] for t in of_type(events, "tool_call")
+               if t["tool"] == "file_change" and t["status"] == "completed"]
+    assert [{"path": str(agent.ws / "NEW.txt"), "kind": "add"}] in changes
+    assert_no_leak(result, events, env, agent.provider)
+
+
+# A script the test writes into the workspace: OpenCode asks (and so rejects) a command that
+# names a path outside the workspace itself; a script's paths it does not see.
+PROBE = ("echo in > inside.txt; echo out > {outside}; echo write=$?\n"
+         "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 5); print(\"connected\")'\n"
+         "cat {key} || echo no-key\necho config-routes=$(cat \"$OPENCODE_CONFIG\" | grep -c /r/)\n"
+         "[ -z \"$OPENCODE_SERVER_PASSWORD\" ] && echo no-server-password\n"
+         "[ -n \"$OPENCODE_PID\" ] && [ ! -e /proc/$OPENCODE_PID/environ ] && echo no-server-process\n")
+
+
+def _probe(agent: Any, tmp: Path, env: Any = None, **policy: Any) -> tuple[str, list[dict[str, Any]], int]:
+    """One Bash command that tries what the policy forbids: (its output, the events, the
+    connections a loopback listener of the test's accepted)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        listener.settimeout(0.5)
+        (agent.ws / "probe.sh").write_text(PROBE.format(outside=tmp / "outside.txt", port=listener.getsockname()[1],
+                                                        key=agent.secrets / "opencode" / "env" / KEY_ENV))
+        result, events, env = agent.run([{"call": "bash", "args": {"command": "sh probe.sh", "description": "probe"}},
+                                         {"text": "done"}], env=env, **policy)
+        accepted = 0
+        try:
+            while True:
+                listener.accept()[0].close()
+                accepted += 1
+        except OSError:
+            pass  # nothing more waits
+    assert terminal(events)["status"] == "completed", events
+    [output] = of_type(events, "command_output")
+    return output["output"], events, accepted
+
+
+def test_bubblewrap_keeps_commands_in_the_workspace_off_the_network_and_out_of_the_secrets(agent, tmp_path):
+    output, events, accepted = _probe(agent, tmp_path)
+    assert of_type(events, "backend_status")[0]["commands"] == "confined (bubblewrap), no network"
+    assert (agent.ws / "inside.txt").read_text() == "in\n"  # the workspace is writable
+    assert not (tmp_path / "outside.txt").exists() and "Read-only file system" in output  # the rest is not
+    assert accepted == 0 and "connected" not in output  # not even the host's loopback
+    assert "no-key" in output and CANARY not in output  # the projection is hidden
+    assert "config-routes=0" in output  # the server's config (the forwarder's routes) cannot be read
+    assert "no-server-password" in output  # the server's API cannot be used
+    assert "no-server-process" in output  # nor its password read in its /proc/PID/environ
+
+
+@pytest.mark.parametrize("entry,kind,words", [
+    ({"raw": "<html>Welcome to the captive portal</html>"}, fk.PROVIDER_UNAVAILABLE, "ended before it was complete"),
+    ({"status": 429, "headers": {"Retry-After": "100"}, "body": {"error": {"message": "slow down"}}},
+     fk.PROVIDER_RATE_LIMITED, "would wait 100 s"),
+    ({"status": 404, "body": {"error": {"message": "no such model"}}}, fk.BACKEND_FAILED, "HTTP 404"),
+], ids=["html-200", "retry-after-100", "404"])
+def test_a_gateway_that_lies_or_stalls_ends_the_turn_with_a_kind(agent, entry, kind, words):
+    result, events, env = agent.run([entry])
+    data = terminal(events)
+    assert data["status"] == "failed" and data["failure_kind"] == kind and words in data["message"], events
+
+
+def test_policy_timeout_on_a_stalled_provider_is_backend_timeout(agent):
+    result, events, env = agent.run([{"stall": 60}], timeout_seconds=1)
+    data = terminal(events)
+    assert data["status"] == "failed" and data["failure_kind"] == fk.BACKEND_TIMEOUT, events
+    assert any(s["phase"] == "interrupting" and s["reason"] == "timeout" for s in of_type(events, "backend_status"))
+    # The server survives a turn's timeout: the next turn runs on it.
+    result, events, env = agent.run([{"text": "still here"}])
+    assert terminal(events)["status"] == "completed"
+    assert of_type(events, "backend_status")[1]["server"] == "reused"
+
+
+def test_read_only_policy_takes_bash_and_edits_away(agent):
+    (agent.ws / "keep.txt").write_text("keep\n")
+    result, events, env = agent.run([{"call": "bash", "args": {"command": "rm keep.txt", "description": "x"}},
+                                     {"text": "could not"}], sandbox="read-only")
+    assert terminal(events)["status"] == "completed", events
+    tools = [t["name"] for t in _request_tools(agent.provider.main[-1])]
+    assert "bash" not in tools and "edit" not in tools and "write" not in tools and "read" in tools
+    assert (agent.ws / "keep.txt").exists()
+    assert not of_type(events, "command_output")
+
+
+def test_an_ask_is_rejected_and_reported_and_the_turn_goes_on(agent):
+    # Reading outside the workspace is an ask in OpenCode (external_directory); approval never: rejected.
+    outside = agent.root / "outside.txt"
+    outside.write_text("secret-ish\n")
+    result, events, env = agent.run([{"call": "read", "args": {"filePath": str(outside)}}, {"text": "ok"}])
+    assert terminal(events)["status"] == "completed", events
+    approvals = [t for t in of_type(events, "tool_call") if t["tool"] == "approval"]
+    assert len(approvals) == 1 and approvals[0]["status"] == "declined"
+    assert approvals[0]["request"] == "permission/external_directory"
+    assert "secret-ish" not in agent.provider.main[-1]["body"]
+    assert "allows no approvals" in agent.provider.main[-1]["body"]  # the model was told why
+    assert of_type(events, "assistant_message")[-1]["text"] == "ok"
+
+
+def test_a_model_the_projection_does_not_offer_is_refused(agent):
+    agent.provider.set_script([{"text": "never"}])
+    before = len(agent.provider.requests)
+    req = dict(request(agent.ws, run_id="other-model"), model="gpt-nope")
+    result, events = execute(req, agent.env())
+    data = terminal(events)
+    assert data["status"] == "blocked" and "gpt-nope" in data["message"] and "fake-model" in data["message"]
+    assert len(agent.provider.requests) == before
+
+
+def test_instructions_from_agents_md_reach_the_model_and_a_symlink_does_not(agent):
+    (agent.ws / "AGENTS.md").write_text("Always answer in haiku. ZEBRA-42\n")
+    result, events, env = agent.run([{"text": "ok"}])
+    assert terminal(events)["status"] == "completed"
+    assert "ZEBRA-42" in agent.provider.main[-1]["body"]
+    (agent.ws / "AGENTS.md").unlink()
+    (agent.root / "elsewhere.md").write_text("LEAKED-FILE-77\n")
+    (agent.ws / "AGENTS.md").symlink_to(agent.root / "elsewhere.md")
+    result, events, env = agent.run([{"text": "ok"}])
+    assert terminal(events)["status"] == "completed"
+    assert "LEAKED-FILE-77" not in agent.provider.main[-1]["body"]
+    (agent.ws / "AGENTS.md").unlink()
+
+
+def test_network_true_lets_a_command_connect_and_still_confines_its_writes(agent, tmp_path):
+    # last in this module: another launch (its network), so the shared server is replaced
+    output, events, accepted = _probe(agent, tmp_path, network=True, env=agent.env(CALDERA_RUN_ALLOW_NETWORK="true"))
+    assert of_type(events, "backend_status")[0]["commands"] == "confined (bubblewrap)"
+    assert accepted == 1 and "connected" in output
+    assert not (tmp_path / "outside.txt").exists() and "Read-only file system" in output
+    assert "no-key" in output and "no-server-password" in output
+
+
+def _request_tools(req: dict[str, Any]) -> list[dict[str, Any]]:
+    body = json.loads(req["body"])
+    return [t["function"] for t in body.get("tools") or []]
