@@ -13,8 +13,12 @@ step() { printf '\n== %s %s: %s (%ds)\n' "$CI_NAME" "$SUITE" "$*" "$(( $(date +%
 fail() {
 	printf '%s %s: FAILED: %s\n' "$CI_NAME" "$SUITE" "$*" >&2
 	if [ -n "$CPID" ]; then
-		echo "--- journal of caldera@$AGENT (last 60 lines)" >&2
-		inside journalctl -u "caldera@$AGENT" --no-pager -n 60 >&2 || true
+		local unit
+		# FAIL_UNITS: the units whose journals a failure prints (default: the agent's)
+		for unit in ${FAIL_UNITS:-caldera@$AGENT}; do
+			echo "--- journal of $unit (last 60 lines)" >&2
+			inside journalctl -u "$unit" --no-pager -n 60 -o short-precise >&2 || true
+		done
 	fi
 	exit 1
 }

@@ -59,8 +59,9 @@ step "package contents"
 dpkg-deb -c "$DEB" | awk '{print $6}' | sed 's|^\./|/|' > "$WORK/contents"
 for path in /usr/bin/caldera /usr/lib/systemd/system/caldera@.service /etc/cron.d/caldera \
 		/usr/share/man/man1/caldera.1.gz /usr/share/caldera/schemas/ \
-		/usr/lib/python3/dist-packages/caldera/schemas/manifest.schema.json \
-		/usr/lib/python3/dist-packages/caldera/schemas/protocol/register.schema.json \
+		/usr/share/caldera/schemas/manifest.schema.json \
+		/usr/share/caldera/schemas/protocol/register.schema.json \
+		/usr/lib/python3/dist-packages/caldera/schemas /usr/lib/python3/dist-packages/caldera/examples \
 		/usr/share/caldera/examples/task-agent/caldera.agent.yaml \
 		/usr/share/doc/caldera/packaging.md.gz /etc/caldera/agents/ /var/lib/caldera/; do
 	grep -qxF "$path" "$WORK/contents" || fail "$path is not in the package"
@@ -76,6 +77,9 @@ while read -r dir; do
 	fi
 done < <(find "$ROOT/caldera" -name '*.py' -not -path '*/__pycache__/*' -printf '%h\n' | sort -u)
 [ "$missing" -eq 0 ] || fail "Python packages missing from the .deb"
+# One copy of the schemas and of the examples: /usr/share/caldera's; the package's names link there.
+twice=$(grep -E '^/usr/lib/python3/dist-packages/caldera/(schemas|examples)/' "$WORK/contents" | head -n 3 || true)
+[ -z "$twice" ] || fail "the .deb ships package data twice: $twice …"
 echo "contents ok: $(wc -l < "$WORK/contents") entries"
 
 step "lintian"
@@ -136,10 +140,13 @@ case "$where" in /usr/lib/python3/dist-packages/caldera/*) ;; *) fail "caldera i
 got=$(sys_env caldera --version)
 [ "$got" = "caldera $VERSION" ] || fail "caldera --version said '$got', want 'caldera $VERSION'"
 echo "$got (from $where)"
-# The schemas the installed caldera reads: its package's own (importlib.resources), real files.
+# The schemas the installed caldera reads: its package's own (importlib.resources), which is
+# the one copy in /usr/share/caldera; the examples `caldera demo` finds, the same.
 schemas=$(sys_env /usr/bin/python3 -c 'from caldera.protocol import schemas; print(schemas.schema_dir())')
-[ "$schemas" = /usr/lib/python3/dist-packages/caldera/schemas ] && [ ! -L "$schemas" ] \
-	|| fail "the installed caldera reads its schemas from $schemas"
+[ "$schemas" = /usr/lib/python3/dist-packages/caldera/schemas ] && [ "$(realpath "$schemas")" = /usr/share/caldera/schemas ] \
+	&& [ -f "$schemas/manifest.schema.json" ] || fail "the installed caldera reads its schemas from $schemas ($(realpath "$schemas"))"
+[ "$(realpath /usr/lib/python3/dist-packages/caldera/examples)" = /usr/share/caldera/examples ] \
+	|| fail "the package's examples are not /usr/share/caldera/examples"
 
 step "caldera check --manifest (the example agent, as user caldera)"
 EXAMPLE=/usr/share/caldera/examples/task-agent/caldera.agent.yaml

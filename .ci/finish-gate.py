@@ -6,8 +6,9 @@ Forwards every request to UPSTREAM (a `caldera plane serve` URL) and back, excep
 envelope, so the agent's finishes queue in its outbox (a line `ID STATUS` in GATE answers
 STATUS to that command's finish instead: `1 500` holds command 1's finish back on a retry
 record of its own). Removing GATE is the plane recovering. Each finish it turned away and
-each it forwarded is one line on stdout (`503 finish ID` / `fwd finish ID STATUS`), so a
-test can count what reached the plane.
+each it forwarded is one line on stdout (`503 finish ID` / `fwd finish ID STATUS USER-AGENT`),
+so a test can count what reached the plane, and which caldera sent it (its User-Agent is
+`caldera/VERSION`).
 
 Used by .ci/upgrade.sh (inside the booted roots) and to make the 0.1.0 fixture state
 dirs (tests/fixtures/state-0.1.0/README.md). Standard library only, loopback only.
@@ -64,7 +65,8 @@ def main(upstream: str, gate: str, url_file: str) -> None:
                 data = answer.read()
                 kept = {k: v for k, v in answer.getheaders() if k.lower() not in HOP | {"content-length"}}
                 if finish:
-                    print(f"fwd finish {finish.group(1)} {answer.status}", flush=True)
+                    agent = "".join(c for c in self.headers.get("User-Agent", "-") if c.isprintable() and c != " ")
+                    print(f"fwd finish {finish.group(1)} {answer.status} {agent or '-'}", flush=True)
                 self._answer(answer.status, data, kept)
             except OSError as exc:
                 self._answer(502, f'{{"success":false,"error":"finish gate: {type(exc).__name__}"}}'.encode(), {})

@@ -159,8 +159,9 @@ def test_a_circle_through_a_package_init_or_a_relative_import_is_found(tmp_path)
 
 
 def test_the_top_level_names_the_layers():
-    # schemas: package data, no code (a link to the top-level schemas/; docs/packaging.md, "The wheel")
-    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name not in ("__pycache__", "schemas"))
+    # schemas, examples: package data, no layer (links to the top-level schemas/ and examples/;
+    # docs/packaging.md, "The wheel")
+    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name not in ("__pycache__", "schemas", "examples"))
     assert len(entries) <= 12, entries
     assert {"cli", "daemon", "protocol", "agents", "host", "skills", "backends", "plane"} <= set(entries)
 

@@ -43,6 +43,7 @@ from caldera.agents import account
 from caldera.agents.manifest import build, parse_text, schema_check
 from caldera.agents.window import manifest_bytes_for_install
 from caldera.errors import ConfigError
+from caldera.host import stateformat
 from caldera.host.fsutil import atomic_write_bytes
 
 if TYPE_CHECKING:
@@ -415,6 +416,9 @@ def _check_state_dir(state_dir: Path) -> None:
             continue
         if not stat.S_ISDIR(st.st_mode):
             raise account.refuse_link(path)
+    # A newer caldera's state: a re-init (a move between bundle and home) would chown it and
+    # make logs/ and cache/ in a layout this caldera does not know; refused, nothing changed.
+    stateformat.check(state_dir)
 
 
 def _open_or_make(parent_fd: int, path: Path, mode: int) -> int:

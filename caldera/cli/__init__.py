@@ -25,6 +25,7 @@ if sys.argv[1:2] == ["run"] and os.getpid() == 1:
 
 import importlib  # noqa: E402
 import pwd  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
 
 from caldera import TYPE_CHECKING, __version__  # noqa: E402
 from caldera.cli import fastpath  # noqa: E402
@@ -35,7 +36,7 @@ from caldera.host import privdrop  # noqa: E402
 if TYPE_CHECKING:
     import argparse
     from pathlib import Path
-    from types import ModuleType, SimpleNamespace
+    from types import ModuleType
     from typing import TypeAlias
 
     # A command's arguments as _command hands them over: argparse's, or the fast path's
@@ -163,6 +164,7 @@ def _command(argv: list[str]) -> int:
         args = parser.parse_args(argv[1:])
     try:
         _as_service_user(argv[0], args)
+        _refuse_a_newer_state(argv[0], args)
         return int(module.main(args) or 0)
     except CalderaError as exc:  # the taxonomy decides: configuration 2, the rest 1
         hint = " (try again later)" if isinstance(exc, Retryable) else ""
@@ -198,6 +200,28 @@ def _as_service_user(name: str, args: Args) -> None:
     entry = privdrop.service_user_for(state_root(), agent=agent)
     if entry is not None:
         privdrop.become(entry)
+
+
+def _refuse_a_newer_state(name: str, args: Args) -> None:
+    """Before a command opens an agent's state dir: a newer caldera's state (or a format.json
+    caldera did not write) is refused, and nothing in it is made or changed
+    (caldera.host.stateformat.check: read only, and cheap enough for the quick verbs)."""
+    if name not in STATE_COMMANDS:
+        return
+    from caldera.config import agent_from_args
+    from caldera.host import stateformat
+
+    target = getattr(args, "target", None)  # `caldera check PATH` is `--manifest PATH`
+    try:
+        paths = agent_from_args(SimpleNamespace(agent=getattr(args, "agent", None),
+                                                manifest=getattr(args, "manifest", None) or target,
+                                                state_dir=getattr(args, "state_dir", None)))
+    except (CalderaError, OSError):
+        return  # no agent to act on: the command says so in its own words (a standalone turn has none)
+    try:
+        stateformat.check(paths.state_dir)
+    except OSError:
+        return  # a state dir this user cannot open: the command meets it too and says so its own way
 
 
 def _permission_sentence(exc: PermissionError, command: str, args: Args | None = None) -> str:

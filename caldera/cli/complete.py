@@ -121,8 +121,10 @@ def _agent_args(before: list[str]) -> argparse.Namespace:
 
 def _manifest(before: list[str], environ: Environ) -> Manifest:
     from caldera.agents.manifest import load_manifest  # here: a command-name completion never reads one
+    from caldera.host import stateformat
 
     paths = config.agent_from_args(_agent_args(before), environ)
+    stateformat.check(paths.state_dir)  # a newer caldera's state: no cache written there (main offers nothing)
     return load_manifest(paths.manifest_path, cache_dir=paths.state_dir / "cache")
 
 

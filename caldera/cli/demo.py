@@ -57,10 +57,9 @@ PROCESS_COMMANDS: list[tuple[str, dict[str, Any]]] = [
     ("run_now", {}),
     ("restart_openclaw", {}),
 ]
-_EXAMPLES = (
-    Path(__file__).resolve().parents[2] / "examples",  # a checkout
-    Path("/usr/share/caldera/examples"),  # the Debian package
-)
+# The examples travel with the package (issue 35): caldera/examples is package data (in a
+# checkout a link to the top-level examples/, in the .deb a link to /usr/share/caldera/examples).
+_EXAMPLES = (Path(__file__).resolve().parents[1] / "examples",)
 _BLUEPRINTS = tuple(root / AGENT_NAME for root in _EXAMPLES)
 
 

@@ -3,7 +3,7 @@
 Signals (SPEC section 4): the 1st SIGTERM/SIGINT drains (no new commands, the
 running one finishes within DRAIN_GRACE); then everything else fits in
 STOP_BUDGET (8.5 s; 10 s with the process's exit) even while the server hangs:
-requests in flight are interrupted, the loops end, the outbox is flushed and a
+requests in flight get ANSWER_GRACE to be answered, then are interrupted, the loops end, the outbox is flushed and a
 final report says `stopping`, each call bounded by what is left. The 2nd signal
 cancels the running command; the 3rd exits at once. SIGHUP (`systemctl reload`)
 re-reads agent.env and secrets.env (caldera.daemon.reload): unchanged, it lifts
@@ -50,6 +50,7 @@ log = logging.getLogger("caldera.daemon")
 DRAIN_GRACE = 30.0
 STOP_BUDGET = 8.5  # after the running command's grace: loops, final flush, final report (10 s with the exit)
 LOOPS_END = 2.0  # of it, for the loops to see the stop (their requests are interrupted)
+ANSWER_GRACE = 1.0  # of LOOPS_END: a request being answered finishes before the rest are interrupted
 FINAL_REPORT = 3.0  # of it, kept for the final report
 LIVENESS = 90.0  # a loop silent for longer than this stops the watchdog pings
 REEXEC = -1  # run()'s answer after a reload that changed the configuration
@@ -294,16 +295,24 @@ def _run_connected(parts: Parts, signals: Signals) -> int:
 def _stop(parts: Parts, threads: list[threading.Thread], stop_by: float) -> None:
     client, _ = parts.connection()
     parts.wake.shutdown()
-    interrupted = client.transport.abort("stopping")  # a hanging server holds no loop
     loops_by = time.monotonic() + LOOPS_END
-    for thread in threads:
-        thread.join(max(0.0, loops_by - time.monotonic()))
+    # A request being answered ends first: a finish the plane took whose answer the abort cut
+    # off stayed in the outbox, and the final flush delivered it a second time. What is still
+    # in flight after ANSWER_GRACE is interrupted: a hanging server holds no loop.
+    _join(threads, time.monotonic() + ANSWER_GRACE)
+    interrupted = client.transport.abort("stopping")
+    _join(threads, loops_by)
     stuck = [t.name for t in threads if t.is_alive()]
     if stuck or interrupted:
         log.info("stopping: %d request(s) interrupted; %s", interrupted,
                  f"loops still busy: {', '.join(stuck)}" if stuck else "every loop ended")
     _final_flush(parts, stop_by)
     write_snapshot(parts)  # `caldera status` after the stop shows what it left (the outbox after the flush)
+
+
+def _join(threads: list[threading.Thread], by: float) -> None:
+    for thread in threads:
+        thread.join(max(0.0, by - time.monotonic()))
 
 
 def _drain(lanes: Lanes, signals: Signals, abort: Callable[[str], int]) -> None:

@@ -229,3 +229,21 @@ def test_read_only_commands_do_not_make_the_recent_report_stale():
 
     assert {"health_check", "collect_system_info", "log_list", "settings_get"} <= READ_ONLY
     assert not {"pause", "resume", "install_skill", "settings_set", "apply_config_revision"} & READ_ONLY
+
+
+def test_a_finish_being_answered_when_the_stop_comes_reaches_the_plane_once(caldera_env, plane):
+    """The stop lets a request that is being answered finish before it interrupts the rest: a
+    finish the plane had taken, cut off before its answer, stayed in the outbox and the final
+    flush sent it a second time (issue 35's CI saw a finish twice at an `apt-get remove`)."""
+    install_agent(caldera_env, base_url=plane.url, instance_id=INSTANCE)
+    daemon = Daemon()
+    try:
+        wait_for(lambda: plane.seen(r"/heartbeat$"), what="first heartbeat")
+        plane.fault(r"/commands/1/finish$", delay=0.5)  # taken at once, answered half a second later
+        plane.commands.append({"id": 1, "command_type": "health_check", "payload": {}})
+        wait_for(lambda: plane.seen(r"/commands/1/finish$"), what="the finish at the plane")
+        daemon.signal(signal.SIGTERM)  # while its answer is on the way
+        assert daemon.proc.wait(25) == 0
+    finally:
+        daemon.stop()
+    assert len(plane.seen(r"/commands/1/finish$")) == 1, daemon.log()[-3000:]

@@ -1,4 +1,5 @@
 """The unit, the cron file, the man page generator and debian/ agree with SPEC and docs."""
+import hashlib
 import re
 import shutil
 import subprocess
@@ -142,6 +143,20 @@ def test_cron_file_is_a_guarded_commented_example():
         assert "%" not in fields[6]  # cron would turn it into a newline
 
 
+# sha256 of /etc/cron.d/caldera as every release so far shipped it (0.1.0: commit f583354).
+RELEASED_CRON = "24af21083b6a370b0d75b85af327b8e534d010440259d7ff258f1257fce7281a"
+
+
+def test_the_cron_conffile_is_the_one_every_release_shipped():
+    """The package's only conffile: admins uncomment its line (README, docs/packaging.md). dpkg
+    asks about a conffile that both the admin and the new package changed, and an upgrade
+    without a terminal (`apt-get install … < /dev/null`, unattended-upgrades) then fails. A
+    change to packaging/caldera.cron needs a reason worth that, and its own handling
+    (docs/packaging.md, "Conffiles"); then add the new digest here with the release."""
+    got = hashlib.sha256(CRON.read_bytes()).hexdigest()
+    assert got == RELEASED_CRON, "packaging/caldera.cron differs from the released one: an edited copy prompts"
+
+
 def test_changelog_version_is_the_package_version():
     first = (ROOT / "debian" / "changelog").read_text().splitlines()[0]
     m = re.match(r"^caldera \(([^)]+)\) ", first)
@@ -151,7 +166,10 @@ def test_changelog_version_is_the_package_version():
 def test_every_python_directory_is_a_package_setuptools_finds():
     """`packages = find:` skips a directory without __init__.py: it would be missing
     from the .deb while everything works from the checkout."""
-    dirs = {p.parent for p in (ROOT / "caldera").rglob("*.py") if "__pycache__" not in p.parts}
+    # caldera/examples: package data (the example agents), not caldera's code: in a checkout a
+    # link to examples/, in a built tree (the .deb's test run) a copy
+    dirs = {p.parent for p in (ROOT / "caldera").rglob("*.py")
+            if "__pycache__" not in p.parts and p.relative_to(ROOT).parts[1] != "examples"}
     missing = sorted(str(d.relative_to(ROOT)) for d in dirs if not (d / "__init__.py").is_file())
     assert missing == [], f"no __init__.py in: {missing}"
 
@@ -205,14 +223,47 @@ def test_an_upgrade_stops_the_agents_before_the_unpack_and_starts_them_after():
     """preinst upgrade records and stops the running instances (docs/packaging.md, "Upgrades");
     postinst configure and the abort paths start what was recorded; prerm remove records too."""
     preinst, postinst, prerm, postrm = (_script(n) for n in ("preinst", "postinst", "prerm", "postrm"))
-    record = "/var/lib/caldera/.stopped-by-dpkg"
     upgrade = preinst[preinst.index("\tupgrade)"):preinst.index(";;")]
     assert "systemctl list-units" in upgrade and "deb-systemd-invoke stop $units" in upgrade
-    assert upgrade.index("$STOPPED.new") < upgrade.index("deb-systemd-invoke stop")  # recorded first
-    assert record in preinst and record in postinst and record in prerm and record in postrm
+    assert upgrade.index("record $units") < upgrade.index("deb-systemd-invoke stop")  # recorded first
     configure = postinst[postinst.index("\tconfigure)"):]
     assert configure.index("try-restart") < configure.index("start_recorded")  # each agent restarts once
-    assert "deb-systemd-invoke start $units" in postinst and "abort-remove" in postinst
-    assert "deb-systemd-invoke start $units" in postrm[postrm.index("\tabort-upgrade)"):]
+    assert "abort-remove" in postinst
     remove = prerm[prerm.index("\tremove|deconfigure)"):]
-    assert remove.index("$STOPPED.new") < remove.index("deb-systemd-invoke stop")
+    assert remove.index("record $units") < remove.index("deb-systemd-invoke stop")
+
+
+def test_the_record_of_stopped_agents_is_roots_own_and_written_atomically():
+    """Issue 35's review: the record lived in /var/lib/caldera, the caldera user's directory;
+    a link planted there made root overwrite /etc files (`.new`) and copy /etc/shadow
+    world-readable (the record itself). It lives where only root writes, and root writes it
+    through a new file (mktemp, O_EXCL) and a rename."""
+    scripts = {n: _script(n) for n in ("preinst", "postinst", "prerm", "postrm")}
+    for name, text in scripts.items():
+        assert "/var/lib/caldera-dpkg" in text, name
+        for line in text.splitlines():
+            code = line.split("#", 1)[0]
+            # nothing is written, moved or made under the caldera user's tree (purge's rm -rf is
+            # the one exception: rm follows no link)
+            assert not re.search(r"(>|\bmv\b|\bcp\b|\bmktemp\b|\btouch\b|\btee\b|\bln\b).*/var/lib/caldera/", code), \
+                f"{name}: {line.strip()}"
+    for name in ("preinst", "prerm"):
+        record = scripts[name][scripts[name].index("record() {"):]
+        record = record[:record.index("\n}")]
+        assert 'mkdir -p -m 0700 "$RECORD_DIR"' in record and 'tmp=$(mktemp "$RECORD.XXXXXX")' in record
+        assert record.rstrip().endswith('mv -f "$tmp" "$RECORD"')
+        assert "RECORD_DIR=/var/lib/caldera-dpkg\nRECORD=$RECORD_DIR/stopped" in scripts[name]
+    assert "rm -rf /var/lib/caldera /etc/caldera /var/lib/caldera-dpkg" in scripts["postrm"]
+
+
+def test_every_recorded_agent_starts_again_enabled_or_not():
+    """deb-systemd-invoke start skips a unit that is not enabled (exit 0): an agent started by
+    hand (systemctl start, no enable) was stopped by the preinst and never started again.
+    reload-or-restart starts a stopped unit whatever its enable state, through the wrapper."""
+    postinst, postrm = _script("postinst"), _script("postrm")
+    for text in (postinst[postinst.index("start_recorded() {"):], postrm[postrm.index("\tabort-upgrade)"):]):
+        block = text[:text.index("\n}") if text.startswith("start_recorded") else text.index(";;")]
+        assert "deb-systemd-invoke reload-or-restart $units" in block
+    for name in ("preinst", "postinst", "prerm", "postrm"):
+        code = [line for line in _script(name).splitlines() if not line.lstrip().startswith("#")]
+        assert not [line for line in code if "deb-systemd-invoke start" in line], name

@@ -42,6 +42,35 @@ def test_010s_commit_is_in_the_history_where_there_is_one():
     assert done.returncode == 0, "f583354 (0.1.0) is not in this clone's history (a shallow clone?)"
 
 
+def _tags() -> dict[str, str] | None:
+    """tag -> the full hash of its commit, in this clone; None without a git history."""
+    if not (ROOT / ".git").exists():
+        return None
+    done = subprocess.run(["git", "-C", str(ROOT), "tag", "--list", "v*"], capture_output=True, text=True)
+    if done.returncode:
+        return None
+    return {name: subprocess.run(["git", "-C", str(ROOT), "rev-parse", f"{name}^{{commit}}"], capture_output=True,
+                                 text=True, check=True).stdout.strip() for name in done.stdout.split()}
+
+
+def test_every_row_names_its_tag_and_every_tag_here_points_at_its_rows_commit():
+    """A release cannot name its own commit: its row names the tag (set on the commit the lead
+    submits), and the next release puts the hash in. Nothing may claim a commit the tag does
+    not point at."""
+    text = (ROOT / "docs" / "packaging.md").read_text()
+    section = text[text.index("## Releases"):]
+    rows = re.findall(r"^\| (\d+\.\d+\.\d+) \| ([^|]+)\| ([^|]+)\|", section[:section.index("\n## ", 1)], re.M)
+    assert rows
+    tags = _tags()
+    for version, commit, tag in rows:
+        assert f"`v{version}`" in tag, (version, tag)
+        short = re.fullmatch(r"`([0-9a-f]{7,40})`", commit.strip())
+        if short is None:
+            assert f"the tag `v{version}` points at" in commit, (version, commit)
+        if tags is not None and f"v{version}" in tags and short is not None:
+            assert tags[f"v{version}"].startswith(short.group(1)), f"v{version} is not {short.group(1)}"
+
+
 def test_the_one_version_reaches_the_cli_the_register_body_and_the_planes_page(tmp_path):
     version = caldera.__version__
     out = subprocess.run([sys.executable, "-m", "caldera.cli", "--version"], capture_output=True, text=True,

@@ -148,15 +148,67 @@ def test_report_once_on_a_cron_010_state_dir(fixture_env):
     assert stateformat.read_format(state) == (1, "0.2.0")
 
 
-@pytest.mark.parametrize("verb", [["run", "--agent", NAME], ["report", "--once", "--agent", NAME]])
-def test_a_newer_format_is_refused_with_exit_2_and_nothing_changed(fixture_env, verb):
-    plane, state = fixture_env("daemon-killed")
+REFUSING = [
+    ["run", "--agent", NAME], ["report", "--once", "--agent", NAME], ["status", "--agent", NAME],
+    ["status", "--agent", NAME, "--json"], ["pause", "--agent", NAME], ["resume", "--agent", NAME],
+    ["run-now", "--agent", NAME], ["settings", "get", "--agent", NAME], ["settings", "set", "x=1", "--agent", NAME],
+    ["log", "--agent", NAME], ["skills", "--agent", NAME], ["check", "--agent", NAME],
+    ["turn", "--agent", NAME, "--workspace", "{tmp}", "hello"],
+]
+PROCESS_AGENT = "name: fx-agent\nruntime:\n  type: process\n  command: [python3, agent.py]\nstatus: status.json\n"
+
+
+def _refused_unchanged(plane, state: Path, argv: list[str]) -> None:
+    """argv exits 2 with the one sentence naming both versions, and nothing under the state
+    root changed (no file made, none rewritten), nor did the plane hear from it."""
     (state / stateformat.MARKER).write_text(json.dumps({"format": 2, "written_by": "0.3.0"}))
     before = tree_digest(state.parent)
-    done = subprocess.run([sys.executable, "-m", "caldera.cli", *verb], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2
+    argv = [a.replace("{tmp}", str(state.parent.parent)) for a in argv]
+    done = subprocess.run([sys.executable, "-m", "caldera.cli", *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, (argv, done.stdout, done.stderr)
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "state format 2" in lines[0] and "caldera 0.3.0" in lines[0] \
-        and "caldera 0.2.0" in lines[0], done.stderr
+    assert lines == [f"caldera {argv[0]}: {state} is in state format 2, written by caldera 0.3.0, and caldera "
+                     f"0.2.0 reads formats up to 1: install caldera 0.3.0 or later again (nothing was changed)"], \
+        (argv, done.stderr)
+    assert tree_digest(state.parent) == before, argv
+    assert list(plane.requests) == []
+
+
+@pytest.mark.parametrize("verb", REFUSING, ids=lambda v: " ".join(v[:2]))
+def test_a_newer_format_is_refused_with_exit_2_and_nothing_changed(fixture_env, verb):
+    """Every command that opens an agent's state dir (issue 35's review: `skills` made
+    skills/.caldera-lock there, `status` cache/ and logs/)."""
+    plane, state = fixture_env("daemon-killed")
+    _refused_unchanged(plane, state, verb)
+
+
+@pytest.mark.parametrize("verb", [["status", "--agent", NAME], ["pause", "--agent", NAME], ["log", "--agent", NAME]],
+                         ids=lambda v: v[0])
+def test_a_newer_format_is_refused_for_a_process_agent_too(fixture_env, verb):
+    plane, state = fixture_env("daemon-killed")
+    manifest = Path(os.environ["CALDERA_CONFIG_DIR"]) / "agents" / NAME / "caldera.agent.yaml"
+    manifest.write_text(PROCESS_AGENT)
+    for sub in ("cache", "logs"):  # what status made there before the check
+        shutil.rmtree(state / sub, ignore_errors=True)
+    _refused_unchanged(plane, state, verb)
+
+
+def test_init_over_a_newer_state_dir_is_refused_and_changes_nothing(fixture_env, tmp_path):
+    plane, state = fixture_env("daemon-killed")
+    shutil.rmtree(Path(os.environ["CALDERA_CONFIG_DIR"]) / "agents" / NAME)  # removed, its state kept
+    blueprint = Path(__file__).resolve().parents[2] / "examples" / "task-agent"
+    _refused_unchanged(plane, state, ["init", str(blueprint), "--name", NAME])
+
+
+def test_a_format_json_that_is_a_link_is_refused_by_every_command(fixture_env, tmp_path):
+    plane, state = fixture_env("daemon-killed")
+    (tmp_path / "elsewhere.json").write_text('{"format": 1}')
+    os.symlink(tmp_path / "elsewhere.json", state / stateformat.MARKER)
+    before = tree_digest(state.parent)
+    for argv in (["status", "--agent", NAME], ["run", "--agent", NAME]):
+        done = subprocess.run([sys.executable, "-m", "caldera.cli", *argv], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 2 and done.stderr.strip() == (
+            f"caldera {argv[0]}: {state / stateformat.MARKER} is a symbolic link, and caldera writes that file "
+            f"itself: remove the link (a state dir without it counts as caldera 0.1.0's)"), done.stderr
     assert tree_digest(state.parent) == before
-    assert list(plane.requests) == []  # nor did it talk to the plane
