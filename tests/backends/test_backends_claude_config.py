@@ -24,14 +24,6 @@ def no_proxy_in_the_environment(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy_from_the_test_run(monkeypatch):
-    """The plan reads the process's proxies as requests does; the .deb build's test run has
-    http(s)_proxy pointed at a dead port (pybuild), which these plans must not meet."""
-    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def _plan(tmp_path, env=None, settings=None, environ=None):
     root = tmp_path / "secrets" / "claude-code"
     (root / "env").mkdir(parents=True, exist_ok=True)
