@@ -14,8 +14,13 @@ row=$(awk -F'|' '/^## Releases/ { t = 1 } t && /^\| [0-9]+\.[0-9]+\.[0-9]+ +\| `
 	"$ROOT/docs/packaging.md" | awk -v v="${1:-}" 'v == "" || $1 == v { print; exit }')
 read -r VERSION COMMIT <<< "$row" || true
 [ -n "${COMMIT:-}" ] || { echo "old-deb: docs/packaging.md's release table names no commit for '${1:-the first release}'" >&2; exit 1; }
-git -C "$ROOT" cat-file -e "$COMMIT^{commit}" 2>/dev/null \
-	|| { echo "old-deb: commit $COMMIT ($VERSION) is not in this clone's history (a shallow clone?)" >&2; exit 1; }
+if ! git -C "$ROOT" cat-file -e "$COMMIT^{commit}" 2>/dev/null; then
+	# A shallow clone (CI's checkout may be one): fetch the history, or just that commit.
+	echo "old-deb: commit $COMMIT ($VERSION) is not in this clone; fetching it" >&2
+	git -C "$ROOT" fetch -q --unshallow 2>/dev/null || git -C "$ROOT" fetch -q origin "$COMMIT" 2>/dev/null || true
+	git -C "$ROOT" cat-file -e "$COMMIT^{commit}" 2>/dev/null \
+		|| { echo "old-deb: commit $COMMIT ($VERSION) is not in this clone's history, and fetching it failed" >&2; exit 1; }
+fi
 out=$CACHE/deb-$VERSION-$COMMIT
 deb=$out/caldera_${VERSION}_all.deb
 mkdir -p "$CACHE"
