@@ -67,8 +67,11 @@ class ClaudePlan:
     run_token: str = field(default_factory=lambda: "caldera-run-" + secrets.token_urlsafe(32))
 
 
-def plan_provider(projection: Projection, environ: Mapping[str, str], model: str | None = None) -> ClaudePlan:
-    """The run's provider from the projection; secret-unavailable before anything is spawned."""
+def plan_provider(projection: Projection, environ: Mapping[str, str], model: str | None = None,
+                  with_proxy: bool = True) -> ClaudePlan:
+    """The run's provider from the projection; secret-unavailable before anything is spawned.
+    `with_proxy`: also the proxy the run's forwarder goes through (the process's HTTPS_PROXY);
+    a description of the configuration (llm_config) does not depend on it."""
     env = projection.env()
     raw_settings = projection.read("settings.json")
     secret_values = [v for n, v in env.items() if n not in MODEL_VARS and n != BASE_URL_VAR]
@@ -95,7 +98,7 @@ def plan_provider(projection: Projection, environ: Mapping[str, str], model: str
     settings, dropped, setting_secrets = _settings(raw_settings, projection.label)
     chosen = model or env.get("ANTHROPIC_MODEL") or (settings.get("model") if isinstance(settings.get("model"), str)
                                                      else None)
-    proxy = upstream_proxy(upstream)
+    proxy = upstream_proxy(upstream) if with_proxy else None
     secret_values += setting_secrets + list(proxy.secrets if proxy else ())
     return ClaudePlan(key_var=key_var, key=env[key_var], upstream=upstream, model=chosen,
                       env={n: v for n, v in env.items() if n in MODEL_VARS}, settings=settings,
@@ -111,7 +114,7 @@ def llm_config(environ: Mapping[str, str], secrets_dir: str | None = None,
     None without a projection. Never a key: the projection's values are kept out of the URL."""
     projection = Projection.locate(secrets_dir, credentials_dir, backend=PROFILE)
     try:
-        plan = plan_provider(projection, environ)
+        plan = plan_provider(projection, environ, with_proxy=False)
     except BackendFailure:
         return LLMConfig(LLM_SOURCE, EXTERNAL)  # the registry asks only when a projection is there
     return LLMConfig(LLM_SOURCE, EXTERNAL, plan.upstream, "anthropic", plan.model,
