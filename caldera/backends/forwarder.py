@@ -111,6 +111,7 @@ class Upstream:
     base_path: str = ""
     proxy: Proxy | None = None
     authorization: str | None = field(default=None, repr=False)
+    credentials: tuple[str, ...] = field(default=(), repr=False)  # the password and the header: for the Redactor
 
     @classmethod
     def parse(cls, url: str, proxy: Proxy | None = None) -> Upstream:
@@ -125,12 +126,15 @@ class Upstream:
             port = 0
         if port == 0 or parts.netloc.endswith(":"):
             raise ValueError(f"the port of {parts.hostname} is not a number from 1 to 65535")
-        authorization = None
+        authorization: str | None = None
+        credentials: tuple[str, ...] = ()
         if parts.username is not None:
-            pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+            password = urllib.parse.unquote(parts.password or "")
+            pair = f"{urllib.parse.unquote(parts.username)}:{password}"
             authorization = "Basic " + base64.b64encode(pair.encode()).decode()
+            credentials = tuple(s for s in (password, parts.password, authorization, authorization[6:]) if s)
         return cls(parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80),
-                   parts.path.rstrip("/"), proxy, authorization)
+                   parts.path.rstrip("/"), proxy, authorization, credentials)
 
     @property
     def shown(self) -> str:
@@ -138,9 +142,8 @@ class Upstream:
 
     @property
     def secrets(self) -> tuple[str, ...]:
-        """What of it a Redactor must mask: the Basic value, its base64 part, the proxy's."""
-        own = (self.authorization, self.authorization[6:]) if self.authorization else ()
-        return own + (self.proxy.secrets if self.proxy is not None else ())
+        """What of it a Redactor must mask: the URL's password and Basic value, the proxy's."""
+        return self.credentials + (self.proxy.secrets if self.proxy is not None else ())
 
     def connection(self, timeout: float) -> http.client.HTTPConnection:
         """A connection (not yet opened; `timeout` bounds its opening): TLS verified for the
