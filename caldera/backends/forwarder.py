@@ -10,17 +10,22 @@ either way: a long conversation's request reaches tens of MB.
 
 What differs between backends is their `Route` (a function `Incoming -> Outgoing`, raising
 `Refusal`): Claude Code's is `TokenRoute` (its run token in `x-api-key` or `Authorization:
-Bearer`, only `POST /v1/messages`, the key header put in its place); another backend writes
-its own in a few lines (a route token in the path, placeholders replaced in the headers).
-The error bodies the forwarder makes (`anthropic_error`, `openai_error`) and a cap on the
-provider's Retry-After are parameters.
+Bearer`, only `POST /v1/messages`, the key header put in its place), started for a run;
+OpenCode's is `opencode/route.ProviderRoutes` (a route token in the path per provider,
+placeholders replaced in the headers and the query), started for its server's life. The
+error bodies the forwarder makes (`anthropic_error`, `openai_error`) and a cap on the
+provider's Retry-After are parameters. An upstream URL's user info goes as Basic auth when
+the route sends no Authorization. Each provider socket is tracked under the request's tag
+from its TCP connection on, so that `cut(tag)` ends a request wherever its provider fell
+silent: in a proxy's CONNECT, the TLS handshake, or the answer.
 
 Hardened against whoever else reaches the loopback (docs/backends.md, "The loopback
 forwarder"): at most `Limits.connections` client connections (a new one over it is closed at
 once), of which at most `Limits.unauthenticated` not yet past the route (the oldest of those is
 dropped for a new one); a request head must arrive whole within `head_seconds` and be at most
-`head_bytes` in `head_lines` lines; a body may fall silent `body_idle` seconds at most; `close()`
-shuts every accepted and every provider socket and waits a bounded time for the threads.
+`head_bytes` in `head_lines` lines, its target visible ASCII; a body may fall silent `body_idle`
+seconds at most; the provider must be reached within `connect_seconds`; `close()` shuts every
+accepted and every provider socket and waits a bounded time for the threads.
 
 Threads: `<name>` (the accept loop) and `<name>-conn` (one per client connection), daemon
 threads, ended by `close()`.
@@ -60,6 +65,7 @@ HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenti
                  "accept-encoding"})
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
+_TARGET = re.compile(r"^[!-~]+$")  # visible ASCII: http.client's refusal of another would quote the URL
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,8 @@ class Limits:
     idle_seconds: float = 60.0  # a kept-alive connection's wait for its next request head
     body_idle: float = 30.0  # silence within a request body
     body_bytes: int = 64 * 1024 * 1024
-    upstream_timeout: float = 300.0  # connect, and any silence of the provider's answer
+    connect_seconds: float = 15.0  # reaching the provider: TCP, a proxy's CONNECT, the TLS handshake
+    upstream_timeout: float = 300.0  # any silence of the provider's answer
     send_timeout: float = 300.0  # a client that does not read its answer
 
 
@@ -95,17 +102,21 @@ class Proxy:
 
 @dataclass(frozen=True)
 class Upstream:
-    """A provider's base URL as the forwarder reaches it (never with credentials in it)."""
+    """A provider's base URL as the forwarder reaches it: its user info, if any, only as the
+    `Authorization: Basic` value the forwarder adds to a request that has none (as `requests`
+    and curl use a URL's credentials), never shown."""
     scheme: str
     host: str
     port: int
     base_path: str = ""
     proxy: Proxy | None = None
+    authorization: str | None = field(default=None, repr=False)
+    credentials: tuple[str, ...] = field(default=(), repr=False)  # the password and the header: for the Redactor
 
     @classmethod
     def parse(cls, url: str, proxy: Proxy | None = None) -> Upstream:
         """ValueError with a sentence for what no connection could be made to (no http(s)
-        URL, no host, a port that is no number from 1 to 65535)."""
+        URL, no host, a port that is no number from 1 to 65535). The query is not kept."""
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("an http(s) URL with a host is required")
@@ -115,16 +126,29 @@ class Upstream:
             port = 0
         if port == 0 or parts.netloc.endswith(":"):
             raise ValueError(f"the port of {parts.hostname} is not a number from 1 to 65535")
+        authorization: str | None = None
+        credentials: tuple[str, ...] = ()
+        if parts.username is not None:
+            password = urllib.parse.unquote(parts.password or "")
+            pair = f"{urllib.parse.unquote(parts.username)}:{password}"
+            authorization = "Basic " + base64.b64encode(pair.encode()).decode()
+            credentials = tuple(s for s in (password, parts.password, authorization, authorization[6:]) if s)
         return cls(parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80),
-                   parts.path.rstrip("/"), proxy)
+                   parts.path.rstrip("/"), proxy, authorization, credentials)
 
     @property
     def shown(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """What of it a Redactor must mask: the URL's password and Basic value, the proxy's."""
+        return self.credentials + (self.proxy.secrets if self.proxy is not None else ())
+
     def connection(self, timeout: float) -> http.client.HTTPConnection:
-        """A connection (not yet opened): TLS verified for the provider's own name, through the
-        proxy's CONNECT tunnel when there is one (the proxy sees host and port, never the key)."""
+        """A connection (not yet opened; `timeout` bounds its opening): TLS verified for the
+        provider's own name, through the proxy's CONNECT tunnel when there is one (the proxy
+        sees host and port, never the key)."""
         if self.scheme == "https" and self.proxy is not None:
             conn: http.client.HTTPConnection = http.client.HTTPSConnection(
                 self.proxy.host, self.proxy.port, timeout=timeout, context=ssl.create_default_context(),
@@ -479,7 +503,7 @@ class _Connection:
         if len(lines) > self.limits.head_lines + 1:
             raise _BadRequest(431, "the request has too many header lines")
         parts = lines[0].rstrip("\r").split(" ")
-        if len(parts) != 3 or not _TOKEN.match(parts[0]) or not parts[1]:
+        if len(parts) != 3 or not _TOKEN.match(parts[0]) or not _TARGET.match(parts[1]):
             raise _BadRequest(400, "not an HTTP request line")
         if parts[2] not in ("HTTP/1.1", "HTTP/1.0"):
             raise _BadRequest(505, "only HTTP/1.1 and HTTP/1.0 are spoken here")
@@ -579,38 +603,35 @@ class _Connection:
             self.keep = False
             return
         fwd.requests += 1
-        headers = dict(out.headers)
-        headers["Accept-Encoding"] = "identity"  # passed through byte for byte
-        if size is not None:
-            headers["Content-Length"] = str(size)
-        conn = out.upstream.connection(fwd.limits.upstream_timeout)
-        sock = None
+        conn = out.upstream.connection(fwd.limits.connect_seconds)
+        watch = _Watch(fwd, out.tag)
+        conn._create_connection = watch.connect  # type: ignore[attr-defined]  # http.client's own hook
         via = f" through the proxy {out.upstream.proxy.shown}" if out.upstream.proxy is not None else ""
         try:
             try:
                 conn.connect()
-                sock = conn.sock  # kept: http.client lets go of it once an answer says "close"
-                if sock is None or not fwd.opened(sock, out.tag):
-                    raise OSError("the run is over")
-                conn.request(head.method, out.target, payload, headers, encode_chunked=size is None)
+                if conn.sock is None:
+                    raise OSError("no connection")
+                conn.sock.settimeout(fwd.limits.upstream_timeout)
+                conn.request(head.method, out.target, payload, _upstream_headers(out, size),
+                             encode_chunked=size is None)
                 answer = conn.getresponse()
             except _ClientGone:
                 self.keep = False  # the client's body broke off: nothing to answer
                 return
             except (OSError, http.client.HTTPException) as exc:
-                reason = _reason(exc)
+                reason = "cut by the runtime" if watch.release() else _reason(exc)
                 fwd.note(f"forwarder: the provider cannot be reached{via}: {reason}")
                 fwd.record(out.tag, Failure(None, f"cannot reach the provider at {out.upstream.shown}{via}: {reason}"))
                 self.keep = False  # the body may be half read
                 return self._error(502, "api_error", f"caldera forwarder: the provider cannot be reached{via} "
                                                      f"({reason})")
-            self._relay(head, out, answer, sock)
+            self._relay(head, out, answer, watch)
         finally:
-            if sock is not None:
-                fwd.released(sock)
+            watch.release()
             conn.close()
 
-    def _relay(self, head: _Head, out: Outgoing, answer: http.client.HTTPResponse, sock: socket.socket) -> None:
+    def _relay(self, head: _Head, out: Outgoing, answer: http.client.HTTPResponse, watch: _Watch) -> None:
         lines = [f"HTTP/1.1 {answer.status} {answer.reason or 'Unknown'}"]
         cap = self.fwd.retry_after_cap
         for name, value in answer.getheaders():
@@ -643,14 +664,16 @@ class _Connection:
                     kept += data[:ERROR_BODY_CAP - len(kept)]
                     self.fwd.record(out.tag, Failure(answer.status, kept.decode("utf-8", "replace")))
                 self._send(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
-            if self.fwd.released(sock):  # cut(): an end of the body that is no end
+            if watch.release():  # cut(): an end of the body that is no end
                 raise OSError("cut by the runtime")
             if chunked:
                 self._send(b"0\r\n\r\n")
         except (OSError, http.client.HTTPException) as exc:
-            # The provider cut its answer (or the run ended): the client sees it cut short.
+            # The provider cut its answer (or the runtime did: the read may end in a reset as
+            # well as in an end): the client sees it cut short.
             self.keep = False
-            self.fwd.record(out.tag, Failure(None, f"the provider's answer broke off: {_reason(exc)}"))
+            reason = "cut by the runtime" if watch.release() else _reason(exc)
+            self.fwd.record(out.tag, Failure(None, f"the provider's answer broke off: {reason}"))
 
     def _error(self, status: int, kind: str, message: str) -> None:
         body = self.fwd.error_body(kind, message)
@@ -665,6 +688,51 @@ class _Connection:
     def _send(self, data: bytes) -> None:
         self.sock.settimeout(self.limits.send_timeout)
         self.sock.sendall(data)
+
+
+def _upstream_headers(out: Outgoing, size: int | None) -> dict[str, str]:
+    """The route's headers, with what the forwarder sets: `Accept-Encoding: identity` (the
+    answer is passed through byte for byte), the body's length, and the upstream URL's
+    credentials as Basic auth unless the route sent an Authorization of its own."""
+    headers = dict(out.headers)
+    headers["Accept-Encoding"] = "identity"
+    if size is not None:
+        headers["Content-Length"] = str(size)
+    if out.upstream.authorization and not any(k.lower() == "authorization" for k in headers):
+        headers["Authorization"] = out.upstream.authorization
+    return headers
+
+
+class _Watch:
+    """A provider connection's socket, tracked under its request's tag from the moment its
+    TCP connection stands (a proxy's CONNECT and the TLS handshake come after, and a silent
+    provider can hold them up too) until the answer is relayed: as a duplicate descriptor,
+    which `cut` shuts whatever http.client has made of the socket since (wrapped it in TLS,
+    or let go of it once an answer says close). `connect` is http.client's
+    `_create_connection` hook."""
+
+    def __init__(self, fwd: Forwarder, tag: str):
+        self.fwd, self.tag = fwd, tag
+        self.sock: socket.socket | None = None
+
+    def connect(self, address: tuple[str, int], timeout: float | None = None,
+                source: tuple[str, int] | None = None) -> socket.socket:
+        sock = socket.create_connection(address, timeout, source)
+        self.sock = sock.dup()
+        if not self.fwd.opened(self.sock, self.tag):
+            sock.close()
+            raise OSError("the run is over")
+        return sock
+
+    def release(self) -> bool:
+        """Stop tracking it; True when `cut` shut it (once: later calls say False)."""
+        sock, self.sock = self.sock, None
+        if sock is None:
+            return False
+        try:
+            return self.fwd.released(sock)
+        finally:
+            sock.close()
 
 
 class _Body:
@@ -757,6 +825,8 @@ def _reason(exc: BaseException) -> str:
     """What failed, short (OSError's own words; an http.client error's, which name no header)."""
     if isinstance(exc, socket.timeout):
         return "timed out"
+    if isinstance(exc, http.client.InvalidURL):
+        return "the request's target is not a valid URL"  # its message quotes the URL: the base path may hold a key
     return (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__)[:200]
 
 

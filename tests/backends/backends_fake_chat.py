@@ -15,6 +15,7 @@ provider that serves many (the contract suite's shared OpenCode server keeps one
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from contextlib import contextmanager
@@ -86,16 +87,12 @@ class _ChatHandler(ResponsesHandler):
 class FakeChat(FakeProvider):
     handler = _ChatHandler
 
-    def __init__(self, script: list[dict[str, Any]], model: str = MAIN_MODEL):
-        super().__init__(script)
+    def __init__(self, script: list[dict[str, Any]], model: str = MAIN_MODEL, tls: ssl.SSLContext | None = None):
+        super().__init__(script, tls=tls)
         self.model = model
         self.arrived = threading.Condition(self.lock)
         self._gates: dict[str, threading.Event] = {}
         self._offset = 0  # main-model requests before the current script
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
 
     def set_script(self, script: list[dict[str, Any]]) -> None:
         """A new script from the next main-model request on (one provider, several turns)."""

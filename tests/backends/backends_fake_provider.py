@@ -8,7 +8,8 @@ entry repeats). Entries:
     {"status": 503, "body": {...}, "headers": {}} an HTTP error
     {"cut": True}                                 headers + one event, then the connection drops
     {"stall": 30}                                 headers, then silence for N seconds
-Every request is recorded (path, headers, body text) for the leak checks.
+Every request is recorded (path, headers, body text) for the leak checks. With `tls` (an
+SSLContext holding a certificate) it speaks HTTPS on the same port.
 
 `FakeProvider(script, models=[...])` is ClawManager's AI gateway: a `POST /v1/responses` whose
 `model` its catalogue does not list is answered 404 `model_not_found`, before the script.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -126,7 +128,7 @@ class _Handler(BaseHTTPRequestHandler):
 class FakeProvider:
     handler: type[BaseHTTPRequestHandler] = _Handler  # a provider of another wire subclasses both
 
-    def __init__(self, script: list[dict], models: list[str] | None = None):
+    def __init__(self, script: list[dict], models: list[str] | None = None, tls: ssl.SSLContext | None = None):
         self.script = list(script)
         self.models = models  # a gateway's catalogue: any other model is refused
         self.requests: list[dict] = []
@@ -135,12 +137,15 @@ class FakeProvider:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self.handler)
         self.httpd.daemon_threads = True
         self.httpd.provider = self
+        self.scheme = "https" if tls is not None else "http"
+        if tls is not None:  # HTTPS on the same port (the proxy tests)
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                        daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        return f"{self.scheme}://127.0.0.1:{self.httpd.server_address[1]}/v1"
 
     def record(self, handler, body: bytes):
         with self.lock:

@@ -17,6 +17,10 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+# What requests reads to choose a proxy (and REQUEST_METHOD, which makes it ignore HTTP_PROXY).
+PROXIES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
+           "NO_PROXY", "REQUEST_METHOD")
+
 
 def tls_certificate(directory: Path, host: str) -> tuple[Path, Path]:
     cert, key = directory / f"{host}.crt", directory / f"{host}.key"

@@ -20,7 +20,7 @@ import time
 
 import pytest
 from backends_fake_anthropic import FakeAnthropic
-from backends_proxy import ConnectProxy, tls_certificate
+from backends_proxy import PROXIES, ConnectProxy, tls_certificate
 
 from caldera.backends import failures as fk
 from caldera.backends import forwarder as fw
@@ -331,15 +331,86 @@ def test_a_route_of_another_shape_failures_per_tag_and_a_cut():
             fwd.close()
 
 
+def _path_forwarder(upstream: fw.Upstream, limits: fw.Limits | None = None) -> fw.Forwarder:
+    fwd = fw.Forwarder(PathRoute(upstream, "tok123", {"PLACEHOLDER-1": KEY}), name="test-forwarder",
+                       error_body=fw.openai_error, limits=limits)
+    fwd.start()
+    return fwd
+
+
+def test_an_upstream_urls_credentials_go_as_basic_auth_unless_the_route_sends_an_authorization():
+    with FakeAnthropic([{"text": "ok"}]) as provider:
+        upstream = fw.Upstream.parse(provider.url.replace("http://", "http://us%40er:pa%3Ass@"))
+        assert "pa:ss" not in repr(upstream) and upstream.authorization not in repr(upstream)
+        assert {upstream.authorization, "pa:ss", "pa%3Ass"} <= set(upstream.secrets)  # for the Redactor
+        assert upstream.shown == provider.url[len("http://"):]
+        fwd = _path_forwarder(upstream)
+        try:
+            assert _post(fwd.url, path="/r/tok123/v1/messages")[0].status == 200
+            assert _post(fwd.url, path="/r/tok123/v1/messages", headers={"Authorization": "Bearer PLACEHOLDER-1"}
+                         )[0].status == 200
+        finally:
+            fwd.close()
+    first, second = provider.posts
+    assert first["headers"]["authorization"] == "Basic " + base64.b64encode(b"us@er:pa:ss").decode()
+    assert second["headers"]["authorization"] == f"Bearer {KEY}"
+
+
+def test_a_provider_silent_in_its_tls_handshake_is_given_up_at_the_connect_timeout_or_cut_at_once():
+    """The provider's socket is tracked from its TCP connection on, before the TLS handshake
+    (or a proxy's CONNECT): `cut` reaches it there too; and connecting has its own timeout,
+    not the 300 s an answer may stay silent."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts (the kernel's backlog), never speaks
+        upstream = fw.Upstream.parse(f"https://127.0.0.1:{silent.getsockname()[1]}")
+        fwd = _path_forwarder(upstream, fw.Limits(connect_seconds=0.5))
+        try:
+            answer, data = _post(fwd.url, path="/r/tok123/v1/messages", headers={"x-session-id": "ses_t"})
+        finally:
+            fwd.close()
+        assert answer.status == 502 and "timed out" in json.loads(data)["error"]["message"]
+        fwd = _path_forwarder(upstream, fw.Limits(connect_seconds=120))
+        box: dict = {}
+        waiting = threading.Thread(target=lambda: box.update(out=_post(
+            fwd.url, path="/r/tok123/v1/messages", headers={"x-session-id": "ses_c"})))
+        waiting.start()
+        try:
+            deadline, tick = time.monotonic() + 20, threading.Event()
+            while waiting.is_alive() and time.monotonic() < deadline:
+                fwd.cut("ses_c")  # again until it lands: the socket is tracked once TCP has connected
+                tick.wait(0.05)
+            waiting.join(10)
+        finally:
+            fwd.close()
+    assert not waiting.is_alive() and box["out"][0].status == 502
+    failure = fwd.last_failure("ses_c")
+    assert failure is not None and failure.message.endswith("cut by the runtime")
+
+
+def test_a_target_no_url_may_hold_is_refused_and_never_quoted_with_the_upstreams_path():
+    """A request line with a control character is 400; a target http.client refuses (here the
+    route's: a base path with a space) is a 502 that does not quote it (the path holds a key)."""
+    with FakeAnthropic([{"text": "never"}]) as provider:
+        fwd = _path_forwarder(fw.Upstream.parse(f"{provider.url}/k/{KEY} x"))
+        sock = socket.create_connection(("127.0.0.1", fwd.port), timeout=30)
+        try:
+            sock.sendall(b"POST /r/tok123/v1/\x01messages HTTP/1.1\r\ncontent-length: 0\r\n\r\n")
+            line = sock.recv(65536).split(b"\r\n", 1)[0]
+            answer, data = _post(fwd.url, path="/r/tok123/v1/messages")
+        finally:
+            sock.close()
+            fwd.close()
+    assert line.startswith(b"HTTP/1.1 400 ")
+    assert answer.status == 502 and KEY not in data.decode() and "not a valid URL" in data.decode()
+    assert provider.requests == []
+
+
 # -- HTTPS_PROXY / NO_PROXY (SPEC section 3: honoured as requests honours them) -----------
 
-PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
-              "NO_PROXY", "REQUEST_METHOD")
 
 
 @pytest.fixture
 def no_proxies(monkeypatch):
-    for name in PROXY_VARS:
+    for name in PROXIES:
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 

@@ -36,9 +36,9 @@ from caldera.backends.opencode import confine
 from caldera.backends.opencode import policy as policy_rules
 from caldera.backends.opencode import provider as prov
 from caldera.backends.opencode import server as srv
-from caldera.backends.opencode.forwarder import process_secret
 from caldera.backends.opencode.mapping import TurnMapper, items, obj, retry_kind, turn_outcome
 from caldera.backends.opencode.owner import DEFAULT_IDLE_SECONDS, Lease, ServerOwner
+from caldera.backends.opencode.route import process_secret
 from caldera.backends.registry import BINARIES, gateway_settings
 from caldera.errors import ConfigError
 from caldera.host import proc
@@ -225,9 +225,12 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         server = context.lease.server
         redactor = context.environment.redactor
         redactor.add(process_secret())  # the prefix of the server's password, route tokens and placeholders
+        for value in server.routes.secrets if server.routes is not None else ():
+            redactor.add(value)  # credentials in a base URL or the proxy's URL
         context.sink.emit("backend_status", {
             "phase": "ready", "server": "started" if context.lease.started else "reused", "pid": server.pid,
-            "listening_after_ms": int((server.listening_after or 0) * 1000) if context.lease.started else None})
+            "listening_after_ms": int((server.listening_after or 0) * 1000) if context.lease.started else None,
+            "proxy": server.routes.proxy_for(context.provider) if server.routes is not None else None})
         try:
             self._open_session(context, server)
         except srv.ServerError as exc:

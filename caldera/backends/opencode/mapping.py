@@ -26,7 +26,7 @@ from typing import Any
 from caldera.backends import failures as fk
 from caldera.backends.events import DIFF_CAP_BYTES, EventSink, cut_utf8
 from caldera.backends.events import short_text as _short
-from caldera.backends.opencode.forwarder import Upstream
+from caldera.backends.forwarder import Failure
 
 Event = dict[str, Any]
 MESSAGE_PARTS = 8
@@ -74,7 +74,7 @@ def kind_of_text(text: str, default: str = fk.BACKEND_FAILED) -> str:
     return default
 
 
-def classify_error(error: Any, upstream: Upstream | None = None) -> tuple[str, str]:
+def classify_error(error: Any, upstream: Failure | None = None) -> tuple[str, str]:
     """(failure kind, message) of a `session.error` `{name, data: {message, statusCode, …}}`."""
     if not isinstance(error, dict):
         return fk.BACKEND_FAILED, "OpenCode reported an error it did not describe"
@@ -95,7 +95,7 @@ def classify_error(error: Any, upstream: Upstream | None = None) -> tuple[str, s
     return kind_of_text(message) if "Model not found" not in message else fk.BACKEND_FAILED, f"{name}: {message}"
 
 
-def retry_kind(message: str, upstream: Upstream | None) -> str:
+def retry_kind(message: str, upstream: Failure | None) -> str:
     """The kind a `session.status retry` would end as: OpenCode retries only what it deems
     transient, so unavailable unless the status or the text says rate limit (or auth)."""
     if upstream is not None and kind_of_status(upstream.status):
@@ -351,7 +351,7 @@ class TurnMapper:
             self.diffs = []
 
 
-def turn_outcome(mapper: TurnMapper, failure: tuple[str, str] | None, upstream: Upstream | None,
+def turn_outcome(mapper: TurnMapper, failure: tuple[str, str] | None, upstream: Failure | None,
                  model: str) -> tuple[str, str | None, str | None]:
     """(status, failure kind, message) of a turn whose session went idle (not cancelled, not
     timed out): our own abort's failure; else OpenCode's error; else, when the model never

@@ -13,8 +13,13 @@ own reaches it: not its tokens, not a ClawManager OPENCODE_CONFIG_CONTENT), the 
 (`OPENCODE_SERVER_PASSWORD`) random per start. Stop: TERM to the group, grace, KILL, and
 KILL to every process group its descendants made (an agent's command started by OpenCode).
 
+The provider's secrets stay in this process: the server's config points each provider at
+its route on the runtime's loopback forwarder (`backends/forwarder.py` with `route.ProviderRoutes`),
+started before the server and closed after it, so one forwarder serves the server's whole life.
+
 Threads: `opencode-stdout`/`opencode-stderr` keep bounded tails of the server's output
-(its log goes to its own data dir); `opencode-events` per open event stream.
+(its log goes to its own data dir); `opencode-events` per open event stream; the forwarder's
+`opencode-forwarder` and `opencode-forwarder-conn` (one per OpenCode connection).
 """
 from __future__ import annotations
 
@@ -39,9 +44,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from caldera.backends import failures as fk
+from caldera.backends.forwarder import Forwarder
 from caldera.backends.opencode.confine import Confinement
-from caldera.backends.opencode.forwarder import Forwarder, process_secret
 from caldera.backends.opencode.provider import ServerSpec
+from caldera.backends.opencode.route import ProviderRoutes, forwarder, process_secret
 from caldera.host import jsonlimits, proc
 from caldera.host.fsutil import atomic_write_bytes
 
@@ -88,26 +94,26 @@ class Launch:
         return f"{self.binary}\0{self.path}\0{self.tz}\0{self.spec.fingerprint}\0{self.sandbox!r}"
 
 
-def render_config(spec: ServerSpec, forwarder: Forwarder) -> dict[str, Any]:
-    """The config OpenCode reads: the spec's providers pointed at the forwarder, their
-    secrets replaced by placeholders, and the runtime's settings."""
+def render_config(spec: ServerSpec, routes: ProviderRoutes, forwarder_url: str) -> dict[str, Any]:
+    """The config OpenCode reads: the spec's providers pointed at their routes on the
+    forwarder, their secrets replaced by placeholders, and the runtime's settings."""
     providers = {}
     for pid, entry in spec.providers.items():
-        entry = _placeholders(json.loads(json.dumps(entry)), forwarder)
-        entry.setdefault("options", {})["baseURL"] = forwarder.url_for(pid)
+        entry = _placeholders(json.loads(json.dumps(entry)), routes)
+        entry.setdefault("options", {})["baseURL"] = forwarder_url + routes.path_for(pid)
         providers[pid] = entry
     return {"provider": providers, "enabled_providers": sorted(providers), "model": spec.default_model,
             "small_model": spec.default_model, "autoupdate": False, "share": "disabled", "snapshot": False,
             "formatter": False, "lsp": False, "mcp": {}, "plugin": []}
 
 
-def _placeholders(value: Any, forwarder: Forwarder) -> Any:
+def _placeholders(value: Any, routes: ProviderRoutes) -> Any:
     if isinstance(value, dict):
-        return {k: _placeholders(v, forwarder) for k, v in value.items()}
+        return {k: _placeholders(v, routes) for k, v in value.items()}
     if isinstance(value, list):
-        return [_placeholders(v, forwarder) for v in value]
+        return [_placeholders(v, routes) for v in value]
     if isinstance(value, str):
-        for placeholder, secret in forwarder.placeholders.items():
+        for placeholder, secret in routes.placeholders.items():
             if secret in value:
                 value = value.replace(secret, placeholder)
     return value
@@ -120,7 +126,8 @@ class OpenCodeServer:
         self.password = process_secret() + secrets.token_urlsafe(24)  # random per start; masked by its prefix
         self.proc: subprocess.Popen[bytes] | None = None
         self.port: int | None = None
-        self.forwarder: Forwarder | None = None
+        self.routes: ProviderRoutes | None = None
+        self.forwarder: Forwarder | None = None  # the shared loopback forwarder with OpenCode's routes
         self.started_at = 0.0
         self.listening_after: float | None = None
         self.leases = 0  # turns using it now (the owner's count, under the owner's lock)
@@ -139,10 +146,12 @@ class OpenCodeServer:
         `should_stop()` turns true meanwhile. Nothing is left behind on failure."""
         try:
             self._prepare_dirs()
-            self.forwarder = Forwarder({pid: e["options"]["baseURL"] for pid, e in self.launch.spec.providers.items()},
-                                       self.launch.spec.secrets)
-            self.forwarder.start()
-            config = json.dumps(render_config(self.launch.spec, self.forwarder), indent=1).encode()
+            spec = self.launch.spec
+            self.routes = ProviderRoutes({pid: e["options"]["baseURL"] for pid, e in spec.providers.items()},
+                                         spec.secrets)
+            self.forwarder = forwarder(self.routes)
+            url = self.forwarder.start()
+            config = json.dumps(render_config(spec, self.routes, url), indent=1).encode()
             atomic_write_bytes(self.dir / "opencode.json", config, mode=0o600, durable=False)
             self._spawn()
             self._wait_listening(should_stop)

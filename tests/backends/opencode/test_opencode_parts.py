@@ -4,17 +4,22 @@ upstream), the policy's rules, the event mapping and failure kinds, the server o
 (with a stand-in binary that only says it listens), the binary and AGENTS.md lookups."""
 from __future__ import annotations
 
+import base64
+import contextlib
 import http.client
 import json
 import os
 import stat
 import sys
 import threading
+import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from backends_fake_chat import FakeChat as FakeChatProvider
+from backends_proxy import PROXIES
 from opencode_helpers import CANARY, KEY_ENV, opencode_json, write_projection
 
 from caldera import errors
@@ -22,10 +27,11 @@ from caldera.backends import base, registry
 from caldera.backends import failures as fk
 from caldera.backends.base import Policy
 from caldera.backends.events import EventSink
-from caldera.backends.opencode import confine, driver, policy, provider, server
-from caldera.backends.opencode.forwarder import Forwarder, Upstream
+from caldera.backends.forwarder import Failure
+from caldera.backends.opencode import confine, driver, policy, provider, route, server
 from caldera.backends.opencode.mapping import TurnMapper, classify_error, retry_kind, turn_outcome
 from caldera.backends.opencode.owner import ServerOwner
+from caldera.backends.opencode.route import ProviderRoutes, process_secret
 from caldera.backends.registry import Refused
 from caldera.protocol.llm import EXTERNAL, GATEWAY
 from caldera.redact import Redactor
@@ -147,25 +153,38 @@ def _spec(base_url: str, **headers: str) -> provider.ServerSpec:
     return provider._from_config(config, {KEY_ENV: CANARY}.get, {CANARY}, "projection", "test", "env/{}")
 
 
-def test_the_rendered_config_holds_placeholders_and_the_forwarder_not_the_secrets():
+def test_the_rendered_config_holds_placeholders_and_the_forwarder_not_the_secrets(monkeypatch):
+    for name in PROXIES:  # the routes choose the proxy from the runtime's environment: none here
+        monkeypatch.delenv(name, raising=False)
     spec = _spec("https://user:pw-in-url@api.example/v1", **{"X-Api-Key": CANARY})
-    fwd = Forwarder({"fake": "https://user:pw-in-url@api.example/v1"}, spec.secrets)
+    routes = ProviderRoutes({"fake": "https://user:pw-in-url@api.example/v1"}, spec.secrets)
+    rendered = json.dumps(server.render_config(spec, routes, "http://127.0.0.1:4321"))
+    assert CANARY not in rendered and "pw-in-url" not in rendered and "api.example" not in rendered
+    doc = json.loads(rendered)
+    options = doc["provider"]["fake"]["options"]
+    assert options["baseURL"] == "http://127.0.0.1:4321" + routes.path_for("fake")
+    assert options["apiKey"] == routes.placeholder_for(CANARY)
+    assert doc["enabled_providers"] == ["fake"] and doc["mcp"] == {} and doc["plugin"] == []
+    assert doc["model"] == doc["small_model"] == "fake/fake-model"
+
+
+@contextlib.contextmanager
+def _forwarding(base_urls: dict[str, str], secret_values: list[str]) -> Iterator[tuple[ProviderRoutes, Any]]:
+    """OpenCode's routes on the shared forwarder, as a server starts them."""
+    routes = ProviderRoutes(base_urls, secret_values)
+    fwd = route.forwarder(routes)
+    fwd.start()
     try:
-        rendered = json.dumps(server.render_config(spec, fwd))
-        assert CANARY not in rendered and "pw-in-url" not in rendered and "api.example" not in rendered
-        doc = json.loads(rendered)
-        options = doc["provider"]["fake"]["options"]
-        assert options["baseURL"] == fwd.url_for("fake") and options["apiKey"] == fwd.placeholder_for(CANARY)
-        assert doc["enabled_providers"] == ["fake"] and doc["mcp"] == {} and doc["plugin"] == []
-        assert doc["model"] == doc["small_model"] == "fake/fake-model"
+        yield routes, fwd
     finally:
         fwd.close()
 
 
-def _post(port: int, path: str, headers: dict[str, str], body: bytes = b"{}") -> tuple[int, bytes]:
+def _post(port: int, path: str, headers: dict[str, str], body: bytes = b"{}",
+          method: str = "POST") -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
-        conn.request("POST", path, body=body, headers=dict(headers, **{"Content-Type": "application/json"}))
+        conn.request(method, path, body=body, headers=dict(headers, **{"Content-Type": "application/json"}))
         answer = conn.getresponse()
         return answer.status, answer.read()
     finally:
@@ -173,79 +192,95 @@ def _post(port: int, path: str, headers: dict[str, str], body: bytes = b"{}") ->
 
 
 def test_the_forwarder_adds_the_key_streams_the_answer_and_refuses_other_paths():
-    with FakeChatProvider([{"text": "streamed through"}]) as upstream:
-        fwd = Forwarder({"fake": upstream.url}, [CANARY])
-        fwd.start()
-        try:
-            placeholder = fwd.placeholder_for(CANARY)
-            route = fwd.url_for("fake").split(str(fwd.port))[1]
-            body = json.dumps({"model": "fake-model", "stream": True, "stream_options": {"include_usage": True}})
-            status, raw = _post(fwd.port, route + "/chat/completions",
-                                {"Authorization": f"Bearer {placeholder}", "x-session-id": "ses_1"}, body.encode())
-            assert status == 200 and b"streamed through"[:16] in raw and b"[DONE]" in raw
-            seen = upstream.main[0]
-            assert seen["path"] == "/v1/chat/completions" and seen["headers"]["authorization"] == f"Bearer {CANARY}"
-            status, _ = _post(fwd.port, "/v1/chat/completions", {"Authorization": f"Bearer {placeholder}"})
-            assert status == 404 and len(upstream.requests) == 1  # no open relay
-        finally:
-            fwd.close()
+    with FakeChatProvider([{"text": "streamed through"}]) as upstream, \
+            _forwarding({"fake": upstream.url}, [CANARY]) as (routes, fwd):
+        placeholder = routes.placeholder_for(CANARY)
+        body = json.dumps({"model": "fake-model", "stream": True, "stream_options": {"include_usage": True}})
+        status, raw = _post(fwd.port, routes.path_for("fake") + "/chat/completions",
+                            {"Authorization": f"Bearer {placeholder}", "x-session-id": "ses_1"}, body.encode())
+        assert status == 200 and b"streamed through"[:16] in raw and b"[DONE]" in raw
+        seen = upstream.main[0]
+        assert seen["path"] == "/v1/chat/completions" and seen["headers"]["authorization"] == f"Bearer {CANARY}"
+        token = routes.path_for("fake")[len(route.PREFIX):]
+        for path, method in (("/v1/chat/completions", "POST"), (f"/r/{token}x/chat/completions", "POST"),
+                             (f"/r/{token[:-1]}/chat/completions", "POST"), (f"/x/{token}/chat/completions", "POST"),
+                             (f"/r/{token}/chat/completions", "PUT"), (f"/r/{token}/chat/completions", "DELETE")):
+            status, raw = _post(fwd.port, path, {"Authorization": f"Bearer {placeholder}"}, method=method)
+            assert status == 404 and json.loads(raw)["error"]["type"] == "not_found_error", (path, method)
+        assert len(upstream.requests) == 1  # no open relay
+
+
+def test_placeholders_are_filled_in_any_header_and_the_query_and_url_credentials_go_as_basic_auth():
+    odd = "q&v= /%+key"  # a secret a query must carry percent-encoded
+    with FakeChatProvider([{"text": "ok"}]) as upstream:
+        url = upstream.url.replace("http://", "http://us%3Aer:p%40ss@")
+        with _forwarding({"fake": url, "same": url}, [CANARY, odd]) as (routes, fwd):
+            assert routes.path_for("fake") == routes.path_for("same")  # one route per base URL
+            key, other = routes.placeholder_for(CANARY), routes.placeholder_for(odd)
+            body = json.dumps({"model": "fake-model"}).encode()
+            target = f"{routes.path_for('fake')}/chat/completions?key={other}&v=1&again={other}"
+            assert _post(fwd.port, target, {"X-Custom": f"pre-{key}-post", "X-Plain": "nothing"}, body)[0] == 200
+            assert _post(fwd.port, routes.path_for("fake") + "/chat/completions",
+                         {"Authorization": f"Bearer {key}"}, body)[0] == 200
+    first, second = upstream.main
+    quoted = urllib.parse.quote(odd, safe="")
+    assert first["path"] == f"/v1/chat/completions?key={quoted}&v=1&again={quoted}"
+    assert urllib.parse.parse_qs(first["path"].split("?", 1)[1])["key"] == [odd]
+    assert first["headers"]["x-custom"] == f"pre-{CANARY}-post" and first["headers"]["x-plain"] == "nothing"
+    assert first["headers"]["authorization"] == "Basic " + base64.b64encode(b"us:er:p@ss").decode()
+    assert second["headers"]["authorization"] == f"Bearer {CANARY}"  # the request's own wins
+    assert "caldera-secret-" not in json.dumps(upstream.requests)
 
 
 def test_the_forwarder_takes_a_chunked_request_body_and_asks_for_no_compression():
-    with FakeChatProvider([{"text": "ok"}]) as upstream:
-        fwd = Forwarder({"fake": upstream.url}, [CANARY])
-        fwd.start()
-        try:
-            route = fwd.url_for("fake").split(str(fwd.port))[1]
-            body = json.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "x" * 5000}]}).encode()
-            conn = http.client.HTTPConnection("127.0.0.1", fwd.port, timeout=30)
-            conn.request("POST", route + "/chat/completions", body=iter([body[:100], body[100:]]),
-                         headers={"Content-Type": "application/json", "Accept-Encoding": "gzip, br"},
-                         encode_chunked=True)
-            assert conn.getresponse().status == 200
-            conn.close()
-            assert upstream.main[0]["body"] == body.decode()
-            assert upstream.main[0]["headers"]["accept-encoding"] == "identity"
-        finally:
-            fwd.close()
+    with FakeChatProvider([{"text": "ok"}]) as upstream, _forwarding({"fake": upstream.url}, [CANARY]) as (routes, fwd):
+        body = json.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "x" * 5000}]}).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", fwd.port, timeout=30)
+        conn.request("POST", routes.path_for("fake") + "/chat/completions", body=iter([body[:100], body[100:]]),
+                     headers={"Content-Type": "application/json", "Accept-Encoding": "gzip, br"},
+                     encode_chunked=True)
+        assert conn.getresponse().status == 200
+        conn.close()
+        assert upstream.main[0]["body"] == body.decode()
+        assert upstream.main[0]["headers"]["accept-encoding"] == "identity"
 
 
 def test_the_forwarder_records_failures_per_session_and_answers_a_dead_provider_with_502():
-    with FakeChatProvider([{"status": 503, "body": {"error": {"message": "Service Unavailable"}}}]) as upstream:
-        fwd = Forwarder({"fake": upstream.url, "dead": "http://127.0.0.1:9/v1"}, [CANARY])
-        fwd.start()
-        try:
-            for pid, session in (("fake", "ses_a"), ("dead", "ses_b")):
-                route = fwd.url_for(pid).split(str(fwd.port))[1]
-                _post(fwd.port, route + "/chat/completions", {"x-session-id": session},
-                      json.dumps({"model": "fake-model"}).encode())
-            assert fwd.last_failure("ses_a") == Upstream(503, '{"error": {"message": "Service Unavailable"}}')
-            dead = fwd.last_failure("ses_b")
-            assert dead is not None and dead.status is None
-            assert "cannot reach the provider at 127.0.0.1:9" in dead.message
-        finally:
-            fwd.close()
+    with FakeChatProvider([{"status": 503, "body": {"error": {"message": "Service Unavailable"}}}]) as upstream, \
+            _forwarding({"fake": upstream.url, "dead": "http://127.0.0.1:9/v1"}, [CANARY]) as (routes, fwd):
+        answers = [_post(fwd.port, routes.path_for(pid) + "/chat/completions", {"x-session-id": session},
+                         json.dumps({"model": "fake-model"}).encode())
+                   for pid, session in (("fake", "ses_a"), ("dead", "ses_b"))]
+        assert fwd.last_failure("ses_a") == Failure(503, '{"error": {"message": "Service Unavailable"}}')
+        dead = fwd.last_failure("ses_b")
+        assert dead is not None and dead.status is None
+        assert "cannot reach the provider at 127.0.0.1:9" in dead.message
+    assert answers[0][0] == 503 and answers[1][0] == 502
+    assert "cannot be reached" in json.loads(answers[1][1])["error"]["message"]
 
 
 def test_cutting_a_session_ends_its_request_on_a_silent_provider():
-    with FakeChatProvider([{"stall": 120}]) as upstream:
-        fwd = Forwarder({"fake": upstream.url}, [])
-        fwd.start()
-        route = fwd.url_for("fake").split(str(fwd.port))[1]
+    with FakeChatProvider([{"stall": 120}]) as upstream, _forwarding({"fake": upstream.url}, []) as (routes, fwd):
         box: dict[str, Any] = {}
         body = json.dumps({"model": "fake-model"}).encode()
-        thread = threading.Thread(target=lambda: box.update(out=_post(
-            fwd.port, route + "/chat/completions", {"x-session-id": "ses_s"}, body)))
+
+        def stalled() -> None:
+            try:
+                box["out"] = _post(fwd.port, routes.path_for("fake") + "/chat/completions",
+                                   {"x-session-id": "ses_s"}, body)[0]
+            except http.client.IncompleteRead:
+                box["out"] = "cut short"
+
+        thread = threading.Thread(target=stalled)
         thread.start()
-        try:
-            assert upstream.wait_main(1)
-            fwd.cut("ses_s")
-            thread.join(30)
-            # ended at the cut, not after the provider's 120 s: with the provider's headers relayed
-            # (200, the body cut short) or, when the cut came first, a 502 from the forwarder
-            assert not thread.is_alive() and box["out"][0] in (200, 502)
-        finally:
-            fwd.close()
+        assert upstream.wait_main(1)
+        fwd.cut("ses_s")
+        thread.join(30)
+        # ended at the cut, not after the provider's 120 s: with the provider's headers relayed
+        # (the body cut short: no last chunk) or, when the cut came first, a 502 from the forwarder
+        assert not thread.is_alive() and box["out"] in ("cut short", 502)
+        failure = fwd.last_failure("ses_s")
+        assert failure is not None and failure.status is None and "cut by the runtime" in failure.message
 
 
 # ---------------------------------------------------------------- policy
@@ -313,8 +348,8 @@ def test_the_sandbox_hides_the_runtimes_paths_and_keeps_roots_and_the_server_dir
      fk.PROVIDER_UNAVAILABLE),
     ({"name": "APIError", "data": {"message": "Cannot connect to API: ECONNREFUSED", "isRetryable": True}}, None,
      fk.PROVIDER_UNAVAILABLE),
-    ({"name": "APIError", "data": {"message": "weird"}}, Upstream(502, "bad gateway"), fk.PROVIDER_UNAVAILABLE),
-    ({"name": "UnknownError", "data": {"message": "broke"}}, Upstream(401, "no"), fk.PROVIDER_AUTH_FAILED),
+    ({"name": "APIError", "data": {"message": "weird"}}, Failure(502, "bad gateway"), fk.PROVIDER_UNAVAILABLE),
+    ({"name": "UnknownError", "data": {"message": "broke"}}, Failure(401, "no"), fk.PROVIDER_AUTH_FAILED),
     ({"name": "ProviderAuthError", "data": {"message": "no key"}}, None, fk.PROVIDER_AUTH_FAILED),
     ({"name": "UnknownError", "data": {"message": "Model not found: x/y. Did you mean: z?"}}, None, fk.BACKEND_FAILED),
     ({"name": "MessageOutputLengthError", "data": {}}, None, fk.BACKEND_FAILED),
@@ -336,7 +371,7 @@ def test_an_error_message_loses_its_stack_trace():
     ("Service Unavailable: {}", None, fk.PROVIDER_UNAVAILABLE),
     ("HTTP 502", None, fk.PROVIDER_UNAVAILABLE),
     ("something odd", None, fk.PROVIDER_UNAVAILABLE),
-    ("something odd", Upstream(429, ""), fk.PROVIDER_RATE_LIMITED),
+    ("something odd", Failure(429, ""), fk.PROVIDER_RATE_LIMITED),
 ])
 def test_retry_kind(message, upstream, kind):
     assert retry_kind(message, upstream) == kind
@@ -567,17 +602,12 @@ def test_leftovers_of_a_dead_owner_are_stopped_and_removed_a_live_owners_kept(tm
 
 
 def test_one_masked_prefix_covers_every_password_token_and_placeholder_of_the_process(tmp_path):
-    from caldera.backends.opencode.forwarder import process_secret
-
     redactor = Redactor([process_secret()])
     values = []
     for _ in range(2):  # two server starts: new values, the same prefix
-        fwd = Forwarder({"fake": "http://127.0.0.1:9/v1"}, [CANARY])
-        try:
-            values += [server.OpenCodeServer(_launch("/bin/true"), tmp_path).password, fwd.url_for("fake"),
-                       *fwd.placeholders]
-        finally:
-            fwd.close()
+        routes = ProviderRoutes({"fake": "http://127.0.0.1:9/v1"}, [CANARY])
+        values += [server.OpenCodeServer(_launch("/bin/true"), tmp_path).password, routes.path_for("fake"),
+                   *routes.placeholders]
     assert len(set(values)) == len(values)
     for value in values:
         assert process_secret() not in redactor.text(value) and value not in redactor.text(f"x={value} y")

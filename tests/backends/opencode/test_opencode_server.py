@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -19,7 +20,8 @@ from typing import Any
 
 import pytest
 from backends_fake_chat import FakeChat as FakeChatProvider
-from backends_helpers import execute, of_type
+from backends_helpers import everything_text, execute, of_type
+from backends_proxy import PROXIES, ConnectProxy, tls_certificate
 from opencode_helpers import (
     CANARY,
     KEY_ENV,
@@ -193,6 +195,35 @@ def test_the_gateway_variables_build_the_provider_and_the_catalogue_rule_picks_t
         assert start["provider_source"] == "gateway" and start["provider"] == "clawmanager"
         assert [json.loads(r["body"])["model"] for r in provider.main] == ["gpt-4.1"]
         assert_no_leak(result, events, env, provider)
+
+
+def test_the_provider_is_reached_through_https_proxy_and_nothing_of_it_reaches_opencode(tmp_path, ws, monkeypatch):
+    """HTTPS_PROXY as requests honours it (the shared forwarder's): the provider on HTTPS as
+    `provider.test`, a name only the proxy's tunnel reaches; the key inside TLS only, the
+    proxy's credentials in no event or log, and neither the proxy nor the key in what the
+    agent's command sees (OpenCode's environment is built from nothing)."""
+    for name in PROXIES:
+        monkeypatch.delenv(name, raising=False)
+    cert, key = tls_certificate(tmp_path, "provider.test")
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    with FakeChatProvider([ENV_DUMP, {"text": "through the proxy"}], tls=tls) as provider, \
+            ConnectProxy(provider.httpd.server_address[1]) as proxy:
+        monkeypatch.setenv("HTTPS_PROXY", proxy.url.replace("http://", "http://squid:proxy-Passw0rd@"))
+        env = environment(tmp_path, write_projection(tmp_path, "https://provider.test/v1"))
+        result, events = execute(request(ws), env)
+    assert terminal(events)["status"] == "completed", events
+    assert [m["text"] for m in of_type(events, "assistant_message")] == ["through the proxy"]
+    assert {target for target, _ in proxy.connects} == {"provider.test:443"}
+    [ready] = [d for d in of_type(events, "backend_status") if d["phase"] == "ready"]
+    assert ready["proxy"] == f"127.0.0.1:{proxy.httpd.server_address[1]}"
+    assert [r["headers"]["authorization"] for r in provider.main] == [f"Bearer {CANARY}"] * 2
+    assert CANARY.encode() not in bytes(proxy.sent)  # inside the tunnel's TLS only
+    output = of_type(events, "command_output")[0]["output"]
+    assert "key=" in output and "PROXY" not in output.upper() and "provider.test" not in output
+    assert_no_leak(result, events, env, provider)
+    assert "proxy-Passw0rd" not in everything_text(result, events, env)
 
 
 # ---------------------------------------------------------------- caldera turn
