@@ -54,7 +54,11 @@ class PlaneServer:
         self.requests: list[tuple[str, str, int]] = []
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
-        self._httpd = _HTTPServer((host, port), _make_handler(self))
+        try:
+            self._httpd = _HTTPServer((host, port), _make_handler(self))
+        except BaseException:
+            self.store.close()  # a port that cannot be had leaves no database open behind it
+            raise
         self._thread: threading.Thread | None = None
 
     @property

@@ -171,12 +171,16 @@ class Store:
         self._lock = threading.RLock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
                                    timeout=10)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=10000")
-        self._db.executescript(_SCHEMA)
-        self._db.executescript(history.SCHEMA)
+        try:
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA busy_timeout=10000")
+            self._db.executescript(_SCHEMA)
+            self._db.executescript(history.SCHEMA)
+        except BaseException:
+            self._db.close()  # not a database (or a locked one): nothing left open behind the error
+            raise
         self.history_bucket_seconds = int(history_bucket_seconds)
         self.history_seconds = float(history_days) * 86400
         self._history_pruned_at: float | None = None

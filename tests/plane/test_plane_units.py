@@ -55,3 +55,36 @@ def test_multipart_parsing_rejects_a_truncated_form():
         upload.parse_multipart("multipart/form-data; boundary=B", body[:-8])
     with pytest.raises(upload.UploadError):
         upload.parse_multipart("application/json", body)
+
+
+def _open_paths() -> set[str]:
+    import os
+
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue  # the listing's own descriptor, closed meanwhile
+    return found
+
+
+def test_a_plane_that_cannot_listen_leaves_no_database_open(tmp_path):
+    """The Store is opened before the port is bound: a port in use (or a file that is no
+    database) must close it at once, not leave it to the garbage collector (Python 3.13
+    warns about an unclosed connection at some later, unrelated point)."""
+    import socket
+
+    from caldera.plane.server import PlaneServer
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(OSError) as failed:
+            PlaneServer(tmp_path / "plane.db", port=busy.getsockname()[1])
+    assert str(tmp_path / "plane.db") not in _open_paths(), "the database stays open behind the error"
+    del failed
+    (tmp_path / "junk.db").write_bytes(b"not a database, " * 512)
+    with pytest.raises(store.sqlite3.DatabaseError) as failed:
+        store.Store(tmp_path / "junk.db")
+    assert str(tmp_path / "junk.db") not in _open_paths()
