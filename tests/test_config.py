@@ -410,11 +410,13 @@ def test_what_is_said_at_start_of_the_gateway_as_injected(env, said):
     ('["auto", 5]', "CLAWMANAGER_LLM_MODEL: item 2 is not a model id"),
     ('["auto", " "]', "item 2 is not a model id"),
     ("[" * 100_000, "is over 64 KiB"),
-    ("[" * 5_000 + "]" * 5_000, "is not JSON"),  # too deep for the decoder: a sentence, not a crash
+    # Too deep for Python 3.11's decoder (RecursionError), parsed by 3.13's: a sentence either way, not a crash.
+    ("[" * 5_000 + "]" * 5_000, ("is not JSON", "item 1 is not a model id")),
 ])
 def test_a_catalogue_that_is_not_a_json_list_of_model_ids_is_named_and_ignored(raw, words):
     catalogue, problem = config.gateway_catalogue(raw)
-    assert catalogue is None and words in problem
+    assert catalogue is None and problem is not None
+    assert any(w in problem for w in ((words,) if isinstance(words, str) else words)), problem
     assert config.gateway_catalogue(None) == (None, None) == config.gateway_catalogue(" ")
     assert config.gateway_catalogue(' ["auto", " gpt-4.1"] ') == (("auto", "gpt-4.1"), None)
 
