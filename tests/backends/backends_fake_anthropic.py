@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import socket
 import ssl
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from backends_fake_provider import FakeProvider
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 429: "rate_limit_error", 500: "api_error", 503: "api_error",
@@ -142,44 +142,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-class FakeAnthropic:
+class FakeAnthropic(FakeProvider):
+    """The OpenAI-shaped fake's server, recording and script, on Anthropic's wire."""
+    handler = _Handler
+
     def __init__(self, script: list[dict], tls: ssl.SSLContext | None = None):
-        self.script = list(script)
-        self.requests: list[dict] = []
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self.httpd.daemon_threads = True
-        self.httpd.provider = self
-        self.scheme = "https" if tls is not None else "http"
-        if tls is not None:  # HTTPS on the same port (the proxy tests)
-            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
+        super().__init__(script, tls=tls)
 
     @property
     def url(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def record(self, handler, body: bytes):
-        with self.lock:
-            n = len(self.posts)
-            self.requests.append({"method": handler.command, "path": handler.path,
-                                  "headers": {k.lower(): v for k, v in handler.headers.items()},
-                                  "body": body.decode("utf-8", "replace"), "at": time.monotonic()})
-        if handler.command != "POST":
-            return {}, n
-        return self.script[min(n, len(self.script) - 1)], n
-
-    @property
-    def posts(self) -> list[dict]:
-        return [r for r in self.requests if r["method"] == "POST"]
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()

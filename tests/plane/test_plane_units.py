@@ -87,4 +87,5 @@ def test_a_plane_that_cannot_listen_leaves_no_database_open(tmp_path):
     (tmp_path / "junk.db").write_bytes(b"not a database, " * 512)
     with pytest.raises(store.sqlite3.DatabaseError) as failed:
         store.Store(tmp_path / "junk.db")
+    assert "not a database" in str(failed.value)  # the error, still held, holds the Store's frame
     assert str(tmp_path / "junk.db") not in _open_paths()
