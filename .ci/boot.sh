@@ -136,6 +136,23 @@ boot_container() {
 	echo "$os_release"
 }
 
+# ci_editor URL INSTANCE TOKEN: the editor the sudoedit steps run (the admin's EDITOR),
+# appending these values to agent.env and secrets.env as an operator would type them.
+ci_editor() {
+	cat > "$C/usr/local/bin/ci-editor" <<EOF
+#!/bin/sh
+set -e
+for f in "\$@"; do
+	case "\$(basename "\$f")" in
+		agent*) printf 'CALDERA_AGENT_ENABLED=true\nCALDERA_BASE_URL=%s\nCALDERA_INSTANCE_ID=%s\n' '$1' '$2' >> "\$f" ;;
+		secrets*) printf 'CALDERA_TOKEN=%s\n' '$3' >> "\$f" ;;
+		*) echo "ci-editor: what is \$f?" >&2; exit 1 ;;
+	esac
+done
+EOF
+	chmod 0755 "$C/usr/local/bin/ci-editor"
+}
+
 # make_admin URL INSTANCE TOKEN: the admin with sudo, and the editor sudoedit runs, which
 # fills agent.env and secrets.env with these values as an operator would type them.
 make_admin() {
@@ -149,18 +166,7 @@ printf 'admin ALL=(ALL:ALL) NOPASSWD: ALL\n' > "$C/etc/sudoers.d/ci-admin"
 chmod 0440 "$C/etc/sudoers.d/ci-admin"
 # sudoedit copies the file to /var/tmp/<base>XXXXXXXX.env and runs the editor
 # as the admin; this editor sets the values as an operator would type them.
-cat > "$C/usr/local/bin/ci-editor" <<EOF
-#!/bin/sh
-set -e
-for f in "\$@"; do
-	case "\$(basename "\$f")" in
-		agent*) printf 'CALDERA_AGENT_ENABLED=true\nCALDERA_BASE_URL=%s\nCALDERA_INSTANCE_ID=%s\n' '$URL' '$INSTANCE' >> "\$f" ;;
-		secrets*) printf 'CALDERA_TOKEN=%s\n' '$TOKEN' >> "\$f" ;;
-		*) echo "ci-editor: what is \$f?" >&2; exit 1 ;;
-	esac
-done
-EOF
-chmod 0755 "$C/usr/local/bin/ci-editor"
+ci_editor "$URL" "$INSTANCE" "$TOKEN"
 printf 'export EDITOR=/usr/local/bin/ci-editor\n' >> "$C/home/admin/.profile"
 inside chown -R admin:admin /home/admin
 }

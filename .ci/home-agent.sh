@@ -73,17 +73,7 @@ inside systemd-run --quiet --unit=ci-plane-home -p User=caldera -p StateDirector
 wait_until 20 "the home plane's URL file" test -s "$C/var/lib/ci-plane-home/url" >/dev/null
 URL3=$(cat "$C/var/lib/ci-plane-home/url")
 # The operator's values for this agent, as the sudoedit steps type them.
-cat > "$C/usr/local/bin/ci-editor" <<EOF
-#!/bin/sh
-set -e
-for f in "\$@"; do
-	case "\$(basename "\$f")" in
-		agent*) printf 'CALDERA_AGENT_ENABLED=true\nCALDERA_BASE_URL=%s\nCALDERA_INSTANCE_ID=%s\n' '$URL3' '$INSTANCE3' >> "\$f" ;;
-		secrets*) printf 'CALDERA_TOKEN=%s\n' '$TOKEN3' >> "\$f" ;;
-		*) echo "ci-editor: what is \$f?" >&2; exit 1 ;;
-	esac
-done
-EOF
+ci_editor "$URL3" "$INSTANCE3" "$TOKEN3"
 echo "plane at $URL3"
 
 step "README.md's \"An agent that lives in a user's home\" block, as the admin"

@@ -15,18 +15,11 @@ case "$(uname -m)" in
 esac
 
 BIN="$CACHE/node_modules/@anthropic-ai/$PKG/claude"
-STAMP="$CACHE/.installed-$VERSION"
-
-if [ ! -f "$STAMP" ] || [ ! -x "$BIN" ]; then
-  mkdir -p "$CACHE"
-  [ -f "$CACHE/package.json" ] || printf '{"name":"caldera-claude-code-cache","private":true}\n' > "$CACHE/package.json"
-  # --ignore-scripts: the postinstall only links the platform binary over bin/claude.exe
-  # (and runs on Node >= 22); the binary is spawned from the platform package directly.
-  # Optional dependencies carry it: never --omit=optional.
-  npm install --prefix "$CACHE" --no-audit --no-fund --no-save --ignore-scripts --loglevel=error \
-      "@anthropic-ai/claude-code@$VERSION" >&2
-  [ -x "$BIN" ] || { echo "install-claude-code: $BIN missing after npm install" >&2; exit 1; }
+. "$(dirname "$0")/npm-pinned.sh"
+# --ignore-scripts: the postinstall only links the platform binary over bin/claude.exe
+# (and runs on Node >= 22); the binary is spawned from the platform package directly.
+if npm_pinned claude-code "$CACHE" "@anthropic-ai/claude-code@$VERSION" "$BIN" --ignore-scripts; then
   "$BIN" --version >&2
-  : > "$STAMP"
+  npm_pinned_done "$CACHE" "@anthropic-ai/claude-code@$VERSION"
 fi
 printf '%s\n' "$BIN"

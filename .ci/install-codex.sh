@@ -14,16 +14,9 @@ case "$(uname -m)" in
 esac
 
 BIN="$CACHE/node_modules/@openai/$PKG/vendor/$TRIPLE/bin/codex"
-STAMP="$CACHE/.installed-$VERSION"
-
-if [ ! -f "$STAMP" ] || [ ! -x "$BIN" ]; then
-  mkdir -p "$CACHE"
-  [ -f "$CACHE/package.json" ] || printf '{"name":"caldera-codex-cache","private":true}\n' > "$CACHE/package.json"
-  # Optional dependencies carry the native binary: never --omit=optional.
-  npm install --prefix "$CACHE" --no-audit --no-fund --no-save --loglevel=error \
-      "@openai/codex@$VERSION" >&2
-  [ -x "$BIN" ] || { echo "install-codex: $BIN missing after npm install" >&2; exit 1; }
+. "$(dirname "$0")/npm-pinned.sh"
+if npm_pinned codex "$CACHE" "@openai/codex@$VERSION" "$BIN"; then
   "$BIN" --version >&2
-  : > "$STAMP"
+  npm_pinned_done "$CACHE" "@openai/codex@$VERSION"
 fi
 printf '%s\n' "$BIN"

@@ -16,21 +16,14 @@ case "$(uname -m)" in
 esac
 
 BIN="$CACHE/node_modules/$PKG/bin/opencode"
-STAMP="$CACHE/.installed-$VERSION"
-
-if [ ! -f "$STAMP" ] || [ ! -x "$BIN" ]; then
-  mkdir -p "$CACHE"
-  [ -f "$CACHE/package.json" ] || printf '{"name":"caldera-opencode-cache","private":true}\n' > "$CACHE/package.json"
-  # Optional dependencies carry the native binary: never --omit=optional.
-  npm install --prefix "$CACHE" --no-audit --no-fund --no-save --ignore-scripts --loglevel=error \
-      "opencode-ai@$VERSION" >&2
-  [ -x "$BIN" ] || { echo "install-opencode: $BIN missing after npm install" >&2; exit 1; }
+. "$(dirname "$0")/npm-pinned.sh"
+if npm_pinned opencode "$CACHE" "opencode-ai@$VERSION" "$BIN" --ignore-scripts; then
   got=$(HOME="$CACHE/.probe-home" XDG_CONFIG_HOME="$CACHE/.probe-home" XDG_DATA_HOME="$CACHE/.probe-home" \
         XDG_CACHE_HOME="$CACHE/.probe-home" XDG_STATE_HOME="$CACHE/.probe-home" \
         OPENCODE_DISABLE_AUTOUPDATE=1 OPENCODE_DISABLE_MODELS_FETCH=1 "$BIN" --version)
   rm -rf "$CACHE/.probe-home"
   [ "$got" = "$VERSION" ] || { echo "install-opencode: $BIN says $got, not $VERSION" >&2; exit 1; }
   echo "opencode $got" >&2
-  : > "$STAMP"
+  npm_pinned_done "$CACHE" "opencode-ai@$VERSION"
 fi
 printf '%s\n' "$BIN"
