@@ -30,6 +30,7 @@ from typing import Any
 
 from caldera import config
 from caldera.backends import failures as fk
+from caldera.backends import leftovers
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
 from caldera.backends.events import EVENT_TYPES, EventSink
 from caldera.backends.opencode import confine
@@ -87,9 +88,10 @@ def native_for(path: str) -> str:
     return path
 
 
-def _writable_roots(env: Mapping[str, str], workspace: str) -> list[str]:
-    """What the agent's commands may write besides the server's dirs: its workspace roots
-    (one server serves every workspace below them), else the run's workspace alone."""
+def _workspace_roots(env: Mapping[str, str], workspace: str) -> list[str]:
+    """What the agent's commands may read of its workspaces: its workspace roots (one server
+    serves every workspace below them), else the run's workspace alone. Each command writes
+    only in its own turn's workspace (confine.Admitted)."""
     real = os.path.realpath(workspace)
     roots = config.workspace_roots(env)
     if any(real == os.path.realpath(r) or real.startswith(os.path.realpath(r).rstrip("/") + "/") for r in roots):
@@ -193,7 +195,9 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         path = env.get("PATH") or DEFAULT_PATH
         state_dir = os.path.dirname(owner.runs_dir if owner is not None else os.path.abspath(environment.runs_dir))
         hidden = confine.private_paths(environment.secrets_dir, state_dir, environment.credentials_dir)
-        sandbox = confine.plan(_writable_roots(env, run.workspace), hidden, run.policy.network, path)
+        covered = [environment.config_root, environment.state_root, environment.persistent_dir,
+                   str(leftovers.private_root())]
+        sandbox = confine.plan(_workspace_roots(env, run.workspace), covered, hidden, run.policy.network, path)
         sink.emit("backend_status", {
             "phase": "starting", "backend": "opencode", "profile": run.backend_profile, "binary": binary,
             "provider": provider, "model": model, "base_url": spec.base_url(provider),
@@ -223,6 +227,10 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         except srv.Stopped:
             return self._finish_stopped(context)
         server = context.lease.server
+        try:
+            context.lease.admit(context.run.workspace, writable=context.run.policy.sandbox == "workspace-write")
+        except ValueError as exc:
+            raise fk.BackendFailure(fk.BACKEND_FAILED, str(exc)) from None
         redactor = context.environment.redactor
         redactor.add(process_secret())  # the prefix of the server's password, route tokens and placeholders
         for value in server.routes.secrets if server.routes is not None else ():

@@ -45,7 +45,7 @@ from typing import IO, Any
 
 from caldera.backends import failures as fk
 from caldera.backends.forwarder import Forwarder
-from caldera.backends.opencode.confine import Confinement
+from caldera.backends.opencode.confine import Admitted, Confinement
 from caldera.backends.opencode.provider import ServerSpec
 from caldera.backends.opencode.route import ProviderRoutes, forwarder, process_secret
 from caldera.host import jsonlimits, proc
@@ -137,6 +137,7 @@ class OpenCodeServer:
             "stdout": collections.deque(maxlen=TAIL_LINES), "stderr": collections.deque(maxlen=TAIL_LINES)}
         self._readers: list[threading.Thread] = []
         self._stopped = False
+        self.admitted: Admitted | None = None  # the turns' workspaces its commands may use (sandbox only)
 
     # ------------------------------------------------------------ start
 
@@ -167,6 +168,7 @@ class OpenCodeServer:
             (self.dir / name).mkdir(mode=0o700)
         if self.launch.sandbox is not None:  # SHELL: OpenCode's Bash runs every command through it
             (self.dir / "bin").mkdir(mode=0o700)
+            self.admitted = Admitted(self.dir)
             atomic_write_bytes(self.dir / "bin" / "bash", self.launch.sandbox.wrapper(str(self.dir)).encode(),
                                mode=0o700, durable=False)
 

@@ -50,14 +50,25 @@ class Harness:
     def env(self, **extra: str) -> Any:
         return environment(self.root, self.secrets, owner=self.owner, **extra)
 
-    def run(self, script: list[dict[str, Any]], prompt: str = "Say hello", env: Any = None,
+    def run(self, script: list[dict[str, Any]], prompt: str = "Say hello", env: Any = None, ws: Path | None = None,
             **policy: Any) -> tuple[dict[str, Any], list[dict[str, Any]], Any]:
         self.provider.set_script(script)
         self.count += 1
         env = env or self.env()
-        result, events = execute(request(self.ws, run_id=f"run-{self.count}", prompt=prompt, **policy), env,
+        result, events = execute(request(ws or self.ws, run_id=f"run-{self.count}", prompt=prompt, **policy), env,
                                  roots=None)
         return result, events, env
+
+    def command(self, script: str, env: Any = None, ws: Path | None = None,
+                **policy: Any) -> tuple[str, list[dict[str, Any]]]:
+        """One Bash command running `script` (a file in the workspace: OpenCode asks about a
+        command that names a path outside the workspace itself): (its output, the events)."""
+        (ws or self.ws).joinpath("probe.sh").write_text(script)
+        result, events, env = self.run([{"call": "bash", "args": {"command": "sh probe.sh", "description": "probe"}},
+                                        {"text": "done"}], env=env, ws=ws, **policy)
+        assert terminal(events)["status"] == "completed", events
+        [output] = of_type(events, "command_output")
+        return output["output"], events
 
 
 @pytest.fixture(scope="module")
@@ -131,12 +142,74 @@ def test_bubblewrap_keeps_commands_in_the_workspace_off_the_network_and_out_of_t
     output, events, accepted = _probe(agent, tmp_path)
     assert of_type(events, "backend_status")[0]["commands"] == "confined (bubblewrap), no network"
     assert (agent.ws / "inside.txt").read_text() == "in\n"  # the workspace is writable
-    assert not (tmp_path / "outside.txt").exists() and "Read-only file system" in output  # the rest is not
+    assert not (tmp_path / "outside.txt").exists() and "Directory nonexistent" in output  # /tmp: hidden
     assert accepted == 0 and "connected" not in output  # not even the host's loopback
     assert "no-key" in output and CANARY not in output  # the projection is hidden
     assert "config-routes=0" in output  # the server's config (the forwarder's routes) cannot be read
     assert "no-server-password" in output  # the server's API cannot be used
     assert "no-server-process" in output  # nor its password read in its /proc/PID/environ
+
+
+
+def test_a_command_has_no_capability_and_cannot_read_the_servers_password(agent):
+    # as root (CI), bubblewrap keeps every capability unless told: a command could remount /
+    output, events = agent.command(
+        "grep CapEff /proc/self/status\n"
+        "mount -o remount,rw / 2>/dev/null && echo remounted\n"
+        "for f in /proc/1/environ /proc/self/environ; do tr '\\0' '\\n' < $f | grep -c SERVER_PASSWORD; done\n")
+    password = agent.owner.server.password
+    assert "CapEff:\t0000000000000000" in output and "remounted" not in output
+    assert password not in output
+    assert [line for line in output.splitlines() if line.isdigit()] == ["0", "0"]  # pid 1 (bwrap's) and its own
+
+
+def test_a_command_cannot_change_or_read_the_servers_dir_other_agents_state_or_host_sockets(agent, tmp_path):
+    server = agent.owner.server
+    other = tmp_path / "other-agent" / "state"
+    other.mkdir(parents=True)
+    (other / "session.json").write_text('{"agent_token": "OTHER-AGENTS-TOKEN"}')
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "s.sock"))
+    sock.listen(4)
+    sock.settimeout(0.5)
+    with sock:
+        output, events = agent.command(
+            "printf '#!/bin/sh\\nexec /bin/bash \"$@\"\\n' > \"$SHELL\"\n"
+            "mkdir -p \"$XDG_CONFIG_HOME/opencode\" && echo PLANTED > \"$XDG_CONFIG_HOME/opencode/AGENTS.md\"\n"
+            f"cat {other}/session.json || echo no-other-state\n"
+            "cat \"$XDG_DATA_HOME\"/opencode/opencode.db* 2>/dev/null | grep -ac SECRET-PROMPT-31\n"
+            f"python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.connect(\"{tmp_path}/s.sock\"); "
+            "print(\"unix-connected\")'\n", )
+        accepted = 0
+        try:
+            sock.accept()[0].close()
+            accepted += 1
+        except OSError:
+            pass
+    assert "bubblewrap" in (server.dir / "bin" / "bash").read_text()  # the wrapper is still caldera's
+    assert not (server.dir / "config" / "opencode" / "AGENTS.md").exists()
+    assert "OTHER-AGENTS-TOKEN" not in output and "no-other-state" in output
+    assert list((server.dir / "data" / "opencode").glob("opencode.db*"))  # there, and not to be read:
+    result, events, env = agent.run([{"text": "ok"}], prompt="remember SECRET-PROMPT-31")
+    output, events = agent.command("cat \"$XDG_DATA_HOME\"/opencode/opencode.db* 2>/dev/null "
+                                   "| grep -ac SECRET-PROMPT-31 "
+                                   "|| echo no-transcripts\n")
+    assert "no-transcripts" in output
+    assert accepted == 0 and "unix-connected" not in output
+
+
+def test_a_command_writes_only_in_its_own_turns_workspace(agent, tmp_path):
+    # one server serves every workspace under the roots; a command writes only in its turn's
+    roots = agent.root / "roots"
+    (roots / "one").mkdir(parents=True)
+    (roots / "two").mkdir()
+    (roots / "two" / "theirs.txt").write_text("theirs\n")
+    env = agent.env(CALDERA_WORKSPACE_ROOTS=str(roots))
+    output, events = agent.command(f"echo mine > mine.txt\necho changed > {roots}/two/theirs.txt || echo refused\n"
+                                   f"cat {roots}/two/theirs.txt\n", env=env, ws=roots / "one")
+    assert (roots / "one" / "mine.txt").read_text() == "mine\n"
+    assert (roots / "two" / "theirs.txt").read_text() == "theirs\n"
+    assert "refused" in output and "Read-only file system" in output and "theirs" in output  # readable
 
 
 @pytest.mark.parametrize("entry,kind,words", [
@@ -216,7 +289,7 @@ def test_network_true_lets_a_command_connect_and_still_confines_its_writes(agent
     output, events, accepted = _probe(agent, tmp_path, network=True, env=agent.env(CALDERA_RUN_ALLOW_NETWORK="true"))
     assert of_type(events, "backend_status")[0]["commands"] == "confined (bubblewrap)"
     assert accepted == 1 and "connected" in output
-    assert not (tmp_path / "outside.txt").exists() and "Read-only file system" in output
+    assert not (tmp_path / "outside.txt").exists() and "Directory nonexistent" in output
     assert "no-key" in output and "no-server-password" in output
 
 
