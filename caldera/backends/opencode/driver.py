@@ -33,14 +33,14 @@ from caldera.backends import failures as fk
 from caldera.backends import leftovers
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
 from caldera.backends.events import EVENT_TYPES, EventSink
-from caldera.backends.opencode import confine
+from caldera.backends.opencode import confine, project
 from caldera.backends.opencode import policy as policy_rules
 from caldera.backends.opencode import provider as prov
 from caldera.backends.opencode import server as srv
 from caldera.backends.opencode.mapping import TurnMapper, items, obj, retry_kind, turn_outcome
 from caldera.backends.opencode.owner import DEFAULT_IDLE_SECONDS, Lease, ServerOwner
 from caldera.backends.opencode.route import process_secret
-from caldera.backends.registry import BINARIES, gateway_settings
+from caldera.backends.registry import BINARIES, Refused, gateway_settings
 from caldera.errors import ConfigError
 from caldera.host import proc
 
@@ -222,6 +222,9 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
     # ------------------------------------------------------------ the turn
 
     def start_turn(self, context: OpenCodeContext) -> None:
+        planted = project.plugin_file(context.run.workspace)
+        if planted is not None:  # before every turn: an earlier turn may have written it
+            raise Refused(project.refusal(planted))
         try:
             context.lease = context.owner.get(context.launch, lambda: self._stop_reason(context) is not None)
         except srv.Stopped:
@@ -481,7 +484,9 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
                 # later runs, and commands an agent runs there, do not find it.
                 self._call_quietly(context, lease.server, "DELETE", f"/session/{context.session_id}", None)
             if lease is not None:
-                lease.release(poison=context.poison)
+                # a plugin the turn left in the workspace is not for this server to load later
+                poison = context.poison or project.plugin_file(context.run.workspace) is not None
+                lease.release(poison=poison)
         finally:
             if context.private_owner:
                 context.owner.close()

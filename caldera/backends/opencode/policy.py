@@ -3,8 +3,9 @@
 OpenCode has no sandbox: its own tools obey the permission rules (a session's rules are
 checked after the config's and the agent's, and the last match wins: measured on 1.18.33);
 its Bash commands run with the server's rights, so they run only where bubblewrap confines
-them (confine.py: writes in the workspace roots and the server's dirs, the runtime's secrets
-hidden, and with `network: false` no network at all); where it cannot, Bash is denied.
+them (confine.py: writes only in the turn's workspace, the runtime's roots, secrets and the
+server's own dir hidden, no capability, and with `network: false` no network at all); where it
+cannot, Bash is denied.
 
 | policy | rules |
 | --- | --- |

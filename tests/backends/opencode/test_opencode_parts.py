@@ -29,7 +29,7 @@ from caldera.backends import failures as fk
 from caldera.backends.base import Policy
 from caldera.backends.events import EventSink
 from caldera.backends.forwarder import Failure
-from caldera.backends.opencode import confine, driver, policy, provider, route, server
+from caldera.backends.opencode import confine, driver, policy, project, provider, route, server
 from caldera.backends.opencode.mapping import TurnMapper, classify_error, retry_kind, turn_outcome
 from caldera.backends.opencode.owner import ServerOwner
 from caldera.backends.opencode.route import ProviderRoutes, process_secret
@@ -760,3 +760,23 @@ def test_opencode_config_content_elsewhere_and_a_projection_are_external_without
     (secrets / "opencode" / "env" / KEY_ENV).unlink()  # projected, but unusable: external all the same
     [found] = _opencode(registry.llm_configs(GW, str(secrets), None))
     assert (found.status, found.base_url) == (EXTERNAL, None)
+
+
+# ---------------------------------------------------------------- project plugins
+
+def test_a_plugin_or_a_config_naming_one_is_found_in_the_workspace_or_a_parent(tmp_path):
+    ws = tmp_path / "a" / "ws"
+    ws.mkdir(parents=True)
+    assert project.plugin_file(str(ws)) is None
+    (ws / "opencode.json").write_text('{"model": "x/y"}')  # a config without plugins: nothing to refuse
+    (ws / ".opencode" / "plugins").mkdir(parents=True)
+    (ws / ".opencode" / "plugins" / "notes.md").write_text("not code")
+    assert project.plugin_file(str(ws)) is None
+    (tmp_path / "opencode.jsonc").write_text('{\n  // mine\n  "plugins" : ["./x.js"]\n}')
+    assert project.plugin_file(str(ws)) == str(tmp_path / "opencode.jsonc")
+    (tmp_path / "opencode.jsonc").unlink()
+    (tmp_path / "link").symlink_to(ws)  # the path as given and its real path: both walked
+    (tmp_path / "a" / ".opencode" / "plugin").mkdir(parents=True)
+    (tmp_path / "a" / ".opencode" / "plugin" / "p.ts").write_text("export default {}")
+    assert project.plugin_file(str(tmp_path / "link")) == str(tmp_path / "a" / ".opencode" / "plugin" / "p.ts")
+    assert "p.ts" in project.refusal(str(tmp_path / "a" / ".opencode" / "plugin" / "p.ts"))

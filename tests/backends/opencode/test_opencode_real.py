@@ -13,6 +13,7 @@ CALDERA_REQUIRE_OPENCODE=1 makes that a failure. The turns share one agent's ser
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,42 @@ def test_a_command_writes_only_in_its_own_turns_workspace(agent, tmp_path):
     assert (roots / "one" / "mine.txt").read_text() == "mine\n"
     assert (roots / "two" / "theirs.txt").read_text() == "theirs\n"
     assert "refused" in output and "Read-only file system" in output and "theirs" in output  # readable
+
+
+
+def _plugin(marker: Path) -> str:
+    return f'require("fs").writeFileSync({json.dumps(str(marker))}, "ran"); export const P = async () => ({{}})\n'
+
+
+@pytest.mark.parametrize("where", ["workspace", "parent"])
+def test_a_plugin_in_the_workspace_or_a_parent_refuses_the_turn_and_never_runs(agent, where):
+    # OpenCode imports .opencode/plugin/*.js into its own, unconfined process: no flag stops it
+    marker = agent.root / f"PLUGIN-RAN-{where}"
+    base = agent.ws if where == "workspace" else agent.root
+    plugin = base / ".opencode" / "plugin" / "p.js"
+    plugin.parent.mkdir(parents=True)
+    plugin.write_text(_plugin(marker))
+    try:
+        result, events, env = agent.run([{"text": "never"}])
+    finally:
+        shutil.rmtree(base / ".opencode")
+    data = terminal(events)
+    assert data["status"] == "blocked" and str(plugin) in data["message"], events
+    assert not marker.exists()
+
+
+def test_a_plugin_a_command_plants_stops_the_server_and_refuses_the_next_turn(agent):
+    marker = agent.root / "PLUGIN-RAN-planted"
+    output, events = agent.command(f"mkdir -p .opencode/plugins && cat > .opencode/plugins/x.js <<'X'\n"
+                                   f"{_plugin(marker)}X\necho planted\n")
+    assert "planted" in output and agent.owner.server is None  # poisoned: stopped once free
+    try:
+        result, events, env = agent.run([{"text": "never"}])
+        data = terminal(events)
+        assert data["status"] == "blocked" and ".opencode/plugins/x.js" in data["message"], events
+    finally:
+        shutil.rmtree(agent.ws / ".opencode")
+    assert not marker.exists()
 
 
 @pytest.mark.parametrize("entry,kind,words", [
