@@ -5,7 +5,9 @@ Dirs: `<runs>/.opencode-<hex>/` (a run id never starts with a dot, so no run dir
 it), 0700: `home`, `config`, `data`, `cache`, `state`, `tmp` (HOME, XDG_*_HOME, TMPDIR)
 and `opencode.json` (0600, OPENCODE_CONFIG, absolute); `server.json` names the server's
 and its owner's pid and start time, so that a later owner can stop a server whose owner
-died. All of it is removed when the server stops.
+died; `.owner` is the same claim as a run's (`leftovers.claim`): the sweep at the daemon's start
+and at each `caldera turn` stops a server whose owner is gone (killed -9) even when no OpenCode
+turn follows. All of it is removed when the server stops.
 
 The process: argv `[binary, "serve", "--hostname", "127.0.0.1", "--port", "0", "--pure"]`,
 its own process group, an environment built from nothing (no variable of the runtime's
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from caldera.backends import failures as fk
+from caldera.backends import leftovers
 from caldera.backends.forwarder import Forwarder
 from caldera.backends.opencode.confine import Admitted, Confinement
 from caldera.backends.opencode.provider import ServerSpec
@@ -164,6 +167,7 @@ class OpenCodeServer:
         self.dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.dir.mkdir(mode=0o700)
         os.chmod(self.dir, 0o700)
+        leftovers.claim(self.dir)  # an owner killed -9: the next start's sweep stops the server
         for name in DIRS:
             (self.dir / name).mkdir(mode=0o700)
         if self.launch.sandbox is not None:  # SHELL: OpenCode's Bash runs every command through it

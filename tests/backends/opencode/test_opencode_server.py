@@ -34,7 +34,9 @@ from opencode_helpers import (
 )
 
 from caldera.backends import failures as fk
+from caldera.backends import leftovers
 from caldera.backends.opencode.owner import ServerOwner
+from caldera.host import proc
 
 ENV_DUMP = {"call": "bash", "args": {"command": f"echo key=${KEY_ENV}; env", "description": "env"}}
 
@@ -250,6 +252,33 @@ def test_sigterm_to_caldera_turn_cancels_the_turn_and_stops_its_server(tmp_path,
     last = json.loads(out.splitlines()[-1])
     assert last["data"]["status"] == "cancelled" and last["data"]["failure_kind"] == fk.CANCELLED
     assert not list((tmp_path / "state" / "runs").iterdir())
+
+
+
+def test_a_server_whose_caldera_turn_was_killed_9_is_stopped_by_the_next_starts_sweep(tmp_path, ws):
+    # the daemon's start (and every `caldera turn`) sweeps runs/: the orphaned server with it
+    with FakeChatProvider([{"stall": 120}]) as provider:
+        sec = write_projection(tmp_path, provider.url)
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
+               "CALDERA_OPENCODE_BIN": os.environ["CALDERA_OPENCODE_BIN"],
+               "CALDERA_CONFIG_DIR": str(tmp_path / "no-config"), "CALDERA_STATE_DIR": str(tmp_path / "no-state")}
+        turn = subprocess.Popen(
+            [sys.executable, "-m", "caldera.cli", "turn", "--backend", "opencode", "--workspace", str(ws),
+             "--secrets", str(sec), "--state-dir", str(tmp_path / "state"), "--json", "wait"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            assert provider.wait_main(1, timeout=120)
+        finally:
+            turn.kill()
+            turn.wait()
+        [left] = (tmp_path / "state" / "runs").glob(".opencode-*")
+        doc = json.loads((left / "server.json").read_text())
+        try:
+            assert proc.same_process(doc["pid"], doc["start_time"])  # orphaned, still running
+            assert leftovers.sweep(tmp_path / "state" / "runs") == [str(left)]
+            assert not proc.same_process(doc["pid"], doc["start_time"]) and not left.exists()
+        finally:
+            proc.signal_pgid(doc["pid"], signal.SIGKILL)
 
 
 def test_a_deadline_while_the_server_starts_is_backend_timeout_and_leaves_nothing(tmp_path, ws):
