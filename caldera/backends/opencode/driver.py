@@ -132,6 +132,7 @@ class OpenCodeContext:
     max_retries: int
     deadline: float
     instructions: str | None = None
+    search: bool = True  # `rg` on the server's PATH: grep and glob allowed (policy.rules)
     cancel: threading.Event | None = None
     cancel_is_timeout: Callable[[], bool] | None = None
     interrupt_event: threading.Event = field(default_factory=threading.Event)
@@ -217,7 +218,7 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
             run=run, environment=environment, sink=sink, launch=launch, provider=provider, model=model,
             owner=owner or ServerOwner(environment.runs_dir, idle_seconds=idle), private_owner=owner is None,
             max_retries=retries, deadline=time.monotonic() + run.policy.timeout_seconds,
-            instructions=read_instructions(run.workspace))
+            instructions=read_instructions(run.workspace), search=shutil.which("rg", path=path) is not None)
 
     # ------------------------------------------------------------ the turn
 
@@ -241,7 +242,8 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         context.sink.emit("backend_status", {
             "phase": "ready", "server": "started" if context.lease.started else "reused", "pid": server.pid,
             "listening_after_ms": int((server.listening_after or 0) * 1000) if context.lease.started else None,
-            "proxy": server.routes.proxy_for(context.provider) if server.routes is not None else None})
+            "proxy": server.routes.proxy_for(context.provider) if server.routes is not None else None,
+            "search": policy_rules.search(context.search)})
         try:
             self._open_session(context, server)
         except srv.ServerError as exc:
@@ -258,7 +260,7 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
                 raise srv.ServerError("the event stream did not connect")
         session = self._call(context, server, "POST", "/session", {
             "title": f"caldera run {run.run_id}",
-            "permission": policy_rules.rules(run.policy, context.launch.sandbox is not None)})
+            "permission": policy_rules.rules(run.policy, context.launch.sandbox is not None, context.search)})
         if not isinstance(session, dict) or not isinstance(session.get("id"), str):
             raise fk.BackendFailure(fk.BACKEND_RESPONSE_INVALID, "POST /session answered without a session id")
         context.session_id = session["id"]

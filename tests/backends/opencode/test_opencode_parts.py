@@ -306,6 +306,11 @@ def test_policy_rules(pol, confined, denied, asked):
     assert all(r["pattern"] == "*" for r in rules)
 
 
+def test_without_ripgrep_grep_and_glob_are_denied():
+    denied = {r["permission"] for r in policy.rules(Policy(60), True, search=False) if r["action"] == "deny"}
+    assert {"grep", "glob"} <= denied and "bash" not in denied
+    assert "denied" in policy.search(False) and policy.search(True) == "ripgrep"
+
 def test_without_bubblewrap_nothing_confines_commands(tmp_path):
     (tmp_path / "bash").symlink_to("/bin/bash")
     (tmp_path / "true").symlink_to("/bin/true")  # no bwrap on this PATH

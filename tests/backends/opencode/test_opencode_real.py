@@ -321,6 +321,25 @@ def test_instructions_from_agents_md_reach_the_model_and_a_symlink_does_not(agen
     (agent.ws / "AGENTS.md").unlink()
 
 
+def test_without_ripgrep_on_path_grep_and_glob_are_denied_never_downloaded(agent, tmp_path):
+    # OpenCode downloads ripgrep from GitHub into its data dir when `rg` is not on its PATH
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("bwrap", "bash", "true", "sh"):
+        found = shutil.which(name)
+        assert found, name
+        (bin_dir / name).symlink_to(found)
+    before = len(agent.provider.main)
+    result, events, env = agent.run([{"call": "grep", "args": {"pattern": "x", "path": str(agent.ws)}},
+                                     {"text": "done"}], env=agent.env(PATH=str(bin_dir)))
+    assert terminal(events)["status"] == "completed", events
+    tools = [t["name"] for t in _request_tools(agent.provider.main[before])]
+    assert "grep" not in tools and "glob" not in tools and "read" in tools
+    [ready] = [s for s in of_type(events, "backend_status") if s["phase"] == "ready"]
+    assert "denied" in ready["search"] and "ripgrep" in ready["search"]
+    assert not [t for t in of_type(events, "tool_call") if t.get("tool") == "grep" and t["status"] == "completed"]
+
+
 def test_network_true_lets_a_command_connect_and_still_confines_its_writes(agent, tmp_path):
     # last in this module: another launch (its network), so the shared server is replaced
     output, events, accepted = _probe(agent, tmp_path, network=True, env=agent.env(CALDERA_RUN_ALLOW_NETWORK="true"))
