@@ -236,7 +236,7 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         except ValueError as exc:
             raise fk.BackendFailure(fk.BACKEND_FAILED, str(exc)) from None
         redactor = context.environment.redactor
-        redactor.add(process_secret())  # the prefix of the server's password, route tokens and placeholders
+        redactor.add(process_secret(), prefix=True)  # the server's password, route tokens, placeholders: whole
         for value in server.routes.secrets if server.routes is not None else ():
             redactor.add(value)  # credentials in a base URL or the proxy's URL
         context.sink.emit("backend_status", {
