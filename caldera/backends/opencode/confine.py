@@ -26,6 +26,9 @@ credentials from its own environment and execs the real bash under bubblewrap:
 The network is part of the server's launch: a turn whose `network` differs from the running
 server's waits for it to be free and gets a new one (docs/backends.md, "OpenCode").
 
+The server itself runs under bubblewrap too where it nests (`server_argv`): its own file tools
+follow a symlink in the workspace, and must find there no more than a command would.
+
 Where bubblewrap is missing or cannot start here (no user namespaces), nothing confines a
 command: Bash is then denied to every run (policy.rules), never run unconfined.
 """
@@ -86,29 +89,50 @@ class Confinement:
     hidden: tuple[str, ...]  # dirs (an empty tmpfs) and files (/dev/null) a command must not read, ever
     network: bool
     extra: tuple[str, ...] = ()  # read-only binds back into a covered dir (resolv.conf's target)
+    server: bool = False  # `opencode serve` itself runs in a sandbox of its own (bubblewrap nests here)
 
     def argv(self, server_dir: str) -> tuple[list[str], list[str]]:
         """bwrap's arguments before and after the turn's workspace bind (the wrapper adds it
         and the shell's own arguments). In order: `/` read-only; the covered dirs, the hidden
-        paths and the server's dir hidden (its HOME and TMPDIR made again, empty); what
-        resolv.conf needs; the workspace roots read-only; [the workspace]; a hidden path
-        inside a root hidden again (the binds uncovered it)."""
+        paths and the server's dir hidden; what resolv.conf needs; the workspace roots
+        read-only; [the workspace]; a hidden path inside a root hidden again (the binds
+        uncovered it); the server's HOME and TMPDIR made again, empty."""
         server_dir = os.path.realpath(server_dir)
         covered = sorted({*SHARED, *self.covered, server_dir}, key=len)
         covered = [p for p in covered if not any(_inside(p, q) for q in covered)]  # one tmpfs covers them
         args = [self.bwrap, *BASE, *_hide([p for p in covered if os.path.isdir(p)]), *_hide(self.hidden)]
-        for name in ("home", "tmp"):
-            args += ["--dir", os.path.join(server_dir, name)]
         for path in self.extra:
             args += ["--ro-bind-try", path, path]
         for path in self.roots:
             args += ["--ro-bind", path, path]
         after = _hide([p for p in self.hidden if any(_inside(p, root) for root in self.roots)])
+        for name in ("home", "tmp"):  # last: a hidden path may hold them
+            after += ["--dir", os.path.join(server_dir, name)]
         for name in UNSET:
             after += ["--unsetenv", name]
         if not self.network:
             after.append("--unshare-net")
         return args, [*after, "--", self.shell]
+
+    def server_argv(self, server_dir: str, binary: str) -> list[str]:
+        """bwrap's arguments that run `opencode serve` itself (up to `--`), so that its own file
+        tools, which follow a symlink in the workspace, find no more than the commands do: the
+        same roots and shared dirs covered and secrets hidden; writable its own dir and the
+        workspace roots (its edit tools obey the session's rules); its binary read-only where a
+        covered dir holds it; its own pid namespace (the runtime's `/proc/PID/environ` out of
+        reach); the host's network (the forwarder and its API are on the host's loopback); its
+        capabilities kept, so the commands' bubblewrap can nest in it (and drops them)."""
+        server_dir = os.path.realpath(server_dir)
+        covered = sorted({*SHARED, *self.covered}, key=len)
+        covered = [p for p in covered if not any(_inside(p, q) for q in covered)]
+        args = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc",
+                *_hide([p for p in covered if os.path.isdir(p)]), *_hide(self.hidden)]
+        for path in (*self.extra, *sorted({binary, os.path.realpath(binary)})):
+            args += ["--ro-bind-try", path, path]
+        for path in self.roots:
+            args += ["--bind", path, path]
+        args += _hide([p for p in self.hidden if any(_inside(p, root) for root in self.roots)])
+        return [*args, "--bind", server_dir, server_dir, "--"]  # last: a hidden state dir holds it
 
     def wrapper(self, server_dir: str) -> str:
         """The text of `<server dir>/bin/bash` (WRAPPER)."""
@@ -200,6 +224,16 @@ def works(bwrap: str, true: str) -> bool:
     return proc.run(argv, env={"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT, stdout_cap=1024).ok
 
 
+@functools.cache
+def nests(bwrap: str, true: str) -> bool:
+    """Whether the commands' sandbox can start inside the server's (a nested pid and mount
+    namespace): one probe per process and binary. Where it cannot, the server runs unconfined
+    (its file tools then reach what its account can read through a symlink: docs/backends.md)."""
+    argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc", "--",
+            bwrap, *BASE, "--unshare-net", "--", true]
+    return proc.run(argv, env={"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT, stdout_cap=1024).ok
+
+
 def plan(roots: Iterable[str], covered: Iterable[str | None], hidden: Iterable[str], network: bool,
          path: str) -> Confinement | None:
     """The agent's commands' sandbox, or None when bubblewrap is not there or cannot start.
@@ -212,6 +246,6 @@ def plan(roots: Iterable[str], covered: Iterable[str | None], hidden: Iterable[s
     real_covered = sorted({os.path.realpath(c) for c in covered if c} - {"/"})
     # /etc/resolv.conf may point into /run (systemd-resolved): its target stays, read-only
     resolv = os.path.realpath("/etc/resolv.conf")
-    extra = tuple(p for p in (resolv,) if network and any(_inside(p, c) for c in (*SHARED, *real_covered)))
+    extra = tuple(p for p in (resolv,) if any(_inside(p, c) for c in (*SHARED, *real_covered)))
     return Confinement(bwrap=bwrap, shell=shell, roots=tuple(real_roots), covered=tuple(real_covered),
-                       hidden=tuple(hidden), network=network, extra=extra)
+                       hidden=tuple(hidden), network=network, extra=extra, server=nests(bwrap, true))

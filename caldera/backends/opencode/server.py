@@ -9,7 +9,8 @@ died; `.owner` is the same claim as a run's (`leftovers.claim`): the sweep at th
 and at each `caldera turn` stops a server whose owner is gone (killed -9) even when no OpenCode
 turn follows. All of it is removed when the server stops.
 
-The process: argv `[binary, "serve", "--hostname", "127.0.0.1", "--port", "0", "--pure"]`,
+The process: argv `[binary, "serve", "--hostname", "127.0.0.1", "--port", "0", "--pure"]`
+(behind `bwrap … --` where bubblewrap nests: confine.Confinement.server_argv; its pid is then bwrap's),
 its own process group, an environment built from nothing (no variable of the runtime's
 own reaches it: not its tokens, not a ClawManager OPENCODE_CONFIG_CONTENT), the password
 (`OPENCODE_SERVER_PASSWORD`) random per start. Stop: TERM to the group, grace, KILL, and
@@ -192,6 +193,9 @@ class OpenCodeServer:
 
     def _spawn(self) -> None:
         argv = [self.launch.binary, "serve", "--hostname", "127.0.0.1", "--port", "0", "--pure"]
+        sandbox = self.launch.sandbox
+        if sandbox is not None and sandbox.server:  # its own file tools see what its commands see
+            argv = [*sandbox.server_argv(str(self.dir), self.launch.binary), *argv]
         self.started_at = time.monotonic()
         try:
             self.proc = subprocess.Popen(argv, cwd=str(self.dir), env=self.environment(), stdin=subprocess.DEVNULL,

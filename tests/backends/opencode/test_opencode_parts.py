@@ -340,14 +340,30 @@ def test_the_sandbox_covers_the_runtimes_roots_hides_secrets_and_binds_roots_rea
     tmpfs = [before[i + 1] for i in _pairs(before, "--tmpfs")]
     assert {"/tmp", "/run", "/usr/share", str(state)} <= set(tmpfs)  # a state root like /var/lib/caldera: covered
     assert server_dir not in tmpfs and str(tmp_path / "var") not in tmpfs  # inside /tmp: one tmpfs covers them
-    assert ["--dir", f"{server_dir}/home"] == before[before.index("--dir"):before.index("--dir") + 2]
     ro = [before[i + 1] for i in _pairs(before, "--ro-bind")]
     assert ro[0] == "/" and str(tmp_path / "var") in ro and "--bind" not in before  # roots: read-only
     assert ["--tmpfs", str(state)] == after[:2]  # hidden again after the workspace's bind
+    assert ["--dir", f"{server_dir}/home"] == after[after.index("--dir"):after.index("--dir") + 2]  # made again
     assert "--unshare-net" in after and after[-2:] == ["--", "/bin/bash"]
     networked = confine.Confinement(box.bwrap, box.shell, box.roots, box.covered, box.hidden, network=True)
     assert "--unshare-net" not in networked.argv(server_dir)[1]
 
+
+def test_the_servers_own_sandbox_covers_the_same_roots_and_keeps_the_network(tmp_path):
+    state = tmp_path / "var" / "a1"
+    (state / "runs").mkdir(parents=True)
+    roots = (str(tmp_path / "ws"),)
+    box = confine.Confinement(bwrap="/usr/bin/bwrap", shell="/bin/bash", roots=roots, covered=("/usr/share",),
+                              hidden=(str(state),), network=False, server=True)
+    server_dir = str(state / "runs" / ".opencode-x")
+    argv = box.server_argv(server_dir, "/opt/oc/bin/opencode")
+    assert argv[-1] == "--" and "--unshare-net" not in argv and "--cap-drop" not in argv  # commands nest in it
+    tmpfs = [argv[i + 1] for i in _pairs(argv, "--tmpfs")]
+    assert {"/tmp", "/run", "/usr/share", str(state)} <= set(tmpfs) and "--unshare-pid" in argv
+    binds = [argv[i + 1] for i in _pairs(argv, "--bind")]
+    assert binds == [*roots, server_dir]  # the workspace roots and, last, its own dir (in a hidden state dir)
+    assert argv.index("--bind") > max(_pairs(argv, "--tmpfs"))
+    assert "/opt/oc/bin/opencode" in [argv[i + 1] for i in _pairs(argv, "--ro-bind-try")]
 
 def test_the_wrapper_binds_only_an_admitted_workspace_and_drops_the_password(tmp_path):
     box = confine.Confinement(bwrap="/usr/bin/bwrap", shell="/bin/bash", roots=(), covered=(), hidden=(), network=False)

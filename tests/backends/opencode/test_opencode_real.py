@@ -113,7 +113,7 @@ PROBE = ("echo in > inside.txt; echo out > {outside}; echo write=$?\n"
          "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 5); print(\"connected\")'\n"
          "cat {key} || echo no-key\necho config-routes=$(cat \"$OPENCODE_CONFIG\" | grep -c /r/)\n"
          "[ -z \"$OPENCODE_SERVER_PASSWORD\" ] && echo no-server-password\n"
-         "[ -n \"$OPENCODE_PID\" ] && [ ! -e /proc/$OPENCODE_PID/environ ] && echo no-server-process\n")
+         "grep -l OPENCODE_SERVER_PASSWORD /proc/[0-9]*/environ 2>/dev/null || echo no-server-process\n")
 
 
 def _probe(agent: Any, tmp: Path, env: Any = None, **policy: Any) -> tuple[str, list[dict[str, Any]], int]:
@@ -247,6 +247,32 @@ def test_a_plugin_a_command_plants_stops_the_server_and_refuses_the_next_turn(ag
     finally:
         shutil.rmtree(agent.ws / ".opencode")
     assert not marker.exists()
+
+
+
+def test_opencodes_own_file_tools_follow_no_symlink_out_of_the_sandbox(agent):
+    # read/write/edit run in the server's process, not in a command: the server has its own sandbox
+    (agent.root / "state").mkdir(exist_ok=True)
+    (agent.root / "state" / "session.json").write_text('{"agent_token": "SESSION-TOKEN-SYM-9"}')
+    (agent.root / "outside").mkdir(exist_ok=True)
+    links = {"key.txt": agent.secrets / "opencode" / "env" / KEY_ENV,
+             "sess.txt": agent.root / "state" / "session.json", "out": agent.root / "outside"}
+    for name, target in links.items():
+        (agent.ws / name).symlink_to(target)
+    before = len(agent.provider.requests)
+    try:
+        result, events, env = agent.run([
+            {"call": "read", "args": {"filePath": str(agent.ws / "key.txt")}},
+            {"call": "read", "args": {"filePath": str(agent.ws / "sess.txt")}},
+            {"call": "write", "args": {"filePath": str(agent.ws / "out" / "written.txt"), "content": "escaped\n"}},
+            {"text": "done"}])
+    finally:
+        for name in links:
+            (agent.ws / name).unlink()
+    assert terminal(events)["status"] == "completed", events
+    bodies = "\n".join(r["body"] for r in agent.provider.requests[before:])
+    assert CANARY not in bodies and "SESSION-TOKEN-SYM-9" not in bodies
+    assert list((agent.root / "outside").iterdir()) == []
 
 
 @pytest.mark.parametrize("entry,kind,words", [

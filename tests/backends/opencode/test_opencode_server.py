@@ -49,6 +49,30 @@ def ws(tmp_path):
     return path
 
 
+def _opencode_pid(pid: int) -> int:
+    """The `opencode` process itself among `pid`'s descendants (`pid` is bubblewrap's where
+    the server has its sandbox), else `pid`."""
+    parents, serving = {}, []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone
+        parents[int(entry.name)] = int(stat[stat.rfind(")") + 2:].split()[1])
+        if argv[0].endswith(b"opencode") and b"serve" in argv:
+            serving.append(int(entry.name))
+    for candidate in serving:
+        up = candidate
+        while up > 1 and up != pid:
+            up = parents.get(up, 0)
+        if up == pid:
+            return candidate
+    return pid
+
+
 def _wait(predicate: Any, stop: threading.Event | None = None, limit: int = 400) -> bool:
     """Poll `predicate` every 0.05 s, at most `limit` times (not a timed assertion: a bound)."""
     tick = stop or threading.Event()
@@ -89,7 +113,7 @@ def test_the_agents_server_is_reused_replaced_when_its_config_changes_or_it_dies
             thread = threading.Thread(target=lambda: box.update(out=execute(request(ws, run_id="dies"), env)))
             thread.start()
             assert second.wait_main(2)
-            os.kill(owner.server.pid, signal.SIGKILL)
+            os.kill(_opencode_pid(owner.server.pid), signal.SIGKILL)
             thread.join(60)
             assert not thread.is_alive()
             data = terminal(box["out"][1])
@@ -316,7 +340,7 @@ def _written(text: str) -> list[str]:
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (apt-get install strace)")
 def test_under_strace_nothing_leaves_loopback_and_nothing_is_written_outside_the_run_dirs(tmp_path, ws):
-    trace = tmp_path / "trace"
+    trace = ws / ".trace"  # where the server's own sandbox lets strace (inside it) write
     wrapper = tmp_path / "opencode-traced"
     wrapper.write_text(f'#!/bin/sh\nexec strace -f -qq -y -e trace=connect,openat,open,mkdir,mkdirat,rename,'
                        f'renameat,renameat2,unlink,unlinkat -o "{trace}" "{os.environ["CALDERA_OPENCODE_BIN"]}" "$@"\n')
