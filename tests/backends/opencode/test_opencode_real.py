@@ -199,18 +199,7 @@ def test_a_command_cannot_change_or_read_the_servers_dir_other_agents_state_or_h
     assert accepted == 0 and "unix-connected" not in output
 
 
-def test_a_command_writes_only_in_its_own_turns_workspace(agent, tmp_path):
-    # one server serves every workspace under the roots; a command writes only in its turn's
-    roots = agent.root / "roots"
-    (roots / "one").mkdir(parents=True)
-    (roots / "two").mkdir()
-    (roots / "two" / "theirs.txt").write_text("theirs\n")
-    env = agent.env(CALDERA_WORKSPACE_ROOTS=str(roots))
-    output, events = agent.command(f"echo mine > mine.txt\necho changed > {roots}/two/theirs.txt || echo refused\n"
-                                   f"cat {roots}/two/theirs.txt\n", env=env, ws=roots / "one")
-    assert (roots / "one" / "mine.txt").read_text() == "mine\n"
-    assert (roots / "two" / "theirs.txt").read_text() == "theirs\n"
-    assert "refused" in output and "Read-only file system" in output and "theirs" in output  # readable
+
 
 
 
@@ -235,18 +224,7 @@ def test_a_plugin_in_the_workspace_or_a_parent_refuses_the_turn_and_never_runs(a
     assert not marker.exists()
 
 
-def test_a_plugin_a_command_plants_stops_the_server_and_refuses_the_next_turn(agent):
-    marker = agent.root / "PLUGIN-RAN-planted"
-    output, events = agent.command(f"mkdir -p .opencode/plugins && cat > .opencode/plugins/x.js <<'X'\n"
-                                   f"{_plugin(marker)}X\necho planted\n")
-    assert "planted" in output and agent.owner.server is None  # poisoned: stopped once free
-    try:
-        result, events, env = agent.run([{"text": "never"}])
-        data = terminal(events)
-        assert data["status"] == "blocked" and ".opencode/plugins/x.js" in data["message"], events
-    finally:
-        shutil.rmtree(agent.ws / ".opencode")
-    assert not marker.exists()
+
 
 
 
@@ -345,6 +323,35 @@ def test_instructions_from_agents_md_reach_the_model_and_a_symlink_does_not(agen
     assert terminal(events)["status"] == "completed"
     assert "LEAKED-FILE-77" not in agent.provider.main[-1]["body"]
     (agent.ws / "AGENTS.md").unlink()
+
+
+# From here on each test replaces the shared server (a poisoned one, another launch): last.
+def test_a_plugin_a_command_plants_stops_the_server_and_refuses_the_next_turn(agent):
+    marker = agent.root / "PLUGIN-RAN-planted"
+    output, events = agent.command(f"mkdir -p .opencode/plugins && cat > .opencode/plugins/x.js <<'X'\n"
+                                   f"{_plugin(marker)}X\necho planted\n")
+    assert "planted" in output and agent.owner.server is None  # poisoned: stopped once free
+    try:
+        result, events, env = agent.run([{"text": "never"}])
+        data = terminal(events)
+        assert data["status"] == "blocked" and ".opencode/plugins/x.js" in data["message"], events
+    finally:
+        shutil.rmtree(agent.ws / ".opencode")
+    assert not marker.exists()
+
+
+def test_a_command_writes_only_in_its_own_turns_workspace(agent, tmp_path):
+    # one server serves every workspace under the roots; a command writes only in its turn's
+    roots = agent.root / "roots"
+    (roots / "one").mkdir(parents=True)
+    (roots / "two").mkdir()
+    (roots / "two" / "theirs.txt").write_text("theirs\n")
+    env = agent.env(CALDERA_WORKSPACE_ROOTS=str(roots))
+    output, events = agent.command(f"echo mine > mine.txt\necho changed > {roots}/two/theirs.txt || echo refused\n"
+                                   f"cat {roots}/two/theirs.txt\n", env=env, ws=roots / "one")
+    assert (roots / "one" / "mine.txt").read_text() == "mine\n"
+    assert (roots / "two" / "theirs.txt").read_text() == "theirs\n"
+    assert "refused" in output and "Read-only file system" in output and "theirs" in output  # readable
 
 
 def test_without_ripgrep_on_path_grep_and_glob_are_denied_never_downloaded(agent, tmp_path):
