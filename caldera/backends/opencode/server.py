@@ -278,6 +278,21 @@ class OpenCodeServer:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
+    def serving_pid(self) -> int | None:
+        """The `opencode serve` process itself: `pid` is bubblewrap's where the server has its
+        sandbox (the bench measures the server's CPU and memory, a test kills the server)."""
+        if self.proc is None:
+            return None
+        for pid in _descendants(self.proc.pid):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    argv = fh.read(4096).split(b"\0")
+            except OSError:
+                continue  # gone
+            if argv[:2] == [self.launch.binary.encode(), b"serve"]:
+                return pid
+        return self.proc.pid
+
     # ------------------------------------------------------------ the API
 
     def _headers(self) -> dict[str, str]:
@@ -450,8 +465,26 @@ def _malformed(event: Any) -> str | None:
     return None
 
 
+def _descendants(root: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """`root` and its descendants, parents first."""
+    if children is None:
+        children = _process_table()[0]
+    found, frontier = [root], [root]
+    while frontier:
+        kids = children.get(frontier.pop(), [])
+        found += kids
+        frontier += kids
+    return found
+
+
 def _descendant_groups(root: int) -> set[int]:
     """Process groups of `root`'s descendants other than its own (commands that made their own)."""
+    children, groups = _process_table()
+    return {groups[pid] for pid in _descendants(root, children)[1:] if groups.get(pid) not in (None, root)}
+
+
+def _process_table() -> tuple[dict[int, list[int]], dict[int, int]]:
+    """(children of each pid, process group of each pid), from /proc."""
     children: dict[int, list[int]] = {}
     groups: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -469,14 +502,7 @@ def _descendant_groups(root: int) -> set[int]:
             continue
         children.setdefault(ppid, []).append(int(entry))
         groups[int(entry)] = pgrp
-    found: set[int] = set()
-    frontier = [root]
-    while frontier:
-        for kid in children.get(frontier.pop(), []):
-            frontier.append(kid)
-            if groups.get(kid) not in (None, root):
-                found.add(groups[kid])
-    return found
+    return children, groups
 
 
 def reap_leftovers(runs_dir: str | os.PathLike[str]) -> list[str]:

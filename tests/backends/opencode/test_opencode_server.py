@@ -49,30 +49,6 @@ def ws(tmp_path):
     return path
 
 
-def _opencode_pid(pid: int) -> int:
-    """The `opencode` process itself among `pid`'s descendants (`pid` is bubblewrap's where
-    the server has its sandbox), else `pid`."""
-    parents, serving = {}, []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue  # gone
-        parents[int(entry.name)] = int(stat[stat.rfind(")") + 2:].split()[1])
-        if argv[0].endswith(b"opencode") and b"serve" in argv:
-            serving.append(int(entry.name))
-    for candidate in serving:
-        up = candidate
-        while up > 1 and up != pid:
-            up = parents.get(up, 0)
-        if up == pid:
-            return candidate
-    return pid
-
-
 def _wait(predicate: Any, stop: threading.Event | None = None, limit: int = 400) -> bool:
     """Poll `predicate` every 0.05 s, at most `limit` times (not a timed assertion: a bound)."""
     tick = stop or threading.Event()
@@ -113,7 +89,7 @@ def test_the_agents_server_is_reused_replaced_when_its_config_changes_or_it_dies
             thread = threading.Thread(target=lambda: box.update(out=execute(request(ws, run_id="dies"), env)))
             thread.start()
             assert second.wait_main(2)
-            os.kill(_opencode_pid(owner.server.pid), signal.SIGKILL)
+            os.kill(owner.server.serving_pid(), signal.SIGKILL)  # the server, not its bwrap
             thread.join(60)
             assert not thread.is_alive()
             data = terminal(box["out"][1])
