@@ -230,16 +230,20 @@ def test_the_provider_is_reached_through_https_proxy_and_nothing_of_it_reaches_o
 
 # ---------------------------------------------------------------- caldera turn
 
+def _caldera_turn(tmp_path: Path, ws: Path, provider_url: str, **popen: Any) -> subprocess.Popen[Any]:
+    """`caldera turn --json wait` on OpenCode with a projection for `provider_url`, started."""
+    sec = write_projection(tmp_path, provider_url)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
+           "CALDERA_OPENCODE_BIN": os.environ["CALDERA_OPENCODE_BIN"],
+           "CALDERA_CONFIG_DIR": str(tmp_path / "no-config"), "CALDERA_STATE_DIR": str(tmp_path / "no-state")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "caldera.cli", "turn", "--backend", "opencode", "--workspace", str(ws),
+         "--secrets", str(sec), "--state-dir", str(tmp_path / "state"), "--json", "wait"], env=env, **popen)
+
+
 def test_sigterm_to_caldera_turn_cancels_the_turn_and_stops_its_server(tmp_path, ws):
     with FakeChatProvider([{"stall": 120}]) as provider:
-        sec = write_projection(tmp_path, provider.url)
-        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
-               "CALDERA_OPENCODE_BIN": os.environ["CALDERA_OPENCODE_BIN"],
-               "CALDERA_CONFIG_DIR": str(tmp_path / "no-config"), "CALDERA_STATE_DIR": str(tmp_path / "no-state")}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "caldera.cli", "turn", "--backend", "opencode", "--workspace", str(ws),
-             "--secrets", str(sec), "--state-dir", str(tmp_path / "state"), "--json", "wait"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = _caldera_turn(tmp_path, ws, provider.url, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert provider.wait_main(1, timeout=120)
             proc.send_signal(signal.SIGTERM)
@@ -254,18 +258,10 @@ def test_sigterm_to_caldera_turn_cancels_the_turn_and_stops_its_server(tmp_path,
     assert not list((tmp_path / "state" / "runs").iterdir())
 
 
-
 def test_a_server_whose_caldera_turn_was_killed_9_is_stopped_by_the_next_starts_sweep(tmp_path, ws):
     # the daemon's start (and every `caldera turn`) sweeps runs/: the orphaned server with it
     with FakeChatProvider([{"stall": 120}]) as provider:
-        sec = write_projection(tmp_path, provider.url)
-        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
-               "CALDERA_OPENCODE_BIN": os.environ["CALDERA_OPENCODE_BIN"],
-               "CALDERA_CONFIG_DIR": str(tmp_path / "no-config"), "CALDERA_STATE_DIR": str(tmp_path / "no-state")}
-        turn = subprocess.Popen(
-            [sys.executable, "-m", "caldera.cli", "turn", "--backend", "opencode", "--workspace", str(ws),
-             "--secrets", str(sec), "--state-dir", str(tmp_path / "state"), "--json", "wait"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        turn = _caldera_turn(tmp_path, ws, provider.url, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             assert provider.wait_main(1, timeout=120)
         finally:
