@@ -92,14 +92,20 @@ def one_run(binary: str, url: str, ws: Path, tmp: Path, n: int) -> dict[str, flo
 
 
 def caldera_turn(env: Any, ws: Path, n: int, owner: ServerOwner) -> dict[str, float]:
-    server_cpu0 = _proc_cpu(owner.server.pid) if owner.server else 0.0
+    server_cpu0 = _proc_cpu(_serving(owner)) if owner.server else 0.0
     self0, started = _self_cpu(), time.perf_counter()
     result = service.execute(request(ws, run_id=f"bench-{n}"), env, roots=None)
     wall = time.perf_counter() - started
     if result["status"] != "completed":
         raise SystemExit(f"caldera turn failed: {result['failure_kind']}: {result['message']}")
     assert owner.server is not None
-    return {"wall": wall, "cpu": _proc_cpu(owner.server.pid) - server_cpu0 + _self_cpu() - self0}
+    return {"wall": wall, "cpu": _proc_cpu(_serving(owner)) - server_cpu0 + _self_cpu() - self0}
+
+
+def _serving(owner: ServerOwner) -> int:
+    """The `opencode serve` process (the server's pid is its bubblewrap's where it has one)."""
+    assert owner.server is not None
+    return owner.server.serving_pid() or 0
 
 
 def median(values: list[float]) -> float:
@@ -131,7 +137,7 @@ def main() -> int:
                 firsts.append(caldera_turn(env, ws, rnd * 100, owner))
                 for i in range(args.later):
                     laters.append(caldera_turn(env, ws, rnd * 100 + i + 1, owner))
-                pid = owner.server.pid if owner.server else 0
+                pid = _serving(owner) if owner.server else 0
                 rss.append(_rss_kib(pid) / 1024)
                 hwm.append(_rss_kib(pid, "VmHWM:") / 1024)
                 if rnd == args.rounds - 1:

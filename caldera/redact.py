@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 MASK = "[REDACTED]"
 MIN_SECRET_LEN = 6  # shorter values would mask ordinary words
+# What follows a prefix secret (`Redactor.add(value, prefix=True)`) and is masked with it: the
+# characters of a token (hex, base64url), so that no part of the value it begins is left.
+PREFIX_TAIL = r"[A-Za-z0-9_\-]*"
 
 _SECRET_KEY = (
     r"(?i)^(authorization|proxy-authorization|api[_-]?key|apikey|token|access[_-]?token|"
@@ -150,23 +153,31 @@ class Redactor:
     def __init__(self, values: Iterable[object] = ()) -> None:
         self._lock = threading.Lock()
         self._forms: list[str] = []
+        self._prefixes: set[str] = set()  # forms masked with the token characters that follow them
         # (regex of every form, _minimal(forms) as substring tests before it), replaced as one
         # object so that a reader never pairs a new regex with old probes.
         self._values: tuple[re.Pattern[str], tuple[str, ...]] | None = None
         for value in values:
             self.add(value)
 
-    def add(self, value: object) -> None:
+    def add(self, value: object, prefix: bool = False) -> None:
+        """Mask `value` from now on; `prefix`: it begins other secrets (one per process, their
+        random rest after it), which are masked whole: it and the token characters after it."""
         if not isinstance(value, str) or len(value) < MIN_SECRET_LEN:
             return
         with self._lock:
             known = set(self._forms)
-            new = _forms(value) - known
-            if not new:
+            forms = _forms(value)
+            new = forms - known
+            wider = forms - self._prefixes if prefix else set()
+            if not new and not wider:
                 return
-            # Longest first, so a value is masked whole before any of its parts.
+            self._prefixes |= wider
+            # Longest first, so a value is masked whole before any of its parts (one secret that
+            # begins another: the longer one first).
             self._forms = sorted(known | new, key=len, reverse=True)
-            self._values = (re.compile("|".join(re.escape(f) for f in self._forms)), _minimal(self._forms))
+            alternatives = (re.escape(f) + (PREFIX_TAIL if f in self._prefixes else "") for f in self._forms)
+            self._values = (re.compile("|".join(alternatives)), _minimal(self._forms))
 
     def _mask_values(self, text: str) -> str:
         """The known secret values masked; the one regex runs only when a probe is present.

@@ -4,7 +4,8 @@ killer, a power cut), and its sweep.
 A run's private dirs carry an owner file (`claim`: the runtime's pid and start time): the
 state dir's `runs/<run_id>/` (Codex's CODEX_HOME there holds a copy of the projection's
 `auth.json`, a credential) and Claude Code's private HOME and TMPDIR under
-`<tmp>/caldera-cc-<uid>/` (its settings, the sockets of its sandbox). `sweep`, called once at
+`<tmp>/caldera-cc-<uid>/` (its settings, the sockets of its sandbox), and the dir of the agent's
+OpenCode server, `runs/.opencode-<hex>/` (its owner: the daemon or a `caldera turn`). `sweep`, called once at
 the daemon's start and by each `caldera turn`, kills what still runs from a dead owner's run
 (a process holding the dir's path in its environment: every process of a run inherits its
 HOME) and removes the dir. Light on purpose: the daemon imports it at start; `shutil` only
@@ -26,6 +27,7 @@ log = logging.getLogger("caldera.backends")
 OWNER = ".owner"
 YOUNG = 60.0  # a dir without an owner file younger than this may be being made right now
 PRIVATE_PREFIX = "caldera-cc-"
+SERVER_PREFIX = ".opencode-"  # an OpenCode server's dir in runs/ (opencode/server.py), claimed as a run's
 KILL_WAIT = 2.0  # after SIGKILL, how long the processes of a dead run are waited for
 
 
@@ -75,8 +77,10 @@ def _candidates(runs_dir: Path | None) -> list[Path]:
             continue  # not there: nothing was ever left
         with entries:
             for entry in entries:
-                # Dot names are not runs (OpenCode's shared servers keep their own records).
-                if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+                # Dot names are not runs, but for an OpenCode server's dir (the agent's server
+                # outlives a run: a daemon killed -9 leaves it running, owned by no one).
+                hidden = entry.name.startswith(".") and not entry.name.startswith(SERVER_PREFIX)
+                if hidden or not entry.is_dir(follow_symlinks=False):
                     continue
                 if entry.stat(follow_symlinks=False).st_uid == os.getuid():
                     found.append(Path(entry.path))

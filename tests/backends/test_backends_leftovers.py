@@ -43,16 +43,19 @@ def test_the_sweep_removes_dead_runs_and_kills_their_processes_and_leaves_the_re
     old = _run_dir(runs, "run-of-an-older-release", None)
     past = time.time() - 2 * leftovers.YOUNG
     os.utime(old, (past, past))
-    opencode = _run_dir(runs, ".opencode-1234", _dead_owner())  # OpenCode's servers keep their own records
+    opencode = _run_dir(runs, ".opencode-1234", _dead_owner())  # an OpenCode server whose owner died
+    serving = _run_dir(runs, ".opencode-5678", None)
+    leftovers.claim(serving)  # the server of a live owner
+    dotted = _run_dir(runs, ".not-a-run", _dead_owner())  # any other dot name is no run
     survivor = subprocess.Popen(["sleep", "300"], env={"PATH": os.environ["PATH"], "HOME": str(dead / "home")})
     try:
         removed = leftovers.sweep(runs)
-        assert sorted(removed) == sorted(map(str, [dead, private, old]))
+        assert sorted(removed) == sorted(map(str, [dead, private, old, opencode]))
         assert survivor.wait(timeout=20) == -9  # it held the dead run's HOME
     finally:
         survivor.kill()
         survivor.wait()
-    assert live.is_dir() and young.is_dir() and opencode.is_dir()
+    assert live.is_dir() and young.is_dir() and serving.is_dir() and dotted.is_dir()
     assert leftovers.sweep(runs) == []  # nothing twice
     assert leftovers.sweep(tmp_path / "no-state" / "runs") == []  # no runs dir: nothing to do
 

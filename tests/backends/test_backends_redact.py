@@ -122,3 +122,23 @@ def test_a_long_stderr_line_is_masked_whole(tmp_path):
     log = Log()
     pump_stderr(io.BytesIO(line), tail, log)
     assert len(log.records) == 1 and not any(secret[i:i + 12] in log.records[0] for i in range(len(secret) - 12))
+
+
+@pytest.mark.parametrize("order", ["short-first", "long-first"])
+def test_secrets_that_share_a_prefix_are_masked_whole(order):
+    short, long = "gw-token-0123456789", "gw-token-0123456789-and-more-of-it"
+    redactor = Redactor([short, long] if order == "short-first" else [long, short])
+    text = redactor.text(f"a={long} b={short} c={base64.b64encode(long.encode()).decode()}")
+    assert text == f"a={MASK} b={MASK} c={MASK}"  # never "[REDACTED]-and-more-of-it"
+
+
+def test_a_prefix_secret_masks_the_whole_token_it_begins():
+    # OpenCode's server password, route tokens and placeholders: one random prefix per process
+    prefix = "0123456789abcdef0123456789abcdef"
+    redactor = Redactor()
+    redactor.add(prefix, prefix=True)
+    text = redactor.text(f"pw={prefix}Xy_z-9Q route /r/{prefix}beef/chat caldera-secret-{prefix}0a1b")
+    assert text == f"pw={MASK} route /r/{MASK}/chat caldera-secret-{MASK}"
+    plain = Redactor([prefix])  # added as a plain value first: prefix=True still widens it
+    plain.add(prefix, prefix=True)
+    assert plain.text(f"{prefix}REST") == MASK

@@ -1,46 +1,82 @@
 """What keeps the agent's commands inside the execution policy: OpenCode has no sandbox.
 
 OpenCode runs each Bash command with the shell `$SHELL` names (an absolute path to a file:
-measured on 1.18.33, called as `SHELL -c COMMAND`). The agent's server is started with
-`SHELL=<server dir>/bin/bash`, a wrapper that runs the real bash under bubblewrap:
+measured on 1.18.33, called as `SHELL -c COMMAND` in the command's directory). The agent's
+server is started with `SHELL=<server dir>/bin/bash`, a wrapper that drops the server's
+credentials from its own environment and execs the real bash under bubblewrap:
 
 - `/` read-only (`--ro-bind / /`), a fresh `/dev`, a pid namespace and its own `/proc` (the
-  server's and the runtime's `/proc/PID/environ` are not there to read);
-- writable: the agent's workspace roots (`CALDERA_WORKSPACE_ROOTS`, else the run's
-  workspace) and the server's own dir (its HOME and TMPDIR);
-- hidden (an empty tmpfs, /dev/null for a file): the agent's config dir (agent.env, secrets.env,
-  the projection; its config root when it is `<root>/agents/NAME`), its state dir,
-  `$CREDENTIALS_DIRECTORY`, and the server's `opencode.json` (the forwarder's routes and
-  placeholders) and `server.json`;
-- `OPENCODE_SERVER_PASSWORD` (and the username) unset: a command cannot use the server's API;
+  server's and the runtime's `/proc/PID/environ` are not there to read; the sandbox's own
+  pid 1 is bwrap's, whose environment no longer holds the server's password), its own IPC
+  namespace, a new session (no TIOCSTI into a terminal), and no capability at all
+  (`--cap-drop ALL`: as root, bubblewrap would keep them and a command could remount `/`);
+- hidden (an empty tmpfs; a file: /dev/null): `/tmp`, `/var/tmp`, `/run` (their unix sockets,
+  other runs' private dirs), the runtime's config and state roots, the instance's persistent
+  dir, Claude Code's private dirs, the agent's config and state dirs, `$CREDENTIALS_DIRECTORY`,
+  and the server's own dir (its wrapper, its config, its HOME and XDG dirs, `opencode.db`: a
+  command writing there would run outside the sandbox at the server's next look);
+- read-only: the agent's workspace roots (`CALDERA_WORKSPACE_ROOTS`, else the run's workspace);
+- writable: only the workspace of the turn whose command it is (`workspace-write`; read-only
+  for `read-only`), found by the command's directory in the server's `workspaces` file, which
+  the runtime keeps (`Admitted`); a command in no admitted workspace is refused;
+- `OPENCODE_SERVER_PASSWORD` (and the username) unset before bwrap starts;
 - `network: false`: `--unshare-net`, a command reaches nothing, not even the host's loopback
   (the forwarder, the server).
 
 The network is part of the server's launch: a turn whose `network` differs from the running
 server's waits for it to be free and gets a new one (docs/backends.md, "OpenCode").
 
+The server itself runs under bubblewrap too where it nests (`server_argv`): its own file tools
+follow a symlink in the workspace, and must find there no more than a command would.
+
 Where bubblewrap is missing or cannot start here (no user namespaces), nothing confines a
 command: Bash is then denied to every run (policy.rules), never run unconfined.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import shlex
 import shutil
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from caldera.host import proc
+from caldera.host.fsutil import atomic_write_bytes
 
 PROBE_TIMEOUT = 10.0
-HIDDEN_FILES = ("opencode.json", "server.json")
 UNSET = ("OPENCODE_SERVER_PASSWORD", "OPENCODE_SERVER_USERNAME")
+WORKSPACES = "workspaces"  # the server dir's list of the admitted workspaces, one `w:PATH`/`r:PATH` a line
+SHARED = ("/tmp", "/var/tmp", "/run")  # every account's: other runs' files and sockets
 # `/` read-only, a fresh /dev, and a pid namespace with its own /proc: the host's processes
 # (the server, the runtime: their /proc/PID/environ hold the password, the runtime's own
-# variables) are not there to read
-BASE = ("--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc", "--die-with-parent")
+# variables) are not there to read; no capability, its own IPC, a new session
+BASE = ("--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc", "--unshare-ipc",
+        "--new-session", "--cap-drop", "ALL", "--die-with-parent")
+# The wrapper: `@UNSET@`, `@LIST@`, `@BEFORE@` and `@AFTER@` filled in (quoted) by `wrapper()`.
+WRAPPER = """#!/bin/sh
+# caldera (backends/opencode/confine.py): OpenCode's $SHELL, every command under bubblewrap
+unset @UNSET@
+here=$(pwd -P) || exit 126
+ws=
+mode=
+while IFS= read -r line; do
+  path=${line#?:}
+  case "$here/" in
+    "$path"/*) if [ ${#path} -gt ${#ws} ]; then ws=$path; mode=${line%%:*}; fi ;;
+  esac
+done < @LIST@
+if [ -z "$ws" ]; then
+  echo "caldera: $here is not the workspace of a turn of this agent: the command is refused" >&2
+  exit 126
+fi
+bind=--ro-bind
+[ "$mode" = w ] && bind=--bind
+exec @BEFORE@ "$bind" "$ws" "$ws" @AFTER@ "$@"
+"""
 
 
 @dataclass(frozen=True)
@@ -48,32 +84,101 @@ class Confinement:
     """The bubblewrap sandbox of the agent's commands on one server (real paths)."""
     bwrap: str
     shell: str  # the real bash
-    writable: tuple[str, ...]
-    hidden: tuple[str, ...]  # dirs (an empty tmpfs) and files (/dev/null) a command must not read
+    roots: tuple[str, ...]  # the agent's workspace roots: read-only (the turn's workspace aside)
+    covered: tuple[str, ...]  # dirs an empty tmpfs covers (the runtime's roots); a workspace in one is bound back
+    hidden: tuple[str, ...]  # dirs (an empty tmpfs) and files (/dev/null) a command must not read, ever
     network: bool
+    extra: tuple[str, ...] = ()  # read-only binds back into a covered dir (resolv.conf's target)
+    server: bool = False  # `opencode serve` itself runs in a sandbox of its own (bubblewrap nests here)
 
-    def argv(self, server_dir: str) -> list[str]:
-        """bwrap's arguments up to the shell (the wrapper adds the shell's own). In order: `/`
-        read-only; the hidden paths; the workspace roots writable; a hidden path inside a
-        root hidden again (its bind uncovered it; one that holds a root stays hidden around
-        it); the server's dir writable, its config and pid file hidden (there once it runs)."""
+    def argv(self, server_dir: str) -> tuple[list[str], list[str]]:
+        """bwrap's arguments before and after the turn's workspace bind (the wrapper adds it
+        and the shell's own arguments). In order: `/` read-only; the covered dirs, the hidden
+        paths and the server's dir hidden; what resolv.conf needs; the workspace roots
+        read-only; [the workspace]; a hidden path inside a root hidden again (the binds
+        uncovered it); the server's HOME and TMPDIR made again, empty."""
         server_dir = os.path.realpath(server_dir)
-        args = [self.bwrap, *BASE, *_hide(self.hidden)]
-        for path in self.writable:
-            args += ["--bind", path, path]
-        args += _hide([p for p in self.hidden if any(_inside(p, root) for root in self.writable)])
-        args += ["--bind", server_dir, server_dir]
-        for name in HIDDEN_FILES:
-            args += ["--ro-bind", "/dev/null", os.path.join(server_dir, name)]
+        covered = sorted({*SHARED, *self.covered, server_dir}, key=len)
+        covered = [p for p in covered if not any(_inside(p, q) for q in covered)]  # one tmpfs covers them
+        args = [self.bwrap, *BASE, *_hide([p for p in covered if os.path.isdir(p)]), *_hide(self.hidden)]
+        for path in self.extra:
+            args += ["--ro-bind-try", path, path]
+        for path in self.roots:
+            args += ["--ro-bind", path, path]
+        after = _hide([p for p in self.hidden if any(_inside(p, root) for root in self.roots)])
+        for name in ("home", "tmp"):  # last: a hidden path may hold them
+            after += ["--dir", os.path.join(server_dir, name)]
         for name in UNSET:
-            args += ["--unsetenv", name]
+            after += ["--unsetenv", name]
         if not self.network:
-            args.append("--unshare-net")
-        return [*args, "--", self.shell]
+            after.append("--unshare-net")
+        return args, [*after, "--", self.shell]
+
+    def server_argv(self, server_dir: str, binary: str) -> list[str]:
+        """bwrap's arguments that run `opencode serve` itself (up to `--`), so that its own file
+        tools, which follow a symlink in the workspace, find no more than the commands do: the
+        same roots and shared dirs covered and secrets hidden; writable its own dir and the
+        workspace roots (its edit tools obey the session's rules); its binary read-only where a
+        covered dir holds it; its own pid namespace (the runtime's `/proc/PID/environ` out of
+        reach); the host's network (the forwarder and its API are on the host's loopback); its
+        capabilities kept, so the commands' bubblewrap can nest in it (and drops them)."""
+        server_dir = os.path.realpath(server_dir)
+        covered = sorted({*SHARED, *self.covered}, key=len)
+        covered = [p for p in covered if not any(_inside(p, q) for q in covered)]
+        args = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc",
+                *_hide([p for p in covered if os.path.isdir(p)]), *_hide(self.hidden)]
+        for path in (*self.extra, *sorted({binary, os.path.realpath(binary)})):
+            args += ["--ro-bind-try", path, path]
+        for path in self.roots:
+            args += ["--bind", path, path]
+        args += _hide([p for p in self.hidden if any(_inside(p, root) for root in self.roots)])
+        return [*args, "--bind", server_dir, server_dir, "--"]  # last: a hidden state dir holds it
 
     def wrapper(self, server_dir: str) -> str:
-        """The text of `<server dir>/bin/bash`: exec bwrap … bash "$@"."""
-        return "#!/bin/sh\nexec " + " ".join(shlex.quote(a) for a in self.argv(server_dir)) + ' "$@"\n'
+        """The text of `<server dir>/bin/bash` (WRAPPER)."""
+        before, after = self.argv(server_dir)
+        text = WRAPPER.replace("@UNSET@", " ".join(UNSET))
+        text = text.replace("@LIST@", shlex.quote(os.path.join(os.path.realpath(server_dir), WORKSPACES)))
+        text = text.replace("@BEFORE@", " ".join(shlex.quote(a) for a in before))
+        return text.replace("@AFTER@", " ".join(shlex.quote(a) for a in after))
+
+
+class Admitted:
+    """The workspaces of the turns on one server now (`<server dir>/workspaces`, 0600, which
+    the wrapper reads): a command may write only in the workspace of its own turn. Read-only
+    entries first: of two turns on one workspace, the read-only one wins."""
+
+    def __init__(self, server_dir: str | os.PathLike[str]):
+        self.path = Path(server_dir) / WORKSPACES
+        self._lock = threading.Lock()
+        self._held: collections.Counter[str] = collections.Counter()
+        self._write()
+
+    def admit(self, workspace: str, writable: bool) -> str:
+        """Admit a turn's workspace; the entry to `dismiss` at its end. ValueError for a
+        path the list cannot hold (a newline in it)."""
+        real = os.path.realpath(workspace)
+        if "\n" in real or real == "/":
+            raise ValueError(f"workspace {workspace!r} cannot be confined (a newline in its path, or /)")
+        entry = ("w:" if writable else "r:") + real
+        with self._lock:
+            self._held[entry] += 1
+            self._write()
+        return entry
+
+    def dismiss(self, entry: str) -> None:
+        with self._lock:
+            self._held[entry] -= 1
+            if self._held[entry] <= 0:
+                del self._held[entry]
+            self._write()
+
+    def _write(self) -> None:
+        lines = sorted(self._held, key=lambda e: (e[0] != "r", e))
+        try:
+            atomic_write_bytes(self.path, "".join(f"{e}\n" for e in lines).encode(), mode=0o600, durable=False)
+        except FileNotFoundError:
+            pass  # the server stopped and its dir is gone: nothing to admit any more
 
 
 def _hide(paths: Iterable[str]) -> list[str]:
@@ -119,10 +224,28 @@ def works(bwrap: str, true: str) -> bool:
     return proc.run(argv, env={"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT, stdout_cap=1024).ok
 
 
-def plan(roots: Iterable[str], hidden: Iterable[str], network: bool, path: str) -> Confinement | None:
-    """The agent's commands' sandbox, or None when bubblewrap is not there or cannot start."""
+@functools.cache
+def nests(bwrap: str, true: str) -> bool:
+    """Whether the commands' sandbox can start inside the server's (a nested pid and mount
+    namespace): one probe per process and binary. Where it cannot, the server runs unconfined
+    (its file tools then reach what its account can read through a symlink: docs/backends.md)."""
+    argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc", "--",
+            bwrap, *BASE, "--unshare-net", "--", true]
+    return proc.run(argv, env={"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT, stdout_cap=1024).ok
+
+
+def plan(roots: Iterable[str], covered: Iterable[str | None], hidden: Iterable[str], network: bool,
+         path: str) -> Confinement | None:
+    """The agent's commands' sandbox, or None when bubblewrap is not there or cannot start.
+    `roots`: the agent's workspace roots; `covered`: the runtime's roots (config, state,
+    persistent dir, Claude Code's private dirs); `hidden`: `private_paths`."""
     bwrap, shell, true = (shutil.which(name, path=path) for name in ("bwrap", "bash", "true"))
     if not (bwrap and shell and true) or not works(bwrap, true):
         return None
-    writable = sorted({os.path.realpath(r) for r in roots if os.path.isdir(r)})
-    return Confinement(bwrap=bwrap, shell=shell, writable=tuple(writable), hidden=tuple(hidden), network=network)
+    real_roots = sorted({os.path.realpath(r) for r in roots if os.path.isdir(r)})
+    real_covered = sorted({os.path.realpath(c) for c in covered if c} - {"/"})
+    # /etc/resolv.conf may point into /run (systemd-resolved): its target stays, read-only
+    resolv = os.path.realpath("/etc/resolv.conf")
+    extra = tuple(p for p in (resolv,) if any(_inside(p, c) for c in (*SHARED, *real_covered)))
+    return Confinement(bwrap=bwrap, shell=shell, roots=tuple(real_roots), covered=tuple(real_covered),
+                       hidden=tuple(hidden), network=network, extra=extra, server=nests(bwrap, true))

@@ -30,16 +30,17 @@ from typing import Any
 
 from caldera import config
 from caldera.backends import failures as fk
+from caldera.backends import leftovers
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
 from caldera.backends.events import EVENT_TYPES, EventSink
-from caldera.backends.opencode import confine
+from caldera.backends.opencode import confine, project
 from caldera.backends.opencode import policy as policy_rules
 from caldera.backends.opencode import provider as prov
 from caldera.backends.opencode import server as srv
 from caldera.backends.opencode.mapping import TurnMapper, items, obj, retry_kind, turn_outcome
 from caldera.backends.opencode.owner import DEFAULT_IDLE_SECONDS, Lease, ServerOwner
 from caldera.backends.opencode.route import process_secret
-from caldera.backends.registry import BINARIES, gateway_settings
+from caldera.backends.registry import BINARIES, Refused, gateway_settings
 from caldera.errors import ConfigError
 from caldera.host import proc
 
@@ -87,9 +88,10 @@ def native_for(path: str) -> str:
     return path
 
 
-def _writable_roots(env: Mapping[str, str], workspace: str) -> list[str]:
-    """What the agent's commands may write besides the server's dirs: its workspace roots
-    (one server serves every workspace below them), else the run's workspace alone."""
+def _workspace_roots(env: Mapping[str, str], workspace: str) -> list[str]:
+    """What the agent's commands may read of its workspaces: its workspace roots (one server
+    serves every workspace below them), else the run's workspace alone. Each command writes
+    only in its own turn's workspace (confine.Admitted)."""
     real = os.path.realpath(workspace)
     roots = config.workspace_roots(env)
     if any(real == os.path.realpath(r) or real.startswith(os.path.realpath(r).rstrip("/") + "/") for r in roots):
@@ -130,6 +132,7 @@ class OpenCodeContext:
     max_retries: int
     deadline: float
     instructions: str | None = None
+    search: bool = True  # `rg` on the server's PATH: grep and glob allowed (policy.rules)
     cancel: threading.Event | None = None
     cancel_is_timeout: Callable[[], bool] | None = None
     interrupt_event: threading.Event = field(default_factory=threading.Event)
@@ -193,7 +196,9 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         path = env.get("PATH") or DEFAULT_PATH
         state_dir = os.path.dirname(owner.runs_dir if owner is not None else os.path.abspath(environment.runs_dir))
         hidden = confine.private_paths(environment.secrets_dir, state_dir, environment.credentials_dir)
-        sandbox = confine.plan(_writable_roots(env, run.workspace), hidden, run.policy.network, path)
+        covered = [environment.config_root, environment.state_root, environment.persistent_dir,
+                   str(leftovers.private_root())]
+        sandbox = confine.plan(_workspace_roots(env, run.workspace), covered, hidden, run.policy.network, path)
         sink.emit("backend_status", {
             "phase": "starting", "backend": "opencode", "profile": run.backend_profile, "binary": binary,
             "provider": provider, "model": model, "base_url": spec.base_url(provider),
@@ -213,24 +218,32 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
             run=run, environment=environment, sink=sink, launch=launch, provider=provider, model=model,
             owner=owner or ServerOwner(environment.runs_dir, idle_seconds=idle), private_owner=owner is None,
             max_retries=retries, deadline=time.monotonic() + run.policy.timeout_seconds,
-            instructions=read_instructions(run.workspace))
+            instructions=read_instructions(run.workspace), search=shutil.which("rg", path=path) is not None)
 
     # ------------------------------------------------------------ the turn
 
     def start_turn(self, context: OpenCodeContext) -> None:
+        planted = project.plugin_file(context.run.workspace)
+        if planted is not None:  # before every turn: an earlier turn may have written it
+            raise Refused(project.refusal(planted))
         try:
             context.lease = context.owner.get(context.launch, lambda: self._stop_reason(context) is not None)
         except srv.Stopped:
             return self._finish_stopped(context)
         server = context.lease.server
+        try:
+            context.lease.admit(context.run.workspace, writable=context.run.policy.sandbox == "workspace-write")
+        except ValueError as exc:
+            raise fk.BackendFailure(fk.BACKEND_FAILED, str(exc)) from None
         redactor = context.environment.redactor
-        redactor.add(process_secret())  # the prefix of the server's password, route tokens and placeholders
+        redactor.add(process_secret(), prefix=True)  # the server's password, route tokens, placeholders: whole
         for value in server.routes.secrets if server.routes is not None else ():
             redactor.add(value)  # credentials in a base URL or the proxy's URL
         context.sink.emit("backend_status", {
             "phase": "ready", "server": "started" if context.lease.started else "reused", "pid": server.pid,
             "listening_after_ms": int((server.listening_after or 0) * 1000) if context.lease.started else None,
-            "proxy": server.routes.proxy_for(context.provider) if server.routes is not None else None})
+            "proxy": server.routes.proxy_for(context.provider) if server.routes is not None else None,
+            "search": policy_rules.search(context.search)})
         try:
             self._open_session(context, server)
         except srv.ServerError as exc:
@@ -247,7 +260,7 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
                 raise srv.ServerError("the event stream did not connect")
         session = self._call(context, server, "POST", "/session", {
             "title": f"caldera run {run.run_id}",
-            "permission": policy_rules.rules(run.policy, context.launch.sandbox is not None)})
+            "permission": policy_rules.rules(run.policy, context.launch.sandbox is not None, context.search)})
         if not isinstance(session, dict) or not isinstance(session.get("id"), str):
             raise fk.BackendFailure(fk.BACKEND_RESPONSE_INVALID, "POST /session answered without a session id")
         context.session_id = session["id"]
@@ -473,7 +486,9 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
                 # later runs, and commands an agent runs there, do not find it.
                 self._call_quietly(context, lease.server, "DELETE", f"/session/{context.session_id}", None)
             if lease is not None:
-                lease.release(poison=context.poison)
+                # a plugin the turn left in the workspace is not for this server to load later
+                poison = context.poison or project.plugin_file(context.run.workspace) is not None
+                lease.release(poison=poison)
         finally:
             if context.private_owner:
                 context.owner.close()

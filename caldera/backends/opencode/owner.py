@@ -40,10 +40,19 @@ class Lease:
         self.server = server
         self.started = started  # this get() started the server (the first turn pays for it)
         self._released = False
+        self._admitted: str | None = None
+
+    def admit(self, workspace: str, writable: bool) -> None:
+        """The turn's workspace is where its commands run (writable or not) until `release`.
+        ValueError for a workspace the sandbox cannot name."""
+        if self.server.admitted is not None and self._admitted is None:
+            self._admitted = self.server.admitted.admit(workspace, writable)
 
     def release(self, poison: bool = False) -> None:
         if not self._released:
             self._released = True
+            if self._admitted is not None and self.server.admitted is not None:
+                self.server.admitted.dismiss(self._admitted)
             self.owner._release(self.server, poison)
 
 

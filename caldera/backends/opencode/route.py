@@ -30,10 +30,10 @@ METHODS = frozenset({"GET", "POST"})
 @functools.cache
 def process_secret() -> str:
     """A random prefix, one per process, of every server password, route token and
-    placeholder it makes: the Redactor masks it once, and with it every one of them (their
-    random rest alone opens nothing). Masking each whole value instead would add three
-    values to the daemon's one Redactor at every server start, for ever: every log line
-    and event would get slower the longer the daemon ran."""
+    placeholder it makes: the Redactor masks it once as a prefix (`add(prefix=True)`), and
+    with it every one of them whole (it and the token characters after it). Adding each
+    value instead would add three values to the daemon's one Redactor at every server start,
+    for ever: every log line and event would get slower the longer the daemon ran."""
     return secrets.token_hex(16)
 
 

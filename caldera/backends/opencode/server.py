@@ -5,9 +5,12 @@ Dirs: `<runs>/.opencode-<hex>/` (a run id never starts with a dot, so no run dir
 it), 0700: `home`, `config`, `data`, `cache`, `state`, `tmp` (HOME, XDG_*_HOME, TMPDIR)
 and `opencode.json` (0600, OPENCODE_CONFIG, absolute); `server.json` names the server's
 and its owner's pid and start time, so that a later owner can stop a server whose owner
-died. All of it is removed when the server stops.
+died; `.owner` is the same claim as a run's (`leftovers.claim`): the sweep at the daemon's start
+and at each `caldera turn` stops a server whose owner is gone (killed -9) even when no OpenCode
+turn follows. All of it is removed when the server stops.
 
-The process: argv `[binary, "serve", "--hostname", "127.0.0.1", "--port", "0", "--pure"]`,
+The process: argv `[binary, "serve", "--hostname", "127.0.0.1", "--port", "0", "--pure"]`
+(behind `bwrap … --` where bubblewrap nests: confine.Confinement.server_argv; its pid is then bwrap's),
 its own process group, an environment built from nothing (no variable of the runtime's
 own reaches it: not its tokens, not a ClawManager OPENCODE_CONFIG_CONTENT), the password
 (`OPENCODE_SERVER_PASSWORD`) random per start. Stop: TERM to the group, grace, KILL, and
@@ -44,8 +47,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from caldera.backends import failures as fk
+from caldera.backends import leftovers
 from caldera.backends.forwarder import Forwarder
-from caldera.backends.opencode.confine import Confinement
+from caldera.backends.opencode.confine import Admitted, Confinement
 from caldera.backends.opencode.provider import ServerSpec
 from caldera.backends.opencode.route import ProviderRoutes, forwarder, process_secret
 from caldera.host import jsonlimits, proc
@@ -137,6 +141,7 @@ class OpenCodeServer:
             "stdout": collections.deque(maxlen=TAIL_LINES), "stderr": collections.deque(maxlen=TAIL_LINES)}
         self._readers: list[threading.Thread] = []
         self._stopped = False
+        self.admitted: Admitted | None = None  # the turns' workspaces its commands may use (sandbox only)
 
     # ------------------------------------------------------------ start
 
@@ -163,10 +168,12 @@ class OpenCodeServer:
         self.dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.dir.mkdir(mode=0o700)
         os.chmod(self.dir, 0o700)
+        leftovers.claim(self.dir)  # an owner killed -9: the next start's sweep stops the server
         for name in DIRS:
             (self.dir / name).mkdir(mode=0o700)
         if self.launch.sandbox is not None:  # SHELL: OpenCode's Bash runs every command through it
             (self.dir / "bin").mkdir(mode=0o700)
+            self.admitted = Admitted(self.dir)
             atomic_write_bytes(self.dir / "bin" / "bash", self.launch.sandbox.wrapper(str(self.dir)).encode(),
                                mode=0o700, durable=False)
 
@@ -186,6 +193,9 @@ class OpenCodeServer:
 
     def _spawn(self) -> None:
         argv = [self.launch.binary, "serve", "--hostname", "127.0.0.1", "--port", "0", "--pure"]
+        sandbox = self.launch.sandbox
+        if sandbox is not None and sandbox.server:  # its own file tools see what its commands see
+            argv = [*sandbox.server_argv(str(self.dir), self.launch.binary), *argv]
         self.started_at = time.monotonic()
         try:
             self.proc = subprocess.Popen(argv, cwd=str(self.dir), env=self.environment(), stdin=subprocess.DEVNULL,
@@ -267,6 +277,21 @@ class OpenCodeServer:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
+
+    def serving_pid(self) -> int | None:
+        """The `opencode serve` process itself: `pid` is bubblewrap's where the server has its
+        sandbox (the bench measures the server's CPU and memory, a test kills the server)."""
+        if self.proc is None:
+            return None
+        for pid in _descendants(self.proc.pid):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    argv = fh.read(4096).split(b"\0")
+            except OSError:
+                continue  # gone
+            if argv[:2] == [self.launch.binary.encode(), b"serve"]:
+                return pid
+        return self.proc.pid
 
     # ------------------------------------------------------------ the API
 
@@ -440,8 +465,26 @@ def _malformed(event: Any) -> str | None:
     return None
 
 
+def _descendants(root: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """`root` and its descendants, parents first."""
+    if children is None:
+        children = _process_table()[0]
+    found, frontier = [root], [root]
+    while frontier:
+        kids = children.get(frontier.pop(), [])
+        found += kids
+        frontier += kids
+    return found
+
+
 def _descendant_groups(root: int) -> set[int]:
     """Process groups of `root`'s descendants other than its own (commands that made their own)."""
+    children, groups = _process_table()
+    return {groups[pid] for pid in _descendants(root, children)[1:] if groups.get(pid) not in (None, root)}
+
+
+def _process_table() -> tuple[dict[int, list[int]], dict[int, int]]:
+    """(children of each pid, process group of each pid), from /proc."""
     children: dict[int, list[int]] = {}
     groups: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -459,14 +502,7 @@ def _descendant_groups(root: int) -> set[int]:
             continue
         children.setdefault(ppid, []).append(int(entry))
         groups[int(entry)] = pgrp
-    found: set[int] = set()
-    frontier = [root]
-    while frontier:
-        for kid in children.get(frontier.pop(), []):
-            frontier.append(kid)
-            if groups.get(kid) not in (None, root):
-                found.add(groups[kid])
-    return found
+    return children, groups
 
 
 def reap_leftovers(runs_dir: str | os.PathLike[str]) -> list[str]:

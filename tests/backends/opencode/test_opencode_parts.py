@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import stat
+import subprocess
 import sys
 import threading
 import urllib.parse
@@ -28,7 +29,7 @@ from caldera.backends import failures as fk
 from caldera.backends.base import Policy
 from caldera.backends.events import EventSink
 from caldera.backends.forwarder import Failure
-from caldera.backends.opencode import confine, driver, policy, provider, route, server
+from caldera.backends.opencode import confine, driver, policy, project, provider, route, server
 from caldera.backends.opencode.mapping import TurnMapper, classify_error, retry_kind, turn_outcome
 from caldera.backends.opencode.owner import ServerOwner
 from caldera.backends.opencode.route import ProviderRoutes, process_secret
@@ -305,14 +306,23 @@ def test_policy_rules(pol, confined, denied, asked):
     assert all(r["pattern"] == "*" for r in rules)
 
 
+def test_without_ripgrep_grep_and_glob_are_denied():
+    denied = {r["permission"] for r in policy.rules(Policy(60), True, search=False) if r["action"] == "deny"}
+    assert {"grep", "glob"} <= denied and "bash" not in denied
+    assert "denied" in policy.search(False) and policy.search(True) == "ripgrep"
+
 def test_without_bubblewrap_nothing_confines_commands(tmp_path):
     (tmp_path / "bash").symlink_to("/bin/bash")
     (tmp_path / "true").symlink_to("/bin/true")  # no bwrap on this PATH
-    assert confine.plan([str(tmp_path)], [], False, str(tmp_path)) is None
+    assert confine.plan([str(tmp_path)], [], [], False, str(tmp_path)) is None
     assert "denied" in policy.commands(Policy(60), confined=False)
 
 
-def test_the_sandbox_hides_the_runtimes_paths_and_keeps_roots_and_the_server_dir_writable(tmp_path):
+def _pairs(argv: list[str], flag: str) -> list[int]:
+    return [i for i, a in enumerate(argv) if a == flag]
+
+
+def test_the_sandbox_covers_the_runtimes_roots_hides_secrets_and_binds_roots_read_only(tmp_path):
     agents = tmp_path / "etc" / "agents" / "a1"
     (agents / "secrets").mkdir(parents=True)
     (agents / "secrets.env").write_text("CALDERA_TOKEN=x\n")
@@ -320,19 +330,72 @@ def test_the_sandbox_hides_the_runtimes_paths_and_keeps_roots_and_the_server_dir
     (state / "runs").mkdir(parents=True)
     hidden = confine.private_paths(str(agents / "secrets"), str(state), None)
     assert {str(tmp_path / "etc"), str(agents / "secrets"), str(agents / "secrets.env"), str(state)} <= set(hidden)
-    box = confine.Confinement(bwrap="/usr/bin/bwrap", shell="/bin/bash", writable=(str(tmp_path / "var"),),
-                              hidden=tuple(hidden), network=False)
+    box = confine.Confinement(bwrap="/usr/bin/bwrap", shell="/bin/bash", roots=(str(tmp_path / "var"),),
+                              covered=("/usr/share", str(tmp_path / "var")), hidden=tuple(hidden), network=False)
     server_dir = str(state / "runs" / ".opencode-x")
-    argv = box.argv(server_dir)
-    ro = argv.index("--ro-bind")
-    root = argv.index(str(tmp_path / "var"))
-    again = [i for i, a in enumerate(argv) if a == str(state) and argv[i - 1] == "--tmpfs"]
-    server = [i for i, a in enumerate(argv) if a == server_dir and argv[i - 1] == "--bind"]
-    assert ro < again[0] < root < again[1] < server[0]  # hidden; the root writable; hidden again; the server's dir
-    assert "--unshare-net" in argv and argv[argv.index("--") + 1] == "/bin/bash"
-    assert ["--ro-bind", "/dev/null", f"{server_dir}/opencode.json"] == argv[server[0] + 2:server[0] + 5]
-    networked = confine.Confinement(box.bwrap, box.shell, box.writable, box.hidden, network=True)
-    assert "--unshare-net" not in networked.argv(server_dir)
+    before, after = box.argv(server_dir)
+    for flag in ("--cap-drop", "--new-session", "--unshare-ipc", "--unshare-pid"):
+        assert flag in before
+    assert before[before.index("--cap-drop") + 1] == "ALL"
+    tmpfs = [before[i + 1] for i in _pairs(before, "--tmpfs")]
+    assert {"/tmp", "/run", "/usr/share", str(state)} <= set(tmpfs)  # a state root like /var/lib/caldera: covered
+    assert server_dir not in tmpfs and str(tmp_path / "var") not in tmpfs  # inside /tmp: one tmpfs covers them
+    ro = [before[i + 1] for i in _pairs(before, "--ro-bind")]
+    assert ro[0] == "/" and str(tmp_path / "var") in ro and "--bind" not in before  # roots: read-only
+    assert ["--tmpfs", str(state)] == after[:2]  # hidden again after the workspace's bind
+    assert ["--dir", f"{server_dir}/home"] == after[after.index("--dir"):after.index("--dir") + 2]  # made again
+    assert "--unshare-net" in after and after[-2:] == ["--", "/bin/bash"]
+    networked = confine.Confinement(box.bwrap, box.shell, box.roots, box.covered, box.hidden, network=True)
+    assert "--unshare-net" not in networked.argv(server_dir)[1]
+
+
+def test_the_servers_own_sandbox_covers_the_same_roots_and_keeps_the_network(tmp_path):
+    state = tmp_path / "var" / "a1"
+    (state / "runs").mkdir(parents=True)
+    roots = (str(tmp_path / "ws"),)
+    box = confine.Confinement(bwrap="/usr/bin/bwrap", shell="/bin/bash", roots=roots, covered=("/usr/share",),
+                              hidden=(str(state),), network=False, server=True)
+    server_dir = str(state / "runs" / ".opencode-x")
+    argv = box.server_argv(server_dir, "/opt/oc/bin/opencode")
+    assert argv[-1] == "--" and "--unshare-net" not in argv and "--cap-drop" not in argv  # commands nest in it
+    tmpfs = [argv[i + 1] for i in _pairs(argv, "--tmpfs")]
+    assert {"/tmp", "/run", "/usr/share", str(state)} <= set(tmpfs) and "--unshare-pid" in argv
+    binds = [argv[i + 1] for i in _pairs(argv, "--bind")]
+    assert binds == [*roots, server_dir]  # the workspace roots and, last, its own dir (in a hidden state dir)
+    assert argv.index("--bind") > max(_pairs(argv, "--tmpfs"))
+    assert "/opt/oc/bin/opencode" in [argv[i + 1] for i in _pairs(argv, "--ro-bind-try")]
+
+def test_the_wrapper_binds_only_an_admitted_workspace_and_drops_the_password(tmp_path):
+    box = confine.Confinement(bwrap="/usr/bin/bwrap", shell="/bin/bash", roots=(), covered=(), hidden=(), network=False)
+    server_dir = tmp_path / ".opencode-x"
+    (server_dir / "bin").mkdir(parents=True)
+    wrapper = server_dir / "bin" / "bash"
+    fake = tmp_path / "bwrap"  # prints its arguments instead of running the sandbox
+    fake.write_text('#!/bin/sh\necho "pw=${OPENCODE_SERVER_PASSWORD:-none}"; for a; do echo "$a"; done\n')
+    fake.chmod(0o755)
+    wrapper.write_text(box.wrapper(str(server_dir)).replace("/usr/bin/bwrap", str(fake)))
+    wrapper.chmod(0o700)
+    admitted = confine.Admitted(server_dir)
+    one, two = tmp_path / "ws one", tmp_path / "ws one" / "two"
+    two.mkdir(parents=True)
+
+    def run(cwd: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(wrapper), "-c", "true"], cwd=cwd, capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin", "OPENCODE_SERVER_PASSWORD": "pw-77"}, timeout=10)
+
+    refused = run(two)
+    assert refused.returncode == 126 and "refused" in refused.stderr and "pw-77" not in refused.stdout
+    entry = admitted.admit(str(one), writable=True)
+    inner = admitted.admit(str(two), writable=False)
+    lines = run(two).stdout.splitlines()
+    assert lines[0] == "pw=none" and lines[-2:] == ["-c", "true"]
+    at = lines.index("--ro-bind", 4)
+    assert lines[at:at + 3] == ["--ro-bind", str(two), str(two)]  # the innermost admitted one, as admitted
+    lines = run(one).stdout.splitlines()
+    assert ["--bind", str(one), str(one)] == lines[lines.index("--bind"):lines.index("--bind") + 3]
+    admitted.dismiss(entry)
+    admitted.dismiss(inner)
+    assert run(one).returncode == 126 and (server_dir / "workspaces").read_text() == ""
 
 
 # ---------------------------------------------------------------- failure kinds
@@ -602,7 +665,8 @@ def test_leftovers_of_a_dead_owner_are_stopped_and_removed_a_live_owners_kept(tm
 
 
 def test_one_masked_prefix_covers_every_password_token_and_placeholder_of_the_process(tmp_path):
-    redactor = Redactor([process_secret()])
+    redactor = Redactor()
+    redactor.add(process_secret(), prefix=True)
     values = []
     for _ in range(2):  # two server starts: new values, the same prefix
         routes = ProviderRoutes({"fake": "http://127.0.0.1:9/v1"}, [CANARY])
@@ -610,7 +674,8 @@ def test_one_masked_prefix_covers_every_password_token_and_placeholder_of_the_pr
                    *routes.placeholders]
     assert len(set(values)) == len(values)
     for value in values:
-        assert process_secret() not in redactor.text(value) and value not in redactor.text(f"x={value} y")
+        head, rest = value.split(process_secret())
+        assert redactor.text(f"x={value} y") == f"x={head}[REDACTED] y"  # whole: not even its random rest
 
 
 def test_the_servers_environment_is_built_from_nothing(tmp_path, monkeypatch):
@@ -718,3 +783,23 @@ def test_opencode_config_content_elsewhere_and_a_projection_are_external_without
     (secrets / "opencode" / "env" / KEY_ENV).unlink()  # projected, but unusable: external all the same
     [found] = _opencode(registry.llm_configs(GW, str(secrets), None))
     assert (found.status, found.base_url) == (EXTERNAL, None)
+
+
+# ---------------------------------------------------------------- project plugins
+
+def test_a_plugin_or_a_config_naming_one_is_found_in_the_workspace_or_a_parent(tmp_path):
+    ws = tmp_path / "a" / "ws"
+    ws.mkdir(parents=True)
+    assert project.plugin_file(str(ws)) is None
+    (ws / "opencode.json").write_text('{"model": "x/y"}')  # a config without plugins: nothing to refuse
+    (ws / ".opencode" / "plugins").mkdir(parents=True)
+    (ws / ".opencode" / "plugins" / "notes.md").write_text("not code")
+    assert project.plugin_file(str(ws)) is None
+    (tmp_path / "opencode.jsonc").write_text('{\n  // mine\n  "plugins" : ["./x.js"]\n}')
+    assert project.plugin_file(str(ws)) == str(tmp_path / "opencode.jsonc")
+    (tmp_path / "opencode.jsonc").unlink()
+    (tmp_path / "link").symlink_to(ws)  # the path as given and its real path: both walked
+    (tmp_path / "a" / ".opencode" / "plugin").mkdir(parents=True)
+    (tmp_path / "a" / ".opencode" / "plugin" / "p.ts").write_text("export default {}")
+    assert project.plugin_file(str(tmp_path / "link")) == str(tmp_path / "a" / ".opencode" / "plugin" / "p.ts")
+    assert "p.ts" in project.refusal(str(tmp_path / "a" / ".opencode" / "plugin" / "p.ts"))

@@ -13,6 +13,7 @@ CALDERA_REQUIRE_OPENCODE=1 makes that a failure. The turns share one agent's ser
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -50,14 +51,25 @@ class Harness:
     def env(self, **extra: str) -> Any:
         return environment(self.root, self.secrets, owner=self.owner, **extra)
 
-    def run(self, script: list[dict[str, Any]], prompt: str = "Say hello", env: Any = None,
+    def run(self, script: list[dict[str, Any]], prompt: str = "Say hello", env: Any = None, ws: Path | None = None,
             **policy: Any) -> tuple[dict[str, Any], list[dict[str, Any]], Any]:
         self.provider.set_script(script)
         self.count += 1
         env = env or self.env()
-        result, events = execute(request(self.ws, run_id=f"run-{self.count}", prompt=prompt, **policy), env,
+        result, events = execute(request(ws or self.ws, run_id=f"run-{self.count}", prompt=prompt, **policy), env,
                                  roots=None)
         return result, events, env
+
+    def command(self, script: str, env: Any = None, ws: Path | None = None,
+                **policy: Any) -> tuple[str, list[dict[str, Any]]]:
+        """One Bash command running `script` (a file in the workspace: OpenCode asks about a
+        command that names a path outside the workspace itself): (its output, the events)."""
+        (ws or self.ws).joinpath("probe.sh").write_text(script)
+        result, events, env = self.run([{"call": "bash", "args": {"command": "sh probe.sh", "description": "probe"}},
+                                        {"text": "done"}], env=env, ws=ws, **policy)
+        assert terminal(events)["status"] == "completed", events
+        [output] = of_type(events, "command_output")
+        return output["output"], events
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +113,7 @@ PROBE = ("echo in > inside.txt; echo out > {outside}; echo write=$?\n"
          "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 5); print(\"connected\")'\n"
          "cat {key} || echo no-key\necho config-routes=$(cat \"$OPENCODE_CONFIG\" | grep -c /r/)\n"
          "[ -z \"$OPENCODE_SERVER_PASSWORD\" ] && echo no-server-password\n"
-         "[ -n \"$OPENCODE_PID\" ] && [ ! -e /proc/$OPENCODE_PID/environ ] && echo no-server-process\n")
+         "grep -l OPENCODE_SERVER_PASSWORD /proc/[0-9]*/environ 2>/dev/null || echo no-server-process\n")
 
 
 def _probe(agent: Any, tmp: Path, env: Any = None, **policy: Any) -> tuple[str, list[dict[str, Any]], int]:
@@ -131,12 +143,114 @@ def test_bubblewrap_keeps_commands_in_the_workspace_off_the_network_and_out_of_t
     output, events, accepted = _probe(agent, tmp_path)
     assert of_type(events, "backend_status")[0]["commands"] == "confined (bubblewrap), no network"
     assert (agent.ws / "inside.txt").read_text() == "in\n"  # the workspace is writable
-    assert not (tmp_path / "outside.txt").exists() and "Read-only file system" in output  # the rest is not
+    assert not (tmp_path / "outside.txt").exists() and "Directory nonexistent" in output  # /tmp: hidden
     assert accepted == 0 and "connected" not in output  # not even the host's loopback
     assert "no-key" in output and CANARY not in output  # the projection is hidden
     assert "config-routes=0" in output  # the server's config (the forwarder's routes) cannot be read
     assert "no-server-password" in output  # the server's API cannot be used
     assert "no-server-process" in output  # nor its password read in its /proc/PID/environ
+
+
+
+def test_a_command_has_no_capability_and_cannot_read_the_servers_password(agent):
+    # as root (CI), bubblewrap keeps every capability unless told: a command could remount /
+    output, events = agent.command(
+        "grep CapEff /proc/self/status\n"
+        "mount -o remount,rw / 2>/dev/null && echo remounted\n"
+        "for f in /proc/1/environ /proc/self/environ; do tr '\\0' '\\n' < $f | grep -c SERVER_PASSWORD; done\n")
+    password = agent.owner.server.password
+    assert "CapEff:\t0000000000000000" in output and "remounted" not in output
+    assert password not in output
+    assert [line for line in output.splitlines() if line.isdigit()] == ["0", "0"]  # pid 1 (bwrap's) and its own
+
+
+def test_a_command_cannot_change_or_read_the_servers_dir_other_agents_state_or_host_sockets(agent, tmp_path):
+    server = agent.owner.server
+    other = tmp_path / "other-agent" / "state"
+    other.mkdir(parents=True)
+    (other / "session.json").write_text('{"agent_token": "OTHER-AGENTS-TOKEN"}')
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "s.sock"))
+    sock.listen(4)
+    sock.settimeout(0.5)
+    with sock:
+        output, events = agent.command(
+            "printf '#!/bin/sh\\nexec /bin/bash \"$@\"\\n' > \"$SHELL\"\n"
+            "mkdir -p \"$XDG_CONFIG_HOME/opencode\" && echo PLANTED > \"$XDG_CONFIG_HOME/opencode/AGENTS.md\"\n"
+            f"cat {other}/session.json || echo no-other-state\n"
+            "cat \"$XDG_DATA_HOME\"/opencode/opencode.db* 2>/dev/null | grep -ac SECRET-PROMPT-31\n"
+            f"python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.connect(\"{tmp_path}/s.sock\"); "
+            "print(\"unix-connected\")'\n", )
+        accepted = 0
+        try:
+            sock.accept()[0].close()
+            accepted += 1
+        except OSError:
+            pass
+    assert "bubblewrap" in (server.dir / "bin" / "bash").read_text()  # the wrapper is still caldera's
+    assert not (server.dir / "config" / "opencode" / "AGENTS.md").exists()
+    assert "OTHER-AGENTS-TOKEN" not in output and "no-other-state" in output
+    assert list((server.dir / "data" / "opencode").glob("opencode.db*"))  # there, and not to be read:
+    result, events, env = agent.run([{"text": "ok"}], prompt="remember SECRET-PROMPT-31")
+    output, events = agent.command("cat \"$XDG_DATA_HOME\"/opencode/opencode.db* 2>/dev/null "
+                                   "| grep -ac SECRET-PROMPT-31 "
+                                   "|| echo no-transcripts\n")
+    assert "no-transcripts" in output
+    assert accepted == 0 and "unix-connected" not in output
+
+
+
+
+
+
+def _plugin(marker: Path) -> str:
+    return f'require("fs").writeFileSync({json.dumps(str(marker))}, "ran"); export const P = async () => ({{}})\n'
+
+
+@pytest.mark.parametrize("where", ["workspace", "parent"])
+def test_a_plugin_in_the_workspace_or_a_parent_refuses_the_turn_and_never_runs(agent, where):
+    # OpenCode imports .opencode/plugin/*.js into its own, unconfined process: no flag stops it
+    marker = agent.root / f"PLUGIN-RAN-{where}"
+    base = agent.ws if where == "workspace" else agent.root
+    plugin = base / ".opencode" / "plugin" / "p.js"
+    plugin.parent.mkdir(parents=True)
+    plugin.write_text(_plugin(marker))
+    try:
+        result, events, env = agent.run([{"text": "never"}])
+    finally:
+        shutil.rmtree(base / ".opencode")
+    data = terminal(events)
+    assert data["status"] == "blocked" and str(plugin) in data["message"], events
+    assert not marker.exists()
+
+
+
+
+
+
+def test_opencodes_own_file_tools_follow_no_symlink_out_of_the_sandbox(agent):
+    # read/write/edit run in the server's process, not in a command: the server has its own sandbox
+    (agent.root / "state").mkdir(exist_ok=True)
+    (agent.root / "state" / "session.json").write_text('{"agent_token": "SESSION-TOKEN-SYM-9"}')
+    (agent.root / "outside").mkdir(exist_ok=True)
+    links = {"key.txt": agent.secrets / "opencode" / "env" / KEY_ENV,
+             "sess.txt": agent.root / "state" / "session.json", "out": agent.root / "outside"}
+    for name, target in links.items():
+        (agent.ws / name).symlink_to(target)
+    before = len(agent.provider.requests)
+    try:
+        result, events, env = agent.run([
+            {"call": "read", "args": {"filePath": str(agent.ws / "key.txt")}},
+            {"call": "read", "args": {"filePath": str(agent.ws / "sess.txt")}},
+            {"call": "write", "args": {"filePath": str(agent.ws / "out" / "written.txt"), "content": "escaped\n"}},
+            {"text": "done"}])
+    finally:
+        for name in links:
+            (agent.ws / name).unlink()
+    assert terminal(events)["status"] == "completed", events
+    bodies = "\n".join(r["body"] for r in agent.provider.requests[before:])
+    assert CANARY not in bodies and "SESSION-TOKEN-SYM-9" not in bodies
+    assert list((agent.root / "outside").iterdir()) == []
 
 
 @pytest.mark.parametrize("entry,kind,words", [
@@ -211,12 +325,60 @@ def test_instructions_from_agents_md_reach_the_model_and_a_symlink_does_not(agen
     (agent.ws / "AGENTS.md").unlink()
 
 
+# From here on each test replaces the shared server (a poisoned one, another launch): last.
+def test_a_plugin_a_command_plants_stops_the_server_and_refuses_the_next_turn(agent):
+    marker = agent.root / "PLUGIN-RAN-planted"
+    output, events = agent.command(f"mkdir -p .opencode/plugins && cat > .opencode/plugins/x.js <<'X'\n"
+                                   f"{_plugin(marker)}X\necho planted\n")
+    assert "planted" in output and agent.owner.server is None  # poisoned: stopped once free
+    try:
+        result, events, env = agent.run([{"text": "never"}])
+        data = terminal(events)
+        assert data["status"] == "blocked" and ".opencode/plugins/x.js" in data["message"], events
+    finally:
+        shutil.rmtree(agent.ws / ".opencode")
+    assert not marker.exists()
+
+
+def test_a_command_writes_only_in_its_own_turns_workspace(agent, tmp_path):
+    # one server serves every workspace under the roots; a command writes only in its turn's
+    roots = agent.root / "roots"
+    (roots / "one").mkdir(parents=True)
+    (roots / "two").mkdir()
+    (roots / "two" / "theirs.txt").write_text("theirs\n")
+    env = agent.env(CALDERA_WORKSPACE_ROOTS=str(roots))
+    output, events = agent.command(f"echo mine > mine.txt\necho changed > {roots}/two/theirs.txt || echo refused\n"
+                                   f"cat {roots}/two/theirs.txt\n", env=env, ws=roots / "one")
+    assert (roots / "one" / "mine.txt").read_text() == "mine\n"
+    assert (roots / "two" / "theirs.txt").read_text() == "theirs\n"
+    assert "refused" in output and "Read-only file system" in output and "theirs" in output  # readable
+
+
+def test_without_ripgrep_on_path_grep_and_glob_are_denied_never_downloaded(agent, tmp_path):
+    # OpenCode downloads ripgrep from GitHub into its data dir when `rg` is not on its PATH
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("bwrap", "bash", "true", "sh"):
+        found = shutil.which(name)
+        assert found, name
+        (bin_dir / name).symlink_to(found)
+    before = len(agent.provider.main)
+    result, events, env = agent.run([{"call": "grep", "args": {"pattern": "x", "path": str(agent.ws)}},
+                                     {"text": "done"}], env=agent.env(PATH=str(bin_dir)))
+    assert terminal(events)["status"] == "completed", events
+    tools = [t["name"] for t in _request_tools(agent.provider.main[before])]
+    assert "grep" not in tools and "glob" not in tools and "read" in tools
+    [ready] = [s for s in of_type(events, "backend_status") if s["phase"] == "ready"]
+    assert "denied" in ready["search"] and "ripgrep" in ready["search"]
+    assert not [t for t in of_type(events, "tool_call") if t.get("tool") == "grep" and t["status"] == "completed"]
+
+
 def test_network_true_lets_a_command_connect_and_still_confines_its_writes(agent, tmp_path):
     # last in this module: another launch (its network), so the shared server is replaced
     output, events, accepted = _probe(agent, tmp_path, network=True, env=agent.env(CALDERA_RUN_ALLOW_NETWORK="true"))
     assert of_type(events, "backend_status")[0]["commands"] == "confined (bubblewrap)"
     assert accepted == 1 and "connected" in output
-    assert not (tmp_path / "outside.txt").exists() and "Read-only file system" in output
+    assert not (tmp_path / "outside.txt").exists() and "Directory nonexistent" in output
     assert "no-key" in output and "no-server-password" in output
 
 

@@ -34,7 +34,9 @@ from opencode_helpers import (
 )
 
 from caldera.backends import failures as fk
+from caldera.backends import leftovers
 from caldera.backends.opencode.owner import ServerOwner
+from caldera.host import proc
 
 ENV_DUMP = {"call": "bash", "args": {"command": f"echo key=${KEY_ENV}; env", "description": "env"}}
 
@@ -87,7 +89,7 @@ def test_the_agents_server_is_reused_replaced_when_its_config_changes_or_it_dies
             thread = threading.Thread(target=lambda: box.update(out=execute(request(ws, run_id="dies"), env)))
             thread.start()
             assert second.wait_main(2)
-            os.kill(owner.server.pid, signal.SIGKILL)
+            os.kill(owner.server.serving_pid(), signal.SIGKILL)  # the server, not its bwrap
             thread.join(60)
             assert not thread.is_alive()
             data = terminal(box["out"][1])
@@ -228,16 +230,20 @@ def test_the_provider_is_reached_through_https_proxy_and_nothing_of_it_reaches_o
 
 # ---------------------------------------------------------------- caldera turn
 
+def _caldera_turn(tmp_path: Path, ws: Path, provider_url: str, **popen: Any) -> subprocess.Popen[Any]:
+    """`caldera turn --json wait` on OpenCode with a projection for `provider_url`, started."""
+    sec = write_projection(tmp_path, provider_url)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
+           "CALDERA_OPENCODE_BIN": os.environ["CALDERA_OPENCODE_BIN"],
+           "CALDERA_CONFIG_DIR": str(tmp_path / "no-config"), "CALDERA_STATE_DIR": str(tmp_path / "no-state")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "caldera.cli", "turn", "--backend", "opencode", "--workspace", str(ws),
+         "--secrets", str(sec), "--state-dir", str(tmp_path / "state"), "--json", "wait"], env=env, **popen)
+
+
 def test_sigterm_to_caldera_turn_cancels_the_turn_and_stops_its_server(tmp_path, ws):
     with FakeChatProvider([{"stall": 120}]) as provider:
-        sec = write_projection(tmp_path, provider.url)
-        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
-               "CALDERA_OPENCODE_BIN": os.environ["CALDERA_OPENCODE_BIN"],
-               "CALDERA_CONFIG_DIR": str(tmp_path / "no-config"), "CALDERA_STATE_DIR": str(tmp_path / "no-state")}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "caldera.cli", "turn", "--backend", "opencode", "--workspace", str(ws),
-             "--secrets", str(sec), "--state-dir", str(tmp_path / "state"), "--json", "wait"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = _caldera_turn(tmp_path, ws, provider.url, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert provider.wait_main(1, timeout=120)
             proc.send_signal(signal.SIGTERM)
@@ -250,6 +256,25 @@ def test_sigterm_to_caldera_turn_cancels_the_turn_and_stops_its_server(tmp_path,
     last = json.loads(out.splitlines()[-1])
     assert last["data"]["status"] == "cancelled" and last["data"]["failure_kind"] == fk.CANCELLED
     assert not list((tmp_path / "state" / "runs").iterdir())
+
+
+def test_a_server_whose_caldera_turn_was_killed_9_is_stopped_by_the_next_starts_sweep(tmp_path, ws):
+    # the daemon's start (and every `caldera turn`) sweeps runs/: the orphaned server with it
+    with FakeChatProvider([{"stall": 120}]) as provider:
+        turn = _caldera_turn(tmp_path, ws, provider.url, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            assert provider.wait_main(1, timeout=120)
+        finally:
+            turn.kill()
+            turn.wait()
+        [left] = (tmp_path / "state" / "runs").glob(".opencode-*")
+        doc = json.loads((left / "server.json").read_text())
+        try:
+            assert proc.same_process(doc["pid"], doc["start_time"])  # orphaned, still running
+            assert leftovers.sweep(tmp_path / "state" / "runs") == [str(left)]
+            assert not proc.same_process(doc["pid"], doc["start_time"]) and not left.exists()
+        finally:
+            proc.signal_pgid(doc["pid"], signal.SIGKILL)
 
 
 def test_a_deadline_while_the_server_starts_is_backend_timeout_and_leaves_nothing(tmp_path, ws):
@@ -287,7 +312,7 @@ def _written(text: str) -> list[str]:
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (apt-get install strace)")
 def test_under_strace_nothing_leaves_loopback_and_nothing_is_written_outside_the_run_dirs(tmp_path, ws):
-    trace = tmp_path / "trace"
+    trace = ws / ".trace"  # where the server's own sandbox lets strace (inside it) write
     wrapper = tmp_path / "opencode-traced"
     wrapper.write_text(f'#!/bin/sh\nexec strace -f -qq -y -e trace=connect,openat,open,mkdir,mkdirat,rename,'
                        f'renameat,renameat2,unlink,unlinkat -o "{trace}" "{os.environ["CALDERA_OPENCODE_BIN"]}" "$@"\n')

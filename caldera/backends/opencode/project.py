@@ -1,0 +1,73 @@
+"""What OpenCode would load from a workspace into its own process: refused before a turn.
+
+OpenCode 1.18.33 walks from the session's directory up to its project's root (the git
+worktree; `/` outside one) for `.opencode/` dirs and `opencode.json[c]` files, and imports
+every `.opencode/{plugin,plugins}/*.{js,ts}` and every plugin a found config names into the
+*server's* process: unconfined, with its password, its account's files and its network
+(measured: `--pure`, `OPENCODE_DISABLE_PROJECT_CONFIG=1` and `OPENCODE_DISABLE_DEFAULT_PLUGINS=1`
+do not stop it). No flag or config key of the pinned CLI does, so caldera refuses a turn whose
+workspace or a parent of it, up to `/`, holds such a file (`blocked`, one sentence naming it),
+checked before every turn (a command or an edit of an earlier turn may have planted one), and
+stops a server after a turn that left one (it must not load it later).
+"""
+from __future__ import annotations
+
+import os
+import re
+
+CONFIGS = ("opencode.json", "opencode.jsonc")
+PLUGIN_DIRS = ("plugin", "plugins")
+PLUGIN_SUFFIXES = (".js", ".ts")
+MAX_CONFIG = 1024 * 1024
+_PLUGIN_KEY = re.compile(rb'"plugins?"\s*:')  # the v1 `plugin` and the v2 `plugins` key
+
+
+def plugin_file(workspace: str) -> str | None:
+    """The first file in `workspace` or a parent (its path as given and its real path) that
+    OpenCode would load code from, else None."""
+    seen: set[str] = set()
+    for start in (os.path.abspath(workspace), os.path.realpath(workspace)):
+        here = start
+        while here not in seen:
+            seen.add(here)
+            found = _in_dir(here)
+            if found:
+                return found
+            parent = os.path.dirname(here)
+            if parent == here:
+                break
+            here = parent
+    return None
+
+
+def _in_dir(directory: str) -> str | None:
+    dot = os.path.join(directory, ".opencode")
+    for config in (*(os.path.join(directory, n) for n in CONFIGS), *(os.path.join(dot, n) for n in CONFIGS)):
+        if _names_plugins(config):
+            return config
+    if not os.path.isdir(dot):
+        return None
+    for sub in PLUGIN_DIRS:
+        try:
+            names = sorted(os.listdir(os.path.join(dot, sub)))
+        except OSError:
+            continue  # none there (or not a dir)
+        for name in names:
+            if name.endswith(PLUGIN_SUFFIXES):
+                return os.path.join(dot, sub, name)
+    return None
+
+
+def _names_plugins(path: str) -> bool:
+    """Whether the config file at `path` names a plugin (one too large to read: counted as one)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_CONFIG + 1)
+    except OSError:
+        return False  # not there, or not a file
+    return len(raw) > MAX_CONFIG or bool(_PLUGIN_KEY.search(raw))
+
+
+def refusal(path: str) -> str:
+    return (f"{path} is an OpenCode plugin (or a config naming one) that the OpenCode server would run "
+            "outside the sandbox: remove it from the workspace and its parents to run OpenCode here")
