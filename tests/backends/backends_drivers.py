@@ -57,12 +57,19 @@ class Driver(Protocol):
     caps_retry_after: bool  # whether a provider's long Retry-After is shortened (else the test sends none)
 
 
+def interpreter() -> str:
+    """The Python a stand-in CLI runs on: the interpreter itself, not a venv's link to it. The
+    OpenCode server's sandbox hides /tmp, where a CI checkout and its venv may live; a stand-in
+    needs only the standard library."""
+    return os.path.realpath(sys.executable)
+
+
 def printing_binary(tmp: Path, name: str, lines: list[str]) -> str:
     """A CLI stand-in that prints `lines` on stdout (after reading one line of stdin) and exits."""
     data = tmp / f"{name}.lines"
     data.write_text("".join(line + "\n" for line in lines))
     binary = tmp / name
-    binary.write_text(f"#!{sys.executable}\nimport sys\nsys.stdin.readline()\n"
+    binary.write_text(f"#!{interpreter()}\nimport sys\nsys.stdin.readline()\n"
                       f"sys.stdout.write(open({str(data)!r}).read())\nsys.stdout.flush()\n")
     binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
     return str(binary)
@@ -279,7 +286,7 @@ class OpenCodeDriver:
         (tmp / "events.lines").write_text("".join(line + "\n" for line in lines))
         (tmp / "standin.py").write_text(STANDIN_SERVER)
         binary = tmp / "opencode"
-        binary.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp / 'standin.py'} {tmp / 'events.lines'}\n")
+        binary.write_text(f"#!/bin/sh\nexec {interpreter()} {tmp / 'standin.py'} {tmp / 'events.lines'}\n")
         binary.chmod(0o755)
         return str(binary)
 
