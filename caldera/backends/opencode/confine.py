@@ -49,7 +49,12 @@ from caldera.host.fsutil import atomic_write_bytes
 
 PROBE_TIMEOUT = 10.0
 UNSET = ("OPENCODE_SERVER_PASSWORD", "OPENCODE_SERVER_USERNAME")
-WORKSPACES = "workspaces"  # the server dir's list of the admitted workspaces, one `w:PATH`/`r:PATH` a line
+SANDBOX_DIR = "bin"  # in the server's dir: the $SHELL wrapper and the workspaces list, read-only to the server
+WORKSPACES = os.path.join(SANDBOX_DIR, "workspaces")  # the admitted workspaces, one `w:PATH`/`r:PATH` a line
+# What the server's own sandbox keeps read-only in its dir: its file tools follow a symlink a
+# command (or the workspace) made, so a `write` through one would rewrite the wrapper or the
+# workspaces list (its next command unconfined) or plant a plugin or config it loads later.
+SERVER_READ_ONLY = (SANDBOX_DIR, "config", "home", "opencode.json")
 SHARED = ("/tmp", "/var/tmp", "/run")  # every account's: other runs' files and sockets
 # `/` read-only, a fresh /dev, and a pid namespace with its own /proc: the host's processes
 # (the server, the runtime: their /proc/PID/environ hold the password, the runtime's own
@@ -121,7 +126,8 @@ class Confinement:
         workspace roots (its edit tools obey the session's rules); its binary read-only where a
         covered dir holds it; its own pid namespace (the runtime's `/proc/PID/environ` out of
         reach); the host's network (the forwarder and its API are on the host's loopback); its
-        capabilities kept, so the commands' bubblewrap can nest in it (and drops them)."""
+        capabilities kept, so the commands' bubblewrap can nest in it (and drops them). Read-only in
+        its dir (SERVER_READ_ONLY): the wrapper and the workspaces list, its config dirs."""
         server_dir = os.path.realpath(server_dir)
         covered = sorted({*SHARED, *self.covered}, key=len)
         covered = [p for p in covered if not any(_inside(p, q) for q in covered)]
@@ -132,7 +138,11 @@ class Confinement:
         for path in self.roots:
             args += ["--bind", path, path]
         args += _hide([p for p in self.hidden if any(_inside(p, root) for root in self.roots)])
-        return [*args, "--bind", server_dir, server_dir, "--"]  # last: a hidden state dir holds it
+        args += ["--bind", server_dir, server_dir]  # after the roots: a hidden state dir holds it
+        for name in SERVER_READ_ONLY:
+            path = os.path.join(server_dir, name)
+            args += ["--ro-bind", path, path]
+        return [*args, "--"]
 
     def wrapper(self, server_dir: str) -> str:
         """The text of `<server dir>/bin/bash` (WRAPPER)."""

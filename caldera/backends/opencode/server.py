@@ -74,6 +74,7 @@ OFFLINE_ENV = {
     "npm_config_registry": "http://127.0.0.1:9/",  # a plugin install that still starts fails here
 }
 DIRS = ("home", "config", "data", "cache", "state", "tmp")
+GITIGNORE = "node_modules\npackage.json\npackage-lock.json\nbun.lock\n.gitignore"  # as OpenCode 1.18.33 writes it
 
 
 class ServerError(Exception):
@@ -171,6 +172,10 @@ class OpenCodeServer:
         leftovers.claim(self.dir)  # an owner killed -9: the next start's sweep stops the server
         for name in DIRS:
             (self.dir / name).mkdir(mode=0o700)
+        # OpenCode writes this file at each start; made here, its config dir can be read-only
+        # in its sandbox (confine.SERVER_READ_ONLY: no plugin or config planted there)
+        (self.dir / "config" / "opencode").mkdir(mode=0o700)
+        (self.dir / "config" / "opencode" / ".gitignore").write_text(GITIGNORE)
         if self.launch.sandbox is not None:  # SHELL: OpenCode's Bash runs every command through it
             (self.dir / "bin").mkdir(mode=0o700)
             self.admitted = Admitted(self.dir)

@@ -362,6 +362,8 @@ def test_the_servers_own_sandbox_covers_the_same_roots_and_keeps_the_network(tmp
     assert {"/tmp", "/run", "/usr/share", str(state)} <= set(tmpfs) and "--unshare-pid" in argv
     binds = [argv[i + 1] for i in _pairs(argv, "--bind")]
     assert binds == [*roots, server_dir]  # the workspace roots and, last, its own dir (in a hidden state dir)
+    read_only = [argv[i + 1] for i in _pairs(argv, "--ro-bind")]  # its wrapper, workspaces list, config: after it
+    assert read_only[-4:] == [f"{server_dir}/{name}" for name in ("bin", "config", "home", "opencode.json")]
     assert argv.index("--bind") > max(_pairs(argv, "--tmpfs"))
     assert "/opt/oc/bin/opencode" in [argv[i + 1] for i in _pairs(argv, "--ro-bind-try")]
 
@@ -395,7 +397,7 @@ def test_the_wrapper_binds_only_an_admitted_workspace_and_drops_the_password(tmp
     assert ["--bind", str(one), str(one)] == lines[lines.index("--bind"):lines.index("--bind") + 3]
     admitted.dismiss(entry)
     admitted.dismiss(inner)
-    assert run(one).returncode == 126 and (server_dir / "workspaces").read_text() == ""
+    assert run(one).returncode == 126 and (server_dir / "bin" / "workspaces").read_text() == ""
 
 
 # ---------------------------------------------------------------- failure kinds

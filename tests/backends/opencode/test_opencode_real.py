@@ -253,6 +253,32 @@ def test_opencodes_own_file_tools_follow_no_symlink_out_of_the_sandbox(agent):
     assert list((agent.root / "outside").iterdir()) == []
 
 
+def test_opencodes_write_tool_cannot_rewrite_the_wrapper_or_plant_config_through_a_symlink(agent):
+    # a command knows the server's dir ($SHELL, $HOME) and may link to it from the workspace;
+    # the server's own write tool follows the link: the wrapper would run the next command bare
+    output, events = agent.command('ln -s "$SHELL" w; ln -s "$(dirname "$SHELL")/workspaces" l; '
+                                   'ln -s "$XDG_CONFIG_HOME" c; ln -s "$HOME" h; echo linked\n')
+    server = agent.owner.server
+    assert "linked" in output and server.launch.sandbox.server  # bubblewrap nests here (CI: it must)
+    wrapper = (server.dir / "bin" / "bash").read_text()
+    try:
+        result, events, env = agent.run([
+            {"call": "write", "args": {"filePath": str(agent.ws / "w"), "content": "#!/bin/sh\nexec bash \"$@\"\n"}},
+            {"call": "write", "args": {"filePath": str(agent.ws / "l"), "content": "w:/\n"}},
+            {"call": "write", "args": {"filePath": str(agent.ws / "c" / "opencode" / "plugin" / "p.js"),
+                                       "content": "export const P = async () => ({})\n"}},
+            {"call": "write", "args": {"filePath": str(agent.ws / "h" / ".opencode" / "plugin" / "p.js"),
+                                       "content": "export const P = async () => ({})\n"}},
+            {"text": "done"}])
+    finally:
+        for name in ("w", "l", "c", "h"):
+            (agent.ws / name).unlink()
+    assert terminal(events)["status"] == "completed", events
+    assert agent.owner.server is server and (server.dir / "bin" / "bash").read_text() == wrapper
+    assert "w:/\n" not in (server.dir / "bin" / "workspaces").read_text()
+    assert not list(server.dir.glob("*/**/plugin/p.js"))
+
+
 @pytest.mark.parametrize("entry,kind,words", [
     ({"raw": "<html>Welcome to the captive portal</html>"}, fk.PROVIDER_UNAVAILABLE, "ended before it was complete"),
     ({"status": 429, "headers": {"Retry-After": "100"}, "body": {"error": {"message": "slow down"}}},
