@@ -30,7 +30,9 @@ The server itself runs under bubblewrap too where it nests (`server_argv`): its 
 follow a symlink in the workspace, and must find there no more than a command would.
 
 Where bubblewrap is missing or cannot start here (no user namespaces), nothing confines a
-command: Bash is then denied to every run (policy.rules), never run unconfined.
+command: Bash is then denied to every run (policy.rules), never run unconfined. The same where
+it starts but cannot nest in the server's sandbox: the server, unconfined, could rewrite the
+wrapper in its own dir through a symlink (its write tool follows one).
 """
 from __future__ import annotations
 
@@ -237,8 +239,7 @@ def works(bwrap: str, true: str) -> bool:
 @functools.cache
 def nests(bwrap: str, true: str) -> bool:
     """Whether the commands' sandbox can start inside the server's (a nested pid and mount
-    namespace): one probe per process and binary. Where it cannot, the server runs unconfined
-    (its file tools then reach what its account can read through a symlink: docs/backends.md)."""
+    namespace): one probe per process and binary. Where it cannot, Bash is denied (`plan`)."""
     argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc", "--",
             bwrap, *BASE, "--unshare-net", "--", true]
     return proc.run(argv, env={"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT, stdout_cap=1024).ok
@@ -246,11 +247,16 @@ def nests(bwrap: str, true: str) -> bool:
 
 def plan(roots: Iterable[str], covered: Iterable[str | None], hidden: Iterable[str], network: bool,
          path: str) -> Confinement | None:
-    """The agent's commands' sandbox, or None when bubblewrap is not there or cannot start.
+    """The agent's commands' sandbox, or None when bubblewrap is not there, cannot start, or
+    cannot nest in the server's own sandbox.
     `roots`: the agent's workspace roots; `covered`: the runtime's roots (config, state,
     persistent dir, Claude Code's private dirs); `hidden`: `private_paths`."""
     bwrap, shell, true = (shutil.which(name, path=path) for name in ("bwrap", "bash", "true"))
     if not (bwrap and shell and true) or not works(bwrap, true):
+        return None
+    if not nests(bwrap, true):
+        # an unconfined server's write tool follows a symlink to the wrapper in its own dir and
+        # rewrites it: its commands would run bare. None: Bash denied, said in backend_status
         return None
     real_roots = sorted({os.path.realpath(r) for r in roots if os.path.isdir(r)})
     real_covered = sorted({os.path.realpath(c) for c in covered if c} - {"/"})

@@ -9,6 +9,7 @@ import contextlib
 import http.client
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -316,6 +317,19 @@ def test_without_bubblewrap_nothing_confines_commands(tmp_path):
     (tmp_path / "true").symlink_to("/bin/true")  # no bwrap on this PATH
     assert confine.plan([str(tmp_path)], [], [], False, str(tmp_path)) is None
     assert "denied" in policy.commands(Policy(60), confined=False)
+
+
+
+def test_where_bubblewrap_cannot_nest_in_the_servers_sandbox_commands_are_denied(tmp_path, monkeypatch):
+    # the server would run unconfined: its write tool follows a symlink to the wrapper in its dir
+    bwrap = shutil.which("bwrap")
+    if bwrap is None or not confine.works(bwrap, shutil.which("true") or "/bin/true"):
+        pytest.skip("bubblewrap cannot start here")
+    path = os.path.dirname(bwrap) + ":/usr/bin:/bin"
+    assert confine.plan([str(tmp_path)], [], [], False, path) is not None
+    monkeypatch.setattr(confine, "nests", lambda bwrap, true: False)
+    assert confine.plan([str(tmp_path)], [], [], False, path) is None
+    assert "cannot nest" in policy.commands(Policy(60), confined=False)
 
 
 def _pairs(argv: list[str], flag: str) -> list[int]:
