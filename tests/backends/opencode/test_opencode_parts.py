@@ -819,3 +819,17 @@ def test_a_plugin_or_a_config_naming_one_is_found_in_the_workspace_or_a_parent(t
     (tmp_path / "a" / ".opencode" / "plugin" / "p.ts").write_text("export default {}")
     assert project.plugin_file(str(tmp_path / "link")) == str(tmp_path / "a" / ".opencode" / "plugin" / "p.ts")
     assert "p.ts" in project.refusal(str(tmp_path / "a" / ".opencode" / "plugin" / "p.ts"))
+
+
+@pytest.mark.parametrize("text,names", [
+    ('{"plug\\u0069n": ["file:///x.js"]}', True),  # OpenCode decodes the escape: `plugin`
+    ('{"plugin" /* c */ : ["file:///x.js"]}', True),  # a JSONC comment between the key and its colon
+    ('{"plugin"\n// c\n: ["file:///x.js"],}', True),
+    ('{"model": "a/b", "plugin": [], "note": "\\"plugin\\": [1]"}', False),  # empty, and only in a string
+    ('{"mcp": {"plugin": {}}, /* "plugin": ["x"] */ "model": "a/b",}', False),  # nested, and in a comment
+    ('{"plugin": ["x"', True),  # does not parse: counted as one
+    ('["plugin", ["x"]]', False),
+])
+def test_a_config_is_read_as_opencode_reads_it(tmp_path, text, names):
+    (tmp_path / "opencode.jsonc").write_text(text)
+    assert (project.plugin_file(str(tmp_path)) is not None) is names

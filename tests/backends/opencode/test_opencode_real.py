@@ -207,21 +207,34 @@ def _plugin(marker: Path) -> str:
     return f'require("fs").writeFileSync({json.dumps(str(marker))}, "ran"); export const P = async () => ({{}})\n'
 
 
-@pytest.mark.parametrize("where", ["workspace", "parent"])
+@pytest.mark.parametrize("where", ["workspace", "parent", "escaped-key", "commented-key"])
 def test_a_plugin_in_the_workspace_or_a_parent_refuses_the_turn_and_never_runs(agent, where):
-    # OpenCode imports .opencode/plugin/*.js into its own, unconfined process: no flag stops it
-    marker = agent.root / f"PLUGIN-RAN-{where}"
-    base = agent.ws if where == "workspace" else agent.root
+    # OpenCode imports .opencode/plugin/*.js, and the plugins its opencode.json[c] names, into
+    # its own process: no flag stops it. The marker is in the workspace: the server's sandbox
+    # hides the rest of /tmp, where a plugin's write would land unseen.
+    marker = agent.ws / f"PLUGIN-RAN-{where}"
+    base = agent.ws if where != "parent" else agent.root
     plugin = base / ".opencode" / "plugin" / "p.js"
     plugin.parent.mkdir(parents=True)
     plugin.write_text(_plugin(marker))
+    if where.endswith("-key"):  # not in a plugin dir: named by a config that hides its key
+        plugin = plugin.rename(base / ".opencode" / "p.js")
+        spec = json.dumps(f"file://{plugin}")
+        if where == "escaped-key":
+            plugin = base / "opencode.json"
+            plugin.write_text('{"plug\\u0069n": [' + spec + "]}")
+        else:
+            plugin = base / "opencode.jsonc"
+            plugin.write_text('{"plugin" /* c */ : [' + spec + "]}")
     try:
         result, events, env = agent.run([{"text": "never"}])
     finally:
         shutil.rmtree(base / ".opencode")
+        for name in ("opencode.json", "opencode.jsonc"):
+            (base / name).unlink(missing_ok=True)
     data = terminal(events)
-    assert data["status"] == "blocked" and str(plugin) in data["message"], events
     assert not marker.exists()
+    assert data["status"] == "blocked" and str(plugin) in data["message"], events
 
 
 
