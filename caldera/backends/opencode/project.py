@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 
 CONFIGS = ("opencode.json", "opencode.jsonc")
 PLUGIN_DIRS = ("plugin", "plugins")
@@ -65,11 +66,19 @@ def _names_plugins(path: str) -> bool:
     comments and trailing commas, escapes decoded: `"plug\\u0069n"` is `plugin`), a top-level
     `plugin` or `plugins` key with a value. One too large to read, or that does not parse, is
     counted as one (what OpenCode would make of it is not known)."""
+    try:  # never blocks: a FIFO planted as the config would hold the turn before its loop
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False  # not there, or a dir
     try:
-        with open(path, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return True  # a FIFO, a device: what OpenCode would read there is not known
+        with os.fdopen(os.dup(fd), "rb") as fh:
             raw = fh.read(MAX_CONFIG + 1)
     except OSError:
-        return False  # not there, or not a file
+        return True
+    finally:
+        os.close(fd)
     if len(raw) > MAX_CONFIG:
         return True
     try:

@@ -821,6 +821,15 @@ def test_a_plugin_or_a_config_naming_one_is_found_in_the_workspace_or_a_parent(t
     assert "p.ts" in project.refusal(str(tmp_path / "a" / ".opencode" / "plugin" / "p.ts"))
 
 
+def test_a_fifo_as_a_config_is_refused_never_waited_on(tmp_path):
+    os.mkfifo(tmp_path / "opencode.json")  # open() without O_NONBLOCK waits for a writer forever
+    done: list[str | None] = []
+    reader = threading.Thread(target=lambda: done.append(project.plugin_file(str(tmp_path))), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert done == [str(tmp_path / "opencode.json")]
+
+
 @pytest.mark.parametrize("text,names", [
     ('{"plug\\u0069n": ["file:///x.js"]}', True),  # OpenCode decodes the escape: `plugin`
     ('{"plugin" /* c */ : ["file:///x.js"]}', True),  # a JSONC comment between the key and its colon
