@@ -247,6 +247,26 @@ def test_the_forwarder_takes_a_chunked_request_body_and_asks_for_no_compression(
         assert upstream.main[0]["headers"]["accept-encoding"] == "identity"
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+def test_the_forwarder_masks_the_servers_password_and_route_tokens_in_a_request_body(chunked):
+    # OpenCode's read tool follows a symlink to /proc/self/environ: the password would reach the model
+    password = process_secret() + "AbC-123_xyz"
+    with FakeChatProvider([{"text": "ok"}]) as upstream, _forwarding({"fake": upstream.url}, [CANARY]) as (routes, fwd):
+        token = routes.path_for("fake")[len(route.PREFIX):]
+        content = f"OPENCODE_SERVER_PASSWORD={password}\u0000route={token}/x " + "y" * 200_000
+        body = json.dumps({"model": "fake-model", "messages": [{"role": "tool", "content": content}]}).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", fwd.port, timeout=30)
+        conn.request("POST", routes.path_for("fake") + "/chat/completions",
+                     body=iter([body[:100], body[100:]]) if chunked else body,
+                     headers={"Content-Type": "application/json"}, encode_chunked=chunked)
+        assert conn.getresponse().status == 200
+        conn.close()
+    seen = upstream.main[0]["body"]
+    assert process_secret() not in seen and "AbC-123" not in seen and token not in seen
+    assert json.loads(seen)["messages"][0]["content"].startswith(
+        "OPENCODE_SERVER_PASSWORD=[REDACTED]\u0000route=[REDACTED]/x yyy")
+
+
 def test_the_forwarder_records_failures_per_session_and_answers_a_dead_provider_with_502():
     with FakeChatProvider([{"status": 503, "body": {"error": {"message": "Service Unavailable"}}}]) as upstream, \
             _forwarding({"fake": upstream.url, "dead": "http://127.0.0.1:9/v1"}, [CANARY]) as (routes, fwd):

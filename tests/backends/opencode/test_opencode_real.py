@@ -34,6 +34,7 @@ from opencode_helpers import (
 
 from caldera.backends import failures as fk
 from caldera.backends.opencode.owner import ServerOwner
+from caldera.backends.opencode.route import process_secret
 
 
 class Harness:
@@ -290,6 +291,26 @@ def test_opencodes_write_tool_cannot_rewrite_the_wrapper_or_plant_config_through
     assert agent.owner.server is server and (server.dir / "bin" / "bash").read_text() == wrapper
     assert "w:/\n" not in (server.dir / "bin" / "workspaces").read_text()
     assert not list(server.dir.glob("*/**/plugin/p.js"))
+
+
+def test_the_servers_password_and_route_tokens_never_reach_the_model_through_a_symlink(agent):
+    # the server's read tool follows a link to its own environment or its config: the forwarder masks them
+    (agent.ws / "e").symlink_to("/proc/self/environ")
+    (agent.ws / "t").symlink_to("/proc/thread-self/environ")
+    try:
+        agent.run([{"text": "start"}])
+        server = agent.owner.server
+        (agent.ws / "c").symlink_to(server.dir / "opencode.json")
+        before = len(agent.provider.requests)
+        result, events, env = agent.run([{"call": "read", "args": {"filePath": str(agent.ws / name)}}
+                                         for name in ("e", "t", "c")] + [{"text": "done"}])
+    finally:
+        for name in ("e", "t", "c"):
+            (agent.ws / name).unlink(missing_ok=True)
+    assert terminal(events)["status"] == "completed", events
+    bodies = "\n".join(r["body"] for r in agent.provider.requests[before:])
+    assert "OPENCODE_SERVER_PASSWORD=[REDACTED]" in bodies and '"baseURL' in bodies  # read, and masked
+    assert server.password not in bodies and process_secret() not in bodies
 
 
 @pytest.mark.parametrize("entry,kind,words", [
