@@ -55,8 +55,9 @@ SANDBOX_DIR = "bin"  # in the server's dir: the $SHELL wrapper and the workspace
 WORKSPACES = os.path.join(SANDBOX_DIR, "workspaces")  # the admitted workspaces, one `w:PATH`/`r:PATH` a line
 # What the server's own sandbox keeps read-only in its dir: its file tools follow a symlink a
 # command (or the workspace) made, so a `write` through one would rewrite the wrapper or the
-# workspaces list (its next command unconfined) or plant a plugin or config it loads later.
-SERVER_READ_ONLY = (SANDBOX_DIR, "config", "home", "opencode.json")
+# workspaces list (its next command unconfined), plant a plugin or config it loads later, or
+# forge its owner's claim (`.owner`, `server.json`: the pids a later sweep would kill).
+SERVER_READ_ONLY = (SANDBOX_DIR, "config", "home", "opencode.json", ".owner", "server.json")
 SHARED = ("/tmp", "/var/tmp", "/run")  # every account's: other runs' files and sockets
 # `/` read-only, a fresh /dev, and a pid namespace with its own /proc: the host's processes
 # (the server, the runtime: their /proc/PID/environ hold the password, the runtime's own

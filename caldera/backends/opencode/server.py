@@ -170,6 +170,7 @@ class OpenCodeServer:
         self.dir.mkdir(mode=0o700)
         os.chmod(self.dir, 0o700)
         leftovers.claim(self.dir)  # an owner killed -9: the next start's sweep stops the server
+        self._write_pidfile()  # the owner's claim now (the server's pid once it runs): read-only to it
         for name in DIRS:
             (self.dir / name).mkdir(mode=0o700)
         # OpenCode writes this file at each start; made here, its config dir can be read-only
@@ -215,10 +216,10 @@ class OpenCodeServer:
             self._readers.append(reader)
 
     def _write_pidfile(self) -> None:
-        assert self.proc is not None
         mine = proc.proc_stat(os.getpid())
-        theirs = proc.proc_stat(self.proc.pid)
-        doc = {"pid": self.proc.pid, "start_time": theirs["start_time"] if theirs else None,
+        theirs = proc.proc_stat(self.proc.pid) if self.proc is not None else None
+        doc = {"pid": self.proc.pid if self.proc is not None else None,
+               "start_time": theirs["start_time"] if theirs else None,
                "owner_pid": os.getpid(), "owner_start_time": mine["start_time"] if mine else None}
         atomic_write_bytes(self.dir / "server.json", json.dumps(doc).encode(), mode=0o600, durable=False)
 

@@ -397,7 +397,8 @@ def test_the_servers_own_sandbox_covers_the_same_roots_and_keeps_the_network(tmp
     binds = [argv[i + 1] for i in _pairs(argv, "--bind")]
     assert binds == [*roots, server_dir]  # the workspace roots and, last, its own dir (in a hidden state dir)
     read_only = [argv[i + 1] for i in _pairs(argv, "--ro-bind")]  # its wrapper, workspaces list, config: after it
-    assert read_only[-4:] == [f"{server_dir}/{name}" for name in ("bin", "config", "home", "opencode.json")]
+    assert read_only[-6:] == [f"{server_dir}/{name}"
+                              for name in ("bin", "config", "home", "opencode.json", ".owner", "server.json")]
     assert argv.index("--bind") > max(_pairs(argv, "--tmpfs"))
     assert "/opt/oc/bin/opencode" in [argv[i + 1] for i in _pairs(argv, "--ro-bind-try")]
 

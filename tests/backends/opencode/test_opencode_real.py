@@ -271,10 +271,12 @@ def test_opencodes_write_tool_cannot_rewrite_the_wrapper_or_plant_config_through
     # a command knows the server's dir ($SHELL, $HOME) and may link to it from the workspace;
     # the server's own write tool follows the link: the wrapper would run the next command bare
     output, events = agent.command('ln -s "$SHELL" w; ln -s "$(dirname "$SHELL")/workspaces" l; '
-                                   'ln -s "$XDG_CONFIG_HOME" c; ln -s "$HOME" h; echo linked\n')
+                                   'ln -s "$XDG_CONFIG_HOME" c; ln -s "$HOME" h; ln -s "$HOME/../server.json" s; '
+                                   'ln -s "$HOME/../.owner" o; echo linked\n')
     server = agent.owner.server
     assert "linked" in output and server.launch.sandbox.server  # bubblewrap nests here (CI: it must)
     wrapper = (server.dir / "bin" / "bash").read_text()
+    claims = [(server.dir / name).read_text() for name in ("server.json", ".owner")]
     try:
         result, events, env = agent.run([
             {"call": "write", "args": {"filePath": str(agent.ws / "w"), "content": "#!/bin/sh\nexec bash \"$@\"\n"}},
@@ -283,14 +285,17 @@ def test_opencodes_write_tool_cannot_rewrite_the_wrapper_or_plant_config_through
                                        "content": "export const P = async () => ({})\n"}},
             {"call": "write", "args": {"filePath": str(agent.ws / "h" / ".opencode" / "plugin" / "p.js"),
                                        "content": "export const P = async () => ({})\n"}},
+            {"call": "write", "args": {"filePath": str(agent.ws / "s"), "content": '{"pid": 1, "start_time": 1}'}},
+            {"call": "write", "args": {"filePath": str(agent.ws / "o"), "content": "1 1\n"}},
             {"text": "done"}])
     finally:
-        for name in ("w", "l", "c", "h"):
+        for name in ("w", "l", "c", "h", "s", "o"):
             (agent.ws / name).unlink()
     assert terminal(events)["status"] == "completed", events
     assert agent.owner.server is server and (server.dir / "bin" / "bash").read_text() == wrapper
     assert "w:/\n" not in (server.dir / "bin" / "workspaces").read_text()
     assert not list(server.dir.glob("*/**/plugin/p.js"))
+    assert [(server.dir / name).read_text() for name in ("server.json", ".owner")] == claims  # a sweep's pids
 
 
 def test_the_servers_password_and_route_tokens_never_reach_the_model_through_a_symlink(agent):
