@@ -74,7 +74,8 @@ OFFLINE_ENV = {
     "npm_config_registry": "http://127.0.0.1:9/",  # a plugin install that still starts fails here
 }
 DIRS = ("home", "config", "data", "cache", "state", "tmp")
-GITIGNORE = "node_modules\npackage.json\npackage-lock.json\nbun.lock\n.gitignore"  # as OpenCode 1.18.33 writes it
+# OpenCode 1.18.33's, which it writes into its config dir when missing (only then: measured)
+GITIGNORE = "node_modules\npackage.json\npackage-lock.json\nbun.lock\n.gitignore"
 
 
 class ServerError(Exception):
@@ -173,7 +174,7 @@ class OpenCodeServer:
         self._write_pidfile()  # the owner's claim now (the server's pid once it runs): read-only to it
         for name in DIRS:
             (self.dir / name).mkdir(mode=0o700)
-        # OpenCode writes this file at each start; made here, its config dir can be read-only
+        # OpenCode writes this file at its start when missing; made here, its config dir can be read-only
         # in its sandbox (confine.SERVER_READ_ONLY: no plugin or config planted there)
         (self.dir / "config" / "opencode").mkdir(mode=0o700)
         (self.dir / "config" / "opencode" / ".gitignore").write_text(GITIGNORE)
