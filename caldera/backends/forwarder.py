@@ -293,8 +293,9 @@ class Forwarder:
 
     def __init__(self, route: Route, *, name: str = "forwarder", note: Callable[[str], None] | None = None,
                  error_body: ErrorBody = anthropic_error, limits: Limits | None = None,
-                 retry_after_cap: int | None = None):
+                 retry_after_cap: int | None = None, body_filter: Callable[[bytes], bytes] | None = None):
         self.route, self.name = route, name
+        self.body_filter = body_filter  # a request body's rewrite before it goes upstream (read whole)
         self.note = note or (lambda text: None)
         self.error_body = error_body
         self.limits = limits or Limits()
@@ -599,6 +600,9 @@ class _Connection:
         fwd = self.fwd
         try:
             payload, size = body.upstream()  # a small chunked body is read whole first
+            if fwd.body_filter is not None:
+                payload = fwd.body_filter(_whole(payload))
+                size = len(payload)
         except _ClientGone:
             self.keep = False
             return
@@ -688,6 +692,18 @@ class _Connection:
     def _send(self, data: bytes) -> None:
         self.sock.settimeout(self.limits.send_timeout)
         self.sock.sendall(data)
+
+
+def _whole(payload: _Body | bytes | Iterator[bytes]) -> bytes:
+    """A request body read to its end (its size is bounded by Limits.body_bytes)."""
+    if isinstance(payload, bytes):
+        return payload
+    if isinstance(payload, _Body):
+        parts = []
+        while data := payload.read(CHUNK):
+            parts.append(data)
+        return b"".join(parts)
+    return b"".join(payload)
 
 
 def _upstream_headers(out: Outgoing, size: int | None) -> dict[str, str]:

@@ -30,7 +30,9 @@ The server itself runs under bubblewrap too where it nests (`server_argv`): its 
 follow a symlink in the workspace, and must find there no more than a command would.
 
 Where bubblewrap is missing or cannot start here (no user namespaces), nothing confines a
-command: Bash is then denied to every run (policy.rules), never run unconfined.
+command: Bash is then denied to every run (policy.rules), never run unconfined. The same where
+it starts but cannot nest in the server's sandbox: the server, unconfined, could rewrite the
+wrapper in its own dir through a symlink (its write tool follows one).
 """
 from __future__ import annotations
 
@@ -49,7 +51,13 @@ from caldera.host.fsutil import atomic_write_bytes
 
 PROBE_TIMEOUT = 10.0
 UNSET = ("OPENCODE_SERVER_PASSWORD", "OPENCODE_SERVER_USERNAME")
-WORKSPACES = "workspaces"  # the server dir's list of the admitted workspaces, one `w:PATH`/`r:PATH` a line
+SANDBOX_DIR = "bin"  # in the server's dir: the $SHELL wrapper and the workspaces list, read-only to the server
+WORKSPACES = os.path.join(SANDBOX_DIR, "workspaces")  # the admitted workspaces, one `w:PATH`/`r:PATH` a line
+# What the server's own sandbox keeps read-only in its dir: its file tools follow a symlink a
+# command (or the workspace) made, so a `write` through one would rewrite the wrapper or the
+# workspaces list (its next command unconfined), plant a plugin or config it loads later, or
+# forge its owner's claim (`.owner`, `server.json`: the pids a later sweep would kill).
+SERVER_READ_ONLY = (SANDBOX_DIR, "config", "home", "opencode.json", ".owner", "server.json")
 SHARED = ("/tmp", "/var/tmp", "/run")  # every account's: other runs' files and sockets
 # `/` read-only, a fresh /dev, and a pid namespace with its own /proc: the host's processes
 # (the server, the runtime: their /proc/PID/environ hold the password, the runtime's own
@@ -121,7 +129,8 @@ class Confinement:
         workspace roots (its edit tools obey the session's rules); its binary read-only where a
         covered dir holds it; its own pid namespace (the runtime's `/proc/PID/environ` out of
         reach); the host's network (the forwarder and its API are on the host's loopback); its
-        capabilities kept, so the commands' bubblewrap can nest in it (and drops them)."""
+        capabilities kept, so the commands' bubblewrap can nest in it (and drops them). Read-only in
+        its dir (SERVER_READ_ONLY): the wrapper and the workspaces list, its config dirs."""
         server_dir = os.path.realpath(server_dir)
         covered = sorted({*SHARED, *self.covered}, key=len)
         covered = [p for p in covered if not any(_inside(p, q) for q in covered)]
@@ -132,7 +141,11 @@ class Confinement:
         for path in self.roots:
             args += ["--bind", path, path]
         args += _hide([p for p in self.hidden if any(_inside(p, root) for root in self.roots)])
-        return [*args, "--bind", server_dir, server_dir, "--"]  # last: a hidden state dir holds it
+        args += ["--bind", server_dir, server_dir]  # after the roots: a hidden state dir holds it
+        for name in SERVER_READ_ONLY:
+            path = os.path.join(server_dir, name)
+            args += ["--ro-bind", path, path]
+        return [*args, "--"]
 
     def wrapper(self, server_dir: str) -> str:
         """The text of `<server dir>/bin/bash` (WRAPPER)."""
@@ -227,8 +240,7 @@ def works(bwrap: str, true: str) -> bool:
 @functools.cache
 def nests(bwrap: str, true: str) -> bool:
     """Whether the commands' sandbox can start inside the server's (a nested pid and mount
-    namespace): one probe per process and binary. Where it cannot, the server runs unconfined
-    (its file tools then reach what its account can read through a symlink: docs/backends.md)."""
+    namespace): one probe per process and binary. Where it cannot, Bash is denied (`plan`)."""
     argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc", "--",
             bwrap, *BASE, "--unshare-net", "--", true]
     return proc.run(argv, env={"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT, stdout_cap=1024).ok
@@ -236,11 +248,16 @@ def nests(bwrap: str, true: str) -> bool:
 
 def plan(roots: Iterable[str], covered: Iterable[str | None], hidden: Iterable[str], network: bool,
          path: str) -> Confinement | None:
-    """The agent's commands' sandbox, or None when bubblewrap is not there or cannot start.
+    """The agent's commands' sandbox, or None when bubblewrap is not there, cannot start, or
+    cannot nest in the server's own sandbox.
     `roots`: the agent's workspace roots; `covered`: the runtime's roots (config, state,
     persistent dir, Claude Code's private dirs); `hidden`: `private_paths`."""
     bwrap, shell, true = (shutil.which(name, path=path) for name in ("bwrap", "bash", "true"))
     if not (bwrap and shell and true) or not works(bwrap, true):
+        return None
+    if not nests(bwrap, true):
+        # an unconfined server's write tool follows a symlink to the wrapper in its own dir and
+        # rewrites it: its commands would run bare. None: Bash denied, said in backend_status
         return None
     real_roots = sorted({os.path.realpath(r) for r in roots if os.path.isdir(r)})
     real_covered = sorted({os.path.realpath(c) for c in covered if c} - {"/"})

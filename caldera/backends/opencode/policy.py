@@ -48,7 +48,8 @@ def commands(policy: Policy, confined: bool) -> str:
     if policy.sandbox == "read-only":
         return "denied (read-only: a command could write)"
     if not confined:
-        return "denied (bubblewrap is not there or cannot start here: nothing would confine them)"
+        return ("denied (bubblewrap is not there, cannot start here, or cannot nest in the server's sandbox: "
+                "nothing would confine them)")
     return "confined (bubblewrap)" + ("" if policy.network else ", no network")
 
 

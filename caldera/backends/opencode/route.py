@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import functools
 import hmac
+import re
 import secrets
 import urllib.parse
 from collections.abc import Iterable, Mapping
 
 from caldera.backends import failures as fk
 from caldera.backends.forwarder import Forwarder, Incoming, Outgoing, Refusal, Upstream, openai_error, upstream_proxy
+from caldera.redact import PREFIX_TAIL
 
 PREFIX = "/r/"
 METHODS = frozenset({"GET", "POST"})
@@ -98,8 +100,21 @@ class ProviderRoutes:
 
 def forwarder(routes: ProviderRoutes) -> Forwarder:
     """The shared forwarder on OpenCode's routes (not started): OpenAI-shaped error bodies,
-    the provider's Retry-After as it is (OpenCode's retries are counted by the driver)."""
-    return Forwarder(routes, name="opencode-forwarder", error_body=openai_error)
+    the provider's Retry-After as it is (OpenCode's retries are counted by the driver), and
+    every request body masked (`masked`) before it leaves."""
+    return Forwarder(routes, name="opencode-forwarder", error_body=openai_error, body_filter=masked)
+
+
+def masked(body: bytes) -> bytes:
+    """`body` with every value made from `process_secret()` (the server's password, a route
+    token, a placeholder) replaced by [REDACTED]: the server's own file tools follow a symlink to
+    `/proc/self/environ` or to its config, and what they read goes to the model in a request."""
+    return _masks(process_secret()).sub(b"[REDACTED]", body)
+
+
+@functools.cache
+def _masks(prefix: str) -> re.Pattern[bytes]:
+    return re.compile(re.escape(prefix.encode()) + PREFIX_TAIL.encode())  # as the Redactor masks it
 
 
 def _split(target: str) -> tuple[str, str]:

@@ -74,6 +74,8 @@ OFFLINE_ENV = {
     "npm_config_registry": "http://127.0.0.1:9/",  # a plugin install that still starts fails here
 }
 DIRS = ("home", "config", "data", "cache", "state", "tmp")
+# OpenCode 1.18.33's, which it writes into its config dir when missing (only then: measured)
+GITIGNORE = "node_modules\npackage.json\npackage-lock.json\nbun.lock\n.gitignore"
 
 
 class ServerError(Exception):
@@ -169,8 +171,13 @@ class OpenCodeServer:
         self.dir.mkdir(mode=0o700)
         os.chmod(self.dir, 0o700)
         leftovers.claim(self.dir)  # an owner killed -9: the next start's sweep stops the server
+        self._write_pidfile()  # the owner's claim now (the server's pid once it runs): read-only to it
         for name in DIRS:
             (self.dir / name).mkdir(mode=0o700)
+        # OpenCode writes this file at its start when missing; made here, its config dir can be read-only
+        # in its sandbox (confine.SERVER_READ_ONLY: no plugin or config planted there)
+        (self.dir / "config" / "opencode").mkdir(mode=0o700)
+        (self.dir / "config" / "opencode" / ".gitignore").write_text(GITIGNORE)
         if self.launch.sandbox is not None:  # SHELL: OpenCode's Bash runs every command through it
             (self.dir / "bin").mkdir(mode=0o700)
             self.admitted = Admitted(self.dir)
@@ -210,10 +217,10 @@ class OpenCodeServer:
             self._readers.append(reader)
 
     def _write_pidfile(self) -> None:
-        assert self.proc is not None
         mine = proc.proc_stat(os.getpid())
-        theirs = proc.proc_stat(self.proc.pid)
-        doc = {"pid": self.proc.pid, "start_time": theirs["start_time"] if theirs else None,
+        theirs = proc.proc_stat(self.proc.pid) if self.proc is not None else None
+        doc = {"pid": self.proc.pid if self.proc is not None else None,
+               "start_time": theirs["start_time"] if theirs else None,
                "owner_pid": os.getpid(), "owner_start_time": mine["start_time"] if mine else None}
         atomic_write_bytes(self.dir / "server.json", json.dumps(doc).encode(), mode=0o600, durable=False)
 

@@ -9,6 +9,7 @@ import contextlib
 import http.client
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -246,6 +247,26 @@ def test_the_forwarder_takes_a_chunked_request_body_and_asks_for_no_compression(
         assert upstream.main[0]["headers"]["accept-encoding"] == "identity"
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+def test_the_forwarder_masks_the_servers_password_and_route_tokens_in_a_request_body(chunked):
+    # OpenCode's read tool follows a symlink to /proc/self/environ: the password would reach the model
+    password = process_secret() + "AbC-123_xyz"
+    with FakeChatProvider([{"text": "ok"}]) as upstream, _forwarding({"fake": upstream.url}, [CANARY]) as (routes, fwd):
+        token = routes.path_for("fake")[len(route.PREFIX):]
+        content = f"OPENCODE_SERVER_PASSWORD={password}\u0000route={token}/x " + "y" * 200_000
+        body = json.dumps({"model": "fake-model", "messages": [{"role": "tool", "content": content}]}).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", fwd.port, timeout=30)
+        conn.request("POST", routes.path_for("fake") + "/chat/completions",
+                     body=iter([body[:100], body[100:]]) if chunked else body,
+                     headers={"Content-Type": "application/json"}, encode_chunked=chunked)
+        assert conn.getresponse().status == 200
+        conn.close()
+    seen = upstream.main[0]["body"]
+    assert process_secret() not in seen and "AbC-123" not in seen and token not in seen
+    assert json.loads(seen)["messages"][0]["content"].startswith(
+        "OPENCODE_SERVER_PASSWORD=[REDACTED]\u0000route=[REDACTED]/x yyy")
+
+
 def test_the_forwarder_records_failures_per_session_and_answers_a_dead_provider_with_502():
     with FakeChatProvider([{"status": 503, "body": {"error": {"message": "Service Unavailable"}}}]) as upstream, \
             _forwarding({"fake": upstream.url, "dead": "http://127.0.0.1:9/v1"}, [CANARY]) as (routes, fwd):
@@ -318,6 +339,19 @@ def test_without_bubblewrap_nothing_confines_commands(tmp_path):
     assert "denied" in policy.commands(Policy(60), confined=False)
 
 
+
+def test_where_bubblewrap_cannot_nest_in_the_servers_sandbox_commands_are_denied(tmp_path, monkeypatch):
+    # the server would run unconfined: its write tool follows a symlink to the wrapper in its dir
+    bwrap = shutil.which("bwrap")
+    if bwrap is None or not confine.works(bwrap, shutil.which("true") or "/bin/true"):
+        pytest.skip("bubblewrap cannot start here")
+    path = os.path.dirname(bwrap) + ":/usr/bin:/bin"
+    assert confine.plan([str(tmp_path)], [], [], False, path) is not None
+    monkeypatch.setattr(confine, "nests", lambda bwrap, true: False)
+    assert confine.plan([str(tmp_path)], [], [], False, path) is None
+    assert "cannot nest" in policy.commands(Policy(60), confined=False)
+
+
 def _pairs(argv: list[str], flag: str) -> list[int]:
     return [i for i, a in enumerate(argv) if a == flag]
 
@@ -362,6 +396,9 @@ def test_the_servers_own_sandbox_covers_the_same_roots_and_keeps_the_network(tmp
     assert {"/tmp", "/run", "/usr/share", str(state)} <= set(tmpfs) and "--unshare-pid" in argv
     binds = [argv[i + 1] for i in _pairs(argv, "--bind")]
     assert binds == [*roots, server_dir]  # the workspace roots and, last, its own dir (in a hidden state dir)
+    read_only = [argv[i + 1] for i in _pairs(argv, "--ro-bind")]  # its wrapper, workspaces list, config: after it
+    assert read_only[-6:] == [f"{server_dir}/{name}"
+                              for name in ("bin", "config", "home", "opencode.json", ".owner", "server.json")]
     assert argv.index("--bind") > max(_pairs(argv, "--tmpfs"))
     assert "/opt/oc/bin/opencode" in [argv[i + 1] for i in _pairs(argv, "--ro-bind-try")]
 
@@ -395,7 +432,7 @@ def test_the_wrapper_binds_only_an_admitted_workspace_and_drops_the_password(tmp
     assert ["--bind", str(one), str(one)] == lines[lines.index("--bind"):lines.index("--bind") + 3]
     admitted.dismiss(entry)
     admitted.dismiss(inner)
-    assert run(one).returncode == 126 and (server_dir / "workspaces").read_text() == ""
+    assert run(one).returncode == 126 and (server_dir / "bin" / "workspaces").read_text() == ""
 
 
 # ---------------------------------------------------------------- failure kinds
@@ -803,3 +840,26 @@ def test_a_plugin_or_a_config_naming_one_is_found_in_the_workspace_or_a_parent(t
     (tmp_path / "a" / ".opencode" / "plugin" / "p.ts").write_text("export default {}")
     assert project.plugin_file(str(tmp_path / "link")) == str(tmp_path / "a" / ".opencode" / "plugin" / "p.ts")
     assert "p.ts" in project.refusal(str(tmp_path / "a" / ".opencode" / "plugin" / "p.ts"))
+
+
+def test_a_fifo_as_a_config_is_refused_never_waited_on(tmp_path):
+    os.mkfifo(tmp_path / "opencode.json")  # open() without O_NONBLOCK waits for a writer forever
+    done: list[str | None] = []
+    reader = threading.Thread(target=lambda: done.append(project.plugin_file(str(tmp_path))), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert done == [str(tmp_path / "opencode.json")]
+
+
+@pytest.mark.parametrize("text,names", [
+    ('{"plug\\u0069n": ["file:///x.js"]}', True),  # OpenCode decodes the escape: `plugin`
+    ('{"plugin" /* c */ : ["file:///x.js"]}', True),  # a JSONC comment between the key and its colon
+    ('{"plugin"\n// c\n: ["file:///x.js"],}', True),
+    ('{"model": "a/b", "plugin": [], "note": "\\"plugin\\": [1]"}', False),  # empty, and only in a string
+    ('{"mcp": {"plugin": {}}, /* "plugin": ["x"] */ "model": "a/b",}', False),  # nested, and in a comment
+    ('{"plugin": ["x"', True),  # does not parse: counted as one
+    ('["plugin", ["x"]]', False),
+])
+def test_a_config_is_read_as_opencode_reads_it(tmp_path, text, names):
+    (tmp_path / "opencode.jsonc").write_text(text)
+    assert (project.plugin_file(str(tmp_path)) is not None) is names

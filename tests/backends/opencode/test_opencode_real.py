@@ -34,6 +34,7 @@ from opencode_helpers import (
 
 from caldera.backends import failures as fk
 from caldera.backends.opencode.owner import ServerOwner
+from caldera.backends.opencode.route import process_secret
 
 
 class Harness:
@@ -207,21 +208,34 @@ def _plugin(marker: Path) -> str:
     return f'require("fs").writeFileSync({json.dumps(str(marker))}, "ran"); export const P = async () => ({{}})\n'
 
 
-@pytest.mark.parametrize("where", ["workspace", "parent"])
+@pytest.mark.parametrize("where", ["workspace", "parent", "escaped-key", "commented-key"])
 def test_a_plugin_in_the_workspace_or_a_parent_refuses_the_turn_and_never_runs(agent, where):
-    # OpenCode imports .opencode/plugin/*.js into its own, unconfined process: no flag stops it
-    marker = agent.root / f"PLUGIN-RAN-{where}"
-    base = agent.ws if where == "workspace" else agent.root
+    # OpenCode imports .opencode/plugin/*.js, and the plugins its opencode.json[c] names, into
+    # its own process: no flag stops it. The marker is in the workspace: the server's sandbox
+    # hides the rest of /tmp, where a plugin's write would land unseen.
+    marker = agent.ws / f"PLUGIN-RAN-{where}"
+    base = agent.ws if where != "parent" else agent.root
     plugin = base / ".opencode" / "plugin" / "p.js"
     plugin.parent.mkdir(parents=True)
     plugin.write_text(_plugin(marker))
+    if where.endswith("-key"):  # not in a plugin dir: named by a config that hides its key
+        plugin = plugin.rename(base / ".opencode" / "p.js")
+        spec = json.dumps(f"file://{plugin}")
+        if where == "escaped-key":
+            plugin = base / "opencode.json"
+            plugin.write_text('{"plug\\u0069n": [' + spec + "]}")
+        else:
+            plugin = base / "opencode.jsonc"
+            plugin.write_text('{"plugin" /* c */ : [' + spec + "]}")
     try:
         result, events, env = agent.run([{"text": "never"}])
     finally:
         shutil.rmtree(base / ".opencode")
+        for name in ("opencode.json", "opencode.jsonc"):
+            (base / name).unlink(missing_ok=True)
     data = terminal(events)
-    assert data["status"] == "blocked" and str(plugin) in data["message"], events
     assert not marker.exists()
+    assert data["status"] == "blocked" and str(plugin) in data["message"], events
 
 
 
@@ -251,6 +265,57 @@ def test_opencodes_own_file_tools_follow_no_symlink_out_of_the_sandbox(agent):
     bodies = "\n".join(r["body"] for r in agent.provider.requests[before:])
     assert CANARY not in bodies and "SESSION-TOKEN-SYM-9" not in bodies
     assert list((agent.root / "outside").iterdir()) == []
+
+
+def test_opencodes_write_tool_cannot_rewrite_the_wrapper_or_plant_config_through_a_symlink(agent):
+    # a command knows the server's dir ($SHELL, $HOME) and may link to it from the workspace;
+    # the server's own write tool follows the link: the wrapper would run the next command bare
+    output, events = agent.command('ln -s "$SHELL" w; ln -s "$(dirname "$SHELL")/workspaces" l; '
+                                   'ln -s "$XDG_CONFIG_HOME" c; ln -s "$HOME" h; ln -s "$HOME/../server.json" s; '
+                                   'ln -s "$HOME/../.owner" o; echo linked\n')
+    server = agent.owner.server
+    assert "linked" in output and server.launch.sandbox.server  # bubblewrap nests here (CI: it must)
+    wrapper = (server.dir / "bin" / "bash").read_text()
+    claims = [(server.dir / name).read_text() for name in ("server.json", ".owner")]
+    try:
+        result, events, env = agent.run([
+            {"call": "write", "args": {"filePath": str(agent.ws / "w"), "content": "#!/bin/sh\nexec bash \"$@\"\n"}},
+            {"call": "write", "args": {"filePath": str(agent.ws / "l"), "content": "w:/\n"}},
+            {"call": "write", "args": {"filePath": str(agent.ws / "c" / "opencode" / "plugin" / "p.js"),
+                                       "content": "export const P = async () => ({})\n"}},
+            {"call": "write", "args": {"filePath": str(agent.ws / "h" / ".opencode" / "plugin" / "p.js"),
+                                       "content": "export const P = async () => ({})\n"}},
+            {"call": "write", "args": {"filePath": str(agent.ws / "s"), "content": '{"pid": 1, "start_time": 1}'}},
+            {"call": "write", "args": {"filePath": str(agent.ws / "o"), "content": "1 1\n"}},
+            {"text": "done"}])
+    finally:
+        for name in ("w", "l", "c", "h", "s", "o"):
+            (agent.ws / name).unlink()
+    assert terminal(events)["status"] == "completed", events
+    assert agent.owner.server is server and (server.dir / "bin" / "bash").read_text() == wrapper
+    assert "w:/\n" not in (server.dir / "bin" / "workspaces").read_text()
+    assert not list(server.dir.glob("*/**/plugin/p.js"))
+    assert [(server.dir / name).read_text() for name in ("server.json", ".owner")] == claims  # a sweep's pids
+
+
+def test_the_servers_password_and_route_tokens_never_reach_the_model_through_a_symlink(agent):
+    # the server's read tool follows a link to its own environment or its config: the forwarder masks them
+    (agent.ws / "e").symlink_to("/proc/self/environ")
+    (agent.ws / "t").symlink_to("/proc/thread-self/environ")
+    try:
+        agent.run([{"text": "start"}])
+        server = agent.owner.server
+        (agent.ws / "c").symlink_to(server.dir / "opencode.json")
+        before = len(agent.provider.requests)
+        result, events, env = agent.run([{"call": "read", "args": {"filePath": str(agent.ws / name)}}
+                                         for name in ("e", "t", "c")] + [{"text": "done"}])
+    finally:
+        for name in ("e", "t", "c"):
+            (agent.ws / name).unlink(missing_ok=True)
+    assert terminal(events)["status"] == "completed", events
+    bodies = "\n".join(r["body"] for r in agent.provider.requests[before:])
+    assert "OPENCODE_SERVER_PASSWORD=[REDACTED]" in bodies and '"baseURL' in bodies  # read, and masked
+    assert server.password not in bodies and process_secret() not in bodies
 
 
 @pytest.mark.parametrize("entry,kind,words", [
