@@ -75,6 +75,20 @@ def read_json(path: StrPath, default: Any = None) -> Any:
         return json.loads(fh.read())
 
 
+def read_capped(fd: int, cap: int) -> bytes:
+    """At most `cap + 1` bytes of an open file: more than `cap` tells the caller it is too
+    large, without reading a file of any size (a status file, a marker: anyone may grow them)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= cap:
+        chunk = os.read(fd, cap + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def fsync_dir(path: StrPath) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -39,7 +39,7 @@ import stat
 
 from caldera import TYPE_CHECKING, __version__
 from caldera.errors import ConfigError, Retryable
-from caldera.host.fsutil import StateLock, atomic_write_json
+from caldera.host.fsutil import StateLock, atomic_write_json, read_capped
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -192,19 +192,13 @@ def _marker_bytes(path: Path) -> bytes | None:
         if not stat.S_ISREG(kind):
             what = "a directory" if stat.S_ISDIR(kind) else "a FIFO" if stat.S_ISFIFO(kind) else "not a regular file"
             raise BadMarker(f"{path} is {what}, and caldera writes that file itself: remove it {_REMOVE}")
-        chunks, size = [], 0
-        while size <= MARKER_CAP:
-            chunk = os.read(fd, MARKER_CAP + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        data = read_capped(fd, MARKER_CAP)
     finally:
         os.close(fd)
-    if size > MARKER_CAP:
+    if len(data) > MARKER_CAP:
         raise BadMarker(f"{path} is larger than {MARKER_CAP // 1024} KiB, and caldera writes a few bytes "
                         f"there: restore it or remove it {_REMOVE}")
-    return b"".join(chunks)
+    return data
 
 
 def _mark(state_dir: Path, fmt: int, version: str, cleanup: int | None = None) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from caldera import TYPE_CHECKING
 from caldera.agents.contract import ContractError
 from caldera.agents.status import filter_status
+from caldera.host.fsutil import read_capped
 from caldera.host.jsonlimits import JSONLimitError, loads
 
 if TYPE_CHECKING:
@@ -59,24 +60,12 @@ def read_status_file(path: Path | None, *, stale_after: float, now: float | None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return StatusRead(problem=_entry("bad", "status file is not a regular file"))
-        data = _read_capped(fd)
+        data = read_capped(fd, MAX_BYTES)
     except OSError as exc:
         return StatusRead(problem=_entry("bad", f"status file can't be read: {exc.strerror}"))
     finally:
         os.close(fd)
     return _parse(data, st.st_mtime, now, stale_after)
-
-
-def _read_capped(fd: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while size <= MAX_BYTES:
-        chunk = os.read(fd, MAX_BYTES + 1 - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
 
 
 def _parse(data: bytes, mtime: float, now: float, stale_after: float) -> StatusRead:
