@@ -147,6 +147,12 @@ def test_a_backends_description_that_fails_counts_as_external(tmp_path, monkeypa
         ("backend codex", EXTERNAL)]
 
 
+def _fresh_process(code: str) -> str:
+    """What `code` prints in a new interpreter: which modules it imported is its own."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout
+
+
 def test_without_a_projection_the_daemon_never_imports_the_backends_modules(tmp_path):
     """The description of a gateway-only backend is the registry's: codex_config (tomllib and
     all) and OpenCode's provider stay out of a daemon that runs no turn (docs/performance.md,
@@ -155,8 +161,7 @@ def test_without_a_projection_the_daemon_never_imports_the_backends_modules(tmp_
             f"found = registry.llm_configs({GW!r}, {str(tmp_path / 'secrets')!r}, None); "
             "print(json.dumps([[c.status, c.model] for c in found]), "
             "sorted(m for m in sys.modules if m.startswith('caldera.backends.') or m == 'tomllib'))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout
+    out = _fresh_process(code)
     assert out.strip() == "[[\"gateway\", \"auto\"], [\"gateway\", \"auto\"]] ['caldera.backends.registry']"
 
 
@@ -194,8 +199,7 @@ def test_without_a_projection_claude_code_hands_out_nothing_and_is_not_imported(
             f"found = registry.llm_configs({GW!r}, {str(tmp_path / 'secrets')!r}, None); "
             "print(json.dumps([[c.source for c in found], "
             "sorted(m for m in sys.modules if m.startswith('caldera.backends.claude_code'))]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout
+    out = _fresh_process(code)
     sources, modules = json.loads(out)
     assert "backend codex" in sources and "backend claude-code" not in sources and modules == []
 
