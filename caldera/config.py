@@ -397,6 +397,9 @@ GATEWAY_BASE_URL = ("CLAWMANAGER_LLM_BASE_URL", "OPENAI_BASE_URL", "OPENAI_API_B
 GATEWAY_API_KEY = ("CLAWMANAGER_LLM_API_KEY", "OPENAI_API_KEY")
 GATEWAY_CATALOGUE, GATEWAY_DEFAULT_MODEL, GATEWAY_PROVIDER = "CLAWMANAGER_LLM_MODEL", "OPENAI_MODEL", \
     "CLAWMANAGER_LLM_PROVIDER"
+# ClawManager PR #193: the same catalogue qualified by each model's provider, a JSON list of
+# "provider/model" whose first is "auto/auto" (an entry without "/" is the server's "auto/<it>").
+GATEWAY_PROVIDER_MODELS = "CLAWMANAGER_LLM_PROVIDER_MODELS"
 # What the LLM-governance status trusts only as the platform injected it: the gateway's base URL
 # under each of its names, and the control plane's (the gateway's host); injected_values.
 PLATFORM_INJECTED = (*GATEWAY_BASE_URL, "CLAWMANAGER_AGENT_BASE_URL")
@@ -409,27 +412,45 @@ def _first(environ: Environ, names: Iterable[str]) -> str | None:
     return next((environ[n] for n in names if environ.get(n)), None)
 
 
-def gateway_catalogue(raw: str | None) -> tuple[tuple[str, ...] | None, str | None]:
-    """(the catalogue's model ids, None) from CLAWMANAGER_LLM_MODEL's value; (None, a sentence)
-    when it is not a JSON list of model names (it is then ignored); (None, None) when unset."""
+def gateway_catalogue(raw: str | None, name: str = GATEWAY_CATALOGUE) -> tuple[tuple[str, ...] | None, str | None]:
+    """(the catalogue's model ids, None) from CLAWMANAGER_LLM_MODEL's value (`name`'s: the same
+    reading for CLAWMANAGER_LLM_PROVIDER_MODELS); (None, a sentence) when it is not a JSON list of
+    model names (it is then ignored); (None, None) when unset."""
     if raw is None or not raw.strip():
         return None, None
     if len(raw) > CATALOGUE_MAX_BYTES:
-        return None, f"{GATEWAY_CATALOGUE} is over {CATALOGUE_MAX_BYTES // 1024} KiB"
+        return None, f"{name} is over {CATALOGUE_MAX_BYTES // 1024} KiB"
     import json  # here: only a gateway's reader needs it
 
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError):
-        return None, f"{GATEWAY_CATALOGUE} is not JSON (the platform sends a JSON list of model ids)"
+        return None, f"{name} is not JSON (the platform sends a JSON list of model ids)"
     if not isinstance(doc, list) or not doc:
         kinds = {"dict": "object", "str": "string", "int": "number", "float": "number", "bool": "boolean"}
         what = "an empty list" if doc == [] else f"a JSON {kinds.get(type(doc).__name__, 'null')}"
-        return None, f"{GATEWAY_CATALOGUE} is {what}, not a JSON list of model ids"
+        return None, f"{name} is {what}, not a JSON list of model ids"
     bad = next((i for i, item in enumerate(doc) if not isinstance(item, str) or not item.strip()), None)
     if bad is not None:
-        return None, f"{GATEWAY_CATALOGUE}: item {bad + 1} is not a model id (a non-empty string)"
+        return None, f"{name}: item {bad + 1} is not a model id (a non-empty string)"
     return tuple(item.strip() for item in doc), None
+
+
+def provider_models(raw: str | None) -> tuple[tuple[tuple[str, str], ...] | None, str | None]:
+    """((provider, model) pairs, None) from CLAWMANAGER_LLM_PROVIDER_MODELS, read as the server
+    reads what it writes (parseProviderModelRefs): split at the first "/", an entry with no
+    provider or no model is ("auto", the entry), duplicates dropped; (None, a sentence) when it is
+    not a JSON list of strings; (None, None) when unset."""
+    refs, problem = gateway_catalogue(raw, GATEWAY_PROVIDER_MODELS)
+    if refs is None:
+        return None, problem
+    pairs: list[tuple[str, str]] = []
+    for ref in refs:
+        provider, _, model = (part.strip() for part in ref.partition("/"))
+        pair = (provider, model) if provider and model else ("auto", ref)
+        if pair not in pairs:
+            pairs.append(pair)
+    return tuple(pairs), None
 
 
 class Gateway:
@@ -437,7 +458,8 @@ class Gateway:
     `catalogue` is None when CLAWMANAGER_LLM_MODEL is unset or not a JSON list of model ids
     (`problem` then says which, for the one warning at start). Its repr shows no key."""
 
-    __slots__ = ("base_url", "api_key", "provider", "default_model", "catalogue", "problem")
+    __slots__ = ("base_url", "api_key", "provider", "default_model", "catalogue", "problem", "provider_models",
+                 "qualified_problem")
 
     def __init__(self, environ: Environ) -> None:
         self.base_url = _first(environ, GATEWAY_BASE_URL)
@@ -445,28 +467,50 @@ class Gateway:
         self.provider = environ.get(GATEWAY_PROVIDER) or None
         self.default_model = (environ.get(GATEWAY_DEFAULT_MODEL) or "").strip() or None
         self.catalogue, self.problem = gateway_catalogue(environ.get(GATEWAY_CATALOGUE))
+        self.provider_models, self.qualified_problem = provider_models(environ.get(GATEWAY_PROVIDER_MODELS))
 
     def __repr__(self) -> str:
         host = urllib.parse.urlsplit(self.base_url or "").hostname  # never the URL: it may carry credentials
         return f"Gateway(host={host!r}, default_model={self.default_model!r}, catalogue={self.catalogue!r})"
 
     def model_for(self, requested: str | None = None) -> str | None:
-        """The model of a run on the gateway: `requested` (a payload's `model`) when the catalogue
-        lists it or there is no catalogue, refused (errors.Refused, naming the catalogue) when it
-        does not; without one, OPENAI_MODEL, else the catalogue's first; None when neither says."""
+        """The model of a run on the gateway, as the gateway is asked for it (a model id, never
+        "provider/model"): model_ref's."""
+        return self.model_ref(requested)[1]
+
+    def model_ref(self, requested: str | None = None) -> tuple[str | None, str | None]:
+        """(its provider, where CLAWMANAGER_LLM_PROVIDER_MODELS names one; the model id) of a run
+        on the gateway. `requested` (a payload's `model`): a "provider/model" that
+        CLAWMANAGER_LLM_PROVIDER_MODELS lists, else a model id the catalogue lists (or any, with
+        no catalogue); refused (errors.Refused, naming the lists) otherwise. Without one,
+        OPENAI_MODEL, else the catalogue's first; (None, None) when neither says."""
         if requested:
-            if self.catalogue is not None and requested not in self.catalogue:
+            provider, _, model = requested.partition("/")
+            if self.provider_models is not None and (provider, model) in self.provider_models:
+                return provider, model
+            known = self.catalogue if self.catalogue is not None or self.provider_models is None \
+                else tuple(m for _, m in self.provider_models)
+            if known is not None and requested not in known:
                 from caldera.errors import Refused  # here: the quick verbs never choose a model
 
+                lists = [f"{GATEWAY_CATALOGUE}: {self.catalogue_named()}"] if self.catalogue is not None else []
+                lists += [f"{GATEWAY_PROVIDER_MODELS}: {self.catalogue_named(True)}"] \
+                    if self.provider_models is not None else []
                 raise Refused(f"model {_named_model(requested)!r} is not in the AI gateway's catalogue "
-                              f"({GATEWAY_CATALOGUE}: {self.catalogue_named()})")
-            return requested
-        return self.default_model or (self.catalogue[0] if self.catalogue else None)
+                              f"({'; '.join(lists)})")
+            return self._provider_of(requested), requested
+        model = self.default_model or (self.catalogue[0] if self.catalogue else None)
+        return (self._provider_of(model) if model else None), model
 
-    def catalogue_named(self) -> str:
-        """The catalogue as a sentence names it: CATALOGUE_NAMED ids at most, each cut to
-        MODEL_NAMED_CHARS (a refusal stays a sentence, whatever the platform injected)."""
-        catalogue = self.catalogue or ()
+    def _provider_of(self, model: str) -> str | None:
+        """The provider CLAWMANAGER_LLM_PROVIDER_MODELS gives a model id first, if any."""
+        return next((p for p, m in self.provider_models or () if m == model), None)
+
+    def catalogue_named(self, qualified: bool = False) -> str:
+        """The catalogue (`qualified`: CLAWMANAGER_LLM_PROVIDER_MODELS) as a sentence names it:
+        CATALOGUE_NAMED ids at most, each cut to MODEL_NAMED_CHARS (a refusal stays a sentence,
+        whatever the platform injected)."""
+        catalogue = [f"{p}/{m}" for p, m in self.provider_models or ()] if qualified else self.catalogue or ()
         shown = ", ".join(_named_model(m) for m in catalogue[:CATALOGUE_NAMED])
         more = len(catalogue) - CATALOGUE_NAMED
         return shown + (f" and {more} more" if more > 0 else "")
@@ -478,6 +522,9 @@ class Gateway:
         if self.problem:
             return [f"{self.problem}: the AI gateway's model catalogue is ignored (a run's model is the one it asks "
                     f"for, else {GATEWAY_DEFAULT_MODEL})"]
+        if self.qualified_problem:
+            return [f"{self.qualified_problem}: it is ignored (a run's \"provider/model\" is checked against "
+                    f"{GATEWAY_CATALOGUE} as it is)"]
         if self.default_model and self.catalogue is not None and self.default_model not in self.catalogue:
             return [f"{GATEWAY_DEFAULT_MODEL}={_named_model(self.default_model)!r} is not in the AI gateway's "
                     f"catalogue ({GATEWAY_CATALOGUE}: {self.catalogue_named()}): a run that names no model asks "
@@ -535,9 +582,18 @@ def _run_flag(environ: Environ, name: str) -> bool:
     raise ConfigError(f"{name}={environ.get(name)!r} in agent.env is not a boolean")
 
 
+PROJECT_PATH_VAR = "CLAWMANAGER_PROJECT_PATH"
+
+
 def workspace_roots(environ: Environ) -> list[str]:
-    """CALDERA_WORKSPACE_ROOTS: the directories a control-plane run may work in (colon-separated)."""
-    return [p for p in (environ.get("CALDERA_WORKSPACE_ROOTS") or "").split(":") if p.strip()]
+    """CALDERA_WORKSPACE_ROOTS: the directories a control-plane run may work in (colon-separated).
+    Unset, in a ClawManager instance: CLAWMANAGER_PROJECT_PATH, the directory every coding image
+    opens its CLI in (`/config/workspace`, an ENV of the image), when it is absolute."""
+    given = environ.get("CALDERA_WORKSPACE_ROOTS")
+    if given is None and in_instance(environ):
+        project = (environ.get(PROJECT_PATH_VAR) or "").strip()
+        return [project] if os.path.isabs(project) else []
+    return [p for p in (given or "").split(":") if p.strip()]
 
 
 SKILL_DIRS_VAR = "CALDERA_SKILL_DIRS"

@@ -24,6 +24,7 @@ from caldera.backends import failures as fk
 from caldera.backends import leftovers
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
 from caldera.backends.codex import config as codex_config
+from caldera.backends.codex import gateway as codex_gateway
 from caldera.backends.codex.appserver import AppServer, Batch, Message
 from caldera.backends.codex.normalize import Normalizer
 from caldera.backends.events import EVENT_TYPES, EventSink
@@ -32,6 +33,7 @@ from caldera.errors import ConfigError
 from caldera.host import proc
 
 if TYPE_CHECKING:
+    from caldera.backends.forwarder import Forwarder
     from caldera.redact import Redactor
 
 REQUEST_TIMEOUT = 30.0  # initialize / thread/start / turn/start
@@ -109,6 +111,7 @@ class CodexContext:
     cancel_is_timeout: Callable[[], bool] | None = None  # was the cancel the command's own deadline?
     interrupt_event: threading.Event = field(default_factory=threading.Event)
     server: AppServer | None = None
+    forwarder: Forwarder | None = None  # on the AI gateway: the run's, the only holder of its key
     thread_id: str | None = None
     turn_id: str | None = None
     reason: str | None = None  # "cancelled" | "timeout" once we stop the turn
@@ -166,6 +169,8 @@ class CodexBackend(Backend[CodexContext]):
             raise fk.BackendFailure(fk.BACKEND_FAILED, str(exc)) from None
         codex_toml = codex_config.enforce(plan, network=run.policy.network,
                                           request_retries=request_retries, stream_retries=stream_retries)
+        runlog = sink.runlog
+        context.forwarder = codex_gateway.open_forwarder(plan, codex_toml, runlog.note if runlog is not None else None)
         raw = projection.read("config.toml") or b""
         for line in codex_config.withheld_lines(raw.decode("utf-8", "replace"), codex_config.dump_toml(codex_toml)):
             redactor.add(line)  # no line of the config reaches an event beyond base URL, model, profile
@@ -180,6 +185,8 @@ class CodexBackend(Backend[CodexContext]):
             # bubblewrap needs (codex-notes section 9, gotcha 13).
             (run_dir / "tmp").mkdir(mode=0o700, exist_ok=True)
         except OSError as exc:
+            if context.forwarder is not None:
+                context.forwarder.close()
             shutil.rmtree(run_dir, ignore_errors=True)  # it may hold a partial auth.json
             raise fk.BackendFailure(fk.BACKEND_FAILED, f"cannot prepare the run directory: {exc}") from None
         return context
@@ -360,6 +367,8 @@ class CodexBackend(Backend[CodexContext]):
                 rc = context.server.close()
                 context.server.note(f"codex app-server ended, rc {rc}")
         finally:
+            if context.forwarder is not None:
+                context.forwarder.close()
             shutil.rmtree(context.run_dir, ignore_errors=False, onerror=_note_rmtree(context))
         return context.sink.terminal_data()
 

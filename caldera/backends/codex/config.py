@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import re
+import secrets
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ LLM_SOURCE = "backend codex"
 BUILTIN_OPENAI = "openai"  # Codex's built-in provider (the default `model_provider`)
 OPENAI_BASE_URL = "https://api.openai.com/v1"  # Codex's built-in `openai` provider without `openai_base_url`
 GATEWAY_KEY_ENV = "CALDERA_GATEWAY_API_KEY"
+GATEWAY_CONTEXT_WINDOW = 128000  # what ClawManager's codex image declares for every gateway model
 DEFAULT_REQUEST_MAX_RETRIES = 1
 DEFAULT_STREAM_MAX_RETRIES = 2
 _SECRETISH_KEY = re.compile(r"(?i)(token|secret|password|passwd|api[_-]?key|bearer|credential)")
@@ -49,7 +51,13 @@ class ProviderPlan:
     source: str = "projection"  # or "gateway"
     provider: str = "openai"
     model: str | None = None
-    base_url: str | None = None
+    base_url: str | None = None  # the provider's, as shown (on the gateway: <BASE>/v1, what Codex asks under)
+    # On the gateway, what only the run's loopback forwarder holds (codex/gateway.py): the key
+    # and its upstream; Codex gets `run_token` in the key's place and the forwarder's URL.
+    key: str | None = field(default=None, repr=False)
+    upstream: str | None = None
+    run_token: str | None = field(default=None, repr=False)
+    catalogue: list[dict[str, Any]] | None = None  # model_catalog_json's models (the gateway's)
 
 
 # ---------------------------------------------------------------- plan
@@ -96,14 +104,44 @@ def plan_provider(projection: Projection, environ: Mapping[str, str], model: str
 
 
 def _gateway_plan(gateway: Gateway, model: str | None) -> ProviderPlan:
+    """Codex on the AI gateway: its Responses route is `<BASE>/v1/responses` (Codex appends
+    `/responses` to the base URL; ClawManager's guide: "the base_url must end in the final /v1"),
+    reached through the run's loopback forwarder, which alone holds the gateway's key: Codex's
+    environment (and so its commands', should the exclusion fail) holds a run token instead."""
     base_url, api_key = gateway.base_url or "", gateway.api_key or ""  # gateway_settings: both are set
-    provider = {"name": "AI gateway", "base_url": base_url, "env_key": GATEWAY_KEY_ENV, "wire_api": "responses"}
+    run_token = "caldera-run-" + secrets.token_urlsafe(32)
+    provider = {"name": "AI gateway", "base_url": gateway_responses_base(base_url), "env_key": GATEWAY_KEY_ENV,
+                "wire_api": "responses"}
     config: dict[str, Any] = {"model_provider": GATEWAY_PROVIDER, "model_providers": {GATEWAY_PROVIDER: provider}}
-    model = gateway.model_for(model)  # the payload's if the catalogue lists it, else OPENAI_MODEL, else its first
+    model = gateway.model_for(model)  # SPEC section 10's rule (config.Gateway.model_ref)
     if model:
         config["model"] = model
-    return ProviderPlan(config=config, env={GATEWAY_KEY_ENV: api_key}, secret_values=[api_key], source="gateway",
-                        provider=GATEWAY_PROVIDER, model=model, base_url=base_url)
+    models = list(dict.fromkeys([*(gateway.catalogue or ()), *([model] if model else [])]))
+    return ProviderPlan(config=config, env={GATEWAY_KEY_ENV: run_token}, secret_values=[api_key, run_token],
+                        source="gateway", provider=GATEWAY_PROVIDER, model=model, base_url=provider["base_url"],
+                        key=api_key, upstream=provider["base_url"], run_token=run_token,
+                        catalogue=[gateway_model_entry(m, i) for i, m in enumerate(models)] or None)
+
+
+def gateway_model_entry(model: str, priority: int) -> dict[str, Any]:
+    """One gateway model in the run's `model_catalog_json`. Codex 0.169 takes a model its
+    bundled catalogue lacks with "fallback metadata" (a `warning`) and then offers no
+    apply_patch tool: the agent could edit files only through shell commands (measured). These
+    are the fields it requires (it names each missing one), the context window and shell type
+    ClawManager's codex image writes, apply_patch as the freeform tool (the only variant 0.169
+    accepts), and no instructions of its own (as with the fallback, Codex sends an empty
+    `instructions`)."""
+    return {"slug": model, "display_name": model, "description": "a model of the AI gateway",
+            "context_window": GATEWAY_CONTEXT_WINDOW, "shell_type": "shell_command", "apply_patch_tool_type": "freeform",
+            "base_instructions": "", "supported_reasoning_levels": [], "visibility": "list", "supported_in_api": True,
+            "priority": priority, "support_verbosity": False, "truncation_policy": {"mode": "tokens", "limit": 10000},
+            "experimental_supported_tools": []}
+
+
+def gateway_responses_base(base_url: str) -> str:
+    """The base URL Codex needs for the gateway at `base_url`: `<BASE>/v1` (kept when it is there)."""
+    base = base_url.rstrip("/")
+    return base if base.endswith("/v1") else base + "/v1"
 
 
 def llm_config(environ: Mapping[str, str], secrets_dir: str | None = None,
@@ -251,6 +289,9 @@ def withheld_lines(*texts: str) -> list[str]:
 def write_codex_home(home: Path, plan: ProviderPlan, config: dict[str, Any]) -> None:
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(home, 0o700)
+    if plan.catalogue is not None:
+        atomic_write_bytes(home / "models.json", json.dumps({"models": plan.catalogue}).encode(), mode=0o600)
+        config = dict(config, model_catalog_json=str(home / "models.json"))
     atomic_write_bytes(home / "config.toml", dump_toml(config).encode("utf-8"), mode=0o600)
     if plan.auth_json is not None:
         atomic_write_bytes(home / "auth.json", plan.auth_json, mode=0o600)
