@@ -59,9 +59,8 @@ class LLMSource(NamedTuple):
 # profile name -> what its runs get (docs/container.md, "What the report says of the LLM configuration").
 LLM_SOURCES = {
     "codex": LLMSource("caldera.backends.codex.config:llm_config", projection="codex"),
-    # Claude Code speaks the Anthropic Messages API only: never the (OpenAI-compatible) gateway.
-    "claude-code": LLMSource("caldera.backends.claude_code.config:llm_config", projection="claude-code",
-                             gateway=False),
+    # Claude Code on the gateway: its Anthropic Messages route (<BASE>/v1/messages).
+    "claude-code": LLMSource("caldera.backends.claude_code.config:llm_config", projection="claude-code"),
     # OpenCode also takes ClawManager's OPENCODE_CONFIG_CONTENT (its provider: the gateway's, or not)
     "opencode": LLMSource("caldera.backends.opencode.provider:llm_config", projection="opencode",
                           variables=("OPENCODE_CONFIG_CONTENT",)),

@@ -31,7 +31,7 @@ from caldera.backends.claude_code.normalize import Normalizer
 from caldera.backends.events import EVENT_TYPES, EventSink
 from caldera.backends.forwarder import Forwarder, TokenRoute, Upstream
 from caldera.backends.projection import Projection
-from caldera.backends.registry import Refused
+from caldera.backends.registry import Refused, gateway_settings
 from caldera.backends.stdio import LINE_CAP, Handoff, HandoffItem, StdioProcess
 from caldera.backends.workspace import Snapshot
 from caldera.errors import ConfigError
@@ -152,7 +152,8 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
             "sandbox_helpers": helpers, "streaming": True, "interrupt": True, "resume": False,
             "tool_approval": "declined (no approver in an unattended run)",
             "sandboxes": list(SANDBOXES), "approvals": list(APPROVALS), "network": True,
-            "events": list(EVENT_TYPES), "failure_kinds": list(fk.FAILURE_KINDS), "llm_gateway": False}
+            "events": list(EVENT_TYPES), "failure_kinds": list(fk.FAILURE_KINDS),
+            "llm_gateway": gateway_settings(env) is not None}
         if found and not all(helpers.values()):
             info["unavailable"] = "its sandbox needs bubblewrap and socat on PATH"
         if probe and found and binary:
@@ -169,7 +170,7 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
         binary = find_binary(environment.env)
         sink.emit("backend_status", {
             "phase": "starting", "backend": cc.PROFILE, "profile": run.backend_profile, "binary": binary,
-            "provider": "anthropic", "model": plan.model, "base_url": plan.upstream, "provider_source": "projection",
+            "provider": "anthropic", "model": plan.model, "base_url": plan.upstream, "provider_source": plan.source,
             "proxy": plan.proxy.shown if plan.proxy is not None else None,
             "policy": run.policy.as_dict(), "settings_dropped": plan.dropped or None})
         if not binary:

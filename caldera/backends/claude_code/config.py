@@ -8,6 +8,11 @@ run's loopback forwarder only, never into the CLI's environment, which the agent
 commands inherit), `env/ANTHROPIC_BASE_URL` (the forwarder's upstream), model names
 (`env/ANTHROPIC_MODEL`, …), and an optional `settings.json` of which only a few keys
 are kept (the rest would widen the policy or run commands outside the sandbox).
+
+Without a projection, ClawManager's AI gateway as its claude-code image configures the CLI
+(clawmanager-notes.md section 10): Anthropic Messages at `<BASE>/v1/messages`, the instance
+token as `ANTHROPIC_AUTH_TOKEN` (the bearer form; here the forwarder's, as any key), the model
+by the gateway's rule in `ANTHROPIC_MODEL`, and `CLAUDE_CODE_DISABLE_UNKNOWN_MODEL_WINDOW_ENFORCEMENT`.
 """
 from __future__ import annotations
 
@@ -24,9 +29,9 @@ from caldera.backends.failures import BACKEND_FAILED, SECRET_UNAVAILABLE, Backen
 from caldera.backends.forwarder import Proxy, Upstream, upstream_proxy
 from caldera.backends.projection import Projection
 from caldera.backends.registry import gateway_settings
-from caldera.config import is_loopback
+from caldera.config import Gateway, is_loopback
 from caldera.host.jsonlimits import loads
-from caldera.protocol.llm import EXTERNAL, LLMConfig
+from caldera.protocol.llm import EXTERNAL, LLMConfig, gateway_config
 
 PROFILE = "claude-code"
 LLM_SOURCE = f"backend {PROFILE}"
@@ -36,6 +41,9 @@ DEFAULT_BASE_URL = "https://api.anthropic.com"
 # Passed to the CLI as they are: names of models, no secret (SPEC section 10: model names may appear).
 MODEL_VARS = ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL",
               "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL")
+# On the gateway (as ClawManager's image sets it): a model name the CLI does not know gets no
+# context window of Claude's imposed on it.
+GATEWAY_WINDOW_VAR = "CLAUDE_CODE_DISABLE_UNKNOWN_MODEL_WINDOW_ENFORCEMENT"
 # settings.json keys kept from the projection; `permissions` only as deny/ask rules (narrowing).
 KEPT_SETTINGS = ("model", "effortLevel", "alwaysThinkingEnabled", "includeCoAuthoredBy", "permissions")
 SHOWN_SETTINGS = ("model", "effortLevel")  # values that are names, not secrets
@@ -64,6 +72,7 @@ class ClaudePlan:
     dropped: list[str] = field(default_factory=list)  # settings keys not kept (names only)
     secret_values: list[str] = field(default_factory=list)
     proxy: Proxy | None = None  # the HTTPS_PROXY the forwarder tunnels through (upstream_proxy)
+    source: str = "projection"  # or "gateway"
     run_token: str = field(default_factory=lambda: "caldera-run-" + secrets.token_urlsafe(32))
 
 
@@ -74,6 +83,9 @@ def plan_provider(projection: Projection, environ: Mapping[str, str], model: str
     a description of the configuration (llm_config) does not depend on it."""
     env = projection.env()
     raw_settings = projection.read("settings.json")
+    gateway = gateway_settings(environ)
+    if not env and raw_settings is None and gateway is not None:
+        return gateway_plan(gateway, model, with_proxy)
     secret_values = [v for n, v in env.items() if n not in MODEL_VARS and n != BASE_URL_VAR]
     unknown = sorted(set(env) - set(KEY_VARS) - set(MODEL_VARS) - {BASE_URL_VAR})
     if unknown:
@@ -82,11 +94,10 @@ def plan_provider(projection: Projection, environ: Mapping[str, str], model: str
             f"the agent's commands); known: {', '.join(KEY_VARS + (BASE_URL_VAR,) + MODEL_VARS)}"))
     key_var = next((name for name in KEY_VARS if name in env), None)
     if key_var is None:
-        gateway = " (ClawManager's AI gateway is OpenAI-compatible, which Claude Code does not speak)" \
-            if gateway_settings(environ) is not None else ""
         raise BackendFailure(SECRET_UNAVAILABLE, (
-            f"no Claude Code credential: {projection.label}/env/ANTHROPIC_API_KEY "
-            f"(or env/ANTHROPIC_AUTH_TOKEN) is missing{gateway}"))
+            f"no Claude Code credential: {projection.label}/env/ANTHROPIC_API_KEY (or env/ANTHROPIC_AUTH_TOKEN) "
+            "is missing" + ("" if env or raw_settings is not None else
+                            " and no AI gateway (CLAWMANAGER_LLM_BASE_URL/CLAWMANAGER_LLM_API_KEY) is configured")))
     if not env[key_var]:
         raise BackendFailure(SECRET_UNAVAILABLE, f"{projection.label}/env/{key_var} is empty")
     if not _header_safe(env[key_var]):
@@ -105,18 +116,43 @@ def plan_provider(projection: Projection, environ: Mapping[str, str], model: str
                       dropped=dropped, secret_values=secret_values, proxy=proxy)
 
 
+def gateway_plan(gateway: Gateway, model: str | None, with_proxy: bool = True) -> ClaudePlan:
+    """Claude Code on the AI gateway: its Messages route is `<BASE>/v1/messages` (the CLI asks
+    `/v1/messages` under ANTHROPIC_BASE_URL, here the forwarder's, whose upstream is BASE); the
+    gateway's key as the bearer credential (ANTHROPIC_AUTH_TOKEN, as ClawManager's image gives
+    it); the model by SPEC section 10's rule (errors.Refused for one the gateway does not offer).
+    The upstream is the platform's URL as injected: plain http is the platform's choice there."""
+    upstream = (gateway.base_url or "").rstrip("/")
+    key = gateway.api_key or ""
+    try:
+        Upstream.parse(upstream)
+    except ValueError as exc:
+        raise BackendFailure(SECRET_UNAVAILABLE, f"CLAWMANAGER_LLM_BASE_URL: {exc}") from None
+    if not _header_safe(key):
+        raise BackendFailure(SECRET_UNAVAILABLE, "CLAWMANAGER_LLM_API_KEY is not one line of printable characters")
+    chosen = gateway.model_for(model)
+    env = {GATEWAY_WINDOW_VAR: "1"} | ({"ANTHROPIC_MODEL": chosen} if chosen else {})
+    proxy = upstream_proxy(upstream) if with_proxy else None
+    return ClaudePlan(key_var="ANTHROPIC_AUTH_TOKEN", key=key, upstream=upstream, model=chosen, env=env,
+                      secret_values=[key, *(proxy.secrets if proxy else ())], proxy=proxy, source="gateway")
+
+
 def llm_config(environ: Mapping[str, str], secrets_dir: str | None = None,
                credentials_dir: str | None = None) -> LLMConfig | None:
     """What a Claude Code run gets to reach a model (registry.LLM_SOURCES): the projection's
-    provider, always `external` (the gateway is never Claude Code's): its base URL (else
-    Anthropic's), provider `anthropic`, the model of env/ANTHROPIC_MODEL (or settings.json).
-    One the projection names but cannot be used is still a provider of its own (no URL);
-    None without a projection. Never a key: the projection's values are kept out of the URL."""
+    provider, `external`: its base URL (else Anthropic's), provider `anthropic`, the model of
+    env/ANTHROPIC_MODEL (or settings.json); one the projection names but cannot be used is still
+    a provider of its own (no URL). Without a projection, the AI gateway (`gateway`, its base
+    URL, provider and the model a run gets); None with neither. Never a key: the projection's
+    values are kept out of the URL."""
     projection = Projection.locate(secrets_dir, credentials_dir, backend=PROFILE)
     try:
         plan = plan_provider(projection, environ, with_proxy=False)
     except BackendFailure:
         return LLMConfig(LLM_SOURCE, EXTERNAL)  # the registry asks only when a projection is there
+    gateway = gateway_settings(environ)
+    if plan.source == "gateway" and gateway is not None:
+        return gateway_config(gateway, LLM_SOURCE, plan.model)
     return LLMConfig(LLM_SOURCE, EXTERNAL, plan.upstream, "anthropic", plan.model,
                      hide=[plan.key, *plan.secret_values])
 

@@ -242,7 +242,9 @@ def _model_id(model: str, provider: str) -> str:
 def choose_model(spec: ServerSpec, environ: Mapping[str, str], requested: str | None) -> tuple[str, str]:
     """(provider id, model id) of a run. Refused (a sentence: the run ends `blocked`) for a
     model this agent does not offer; the payload's model may be "provider/model" or a bare
-    model id. Under the gateway, config.Gateway's rule (errors.Refused naming the catalogue)."""
+    model id. Under the gateway, config.Gateway's rule (errors.Refused naming the catalogue), a
+    "provider/model" of CLAWMANAGER_LLM_PROVIDER_MODELS on that provider where the config
+    defines it with the model (ClawManager's OPENCODE_CONFIG_CONTENT: one provider per id)."""
     if spec.source == "projection":
         if not requested:
             pid, _, model = spec.default_model.partition("/")
@@ -259,8 +261,11 @@ def choose_model(spec: ServerSpec, environ: Mapping[str, str], requested: str | 
         return pid, model
     pid = spec.default_model.split("/", 1)[0]
     bare = _model_id(requested, pid) if requested else None
-    chosen = Gateway(environ).model_for(bare) or spec.default_model.split("/", 1)[1]
-    return pid, _model_id(chosen, pid)
+    provider, chosen = Gateway(environ).model_ref(bare)
+    model = _model_id(chosen or spec.default_model.split("/", 1)[1], pid)
+    if provider in spec.providers and model in spec.models(provider):
+        return provider, model  # CLAWMANAGER_LLM_PROVIDER_MODELS's provider, as the server's config has it
+    return pid, model
 
 
 # ---------------------------------------------------------------- the state report

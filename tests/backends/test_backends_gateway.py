@@ -1,0 +1,203 @@
+"""ClawManager's AI gateway, route by route, with the real CLIs (issue 45): each backend
+completes a turn with a command through a fake gateway with the server's route layout
+(backends_fake_gateway) on the injected variables alone, no projection: Codex on
+`<BASE>/v1/responses`, Claude Code on `<BASE>/v1/messages` with the bearer (auth-token) form,
+OpenCode on `<BASE>/chat/completions` from OPENCODE_CONFIG_CONTENT and, without it, from the
+variables. The gateway's token is the canary: it reaches the gateway, and nothing else — no
+event, log, request body, nor the environment, command line or files of any process of the
+CLI while it runs (the run's loopback forwarder holds it). Each test skips without its CLI.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from backends_drivers import DRIVERS
+from backends_fake_gateway import PREFIX, FakeGateway
+from backends_helpers import CANARY
+
+from caldera.backends import base, service
+from caldera.backends.registry import BackendServers, llm_configs
+from caldera.redact import Redactor
+
+CATALOGUE = ["auto", "gpt-4.1", "kimi-k2.6"]
+
+
+def _binary(profile: str) -> str:
+    driver = DRIVERS[profile]
+    found = driver.binary()
+    if found is None:
+        if os.environ.get(driver.require_var) == "1":
+            pytest.fail(f"the real CLI of {profile} is not available ({driver.bin_var})")
+        pytest.skip(f"the real CLI of {profile} is not available ({driver.bin_var})")
+    return found
+
+
+@contextmanager
+def watched(binary: str, dirs: list[Path]) -> Iterator[list[bytes]]:
+    """While the block runs: the environment and command line of every process running
+    `binary`, and every file under `dirs`, read every 20 ms (the CLI's whole life: what it
+    holds can be looked at)."""
+    seen: list[bytes] = []
+    stop = threading.Event()
+
+    def look() -> None:
+        while not stop.wait(0.02):
+            for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+                try:
+                    if os.readlink(f"/proc/{pid}/exe") != binary:
+                        continue
+                    for part in ("environ", "cmdline"):
+                        seen.append(Path(f"/proc/{pid}/{part}").read_bytes())
+                except OSError:
+                    continue
+            for root in dirs:
+                for top, _, files in os.walk(root):  # a directory gone meanwhile is passed over
+                    for name in files:
+                        try:
+                            seen.append(Path(top, name).read_bytes())
+                        except OSError:
+                            continue
+
+    thread = threading.Thread(target=look, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+class GatewayTurn:
+    """One run of `profile` with no projection, on `gateway`'s injected variables."""
+
+    def __init__(self, profile: str, tmp: Path, gateway: FakeGateway, model: str | None = None, **variables):
+        binary = _binary(profile)
+        driver = DRIVERS[profile]
+        self.workspace = tmp / "ws"
+        self.workspace.mkdir(exist_ok=True)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CALDERA_WORKSPACE_ROOTS": str(tmp)}
+        env.update(driver.env(binary))
+        env["CALDERA_WORKSPACE_ROOTS"] = str(tmp)
+        env.update(gateway.injected(**variables))
+        self.env = env
+        runs = tmp / "state" / "runs"
+        servers = BackendServers(tmp / "state" / "servers") if profile == "opencode" else None
+        environment = base.Environment(redactor=Redactor(), logs_dir=str(tmp / "state" / "logs"),
+                                       runs_dir=str(runs), secrets_dir=str(tmp / "secrets"), env=env, servers=servers)
+        request = {"run_id": "run-1", "prompt": "Run the command", "workspace": str(self.workspace),
+                   "backend_profile": profile, "execution_policy": {"timeout_seconds": 60}}
+        if model is not None:
+            request["model"] = model
+        self.events: list[dict] = []
+        try:
+            with watched(os.path.realpath(binary), [tmp / "state"]) as self.seen:
+                self.result = service.execute(request, environment, roots=None, listeners=[self.events.append])
+        finally:
+            if servers is not None:
+                servers.close()
+        self.gateway = gateway
+
+    @property
+    def terminal(self) -> dict:
+        assert [e["type"] for e in self.events].count("terminal_status") == 1
+        return self.events[-1]["data"]
+
+    def of(self, kind: str) -> list[dict]:
+        return [e["data"] for e in self.events if e["type"] == kind]
+
+    def models_asked(self) -> set[str | None]:
+        return {r["model"] for r in self.gateway.requests if r["method"] == "POST"}
+
+    def assert_token_held_by_the_forwarder_alone(self) -> None:
+        assert self.gateway.requests, "nothing reached the gateway"
+        assert all(r["headers"].get("authorization") == f"Bearer {CANARY}" for r in self.gateway.requests)
+        assert self.gateway.refused == []  # no other path, no other credential
+        assert self.seen and any(b"PATH=" in chunk for chunk in self.seen), "the CLI's process was never looked at"
+        assert not [chunk for chunk in self.seen if CANARY.encode() in chunk]
+        text = json.dumps([self.events, self.result]) + Path(self.result["log"]).read_text()
+        assert CANARY not in text
+        assert not [r for r in self.gateway.requests if CANARY in r["body"]]
+
+
+def _command_ran(turn: GatewayTurn, marker: str) -> None:
+    assert turn.terminal["status"] == "completed", turn.events
+    assert any(marker in o.get("output", "") for o in turn.of("command_output")), turn.of("command_output")
+
+
+# ------------------------------------------------------------------ Codex: <BASE>/v1/responses
+
+def test_codex_completes_a_turn_with_a_command_and_a_patch_on_the_gateway_models(tmp_path):
+    script = [{"call": "exec_command", "args": {"cmd": "echo from-codex; env"}},
+              {"custom": "apply_patch", "input": "*** Begin Patch\n*** Add File: NEW.txt\n+new\n*** End Patch\n"},
+              {"text": "done"}]
+    with FakeGateway(script, CANARY, CATALOGUE) as gateway:
+        turn = GatewayTurn("codex", tmp_path, gateway, model="fake/kimi-k2.6")
+    _command_ran(turn, "from-codex")
+    assert (turn.workspace / "NEW.txt").read_text() == "new\n"  # apply_patch offered: the run's catalogue
+    assert {r["path"] for r in gateway.requests} == {f"{PREFIX}/v1/responses"}
+    assert turn.models_asked() == {"kimi-k2.6"}  # "provider/model" listed: the model id is asked
+    statuses = turn.of("backend_status")
+    assert not [s for s in statuses if "metadata" in str(s.get("message"))]  # Codex knows the model
+    starting = statuses[0]
+    assert starting["provider_source"] == "gateway" and starting["base_url"] == gateway.url + "/v1"
+    turn.assert_token_held_by_the_forwarder_alone()
+
+
+# ------------------------------------------------------------------ Claude Code: <BASE>/v1/messages
+
+def test_claude_code_completes_a_turn_with_a_command_on_the_gateway(tmp_path):
+    script = [{"tool": "Bash", "input": {"command": "echo from-claude; env", "description": "probe"}},
+              {"text": "done"}]
+    with FakeGateway(script, CANARY, CATALOGUE) as gateway:
+        turn = GatewayTurn("claude-code", tmp_path, gateway, OPENAI_MODEL="kimi-k2.6")
+    _command_ran(turn, "from-claude")
+    assert {r["path"].split("?")[0] for r in gateway.requests} == {f"{PREFIX}/v1/messages"}
+    assert turn.models_asked() == {"kimi-k2.6"}  # OPENAI_MODEL, the catalogue lists it
+    assert turn.of("backend_status")[0]["provider_source"] == "gateway"
+    turn.assert_token_held_by_the_forwarder_alone()
+
+
+# ------------------------------------------------------------------ OpenCode: <BASE>/chat/completions
+
+def _opencode_config_content() -> str:
+    """OPENCODE_CONFIG_CONTENT as the server builds it from CLAWMANAGER_LLM_PROVIDER_MODELS
+    (buildOpenCodeGatewayConfig): one provider per provider id, on the gateway's variables."""
+    options = {"baseURL": "{env:CLAWMANAGER_LLM_BASE_URL}", "apiKey": "{env:CLAWMANAGER_LLM_API_KEY}"}
+    providers = {"auto": {"npm": "@ai-sdk/openai-compatible", "name": "auto", "options": options,
+                          "models": {"auto": {"name": "auto"}}},
+                 "fake": {"npm": "@ai-sdk/openai-compatible", "name": "fake", "options": options,
+                          "models": {m: {"name": m} for m in CATALOGUE if m != "auto"}}}
+    return json.dumps({"$schema": "https://opencode.ai/config.json", "model": "auto/auto", "provider": providers,
+                       "enabled_providers": ["auto", "fake"], "disabled_providers": ["openai", "anthropic"]})
+
+
+@pytest.mark.parametrize("content", [True, False], ids=["OPENCODE_CONFIG_CONTENT", "variables"])
+def test_opencode_completes_a_turn_with_a_command_on_the_gateway(tmp_path, content):
+    script = [{"call": "bash", "args": {"command": "echo from-opencode; env", "description": "probe"}},
+              {"text": "done"}]
+    with FakeGateway(script, CANARY, CATALOGUE, model="kimi-k2.6") as gateway:
+        turn = GatewayTurn("opencode", tmp_path, gateway, model="fake/kimi-k2.6",
+                           OPENCODE_CONFIG_CONTENT=_opencode_config_content() if content else None)
+    _command_ran(turn, "from-opencode")
+    assert {r["path"] for r in gateway.requests} == {f"{PREFIX}/chat/completions"}
+    assert "kimi-k2.6" in turn.models_asked()
+    turn.assert_token_held_by_the_forwarder_alone()
+
+
+# ------------------------------------------------------------------ what the state report says
+
+def test_the_report_says_what_each_backend_uses_on_the_gateway(tmp_path):
+    with FakeGateway([], CANARY, CATALOGUE) as gateway:
+        env = gateway.injected(OPENAI_MODEL="gpt-4.1", CALDERA_WORKSPACE_ROOTS=str(tmp_path),
+                               OPENCODE_CONFIG_CONTENT=_opencode_config_content())
+    configs = {c.source: c for c in llm_configs(env, str(tmp_path / "secrets"), None)}
+    assert sorted(configs) == ["backend claude-code", "backend codex", "backend opencode"]
+    for config in configs.values():
+        assert (config.status, config.base_url, config.model) == ("gateway", gateway.url, "gpt-4.1"), config
+    assert configs["backend opencode"].provider == "fake"  # OPENCODE_CONFIG_CONTENT's provider of the model
