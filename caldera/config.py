@@ -499,8 +499,8 @@ class Gateway:
                 raise Refused(f"model {_named_model(requested)!r} is not in the AI gateway's catalogue "
                               f"({'; '.join(lists)})")
             return self._provider_of(requested), requested
-        model = self.default_model or (self.catalogue[0] if self.catalogue else None)
-        return (self._provider_of(model) if model else None), model
+        default = self.default_model or (self.catalogue[0] if self.catalogue else None)
+        return (self._provider_of(default) if default else None), default
 
     def _provider_of(self, model: str) -> str | None:
         """The provider CLAWMANAGER_LLM_PROVIDER_MODELS gives a model id first, if any."""

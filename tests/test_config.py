@@ -388,6 +388,41 @@ def test_a_model_the_catalogue_does_not_list_is_refused_naming_the_catalogue():
     assert f"0-{'x' * 61}…, 1-" in str(err.value)
 
 
+# CLAWMANAGER_LLM_PROVIDER_MODELS as the server writes it (resolveGatewayModelInjection, PR #193):
+# the catalogue's ids qualified by their provider, "auto/auto" first.
+QUALIFIED_ENV = dict(GATEWAY_ENV, CLAWMANAGER_LLM_PROVIDER_MODELS=json.dumps(
+    ["auto/auto", "openai/gpt-4.1", "moonshot/kimi-k2.6", "moonshot/kimi-k2.6", " bare "]))
+
+
+@pytest.mark.parametrize("requested, ref", [
+    ("moonshot/kimi-k2.6", ("moonshot", "kimi-k2.6")),  # listed: the gateway is asked for the model id
+    ("kimi-k2.6", ("moonshot", "kimi-k2.6")),  # a model id of the catalogue: its provider found
+    (None, ("auto", "auto")),  # OPENAI_MODEL
+    ("auto/bare", ("auto", "bare")),  # an entry without "/" is the server's "auto/<it>"
+])
+def test_a_payloads_provider_model_is_checked_against_the_provider_models(requested, ref):
+    assert config.Gateway(QUALIFIED_ENV).model_ref(requested) == ref
+    assert config.gateway_model(QUALIFIED_ENV, requested) == ref[1]
+
+
+def test_a_provider_model_the_lists_do_not_name_is_refused_naming_both():
+    with pytest.raises(Refused) as err:
+        config.gateway_model(QUALIFIED_ENV, "openai/kimi-k2.6")  # the model is there, not from that provider
+    assert str(err.value) == ("model 'openai/kimi-k2.6' is not in the AI gateway's catalogue (CLAWMANAGER_LLM_MODEL: "
+                              "auto, gpt-4.1, kimi-k2.6; CLAWMANAGER_LLM_PROVIDER_MODELS: auto/auto, openai/gpt-4.1, "
+                              "moonshot/kimi-k2.6, auto/bare)")
+    only = {k: v for k, v in QUALIFIED_ENV.items() if k != "CLAWMANAGER_LLM_MODEL"}
+    assert config.gateway_model(only, "gpt-4.1") == "gpt-4.1"  # without the catalogue, its ids still count
+    with pytest.raises(Refused):
+        config.gateway_model(only, "gpt-9")
+    bad = dict(QUALIFIED_ENV, CLAWMANAGER_LLM_PROVIDER_MODELS="auto/auto")
+    assert config.Gateway(bad).warnings() == [
+        "CLAWMANAGER_LLM_PROVIDER_MODELS is not JSON (the platform sends a JSON list of model ids): it is ignored "
+        "(a run's \"provider/model\" is checked against CLAWMANAGER_LLM_MODEL as it is)"]
+    with pytest.raises(Refused):
+        config.gateway_model(bad, "moonshot/kimi-k2.6")
+
+
 @pytest.mark.parametrize("env, said", [
     (GATEWAY_ENV, []),
     (dict(GATEWAY_ENV, OPENAI_MODEL="gpt-5"), ["OPENAI_MODEL='gpt-5' is not in the AI gateway's catalogue "
@@ -446,6 +481,13 @@ def test_run_caps_refuses_bad_values(env, words):
 def test_workspace_roots_and_skill_dirs_split_on_colons():
     assert config.workspace_roots({"CALDERA_WORKSPACE_ROOTS": "/a::/b: "}) == ["/a", "/b"]
     assert config.workspace_roots({}) == []
+    # In an instance without CALDERA_WORKSPACE_ROOTS: the directory every coding image opens its CLI in.
+    instance = {"CLAWMANAGER_AGENT_PERSISTENT_DIR": "/config", "CLAWMANAGER_PROJECT_PATH": "/config/workspace"}
+    assert config.workspace_roots(instance) == ["/config/workspace"]
+    assert config.workspace_roots(dict(instance, CALDERA_WORKSPACE_ROOTS="/srv/a")) == ["/srv/a"]
+    assert config.workspace_roots(dict(instance, CALDERA_WORKSPACE_ROOTS="")) == []  # set empty: none
+    assert config.workspace_roots({"CLAWMANAGER_PROJECT_PATH": "/config/workspace"}) == []  # not an instance
+    assert config.workspace_roots(dict(instance, CLAWMANAGER_PROJECT_PATH="workspace")) == []  # not absolute
     assert config.skill_dirs({"CALDERA_SKILL_DIRS": " /s1 :rel:"}) == ["/s1", "rel"]
     assert config.skill_dirs(None) == []
 

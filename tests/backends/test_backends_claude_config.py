@@ -57,12 +57,42 @@ def test_a_key_that_is_not_one_printable_line_is_refused_without_quoting_it(tmp_
     assert "ANTHROPIC_API_KEY" in message and KEY not in message
 
 
-def test_no_key_is_secret_unavailable_and_the_gateway_is_named(tmp_path):
+def test_no_key_is_secret_unavailable(tmp_path):
     assert "ANTHROPIC_API_KEY" in _refused(tmp_path, fk.SECRET_UNAVAILABLE, env={})
     gateway = {"CLAWMANAGER_LLM_BASE_URL": "http://gw/api/v1/gateway/llm", "CLAWMANAGER_LLM_API_KEY": "gw-token-1"}
-    message = _refused(tmp_path, fk.SECRET_UNAVAILABLE, env={}, environ=gateway)
-    assert "OpenAI-compatible" in message and "gw-token-1" not in message
+    # A projection of its own without its key: refused, the gateway does not stand in for it.
+    message = _refused(tmp_path, fk.SECRET_UNAVAILABLE, env={"ANTHROPIC_MODEL": "claude-x"}, environ=gateway)
+    assert "ANTHROPIC_API_KEY" in message and "gw-token-1" not in message and "OpenAI" not in message
     assert _refused(tmp_path, fk.SECRET_UNAVAILABLE, env={"ANTHROPIC_API_KEY": ""}).endswith("is empty")
+    nothing = tmp_path / "nothing"
+    with pytest.raises(fk.BackendFailure) as caught:
+        cc.plan_provider(Projection.locate(nothing, backend="claude-code"), {})
+    assert caught.value.message.endswith("and no AI gateway (CLAWMANAGER_LLM_BASE_URL/CLAWMANAGER_LLM_API_KEY) "
+                                         "is configured")
+
+
+GATEWAY = {"CLAWMANAGER_LLM_BASE_URL": "http://gw.cluster:9001/api/v1/gateway/llm/", "CLAWMANAGER_LLM_API_KEY": KEY,
+           "CLAWMANAGER_LLM_MODEL": '["auto", "glm-5"]', "OPENAI_MODEL": "auto",
+           "CLAWMANAGER_LLM_PROVIDER_MODELS": '["auto/auto", "zhipu/glm-5"]'}
+
+
+@pytest.mark.parametrize("requested, model", [(None, "auto"), ("glm-5", "glm-5"), ("zhipu/glm-5", "glm-5")])
+def test_without_a_projection_the_gateway_as_clawmanagers_image_configures_the_cli(tmp_path, requested, model):
+    plan = cc.plan_provider(Projection.locate(tmp_path / "none", backend="claude-code"), GATEWAY, requested)
+    # <BASE> as injected (plain http in the cluster is the platform's), the bearer form, the model
+    assert (plan.source, plan.key_var, plan.key, plan.upstream, plan.model) == (
+        "gateway", "ANTHROPIC_AUTH_TOKEN", KEY, "http://gw.cluster:9001/api/v1/gateway/llm", model)
+    assert plan.env == {"ANTHROPIC_MODEL": model, "CLAUDE_CODE_DISABLE_UNKNOWN_MODEL_WINDOW_ENFORCEMENT": "1"}
+    assert KEY in plan.secret_values and KEY not in json.dumps(plan.env)
+
+
+def test_a_model_the_gateway_does_not_offer_is_refused(tmp_path):
+    from caldera.errors import Refused
+
+    with pytest.raises(Refused) as caught:
+        cc.plan_provider(Projection.locate(tmp_path / "none", backend="claude-code"), GATEWAY, "other/glm-5")
+    assert str(caught.value) == ("model 'other/glm-5' is not in the AI gateway's catalogue (CLAWMANAGER_LLM_MODEL: "
+                                 "auto, glm-5; CLAWMANAGER_LLM_PROVIDER_MODELS: auto/auto, zhipu/glm-5)")
 
 
 @pytest.mark.parametrize("url,words", [

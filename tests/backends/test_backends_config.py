@@ -1,4 +1,5 @@
 """Projection reading, provider plans, enforced settings and the TOML writer."""
+import json
 import os
 import stat
 import tomllib
@@ -78,10 +79,32 @@ def test_gateway_from_environment_when_no_projection(tmp_path):
                "OPENAI_MODEL": "gpt-5.5"}
     plan = cc.plan_provider(cc.Projection.locate(tmp_path / "none"), environ)
     assert plan.source == "gateway" and plan.provider == cc.GATEWAY_PROVIDER and plan.model == "gpt-5.5"
-    assert plan.env == {cc.GATEWAY_KEY_ENV: "gw-key-123456"} and plan.secret_values == ["gw-key-123456"]
+    # Codex's environment holds the run's token; the key is the run's forwarder's alone.
+    assert plan.env == {cc.GATEWAY_KEY_ENV: plan.run_token} and plan.run_token.startswith("caldera-run-")
+    assert plan.key == "gw-key-123456" and set(plan.secret_values) == {"gw-key-123456", plan.run_token}
     provider = plan.config["model_providers"][cc.GATEWAY_PROVIDER]
     assert provider["wire_api"] == "responses" and provider["env_key"] == cc.GATEWAY_KEY_ENV
-    assert "gw-key-123456" not in cc.dump_toml(plan.config)  # the key goes by environment only
+    assert "gw-key-123456" not in cc.dump_toml(plan.config)
+    assert provider["base_url"] == plan.upstream == "http://gw.local/v1"  # it ends in /v1 already: kept
+    assert [m["slug"] for m in plan.catalogue or []] == ["gpt-5.5"]  # no catalogue: the run's model
+
+
+@pytest.mark.parametrize("base", ["http://gw/api/v1/gateway/llm", "http://gw/api/v1/gateway/llm/",
+                                  "http://gw/api/v1/gateway/llm/v1"])
+def test_codex_on_the_gateway_asks_under_base_v1_and_knows_its_models(tmp_path, base):
+    environ = {"CLAWMANAGER_LLM_BASE_URL": base, "CLAWMANAGER_LLM_API_KEY": "gw-key-123456",
+               "CLAWMANAGER_LLM_MODEL": '["auto", "glm-5"]', "OPENAI_MODEL": "auto"}
+    plan = cc.plan_provider(cc.Projection.locate(tmp_path / "none"), environ)
+    assert plan.upstream == plan.base_url == "http://gw/api/v1/gateway/llm/v1"  # Codex appends /responses
+    catalogue = plan.catalogue or []
+    assert [m["slug"] for m in catalogue] == ["auto", "glm-5"]
+    assert {(m["shell_type"], m["apply_patch_tool_type"], m["context_window"]) for m in catalogue} == {
+        ("shell_command", "freeform", 128000)}
+    home = tmp_path / "home"
+    cc.write_codex_home(home, plan, cc.enforce(plan, network=False, request_retries=1, stream_retries=1))
+    written = (home / "config.toml").read_text()
+    assert f'model_catalog_json = "{home / "models.json"}"' in written and "gw-key-123456" not in written
+    assert [m["slug"] for m in json.loads((home / "models.json").read_text())["models"]] == ["auto", "glm-5"]
 
 
 def test_credentials_directory_flat_names(tmp_path):

@@ -162,7 +162,8 @@ def test_without_a_projection_the_daemon_never_imports_the_backends_modules(tmp_
             "print(json.dumps([[c.status, c.model] for c in found]), "
             "sorted(m for m in sys.modules if m.startswith('caldera.backends.') or m == 'tomllib'))")
     out = _fresh_process(code)
-    assert out.strip() == "[[\"gateway\", \"auto\"], [\"gateway\", \"auto\"]] ['caldera.backends.registry']"
+    assert out.strip() == ("[[\"gateway\", \"auto\"], [\"gateway\", \"auto\"], [\"gateway\", \"auto\"]] "
+                           "['caldera.backends.registry']")
 
 
 # ---------------------------------------------------------------- Claude Code
@@ -192,16 +193,18 @@ def test_claude_code_runs_get_the_projections_provider_never_the_gateway(tmp_pat
         EXTERNAL, "https://api.anthropic.com", "anthropic", None)
 
 
-def test_without_a_projection_claude_code_hands_out_nothing_and_is_not_imported(tmp_path):
-    """No projection: a Claude Code run is refused (secret-unavailable), so nothing is handed
-    out, and the gateway never stands in for it (it is OpenAI-compatible)."""
+def test_without_a_projection_claude_code_gets_the_gateway_and_is_not_imported(tmp_path):
+    """No projection: a Claude Code run gets the gateway (its Messages route, issue 45), as the
+    registry describes it without importing the backend; without the gateway, nothing."""
     code = ("import json, sys; from caldera.backends import registry; "
             f"found = registry.llm_configs({GW!r}, {str(tmp_path / 'secrets')!r}, None); "
-            "print(json.dumps([[c.source for c in found], "
+            "none = registry.llm_configs({'CALDERA_WORKSPACE_ROOTS': '/srv/ws'}, "
+            f"{str(tmp_path / 'secrets')!r}, None); "
+            "print(json.dumps([[[c.source, c.status] for c in found], len(none), "
             "sorted(m for m in sys.modules if m.startswith('caldera.backends.claude_code'))]))")
     out = _fresh_process(code)
-    sources, modules = json.loads(out)
-    assert "backend codex" in sources and "backend claude-code" not in sources and modules == []
+    sources, others, modules = json.loads(out)
+    assert ["backend claude-code", GATEWAY] in sources and others == 0 and modules == []
 
 
 def test_a_claude_code_projection_that_cannot_be_used_is_still_external(tmp_path):

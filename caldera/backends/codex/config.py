@@ -132,7 +132,8 @@ def gateway_model_entry(model: str, priority: int) -> dict[str, Any]:
     accepts), and no instructions of its own (as with the fallback, Codex sends an empty
     `instructions`)."""
     return {"slug": model, "display_name": model, "description": "a model of the AI gateway",
-            "context_window": GATEWAY_CONTEXT_WINDOW, "shell_type": "shell_command", "apply_patch_tool_type": "freeform",
+            "context_window": GATEWAY_CONTEXT_WINDOW, "shell_type": "shell_command",
+            "apply_patch_tool_type": "freeform",
             "base_instructions": "", "supported_reasoning_levels": [], "visibility": "list", "supported_in_api": True,
             "priority": priority, "support_verbosity": False, "truncation_policy": {"mode": "tokens", "limit": 10000},
             "experimental_supported_tools": []}
