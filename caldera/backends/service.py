@@ -6,7 +6,7 @@ Policy caps come from agent.env (SPEC section 10, docs/backends.md):
 
 | variable | default | meaning |
 | --- | --- | --- |
-| CALDERA_WORKSPACE_ROOTS | (none: every agent_run refused) | colon-separated directories |
+| CALDERA_WORKSPACE_ROOTS | an instance's CLAWMANAGER_PROJECT_PATH, else none: agent_run refused | colon-separated |
 | CALDERA_RUN_MAX_TIMEOUT_SECONDS | 3600 | largest timeout_seconds a run may ask for |
 | CALDERA_RUN_MAX_SANDBOX | workspace-write | read-only or workspace-write |
 | CALDERA_RUN_ALLOW_NETWORK | false | whether network: true may be asked for |
@@ -84,7 +84,8 @@ def check_workspace(workspace: object, roots: list[Path] | None) -> str:
     real = Path(os.path.realpath(workspace))
     if roots is not None:
         if not roots:
-            raise Refused("no workspace roots are configured (CALDERA_WORKSPACE_ROOTS in agent.env)")
+            raise Refused("no workspace roots are configured (CALDERA_WORKSPACE_ROOTS in agent.env, or "
+                          "CLAWMANAGER_PROJECT_PATH in a ClawManager instance)")
         if not any(real == root or root in real.parents for root in roots):
             raise Refused(f"workspace {workspace} is not under the configured workspace roots")
     if not real.is_dir():

@@ -131,6 +131,8 @@ class FakeGateway(FakeChat):
             "CLAWMANAGER_LLM_PROVIDER_MODELS": json.dumps(
                 ["auto/auto"] + [f"fake/{m}" for m in self.models if m != "auto"]),
             "CLAWMANAGER_INSTANCE_TOKEN": self.token, "OPENAI_BASE_URL": self.url, "OPENAI_API_BASE": self.url,
-            "OPENAI_API_KEY": self.token, "OPENAI_MODEL": "auto"}
+            "OPENAI_API_KEY": self.token, "OPENAI_MODEL": "auto",
+            # an opencode instance's (buildGatewayEnv): the server's password is the gateway token
+            "OPENCODE_SERVER_USERNAME": "opencode", "OPENCODE_SERVER_PASSWORD": self.token}
         env.update(extra)
         return {k: v for k, v in env.items() if v is not None}

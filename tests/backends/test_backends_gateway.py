@@ -17,11 +17,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import requests
 from backends_drivers import DRIVERS
 from backends_fake_gateway import PREFIX, FakeGateway
 from backends_helpers import CANARY
 
 from caldera.backends import base, service
+from caldera.backends.codex import config as codex_config
+from caldera.backends.codex import gateway as codex_gateway
+from caldera.backends.projection import Projection
 from caldera.backends.registry import BackendServers, llm_configs
 from caldera.redact import Redactor
 
@@ -128,6 +132,48 @@ class GatewayTurn:
 def _command_ran(turn: GatewayTurn, marker: str) -> None:
     assert turn.terminal["status"] == "completed", turn.events
     assert any(marker in o.get("output", "") for o in turn.of("command_output")), turn.of("command_output")
+
+
+# ------------------------------------------------------------------ the fake and Codex's forwarder, without a CLI
+
+def test_the_fake_gateway_has_the_servers_routes_and_its_token():
+    with FakeGateway([{"text": "hi"}], CANARY, CATALOGUE) as gateway:
+        auth = {"Authorization": f"Bearer {CANARY}"}
+        assert requests.get(gateway.url + "/models", headers=auth, timeout=10).json()["data"][1]["id"] == "gpt-4.1"
+        for path in ("/v1/responses", "/chat/completions", "/v1/chat/completions", "/v1/messages"):
+            answer = requests.post(gateway.url + path, json={"model": "auto", "stream": True}, headers=auth,
+                                   timeout=10)
+            assert answer.status_code == 200, path
+        statuses = [requests.post(url, json={"model": "auto"}, headers=headers, timeout=10).status_code
+                    for url, headers in ((gateway.url + "/responses", auth), (gateway.url + "/v1/models", auth),
+                                         (gateway.url.replace("/llm", "") + "/v1/responses", auth),
+                                         (gateway.url + "/v1/responses", {"Authorization": "Bearer other"}),
+                                         (gateway.url + "/v1/responses", {"x-api-key": CANARY}))]
+        assert statuses == [404, 404, 404, 401, 401]
+        assert requests.post(gateway.url + "/v1/responses", json={"model": "gpt-9"}, headers=auth,
+                             timeout=10).status_code == 404  # not in its catalogue: model_not_found
+
+
+def test_codexs_forwarder_passes_only_its_route_with_the_runs_token(tmp_path):
+    with FakeGateway([{"text": "hi"}], CANARY, CATALOGUE) as gateway:
+        plan = codex_config.plan_provider(Projection.locate(tmp_path / "none"), gateway.injected())
+        config = codex_config.enforce(plan, network=False, request_retries=0, stream_retries=0)
+        forwarder = codex_gateway.open_forwarder(plan, config)
+        assert forwarder is not None
+        try:
+            url = config["model_providers"][plan.provider]["base_url"]
+            assert url == forwarder.url and CANARY not in json.dumps(config) + json.dumps(plan.env)
+            token = {"Authorization": f"Bearer {plan.run_token}"}
+            assert requests.post(url + "/responses", json={"model": "auto"}, headers=token, timeout=10).ok
+            assert [r["path"] for r in gateway.requests] == [f"{PREFIX}/v1/responses"]
+            assert gateway.requests[0]["headers"]["authorization"] == f"Bearer {CANARY}"
+            refused = [requests.post(url + "/responses", json={}, headers={"Authorization": f"Bearer {CANARY}"},
+                                     timeout=10).status_code,
+                       requests.post(url + "/v1/messages", json={}, headers=token, timeout=10).status_code,
+                       requests.get(url + "/models", headers=token, timeout=10).status_code]
+            assert refused == [401, 404, 404] and len(gateway.requests) == 1  # no open relay
+        finally:
+            forwarder.close()
 
 
 # ------------------------------------------------------------------ Codex: <BASE>/v1/responses

@@ -244,19 +244,23 @@ def _project_codex(config, key=OWN_KEY):
 @pytest.mark.parametrize("manifest, roots, projected, status, url, sources", [
     (None, False, False, None, None, []),  # the gateway is injected, but caldera hands it to nobody
     (BOUND, False, False, "gateway", GATEWAY_LLM, ["process agent"]),
-    # runs may start: Codex and OpenCode get the gateway
-    (None, True, False, "gateway", GATEWAY_LLM, ["backend codex", "backend opencode"]),
-    (None, True, True, "external", "https://llm.corp.test/v1", ["backend codex", "backend opencode"]),
+    # runs may start: every backend gets the gateway (Claude Code on its Messages route, issue 45)
+    (None, True, False, "gateway", GATEWAY_LLM, ["backend claude-code", "backend codex", "backend opencode"]),
+    # the image's CLAWMANAGER_PROJECT_PATH is the workspace root when agent.env names none
+    (None, "project", False, "gateway", GATEWAY_LLM, ["backend claude-code", "backend codex", "backend opencode"]),
+    (None, True, True, "external", "https://llm.corp.test/v1",
+     ["backend codex", "backend claude-code", "backend opencode"]),
     (BOUND, True, True, "external", "https://llm.corp.test/v1",
-     ["backend codex", "backend opencode", "process agent"]),  # never hidden
-], ids=["none", "process-bound", "codex-gateway", "codex-own", "both"])
+     ["backend codex", "backend claude-code", "backend opencode", "process agent"]),  # never hidden
+], ids=["none", "process-bound", "gateway", "project-path", "codex-own", "both"])
 def test_the_report_says_what_llm_configuration_caldera_hands_out(caldera_env, plane, tmp_path, manifest, roots,
                                                                    projected, status, url, sources):
     if manifest is not None:
         manifest = manifest.format(python=json.dumps(sys.executable), agent=json.dumps(str(FAKE)), mode="run")
-    env, _ = _instance(tmp_path, plane.url, manifest=manifest, **INJECTED_LLM)
+    project = {"CLAWMANAGER_PROJECT_PATH": str(tmp_path)} if roots == "project" else {}
+    env, _ = _instance(tmp_path, plane.url, manifest=manifest, **INJECTED_LLM, **project)
     config = Path(env["CALDERA_CONFIG_DIR"]) / "agents" / "demo"
-    if roots:
+    if roots is True:
         (config / "agent.env").write_text(f"CALDERA_WORKSPACE_ROOTS={tmp_path}\n")
     if projected:
         _project_codex(config)
@@ -378,8 +382,8 @@ def test_what_is_wrong_with_the_gateway_as_injected_is_named_once(caldera_env, p
              and "plain http" not in line]
     assert named == [f"WARNING caldera: {said}"], done.stderr
     described = plane.store.reports(INSTANCE, last=True)["body"]["runtime"]["llm_configs"]
-    # OPENAI_MODEL for each backend on the gateway (Codex, OpenCode), never the raw value of the catalogue
-    assert [d["model"] for d in described] == [model, model]
+    # OPENAI_MODEL for each backend on the gateway (all three), never the raw value of the catalogue
+    assert [d["model"] for d in described] == [model, model, model]
 
 
 # ------------------------------------------------------------------ PID 1
