@@ -195,6 +195,17 @@ def test_codex_completes_a_turn_with_a_command_and_a_patch_on_the_gateway_models
     turn.assert_token_held_by_the_forwarder_alone()
 
 
+def test_codex_with_the_gateway_down_fails_provider_unavailable_at_once(tmp_path):
+    with FakeGateway([], CANARY, CATALOGUE) as gateway:
+        injected = gateway.injected()
+    turn_env = {"CLAWMANAGER_LLM_BASE_URL": injected["CLAWMANAGER_LLM_BASE_URL"]}  # nothing listens there now
+    with FakeGateway([], CANARY, CATALOGUE) as other:
+        turn = GatewayTurn("codex", tmp_path, other, **turn_env)
+    assert turn.terminal["failure_kind"] == "provider-unavailable", turn.events
+    assert turn.terminal["duration_ms"] < 20000 and "cannot be reached" in turn.terminal["message"]
+    assert other.requests == [] and CANARY not in json.dumps(turn.events)
+
+
 # ------------------------------------------------------------------ Claude Code: <BASE>/v1/messages
 
 def test_claude_code_completes_a_turn_with_a_command_on_the_gateway(tmp_path):
