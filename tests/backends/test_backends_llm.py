@@ -211,3 +211,13 @@ def test_a_claude_code_projection_that_cannot_be_used_is_still_external(tmp_path
     secrets = _claude_projection(tmp_path, ANTHROPIC_BASE_URL="https://llm.corp.test")  # no key
     found = {c.source: c for c in registry.llm_configs({"CALDERA_WORKSPACE_ROOTS": "/srv/ws"}, secrets, None)}
     assert (found["backend claude-code"].status, found["backend claude-code"].base_url) == (EXTERNAL, None)
+
+
+def test_a_claude_code_projection_on_the_gateways_url_is_the_gateway(tmp_path):
+    from caldera.backends.claude_code import config as claude
+
+    gateway = dict(GW, CLAWMANAGER_LLM_BASE_URL="https://cm.example/api/v1/gateway/llm")
+    secrets = _claude_projection(tmp_path, ANTHROPIC_AUTH_TOKEN=CANARY, ANTHROPIC_MODEL="auto",
+                                 ANTHROPIC_BASE_URL=gateway["CLAWMANAGER_LLM_BASE_URL"])
+    found = claude.llm_config(gateway, secrets, None)
+    assert (found.status, found.provider, found.model) == (GATEWAY, "anthropic", "auto")

@@ -31,7 +31,7 @@ from caldera.backends.projection import Projection
 from caldera.backends.registry import gateway_settings
 from caldera.config import Gateway, is_loopback
 from caldera.host.jsonlimits import loads
-from caldera.protocol.llm import EXTERNAL, LLMConfig, gateway_config
+from caldera.protocol.llm import EXTERNAL, GATEWAY, LLMConfig, gateway_config, same_endpoint
 
 PROFILE = "claude-code"
 LLM_SOURCE = f"backend {PROFILE}"
@@ -140,11 +140,12 @@ def gateway_plan(gateway: Gateway, model: str | None, with_proxy: bool = True) -
 def llm_config(environ: Mapping[str, str], secrets_dir: str | None = None,
                credentials_dir: str | None = None) -> LLMConfig | None:
     """What a Claude Code run gets to reach a model (registry.LLM_SOURCES): the projection's
-    provider, `external`: its base URL (else Anthropic's), provider `anthropic`, the model of
-    env/ANTHROPIC_MODEL (or settings.json); one the projection names but cannot be used is still
-    a provider of its own (no URL). Without a projection, the AI gateway (`gateway`, its base
-    URL, provider and the model a run gets); None with neither. Never a key: the projection's
-    values are kept out of the URL."""
+    provider, `external` (`gateway` when its base URL is the gateway's, as Codex's): its base
+    URL (else Anthropic's), provider `anthropic`, the model of env/ANTHROPIC_MODEL (or
+    settings.json); one the projection names but cannot be used is still a provider of its own
+    (no URL). Without a projection, the AI gateway (`gateway`, its base URL, provider and the
+    model a run gets); None with neither. Never a key: the projection's values are kept out of
+    the URL."""
     projection = Projection.locate(secrets_dir, credentials_dir, backend=PROFILE)
     try:
         plan = plan_provider(projection, environ, with_proxy=False)
@@ -153,8 +154,8 @@ def llm_config(environ: Mapping[str, str], secrets_dir: str | None = None,
     gateway = gateway_settings(environ)
     if plan.source == "gateway" and gateway is not None:
         return gateway_config(gateway, LLM_SOURCE, plan.model)
-    return LLMConfig(LLM_SOURCE, EXTERNAL, plan.upstream, "anthropic", plan.model,
-                     hide=[plan.key, *plan.secret_values])
+    status = GATEWAY if gateway is not None and same_endpoint(plan.upstream, gateway.base_url) else EXTERNAL
+    return LLMConfig(LLM_SOURCE, status, plan.upstream, "anthropic", plan.model, hide=[plan.key, *plan.secret_values])
 
 
 def _header_safe(value: str) -> bool:
