@@ -208,14 +208,15 @@ def test_codex_with_the_gateway_down_fails_provider_unavailable_at_once(tmp_path
 
 # ------------------------------------------------------------------ Claude Code: <BASE>/v1/messages
 
-def test_claude_code_completes_a_turn_with_a_command_on_the_gateway(tmp_path):
+@pytest.mark.parametrize("default", ["kimi-k2.6", "auto"])
+def test_claude_code_completes_a_turn_with_a_command_on_the_gateway(tmp_path, default):
     script = [{"tool": "Bash", "input": {"command": "echo from-claude; env", "description": "probe"}},
               {"text": "done"}]
     with FakeGateway(script, CANARY, CATALOGUE) as gateway:
-        turn = GatewayTurn("claude-code", tmp_path, gateway, OPENAI_MODEL="kimi-k2.6")
+        turn = GatewayTurn("claude-code", tmp_path, gateway, OPENAI_MODEL=default)
     _command_ran(turn, "from-claude")
     assert {r["path"].split("?")[0] for r in gateway.requests} == {f"{PREFIX}/v1/messages"}
-    assert turn.models_asked() == {"kimi-k2.6"}  # OPENAI_MODEL, the catalogue lists it
+    assert turn.models_asked() == {default}  # OPENAI_MODEL, the catalogue lists it: no other model asked
     assert turn.of("backend_status")[0]["provider_source"] == "gateway"
     turn.assert_token_held_by_the_forwarder_alone()
 
