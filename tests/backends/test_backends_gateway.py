@@ -42,29 +42,45 @@ def _binary(profile: str) -> str:
     return found
 
 
+def _ours(pid: str) -> bool:
+    """Whether `pid` descends from this test process (other runs of the same CLI on the host,
+    other tests' with their own canaries, are not this test's)."""
+    for _ in range(32):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = stat.rsplit(")", 1)[1].split()[1]  # the parent, after the command's name
+        if int(pid) == os.getpid():
+            return True
+        if int(pid) <= 1:
+            return False
+    return False
+
+
 @contextmanager
-def watched(binary: str, dirs: list[Path]) -> Iterator[list[bytes]]:
-    """While the block runs: the environment and command line of every process running
-    `binary`, and every file under `dirs`, read every 20 ms (the CLI's whole life: what it
-    holds can be looked at)."""
-    seen: list[bytes] = []
+def watched(binary: str, dirs: list[Path]) -> Iterator[list[tuple[str, bytes]]]:
+    """While the block runs: the environment and command line of every process of this test
+    running `binary`, and every file under `dirs`, read every 20 ms (the CLI's whole life:
+    what it holds can be looked at)."""
+    seen: list[tuple[str, bytes]] = []  # (what was read: environ, cmdline, file; its bytes)
     stop = threading.Event()
 
     def look() -> None:
         while not stop.wait(0.02):
             for pid in (p for p in os.listdir("/proc") if p.isdigit()):
                 try:
-                    if os.readlink(f"/proc/{pid}/exe") != binary:
+                    if os.readlink(f"/proc/{pid}/exe") != binary or not _ours(pid):
                         continue
                     for part in ("environ", "cmdline"):
-                        seen.append(Path(f"/proc/{pid}/{part}").read_bytes())
+                        seen.append((part, Path(f"/proc/{pid}/{part}").read_bytes()))
                 except OSError:
                     continue
             for root in dirs:
                 for top, _, files in os.walk(root):  # a directory gone meanwhile is passed over
                     for name in files:
                         try:
-                            seen.append(Path(top, name).read_bytes())
+                            seen.append(("file", Path(top, name).read_bytes()))
                         except OSError:
                             continue
 
@@ -122,8 +138,8 @@ class GatewayTurn:
         assert self.gateway.requests, "nothing reached the gateway"
         assert all(r["headers"].get("authorization") == f"Bearer {CANARY}" for r in self.gateway.requests)
         assert self.gateway.refused == []  # no other path, no other credential
-        assert self.seen and any(b"PATH=" in chunk for chunk in self.seen), "the CLI's process was never looked at"
-        assert not [chunk for chunk in self.seen if CANARY.encode() in chunk]
+        assert any(kind == "environ" and b"PATH=" in chunk for kind, chunk in self.seen), "no process looked at"
+        assert not [(kind, chunk) for kind, chunk in self.seen if CANARY.encode() in chunk]
         text = json.dumps([self.events, self.result]) + Path(self.result["log"]).read_text()
         assert CANARY not in text
         assert not [r for r in self.gateway.requests if CANARY in r["body"]]
