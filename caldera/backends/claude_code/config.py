@@ -67,7 +67,7 @@ class ClaudePlan:
     key: str
     upstream: str
     model: str | None
-    env: dict[str, str] = field(default_factory=dict)  # model names for the CLI's environment
+    env: dict[str, str] = field(default_factory=dict)  # model names (on the gateway: GATEWAY_WINDOW_VAR too)
     settings: dict[str, Any] = field(default_factory=dict)  # the projection's kept settings
     dropped: list[str] = field(default_factory=list)  # settings keys not kept (names only)
     secret_values: list[str] = field(default_factory=list)
