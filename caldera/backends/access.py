@@ -106,50 +106,36 @@ def problem(secrets_dir: str | os.PathLike[str] | None, backend: str, reader: Re
     if not secrets_dir:
         return None
     root = Path(secrets_dir)
-    try:
-        st = os.stat(root)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return sentence(root, root, reader, f"cannot be reached by {reader.name} ({exc.strerror})")
-    if not stat.S_ISDIR(st.st_mode):
-        return sentence(root, root, reader, "is not a directory")
     reach = _reached_by_others(Path(os.path.abspath(root)).parent, reader)
-    wrong = _entry(st, reader, reach, is_dir=True)
-    if wrong:
-        return sentence(root, root, reader, wrong)
     budget = iter(range(MAX_ENTRIES))  # each entry looked at takes one
-    return _walk(root, root / backend, reader, reach and _others(st, reader, 0o1), 1, budget)
+    return _walk(root, root, reader, reach, budget, only=backend)
 
 
-def _walk(root: Path, path: Path, reader: Reader, reach: bool, depth: int, budget: Iterator[int]) -> str | None:
-    """`path` and what is below it (bounded), depth first; `reach`: others can enter its parent."""
+def _walk(root: Path, path: Path, reader: Reader, reach: bool, budget: Iterator[int], depth: int = 0,
+          only: str | None = None) -> str | None:
+    """`path` and what is below it (bounded), depth first; `reach`: others can enter its parent;
+    `only`: the one entry of it to go into (the secrets dir: the run's backend's)."""
     if next(budget, None) is None:
         return None
     try:
-        st = os.lstat(path)
+        st = os.stat(path)  # a link is what it points to (the account reads through it)
     except FileNotFoundError:
         return None
     except OSError as exc:
         return sentence(root, path, reader, f"cannot be reached by {reader.name} ({exc.strerror})")
-    if stat.S_ISLNK(st.st_mode):
-        try:
-            st = os.stat(path)
-        except OSError as exc:
-            return sentence(root, path, reader, f"is a link {reader.name} cannot follow ({exc.strerror})")
     is_dir = stat.S_ISDIR(st.st_mode)
-    wrong = _entry(st, reader, reach, is_dir)
+    wrong = _entry(st, reader, reach, is_dir) if is_dir or path != root else "is not a directory"
     if wrong:
         return sentence(root, path, reader, wrong)
     if not is_dir or depth >= MAX_DEPTH:
         return None
     try:
-        names = sorted(os.listdir(path))
+        names = [only] if only is not None else sorted(os.listdir(path))
     except OSError as exc:
         return sentence(root, path, reader, f"cannot be listed by {reader.name} ({exc.strerror})")
     inner = reach and _others(st, reader, 0o1)
     for name in names:
-        found = _walk(root, path / name, reader, inner, depth + 1, budget)
+        found = _walk(root, path / name, reader, inner, budget, depth + 1)
         if found:
             return found
     return None

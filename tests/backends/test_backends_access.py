@@ -11,12 +11,11 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
-from unprivileged_helpers import find_account, scratch
+from unprivileged_helpers import scratch
 
 from caldera.backends import access, base, readiness, service
 from caldera.backends import failures as fk
@@ -141,16 +140,6 @@ def turn(root: Path, secrets: Path) -> dict:
 
 
 # ---------------------------------------------------------------- as the agent's account, for real
-
-@pytest.fixture(scope="module")
-def account():
-    found, made = find_account()
-    if found is None:
-        pytest.skip(made)
-    yield found
-    if made:
-        subprocess.run(["userdel", made], capture_output=True, timeout=60)
-
 
 @pytest.mark.skipif(not ROOT, reason="a projection of root's needs root to make")
 def test_a_projection_of_roots_is_one_sentence_in_check_backends_and_the_run(account):

@@ -7,13 +7,12 @@ command's output. The projection's key reaches no plane row and no daemon log li
 One turn per backend; a CLI that is not installed skips (CALDERA_REQUIRE_<BACKEND>=1: fails).
 """
 import json
-import os
 import shutil
 import subprocess
 import sys
 
 import pytest
-from backends_drivers import CANARY, DRIVERS
+from backends_drivers import CANARY, DRIVERS, close_all, ready
 from core_helpers import BOOT, install_agent
 from daemon_helpers import INSTANCE, Daemon, wait_for
 from plane_helpers import heartbeats
@@ -25,20 +24,13 @@ TURN = 120.0  # the finish's upper bound: OpenCode's first turn starts its serve
 @pytest.fixture(scope="module", autouse=True)
 def _drivers_closed():
     yield
-    for found in DRIVERS.values():
-        found.close()
+    close_all()
 
 
 @pytest.fixture(params=sorted(DRIVERS), ids=sorted(DRIVERS))
 def driver(request):
     """(the driver, its CLI's path): read before caldera_env clears every CALDERA_* variable."""
-    found = DRIVERS[request.param]
-    if found.binary() is None:
-        reason = f"the real {found.profile} CLI is not available ({found.bin_var} unset or not executable)"
-        if os.environ.get(found.require_var) == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return found, found.binary()
+    return ready(request.param)
 
 
 def enqueue(db, payload) -> int:
