@@ -27,7 +27,7 @@ import re
 import stat
 from pathlib import Path
 
-from caldera import TYPE_CHECKING, config
+from caldera import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -270,14 +270,6 @@ def installed_user(name: str, unit_dir: StrPath = UNIT_DIR) -> str:
         if line.startswith("User="):
             return line[len("User="):].strip()
     return SERVICE_USER
-
-
-def runtime_account(name: str) -> str | None:
-    """The account an installed agent's runtime (so its code-agent runs) runs as: `caldera`, or
-    a home agent's owner; None in a ClawManager instance, whose runtime is the image's user."""
-    if config.state_in_persistent_dir():
-        return None
-    return installed_user(name)
 
 
 def write_drop_in(name: str, account: Account | None, unit_dir: StrPath = UNIT_DIR) -> Path | None:

@@ -51,8 +51,8 @@ PLANS: dict[str, Callable[[Mapping[str, str], str | None, str | None], None]] = 
 
 
 def reader(account: str | None) -> access.Reader:
-    """Who will read the projection: this process, or as root the agent's account (`account`,
-    as `caldera/agents/account.installed_user` names it) when that account exists."""
+    """Who will read the projection: this process, or as root the agent's account (`account`:
+    the one caldera.host.privdrop makes root's agent verbs become) when that account exists."""
     if os.geteuid() == 0 and account:
         return access.Reader.named(account) or access.Reader.current()
     return access.Reader.current()

@@ -74,12 +74,12 @@ def main(args: argparse.Namespace) -> int:
 
 def check_projection(paths: AgentPaths, report: Report) -> None:
     """The agent's secret projection as its code-agent runs will meet it, before any run: the
-    sentence a run would end `secret-unavailable` with (caldera.backends.readiness). An agent
-    without one pays no import of the backends."""
+    sentence a run would end `secret-unavailable` with (caldera.backends.readiness), read as
+    this process, which root's `caldera check` of an installed agent has made the agent's
+    account (caldera.host.privdrop). An agent without one pays no import of the backends."""
     credentials = os.environ.get("CREDENTIALS_DIRECTORY")
     if not os.path.lexists(paths.secrets_dir) and not credentials:
         return
-    from caldera.agents.account import runtime_account
     from caldera.backends import readiness
 
     try:
@@ -87,7 +87,7 @@ def check_projection(paths: AgentPaths, report: Report) -> None:
     except (ConfigError, OSError):  # a broken agent.env is said elsewhere; the files are still looked at
         env = dict(os.environ)
     said = set()
-    who = readiness.reader(runtime_account(paths.name))
+    who = readiness.reader(None)
     for item in readiness.check(env, str(paths.secrets_dir), env.get("CREDENTIALS_DIRECTORY"), who):
         if item.problem is None:
             report.ok(f"projection {item.profile}", f"usable by {who.name}")

@@ -203,10 +203,15 @@ def _backends(args: argparse.Namespace) -> int:
 def _add_projection(info: dict[str, Any], env: dict[str, str], secrets_dir: Path, args: argparse.Namespace) -> None:
     """Each backend with a projection gets `projection: {ok, problem}`: the sentence its run
     would end with (caldera.backends.readiness; `caldera check` says the same)."""
-    from caldera.agents.account import runtime_account
     from caldera.backends import readiness
+    from caldera.host import privdrop
 
-    who = readiness.reader(runtime_account(config.agent_from_args(args).name))
+    # `backends` stays root (it opens no state dir); as root it reads as the account root's
+    # `caldera check` or `caldera turn` would become: the installed agent's (caldera.host.privdrop).
+    becomes = None
+    if not args.manifest and not config.state_in_persistent_dir():
+        becomes = privdrop.service_user_for(config.state_root(), agent=config.agent_from_args(args).name)
+    who = readiness.reader(becomes.pw_name if becomes is not None else None)
     found = {item.profile: item.problem
              for item in readiness.check(env, str(secrets_dir), env.get("CREDENTIALS_DIRECTORY"), who)}
     for backend in info["backends"]:
