@@ -18,7 +18,7 @@ from caldera import errors
 from caldera.backends import access
 from caldera.backends.failures import BackendFailure
 from caldera.backends.projection import Projection
-from caldera.backends.registry import LLM_SOURCES, PROFILES, Refused, projected
+from caldera.backends.registry import PROFILES, Refused, projected
 
 
 class Readiness(NamedTuple):
@@ -63,9 +63,8 @@ def check(env: Mapping[str, str], secrets_dir: str | None, credentials_dir: str 
     """One entry per profile whose projection is there (or cannot be looked at)."""
     out = []
     for profile in PROFILES:
-        source = LLM_SOURCES[profile].projection or profile
         wrong = access.problem(secrets_dir, profile, who)
-        if wrong is None and not projected(source, secrets_dir, credentials_dir):
+        if wrong is None and not projected(profile, secrets_dir, credentials_dir):
             continue
         out.append(Readiness(profile, wrong or _planned(profile, env, secrets_dir, credentials_dir)))
     return out

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from caldera.backends import readiness
+from caldera.backends import base, readiness
 from caldera.backends.registry import BINARIES, DEFAULT_PROFILE, LLM_SOURCES, PROFILES
 from caldera.cli import turn
 from caldera.plane.store import Store
@@ -44,6 +44,9 @@ def test_agent_run_schema_allows_exactly_the_registered_profiles():
 def test_every_table_keyed_by_profile_names_every_profile():
     for table in (BINARIES, LLM_SOURCES, readiness.PLANS, turn.HOW_TO_GET):
         assert list(table) == list(PROFILES)
+    for profile in PROFILES:  # each backend calls itself, and reads its projection, by its profile's name
+        assert base.get_backend(profile).name == profile
+        assert LLM_SOURCES[profile].projection == profile
 
 
 @pytest.mark.parametrize("profile", list(PROFILES))
