@@ -2,7 +2,7 @@
 that names the path, what is wrong and the `chown`/`chmod` that fixes it (issue 39: a
 projection the account could not read ended the run as `internal error: PermissionError`).
 
-The rules (SPEC section 2; docs/backends.md, "Projection: owner and modes"): the agent's
+The rules (SPEC section 2; docs/backends.md, "The projection: owner and modes"): the agent's
 `secrets/` and everything in it belong to the agent's account (`caldera`, or a home agent's
 owner), which can enter every directory and read every file; and no other account can read a
 file of it (a directory on the way that is the account's alone, `secrets/` 0700, is enough).
