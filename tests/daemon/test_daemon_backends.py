@@ -70,7 +70,7 @@ def test_agent_run_from_the_plane_completes_with_the_commands_output(driver, cal
             daemon.stop()
         plane.stop()
     result = finished["result"]
-    assert finished["status"] == "succeeded", json.dumps(finished)[-3000:]
+    assert finished["status"] == "succeeded" and finished["finish_count"] == 1, json.dumps(finished)[-3000:]
     assert result["run_id"] == run_id and result["status"] == "completed", result
     outputs = [e["data"]["output"] for e in result["events"] if e["type"] == "command_output"]
     assert any("from-the-agent-42" in out for out in outputs), result["events"]
