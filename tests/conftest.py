@@ -5,6 +5,7 @@ helpers (`*_helpers.py`) are importable by name from every area: the CLI tests d
 daemon's, the plane's and the sampler's fixtures too.
 """
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,6 +42,20 @@ def caldera_env(tmp_path, monkeypatch):
     monkeypatch.setenv("CALDERA_CONFIG_DIR", str(config))
     monkeypatch.setenv("CALDERA_STATE_DIR", str(state))
     return tmp_path
+
+
+@pytest.fixture(scope="module")
+def account():
+    """An account that is not root, for real (tests/cli/unprivileged_helpers.py): `nobody`, or
+    one made for the module (removed after it); the tests skip, saying why, without one."""
+    from unprivileged_helpers import find_account
+
+    found, made = find_account()
+    if found is None:
+        pytest.skip(made)
+    yield found
+    if made:
+        subprocess.run(["userdel", made], capture_output=True, timeout=60)
 
 
 # ------------------------------------------------------------ no process left behind

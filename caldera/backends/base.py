@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypedDict, TypeVar
 
 from caldera import config, errors
+from caldera.backends import access
 from caldera.backends import failures as fk
 from caldera.backends.events import EVENT_TYPES, EventSink
 
@@ -166,6 +167,11 @@ def run_turn(backend: Backend[ContextT], run: RunRequest, environment: Environme
     """
     context = None
     try:
+        # Before the backend reads a file of it: a projection the account cannot use is one
+        # sentence with its fix, never a PermissionError deep in a backend (issue 39).
+        wrong = access.problem(environment.secrets_dir, backend.name, access.Reader.current())
+        if wrong:
+            raise fk.BackendFailure(fk.SECRET_UNAVAILABLE, wrong)
         context = backend.prepare(run, environment, sink)
         if on_prepared is not None:
             on_prepared(context)

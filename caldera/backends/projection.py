@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,13 +33,15 @@ class Projection:
     @classmethod
     def locate(cls, secrets_dir: str | os.PathLike[str] | None = None,
                credentials_dir: str | os.PathLike[str] | None = None, backend: str = "codex") -> Projection:
-        if secrets_dir and Path(secrets_dir, backend).is_dir():
+        # A directory that cannot be looked at counts as there: its reads then fail with a
+        # sentence (secret-unavailable), never a PermissionError out of is_dir (issue 39).
+        if secrets_dir and _is_dir(Path(secrets_dir, backend)):
             return cls(Path(secrets_dir, backend), label=f"{secrets_dir}/{backend}", backend=backend)
         if credentials_dir:
             cred = Path(credentials_dir)
-            if (cred / backend).is_dir():
+            if _is_dir(cred / backend):
                 return cls(cred / backend, label=f"$CREDENTIALS_DIRECTORY/{backend}", backend=backend)
-            if cred.is_dir():
+            if _is_dir(cred):
                 return cls(None, flat=cred, label="$CREDENTIALS_DIRECTORY", backend=backend)
         return cls(None, label=f"{secrets_dir or 'secrets'}/{backend}", backend=backend)
 
@@ -76,14 +79,28 @@ class Projection:
             return sorted(n for n in entries if ENV_NAME_RE.match(n))
         if self.flat is not None:
             prefix = f"{self.backend}_env_"
-            return sorted(n[len(prefix):] for n in os.listdir(self.flat)
-                          if n.startswith(prefix) and ENV_NAME_RE.match(n[len(prefix):]))
+            try:
+                entries = os.listdir(self.flat)
+            except OSError as exc:
+                raise BackendFailure(SECRET_UNAVAILABLE, f"{self.label}: cannot list ({exc.strerror})") from None
+            names = (n[len(prefix):] for n in entries if n.startswith(prefix))
+            return sorted(n for n in names if ENV_NAME_RE.match(n))
         return []
 
     def env(self) -> dict[str, str]:
         """Every `env/NAME` file's value (NAME -> text without its trailing newline)."""
         return {name: env_value(self.read(f"env/{name}") or b"", f"{self.label}/env/{name}")
                 for name in self.env_names()}
+
+
+def _is_dir(path: Path) -> bool:
+    """A directory, or something this user may not look at (EACCES on the way)."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except PermissionError:
+        return True
+    except OSError:
+        return False
 
 
 def env_value(raw: bytes, label: str) -> str:

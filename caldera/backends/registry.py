@@ -76,7 +76,7 @@ def gateway_settings(environ: Mapping[str, str]) -> Gateway | None:
     return gateway_from_env(environ)
 
 
-def _projected(name: str, secrets_dir: str | None, credentials_dir: str | None) -> bool:
+def projected(name: str, secrets_dir: str | None, credentials_dir: str | None) -> bool:
     """Any file of the projection `name` is there (LLMSource.projection)."""
     if secrets_dir and os.path.isdir(os.path.join(secrets_dir, name)):
         return True
@@ -98,7 +98,7 @@ def llm_configs(env: Mapping[str, str], secrets_dir: str | None, credentials_dir
     out = []
     for profile, source in LLM_SOURCES.items():
         label = f"backend {profile}"
-        if (source.projection is not None and not _projected(source.projection, secrets_dir, credentials_dir)
+        if (source.projection is not None and not projected(source.projection, secrets_dir, credentials_dir)
                 and not any(env.get(name) for name in source.variables)):
             gateway = gateway_from_env(env) if source.gateway else None
             found = gateway_config(gateway, label) if gateway is not None else None

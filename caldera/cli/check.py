@@ -55,6 +55,7 @@ def main(args: argparse.Namespace) -> int:
         return _emit(args, paths, report, f"the {kind} contract")
     report.ok("manifest", f"valid: runtime.type {manifest.runtime_type}, {len(manifest.settings_schema)} "
                           f"settings, controls {', '.join(manifest.controls or ('(all)',))}")
+    check_projection(paths, report)
     if manifest.runtime_type == "process":
         from caldera.agents.process.check import check_manifest, check_start
 
@@ -69,6 +70,30 @@ def main(args: argparse.Namespace) -> int:
     else:
         run_checks(manifest, report, controls=args.controls)
     return _emit(args, paths, report)
+
+
+def check_projection(paths: AgentPaths, report: Report) -> None:
+    """The agent's secret projection as its code-agent runs will meet it, before any run: the
+    sentence a run would end `secret-unavailable` with (caldera.backends.readiness), read as
+    this process, which root's `caldera check` of an installed agent has made the agent's
+    account (caldera.host.privdrop). An agent without one pays no import of the backends."""
+    credentials = os.environ.get("CREDENTIALS_DIRECTORY")
+    if not os.path.lexists(paths.secrets_dir) and not credentials:
+        return
+    from caldera.backends import readiness
+
+    try:
+        env = dict(config.load_settings(paths).env)
+    except (ConfigError, OSError):  # a broken agent.env is said elsewhere; the files are still looked at
+        env = dict(os.environ)
+    said = set()
+    who = readiness.reader(None)
+    for item in readiness.check(env, str(paths.secrets_dir), env.get("CREDENTIALS_DIRECTORY"), who):
+        if item.problem is None:
+            report.ok(f"projection {item.profile}", f"usable by {who.name}")
+        elif item.problem not in said:  # the secrets dir's own problem is every backend's: said once
+            said.add(item.problem)
+            report.breach(f"projection {item.profile}", item.problem)
 
 
 def _redactor(paths: AgentPaths) -> Redactor:

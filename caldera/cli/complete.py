@@ -69,6 +69,9 @@ def complete(words: list[str], cword: int, commands: Collection[str], parser_for
     if previous in FILE_VALUED:
         return []
     parser = _parser(parser_for(command)[0], before[1:])
+    choices = _choices(parser, previous)
+    if choices is not None:  # a flag's value from its parser's choices (`turn --backend`)
+        return choices
     if current.startswith("-"):
         return _flags(parser)
     subcommands = _subcommands(parser)
@@ -95,6 +98,13 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
     for action in parser._actions:  # argparse keeps sub-parsers here; there is no public accessor
         if isinstance(action, argparse._SubParsersAction):
             return action.choices
+    return None
+
+
+def _choices(parser: argparse.ArgumentParser, flag: str) -> list[str] | None:
+    for action in parser._actions:
+        if flag in action.option_strings and action.choices is not None:
+            return [str(choice) for choice in action.choices]
     return None
 
 

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,10 +36,12 @@ def configure(parser: argparse.ArgumentParser, name: str) -> None:
     add_agent_flags(parser)
     if name == "turn":
         parser.add_argument("--workspace", required=True, metavar="DIR", help="the directory the agent works in")
-        parser.add_argument("--backend", default="codex",
-                            help="backend profile: codex (default), claude-code or opencode")
+        # The names come from the backend registry, the one list (schemas/commands/agent_run's
+        # enum is checked against it by tests/backends/test_backends_profiles.py).
+        parser.add_argument("--backend", default=base.DEFAULT_PROFILE, choices=tuple(base.PROFILES),
+                            help=f"backend profile: {_or(base.PROFILES)} (default {base.DEFAULT_PROFILE})")
         parser.add_argument("--secrets", metavar="DIR",
-                            help="secret projection elsewhere (DIR holds codex/, claude-code/, opencode/)")
+                            help=f"secret projection elsewhere (DIR holds {', '.join(f'{p}/' for p in base.PROFILES)})")
         parser.add_argument("--timeout", type=int, metavar="S", help="execution_policy.timeout_seconds")
         parser.add_argument("--sandbox", choices=("read-only", "workspace-write"))
         parser.add_argument("--approval", choices=("never", "on-request"))
@@ -47,6 +49,12 @@ def configure(parser: argparse.ArgumentParser, name: str) -> None:
         parser.add_argument("--model", help="model name (else the projection's)")
         parser.add_argument("--run-id", help="run id (default: a new one)")
         parser.add_argument("prompt", metavar="PROMPT")
+
+
+def _or(names: Iterable[str]) -> str:
+    """The names as "a, b or c"."""
+    found = list(names)
+    return ", ".join(found[:-1]) + f" or {found[-1]}" if len(found) > 1 else "".join(found)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -171,9 +179,10 @@ HOW_TO_GET = {
 
 
 def _backends(args: argparse.Namespace) -> int:
-    env, _, _, secret_values = _agent_context(args)
+    env, _, secrets_dir, secret_values = _agent_context(args)
     info = base.describe(env, probe=True)
-
+    if secrets_dir is not None:  # an agent's: its projection as its runs will meet it
+        _add_projection(info, env, secrets_dir, args)
     info = Redactor(secret_values)(info)
     if args.json:
         print(json.dumps(info, separators=(",", ":")))
@@ -183,7 +192,28 @@ def _backends(args: argparse.Namespace) -> int:
         if not backend["available"]:
             where = f" at {backend['binary']}" if backend.get("binary") else ""
             print(f"{name}: not found{where}: {HOW_TO_GET.get(backend['name'], 'see docs/backends.md')}")
-            continue
-        print(f"{name}: available {backend.get('version') or ''} {backend.get('binary') or ''}".rstrip())
+        else:
+            print(f"{name}: available {backend.get('version') or ''} {backend.get('binary') or ''}".rstrip())
+        if "projection" in backend:
+            print(f"  projection: {backend['projection']['problem'] or 'usable'}")
     print("capabilities: " + ", ".join(info["capabilities"]))
     return 0
+
+
+def _add_projection(info: dict[str, Any], env: dict[str, str], secrets_dir: Path, args: argparse.Namespace) -> None:
+    """Each backend with a projection gets `projection: {ok, problem}`: the sentence its run
+    would end with (caldera.backends.readiness; `caldera check` says the same)."""
+    from caldera.backends import readiness
+    from caldera.host import privdrop
+
+    # `backends` stays root (it opens no state dir); as root it reads as the account root's
+    # `caldera check` or `caldera turn` would become: the installed agent's (caldera.host.privdrop).
+    becomes = None
+    if not args.manifest and not config.state_in_persistent_dir():
+        becomes = privdrop.service_user_for(config.state_root(), agent=config.agent_from_args(args).name)
+    who = readiness.reader(becomes.pw_name if becomes is not None else None)
+    found = {item.profile: item.problem
+             for item in readiness.check(env, str(secrets_dir), env.get("CREDENTIALS_DIRECTORY"), who)}
+    for backend in info["backends"]:
+        if backend["name"] in found:
+            backend["projection"] = {"ok": found[backend["name"]] is None, "problem": found[backend["name"]]}

@@ -314,3 +314,25 @@ class OpenCodeDriver:
 
 
 DRIVERS: dict[str, Driver] = {"codex": CodexDriver(), "claude-code": ClaudeCodeDriver(), "opencode": OpenCodeDriver()}
+
+
+def ready(name: str) -> tuple[Driver, str]:
+    """The driver `name` and its CLI's path; the test skips when the CLI is not installed, or
+    fails when its CALDERA_REQUIRE_<BACKEND>=1 (CI sets it)."""
+    import pytest
+
+    found = DRIVERS[name]
+    binary = found.binary()
+    if binary is None:
+        reason = f"the real {found.profile} CLI is not available ({found.bin_var} unset or not executable)"
+        if os.environ.get(found.require_var) == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return found, binary
+
+
+def close_all() -> None:
+    """At the end of a suite: what the drivers keep between its tests (OpenCode's server)."""
+    for found in DRIVERS.values():
+        found.close()
+

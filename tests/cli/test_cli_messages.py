@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from daemon_helpers import wait_for
-from unprivileged_helpers import find_account, scratch
+from unprivileged_helpers import scratch
 
 from caldera import cli
 from caldera.agents import blueprint
@@ -203,17 +203,6 @@ def test_init_again_and_report_in_a_checkout(tmp_path, monkeypatch, capsys):
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 1
     said("report-local", done.stderr.strip(), tmp=tmp_path)
-
-
-@pytest.fixture(scope="module")
-def account():
-    """An account that is not root, for real (tests/cli/unprivileged_helpers.py)."""
-    found, made = find_account()
-    if found is None:
-        pytest.skip(made)
-    yield found
-    if made:
-        subprocess.run(["userdel", made], capture_output=True, timeout=60)
 
 
 @pytest.fixture
