@@ -11,6 +11,7 @@ import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from caldera.host.timefmt import human_age
+from caldera.plane import run_page
 from caldera.plane.page_parts import (
     LARGE,
     adapter_html,
@@ -60,6 +61,7 @@ def render(store: Store, ident: str, query: dict[str, str]) -> tuple[int, str]:
                f'{timeline(store, agent, body, now, window, LARGE)}</div>'
                f'<div class="cols"><div class="col panel"><h3>Agent</h3>{adapter_html(body.get("agent_status"))}</div>'
                f'<div class="col panel"><h3>Health (last report{_age(last, now)})</h3>{_health(body)}</div></div>'
+               f'<h2>Code-agent runs</h2><div id="runs">{run_page.runs_table(store, instance, now)}</div>'
                f'<h2>Config revisions</h2><div id="revisions">{_revisions(store, instance, body, now)}</div>'
                f'<h2>Commands</h2><div id="commands">'
                f'{_commands(store.recent_commands(COMMANDS_SHOWN, instance_id=instance), now)}</div>')
