@@ -40,19 +40,9 @@ def runs_table(store: Store, instance: int, now: float) -> str:
                    f'{e(r["run_id"])}</a></td><td>{e(r["backend"] or "")}</td>'
                    f'<td class="status-{e(r["status"])}">{e(r["status"])}</td><td>{e(r["failure_kind"] or "")}</td>'
                    f'<td>{e(events)}</td><td>{human_age(now - r["created_at"])}</td>'
-                   f'<td>{e(run_duration(r, now))}</td></tr>')
+                   f'<td>{e(runview.run_duration(r, now))}</td></tr>')
     return ('<table><thead><tr><th>run</th><th>backend</th><th>status</th><th>failure kind</th><th>events</th>'
             '<th>queued</th><th>duration</th></tr></thead><tbody>' + "".join(out) + "</tbody></table>")
-
-
-def run_duration(run: dict[str, Any], now: float) -> str:
-    begun = run["started_at"]
-    if begun is None:
-        return ""
-    end = run["ended_at"]
-    seconds = max(0.0, (end if end is not None else now) - begun)
-    text = f"{seconds:.1f} s" if seconds < 60 else f"{int(seconds // 60)} min {int(seconds % 60)} s"
-    return text if end is not None else f"{text} so far"
 
 
 def render(store: Store, instance: int, run_id: str, query: dict[str, str]) -> tuple[int, str]:
@@ -82,7 +72,7 @@ def _facts(run: dict[str, Any], now: float) -> str:
     parts = [f'<span class="status-{e(run["status"])}" data-status>{e(run["status"])}</span>',
              f"backend {e(run['backend'] or '?')}", e(events), f"queued {human_age(now - run['created_at'])}"]
     if run["started_at"] is not None:
-        parts.append(f"duration {e(run_duration(run, now))}")
+        parts.append(f"duration {e(runview.run_duration(run, now))}")
     if run["workspace"]:
         parts.append(f"workspace <code>{e(run['workspace'])}</code>")
     return f'<div class="meta" id="run-facts">{" &middot; ".join(parts)}</div>'

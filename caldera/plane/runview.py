@@ -112,6 +112,16 @@ def end_sentence(status: str, failure_kind: Any, message: Any) -> str:
     return text
 
 
+def run_duration(run: dict[str, Any], now: float) -> str:
+    begun = run["started_at"]
+    if begun is None:
+        return ""
+    end = run["ended_at"]
+    seconds = max(0.0, (end if end is not None else now) - begun)
+    text = f"{seconds:.1f} s" if seconds < 60 else f"{int(seconds // 60)} min {int(seconds % 60)} s"
+    return text if end is not None else f"{text} so far"
+
+
 _READERS = {"backend_status": _backend_status, "assistant_message": _assistant, "tool_call": _tool_call,
             "command_output": _command_output, "diff": _diff, "error": _error, "terminal_status": _terminal}
 
