@@ -254,13 +254,13 @@ def enqueue(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _check_payload(command_type: str, payload: dict[str, Any]) -> None:
+def _check_payload(command_type: str, payload: dict[str, Any], hint: str = "--no-check sends it anyway") -> None:
     name = f"commands/{command_type}.schema.json"
     try:
         if schemas.schema_exists(name):
             schemas.validate(name, payload)
     except schemas.SchemaError as exc:
-        raise UsageError(f"{command_type} payload: {exc} (--no-check sends it anyway)") from None
+        raise UsageError(f"{command_type} payload: {exc} ({hint})") from None
 
 
 def agents(args: argparse.Namespace) -> int:
@@ -398,7 +398,7 @@ def turn(args: argparse.Namespace) -> int:
         payload["model"] = args.model
     if args.timeout is not None:
         payload["execution_policy"] = {"timeout_seconds": args.timeout}
-    _check_payload("agent_run", payload)
+    _check_payload("agent_run", payload, "see `caldera plane turn --help`")
     store = _open(args)
     try:
         store.enqueue(args.instance, "agent_run", payload, (args.timeout or TURN_TIMEOUT) + COMMAND_MARGIN,

@@ -43,9 +43,9 @@ class End:
 Item = dict[str, Any] | Gap | End
 
 
-def replay(store: Store, instance: int, run_id: str, stop: threading.Event, follow: bool = True,
-           poll: float = POLL_SECONDS, grace: float = GRACE_SECONDS) -> Iterator[Item]:
+def replay(store: Store, instance: int, run_id: str, stop: threading.Event, follow: bool = True) -> Iterator[Item]:
     """The run's events in order, then its End (without `follow`: once what is here is given)."""
+    poll, grace = POLL_SECONDS, GRACE_SECONDS
     last = 0
     ended_at: float | None = None
     while True:
