@@ -22,7 +22,7 @@ from caldera.host.stopsignals import stop_on_signals
 from caldera.host.timefmt import human_age
 from caldera.plane.api import rfc3339
 from caldera.plane.figures import figures
-from caldera.plane.follow import End, Gap, replay
+from caldera.plane.follow import End, Gap, Stored, replay
 from caldera.plane.runview import end_sentence, run_duration, text_lines
 from caldera.plane.server import PlaneServer
 from caldera.plane.store import Store
@@ -452,20 +452,26 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def _follow(store: Store, instance: int, run_id: str, as_json: bool, follow: bool) -> int:
-    """Print the run's events (closing `store`); the exit code says how it ended."""
+    """Print the run's events (closing `store`); the exit code says how it ended. Lines go out
+    a batch at a time (what the plane held at one read), flushed, never one write per event."""
     stop = threading.Event()
     restore = stop_on_signals(stop) if follow and threading.current_thread() is threading.main_thread() else None
+    out: list[str] = []
     try:
         for item in replay(store, instance, run_id, stop, follow=follow):
+            if isinstance(item, Stored):
+                out.append(item.text if as_json else "\n".join(text_lines(item.event)))
+                if len(out) >= 1000:
+                    _flush(out)
+                continue
+            _flush(out)
             if isinstance(item, End):
                 return _said_end(item.run, run_id, stop.is_set(), follow)
             if isinstance(item, Gap):
                 print(f"caldera plane: events {item.first} to {item.last} of run {run_id} never reached the plane "
                       "(the run log on the host has them: caldera log --agent NAME --run RUN_ID)", file=sys.stderr)
-                continue
-            print(json.dumps(item, ensure_ascii=False, sort_keys=True) if as_json
-                  else "\n".join(text_lines(item)), flush=True)
     except LookupError as exc:
+        _flush(out)
         print(f"caldera plane: {exc}", file=sys.stderr)
         return EXIT_FAILED
     finally:
@@ -473,6 +479,13 @@ def _follow(store: Store, instance: int, run_id: str, as_json: bool, follow: boo
             restore()
         store.close()
     return EXIT_FAILED
+
+
+def _flush(lines: list[str]) -> None:
+    if lines:
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+        lines.clear()
 
 
 def _said_end(run: dict[str, Any], run_id: str, stopped: bool, follow: bool) -> int:

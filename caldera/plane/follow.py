@@ -9,6 +9,7 @@ finish are said to be missing (`Gap`) and the follow goes on past them.
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -40,27 +41,52 @@ class End:
     run: dict[str, Any]
 
 
-Item = dict[str, Any] | Gap | End
+class Stored:
+    """One event as the plane keeps it: its seq, its JSON text (printed as it is by --json) and,
+    parsed when asked, the event."""
+
+    __slots__ = ("seq", "text", "_event")
+
+    def __init__(self, seq: int, text: str) -> None:
+        self.seq, self.text = seq, text
+        self._event: dict[str, Any] | None = None
+
+    @property
+    def event(self) -> dict[str, Any]:
+        if self._event is None:
+            self._event = json.loads(self.text)
+        return self._event
+
+    @property
+    def terminal(self) -> bool:
+        # stored compact: a terminal event's text holds this (and most texts are never parsed)
+        return '"type":"terminal_status"' in self.text and self.event.get("type") == "terminal_status"
+
+
+Item = Stored | Gap | End | None  # None: nothing more for now (a printer flushes what it holds)
 
 
 def replay(store: Store, instance: int, run_id: str, stop: threading.Event, follow: bool = True) -> Iterator[Item]:
-    """The run's events in order, then its End (without `follow`: once what is here is given)."""
+    """The run's events in order, then its End (without `follow`: once what is here is given);
+    None each time what the plane holds was given and a wait may follow."""
     poll, grace = POLL_SECONDS, GRACE_SECONDS
     last = 0
     ended_at: float | None = None
     while True:
-        batch = store.run_events(instance, run_id, after=last, limit=BATCH)
-        for event in batch:
-            if event.get("seq") != last + 1:
+        batch = store.run_event_texts(instance, run_id, after=last, limit=BATCH)
+        for seq, text in batch:
+            if seq != last + 1:
                 break
-            last += 1
-            yield event
-            if event.get("type") == "terminal_status":
+            last = seq
+            item = Stored(seq, text)
+            yield item
+            if item.terminal:
                 yield End(_row(store, instance, run_id))
                 return
-        run = _row(store, instance, run_id)
-        if len(batch) == BATCH and batch[-1].get("seq") == last:
+        if len(batch) == BATCH and batch[-1][0] == last:
             continue  # more are here already
+        yield None
+        run = _row(store, instance, run_id)
         live = run["status"] in runs.LIVE
         total = run["events_total"]
         if not live and (total is None or last >= total):
@@ -72,8 +98,8 @@ def replay(store: Store, instance: int, run_id: str, stop: threading.Event, foll
         if not live:
             ended_at = ended_at if ended_at is not None else time.monotonic()
             if time.monotonic() - ended_at >= grace:
-                following = store.run_events(instance, run_id, after=last, limit=1)
-                upto = following[0]["seq"] - 1 if following else total
+                following = store.run_event_texts(instance, run_id, after=last, limit=1)
+                upto = following[0][0] - 1 if following else total
                 yield Gap(last + 1, upto)
                 last = upto
                 continue

@@ -159,9 +159,15 @@ def one(db: sqlite3.Connection, run_id: str, instance_id: int | None = None) -> 
 
 def events(db: sqlite3.Connection, instance_id: int, run_id: str, after: int, limit: int) -> list[dict[str, Any]]:
     """Events with seq > `after`, in seq order, at most `limit`."""
-    rows = db.execute("SELECT event FROM run_events WHERE instance_id=? AND run_id=? AND seq>? ORDER BY seq LIMIT ?",
-                      (instance_id, run_id, after, limit)).fetchall()
-    return [json.loads(r["event"]) for r in rows]
+    return [json.loads(text) for _, text in stored(db, instance_id, run_id, after, limit)]
+
+
+def stored(db: sqlite3.Connection, instance_id: int, run_id: str, after: int, limit: int) -> list[tuple[int, str]]:
+    """(seq, the event's JSON text as stored) with seq > `after`, in seq order, at most `limit`."""
+    cur = db.execute("SELECT seq, event FROM run_events WHERE instance_id=? AND run_id=? AND seq>? ORDER BY seq"
+                     " LIMIT ?", (instance_id, run_id, after, limit))
+    cur.row_factory = None  # plain tuples: a replay of 100,000 events reads them all
+    return cur.fetchall()
 
 
 def last_events(db: sqlite3.Connection, instance_id: int, run_id: str, limit: int) -> list[dict[str, Any]]:

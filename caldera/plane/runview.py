@@ -10,18 +10,17 @@ characters are shown as escapes here (`terminal_safe`), the page escapes HTML it
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 Block = tuple[str, str]  # (kind, text): kind is head | body | diff | end
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
 _SHOWN_STATUS_KEYS = ("message", "model", "attempt", "max_attempts", "cause", "reason")
 
 
 def terminal_safe(text: str) -> str:
     """`text` without the control characters a terminal acts on (escape sequences, carriage
     returns): each shown as \\xNN; newlines and tabs stay."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return text.translate(_CONTROL)
 
 
 def _obj(value: Any) -> dict[str, Any]:
@@ -130,11 +129,9 @@ def text_lines(event: dict[str, Any]) -> list[str]:
     """The event as terminal lines: heads as they are, bodies and diffs indented by two spaces."""
     lines: list[str] = []
     for kind, text in blocks(event):
-        safe = terminal_safe(text.rstrip("\n"))
-        if kind in ("body", "diff"):
-            lines.extend("  " + line for line in safe.split("\n"))
-        elif kind == "end":
-            lines.append(f"── {safe}")
+        safe = text.rstrip("\n").translate(_CONTROL)
+        if kind == "body" or kind == "diff":
+            lines.append("  " + safe.replace("\n", "\n  "))
         else:
-            lines.append(safe)
+            lines.append(f"── {safe}" if kind == "end" else safe)
     return lines
