@@ -90,7 +90,10 @@ def live(events: int) -> bool:
     print(f"live: {len(got)} events followed (exit {code}); delay sent -> printed over {len(delays)} stamped events: "
           f"median {median:.3f} s, p95 {p95:.3f} s, max {max(delays):.3f} s; the started command printed "
           f"{(ended or 0) - started:.2f} s before it ended")
-    return code == 0 and len(got) >= 100 and median <= 2 and p95 <= 5 and ended is not None and started < ended
+    ok = code == 0 and len(got) >= 100 and median <= 2 and p95 <= 5 and ended is not None and started < ended
+    print(json.dumps({"bench": "run_watch_live", "ok": ok, "median_s": round(median, 3), "p95_s": round(p95, 3),
+                      "target": "median <= 2 s, p95 <= 5 s"}))
+    return ok
 
 
 def _timed(argv: list[str]) -> tuple[float, float, int]:
@@ -157,7 +160,9 @@ def bounded(big: int, runs: int) -> bool:
     print(f"  prune: {gone['runs']:,} runs and {gone['run_events']:,} events gone, {len(left):,} runs left "
           f"(the running one {'kept' if kept_live else 'GONE'}); the file stays {db.stat().st_size / 2**20:.0f} MiB "
           "(sqlite reuses the freed pages)")
-    return ok and kept_live
+    ok = ok and kept_live
+    print(json.dumps({"bench": "run_watch_bounds", "ok": ok, "target": "every verb < 1 s CPU, every page < 1 s"}))
+    return ok
 
 
 def main() -> int:
