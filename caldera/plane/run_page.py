@@ -99,6 +99,7 @@ def _event(event: dict[str, Any]) -> str:
     kind = str(event.get("type"))
     parts = []
     for part, text in runview.blocks(event):
+        text = runview.terminal_safe(text)  # a command's colours as \x1b…, not as boxes
         if part == "body" and kind == "assistant_message":
             parts.append(f'<div class="body">{e(text)}</div>')
         elif part == "body":

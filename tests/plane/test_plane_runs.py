@@ -8,10 +8,11 @@ import time
 
 import pytest
 import requests
-from plane_helpers import AGENT, agent, clock, plane  # noqa: F401 -- the fixtures
+from plane_helpers import AGENT, BOOT, Agent, agent, clock, plane  # noqa: F401 -- the fixtures
 
 from caldera.cli import main
 from caldera.plane import runs as runs_mod
+from caldera.plane.server import PlaneServer
 from caldera.plane.store import Store
 
 HOSTILE = '<script>alert("x")</script>'
@@ -269,3 +270,45 @@ def test_events_beyond_the_per_run_bound_are_counted_not_stored(tmp_path, monkey
     assert store.add_run_events(1, "r", turn_events("r")) == count
     assert store.run("r", 1)["refused"] == 7 - count
     store.close()
+
+
+def test_the_run_page_in_headless_chromium(plane, agent, capsys, tmp_path):
+    """The DOM Chromium builds: the turn in order, the model's markup as text (no element made
+    of it), no script, the end stated; a live run's page reloads at its newest event."""
+    from test_plane_page import need_chromium
+
+    need_chromium()
+    plane = PlaneServer(tmp_path / "real-clock.db", tokens={BOOT: 1}).start()  # "queued 2 s ago", as a person sees it
+    agent = Agent(plane.url)
+    assert agent.register().status_code == 200
+    try:
+        _chromium_checks(plane, agent, capsys, tmp_path)
+    finally:
+        plane.stop()
+
+
+def _chromium_checks(plane, agent, capsys, tmp_path):
+    import os
+    import re
+    import shutil
+    from pathlib import Path
+
+    from test_plane_page import dump_dom, screenshot
+
+    run_id = _queue(capsys, plane)
+    live = dump_dom(plane.url + f"/agents/1/runs/{run_id}")
+    assert re.search(r'<meta http-equiv="refresh" content="5; url=/agents/1/runs/[^"]+#end">', live)
+    _take(agent, run_id, turn_events(run_id, "failed", "backend-timeout"))
+    dom = dump_dom(plane.url + f"/agents/1/runs/{run_id}")
+    assert "<script" not in dom.lower() and "&lt;script&gt;alert" in dom and 'http-equiv="refresh"' not in dom
+    assert re.findall(r'data-seq="(\d+)"', dom) == [str(n) for n in range(1, 8)]
+    assert "the turn failed (backend-timeout): the provider timed out" in dom
+    assert dom.index('id="prompt"') < dom.index('id="turn"') < dom.index('data-end')
+    listing = dump_dom(plane.url + "/agents/1")
+    assert f'<a href="/agents/1/runs/{run_id}">{run_id}</a>' in listing
+    shot = tmp_path / "plane-run-page.png"
+    screenshot(plane.url + f"/agents/1/runs/{run_id}", shot, size="1100,1000")
+    keep = os.environ.get("CALDERA_PLANE_RUN_SCREENSHOT")  # docs/plane-run-page.png was made so
+    if keep:
+        Path(keep).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, keep)
