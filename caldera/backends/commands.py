@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 from caldera.backends import base, service
 from caldera.backends.events import Listener
 from caldera.backends.poster import EventPoster, plane_takes_events
-from caldera.backends.runlog import log_path
 from caldera.backends.registry import ActiveRuns, BackendServers
+from caldera.backends.runlog import log_path
 from caldera.errors import CommandError
 from caldera.protocol.handlers import Call
 

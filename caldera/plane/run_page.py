@@ -92,7 +92,8 @@ def _paging(instance: int, run: dict[str, Any], events: list[dict[str, Any]]) ->
         links.append(f'<a href="{e(href)}">the newest</a>')
     if not links:
         return ""
-    return f'<p class="meta" id="paging">events {first} to {last} of {run["last_seq"]} &middot; {" &middot; ".join(links)}</p>'
+    return (f'<p class="meta" id="paging">events {first} to {last} of {run["last_seq"]} &middot; '
+            f'{" &middot; ".join(links)}</p>')
 
 
 def _event(event: dict[str, Any]) -> str:

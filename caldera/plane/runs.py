@@ -59,7 +59,8 @@ def queued(db: sqlite3.Connection, instance_id: int, command_id: int, payload: d
 
 
 def exists(db: sqlite3.Connection, instance_id: int, run_id: str) -> bool:
-    return db.execute("SELECT 1 FROM runs WHERE instance_id=? AND run_id=?", (instance_id, run_id)).fetchone() is not None
+    row = db.execute("SELECT 1 FROM runs WHERE instance_id=? AND run_id=?", (instance_id, run_id)).fetchone()
+    return row is not None
 
 
 def add_events(db: sqlite3.Connection, instance_id: int, run_id: str, events: list[dict[str, Any]],

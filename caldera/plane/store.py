@@ -682,7 +682,8 @@ class Store:
         with self._lock:
             return runs.one(self._db, run_id, instance_id)
 
-    def run_event_texts(self, instance_id: int, run_id: str, after: int = 0, limit: int = 1000) -> list[tuple[int, str]]:
+    def run_event_texts(self, instance_id: int, run_id: str, after: int = 0,
+                        limit: int = 1000) -> list[tuple[int, str]]:
         """(seq, JSON text) of the run's events after seq `after`, in seq order (a replay parses what it shows)."""
         with self._lock:
             return runs.stored(self._db, instance_id, run_id, after, limit)

@@ -59,7 +59,7 @@ def test_batches_are_bounded_in_count_and_rate(tmp_path):
     assert plane.seqs() == list(range(1, 1001))
     sizes = [len(events) for _, events in plane.posts]
     assert max(sizes) <= poster_mod.BATCH_EVENTS and len(sizes) >= 1000 / poster_mod.BATCH_EVENTS
-    gaps = [b[0] - a[0] for a, b in zip(plane.posts, plane.posts[1:])]
+    gaps = [b[0] - a[0] for a, b in zip(plane.posts, plane.posts[1:], strict=False)]
     assert min(gaps) >= poster_mod.GAP_SECONDS * 0.9, gaps
 
 

@@ -5,8 +5,7 @@ import threading
 import pytest
 from adapter_helpers import make_agent
 
-from caldera.cli import main
-from caldera.cli import verbs
+from caldera.cli import main, verbs
 
 SECRET = "agt_boot_leakedtoken123"
 
@@ -39,7 +38,8 @@ def _event(seq, type_, **data):
 def test_a_run_log_is_printed_redacted_and_listed(agent, capsys):
     log = agent.state_dir / "logs" / "run-r1.log"
     log.write_text("2026-12-05T09:00:00.000Z note run r1 requested: backend codex\n"
-                   f"2026-12-05T09:00:01.000Z s2c the key is {SECRET}\n" + _event(1, "terminal_status", status="completed"))
+                   f"2026-12-05T09:00:01.000Z s2c the key is {SECRET}\n"
+                   + _event(1, "terminal_status", status="completed"))
     code, out, err = _run(capsys, "log", "--run", "r1", *_flags(agent))
     assert code == 0 and err == ""
     assert "run r1 requested" in out and SECRET not in out and '"terminal_status"' in out

@@ -80,7 +80,8 @@ def test_turn_queues_an_agent_run_and_runs_lists_it_with_the_count_of_the_finish
     _take(agent, run_id, turn_events(run_id))
     code, out, _ = _cli(capsys, "plane", "runs", "--db", str(plane.store.path), "--instance", "1", "--json")
     (row,) = json.loads(out)["runs"]
-    assert row["status"] == "completed" and row["events"] == row["events_total"] == 7 and row["backend"] == "claude-code"
+    assert row["status"] == "completed" and row["events"] == row["events_total"] == 7
+    assert row["backend"] == "claude-code"
     assert row["started_at"].endswith("Z") and row["failure_kind"] is None
 
 
@@ -208,7 +209,7 @@ def test_a_long_run_page_shows_its_newest_events_and_pages_to_the_start(plane, a
     for i in range(0, len(many), 200):
         agent.post(f"/runs/{run_id}/events", {"agent_id": AGENT, "events": many[i:i + 200]})
     text = requests.get(plane.url + f"/agents/1/runs/{run_id}").text
-    assert 'data-seq="101"' in text and 'data-seq="100"' not in text and f"?from=1" in text
+    assert 'data-seq="101"' in text and 'data-seq="100"' not in text and "?from=1" in text
     first = requests.get(plane.url + f"/agents/1/runs/{run_id}?from=1").text
     assert 'data-seq="1"' in first and f'data-seq="{run_page.PAGE_EVENTS + 1}"' not in first
     assert "later events" in first
