@@ -457,9 +457,14 @@ def _follow(store: Store, instance: int, run_id: str, as_json: bool, follow: boo
     stop = threading.Event()
     restore = stop_on_signals(stop) if follow and threading.current_thread() is threading.main_thread() else None
     out: list[str] = []
+    waiting = follow  # said once, before the first event: a queued run waits for its agent
     try:
         for item in replay(store, instance, run_id, stop, follow=follow):
+            if item is None and waiting:
+                waiting = False
+                _said_queued(store, instance, run_id)
             if isinstance(item, Stored):
+                waiting = False
                 out.append(item.text if as_json else "\n".join(text_lines(item.event)))
                 if len(out) >= 1000:
                     _flush(out)
@@ -479,6 +484,13 @@ def _follow(store: Store, instance: int, run_id: str, as_json: bool, follow: boo
             restore()
         store.close()
     return EXIT_FAILED
+
+
+def _said_queued(store: Store, instance: int, run_id: str) -> None:
+    run = store.run(run_id, instance)
+    if run is not None and run["status"] == "queued":
+        print(f"caldera plane: run {run_id} is queued: waiting for instance {instance}'s agent to take it "
+              "(`caldera plane agents` shows whether it is online)", file=sys.stderr, flush=True)
 
 
 def _flush(lines: list[str]) -> None:

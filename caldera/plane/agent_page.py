@@ -1,8 +1,9 @@
 """`/agents/ID`: one instance at length (ID = the instance number or the agent id).
 
 Larger charts on the shared time axis, the adapter's status, the last state
-report's health entries, and the instance's newest commands with status,
-duration, result and error. Every value an agent sent is HTML-escaped.
+report's health entries, its newest code-agent runs (linked to their pages, run_page.py), and
+the instance's newest commands with status, duration, result and error. Every value an agent
+sent is HTML-escaped.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from caldera.host.timefmt import human_age
-from caldera.plane import run_page
+from caldera.plane import run_page, runview
 from caldera.plane.page_parts import (
     LARGE,
     adapter_html,
@@ -125,13 +126,7 @@ def _health(body: dict[str, Any]) -> str:
 
 def duration(command: dict[str, Any], now: float) -> str:
     """Finished: start (or dispatch) to finish; still running: so far; never started: nothing."""
-    begun = command["started_at"] or command["dispatched_at"]
-    if begun is None:
-        return ""
-    end = command["finished_at"]
-    seconds = max(0.0, (end if end is not None else now) - begun)
-    text = f"{seconds:.1f} s" if seconds < 60 else f"{int(seconds // 60)} min {int(seconds % 60)} s"
-    return text if end is not None else f"{text} so far"
+    return runview.span(command["started_at"] or command["dispatched_at"], command["finished_at"], now)
 
 
 def _result(value: Any) -> str:

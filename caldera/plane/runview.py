@@ -112,10 +112,13 @@ def end_sentence(status: str, failure_kind: Any, message: Any) -> str:
 
 
 def run_duration(run: dict[str, Any], now: float) -> str:
-    begun = run["started_at"]
+    return span(run["started_at"], run["ended_at"], now)
+
+
+def span(begun: float | None, end: float | None, now: float) -> str:
+    """How long something took ("12.5 s", "3 min 4 s"), "… so far" while it goes on, "" before it began."""
     if begun is None:
         return ""
-    end = run["ended_at"]
     seconds = max(0.0, (end if end is not None else now) - begun)
     text = f"{seconds:.1f} s" if seconds < 60 else f"{int(seconds // 60)} min {int(seconds % 60)} s"
     return text if end is not None else f"{text} so far"

@@ -12,9 +12,16 @@ from caldera.backends.events import EventSink
 from caldera.backends.poster import EventPoster, plane_takes_events
 from caldera.backends.runlog import RunLog
 from caldera.protocol.client import NotFound, Retryable
+from caldera.protocol.retry import Backoff
 from caldera.redact import Redactor
 
 WAIT = 20.0
+
+
+@pytest.fixture(autouse=True)
+def quick_backoff(monkeypatch):
+    """A refused post is tried again after 0.1 s here, not after the runtime's 1, 2, 5… s."""
+    monkeypatch.setattr(poster_mod, "Backoff", lambda: Backoff(steps=(0.1,), jitter=0))
 
 
 class Plane:

@@ -156,7 +156,9 @@ def test_follow_prints_each_event_as_it_arrives_and_a_started_tool_before_its_en
         assert json.loads(got[-1][1])["data"]["status"] == "started" and proc.poll() is None
         agent.post(f"/runs/{run_id}/events", {"agent_id": AGENT, "events": events[3:]})
         agent.finish(command["id"], result={"status": "completed", "events_total": 7})
-        assert proc.wait(timeout=20) == 0, proc.stderr.read()
+        assert proc.wait(timeout=20) == 0
+        said = proc.stderr.read()
+        assert said.count("is queued: waiting for instance 1's agent to take it") == 1, said
         reader.join(5)
     finally:
         proc.kill()
@@ -297,16 +299,12 @@ def _chromium_checks(plane, agent, capsys, tmp_path):
     from test_plane_page import dump_dom, screenshot
 
     run_id = _queue(capsys, plane)
-    live = dump_dom(plane.url + f"/agents/1/runs/{run_id}")
-    assert re.search(r'<meta http-equiv="refresh" content="5; url=/agents/1/runs/[^"]+#end">', live)
     _take(agent, run_id, turn_events(run_id, "failed", "backend-timeout"))
     dom = dump_dom(plane.url + f"/agents/1/runs/{run_id}")
     assert "<script" not in dom.lower() and "&lt;script&gt;alert" in dom and 'http-equiv="refresh"' not in dom
     assert re.findall(r'data-seq="(\d+)"', dom) == [str(n) for n in range(1, 8)]
     assert "the turn failed (backend-timeout): the provider timed out" in dom
     assert dom.index('id="prompt"') < dom.index('id="turn"') < dom.index('data-end')
-    listing = dump_dom(plane.url + "/agents/1")
-    assert f'<a href="/agents/1/runs/{run_id}">{run_id}</a>' in listing
     shot = tmp_path / "plane-run-page.png"
     screenshot(plane.url + f"/agents/1/runs/{run_id}", shot, size="1100,1000")
     keep = os.environ.get("CALDERA_PLANE_RUN_SCREENSHOT")  # docs/plane-run-page.png was made so
