@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from caldera.host.loopguard import LoopGuard
-from caldera.protocol.client import ApiError, NotFound
+from caldera.protocol.client import NotFound
 from caldera.protocol.retry import Backoff
 
 if TYPE_CHECKING:
@@ -127,11 +127,8 @@ class EventPoster:
                 if not self._post_one():
                     return
                 guard.ok()
-            except ApiError as exc:
-                self.note(f"posting run events failed: {exc}")
-                delay = max(GAP_SECONDS, guard.failed(exc))
-            except Exception as exc:  # noqa: BLE001 -- a bug, an auth block: the events wait, the thread goes on
-                delay = max(GAP_SECONDS, guard.failed(exc))
+            except Exception as exc:  # noqa: BLE001 -- the plane away, a bug, an auth block: the events wait
+                delay = max(GAP_SECONDS, guard.failed(exc))  # said once while it repeats, backed off
             self._pause.wait(delay)  # the whole gap, even when the turn just ended: the rate bound holds
 
     def _has_work(self) -> bool:
