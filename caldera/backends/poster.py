@@ -112,7 +112,12 @@ class EventPoster:
         while True:
             if self.ended.is_set() and ended_at is None:
                 ended_at = time.monotonic()
-            if not self._has_work():
+            try:
+                has_work = self._has_work()
+            except Exception as exc:  # noqa: BLE001 -- reading the run log back: the events wait, the thread goes on
+                self._pause.wait(max(GAP_SECONDS, guard.failed(exc)))
+                continue
+            if not has_work:
                 if ended_at is not None:
                     return
                 self.wake.wait()
