@@ -27,12 +27,12 @@ CREATE TABLE IF NOT EXISTS runs (
   instance_id INTEGER NOT NULL, run_id TEXT NOT NULL, command_id INTEGER, backend TEXT, prompt TEXT,
   workspace TEXT, created_at REAL NOT NULL, started_at REAL, ended_at REAL, status TEXT NOT NULL,
   failure_kind TEXT, message TEXT, events INTEGER NOT NULL DEFAULT 0, last_seq INTEGER NOT NULL DEFAULT 0,
-  events_total INTEGER, refused INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (instance_id, run_id));
+  events_total INTEGER, refused INTEGER NOT NULL DEFAULT 0, seen_at REAL, PRIMARY KEY (instance_id, run_id));
 CREATE INDEX IF NOT EXISTS runs_recent ON runs (instance_id, created_at);
 CREATE INDEX IF NOT EXISTS runs_by_id ON runs (run_id, created_at);
 """
 COLUMNS = ("instance_id", "run_id", "command_id", "backend", "prompt", "workspace", "created_at", "started_at",
-           "ended_at", "status", "failure_kind", "message", "events", "last_seq", "events_total", "refused")
+           "ended_at", "status", "failure_kind", "message", "events", "last_seq", "events_total", "refused", "seen_at")
 
 
 def migrate(db: sqlite3.Connection) -> None:
@@ -85,9 +85,9 @@ def add_events(db: sqlite3.Connection, instance_id: int, run_id: str, events: li
             last = max(last, seq if isinstance(seq, int) else 0)
             if event.get("type") == "terminal_status" and isinstance(event.get("data"), dict):
                 terminal = event["data"]
-    db.execute("UPDATE runs SET events=events+?, refused=refused+?, last_seq=MAX(last_seq, ?),"
+    db.execute("UPDATE runs SET events=events+?, refused=refused+?, last_seq=MAX(last_seq, ?), seen_at=?,"
                " started_at=COALESCE(started_at, ?), status=CASE WHEN status='queued' THEN 'running' ELSE status END"
-               " WHERE instance_id=? AND run_id=?", (new, refused, last, now, instance_id, run_id))
+               " WHERE instance_id=? AND run_id=?", (new, refused, last, now, now, instance_id, run_id))
     if terminal is not None:
         status = terminal.get("status") if terminal.get("status") in ENDED else "failed"
         db.execute("UPDATE runs SET status=?, failure_kind=?, message=?, ended_at=COALESCE(ended_at, ?)"
@@ -122,12 +122,16 @@ def finished(db: sqlite3.Connection, instance_id: int, payload: Any, result: Any
 
 def prune(db: sqlite3.Connection, cutoff: float, kept: int = RUNS_KEPT) -> dict[str, int]:
     """Ended runs past the newest `kept` of their instance or ended before `cutoff`, with their events;
-    events of no run (an older plane's) received before `cutoff`."""
+    a run no command of this plane stands for (its first event made it) that sent nothing since
+    `cutoff` and never ended: it is not running; events of no run (an older plane's) received
+    before `cutoff`."""
     ended = ",".join("?" * len(ENDED))
     gone = db.execute(
         f"SELECT instance_id, run_id FROM runs WHERE status IN ({ended}) AND (ended_at < ? OR rowid IN ("
         f"SELECT rowid FROM (SELECT rowid, ROW_NUMBER() OVER (PARTITION BY instance_id ORDER BY created_at DESC)"
-        f" AS n FROM runs WHERE status IN ({ended})) WHERE n > ?))", (*ENDED, cutoff, *ENDED, kept)).fetchall()
+        f" AS n FROM runs WHERE status IN ({ended})) WHERE n > ?))"
+        f" UNION SELECT instance_id, run_id FROM runs WHERE command_id IS NULL AND status NOT IN ({ended})"
+        f" AND COALESCE(seen_at, created_at) < ?", (*ENDED, cutoff, *ENDED, kept, *ENDED, cutoff)).fetchall()
     events = 0
     for row in gone:
         events += db.execute("DELETE FROM run_events WHERE instance_id=? AND run_id=?",

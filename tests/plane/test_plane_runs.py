@@ -242,10 +242,14 @@ def test_ended_runs_are_pruned_oldest_first_and_a_running_one_never(tmp_path):
     gone = store.prune(now[0])
     assert gone["runs"] == 2 and gone["run_events"] == 14
     assert [r["run_id"] for r in store.runs(1)] == ["r4", "r3", "r2", "running-old"]
-    now[0] += runs_mod.PRUNE_AGE_SECONDS if hasattr(runs_mod, "PRUNE_AGE_SECONDS") else 8 * 86400
-    store.prune(now[0] + 8 * 86400)
-    assert [r["run_id"] for r in store.runs(1)] == ["running-old"]
+    queued = store.enqueue(1, "agent_run", {"run_id": "queued", "prompt": "p", "workspace": "/w"})
+    now[0] += 8 * 86400
+    store.add_run_events(1, "running-old", [_ev("running-old", 2, "backend_status", phase="y")])  # still talking
+    store.prune(now[0])
+    assert [r["run_id"] for r in store.runs(1)] == ["queued", "running-old"]
     assert store.run_events(1, "running-old") and not store.run_events(1, "r4")
+    store.prune(now[0] + 8 * 86400)  # no command stands for it and it went silent a week ago: not running
+    assert [r["run_id"] for r in store.runs(1)] == ["queued"] and store.command(1, queued)["status"] == "pending"
     store.close()
 
 
