@@ -101,10 +101,14 @@ def _terminal(data: dict[str, Any]) -> list[Block]:
     return [("end", end_sentence(_str(data.get("status")), data.get("failure_kind"), data.get("message")))]
 
 
+_ENDINGS = {"cancelled": "was cancelled", "blocked": "was refused"}
+
+
 def end_sentence(status: str, failure_kind: Any, message: Any) -> str:
-    """How a run ended, plainly: "the turn completed", "the turn failed (backend-timeout): …"."""
-    text = f"the turn {status or 'ended'}"
-    if failure_kind:
+    """How a run ended, plainly: "the turn completed", "the turn failed (backend-timeout): …",
+    "the turn was refused: …" (blocked: the runtime did not start it)."""
+    text = f"the turn {_ENDINGS.get(status, status or 'ended')}"
+    if failure_kind and failure_kind != status:
         text += f" ({_str(failure_kind)})"
     if message:
         text += f": {_str(message)}"
