@@ -7,6 +7,7 @@ with `--json`. Times in JSON output are RFC 3339 (UTC).
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sys
 import threading
@@ -471,7 +472,7 @@ def _follow(store: Store, instance: int, run_id: str, as_json: bool, follow: boo
                 continue
             _flush(out)
             if isinstance(item, End):
-                return _said_end(item.run, run_id, stop.is_set(), follow)
+                return _said_end(item.run, run_id, stop.is_set())
             if isinstance(item, Gap):
                 print(f"caldera plane: events {item.first} to {item.last} of run {run_id} never reached the plane "
                       "(the run log on the host has them: caldera log --agent NAME --run RUN_ID)", file=sys.stderr)
@@ -479,6 +480,9 @@ def _follow(store: Store, instance: int, run_id: str, as_json: bool, follow: boo
         _flush(out)
         print(f"caldera plane: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except BrokenPipeError:  # `| head` has what it wanted: quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     finally:
         if restore is not None:
             restore()
@@ -500,7 +504,7 @@ def _flush(lines: list[str]) -> None:
         lines.clear()
 
 
-def _said_end(run: dict[str, Any], run_id: str, stopped: bool, follow: bool) -> int:
+def _said_end(run: dict[str, Any], run_id: str, stopped: bool) -> int:
     if run["status"] in ("queued", "running"):
         why = "stopped following" if stopped else "still running (--follow follows it)"
         print(f"caldera plane: run {run_id} is {run['status']}; {why}", file=sys.stderr)
