@@ -35,7 +35,7 @@ log = logging.getLogger("caldera.backends")
 Note = Callable[[str], None]  # where a posting problem is told (a log line)
 Event = dict[str, Any]
 
-BATCH_EVENTS = 200
+BATCH_EVENTS = 500
 BATCH_BYTES = 512 * 1024
 GAP_SECONDS = 0.25
 LINGER_SECONDS = 0.1
