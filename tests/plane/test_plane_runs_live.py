@@ -58,7 +58,7 @@ def test_a_turn_followed_live_survives_the_plane_going_down(caldera_env, tmp_pat
                             poll_interval=1).start()
         assert follower.wait(timeout=60) == 0, follower.stderr.read()
         output_at = _seen(got, lambda d: d.get("type") == "command_output")
-        assert output_at - started >= 2.0  # seen at the start, not at the command's end
+        assert output_at - started >= 1.0  # seen at the start, not at the command's end (it ran 2.5 s)
         # the terminal event ended the follow; the finish comes through the runtime's outbox
         result = wait_for(lambda: plane.store.commands(INSTANCE)[-1]["result"], timeout=30, what="the finish")
         run_id = result["run_id"]
