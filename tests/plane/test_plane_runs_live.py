@@ -76,3 +76,27 @@ def test_a_turn_followed_live_survives_the_plane_going_down(caldera_env, tmp_pat
             follower.communicate()
         daemon.stop()
         plane.stop()
+
+
+def test_a_plane_without_the_route_is_asked_once_and_the_log_says_so_once(caldera_env, tmp_path):
+    """ClawManager answers 404 (empty body) on the run-events route: the runtime's first run asks,
+    no later run does, the daemon's log says it once, and both runs complete."""
+    from plane_helpers import InjectingPlane
+
+    from caldera.backends.poster import NO_ROUTE_SENTENCE
+
+    plane = InjectingPlane(str(tmp_path / "p.db"), tokens={BOOT: INSTANCE}, heartbeat_interval=1,
+                           poll_interval=1).start()
+    plane.inject("POST", r"/runs/[^/]+/events$", 404, count=1000, body=b"")
+    workspace = install(caldera_env, tmp_path, plane.url, INSTANCE, [message(1, "hi"), completed()])
+    daemon = Daemon()
+    try:
+        ids = [plane.store.enqueue(INSTANCE, "agent_run", {"run_id": f"r{n}", "prompt": "hi",
+                                                           "workspace": str(workspace)}) for n in (1, 2)]
+        wait_for(lambda: [c["status"] for c in plane.store.commands(INSTANCE) if c["id"] in ids]
+                 == ["succeeded", "succeeded"], timeout=30, what="both runs completed")
+    finally:
+        daemon.stop()
+        plane.stop()
+    assert plane.count("POST", r"/runs/[^/]+/events$") == 1
+    assert daemon.log().count(NO_ROUTE_SENTENCE) == 1
