@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -82,6 +83,7 @@ def live(events: int) -> bool:
     finally:
         daemon.stop()
         plane.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     delays = [at - sent for at, doc in got if (sent := _sent(doc)) is not None]
     started = next(at for at, doc in got if (doc.get("data") or {}).get("status") == "started")
     ended = next(_sent(doc) for _, doc in got if doc.get("type") == "command_output")
@@ -156,8 +158,10 @@ def bounded(big: int, runs: int) -> bool:
     left = store.runs(1, 100_000)
     store.close()
     kept_live = any(r["run_id"] == "live" for r in left)
+    size = db.stat().st_size
+    shutil.rmtree(tmp, ignore_errors=True)
     print(f"  prune: {gone['runs']:,} runs and {gone['run_events']:,} events gone, {len(left):,} runs left "
-          f"(the running one {'kept' if kept_live else 'GONE'}); the file stays {db.stat().st_size / 2**20:.0f} MiB "
+          f"(the running one {'kept' if kept_live else 'GONE'}); the file stays {size / 2**20:.0f} MiB "
           "(sqlite reuses the freed pages)")
     ok = ok and kept_live
     print(json.dumps({"bench": "run_watch_bounds", "ok": ok, "target": "every verb < 1 s CPU, every page < 1 s"}))
