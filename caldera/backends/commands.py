@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from caldera.backends import base, service
 from caldera.backends.events import Listener
-from caldera.backends.poster import EventPoster
+from caldera.backends.poster import EventPoster, plane_takes_events
 from caldera.backends.registry import ActiveRuns, BackendServers
+from caldera.backends.runlog import log_path
 from caldera.errors import CommandError
 from caldera.protocol.handlers import Call
 
@@ -53,8 +54,9 @@ def agent_run(ctx: RunCall, payload: dict[str, Any]) -> dict[str, Any]:
     environment = environment_for(ctx)
     listeners: list[Listener] = []
     poster = None
-    if ctx.client is not None:
-        poster = EventPoster(ctx.client, ctx.agent_id, payload["run_id"], _note(ctx.redactor))
+    if ctx.client is not None and plane_takes_events(ctx.client):
+        poster = EventPoster(ctx.client, ctx.agent_id, payload["run_id"], _note(ctx.redactor),
+                             log_file=_run_log(environment, payload["run_id"]), dropped=ctx.runs.count_dropped)
         listeners.append(poster)
     try:
         result = service.execute(
@@ -62,8 +64,7 @@ def agent_run(ctx: RunCall, payload: dict[str, Any]) -> dict[str, Any]:
             cancel=ctx.cancel, deadline=ctx.deadline or None, registry=ctx.runs)
     finally:
         if poster is not None:
-            poster.close()
-            ctx.runs.count_dropped(poster.dropped)
+            poster.close()  # what the plane did not take yet is posted on in the background (poster.py)
     result = ctx.redactor(result)
     if result["status"] == "completed":
         return result
@@ -80,6 +81,13 @@ def agent_interrupt(ctx: RunCall, payload: dict[str, Any]) -> dict[str, Any]:
         raise CommandError(f"no run {run_id} is running or waiting here")
     # "queued": accepted but not started; it ends cancelled as soon as its turn is prepared
     return {"run_id": run_id, "interrupt": "requested", "run": reached}
+
+
+def _run_log(environment: base.Environment, run_id: Any) -> str | None:
+    try:
+        return str(log_path(environment.logs_dir, run_id))
+    except (TypeError, ValueError):
+        return None  # a run id the run refuses: it posts nothing either
 
 
 def _note(redactor: Redactor) -> Callable[[str], None]:

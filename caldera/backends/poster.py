@@ -1,17 +1,31 @@
-"""Run events to the control plane in batches: `POST /api/v1/agent/runs/{run_id}/events`
-(a caldera extension). A plane without the route answers 404 (`client.NotFound`):
-posting stops for the run and the events stay in the run log and the finish result.
-Other errors keep the batch (bounded) for the next attempt; nothing here blocks the run.
+"""Run events to the control plane while the turn runs: `POST /api/v1/agent/runs/{run_id}/events`
+(a caldera extension; docs/plane.md, "Runs").
+
+Bounded in size and rate: a post carries at most BATCH_EVENTS events and about BATCH_BYTES of
+JSON, posts are at least GAP_SECONDS apart, and the first event of a quiet spell waits
+LINGER_SECONDS for the ones that follow it. Nothing lost: a batch leaves memory only once the
+plane took it; while the plane is away at most MAX_PENDING events wait in memory, and the ones
+after them are read back from the run log (which has every event) once there is room, so a
+plane that comes back gets every event, in seq order. After the turn the poster goes on trying
+for AFTER_END_SECONDS. The plane keeps one event per seq, so a batch sent again (its answer
+lost) is harmless.
+
+A plane without the route (ClawManager: 404) is asked once per client, which is once per
+runtime process, and then left alone; the log says so once.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from caldera.host.loopguard import LoopGuard
-from caldera.protocol.client import ApiError, NotFound
+from caldera.protocol.client import NotFound
 from caldera.protocol.retry import Backoff
 
 if TYPE_CHECKING:
@@ -19,70 +33,209 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("caldera.backends")
 Note = Callable[[str], None]  # where a posting problem is told (a log line)
+Event = dict[str, Any]
 
-BATCH = 100
-INTERVAL = 1.0
+BATCH_EVENTS = 500
+BATCH_BYTES = 512 * 1024
+GAP_SECONDS = 0.25
+LINGER_SECONDS = 0.1
 MAX_PENDING = 2000
+AFTER_END_SECONDS = 600.0
+LOG_LINE_MAX = 256 * 1024  # an event line of the run log is at most a 64 KiB diff, JSON-escaped
+NO_ROUTE_SENTENCE = ("the control plane has no run-events endpoint (404): run events are not posted to it again "
+                     "until the runtime restarts; they stay in the run logs and the finish results")
+
+_without_route: weakref.WeakSet[Any] = weakref.WeakSet()  # the clients whose plane answered 404
+_without_route_lock = threading.Lock()
 
 
-def post_events_loop(client: ControlPlaneClient, agent_id: str, run_id: str, pending: list[dict[str, Any]],
-                     lock: threading.Lock, stop: threading.Event, note: Note) -> None:
-    """Thread body: every INTERVAL (or when stopped) send what is pending, BATCH at a time.
-    A batch leaves `pending` only once the plane took it; any failure keeps it for the next
-    turn, after a backoff (the plane's errors, said through `note`, or anything else: the guard)."""
-    guard = LoopGuard(log, f"run events poster ({run_id})", Backoff())
-    delay = INTERVAL
-    while True:
-        stopping = stop.wait(delay)
-        delay = INTERVAL
-        try:
-            if not _post_pending(client, agent_id, run_id, pending, lock, note):
-                return
-            guard.ok()
-        except ApiError as exc:
-            note(f"posting run events failed: {exc}")
-        except Exception as exc:  # noqa: BLE001 -- a bug, an auth block: the events wait, the thread goes on
-            delay = max(INTERVAL, guard.failed(exc))
-        if stopping:
-            return
+def plane_takes_events(client: Any) -> bool:
+    """False once this client's plane answered that it has no run-events route."""
+    with _without_route_lock:
+        return client not in _without_route
 
 
-def _post_pending(client: ControlPlaneClient, agent_id: str, run_id: str, pending: list[dict[str, Any]],
-                  lock: threading.Lock, note: Note) -> bool:
-    """Send what is pending, BATCH at a time; False when the plane has no such route."""
-    while True:
-        with lock:
-            batch = pending[:BATCH]
-        if not batch:
-            return True
-        try:
-            client.post_run_events(run_id, {"agent_id": agent_id, "run_id": run_id, "events": batch})
-        except NotFound:
-            note("the control plane has no run-events endpoint: events stay in the run log")
-            return False
-        with lock:
-            del pending[:len(batch)]
+def _no_route(client: Any, note: Note) -> None:
+    with _without_route_lock:
+        first = client not in _without_route
+        _without_route.add(client)
+    if first:
+        note(NO_ROUTE_SENTENCE)
 
 
 class EventPoster:
-    """A sink listener plus its thread; `close()` flushes once more and joins."""
+    """A sink listener plus its thread. `close()` says the turn ended: the thread posts what is
+    left (reading the closed run log for what memory did not keep) and ends, waited for up to
+    `timeout`; a plane still away is tried on in the background for AFTER_END_SECONDS."""
 
-    def __init__(self, client: ControlPlaneClient, agent_id: str, run_id: str, note: Note):
-        self.pending: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
+    def __init__(self, client: ControlPlaneClient, agent_id: str, run_id: str, note: Note,
+                 log_file: str | os.PathLike[str] | None = None, dropped: Callable[[int], None] | None = None):
+        self.client, self.agent_id, self.run_id, self.note = client, agent_id, run_id, note
+        self.pending: list[Event] = []  # seq order; every seq <= kept_upto is posted or here
+        self.kept_upto = 0  # every event up to this seq was posted or is pending
+        self.latest = 0  # the highest seq the sink handed over
+        self.spilled = False  # events after kept_upto are only in the run log
         self.dropped = 0
-        self.thread = threading.Thread(target=post_events_loop, name=f"run-events-{run_id}", daemon=True,
-                                       args=(client, agent_id, run_id, self.pending, self.lock, self.stop, note))
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.ended = threading.Event()
+        self._log_file = log_file
+        self._log_offset = _size(log_file)  # a run id used again appends to its old log: skip that part
+        self._count_dropped = dropped
+        self._pause = threading.Event()  # never set: the wait between two posts
+        self.thread = threading.Thread(target=self._loop, name=f"run-events-{run_id}", daemon=True)
         self.thread.start()
 
-    def __call__(self, event: dict[str, Any]) -> None:
+    def __call__(self, event: Event) -> None:
+        seq = event.get("seq")
         with self.lock:
-            self.pending.append(event)
-            if len(self.pending) > MAX_PENDING:  # the plane is away: keep the newest
-                del self.pending[0]
-                self.dropped += 1
+            if isinstance(seq, int):
+                self.latest = max(self.latest, seq)
+            if self.spilled or len(self.pending) >= MAX_PENDING:
+                self.spilled = True  # the run log has it; read back when there is room
+            else:
+                self.pending.append(event)
+                if isinstance(seq, int):
+                    self.kept_upto = max(self.kept_upto, seq)
+        self.wake.set()
 
     def close(self, timeout: float = 10.0) -> None:
-        self.stop.set()
+        self.ended.set()
+        self.wake.set()
         self.thread.join(timeout)
+
+    # ---- the thread -------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        guard = LoopGuard(log, f"run events poster ({self.run_id})", Backoff())
+        ended_at: float | None = None
+        while True:
+            if self.ended.is_set() and ended_at is None:
+                ended_at = time.monotonic()
+            try:
+                has_work = self._has_work()
+            except Exception as exc:  # noqa: BLE001 -- reading the run log back: the events wait, the thread goes on
+                self._pause.wait(max(GAP_SECONDS, guard.failed(exc)))
+                continue
+            if not has_work:
+                if ended_at is not None:
+                    return
+                self.wake.wait()
+                self.wake.clear()
+                self.ended.wait(LINGER_SECONDS)  # let the events that follow join the first
+                continue
+            if ended_at is not None and time.monotonic() - ended_at > AFTER_END_SECONDS:
+                self._give_up()
+                return
+            delay = GAP_SECONDS
+            try:
+                if not self._post_one():
+                    return
+                guard.ok()
+            except Exception as exc:  # noqa: BLE001 -- the plane away, a bug, an auth block: the events wait
+                delay = max(GAP_SECONDS, guard.failed(exc))  # said once while it repeats, backed off
+            self._pause.wait(delay)  # the whole gap, even when the turn just ended: the rate bound holds
+
+    def _has_work(self) -> bool:
+        with self.lock:
+            if self.pending:
+                return True
+            spilled = self.spilled
+        if spilled:
+            self._refill()
+            with self.lock:
+                return bool(self.pending)
+        return False
+
+    def _post_one(self) -> bool:
+        """One batch to the plane; False when the plane has no such route."""
+        with self.lock:
+            batch = _bounded(self.pending)
+        try:
+            self.client.post_run_events(self.run_id, {"agent_id": self.agent_id, "run_id": self.run_id,
+                                                      "events": batch})
+        except NotFound:
+            _no_route(self.client, self.note)
+            return False
+        with self.lock:
+            del self.pending[:len(batch)]
+        return True
+
+    def _refill(self) -> None:
+        """Events after kept_upto, read back from the run log (as far as it was written), into memory."""
+        with self.lock:
+            room, after = MAX_PENDING - len(self.pending), self.kept_upto
+        found, offset = _read_events(self._log_file, self._log_offset, after, room)
+        with self.lock:
+            for event in found:
+                if event.get("seq") == self.kept_upto + 1:
+                    self.pending.append(event)
+                    self.kept_upto += 1
+            self._log_offset = offset
+            if self.kept_upto >= self.latest:
+                self.spilled = False
+            elif not found and self.ended.is_set():
+                self._lost(self.latest - self.kept_upto)  # past the run log's cap: nowhere to read them
+                self.spilled = False
+
+    def _give_up(self) -> None:
+        with self.lock:
+            left = len(self.pending) + (self.latest - self.kept_upto if self.spilled else 0)
+            self.pending.clear()
+        self.note(f"the control plane took no run events for {AFTER_END_SECONDS:.0f} s after the turn: "
+                  f"{left} events of run {self.run_id} stay in its run log only")
+        self._lost(left)
+
+    def _lost(self, count: int) -> None:
+        self.dropped += count
+        if self._count_dropped is not None and count:
+            self._count_dropped(count)
+
+
+def _bounded(pending: list[Event]) -> list[Event]:
+    """The first events of `pending`: at most BATCH_EVENTS and about BATCH_BYTES (one at least)."""
+    size = 0
+    for index, event in enumerate(pending[:BATCH_EVENTS]):
+        size += len(json.dumps(event, ensure_ascii=False, separators=(",", ":"), default=str))
+        if size > BATCH_BYTES and index > 0:
+            return pending[:index]
+    return pending[:BATCH_EVENTS]
+
+
+def _size(path: str | os.PathLike[str] | None) -> int:
+    try:
+        return os.stat(path).st_size if path is not None else 0
+    except OSError:
+        return 0
+
+
+def _read_events(path: str | os.PathLike[str] | None, offset: int, after: int, most: int) -> tuple[list[Event], int]:
+    """Up to `most` events with seq > `after` from the run log's `event` lines at or past `offset`
+    (whole lines only), and the offset after the last line read."""
+    if path is None or most <= 0:
+        return [], offset
+    found: list[Event] = []
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            while len(found) < most:
+                line = fh.readline(LOG_LINE_MAX)
+                if not line.endswith(b"\n"):
+                    break  # the writer's buffer holds the rest of it: next time
+                offset += len(line)
+                parts = line.split(b" ", 2)
+                if len(parts) == 3 and parts[1] == b"event":
+                    event = _event(parts[2])
+                    if event is not None and isinstance(event.get("seq"), int) and event["seq"] > after:
+                        found.append(event)
+    except OSError:
+        pass
+    return found, offset
+
+
+def _event(raw: bytes) -> Event | None:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from caldera.redact import Redactor
 
 LOG_CAP_BYTES = 64 * 1024 * 1024
+FLUSH_SECONDS = 0.5  # the buffer goes to the file at least this often while records come
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -46,6 +48,7 @@ class RunLog:
         self.size = 0
         self.full = False
         self._lock = threading.Lock()
+        self._flushed = time.monotonic()
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         # O_NOFOLLOW: logs/ is a directory an agent's commands can write to; a symlink planted
         # at run-<id>.log must not make the runtime append its transcript to another file.
@@ -77,6 +80,10 @@ class RunLog:
                 return
             self.size += size
             self._fh.write(text)
+            now = time.monotonic()
+            if now - self._flushed >= FLUSH_SECONDS:  # readers of a live run: `caldera log --follow`, the poster
+                self._fh.flush()
+                self._flushed = now
 
     def event(self, event: dict[str, Any]) -> None:
         # EventSink.emit redacted the event's data already, and the rest is ours: no second pass.

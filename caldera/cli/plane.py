@@ -1,4 +1,4 @@
-"""`caldera plane serve|enqueue|agents|commands|reports|revision` (SPEC section 12).
+"""`caldera plane serve|enqueue|agents|commands|reports|revision|turn|runs|run` (SPEC section 12).
 
 `serve` runs the plane; the operator verbs open the same sqlite database
 (`--db`, default `default_db_path()`) and print a table, or one JSON object
@@ -7,9 +7,11 @@ with `--json`. Times in JSON output are RFC 3339 (UTC).
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +23,8 @@ from caldera.host.stopsignals import stop_on_signals
 from caldera.host.timefmt import human_age
 from caldera.plane.api import rfc3339
 from caldera.plane.figures import figures
+from caldera.plane.follow import End, Gap, Stored, replay
+from caldera.plane.runview import end_sentence, run_duration, text_lines
 from caldera.plane.server import PlaneServer
 from caldera.plane.store import Store
 from caldera.protocol import schemas
@@ -98,6 +102,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
     revision.add_argument("--no-hint", action="store_true",
                           help="store only; do not name it as desired_config_revision_id in heartbeats")
     revision.add_argument("--json", action="store_true")
+    _configure_runs(verbs)
+
+
+def _configure_runs(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    turn = verbs.add_parser("turn", help="queue a code-agent turn (agent_run) for an instance; --follow prints it")
+    _db_flag(turn)
+    turn.add_argument("--instance", type=int, required=True, metavar="N")
+    turn.add_argument("--backend", metavar="B", help="backend_profile (the agent's default: codex)")
+    turn.add_argument("--workspace", metavar="W", help="the workspace, a directory under the agent's workspace roots")
+    turn.add_argument("--timeout", type=int, metavar="S", help=f"the turn's timeout_seconds (default {TURN_TIMEOUT})")
+    turn.add_argument("--model", metavar="M", help="the model (the backend's default)")
+    turn.add_argument("--follow", action="store_true", help="print the turn's events as they arrive, until it ends")
+    turn.add_argument("--json", action="store_true", help="one event per line, as the agent sent it")
+    turn.add_argument("prompt", metavar="PROMPT")
+
+    runs = verbs.add_parser("runs", help="an instance's code-agent runs")
+    _db_flag(runs)
+    runs.add_argument("--instance", type=int, required=True, metavar="N")
+    runs.add_argument("--json", action="store_true")
+
+    run = verbs.add_parser("run", help="replay a code-agent run from its first event; --follow while it runs")
+    _db_flag(run)
+    run.add_argument("run_id", metavar="RUN_ID")
+    run.add_argument("--instance", type=int, metavar="N", help="the instance (when two share the run id)")
+    run.add_argument("--follow", action="store_true", help="follow the run until it ends")
+    run.add_argument("--json", action="store_true", help="one event per line, as the agent sent it")
 
 
 def _db_flag(parser: argparse.ArgumentParser) -> None:
@@ -225,13 +255,13 @@ def enqueue(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _check_payload(command_type: str, payload: dict[str, Any]) -> None:
+def _check_payload(command_type: str, payload: dict[str, Any], hint: str = "--no-check sends it anyway") -> None:
     name = f"commands/{command_type}.schema.json"
     try:
         if schemas.schema_exists(name):
             schemas.validate(name, payload)
     except schemas.SchemaError as exc:
-        raise UsageError(f"{command_type} payload: {exc} (--no-check sends it anyway)") from None
+        raise UsageError(f"{command_type} payload: {exc} ({hint})") from None
 
 
 def agents(args: argparse.Namespace) -> int:
@@ -351,5 +381,140 @@ def _print_table(rows: Sequence[Sequence[str]]) -> None:
         print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
 
 
+# ---- code-agent runs -----------------------------------------------------------------------------
+
+TURN_TIMEOUT = 600  # the runtime's own default turn timeout (backends/service.py)
+COMMAND_MARGIN = 60  # the command's timeout beyond the turn's: the runtime ends the turn first
+
+
+def turn(args: argparse.Namespace) -> int:
+    """Queue an agent_run with a fresh run id (printed first); with --follow, print it to its end."""
+    run_id = f"run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+    payload: dict[str, Any] = {"run_id": run_id, "prompt": args.prompt}
+    if args.backend:
+        payload["backend_profile"] = args.backend
+    if args.workspace:
+        payload["workspace"] = args.workspace
+    if args.model:
+        payload["model"] = args.model
+    if args.timeout is not None:
+        payload["execution_policy"] = {"timeout_seconds": args.timeout}
+    _check_payload("agent_run", payload, "see `caldera plane turn --help`")
+    store = _open(args)
+    try:
+        store.enqueue(args.instance, "agent_run", payload, (args.timeout or TURN_TIMEOUT) + COMMAND_MARGIN,
+                      f"agent_run-{args.instance}-{run_id}")
+    except ValueError as exc:
+        store.close()
+        print(f"caldera plane turn: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        print(json.dumps({"run_id": run_id, "instance_id": args.instance}), flush=True)
+    else:
+        print(run_id, flush=True)
+    if not args.follow:
+        store.close()
+        return EXIT_OK
+    return _follow(store, args.instance, run_id, args.json, follow=True)
+
+
+def runs_list(args: argparse.Namespace) -> int:
+    store = _open(args)
+    try:
+        rows = store.runs(args.instance, 1000)
+        now = store.clock()
+    finally:
+        store.close()
+    if args.json:
+        _print_json({"instance_id": args.instance, "runs": rows})
+        return EXIT_OK
+    if not rows:
+        print(f"instance {args.instance} has no code-agent runs (`caldera plane turn` sends one)")
+        return EXIT_OK
+    table = [("RUN", "BACKEND", "STATUS", "FAILURE KIND", "EVENTS", "STARTED", "DURATION")]
+    for r in rows:
+        events = str(r["events"]) + (f"/{r['events_total']}" if r["events_total"] not in (None, r["events"]) else "")
+        table.append((r["run_id"], r["backend"] or "-", r["status"], r["failure_kind"] or "-", events,
+                      rfc3339(r["started_at"]) if r["started_at"] else "-", run_duration(r, now) or "-"))
+    _print_table(table)
+    return EXIT_OK
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    store = _open(args)
+    found = store.run(args.run_id, args.instance)
+    if found is None:
+        store.close()
+        where = f"instance {args.instance}" if args.instance is not None else "the plane"
+        print(f"caldera plane run: {where} has no run {args.run_id} (`caldera plane runs --instance N` lists them)",
+              file=sys.stderr)
+        return EXIT_FAILED
+    return _follow(store, found["instance_id"], args.run_id, args.json, follow=args.follow)
+
+
+def _follow(store: Store, instance: int, run_id: str, as_json: bool, follow: bool) -> int:
+    """Print the run's events (closing `store`); the exit code says how it ended. Lines go out
+    a batch at a time (what the plane held at one read), flushed, never one write per event."""
+    stop = threading.Event()
+    restore = stop_on_signals(stop) if follow and threading.current_thread() is threading.main_thread() else None
+    out: list[str] = []
+    waiting = follow  # said once, before the first event: a queued run waits for its agent
+    try:
+        for item in replay(store, instance, run_id, stop, follow=follow):
+            if item is None and waiting:
+                waiting = False
+                _said_queued(store, instance, run_id)
+            if isinstance(item, Stored):
+                waiting = False
+                out.append(item.text if as_json else "\n".join(text_lines(item.event)))
+                if len(out) >= 1000:
+                    _flush(out)
+                continue
+            _flush(out)
+            if isinstance(item, End):
+                return _said_end(item.run, run_id, stop.is_set())
+            if isinstance(item, Gap):
+                print(f"caldera plane: events {item.first} to {item.last} of run {run_id} never reached the plane "
+                      "(the run log on the host has them: caldera log --agent NAME --run RUN_ID)", file=sys.stderr)
+    except LookupError as exc:
+        _flush(out)
+        print(f"caldera plane: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except BrokenPipeError:  # `| head` has what it wanted: quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    finally:
+        if restore is not None:
+            restore()
+        store.close()
+    return EXIT_FAILED
+
+
+def _said_queued(store: Store, instance: int, run_id: str) -> None:
+    run = store.run(run_id, instance)
+    if run is not None and run["status"] == "queued":
+        print(f"caldera plane: run {run_id} is queued: waiting for instance {instance}'s agent to take it "
+              "(`caldera plane agents` shows whether it is online)", file=sys.stderr, flush=True)
+
+
+def _flush(lines: list[str]) -> None:
+    if lines:
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+        lines.clear()
+
+
+def _said_end(run: dict[str, Any], run_id: str, stopped: bool) -> int:
+    if run["status"] in ("queued", "running"):
+        why = "stopped following" if stopped else "still running (--follow follows it)"
+        print(f"caldera plane: run {run_id} is {run['status']}; {why}", file=sys.stderr)
+        return 130 if stopped else EXIT_OK
+    if run["status"] == "completed":
+        return EXIT_OK
+    sentence = end_sentence(run["status"], run["failure_kind"], run["message"] or run.get("error_message"))
+    print(f"caldera plane: run {run_id}: {sentence}", file=sys.stderr)
+    return EXIT_FAILED
+
+
 VERBS = {"serve": serve, "enqueue": enqueue, "agents": agents, "commands": commands, "reports": reports,
-         "revision": revision}
+         "revision": revision, "turn": turn, "runs": runs_list, "run": run_replay}

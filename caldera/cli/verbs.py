@@ -1,5 +1,10 @@
 """The local verbs: `caldera pause | resume | run-now | settings | log`.
 
+`log --run RUN_ID [--follow]` prints a code-agent run's log (`logs/run-RUN_ID.log` in the
+state dir) without the adapter, redacted again with the agent's secrets, to whoever may
+read the agent's state (as root: the agent's account, like every verb here); `log --list`
+names the run logs after the adapter's logs.
+
 They call the adapter directly, with no control plane and no daemon. A person
 types them, so they must feel instant: this module and what it imports never
 import requests, jsonschema or (with the manifest cache warm) yaml.
@@ -10,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import threading
 
 from caldera import TYPE_CHECKING
 from caldera.cli import add_agent_flags
@@ -18,7 +25,8 @@ from caldera.errors import EXIT_FAILED, EXIT_OK, ConfigError, UsageError
 from caldera.host.jsonlimits import escape_surrogates, scrub
 
 if TYPE_CHECKING:
-    from typing import Any
+    from pathlib import Path
+    from typing import Any, BinaryIO
 
     from caldera.agents.adapter.answer import Answer
     from caldera.agents.manifest import Manifest
@@ -44,7 +52,9 @@ def configure(parser: argparse.ArgumentParser, name: str) -> None:
                          help="the values as one JSON object (alone: print one JSON object)")
     elif name == "log":
         parser.add_argument("name", nargs="?", metavar="NAME", help="the log to print (its tail); none: list")
-        parser.add_argument("--list", action="store_true", help="list the logs (the default)")
+        parser.add_argument("--list", action="store_true", help="list the logs (the default), run logs too")
+        parser.add_argument("--run", metavar="RUN_ID", help="print a code-agent run's log (its tail)")
+        parser.add_argument("--follow", action="store_true", help="with --run: print what the run adds, until it ends")
 
 
 def _late_agent_flags(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +68,8 @@ def main(args: argparse.Namespace) -> int:
         _settings_set_args(args)
     if getattr(args, "late_json", False):
         args.json = True
+    if args.command == "log" and (args.run is not None or args.follow):
+        return run_log(args)
     paths, manifest = load_local(args)
     redactor = local_redactor(paths)
     if manifest.runtime_type == "process":
@@ -69,6 +81,8 @@ def main(args: argparse.Namespace) -> int:
     from caldera.agents.adapter.verbs import redact_answer  # here: `caldera pause --help` does without it
 
     answer = redact_answer(answer, redactor)
+    if answer.verb == "log --list" and answer.ok:
+        answer.data = {**(answer.data or {}), "runs": run_logs(paths.state_dir / "logs")}
     return emit(args, answer, redactor)
 
 
@@ -181,6 +195,9 @@ def emit(args: argparse.Namespace, answer: Answer, redactor: Redactor | None = N
         print(scrub(format_settings(data)))
     elif answer.verb == "log --list":
         print("\n".join(data["logs"]) if data.get("logs") else answer.message)
+        if data.get("runs"):
+            print(f"run logs, newest first (`{again(args, 'log')} --run RUN_ID`):")
+            print("\n".join(f"  {run}" for run in data["runs"]))
     elif answer.verb == "log":
         sys.stdout.write(answer.text or "")
         if answer.text and not answer.text.endswith("\n"):
@@ -234,3 +251,92 @@ def _bounds(item: dict[str, Any]) -> str:
         return kind
     fmt = (lambda v: f"{v * 100:g} %") if kind == "percent" else (lambda v: f"{v:g}")
     return f"{kind} {fmt(low) if low is not None else '…'} to {fmt(high) if high is not None else '…'}"
+
+
+# ---- run logs (code-agent turns) ------------------------------------------------------------------
+
+RUN_LOGS_LISTED = 50
+RUN_TAIL_BYTES = 1024 * 1024  # what `log --run` prints of a longer log: its end (as `log NAME`)
+FOLLOW_POLL = 0.25
+FOLLOW_QUIET_AFTER_END = 1.0  # seconds without growth after the terminal event: the run log is done
+
+
+def run_logs(logs_dir: Path) -> list[str]:
+    """The run ids of the newest run logs in `logs_dir`, newest first (at most RUN_LOGS_LISTED)."""
+    try:
+        entries = [(entry.stat().st_mtime, entry.name[4:-4]) for entry in os.scandir(logs_dir)
+                   if entry.name.startswith("run-") and entry.name.endswith(".log") and entry.is_file()]
+    except FileNotFoundError:
+        return []
+    return [run_id for _, run_id in sorted(entries, reverse=True)[:RUN_LOGS_LISTED]]
+
+
+def run_log(args: argparse.Namespace) -> int:
+    """`log --run RUN_ID [--follow]`: the run log's tail, redacted; with --follow what it adds until the
+    run's terminal event (and a quiet second after it), or a signal."""
+    from caldera import config
+    from caldera.backends.runlog import log_path
+
+    if args.run is None:
+        raise UsageError("--follow goes with --run RUN_ID")
+    if args.name is not None or args.list:
+        raise UsageError("--run RUN_ID prints a run's log: give no log NAME or --list with it")
+    paths = config.agent_from_args(args)
+    try:
+        path = log_path(paths.state_dir / "logs", args.run)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    redactor = local_redactor(paths)
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 -- held for --follow
+    except FileNotFoundError:
+        print(f"There is no run log for {args.run}; `{again(args, 'log')} --list` names the run logs.",
+              file=sys.stderr)
+        return EXIT_FAILED
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > RUN_TAIL_BYTES:
+            fh.seek(size - RUN_TAIL_BYTES)
+            fh.readline()  # from a whole line on
+            print(f"(the first {fh.tell()} bytes of {path} are not shown)")
+        ended = _print_lines(fh, redactor)
+        if args.follow:
+            _follow_run_log(fh, redactor, ended)
+    return EXIT_OK
+
+
+def _print_lines(fh: BinaryIO, redactor: Redactor) -> bool:
+    """Print the whole lines left in `fh` (a partial last line waits); whether the run's end was among them."""
+    ended = False
+    lines = []
+    while True:
+        start = fh.tell()
+        line = fh.readline()
+        if not line.endswith(b"\n"):
+            fh.seek(start)
+            break
+        text = scrub(line.decode("utf-8", "replace").rstrip("\n"))
+        lines.append(text)
+        ended = ended or (" event " in text and '"type":"terminal_status"' in text)
+    if lines:
+        sys.stdout.write(redactor.text_lines(lines) + "\n")
+        sys.stdout.flush()
+    return ended
+
+
+def _follow_run_log(fh: BinaryIO, redactor: Redactor, ended: bool) -> None:
+    from caldera.host.stopsignals import stop_on_signals
+
+    stop = threading.Event()
+    restore = stop_on_signals(stop) if threading.current_thread() is threading.main_thread() else None
+    try:
+        quiet = 0.0
+        while not stop.wait(FOLLOW_POLL):
+            before = fh.tell()
+            ended = _print_lines(fh, redactor) or ended
+            quiet = quiet + FOLLOW_POLL if fh.tell() == before else 0.0
+            if ended and quiet >= FOLLOW_QUIET_AFTER_END:
+                return
+    finally:
+        if restore is not None:
+            restore()

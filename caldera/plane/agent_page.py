@@ -1,8 +1,9 @@
 """`/agents/ID`: one instance at length (ID = the instance number or the agent id).
 
 Larger charts on the shared time axis, the adapter's status, the last state
-report's health entries, and the instance's newest commands with status,
-duration, result and error. Every value an agent sent is HTML-escaped.
+report's health entries, its newest code-agent runs (linked to their pages, run_page.py), and
+the instance's newest commands with status, duration, result and error. Every value an agent
+sent is HTML-escaped.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from caldera.host.timefmt import human_age
+from caldera.plane import run_page, runview
 from caldera.plane.page_parts import (
     LARGE,
     adapter_html,
@@ -60,6 +62,7 @@ def render(store: Store, ident: str, query: dict[str, str]) -> tuple[int, str]:
                f'{timeline(store, agent, body, now, window, LARGE)}</div>'
                f'<div class="cols"><div class="col panel"><h3>Agent</h3>{adapter_html(body.get("agent_status"))}</div>'
                f'<div class="col panel"><h3>Health (last report{_age(last, now)})</h3>{_health(body)}</div></div>'
+               f'<h2>Code-agent runs</h2><div id="runs">{run_page.runs_table(store, instance, now)}</div>'
                f'<h2>Config revisions</h2><div id="revisions">{_revisions(store, instance, body, now)}</div>'
                f'<h2>Commands</h2><div id="commands">'
                f'{_commands(store.recent_commands(COMMANDS_SHOWN, instance_id=instance), now)}</div>')
@@ -123,13 +126,7 @@ def _health(body: dict[str, Any]) -> str:
 
 def duration(command: dict[str, Any], now: float) -> str:
     """Finished: start (or dispatch) to finish; still running: so far; never started: nothing."""
-    begun = command["started_at"] or command["dispatched_at"]
-    if begun is None:
-        return ""
-    end = command["finished_at"]
-    seconds = max(0.0, (end if end is not None else now) - begun)
-    text = f"{seconds:.1f} s" if seconds < 60 else f"{int(seconds // 60)} min {int(seconds % 60)} s"
-    return text if end is not None else f"{text} so far"
+    return runview.span(command["started_at"] or command["dispatched_at"], command["finished_at"], now)
 
 
 def _result(value: Any) -> str:

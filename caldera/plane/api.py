@@ -289,8 +289,9 @@ def run_events(plane: Plane, req: Request) -> Response:
     for i, event in enumerate(body["events"]):
         if event["run_id"] != run_id:
             raise ApiError(400, f"events/{i}/run_id: {event['run_id']!r} is not this run ({run_id!r})")
-    count = plane.store.add_run_events(session["instance_id"], run_id, body["events"])
-    return ok({"accepted": count}, "run events stored")
+    stored = plane.store.add_run_events(session["instance_id"], run_id, body["events"])
+    # `accepted`: the batch is the plane's now (an event it held already is kept once: `stored` counts the new)
+    return ok({"accepted": len(body["events"]), "stored": stored}, "run events stored")
 
 
 Handler = Callable[["Plane", Request], Response]

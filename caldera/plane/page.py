@@ -10,11 +10,12 @@ same larger, the last report's health and the instance's command history.
 """
 from __future__ import annotations
 
+import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from caldera import __version__
 from caldera.host.timefmt import human_age
-from caldera.plane import agent_page, api
+from caldera.plane import agent_page, api, run_page
 from caldera.plane.page_parts import (
     SMALL,
     adapter_html,
@@ -40,10 +41,15 @@ def handle(plane: api.Plane, req: api.Request) -> api.Response:
     if req.path == "/":
         return api.Response(200, render(plane.store, req.query).encode(), HTML)
     if req.path.startswith("/agents/"):
-        status, text = agent_page.render(plane.store, req.path[len("/agents/"):], req.query)
+        ident, _, run_id = req.path[len("/agents/"):].partition("/runs/")
+        if run_id:
+            status, text = _run_page(plane.store, ident, run_id, req.query)
+        else:
+            status, text = agent_page.render(plane.store, ident, req.query)
         return api.Response(status, text.encode(), HTML)
     reads = {"/plane/api/agents": _agents_json, "/plane/api/commands": _commands_json,
-             "/plane/api/reports": _reports_json}
+             "/plane/api/reports": _reports_json, "/plane/api/runs": _runs_json,
+             "/plane/api/run-events": _run_events_json}
     read = reads.get(req.path)
     if read is None:
         return api.Response(404, b"", "text/plain; charset=utf-8")
@@ -72,6 +78,30 @@ def _commands_json(store: Store, query: dict[str, str]) -> dict[str, Any]:
 
 def _reports_json(store: Store, query: dict[str, str]) -> dict[str, Any]:
     return {"report": store.reports(_instance(query), last=True)}
+
+
+def _runs_json(store: Store, query: dict[str, str]) -> dict[str, Any]:
+    """`?instance=N`: its newest runs (at most 1,000)."""
+    return {"runs": store.runs(_instance(query), 1000)}
+
+
+def _run_events_json(store: Store, query: dict[str, str]) -> dict[str, Any]:
+    """`?instance=N&run=RUN_ID[&after=SEQ]`: the run and up to 1,000 of its events after SEQ."""
+    instance = _instance(query)
+    after = query.get("after", "0")
+    if not after.isdigit():
+        raise ValueError("?after=SEQ must be an integer")
+    run = store.run(query.get("run", ""), instance)
+    if run is None:
+        raise ValueError(f"instance {instance} has no run {query.get('run', '')!r}")
+    return {"run": run, "events": store.run_events(instance, run["run_id"], after=int(after), limit=1000)}
+
+
+def _run_page(store: Store, ident: str, run_id: str, query: dict[str, str]) -> tuple[int, str]:
+    agent = agent_page.find_agent(store, ident)
+    if agent is None:
+        return agent_page.render(store, ident, query)  # its "no such agent" page
+    return run_page.render(store, agent["instance_id"], urllib.parse.unquote(run_id).strip("/"), query)
 
 
 # ---- `/` ---------------------------------------------------------------------------------------

@@ -39,9 +39,14 @@ def e(value: object) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def layout(title: str, content: str, now: float) -> str:
+def layout(title: str, content: str, now: float, refresh: bool | str = True) -> str:
+    """The page around `content`; `refresh=False` for a page that no longer changes (an ended run),
+    a URL to load that one instead (a live run's page: its newest event, `#end`)."""
     template = string.Template(Path(__file__).with_name("page.html").read_text(encoding="utf-8"))
-    return template.substitute(refresh=REFRESH_SECONDS, title=e(title), content=content,
+    target = f"; url={e(refresh)}" if isinstance(refresh, str) else ""
+    meta = f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}{target}">\n' if refresh else ""
+    note = f"refreshes every {REFRESH_SECONDS} s" if refresh else "does not refresh (nothing more will come)"
+    return template.substitute(refresh_meta=meta, refresh_note=note, title=e(title), content=content,
                                server_time=e(api.rfc3339(now)))
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, overload
 
-from caldera.plane import history
+from caldera.plane import history, runs
 from caldera.plane.governance import LLM_FIELDS, llm_config_status, merge_llm
 
 ONLINE_SECONDS, STALE_SECONDS = 45, 120
@@ -178,6 +178,8 @@ class Store:
             self._db.execute("PRAGMA busy_timeout=10000")
             self._db.executescript(_SCHEMA)
             self._db.executescript(history.SCHEMA)
+            with self._lock:
+                runs.migrate(self._db)
         except BaseException:
             self._db.close()  # not a database (or a locked one): nothing left open behind the error
             raise
@@ -186,6 +188,7 @@ class Store:
         self._history_pruned_at: float | None = None
         self._pruned_at = 0.0
         self.commands_kept = COMMANDS_KEPT  # finished commands kept per instance (the newest)
+        self.runs_kept = runs.RUNS_KEPT  # ended code-agent runs kept per instance (the newest)
 
     def close(self) -> None:
         with self._lock:
@@ -361,7 +364,7 @@ class Store:
                 gone[table] = db.execute(
                     f"DELETE FROM {table} WHERE received_at < ? AND id NOT IN "
                     f"(SELECT MAX(id) FROM {table} GROUP BY instance_id)", (cutoff,)).rowcount
-            gone["run_events"] = db.execute("DELETE FROM run_events WHERE received_at < ?", (cutoff,)).rowcount
+            gone.update(runs.prune(db, cutoff, self.runs_kept))
         return gone
 
     # ---- commands ----------------------------------------------------------------
@@ -394,6 +397,8 @@ class Store:
                          " timeout_seconds, issued_at) VALUES (?,?,?,?,?,?,?)",
                          (instance_id, command_type, _dumps(payload), "pending", key, timeout_seconds,
                           self.clock()))
+        if command_type == "agent_run":
+            runs.queued(db, instance_id, _row_id(cur), payload, self.clock())
         revision = payload.get("revision_id")
         if command_type == "apply_config_revision" and isinstance(revision, int) and not isinstance(revision, bool):
             db.execute("UPDATE instances SET desired_config_revision_id=? WHERE id=?", (revision, instance_id))
@@ -424,7 +429,7 @@ class Store:
     def start_command(self, instance_id: int, command_id: int, started_at: float | None) -> None:
         """pending/dispatched -> running; a running or finished command is left as it is."""
         with self._tx() as db:
-            row = db.execute("SELECT status FROM commands WHERE id=? AND instance_id=?",
+            row = db.execute("SELECT status, command_type, payload FROM commands WHERE id=? AND instance_id=?",
                              (command_id, instance_id)).fetchone()
             if row is None:
                 raise NotFound("instance command not found")
@@ -432,12 +437,14 @@ class Store:
             if row["status"] not in SKIP_START:
                 db.execute("UPDATE commands SET status='running', started_at=? WHERE id=?",
                            (started_at if started_at is not None else self.clock(), command_id))
+                if row["command_type"] == "agent_run":
+                    runs.started(db, instance_id, _loads(row["payload"]), self.clock())
 
     def finish_command(self, instance_id: int, command_id: int, status: str, result: Any,
                        error_message: str | None, finished_at: float | None) -> None:
         """Any non-terminal state -> succeeded|failed; a second finish changes nothing."""
         with self._tx() as db:
-            row = db.execute("SELECT status FROM commands WHERE id=? AND instance_id=?",
+            row = db.execute("SELECT status, command_type, payload FROM commands WHERE id=? AND instance_id=?",
                              (command_id, instance_id)).fetchone()
             if row is None:
                 raise NotFound("instance command not found")
@@ -448,6 +455,8 @@ class Store:
             db.execute("UPDATE commands SET status=?, result=?, error_message=?, finished_at=? WHERE id=?",
                        (status, _dumps(result), message,
                         finished_at if finished_at is not None else self.clock(), command_id))
+            if row["command_type"] == "agent_run":
+                runs.finished(db, instance_id, _loads(row["payload"]), result, message, self.clock())
 
     def commands(self, instance_id: int) -> list[dict[str, Any]]:
         rows = self._read("SELECT * FROM commands WHERE instance_id=? ORDER BY id", (instance_id,))
@@ -654,11 +663,38 @@ class Store:
     # ---- run events (caldera extension) ----------------------------------------------
 
     def add_run_events(self, instance_id: int, run_id: str, events: list[dict[str, Any]]) -> int:
+        """Store a batch of a run's events; how many were new (one sent again is kept once)."""
         now = self.clock()
         with self._tx() as db:
-            db.executemany("INSERT INTO run_events (run_id, instance_id, seq, received_at, event) VALUES (?,?,?,?,?)",
-                           [(run_id, instance_id, e.get("seq"), now, _dumps(e)) for e in events])
-        return len(events)
+            return runs.add_events(db, instance_id, run_id, events, now)
+
+    def run_exists(self, instance_id: int, run_id: str) -> bool:
+        with self._lock:
+            return runs.exists(self._db, instance_id, run_id)
+
+    def runs(self, instance_id: int, limit: int = 100) -> list[dict[str, Any]]:
+        """The instance's newest `limit` code-agent runs, newest first."""
+        with self._lock:
+            return runs.listing(self._db, instance_id, limit)
+
+    def run(self, run_id: str, instance_id: int | None = None) -> dict[str, Any] | None:
+        """One run's row and its command's status, or None."""
+        with self._lock:
+            return runs.one(self._db, run_id, instance_id)
+
+    def run_event_texts(self, instance_id: int, run_id: str, after: int = 0,
+                        limit: int = 1000) -> list[tuple[int, str]]:
+        """(seq, JSON text) of the run's events after seq `after`, in seq order (a replay parses what it shows)."""
+        with self._lock:
+            return runs.stored(self._db, instance_id, run_id, after, limit)
+
+    def run_events(self, instance_id: int, run_id: str, after: int = 0, limit: int = 1000,
+                   last: bool = False) -> list[dict[str, Any]]:
+        """The run's events after seq `after` (or with `last`, its last `limit`), in seq order."""
+        with self._lock:
+            if last:
+                return runs.last_events(self._db, instance_id, run_id, limit)
+            return runs.events(self._db, instance_id, run_id, after, limit)
 
 
 def go_json(content: Any) -> str:

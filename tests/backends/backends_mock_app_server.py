@@ -12,6 +12,7 @@ The script (JSON) says what to do:
   "turn_start": same shape      the turn/start answer
   "on_turn": [steps]            after turn/start; a step is a message to send (strings
                                 "$THREAD", "$TURN" and "$ENV:NAME" are substituted) or
+                                ("$NOW": the Unix time as the step is sent)
                                 {"raw": line} | {"exit": rc} | {"sleep": s} |
                                 {"exit": rc, "late_stderr": [s, line]} (close stdout, exit;
                                 a child writes line to stderr s later) |
@@ -37,7 +38,8 @@ def send(obj):
 def subst(value):
     if isinstance(value, str):
         value = re.sub(r"\$ENV:([A-Za-z_][A-Za-z0-9_]*)", lambda m: os.environ.get(m.group(1), ""), value)
-        return value.replace("$THREAD", THREAD).replace("$TURN", TURN)
+        value = value.replace("$THREAD", THREAD).replace("$TURN", TURN)
+        return value.replace("$NOW", repr(time.time())) if "$NOW" in value else value
     if isinstance(value, list):
         return [subst(v) for v in value]
     if isinstance(value, dict):

@@ -79,7 +79,8 @@ def test_commands_and_flags(agents):
     assert {"--agent", "--json", "--watch", "--manifest", "--state-dir"} <= set(flags)
     assert complete(bindir, "caldera", "settings", "") == ["get", "set"]
     assert "--history-days" in complete(bindir, "caldera", "plane", "serve", "--h")
-    assert complete(bindir, "caldera", "plane", "") == ["serve", "enqueue", "agents", "commands", "reports", "revision"]
+    assert complete(bindir, "caldera", "plane", "") == ["serve", "enqueue", "agents", "commands", "reports", "revision",
+                                                                 "turn", "runs", "run"]
 
 
 def test_agent_names_from_the_config_directory(agents):

@@ -2,11 +2,12 @@
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 from adapter_helpers import REPO, calls, copy_example, make_agent, workdir
 
-from caldera.cli import main
+from caldera.cli import main, verbs
 
 
 def _run(capsys, *argv):
@@ -107,3 +108,81 @@ def test_local_verbs_import_neither_requests_nor_jsonschema_nor_yaml_when_warm(t
     warm = subprocess.run([sys.executable, "-c", probe, "pause", *args], capture_output=True, text=True,
                           cwd=REPO, check=True).stdout.strip().splitlines()[-1]
     assert warm == "HEAVY [] 0"
+
+
+# ---- `caldera log --run RUN_ID [--follow]` and the run logs in `--list` (issue 40) ----------------
+
+SECRET = "agt_boot_leakedtoken123"
+
+
+@pytest.fixture
+def run_agent(tmp_path, caldera_env):
+    paths = make_agent(tmp_path, "recorder.py")
+    (paths.config_dir / "secrets.env").write_text(f"CALDERA_TOKEN={SECRET}\n")
+    (paths.config_dir / "secrets.env").chmod(0o600)
+    (paths.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+    return paths
+
+
+def _event(seq, type_, **data):
+    return "2026-12-05T09:00:00.000Z event " + json.dumps(
+        {"run_id": "r1", "seq": seq, "ts": "2026-12-05T09:00:00.000Z", "type": type_, "data": data},
+        separators=(",", ":")) + "\n"
+
+
+def test_a_run_log_is_printed_redacted_and_listed(run_agent, capsys):
+    log = run_agent.state_dir / "logs" / "run-r1.log"
+    log.write_text("2026-12-05T09:00:00.000Z note run r1 requested: backend codex\n"
+                   f"2026-12-05T09:00:01.000Z s2c the key is {SECRET}\n"
+                   + _event(1, "terminal_status", status="completed"))
+    code, out, err = _run(capsys, "log", "--run", "r1", *_flags(run_agent))
+    assert code == 0 and err == ""
+    assert "run r1 requested" in out and SECRET not in out and '"terminal_status"' in out
+    code, out, _ = _run(capsys, "log", *_flags(run_agent))
+    assert code == 0 and out.startswith("run-20261003-124101.log\n")  # the adapter's names first, as before
+    assert "--run RUN_ID" in out and out.rstrip().endswith("r1")
+    code, out, _ = _run(capsys, "log", "--list", "--json", *_flags(run_agent))
+    assert json.loads(out)["runs"] == ["r1"] and json.loads(out)["logs"] == ["run-20261003-124101.log"]
+
+
+def test_a_missing_run_log_and_a_bad_run_id_are_said(run_agent, capsys):
+    code, _, err = _run(capsys, "log", "--run", "nope", *_flags(run_agent))
+    assert code == 1 and "There is no run log for nope" in err and "--list" in err
+    code, _, err = _run(capsys, "log", "--run", "../x", *_flags(run_agent))
+    assert code == 2 and "run_id" in err
+
+
+def test_a_long_run_log_prints_its_tail(run_agent, capsys, monkeypatch):
+    monkeypatch.setattr(verbs, "RUN_TAIL_BYTES", 1000)
+    (run_agent.state_dir / "logs" / "run-r1.log").write_text("".join(f"2026 note line {n}\n" for n in range(500)))
+    code, out, _ = _run(capsys, "log", "--run", "r1", *_flags(run_agent))
+    assert code == 0 and out.startswith("(the first ") and "line 499\n" in out and "line 0\n" not in out
+    assert all(line.startswith(("2026 note line", "(the first")) for line in out.splitlines())
+
+
+def test_follow_prints_what_the_run_adds_and_ends_after_its_terminal_event(run_agent, capsys, monkeypatch):
+    monkeypatch.setattr(verbs, "FOLLOW_POLL", 0.05)
+    monkeypatch.setattr(verbs, "FOLLOW_QUIET_AFTER_END", 0.2)
+    log = run_agent.state_dir / "logs" / "run-r1.log"
+    log.write_text(_event(1, "assistant_message", text="first"))
+    written = threading.Event()
+
+    def grow():
+        with open(log, "a") as fh:
+            fh.write(_event(2, "tool_call", command="make", status="started"))
+            fh.flush()
+            fh.write(f"2026 s2c {SECRET} par")  # half a line: printed once whole
+            fh.flush()
+            threading.Event().wait(0.2)
+            fh.write("tial\n" + _event(3, "terminal_status", status="completed"))
+        written.set()
+
+    threading.Timer(0.2, grow).start()
+    code, out, _ = _run(capsys, "log", "--run", "r1", "--follow", *_flags(run_agent))
+    assert code == 0 and written.is_set()
+    assert [line.split(" ", 2)[1] for line in out.splitlines()] == ["event", "event", "s2c", "event"]
+    assert out.count("par") == 1 and " partial\n" in out and SECRET not in out and out.rstrip().endswith("}}")
+
+
+def test_follow_without_run_is_a_usage_error(run_agent, capsys):
+    assert _run(capsys, "log", "--follow", *_flags(run_agent))[0] == 2

@@ -434,7 +434,7 @@ def _event(run_id, seq, type_="assistant_message"):
 
 def test_run_events_are_stored_in_order(plane, agent):
     resp = agent.post("/runs/r1/events", {"agent_id": AGENT, "events": [_event("r1", 0), _event("r1", 1)]})
-    assert resp.status_code == 200 and resp.json()["data"] == {"accepted": 2}
+    assert resp.status_code == 200 and resp.json()["data"] == {"accepted": 2, "stored": 2}
     agent.post("/runs/r1/events", {"agent_id": AGENT, "events": [_event("r1", 2, "terminal_status")]})
     assert [e["seq"] for e in run_events(plane.store, "r1")] == [0, 1, 2]
 
