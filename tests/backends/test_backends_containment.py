@@ -139,16 +139,19 @@ def _attempts(host: Host, projection: Path) -> dict[str, str]:
         "write-outside": f"echo planted > {host.outside}/planted; echo CALDERA_TOKEN=planted >> {other}/agent.env",
         "loopback-connect": f"echo hello > /dev/tcp/127.0.0.1/{host.tcp.sock.getsockname()[1]}",
         # what a hostile reviewer adds: another run's HOME and TMPDIR, systemd's credentials,
-        # a unix socket of this account in the shared /tmp
+        # a unix socket of this account in the shared /tmp, unmounting what hides the roots
         "other-run-home-tmp": f"cat {var}/other/runs/r9/home/notes {var}/other/runs/r9/tmp/scratch",
         "credentials-directory": f"cat {host.creds}/*",
+        "unmount-what-hides": (f"grep CapEff /proc/self/status; for d in {host.etc} {var} {host.creds}; "
+                               f"do umount -l $d; done 2>&1; cat {other}/secrets.env {var}/other/session.json"),
         "unix-socket": ("python3 -c 'import socket, sys; s = socket.socket(socket.AF_UNIX); "
                         f"s.connect(sys.argv[1]); s.send(b\"hi\")' {host.unix_path}"),
     }
 
 
 ATTEMPTS = ["other-secrets-env", "other-session-json", "own-projection", "environment", "proc-environ",
-            "write-outside", "loopback-connect", "other-run-home-tmp", "credentials-directory", "unix-socket"]
+            "write-outside", "loopback-connect", "other-run-home-tmp", "credentials-directory", "unix-socket",
+            "unmount-what-hides"]
 
 
 @pytest.fixture(params=sorted(DRIVERS), ids=sorted(DRIVERS))

@@ -24,6 +24,7 @@ from caldera.backends import failures as fk
 from caldera.backends import leftovers
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
 from caldera.backends.codex import config as codex_config
+from caldera.backends.codex import sandbox
 from caldera.backends.codex.appserver import AppServer, Batch, Message
 from caldera.backends.codex.normalize import Normalizer
 from caldera.backends.events import EVENT_TYPES, EventSink
@@ -32,6 +33,7 @@ from caldera.errors import ConfigError
 from caldera.host import proc
 
 if TYPE_CHECKING:
+    from caldera.backends.confine import Box
     from caldera.redact import Redactor
 
 REQUEST_TIMEOUT = 30.0  # initialize / thread/start / turn/start
@@ -105,6 +107,7 @@ class CodexContext:
     run_dir: Path
     plan: codex_config.ProviderPlan
     deadline: float  # time.monotonic() of the policy timeout
+    box: Box | None  # caldera's bubblewrap around the app-server (codex/sandbox.py); None: none
     cancel: threading.Event | None = None  # the command's cancel (timeout or operator)
     cancel_is_timeout: Callable[[], bool] | None = None  # was the cancel the command's own deadline?
     interrupt_event: threading.Event = field(default_factory=threading.Event)
@@ -146,10 +149,12 @@ class CodexBackend(Backend[CodexContext]):
         for value in plan.secret_values:
             redactor.add(value)
         binary = find_binary(environment.env)
+        # confined=False is for an operator whose container is the sandbox (no bubblewrap of caldera's)
+        box, commands = sandbox.plan(environment, binary, environment.env.get("PATH") or DEFAULT_PATH, confined=True)
         sink.emit("backend_status", {
             "phase": "starting", "backend": "codex", "profile": run.backend_profile, "binary": binary,
             "provider": plan.provider, "model": plan.model, "base_url": plan.base_url,
-            "provider_source": plan.source, "policy": run.policy.as_dict()})
+            "provider_source": plan.source, "policy": run.policy.as_dict(), "commands": commands})
         if not binary:
             raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED,
                                     "no Codex binary: set CALDERA_CODEX_BIN or put codex on PATH")
@@ -157,7 +162,7 @@ class CodexBackend(Backend[CodexContext]):
             raise fk.BackendFailure(fk.BACKEND_FAILED, f"workspace {run.workspace} is not a directory")
         run_dir = Path(environment.runs_dir) / run.run_id
         context = CodexContext(run=run, environment=environment, sink=sink, normalizer=Normalizer(sink),
-                               binary=binary, run_dir=run_dir, plan=plan,
+                               binary=binary, run_dir=run_dir, plan=plan, box=box,
                                deadline=time.monotonic() + run.policy.timeout_seconds)
         try:
             request_retries, stream_retries = config.codex_retries(
@@ -195,7 +200,8 @@ class CodexBackend(Backend[CodexContext]):
         return env
 
     def start_turn(self, context: CodexContext) -> None:
-        server = AppServer([context.binary, "app-server"], self._process_env(context),
+        argv = sandbox.argv(context.box, context.run, context.run_dir, [context.binary, "app-server"])
+        server = AppServer(argv, self._process_env(context),
                            context.run.workspace, context.sink.runlog, context.redactor)
         context.server = server
         server.start()
