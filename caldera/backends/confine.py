@@ -127,7 +127,7 @@ class Box:
             args += ["--ro-bind-try", path, path]
         binds = [("--bind", p) for p in writable] + [("--ro-bind", p) for p in read_only]
         for flag, path in sorted(binds, key=lambda bind: bind[1].rstrip("/").count("/")):  # outer first
-            again = [p for p in (*covered, *self.hidden) if inside(p, path)]
+            again = outermost(p for p in (*SHARED, *self.covered, *self.hidden) if inside(p, path))
             args += [flag, path, path, *hide(again)]
         return [*args, "--"]
 
