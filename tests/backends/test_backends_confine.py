@@ -104,3 +104,22 @@ def test_a_bug_in_the_sandbox_entry_never_costs_the_report(monkeypatch):
     monkeypatch.setattr("caldera.daemon.governance.sandboxes", broken)
     current = SimpleNamespace(settings=SimpleNamespace(env={}))
     assert SandboxHealth(current, Redactor())() == {}
+
+
+def test_where_bubblewrap_cannot_start_the_run_and_the_report_say_so(tmp_path):
+    """No user namespaces: a bwrap that fails (as it does there) on the run's PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "bwrap").write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    (bin_dir / "bwrap").chmod(0o755)
+    (bin_dir / "true").symlink_to("/bin/true")
+    assert confine.unavailable(str(bin_dir)) == "bubblewrap cannot start here (no unprivileged user namespaces?)"
+    script = {"on_turn": [{"method": "turn/completed", "params": {"turn": {"id": "$TURN", "status": "completed"}}}]}
+    env = environment(tmp_path, mock_binary(tmp_path, script), write_projection(tmp_path), PATH=str(bin_dir))
+    result, events = execute(request(workspace(tmp_path)), env)
+    said = of_type(events, "backend_status")[0]["commands"]
+    assert result["status"] == "completed" and "cannot start here" in said and "own sandbox only" in said
+    agent_env = {"PATH": str(bin_dir), "CALDERA_WORKSPACE_ROOTS": str(tmp_path),
+                 "CALDERA_CODEX_BIN": mock_binary(tmp_path, script)}
+    current = SimpleNamespace(settings=SimpleNamespace(env=agent_env))
+    assert "cannot start here" in SandboxHealth(current, Redactor())()["code_agent_sandbox"]["codex"]
