@@ -27,13 +27,9 @@ import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from caldera.backends import leftovers
 from caldera.host import proc
-
-if TYPE_CHECKING:
-    from caldera.backends.base import Environment
 
 PROBE_TIMEOUT = 10.0
 SHARED = ("/tmp", "/var/tmp", "/run")  # every account's: other runs' files and sockets
@@ -67,11 +63,10 @@ def outermost(paths: Iterable[str]) -> list[str]:
     return [p for p in ordered if not any(inside(p, q) for q in ordered)]
 
 
-def runtime_roots(environment: Environment) -> list[str]:
-    """The runtime's roots, as the Environment names them: the config and state roots, the
-    instance's persistent dir, and every private dir of this uid's Claude Code runs."""
-    found = [environment.config_root, environment.state_root, environment.persistent_dir,
-             str(leftovers.private_root())]
+def runtime_roots(config_root: str | None, state_root: str | None, persistent_dir: str | None) -> list[str]:
+    """The runtime's roots (as a run's Environment names them): the config and state roots,
+    the instance's persistent dir, and every private dir of this uid's Claude Code runs."""
+    found = [config_root, state_root, persistent_dir, str(leftovers.private_root())]
     return sorted({os.path.realpath(p) for p in found if p} - {"/"})
 
 

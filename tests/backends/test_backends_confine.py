@@ -32,7 +32,7 @@ def test_the_box_covers_the_roots_and_binds_back_only_the_run_and_its_workspace(
     env = base.Environment(redactor=Redactor(), logs_dir=str(var / "a1" / "logs"), runs_dir=str(var / "a1" / "runs"),
                            secrets_dir=str(etc / "agents" / "a1" / "secrets"), config_root=str(etc),
                            state_root=str(var))
-    box = confine.Box("/usr/bin/bwrap", tuple(confine.runtime_roots(env)),
+    box = confine.Box("/usr/bin/bwrap", tuple(confine.runtime_roots(env.config_root, env.state_root, None)),
                       tuple(confine.private_paths(env.secrets_dir, str(var / "a1"), None)), flags=sandbox.FLAGS)
     run = SimpleNamespace(workspace=str(ws), policy=SimpleNamespace(sandbox="workspace-write"))
     argv = sandbox.argv(box, run, var / "a1" / "runs" / "r1", ["/opt/codex/bin/codex", "app-server"])

@@ -42,7 +42,7 @@ def plan(environment: Environment, binary: str | None, path: str,
     assert found is not None  # unavailable() said it is there
     state_dir = os.path.dirname(os.path.abspath(environment.logs_dir))
     hidden = confine.private_paths(environment.secrets_dir, state_dir, environment.credentials_dir)
-    covered = confine.runtime_roots(environment)
+    covered = confine.runtime_roots(environment.config_root, environment.state_root, environment.persistent_dir)
     box = confine.Box(bwrap=found[0], covered=tuple(covered), hidden=tuple(hidden),
                       readable=confine.resolv_binds((*confine.SHARED, *covered, *hidden)), flags=FLAGS)
     return box, "confined (caldera's bubblewrap: the runtime's roots hidden; Codex's own sandbox inside it)"
