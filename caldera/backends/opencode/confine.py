@@ -1,5 +1,9 @@
 """What keeps the agent's commands inside the execution policy: OpenCode has no sandbox.
 
+The pieces every backend's bubblewrap shares (the covered roots, the hidden private paths, the
+probes, the process's `Box`) are backends/confine.py's; this module adds OpenCode's: the
+commands' wrapper and its workspaces list, the server's own dir.
+
 OpenCode runs each Bash command with the shell `$SHELL` names (an absolute path to a file:
 measured on 1.18.33, called as `SHELL -c COMMAND` in the command's directory). The agent's
 server is started with `SHELL=<server dir>/bin/bash`, a wrapper that drops the server's
