@@ -17,6 +17,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
+import pytest
 from backends_fake_anthropic import FakeAnthropic
 from backends_fake_chat import FakeChat
 from backends_fake_provider import FakeProvider
@@ -55,6 +56,17 @@ class Driver(Protocol):
 
     invalid_line: str  # a JSON line that lacks a field the protocol requires
     caps_retry_after: bool  # whether a provider's long Retry-After is shortened (else the test sends none)
+
+
+def require(found: Driver) -> Driver:
+    """`found` when its CLI is there; else the test skips, or fails where its
+    CALDERA_REQUIRE_<BACKEND>=1 (CI)."""
+    if found.binary() is None:
+        reason = f"the real {found.profile} CLI is not available ({found.bin_var} unset or not executable)"
+        if os.environ.get(found.require_var) == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return found
 
 
 def interpreter() -> str:

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from backends_drivers import CANARY, DRIVERS
+from backends_drivers import CANARY, DRIVERS, require
 from test_backends_contract import Turn
 
 RAN = "attempt-ran"
@@ -156,13 +156,7 @@ ATTEMPTS = ["other-secrets-env", "other-session-json", "own-projection", "enviro
 
 @pytest.fixture(params=sorted(DRIVERS), ids=sorted(DRIVERS))
 def driver(request):
-    found = DRIVERS[request.param]
-    if found.binary() is None:
-        reason = f"the real {found.profile} CLI is not available ({found.bin_var} unset or not executable)"
-        if os.environ.get(found.require_var) == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return found
+    return require(DRIVERS[request.param])
 
 
 @pytest.mark.parametrize("attempt", ATTEMPTS)

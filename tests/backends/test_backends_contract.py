@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from backends_drivers import CANARY, DRIVERS
+from backends_drivers import CANARY, DRIVERS, require
 
 from caldera.backends import base, service
 from caldera.backends import failures as fk
@@ -39,13 +39,7 @@ def _drivers_closed():
 
 @pytest.fixture(params=sorted(DRIVERS), ids=sorted(DRIVERS))
 def driver(request):
-    found = DRIVERS[request.param]
-    if found.binary() is None:
-        reason = f"the real {found.profile} CLI is not available ({found.bin_var} unset or not executable)"
-        if os.environ.get(found.require_var) == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return found
+    return require(DRIVERS[request.param])
 
 
 class Turn:
