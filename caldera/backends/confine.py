@@ -127,9 +127,12 @@ class Box:
         return [*args, "--"]
 
 
-def which(path: str) -> tuple[str, str] | None:
-    """(bwrap, true) on `path`, or None without bubblewrap."""
+def which(path: str, bundled: str | None = None) -> tuple[str, str] | None:
+    """(bwrap, true): bubblewrap on `path`, else `bundled` (a CLI's own copy) where it is an
+    executable file; None without either."""
     bwrap, true = shutil.which("bwrap", path=path), shutil.which("true", path=path)
+    if bwrap is None and bundled and os.path.isfile(bundled) and os.access(bundled, os.X_OK):
+        bwrap = bundled
     return (bwrap, true) if bwrap and true else None
 
 
@@ -149,10 +152,11 @@ def nests(bwrap: str, true: str) -> bool:
     return proc.run(argv, env={"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT, stdout_cap=1024).ok
 
 
-def unavailable(path: str) -> str | None:
+def unavailable(path: str, bundled: str | None = None) -> str | None:
     """Why no Box can hold a CLI whose own sandbox must nest in it (None: one can): the
-    sentence `backend_status` says."""
-    found = which(path)
+    sentence `backend_status` says. `bundled`: the CLI's own bubblewrap, used without one on
+    `path`."""
+    found = which(path, bundled)
     if found is None:
         return "bubblewrap (bwrap) is not on PATH"
     if not works(*found):

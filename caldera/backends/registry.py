@@ -146,8 +146,17 @@ def sandboxes(env: Mapping[str, str]) -> dict[str, str]:
         return {}
     from caldera.backends.confine import unavailable
 
-    why = unavailable(env.get("PATH") or "/usr/local/bin:/usr/bin:/bin")
-    return {profile: "bubblewrap" if why is None else f"{UNBOXED[profile]} ({why})" for profile in profiles}
+    path = env.get("PATH") or "/usr/local/bin:/usr/bin:/bin"
+    found = {}
+    for profile in profiles:
+        bundled = None
+        if profile == "codex":  # Codex's box falls back on the bubblewrap its package bundles
+            from caldera.backends.codex.binary import bundled_bwrap, find_binary
+
+            bundled = bundled_bwrap(find_binary(env))
+        why = unavailable(path, bundled)
+        found[profile] = "bubblewrap" if why is None else f"{UNBOXED[profile]} ({why})"
+    return found
 
 
 def capabilities(env: Mapping[str, str] | None = None) -> list[str]:

@@ -184,3 +184,24 @@ def test_a_command_reaches_nothing_of_the_runtime_nor_the_other_agent(driver, ho
     assert (host.etc / "agents" / "other" / "agent.env").read_text() == other_env
     assert (host.tcp.accepted, host.unix.accepted) == (tcp_before, unix_before), attempt
     turn.assert_nothing_left(log)
+
+
+def test_without_bubblewrap_on_path_codex_is_boxed_by_the_one_its_package_bundles(host, tmp_path):
+    """A host without the bubblewrap package: Codex's own sandbox uses the bwrap its npm package
+    bundles, and so does caldera's box around it (the roots stay hidden)."""
+    codex = require(DRIVERS["codex"])
+    farm = tmp_path / "bin"  # the PATH's programs, bubblewrap left out
+    farm.mkdir()
+    for directory in os.environ.get("PATH", "/usr/bin:/bin").split(":"):
+        for name in os.listdir(directory) if os.path.isdir(directory) else ():
+            if name != "bwrap" and not (farm / name).exists():
+                (farm / name).symlink_to(os.path.join(directory, name))
+    (host.workspace / "attempt-bundled.sh").write_text(f"cat {host.etc}/agents/other/secrets.env\necho {RAN}\n")
+    (host.var / "coder" / "logs" / "run-run-1.log").unlink(missing_ok=True)
+    turn = Turn(codex, tmp_path, [codex.command("bash attempt-bundled.sh"), codex.text("done")],
+                workspace=host.workspace, config_dir=host.coder_config, state_dir=host.var / "coder",
+                extra_env={"PATH": str(farm)}, fields={"config_root": str(host.etc), "state_root": str(host.var)})
+    assert turn.terminal["status"] == "completed", turn.events
+    assert turn.of("backend_status")[0]["commands"].startswith("confined"), turn.events[0]
+    assert RAN in turn.posts[1]["body"] and host.marks["OTHERBOOT"] not in turn.posts[1]["body"]
+    turn.assert_no_leak()

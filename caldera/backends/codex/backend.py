@@ -26,6 +26,7 @@ from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, Ru
 from caldera.backends.codex import config as codex_config
 from caldera.backends.codex import sandbox
 from caldera.backends.codex.appserver import AppServer, Batch, Message
+from caldera.backends.codex.binary import DEFAULT_PATH, find_binary
 from caldera.backends.codex.normalize import Normalizer
 from caldera.backends.events import EVENT_TYPES, EventSink
 from caldera.backends.registry import gateway_settings
@@ -41,35 +42,7 @@ INTERRUPT_GRACE = 5.0  # after turn/interrupt on cancel, before the kill
 TIMEOUT_GRACE = 2.0  # after turn/interrupt on the policy deadline, before the kill
 POLL = 0.05  # the turn loop's tick: how often it looks at its stop reasons while codex is quiet
 STDERR_SETTLE = 2.0  # after an early exit: how long to wait for the stderr that explains it
-DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
-TRIPLES = {"x86_64": ("codex-linux-x64", "x86_64-unknown-linux-musl"),
-           "aarch64": ("codex-linux-arm64", "aarch64-unknown-linux-musl")}
 _ExcInfo = tuple[type[BaseException], BaseException, TracebackType]
-
-
-# ---------------------------------------------------------------- the binary
-
-def find_binary(env: Mapping[str, str]) -> str | None:
-    """CALDERA_CODEX_BIN, else `codex` on PATH (the npm wrapper resolved to its native binary)."""
-    explicit = config.codex_binary(env)
-    if explicit:
-        return explicit
-    found = shutil.which("codex", path=env.get("PATH") or DEFAULT_PATH)
-    return native_for(found) if found else None
-
-
-def native_for(path: str) -> str:
-    """The native binary inside the npm package when `path` is its Node wrapper (bin/codex.js)."""
-    real = os.path.realpath(path)
-    if not real.endswith(".js"):
-        return path
-    package = Path(real).parent.parent  # node_modules/@openai/codex
-    pkg, triple = TRIPLES.get(os.uname().machine, TRIPLES["x86_64"])
-    for base in (package / "node_modules" / "@openai", package.parent):
-        candidate = base / pkg / "vendor" / triple / "bin" / "codex"
-        if os.access(candidate, os.X_OK):
-            return str(candidate)
-    return path
 
 
 # ---------------------------------------------------------------- the turn

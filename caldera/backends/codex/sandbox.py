@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from caldera.backends import confine
+from caldera.backends.codex.binary import bundled_bwrap
 
 if TYPE_CHECKING:
     from caldera.backends.base import Environment, RunRequest
@@ -34,11 +35,12 @@ def plan(environment: Environment, binary: str | None, path: str,
     `confined` False leaves it out (an operator whose container is the sandbox)."""
     if not confined:
         return None, "Codex's own sandbox only (caldera's bubblewrap is off): the runtime's roots are readable"
-    why = confine.unavailable(path)
+    bundled = bundled_bwrap(binary)
+    why = confine.unavailable(path, bundled)
     if why is not None:
         return None, (f"Codex's own sandbox only ({why}): its commands read every file this account can, "
                       "other agents' secrets.env and session.json included")
-    found = confine.which(path)
+    found = confine.which(path, bundled)
     assert found is not None  # unavailable() said it is there
     state_dir = os.path.dirname(os.path.abspath(environment.logs_dir))
     hidden = confine.private_paths(environment.secrets_dir, state_dir, environment.credentials_dir)
