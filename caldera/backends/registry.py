@@ -149,12 +149,11 @@ def sandboxes(env: Mapping[str, str]) -> dict[str, str]:
     path = env.get("PATH") or "/usr/local/bin:/usr/bin:/bin"
     found = {}
     for profile in profiles:
-        bundled = None
-        if profile == "codex":  # Codex's box falls back on the bubblewrap its package bundles
+        why = unavailable(path)
+        if why is not None and profile == "codex":  # its box falls back on the bwrap its package bundles
             from caldera.backends.codex.binary import bundled_bwrap, find_binary
 
-            bundled = bundled_bwrap(find_binary(env))
-        why = unavailable(path, bundled)
+            why = unavailable(path, bundled_bwrap(find_binary(env)))
         found[profile] = "bubblewrap" if why is None else f"{UNBOXED[profile]} ({why})"
     return found
 

@@ -4,8 +4,11 @@ real CLIs against it)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
+import pytest
 from backends_helpers import environment, execute, mock_binary, of_type, request, workspace, write_projection
 
 from caldera.backends import base, confine, registry
@@ -123,3 +126,22 @@ def test_where_bubblewrap_cannot_start_the_run_and_the_report_say_so(tmp_path):
                  "CALDERA_CODEX_BIN": mock_binary(tmp_path, script)}
     current = SimpleNamespace(settings=SimpleNamespace(env=agent_env))
     assert "cannot start here" in SandboxHealth(current, Redactor())()["code_agent_sandbox"]["codex"]
+
+
+def test_the_state_reports_entry_imports_no_backend_where_bubblewrap_is_on_path(tmp_path):
+    """The daemon's report asks registry.sandboxes: with bubblewrap on PATH it loads confine.py
+    alone, none of Codex's or OpenCode's modules (docs/performance.md, section 2)."""
+    if not _bwrap_works():
+        pytest.skip("bubblewrap cannot start here")
+    codex = tmp_path / "codex"
+    codex.write_text("#!/bin/sh\n")
+    codex.chmod(0o755)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CALDERA_CODEX_BIN": str(codex),
+           "CALDERA_WORKSPACE_ROOTS": str(tmp_path)}
+    code = ("import sys; from caldera.backends import registry; "
+            f"print(registry.sandboxes({env!r}), "
+            "sorted(m for m in sys.modules if m.startswith('caldera.backends.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout
+    loaded = "['caldera.backends.confine', 'caldera.backends.leftovers', 'caldera.backends.registry']"
+    assert out.strip() == "{'codex': 'bubblewrap'} " + loaded, out
