@@ -10,6 +10,9 @@
 2. Overhead on a real minimal turn against the local fake provider: caldera's
    `service.execute` vs a bare script driving `codex app-server` itself (both with a
    fresh CODEX_HOME each time). Target <= 1.15x. Needs CALDERA_CODEX_BIN.
+3. What caldera's bubblewrap around the app-server costs (issue 43): the same caldera turn
+   with it and without it (`codex/sandbox.plan(confined=False)`), interleaved with the two
+   above. Target <= 1.1x.
 
 Usage: python bench/bench_codex.py [--lines N] [--turns N]
 """
@@ -25,6 +28,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -188,16 +192,27 @@ def _bare_turn(binary: str, base_url: str, key: str, ws: str, tmp: Path) -> floa
     return time.perf_counter() - started
 
 
-def _caldera_turn(binary: str, base_url: str, key: str, tmp: Path, n: int) -> float:
+def _caldera_turn(binary: str, base_url: str, key: str, tmp: Path, n: int, confined: bool = True) -> float:
     from backends_helpers import environment, execute, request, write_projection
 
+    from caldera.backends.codex import sandbox
+
     started = time.perf_counter()
-    root = tmp / f"c{n}"
+    root = tmp / f"c{n}{'' if confined else 'u'}"
     root.mkdir()
     sec = write_projection(root, base_url=base_url, key=key)
     env = environment(root, binary, sec)
-    result, _ = execute(request(tmp / "ws", run_id=f"b{n}"), env)
+    real = sandbox.plan
+
+    def plan(*args: Any, **kw: Any) -> Any:
+        return real(*args, **{**kw, "confined": confined and kw.get("confined", True)})
+    sandbox.plan = plan
+    try:
+        result, events = execute(request(tmp / "ws", run_id=f"b{n}"), env)
+    finally:
+        sandbox.plan = real
     assert result["status"] == "completed", result
+    assert events[0]["data"]["commands"].startswith("confined") == confined, events[0]
     return time.perf_counter() - started
 
 
@@ -207,7 +222,7 @@ def bench_overhead(turns: int) -> dict | None:
         return None
     from backends_fake_provider import FakeProvider
 
-    bare, ours = [], []
+    bare, ours, unconfined = [], [], []
     with tempfile.TemporaryDirectory(prefix="bench-codex-turns-") as name, \
             FakeProvider([{"text": "Hello from the fake model."}]) as provider:
         tmp = Path(name)
@@ -216,8 +231,10 @@ def bench_overhead(turns: int) -> dict | None:
         for n in range(turns):  # interleaved, so drift hits both alike
             bare.append(_bare_turn(binary, provider.url, CANARY, str(tmp / "ws"), tmp))
             ours.append(_caldera_turn(binary, provider.url, CANARY, tmp, n))
-    b, o = statistics.median(bare), statistics.median(ours)
-    return {"turns": turns, "bare_median_s": round(b, 3), "caldera_median_s": round(o, 3), "ratio": round(o / b, 3)}
+            unconfined.append(_caldera_turn(binary, provider.url, CANARY, tmp, n, confined=False))
+    b, o, u = statistics.median(bare), statistics.median(ours), statistics.median(unconfined)
+    return {"turns": turns, "bare_median_s": round(b, 3), "caldera_median_s": round(o, 3), "ratio": round(o / b, 3),
+            "unconfined_median_s": round(u, 3), "sandbox_ratio": round(o / u, 3)}
 
 
 def main() -> int:
@@ -241,6 +258,8 @@ def main() -> int:
     else:
         print(f"overhead: bare codex turn {over['bare_median_s']} s, caldera turn {over['caldera_median_s']} s, "
               f"ratio {over['ratio']} (target <= 1.15), median of {over['turns']}")
+        print(f"sandbox: caldera turn without its bubblewrap {over['unconfined_median_s']} s, with it "
+              f"{over['caldera_median_s']} s, ratio {over['sandbox_ratio']} (target <= 1.1)")
     return 0
 
 

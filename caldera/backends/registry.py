@@ -127,6 +127,36 @@ def installed(profile: str, env: Mapping[str, str]) -> bool:
     return shutil.which(program, path=env.get("PATH") or os.defpath) is not None
 
 
+# the backends whose runs caldera's bubblewrap confines (backends/confine.py), and what their
+# commands get where it cannot
+UNBOXED = {"codex": "Codex's own sandbox only: its commands read every file this account can",
+           "opencode": "Bash denied"}
+
+
+def sandboxes(env: Mapping[str, str]) -> dict[str, str]:
+    """What confines the commands of each installed backend of UNBOXED, as the state report
+    says it (`health.code_agent_sandbox`): "bubblewrap", or what a run gets without it and
+    why. {} without workspace roots (no run can start) or such a backend. Bubblewrap is
+    probed once per process (backends/confine.py, imported only then)."""
+    if not config.workspace_roots(env):
+        return {}
+    profiles = [profile for profile in UNBOXED if installed(profile, env)]
+    if not profiles:
+        return {}
+    from caldera.backends.confine import unavailable
+
+    path = env.get("PATH") or "/usr/local/bin:/usr/bin:/bin"
+    found = {}
+    for profile in profiles:
+        why = unavailable(path)
+        if why is not None and profile == "codex":  # its box falls back on the bwrap its package bundles
+            from caldera.backends.codex.binary import bundled_bwrap, find_binary
+
+            why = unavailable(path, bundled_bwrap(find_binary(env)))
+        found[profile] = "bubblewrap" if why is None else f"{UNBOXED[profile]} ({why})"
+    return found
+
+
 def capabilities(env: Mapping[str, str] | None = None) -> list[str]:
     """Capability strings for `register.capabilities` (cheap: no process is started):
     `backend.<profile>` for each profile whose CLI is installed."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from caldera import config
 from caldera.agents.narrow import as_process_driver
 from caldera.backends.registry import llm_configs as backend_llm_configs
+from caldera.backends.registry import sandboxes
 from caldera.host.loopguard import LoopGuard
 from caldera.protocol.llm import confirmed, platform_gateways, report_fields
 
@@ -63,3 +64,23 @@ class LLMFields:
             return {}
         self.guard.ok()
         return fields
+
+
+class SandboxHealth:
+    """`health.code_agent_sandbox` for `Reports`: what confines the commands of the agent's
+    code-agent runs here (registry.sandboxes: caldera's bubblewrap, or what a run gets without
+    it and why), so that a host where it cannot start says so before any run. A bug in it never
+    costs a report (the entry is left out, the error logged once while it repeats)."""
+
+    def __init__(self, current: Current, redactor: Redactor) -> None:
+        self.current = current
+        self.guard = LoopGuard(log, "the code-agent sandbox entry of the state report", redact=redactor)
+
+    def __call__(self) -> dict[str, Any]:
+        try:
+            found = sandboxes(self.current.settings.env)
+        except Exception as exc:  # noqa: BLE001 -- logged by the guard; the report goes out
+            self.guard.failed(exc)
+            return {}
+        self.guard.ok()
+        return {"code_agent_sandbox": found} if found else {}

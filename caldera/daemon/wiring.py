@@ -22,7 +22,7 @@ from caldera.agents.updates import load_effective
 from caldera.backends.registry import ActiveRuns, BackendServers
 from caldera.backends.registry import capabilities as backend_capabilities
 from caldera.config import AgentPaths, Settings
-from caldera.daemon.governance import LLMFields
+from caldera.daemon.governance import LLMFields, SandboxHealth
 from caldera.daemon.live import LiveStatus
 from caldera.daemon.reporter import ReportFloor, Reports
 from caldera.daemon.wakeups import Wakeups
@@ -40,6 +40,8 @@ from caldera.redact import Redactor
 from caldera.skills.publish import Publisher
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import requests
 
     from caldera.agents.manifest import Manifest
@@ -113,7 +115,8 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
         sampler=sampler, pool=ThreadPoolExecutor(SUBPROCESS_WORKERS, thread_name_prefix="caldera-proc"),
         identity=identity, runs=runs, servers=BackendServers(paths.state_dir / "runs"),
         reports=Reports(identity=identity, current=current, state=state, sampler=sampler, live=live,
-                        redactor=redactor, health_extra=lambda: {**outbox_health(outbox), **storage.health()},
+                        redactor=redactor,
+                        health_extra=_health_extra(outbox, storage, SandboxHealth(current, redactor)),
                         floor=ReportFloor(generation=wake.generation), llm=LLMFields(current, paths, redactor)),
         publisher=Publisher(state_dir=paths.state_dir, env=lambda: current.settings.env,
                             runtime_type=settings.runtime_type, agent_id=identity.agent_id, outbox=outbox,
@@ -144,6 +147,13 @@ def close_servers(parts: Parts) -> None:
         parts.servers.close()
     except Exception:  # noqa: BLE001 -- the rest of the stop sequence must run
         log.exception("stopping the backends' servers failed")
+
+
+def _health_extra(outbox: Outbox, storage: StorageHealth,
+                  sandbox: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    """The state report's health entries beyond the reporter's own: the outbox's held-back
+    items, the state dir's failing writes, what confines the code agents' commands."""
+    return lambda: {**outbox_health(outbox), **storage.health(), **sandbox()}
 
 
 def _capabilities(settings: Settings) -> list[str]:

@@ -17,6 +17,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
+import pytest
 from backends_fake_anthropic import FakeAnthropic
 from backends_fake_chat import FakeChat
 from backends_fake_provider import FakeProvider

@@ -4,8 +4,8 @@
 Usage: backends_mock_app_server.py --script FILE app-server
 The script (JSON) says what to do:
   "exit_before_init": RC        print a usage line to stderr and exit RC at once
-  "late_stderr": S              with exit_before_init: close stdout and exit; a child prints
-                                the usage line S s later (EOF and exit come before the reason)
+  "late_stderr": S              with exit_before_init: close stdout, print the usage line
+                                S s later and exit (EOF comes before the reason)
   "stderr": [lines]             written to stderr at start
   "initialize": {...}|"error"|"no_result"   the initialize answer (default: a normal result)
   "thread_start": same shape    the thread/start answer
@@ -14,8 +14,8 @@ The script (JSON) says what to do:
                                 "$THREAD", "$TURN" and "$ENV:NAME" are substituted) or
                                 ("$NOW": the Unix time as the step is sent)
                                 {"raw": line} | {"exit": rc} | {"sleep": s} |
-                                {"exit": rc, "late_stderr": [s, line]} (close stdout, exit;
-                                a child writes line to stderr s later) |
+                                {"exit": rc, "late_stderr": [s, line]} (close stdout,
+                                write line to stderr s later, exit) |
                                 {"request": msg} (wait for the reply, then send it back
                                 as an agentMessage) | {"wait_interrupt": true}
   "interrupt": "honor" (default) | "ignore"
@@ -74,15 +74,14 @@ def read_message():
 
 
 def late_stderr(delay, text):
-    """Close stdout and let a child explain on stderr after this process has exited: the
-    runtime sees the EOF and the exit status before the reason (as a loaded machine can)."""
+    """Close stdout and explain on stderr later: the runtime sees the EOF before the reason
+    (as a loaded machine can). Written by this process before it exits, not by a child after:
+    in caldera's bubblewrap (a pid namespace) a child ends with the app-server."""
     sys.stdout.flush()
     os.close(1)
-    if os.fork() == 0:
-        time.sleep(delay)
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-        os._exit(0)
+    time.sleep(delay)
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 def run_turn(script):

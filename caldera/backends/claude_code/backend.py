@@ -17,7 +17,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,7 @@ from caldera.backends import leftovers
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
 from caldera.backends.claude_code import config as cc
 from caldera.backends.claude_code.normalize import Normalizer
+from caldera.backends.confine import runtime_roots
 from caldera.backends.events import EVENT_TYPES, EventSink
 from caldera.backends.forwarder import Forwarder, TokenRoute, Upstream
 from caldera.backends.projection import Projection
@@ -83,14 +84,13 @@ def hidden_paths(environment: Environment) -> tuple[list[str], list[str]]:
     beside the projection (the bootstrap token) and `session.json` (the session token); a
     workspace inside one of them is refused."""
     state_dir = os.path.dirname(os.path.abspath(environment.logs_dir))
-    roots = [environment.config_root, environment.state_root, environment.persistent_dir, state_dir,
-             str(leftovers.private_root())]
+    roots = [*runtime_roots(environment.config_root, environment.state_root, environment.persistent_dir), state_dir]
     secrets = [environment.secrets_dir, environment.credentials_dir, environment.logs_dir,
                os.path.join(state_dir, "session.json")]
     if environment.secrets_dir:
         secrets.append(os.path.join(os.path.dirname(os.path.abspath(environment.secrets_dir)), "secrets.env"))
 
-    def real(paths: list[str | None]) -> list[str]:
+    def real(paths: Sequence[str | None]) -> list[str]:
         return sorted({os.path.realpath(p) for p in paths if p and os.path.lexists(p)})
     return real(roots), real(secrets)
 

@@ -25,7 +25,9 @@ from caldera.backends import leftovers
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
 from caldera.backends.codex import config as codex_config
 from caldera.backends.codex import gateway as codex_gateway
+from caldera.backends.codex import sandbox
 from caldera.backends.codex.appserver import AppServer, Batch, Message
+from caldera.backends.codex.binary import DEFAULT_PATH, find_binary
 from caldera.backends.codex.normalize import Normalizer
 from caldera.backends.events import EVENT_TYPES, EventSink
 from caldera.backends.registry import gateway_settings
@@ -33,6 +35,7 @@ from caldera.errors import ConfigError
 from caldera.host import proc
 
 if TYPE_CHECKING:
+    from caldera.backends.confine import Box
     from caldera.backends.forwarder import Forwarder
     from caldera.redact import Redactor
 
@@ -41,35 +44,7 @@ INTERRUPT_GRACE = 5.0  # after turn/interrupt on cancel, before the kill
 TIMEOUT_GRACE = 2.0  # after turn/interrupt on the policy deadline, before the kill
 POLL = 0.05  # the turn loop's tick: how often it looks at its stop reasons while codex is quiet
 STDERR_SETTLE = 2.0  # after an early exit: how long to wait for the stderr that explains it
-DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
-TRIPLES = {"x86_64": ("codex-linux-x64", "x86_64-unknown-linux-musl"),
-           "aarch64": ("codex-linux-arm64", "aarch64-unknown-linux-musl")}
 _ExcInfo = tuple[type[BaseException], BaseException, TracebackType]
-
-
-# ---------------------------------------------------------------- the binary
-
-def find_binary(env: Mapping[str, str]) -> str | None:
-    """CALDERA_CODEX_BIN, else `codex` on PATH (the npm wrapper resolved to its native binary)."""
-    explicit = config.codex_binary(env)
-    if explicit:
-        return explicit
-    found = shutil.which("codex", path=env.get("PATH") or DEFAULT_PATH)
-    return native_for(found) if found else None
-
-
-def native_for(path: str) -> str:
-    """The native binary inside the npm package when `path` is its Node wrapper (bin/codex.js)."""
-    real = os.path.realpath(path)
-    if not real.endswith(".js"):
-        return path
-    package = Path(real).parent.parent  # node_modules/@openai/codex
-    pkg, triple = TRIPLES.get(os.uname().machine, TRIPLES["x86_64"])
-    for base in (package / "node_modules" / "@openai", package.parent):
-        candidate = base / pkg / "vendor" / triple / "bin" / "codex"
-        if os.access(candidate, os.X_OK):
-            return str(candidate)
-    return path
 
 
 # ---------------------------------------------------------------- the turn
@@ -107,6 +82,7 @@ class CodexContext:
     run_dir: Path
     plan: codex_config.ProviderPlan
     deadline: float  # time.monotonic() of the policy timeout
+    box: Box | None  # caldera's bubblewrap around the app-server (codex/sandbox.py); None: none
     cancel: threading.Event | None = None  # the command's cancel (timeout or operator)
     cancel_is_timeout: Callable[[], bool] | None = None  # was the cancel the command's own deadline?
     interrupt_event: threading.Event = field(default_factory=threading.Event)
@@ -149,10 +125,12 @@ class CodexBackend(Backend[CodexContext]):
         for value in plan.secret_values:
             redactor.add(value)
         binary = find_binary(environment.env)
+        # confined=False is for an operator whose container is the sandbox (no bubblewrap of caldera's)
+        box, commands = sandbox.plan(environment, binary, environment.env.get("PATH") or DEFAULT_PATH, confined=True)
         sink.emit("backend_status", {
             "phase": "starting", "backend": "codex", "profile": run.backend_profile, "binary": binary,
             "provider": plan.provider, "model": plan.model, "base_url": plan.base_url,
-            "provider_source": plan.source, "policy": run.policy.as_dict()})
+            "provider_source": plan.source, "policy": run.policy.as_dict(), "commands": commands})
         if not binary:
             raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED,
                                     "no Codex binary: set CALDERA_CODEX_BIN or put codex on PATH")
@@ -160,7 +138,7 @@ class CodexBackend(Backend[CodexContext]):
             raise fk.BackendFailure(fk.BACKEND_FAILED, f"workspace {run.workspace} is not a directory")
         run_dir = Path(environment.runs_dir) / run.run_id
         context = CodexContext(run=run, environment=environment, sink=sink, normalizer=Normalizer(sink),
-                               binary=binary, run_dir=run_dir, plan=plan,
+                               binary=binary, run_dir=run_dir, plan=plan, box=box,
                                deadline=time.monotonic() + run.policy.timeout_seconds)
         try:
             request_retries, stream_retries = config.codex_retries(
@@ -202,7 +180,8 @@ class CodexBackend(Backend[CodexContext]):
         return env
 
     def start_turn(self, context: CodexContext) -> None:
-        server = AppServer([context.binary, "app-server"], self._process_env(context),
+        argv = sandbox.argv(context.box, context.run, context.run_dir, [context.binary, "app-server"])
+        server = AppServer(argv, self._process_env(context),
                            context.run.workspace, context.sink.runlog, context.redactor)
         context.server = server
         server.start()

@@ -1,5 +1,9 @@
 """What keeps the agent's commands inside the execution policy: OpenCode has no sandbox.
 
+The pieces every backend's bubblewrap shares (the covered roots, the hidden private paths, the
+probes, the process's `Box`) are backends/confine.py's; this module adds OpenCode's: the
+commands' wrapper and its workspaces list, the server's own dir.
+
 OpenCode runs each Bash command with the shell `$SHELL` names (an absolute path to a file:
 measured on 1.18.33, called as `SHELL -c COMMAND` in the command's directory). The agent's
 server is started with `SHELL=<server dir>/bin/bash`, a wrapper that drops the server's
@@ -37,7 +41,6 @@ wrapper in its own dir through a symlink (its write tool follows one).
 from __future__ import annotations
 
 import collections
-import functools
 import os
 import shlex
 import shutil
@@ -46,10 +49,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from caldera.host import proc
+from caldera.backends.confine import (
+    BASE,
+    SHARED,
+    Box,
+    hide,
+    inside,
+    nests,
+    outermost,
+    private_paths,
+    resolv_binds,
+    works,
+)
 from caldera.host.fsutil import atomic_write_bytes
 
-PROBE_TIMEOUT = 10.0
+__all__ = ["Admitted", "Confinement", "plan", "private_paths", "works", "nests"]
 UNSET = ("OPENCODE_SERVER_PASSWORD", "OPENCODE_SERVER_USERNAME")
 SANDBOX_DIR = "bin"  # in the server's dir: the $SHELL wrapper and the workspaces list, read-only to the server
 WORKSPACES = os.path.join(SANDBOX_DIR, "workspaces")  # the admitted workspaces, one `w:PATH`/`r:PATH` a line
@@ -58,12 +72,6 @@ WORKSPACES = os.path.join(SANDBOX_DIR, "workspaces")  # the admitted workspaces,
 # workspaces list (its next command unconfined), plant a plugin or config it loads later, or
 # forge its owner's claim (`.owner`, `server.json`: the pids a later sweep would kill).
 SERVER_READ_ONLY = (SANDBOX_DIR, "config", "home", "opencode.json", ".owner", "server.json")
-SHARED = ("/tmp", "/var/tmp", "/run")  # every account's: other runs' files and sockets
-# `/` read-only, a fresh /dev, and a pid namespace with its own /proc: the host's processes
-# (the server, the runtime: their /proc/PID/environ hold the password, the runtime's own
-# variables) are not there to read; no capability, its own IPC, a new session
-BASE = ("--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc", "--unshare-ipc",
-        "--new-session", "--cap-drop", "ALL", "--die-with-parent")
 # The wrapper: `@UNSET@`, `@LIST@`, `@BEFORE@` and `@AFTER@` filled in (quoted) by `wrapper()`.
 WRAPPER = """#!/bin/sh
 # caldera (backends/opencode/confine.py): OpenCode's $SHELL, every command under bubblewrap
@@ -106,14 +114,13 @@ class Confinement:
         read-only; [the workspace]; a hidden path inside a root hidden again (the binds
         uncovered it); the server's HOME and TMPDIR made again, empty."""
         server_dir = os.path.realpath(server_dir)
-        covered = sorted({*SHARED, *self.covered, server_dir}, key=len)
-        covered = [p for p in covered if not any(_inside(p, q) for q in covered)]  # one tmpfs covers them
-        args = [self.bwrap, *BASE, *_hide([p for p in covered if os.path.isdir(p)]), *_hide(self.hidden)]
+        covered = outermost([*SHARED, *self.covered, server_dir])  # one tmpfs covers those inside another
+        args = [self.bwrap, *BASE, *hide([p for p in covered if os.path.isdir(p)]), *hide(self.hidden)]
         for path in self.extra:
             args += ["--ro-bind-try", path, path]
         for path in self.roots:
             args += ["--ro-bind", path, path]
-        after = _hide([p for p in self.hidden if any(_inside(p, root) for root in self.roots)])
+        after = hide([p for p in self.hidden if any(inside(p, root) for root in self.roots)])
         for name in ("home", "tmp"):  # last: a hidden path may hold them
             after += ["--dir", os.path.join(server_dir, name)]
         for name in UNSET:
@@ -132,20 +139,9 @@ class Confinement:
         capabilities kept, so the commands' bubblewrap can nest in it (and drops them). Read-only in
         its dir (SERVER_READ_ONLY): the wrapper and the workspaces list, its config dirs."""
         server_dir = os.path.realpath(server_dir)
-        covered = sorted({*SHARED, *self.covered}, key=len)
-        covered = [p for p in covered if not any(_inside(p, q) for q in covered)]
-        args = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc",
-                *_hide([p for p in covered if os.path.isdir(p)]), *_hide(self.hidden)]
-        for path in (*self.extra, *sorted({binary, os.path.realpath(binary)})):
-            args += ["--ro-bind-try", path, path]
-        for path in self.roots:
-            args += ["--bind", path, path]
-        args += _hide([p for p in self.hidden if any(_inside(p, root) for root in self.roots)])
-        args += ["--bind", server_dir, server_dir]  # after the roots: a hidden state dir holds it
-        for name in SERVER_READ_ONLY:
-            path = os.path.join(server_dir, name)
-            args += ["--ro-bind", path, path]
-        return [*args, "--"]
+        binaries = sorted({binary, os.path.realpath(binary)})
+        box = Box(self.bwrap, self.covered, self.hidden, readable=(*self.extra, *binaries))
+        return box.argv([*self.roots, server_dir], [os.path.join(server_dir, name) for name in SERVER_READ_ONLY])
 
     def wrapper(self, server_dir: str) -> str:
         """The text of `<server dir>/bin/bash` (WRAPPER)."""
@@ -194,58 +190,6 @@ class Admitted:
             pass  # the server stopped and its dir is gone: nothing to admit any more
 
 
-def _hide(paths: Iterable[str]) -> list[str]:
-    """What hides `paths` as they are when the server starts (one not there yet: nothing)."""
-    args: list[str] = []
-    for path in paths:
-        if os.path.isdir(path):
-            args += ["--tmpfs", path]
-        elif os.path.lexists(path):
-            args += ["--ro-bind", "/dev/null", path]
-    return args
-
-
-def _inside(path: str, root: str) -> bool:
-    return path.startswith(root.rstrip("/") + "/")
-
-
-def private_paths(secrets_dir: str | None, state_dir: str, credentials_dir: str | None) -> list[str]:
-    """The runtime's own files an agent's command must not read: the agent's config dir (the
-    projection's parent when it is `secrets/`, its root when that is `<root>/agents/NAME`:
-    agent.env, secrets.env, the projection), its state dir (logs, session.json, the journal),
-    `$CREDENTIALS_DIRECTORY`; and each secret within them on its own, so that it stays hidden
-    where a workspace root holds the dir. Real paths, there or not (the same for every run of
-    the agent: they are part of its server's launch; the wrapper hides those that are there)."""
-    found = [state_dir, os.path.join(state_dir, "logs"), os.path.join(state_dir, "session.json")]
-    if secrets_dir:
-        secrets = Path(os.path.abspath(secrets_dir))
-        config = secrets.parent if secrets.name == "secrets" else secrets
-        found += [str(secrets), str(config / "secrets.env"), str(config / "agent.env"), str(config)]
-        if config.parent.name == "agents":
-            found.append(str(config.parent.parent))
-    if credentials_dir:
-        found.append(credentials_dir)
-    real = {os.path.realpath(p) for p in found}
-    return sorted(p for p in real if p != "/")
-
-
-@functools.cache
-def works(bwrap: str, true: str) -> bool:
-    """Whether bubblewrap can make the sandbox here (user namespaces, a network namespace):
-    one probe per process and binary."""
-    argv = [bwrap, *BASE, "--unshare-net", "--", true]
-    return proc.run(argv, env={"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT, stdout_cap=1024).ok
-
-
-@functools.cache
-def nests(bwrap: str, true: str) -> bool:
-    """Whether the commands' sandbox can start inside the server's (a nested pid and mount
-    namespace): one probe per process and binary. Where it cannot, Bash is denied (`plan`)."""
-    argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc", "--",
-            bwrap, *BASE, "--unshare-net", "--", true]
-    return proc.run(argv, env={"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT, stdout_cap=1024).ok
-
-
 def plan(roots: Iterable[str], covered: Iterable[str | None], hidden: Iterable[str], network: bool,
          path: str) -> Confinement | None:
     """The agent's commands' sandbox, or None when bubblewrap is not there, cannot start, or
@@ -261,8 +205,6 @@ def plan(roots: Iterable[str], covered: Iterable[str | None], hidden: Iterable[s
         return None
     real_roots = sorted({os.path.realpath(r) for r in roots if os.path.isdir(r)})
     real_covered = sorted({os.path.realpath(c) for c in covered if c} - {"/"})
-    # /etc/resolv.conf may point into /run (systemd-resolved): its target stays, read-only
-    resolv = os.path.realpath("/etc/resolv.conf")
-    extra = tuple(p for p in (resolv,) if any(_inside(p, c) for c in (*SHARED, *real_covered)))
+    extra = resolv_binds((*SHARED, *real_covered))  # /etc/resolv.conf may point into /run
     return Confinement(bwrap=bwrap, shell=shell, roots=tuple(real_roots), covered=tuple(real_covered),
                        hidden=tuple(hidden), network=network, extra=extra, server=nests(bwrap, true))

@@ -30,8 +30,8 @@ from typing import Any
 
 from caldera import config
 from caldera.backends import failures as fk
-from caldera.backends import leftovers
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
+from caldera.backends.confine import runtime_roots
 from caldera.backends.events import EVENT_TYPES, EventSink
 from caldera.backends.opencode import confine, project
 from caldera.backends.opencode import policy as policy_rules
@@ -196,8 +196,7 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         path = env.get("PATH") or DEFAULT_PATH
         state_dir = os.path.dirname(owner.runs_dir if owner is not None else os.path.abspath(environment.runs_dir))
         hidden = confine.private_paths(environment.secrets_dir, state_dir, environment.credentials_dir)
-        covered = [environment.config_root, environment.state_root, environment.persistent_dir,
-                   str(leftovers.private_root())]
+        covered = runtime_roots(environment.config_root, environment.state_root, environment.persistent_dir)
         sandbox = confine.plan(_workspace_roots(env, run.workspace), covered, hidden, run.policy.network, path)
         sink.emit("backend_status", {
             "phase": "starting", "backend": "opencode", "profile": run.backend_profile, "binary": binary,

@@ -1,0 +1,166 @@
+"""caldera's own bubblewrap: what hides the runtime's roots from a backend's processes.
+
+Every agent on a host runs as the same account, which can read every agent's `secrets.env`,
+projection and `session.json`; a CLI's own sandbox (Codex's) cannot deny reads, so caldera puts
+the CLI's process itself (Codex's `app-server`; OpenCode's `serve` and each of its commands,
+opencode/confine.py) in a mount namespace where those trees are empty:
+
+- `/` read-only, a fresh `/dev`, a pid namespace with its own `/proc` (the runtime's and other
+  runs' `/proc/PID/environ`, same uid, hold their tokens), its own IPC namespace;
+- covered by an empty tmpfs (`COVERED`): `/tmp`, `/var/tmp`, `/run` (other runs' private dirs
+  and unix sockets) and the runtime's roots (`runtime_roots`: the config root with every
+  agent's agent.env, secrets.env and projection; the state root with every session.json,
+  outbox and run dir; a ClawManager instance's persistent dir; Claude Code's private dirs);
+- hidden (an empty tmpfs; a file: /dev/null) the agent's own private paths (`private_paths`),
+  wherever they lie, and again after the binds where a bound dir holds them;
+- bound back: what the process needs of those trees (the run's own dir, its workspace, its
+  binary, resolv.conf's target in /run).
+
+This module builds those arguments and probes whether bubblewrap starts (`works`) and whether a
+CLI's own sandbox starts inside it (`nests`); each backend adds its own binds.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from caldera.backends import leftovers
+from caldera.host import proc
+
+PROBE_TIMEOUT = 10.0
+SHARED = ("/tmp", "/var/tmp", "/run")  # every account's: other runs' files and sockets
+# `/` read-only, a fresh /dev, and a pid namespace with its own /proc: the host's processes
+# (their /proc/PID/environ) are not there to read
+FILESYSTEM = ("--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc")
+# ... and, for a command (never for a process a CLI's own sandbox must nest in): no capability,
+# its own IPC, a new session (no TIOCSTI into a terminal)
+BASE = (*FILESYSTEM, "--unshare-ipc", "--new-session", "--cap-drop", "ALL", "--die-with-parent")
+
+
+def hide(paths: Iterable[str]) -> list[str]:
+    """What hides `paths` as they are now (one not there: nothing): a dir under an empty
+    tmpfs, a file under /dev/null."""
+    args: list[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            args += ["--tmpfs", path]
+        elif os.path.lexists(path):
+            args += ["--ro-bind", "/dev/null", path]
+    return args
+
+
+def inside(path: str, root: str) -> bool:
+    return path.startswith(root.rstrip("/") + "/")
+
+
+def outermost(paths: Iterable[str]) -> list[str]:
+    """`paths` without those another of them holds (one tmpfs covers them), shortest first."""
+    ordered = sorted(set(paths), key=len)
+    return [p for p in ordered if not any(inside(p, q) for q in ordered)]
+
+
+def runtime_roots(config_root: str | None, state_root: str | None, persistent_dir: str | None) -> list[str]:
+    """The runtime's roots (as a run's Environment names them): the config and state roots,
+    the instance's persistent dir, and every private dir of this uid's Claude Code runs."""
+    found = [config_root, state_root, persistent_dir, str(leftovers.private_root())]
+    return sorted({os.path.realpath(p) for p in found if p} - {"/"})
+
+
+def private_paths(secrets_dir: str | None, state_dir: str, credentials_dir: str | None) -> list[str]:
+    """The runtime's own files an agent's process must not read: the agent's config dir (the
+    projection's parent when it is `secrets/`, its root when that is `<root>/agents/NAME`:
+    agent.env, secrets.env, the projection), its state dir (logs, session.json, the journal),
+    `$CREDENTIALS_DIRECTORY`; and each secret within them on its own, so that it stays hidden
+    where a bound dir holds it. Real paths, there or not."""
+    found = [state_dir, os.path.join(state_dir, "logs"), os.path.join(state_dir, "session.json")]
+    if secrets_dir:
+        secrets = Path(os.path.abspath(secrets_dir))
+        config = secrets.parent if secrets.name == "secrets" else secrets
+        found += [str(secrets), str(config / "secrets.env"), str(config / "agent.env"), str(config)]
+        if config.parent.name == "agents":
+            found.append(str(config.parent.parent))
+    if credentials_dir:
+        found.append(credentials_dir)
+    real = {os.path.realpath(p) for p in found}
+    return sorted(p for p in real if p != "/")
+
+
+def resolv_binds(covered: Iterable[str]) -> tuple[str, ...]:
+    """/etc/resolv.conf's target where a covered dir holds it (systemd-resolved's, in /run):
+    bound back read-only, so that names still resolve."""
+    resolv = os.path.realpath("/etc/resolv.conf")
+    return tuple(p for p in (resolv,) if any(inside(p, c) for c in covered))
+
+
+@dataclass(frozen=True)
+class Box:
+    """caldera's bubblewrap around one process (Codex's app-server, OpenCode's server): `argv`
+    up to `--`.
+
+    It keeps its capabilities (none for an account's process; as root, bubblewrap keeps them)
+    and the host's network, so that the CLI's own sandbox (or caldera's for its commands) nests
+    inside it and its provider stays reachable; that inner sandbox is what confines the agent's
+    commands further (their writes, their network, their capabilities)."""
+    bwrap: str
+    covered: tuple[str, ...]  # an empty tmpfs each (the runtime's roots; SHARED added)
+    hidden: tuple[str, ...]  # the agent's private paths: hidden first, and again inside a bind
+    readable: tuple[str, ...] = ()  # bound back read-only where they exist (the binary, resolv.conf's target)
+    flags: tuple[str, ...] = ()  # more of bwrap's options (Codex's: --unshare-ipc, --die-with-parent)
+
+    def argv(self, writable: Sequence[str], read_only: Sequence[str] = ()) -> list[str]:
+        """`writable` and `read_only` (real paths) bound back over what hides them, the outer
+        ones first: after each, the covered and hidden paths inside it are hidden again, and a
+        bind inside one of those (the run's dir in a hidden state dir) comes after it."""
+        covered = outermost([*SHARED, *self.covered])
+        args = [self.bwrap, *FILESYSTEM, *self.flags, *hide(p for p in covered if os.path.isdir(p)),
+                *hide(self.hidden)]
+        for path in self.readable:
+            args += ["--ro-bind-try", path, path]
+        binds = [("--bind", p) for p in writable] + [("--ro-bind", p) for p in read_only]
+        for flag, path in sorted(binds, key=lambda bind: bind[1].rstrip("/").count("/")):  # outer first
+            again = outermost(p for p in (*SHARED, *self.covered, *self.hidden) if inside(p, path))
+            args += [flag, path, path, *hide(again)]
+        return [*args, "--"]
+
+
+def which(path: str, bundled: str | None = None) -> tuple[str, str] | None:
+    """(bwrap, true): bubblewrap on `path`, else `bundled` (a CLI's own copy) where it is an
+    executable file; None without either."""
+    bwrap, true = shutil.which("bwrap", path=path), shutil.which("true", path=path)
+    if bwrap is None and bundled and os.path.isfile(bundled) and os.access(bundled, os.X_OK):
+        bwrap = bundled
+    return (bwrap, true) if bwrap and true else None
+
+
+@functools.cache
+def works(bwrap: str, true: str) -> bool:
+    """Whether bubblewrap can make a command's sandbox here (user namespaces, a network
+    namespace): one probe per process and binary."""
+    argv = [bwrap, *BASE, "--unshare-net", "--", true]
+    return proc.run(argv, env={"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT, stdout_cap=1024).ok
+
+
+@functools.cache
+def nests(bwrap: str, true: str) -> bool:
+    """Whether a command's sandbox can start inside a process's (a nested user, pid and mount
+    namespace): one probe per process and binary."""
+    argv = [bwrap, *FILESYSTEM, "--", bwrap, *BASE, "--unshare-net", "--", true]
+    return proc.run(argv, env={"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT, stdout_cap=1024).ok
+
+
+def unavailable(path: str, bundled: str | None = None) -> str | None:
+    """Why no Box can hold a CLI whose own sandbox must nest in it (None: one can): the
+    sentence `backend_status` says. `bundled`: the CLI's own bubblewrap, used without one on
+    `path`."""
+    found = which(path, bundled)
+    if found is None:
+        return "bubblewrap (bwrap) is not on PATH"
+    if not works(*found):
+        return "bubblewrap cannot start here (no unprivileged user namespaces?)"
+    if not nests(*found):
+        return "bubblewrap cannot start inside its own sandbox here"
+    return None

@@ -1,0 +1,147 @@
+"""caldera's bubblewrap around Codex's app-server (backends/confine.py, codex/sandbox.py) and
+what the state report says of it, without the real CLI (test_backends_containment.py runs the
+real CLIs against it)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+from backends_helpers import environment, execute, mock_binary, of_type, request, workspace, write_projection
+
+from caldera.backends import base, confine, registry
+from caldera.backends.codex import sandbox
+from caldera.daemon.governance import SandboxHealth
+from caldera.redact import Redactor
+
+
+def _pairs(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
+def _bwrap_works() -> bool:
+    return confine.unavailable(os.environ.get("PATH", "/usr/bin:/bin")) is None
+
+
+def test_the_box_covers_the_roots_and_binds_back_only_the_run_and_its_workspace(tmp_path):
+    etc, var = tmp_path / "etc", tmp_path / "var"
+    (etc / "agents" / "a1" / "secrets").mkdir(parents=True)
+    (var / "a1" / "runs" / "r1").mkdir(parents=True)
+    (var / "a1" / "session.json").write_text("{}")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    env = base.Environment(redactor=Redactor(), logs_dir=str(var / "a1" / "logs"), runs_dir=str(var / "a1" / "runs"),
+                           secrets_dir=str(etc / "agents" / "a1" / "secrets"), config_root=str(etc),
+                           state_root=str(var))
+    box = confine.Box("/usr/bin/bwrap", tuple(confine.runtime_roots(env.config_root, env.state_root, None)),
+                      tuple(confine.private_paths(env.secrets_dir, str(var / "a1"), None)), flags=sandbox.FLAGS)
+    run = SimpleNamespace(workspace=str(ws), policy=SimpleNamespace(sandbox="workspace-write"))
+    argv = sandbox.argv(box, run, var / "a1" / "runs" / "r1", ["/opt/codex/bin/codex", "app-server"])
+    assert argv[-3:] == ["--", "/opt/codex/bin/codex", "app-server"]
+    assert "--unshare-pid" in argv and "--die-with-parent" in argv and "--unshare-net" not in argv
+    assert "--cap-drop" not in argv  # Codex's own bubblewrap nests in it
+    tmpfs = _pairs(argv, "--tmpfs")
+    assert {"/tmp", "/var/tmp", "/run", str(var / "a1")} <= set(tmpfs)  # the roots: in /tmp here, covered by it
+    assert _pairs(argv, "--bind") == [str(ws), str(var / "a1" / "runs" / "r1")]
+    assert argv.index(str(var / "a1" / "runs" / "r1")) > max(i for i, a in enumerate(argv) if a == "--tmpfs")
+    read_only = SimpleNamespace(workspace=str(ws), policy=SimpleNamespace(sandbox="read-only"))
+    argv = sandbox.argv(box, read_only, var / "a1" / "runs" / "r1", ["/opt/codex/bin/codex", "app-server"])
+    assert _pairs(argv, "--bind") == [str(var / "a1" / "runs" / "r1")] and str(ws) in _pairs(argv, "--ro-bind")
+
+
+def test_a_bind_that_holds_a_root_or_a_secret_hides_it_again(tmp_path):
+    """A workspace (or the binary's dir) above the state root: the root is covered again after
+    it, and the run's dir inside that root bound after that."""
+    state = tmp_path / "srv" / "state"
+    (state / "a1" / "runs" / "r1").mkdir(parents=True)
+    box = confine.Box("/usr/bin/bwrap", (str(state),), (str(state / "a1"),))
+    argv = box.argv([str(tmp_path / "srv"), str(state / "a1" / "runs" / "r1")])
+    order = [(argv[i], argv[i + 1]) for i in range(len(argv) - 1) if argv[i] in ("--bind", "--tmpfs")]
+    assert order[-3:] == [("--bind", str(tmp_path / "srv")), ("--tmpfs", str(state)),
+                          ("--bind", str(state / "a1" / "runs" / "r1"))]
+
+
+def test_switched_off_or_without_bubblewrap_there_is_no_box_and_the_run_says_so(tmp_path):
+    env = environment(tmp_path, None, None)
+    assert sandbox.plan(env, "/bin/true", "/usr/bin:/bin", confined=False)[0] is None
+    (tmp_path / "bin").mkdir()
+    box, said = sandbox.plan(env, "/bin/true", str(tmp_path / "bin"))
+    assert box is None and "bwrap" in said and "Codex's own sandbox only" in said
+
+
+def test_a_run_says_what_confines_its_commands(tmp_path):
+    script = {"on_turn": [{"method": "turn/completed", "params": {"turn": {"id": "$TURN", "status": "completed"}}}]}
+    env = environment(tmp_path, mock_binary(tmp_path, script), write_projection(tmp_path))
+    result, events = execute(request(workspace(tmp_path)), env)
+    assert result["status"] == "completed", events
+    said = of_type(events, "backend_status")[0]["commands"]
+    assert said.startswith("confined") == _bwrap_works(), said
+    bare = environment(tmp_path / "b", mock_binary(tmp_path, script, name="codex2"), write_projection(tmp_path / "b"),
+                       PATH=str(tmp_path / "nothing"))
+    result, events = execute(request(workspace(tmp_path / "b")), bare)
+    assert result["status"] == "completed" and "not on PATH" in of_type(events, "backend_status")[0]["commands"]
+
+
+def test_the_state_report_says_what_confines_the_code_agents(tmp_path):
+    codex = tmp_path / "codex"
+    codex.write_text("#!/bin/sh\n")
+    codex.chmod(0o755)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CALDERA_CODEX_BIN": str(codex),
+           "CALDERA_OPENCODE_BIN": str(tmp_path / "missing")}
+    assert registry.sandboxes(env) == {}  # no workspace roots: no run can start
+    env["CALDERA_WORKSPACE_ROOTS"] = str(tmp_path)
+    current = SimpleNamespace(settings=SimpleNamespace(env=env))
+    expected = "bubblewrap" if _bwrap_works() else "Codex's own sandbox only"
+    assert SandboxHealth(current, Redactor())()["code_agent_sandbox"]["codex"].startswith(expected)
+    (tmp_path / "empty").mkdir()
+    env["PATH"] = str(tmp_path / "empty")
+    assert SandboxHealth(current, Redactor())() == {"code_agent_sandbox": {
+        "codex": registry.UNBOXED["codex"] + " (bubblewrap (bwrap) is not on PATH)"}}
+
+
+def test_a_bug_in_the_sandbox_entry_never_costs_the_report(monkeypatch):
+    def broken(env):
+        raise RuntimeError("boom")
+    monkeypatch.setattr("caldera.daemon.governance.sandboxes", broken)
+    current = SimpleNamespace(settings=SimpleNamespace(env={}))
+    assert SandboxHealth(current, Redactor())() == {}
+
+
+def test_where_bubblewrap_cannot_start_the_run_and_the_report_say_so(tmp_path):
+    """No user namespaces: a bwrap that fails (as it does there) on the run's PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "bwrap").write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    (bin_dir / "bwrap").chmod(0o755)
+    (bin_dir / "true").symlink_to("/bin/true")
+    assert confine.unavailable(str(bin_dir)) == "bubblewrap cannot start here (no unprivileged user namespaces?)"
+    script = {"on_turn": [{"method": "turn/completed", "params": {"turn": {"id": "$TURN", "status": "completed"}}}]}
+    env = environment(tmp_path, mock_binary(tmp_path, script), write_projection(tmp_path), PATH=str(bin_dir))
+    result, events = execute(request(workspace(tmp_path)), env)
+    said = of_type(events, "backend_status")[0]["commands"]
+    assert result["status"] == "completed" and "cannot start here" in said and "own sandbox only" in said
+    agent_env = {"PATH": str(bin_dir), "CALDERA_WORKSPACE_ROOTS": str(tmp_path),
+                 "CALDERA_CODEX_BIN": mock_binary(tmp_path, script)}
+    current = SimpleNamespace(settings=SimpleNamespace(env=agent_env))
+    assert "cannot start here" in SandboxHealth(current, Redactor())()["code_agent_sandbox"]["codex"]
+
+
+def test_the_state_reports_entry_imports_no_backend_where_bubblewrap_is_on_path(tmp_path):
+    """The daemon's report asks registry.sandboxes: with bubblewrap on PATH it loads confine.py
+    alone, none of Codex's or OpenCode's modules (docs/performance.md, section 2)."""
+    if not _bwrap_works():
+        pytest.skip("bubblewrap cannot start here")
+    codex = tmp_path / "codex"
+    codex.write_text("#!/bin/sh\n")
+    codex.chmod(0o755)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CALDERA_CODEX_BIN": str(codex),
+           "CALDERA_WORKSPACE_ROOTS": str(tmp_path)}
+    code = ("import sys; from caldera.backends import registry; "
+            f"print(registry.sandboxes({env!r}), "
+            "sorted(m for m in sys.modules if m.startswith('caldera.backends.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout
+    loaded = "['caldera.backends.confine', 'caldera.backends.leftovers', 'caldera.backends.registry']"
+    assert out.strip() == "{'codex': 'bubblewrap'} " + loaded, out
