@@ -17,7 +17,6 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
-import pytest
 from backends_fake_anthropic import FakeAnthropic
 from backends_fake_chat import FakeChat
 from backends_fake_provider import FakeProvider
