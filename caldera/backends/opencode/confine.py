@@ -229,6 +229,21 @@ def private_paths(secrets_dir: str | None, state_dir: str, credentials_dir: str 
     return sorted(p for p in real if p != "/")
 
 
+# CALDERA_RUN_SANDBOX=external (the container is the sandbox): OpenCode's $SHELL only drops
+# the server's credentials and runs the real shell, confined by nothing of caldera's.
+UNCONFINED = """#!/bin/sh
+# caldera (backends/opencode/confine.py): OpenCode's $SHELL; CALDERA_RUN_SANDBOX=external
+unset @UNSET@
+exec @SHELL@ "$@"
+"""
+
+
+def unconfined_wrapper(path: str) -> str:
+    """The $SHELL of a server whose commands run in the container as they are (external)."""
+    shell = shutil.which("bash", path=path) or "/bin/sh"
+    return UNCONFINED.replace("@UNSET@", " ".join(UNSET)).replace("@SHELL@", shlex.quote(shell))
+
+
 @functools.cache
 def works(bwrap: str, true: str) -> bool:
     """Whether bubblewrap can make the sandbox here (user namespaces, a network namespace):

@@ -1,0 +1,185 @@
+"""CALDERA_RUN_SANDBOX=external: the container is the sandbox (docs/container.md, "Code agents
+where user namespaces are forbidden").
+
+The setting's reading and its refusal off a container (unit), then every real CLI (the
+drivers of the contract suite, each against its own fake provider) where bubblewrap cannot
+start, simulated by a `bwrap` first on PATH that fails as one without user namespaces does:
+with the setting the agent's command runs and every `backend_status` says `external`; without
+it, the same command does not run (nothing widens).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from backends_drivers import DRIVERS
+from test_backends_contract import Turn
+
+from caldera import config
+from caldera.backends import registry, service
+from caldera.backends.registry import Refused
+from caldera.daemon.governance import run_confinement
+from caldera.errors import ConfigError
+from caldera.host import container
+
+MARK = "ran-$((6*7))-outside"  # the command; its output, below, is only there if it ran
+RAN = "ran-42-outside"
+CONTAINER = {"container": "ci"}  # what nspawn and Podman put in the environment
+
+
+# ---------------------------------------------------------------- the setting
+
+@pytest.mark.parametrize("raw, external", [(None, False), ("", False), (" ", False), ("external", True),
+                                           ("External ", True)])
+def test_the_setting_is_external_or_nothing(raw, external):
+    env = {} if raw is None else {"CALDERA_RUN_SANDBOX": raw}
+    assert config.run_sandbox_external(env) is external
+
+
+@pytest.mark.parametrize("raw", ["none", "off", "true", "bubblewrap"])
+def test_any_other_value_is_a_sentence_naming_the_variable(raw):
+    with pytest.raises(ConfigError, match=f"CALDERA_RUN_SANDBOX='{raw}': the only value is 'external'"):
+        config.run_sandbox_external({"CALDERA_RUN_SANDBOX": raw})
+    with pytest.raises(Refused, match="the only value is 'external'"):
+        registry.confinement({"CALDERA_RUN_SANDBOX": raw})
+
+
+def test_external_is_refused_on_a_host_that_is_not_a_container(monkeypatch):
+    monkeypatch.setattr(container, "evidence", lambda environ=None, root="/": None)
+    env = {"CALDERA_RUN_SANDBOX": "external", "CALDERA_WORKSPACE_ROOTS": "/srv"}
+    with pytest.raises(Refused, match="this host is not a container .*: remove it"):
+        registry.confinement(env)
+    # every workspace-write run is blocked with that sentence, and so is a read-only one: the
+    # setting is wrong for the host, whatever the run asks
+    with pytest.raises(Refused, match="not a container"):
+        service.policy_from_request({"sandbox": "workspace-write"}, env)
+    assert run_confinement(env) == {"code_agent_confinement": "refused"}
+
+
+def test_external_on_a_container_widens_only_workspace_write_runs():
+    env = {"CALDERA_RUN_SANDBOX": "external", **CONTAINER}
+    assert registry.confinement(env) == "external"
+    policy = service.policy_from_request({}, env)
+    assert policy.external and policy.as_dict()["confinement"] == "external"
+    read_only = service.policy_from_request({"sandbox": "read-only"}, env)
+    assert not read_only.external and read_only.as_dict()["confinement"] == "backend"
+
+
+def test_without_the_setting_nothing_widens():
+    for env in ({}, CONTAINER, {"CALDERA_RUN_SANDBOX": ""}):
+        assert registry.confinement(env) == "backend"
+        assert not service.policy_from_request({}, env).external
+    assert run_confinement({"CALDERA_WORKSPACE_ROOTS": "/srv"}) == {"code_agent_confinement": "backend"}
+    assert run_confinement({}) == {}  # no workspace roots: no run can start, nothing said
+
+
+def test_the_report_says_external():
+    env = {"CALDERA_RUN_SANDBOX": "external", "CALDERA_WORKSPACE_ROOTS": "/srv", **CONTAINER}
+    assert run_confinement(env) == {"code_agent_confinement": "external"}
+
+
+# ---------------------------------------------------------------- what says "container"
+
+def _root(tmp_path: Path, pid1_cmdline: bytes = b"/sbin/init\0", pid1_env: bytes = b"") -> Path:
+    (tmp_path / "proc" / "1").mkdir(parents=True)
+    (tmp_path / "proc" / "1" / "cmdline").write_bytes(pid1_cmdline)
+    (tmp_path / "proc" / "1" / "environ").write_bytes(pid1_env)
+    (tmp_path / "run" / "systemd").mkdir(parents=True)
+    return tmp_path
+
+
+def test_a_plain_host_is_no_container(tmp_path):
+    assert container.evidence({}, str(_root(tmp_path))) is None
+
+
+@pytest.mark.parametrize("marker, said", [("run/systemd/container", "/run/systemd/container (systemd's)"),
+                                          (".dockerenv", "/.dockerenv (Docker's)"),
+                                          ("run/.containerenv", "/run/.containerenv (Podman's)")])
+def test_a_container_runtimes_mark_says_container(tmp_path, marker, said):
+    root = _root(tmp_path)
+    (root / marker).write_text("")
+    assert container.evidence({}, str(root)) == said
+
+
+def test_the_environment_pid_1_and_kubernetes_say_container(tmp_path):
+    root = str(_root(tmp_path, pid1_env=b"PATH=/bin\0container=systemd-nspawn\0"))
+    assert container.evidence({}, root) == "container=systemd-nspawn in PID 1's environment"
+    assert container.evidence({"container": "podman"}, root) == "container=podman in the environment"
+    plain = str(_root(tmp_path / "b"))
+    assert container.evidence({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, plain) == \
+        "KUBERNETES_SERVICE_HOST (a Kubernetes pod)"
+
+
+@pytest.mark.parametrize("argv", [b"caldera\0run\0", b"/usr/bin/python3\0/usr/bin/caldera\0run\0"])
+def test_caldera_run_as_pid_1_says_container(tmp_path, argv):
+    assert container.evidence({}, str(_root(tmp_path, argv))) == "caldera run is PID 1"
+
+
+def test_caldera_run_under_systemd_is_no_container(tmp_path):
+    root = _root(tmp_path, b"/lib/systemd/systemd\0--system\0")
+    assert container.evidence({}, str(root)) is None
+
+
+# ---------------------------------------------------------------- the real CLIs
+
+NO_NAMESPACES = Path(__file__).resolve().parents[2] / ".ci" / "no-namespaces.py"
+
+
+def _no_bwrap(tmp: Path) -> dict[str, str]:
+    """A PATH whose `bwrap` fails as bubblewrap does where user namespaces are forbidden (for
+    the runtime's own look at it: OpenCode's)."""
+    bin_dir = tmp / "fakebin"
+    bin_dir.mkdir()
+    fake = bin_dir / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: Operation not permitted' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+
+
+def _forbidden(tmp: Path, binary: str | None) -> str | None:
+    """The CLI under Docker's default seccomp filter (.ci/no-namespaces.py): no namespace can
+    be made by it or anything it starts, so no bubblewrap of its own (Codex's bundled one
+    included) starts either."""
+    if binary is None or binary.endswith("/opencode"):
+        return binary  # it has no sandbox of its own: the runtime's look at bwrap (the PATH above) decides
+    wrapper = tmp / "cli-without-namespaces"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {NO_NAMESPACES} {binary} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+@pytest.fixture(params=sorted(DRIVERS), ids=sorted(DRIVERS))
+def driver(request):
+    found = DRIVERS[request.param]
+    if found.binary() is None:
+        reason = f"the real {found.profile} CLI is not available ({found.bin_var} unset or not executable)"
+        if os.environ.get(found.require_var) == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return found
+
+
+def _outputs(turn: Turn) -> str:
+    return "\n".join(str(o.get("output") or "") for o in turn.of("command_output"))
+
+
+def test_external_runs_the_command_where_bubblewrap_cannot_start(driver, tmp_path):
+    env = {**_no_bwrap(tmp_path), "CALDERA_RUN_SANDBOX": "external", **CONTAINER}
+    turn = Turn(driver, tmp_path, [driver.command(f"echo {MARK}"), driver.text("done")], extra_env=env,
+                binary=_forbidden(tmp_path, driver.binary()))
+    assert turn.terminal["status"] == "completed", turn.events
+    assert RAN in _outputs(turn), turn.events
+    starting = next(s for s in turn.of("backend_status") if s["phase"] == "starting")
+    assert starting["policy"]["confinement"] == "external"
+    turn.assert_no_leak()
+
+
+def test_without_the_setting_the_command_does_not_run_where_bubblewrap_cannot_start(driver, tmp_path):
+    turn = Turn(driver, tmp_path, [driver.command(f"echo {MARK}"), driver.text("done")],
+                extra_env={**_no_bwrap(tmp_path), **CONTAINER}, binary=_forbidden(tmp_path, driver.binary()))
+    assert RAN not in _outputs(turn), turn.events
+    starting = next(s for s in turn.of("backend_status") if s["phase"] == "starting")
+    assert starting["policy"]["confinement"] == "backend"
+    turn.assert_nothing_left(Path(turn.result["log"]).read_text())
