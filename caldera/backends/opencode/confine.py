@@ -64,6 +64,13 @@ SHARED = ("/tmp", "/var/tmp", "/run")  # every account's: other runs' files and 
 # variables) are not there to read; no capability, its own IPC, a new session
 BASE = ("--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc", "--unshare-ipc",
         "--new-session", "--cap-drop", "ALL", "--die-with-parent")
+# Without a user namespace, or in one: bubblewrap makes one itself for any uid but root. Root
+# without one needs the container's CAP_SYS_ADMIN, and CAP_NET_ADMIN for `--unshare-net`,
+# which a container's root seldom has (systemd-nspawn's: "loopback: Failed RTM_NEWADDR";
+# Docker's and Kubernetes' default: neither); in one, a nested sandbox cannot mount /proc
+# where the host masks parts of it (Docker's own root: "Can't mount proc"). So root tries
+# without first, then with `--unshare-user` (measured, bubblewrap 0.11).
+USERNS_CHOICES: tuple[tuple[str, ...], ...] = ((), ("--unshare-user",))
 # The wrapper: `@UNSET@`, `@LIST@`, `@BEFORE@` and `@AFTER@` filled in (quoted) by `wrapper()`.
 WRAPPER = """#!/bin/sh
 # caldera (backends/opencode/confine.py): OpenCode's $SHELL, every command under bubblewrap
@@ -98,6 +105,7 @@ class Confinement:
     network: bool
     extra: tuple[str, ...] = ()  # read-only binds back into a covered dir (resolv.conf's target)
     server: bool = False  # `opencode serve` itself runs in a sandbox of its own (bubblewrap nests here)
+    userns: tuple[str, ...] = ()  # one of USERNS_CHOICES: the one that starts and nests here
 
     def argv(self, server_dir: str) -> tuple[list[str], list[str]]:
         """bwrap's arguments before and after the turn's workspace bind (the wrapper adds it
@@ -108,7 +116,7 @@ class Confinement:
         server_dir = os.path.realpath(server_dir)
         covered = sorted({*SHARED, *self.covered, server_dir}, key=len)
         covered = [p for p in covered if not any(_inside(p, q) for q in covered)]  # one tmpfs covers them
-        args = [self.bwrap, *BASE, *_hide([p for p in covered if os.path.isdir(p)]), *_hide(self.hidden)]
+        args = [self.bwrap, *self.userns, *BASE, *_hide([p for p in covered if os.path.isdir(p)]), *_hide(self.hidden)]
         for path in self.extra:
             args += ["--ro-bind-try", path, path]
         for path in self.roots:
@@ -134,7 +142,7 @@ class Confinement:
         server_dir = os.path.realpath(server_dir)
         covered = sorted({*SHARED, *self.covered}, key=len)
         covered = [p for p in covered if not any(_inside(p, q) for q in covered)]
-        args = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc",
+        args = [self.bwrap, *self.userns, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc",
                 *_hide([p for p in covered if os.path.isdir(p)]), *_hide(self.hidden)]
         for path in (*self.extra, *sorted({binary, os.path.realpath(binary)})):
             args += ["--ro-bind-try", path, path]
@@ -245,20 +253,29 @@ def unconfined_wrapper(path: str) -> str:
 
 
 @functools.cache
-def works(bwrap: str, true: str) -> bool:
+def works(bwrap: str, true: str, userns: tuple[str, ...] = ()) -> bool:
     """Whether bubblewrap can make the sandbox here (user namespaces, a network namespace):
-    one probe per process and binary."""
-    argv = [bwrap, *BASE, "--unshare-net", "--", true]
+    one probe per process, binary and USERNS_CHOICES entry."""
+    argv = [bwrap, *userns, *BASE, "--unshare-net", "--", true]
     return proc.run(argv, env={"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT, stdout_cap=1024).ok
 
 
 @functools.cache
-def nests(bwrap: str, true: str) -> bool:
+def nests(bwrap: str, true: str, userns: tuple[str, ...] = ()) -> bool:
     """Whether the commands' sandbox can start inside the server's (a nested pid and mount
-    namespace): one probe per process and binary. Where it cannot, Bash is denied (`plan`)."""
-    argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc", "--",
-            bwrap, *BASE, "--unshare-net", "--", true]
+    namespace): one probe per process, binary and choice. Where it cannot, Bash is denied (`plan`)."""
+    argv = [bwrap, *userns, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc", "--",
+            bwrap, *userns, *BASE, "--unshare-net", "--", true]
     return proc.run(argv, env={"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT, stdout_cap=1024).ok
+
+
+def userns_here(bwrap: str, true: str) -> tuple[str, ...] | None:
+    """The first of USERNS_CHOICES whose sandbox starts and nests here (root tries both; any
+    other uid gets a user namespace either way), or None."""
+    for userns in USERNS_CHOICES if os.geteuid() == 0 else USERNS_CHOICES[:1]:
+        if works(bwrap, true, userns) and nests(bwrap, true, userns):
+            return userns
+    return None
 
 
 def plan(roots: Iterable[str], covered: Iterable[str | None], hidden: Iterable[str], network: bool,
@@ -268,11 +285,11 @@ def plan(roots: Iterable[str], covered: Iterable[str | None], hidden: Iterable[s
     `roots`: the agent's workspace roots; `covered`: the runtime's roots (config, state,
     persistent dir, Claude Code's private dirs); `hidden`: `private_paths`."""
     bwrap, shell, true = (shutil.which(name, path=path) for name in ("bwrap", "bash", "true"))
-    if not (bwrap and shell and true) or not works(bwrap, true):
-        return None
-    if not nests(bwrap, true):
-        # an unconfined server's write tool follows a symlink to the wrapper in its own dir and
-        # rewrites it: its commands would run bare. None: Bash denied, said in backend_status
+    # Where it starts but cannot nest, an unconfined server's write tool follows a symlink to the
+    # wrapper in its own dir and rewrites it: its commands would run bare. None: Bash denied,
+    # said in backend_status.
+    userns = userns_here(bwrap, true) if bwrap and shell and true else None
+    if not (bwrap and shell) or userns is None:
         return None
     real_roots = sorted({os.path.realpath(r) for r in roots if os.path.isdir(r)})
     real_covered = sorted({os.path.realpath(c) for c in covered if c} - {"/"})
@@ -280,4 +297,4 @@ def plan(roots: Iterable[str], covered: Iterable[str | None], hidden: Iterable[s
     resolv = os.path.realpath("/etc/resolv.conf")
     extra = tuple(p for p in (resolv,) if any(_inside(p, c) for c in (*SHARED, *real_covered)))
     return Confinement(bwrap=bwrap, shell=shell, roots=tuple(real_roots), covered=tuple(real_covered),
-                       hidden=tuple(hidden), network=network, extra=extra, server=nests(bwrap, true))
+                       hidden=tuple(hidden), network=network, extra=extra, server=True, userns=userns)
