@@ -33,7 +33,7 @@ GATEWAY = "/api/v1/gateway/llm/"
 # The model's command: its output (`caldera-ran-42 in /config/workspace`) is only there if it ran;
 # the second line says where (the sandbox's own pid namespace makes bwrap pid 1, the container's
 # caldera run otherwise).
-GATEWAY_COMMAND = "echo caldera-ran-$((6*7)) in $(pwd); echo pid1=$(tr '\\0' ' ' < /proc/1/cmdline)"
+GATEWAY_COMMAND = "echo caldera-ran-$((6*7)) in $(pwd); echo pid1=$(tr '\\0' ' ' < /proc/1/cmdline | cut -c1-40)"
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade"}
 

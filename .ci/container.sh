@@ -604,7 +604,7 @@ ran = " ".join(e["data"].get("output") or "" for e in events if e["type"] == "co
 ready = next((e["data"] for e in events if e["type"] == "backend_status" and e["data"].get("phase") == "ready"), {})
 print(row["status"], res.get("status"), (start.get("policy") or {}).get("confinement"), ready.get("server"),
       "_".join(ran) or "-")
-print(start.get("commands"))' "$id"
+print(start.get("commands"), "| the server listening after", ready.get("listening_after_ms"), "ms")' "$id"
 }
 
 step "an OpenCode instance (ClawManager's variables, the binary in the image): agent_run opencode from the plane"
@@ -616,7 +616,7 @@ t_oc1=$(cat "$WORK/oc-oc-1.t")
 read -r st rst conf server ran < "$WORK/oc-1.out"
 sed -n 2p "$WORK/oc-1.out" | sed 's/^/  commands: /'
 [ "$st $rst $conf" = "succeeded completed backend" ] || fail "the OpenCode run: $(head -n 1 "$WORK/oc-1.out") (want succeeded completed backend)"
-case "$ran" in caldera-ran-42_in_/config/workspace_pid1=bwrap*) ;; *) fail "the model's command did not run under bubblewrap: $ran" ;; esac
+case "$ran" in caldera-ran-42_in_/config/workspace_pid1=/usr/bin/bwrap_*) ;; *) fail "the model's command did not run under bubblewrap: $ran" ;; esac
 oc_run oc-2 > "$WORK/oc-2.out"
 t_oc2=$(cat "$WORK/oc-oc-2.t")
 read -r st rst conf server ran < "$WORK/oc-2.out"

@@ -10,6 +10,7 @@ it, the same command does not run (nothing widens).
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +20,11 @@ from test_backends_contract import Turn
 
 from caldera import config
 from caldera.backends import registry, service
+from caldera.backends.base import Policy
+from caldera.backends.claude_code import config as cc
+from caldera.backends.codex.backend import sandbox_policy
+from caldera.backends.opencode import confine
+from caldera.backends.opencode import policy as oc_policy
 from caldera.backends.registry import Refused
 from caldera.daemon.governance import run_confinement
 from caldera.errors import ConfigError
@@ -78,6 +84,61 @@ def test_without_the_setting_nothing_widens():
 def test_the_report_says_external():
     env = {"CALDERA_RUN_SANDBOX": "external", "CALDERA_WORKSPACE_ROOTS": "/srv", **CONTAINER}
     assert run_confinement(env) == {"code_agent_confinement": "external"}
+
+
+# ---------------------------------------------------------------- each backend's part
+
+def test_codex_is_sent_external_sandbox_only_for_an_external_run():
+    assert sandbox_policy(Policy(60)) is None
+    assert sandbox_policy(Policy(60, external=True)) == {"type": "externalSandbox", "networkAccess": "restricted"}
+    assert sandbox_policy(Policy(60, network=True, external=True))["networkAccess"] == "enabled"
+
+
+def test_claude_codes_sandbox_is_off_only_for_an_external_run():
+    confined = cc.confine(["/secrets"], ["/w"])
+    own = cc.policy_settings(Policy(60), "/w", confined, {})
+    assert own["sandbox"]["enabled"] is True and own["sandbox"]["failIfUnavailable"] is True
+    assert own["permissions"]["allow"] == []
+    external = cc.policy_settings(Policy(60, external=True), "/w", confined, {})
+    assert external["sandbox"] == {"enabled": False} and external["permissions"]["allow"] == ["Bash"]
+    assert external["permissions"]["deny"] == own["permissions"]["deny"]  # the file tools' rules stay
+
+
+def test_opencode_allows_bash_unconfined_only_for_an_external_run(tmp_path):
+    external = Policy(60, external=True)
+    assert "CALDERA_RUN_SANDBOX=external" in oc_policy.commands(external, confined=True)
+    assert {"permission": "bash", "pattern": "*", "action": "deny"} not in oc_policy.rules(external, True)
+    assert {"permission": "bash", "pattern": "*", "action": "deny"} in oc_policy.rules(Policy(60), False)
+    wrapper = confine.unconfined_wrapper("/usr/bin:/bin")
+    assert "unset OPENCODE_SERVER_PASSWORD OPENCODE_SERVER_USERNAME" in wrapper and "bwrap" not in wrapper
+    script = tmp_path / "bash"
+    script.write_text(wrapper)
+    script.chmod(0o700)
+    out = subprocess.run([str(script), "-c", "echo ${OPENCODE_SERVER_PASSWORD:-none}"], capture_output=True,
+                         text=True, env={"OPENCODE_SERVER_PASSWORD": "pw", "PATH": "/usr/bin:/bin"}, check=True)
+    assert out.stdout == "none\n"
+
+
+def test_roots_bubblewrap_takes_a_user_namespace_only_where_it_needs_one(monkeypatch):
+    tried = []
+
+    def works(bwrap, true, userns=()):
+        tried.append(userns)
+        return userns == ("--unshare-user",)
+
+    monkeypatch.setattr(confine, "works", works)
+    monkeypatch.setattr(confine, "nests", lambda bwrap, true, userns=(): True)
+    monkeypatch.setattr(confine.os, "geteuid", lambda: 0)
+    assert confine.userns_here("/usr/bin/bwrap", "/bin/true") == ("--unshare-user",)
+    assert tried == [(), ("--unshare-user",)]
+    monkeypatch.setattr(confine.os, "geteuid", lambda: 1000)  # any other uid gets one anyway: one probe
+    tried.clear()
+    assert confine.userns_here("/usr/bin/bwrap", "/bin/true") is None and tried == [()]
+    sandbox = confine.Confinement(bwrap="/usr/bin/bwrap", shell="/bin/bash", roots=(), covered=(), hidden=(),
+                                  network=False, server=True, userns=("--unshare-user",))
+    before, _ = sandbox.argv("/srv/s")
+    assert before[:2] == ["/usr/bin/bwrap", "--unshare-user"]
+    assert sandbox.server_argv("/srv/s", "/usr/bin/opencode")[:2] == ["/usr/bin/bwrap", "--unshare-user"]
 
 
 # ---------------------------------------------------------------- what says "container"
