@@ -27,6 +27,7 @@ from caldera.backends.opencode import confine
 from caldera.backends.opencode import policy as oc_policy
 from caldera.backends.registry import Refused
 from caldera.daemon.governance import run_confinement
+from caldera.daemon.startnotes import run_sandbox_problem
 from caldera.errors import ConfigError
 from caldera.host import container
 
@@ -62,6 +63,14 @@ def test_external_is_refused_on_a_host_that_is_not_a_container(monkeypatch):
     with pytest.raises(Refused, match="not a container"):
         service.policy_from_request({"sandbox": "workspace-write"}, env)
     assert run_confinement(env) == {"code_agent_confinement": "refused"}
+
+
+def test_caldera_run_says_it_once_at_start(monkeypatch):
+    assert run_sandbox_problem({}) is None
+    assert run_sandbox_problem({"CALDERA_RUN_SANDBOX": "external", **CONTAINER}) is None
+    assert "the only value is 'external'" in run_sandbox_problem({"CALDERA_RUN_SANDBOX": "on"})
+    monkeypatch.setattr(container, "evidence", lambda environ=None, root="/": None)
+    assert "this host is not a container" in run_sandbox_problem({"CALDERA_RUN_SANDBOX": "external"})
 
 
 def test_external_on_a_container_widens_only_workspace_write_runs():
