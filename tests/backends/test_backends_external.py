@@ -15,8 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from backends_drivers import DRIVERS
-from test_backends_contract import Turn
+from test_backends_contract import (  # noqa: F401 -- the contract suite's fixtures: each real CLI, closed at the end
+    Turn,
+    _drivers_closed,
+    driver,
+)
 
 from caldera import config
 from caldera.backends import registry, service
@@ -218,17 +221,6 @@ def _forbidden(tmp: Path, binary: str | None) -> str | None:
     wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {NO_NAMESPACES} {binary} \"$@\"\n")
     wrapper.chmod(0o755)
     return str(wrapper)
-
-
-@pytest.fixture(params=sorted(DRIVERS), ids=sorted(DRIVERS))
-def driver(request):
-    found = DRIVERS[request.param]
-    if found.binary() is None:
-        reason = f"the real {found.profile} CLI is not available ({found.bin_var} unset or not executable)"
-        if os.environ.get(found.require_var) == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return found
 
 
 def _outputs(turn: Turn) -> str:
