@@ -24,7 +24,14 @@
 # CLAWMANAGER_RUNTIME_TYPE=desktop, and the AI gateway with a canary key: the agent is
 # hermes-12-main, the hermes skill dirs of the volume are scanned (a category recursed; a
 # category holding only DESCRIPTION.md is no skill) and named by `caldera status`, the reports say the agent is on the gateway, and the gateway's
-# key is nowhere either. Every wait is bounded: a stop by the
+# key is nowhere either. Then an OpenCode instance as ClawManager makes one (issue 39: the
+# runtime's variables, OPENCODE_CONFIG_CONTENT on the gateway, the server's credentials, the
+# `opencode` binary in the image, CALDERA_WORKSPACE_ROOTS=/config/workspace; the plane's port
+# fakes the gateway's chat completions, whose model runs one command): two agent_run opencode
+# from `caldera plane enqueue` (the command runs under bubblewrap; the second reuses the
+# server); the same instance under .ci/no-namespaces.py (Docker's default seccomp rule): the
+# command denied, and with CALDERA_RUN_SANDBOX=external run in the container; the report's
+# code_agent_confinement each time. Every wait is bounded: a stop by the
 # code's own stop bound (docs/container.md), everything else by a limit named where it is.
 #
 # Usage: .ci/container.sh [DEB | DIR-with-one-caldera_*.deb]
