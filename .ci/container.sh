@@ -24,7 +24,14 @@
 # CLAWMANAGER_RUNTIME_TYPE=desktop, and the AI gateway with a canary key: the agent is
 # hermes-12-main, the hermes skill dirs of the volume are scanned (a category recursed; a
 # category holding only DESCRIPTION.md is no skill) and named by `caldera status`, the reports say the agent is on the gateway, and the gateway's
-# key is nowhere either. Every wait is bounded: a stop by the
+# key is nowhere either. Then an OpenCode instance as ClawManager makes one (issue 39: the
+# runtime's variables, OPENCODE_CONFIG_CONTENT on the gateway, the server's credentials, the
+# `opencode` binary in the image, CALDERA_WORKSPACE_ROOTS=/config/workspace; the plane's port
+# fakes the gateway's chat completions, whose model runs one command): two agent_run opencode
+# from `caldera plane enqueue` (the command runs under bubblewrap; the second reuses the
+# server); the same instance under .ci/no-namespaces.py (Docker's default seccomp rule): the
+# command denied, and with CALDERA_RUN_SANDBOX=external run in the container; the report's
+# code_agent_confinement each time. Every wait is bounded: a stop by the
 # code's own stop bound (docs/container.md), everything else by a limit named where it is.
 #
 # Usage: .ci/container.sh [DEB | DIR-with-one-caldera_*.deb]
@@ -36,7 +43,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SUITE=trixie
 # caldera's Debian dependencies (so that a cached run installs the .deb without the network)
-PACKAGES=(python3 python3-requests python3-jsonschema python3-yaml adduser)
+PACKAGES=(python3 python3-requests python3-jsonschema python3-yaml adduser
+	bubblewrap ripgrep)  # and what a code agent's commands need (docs/backends.md)
 AGENT=ci-agent
 APP_USER=app  # the non-root image's user (uid 1000, as packaging/container/Dockerfile makes it)
 INSTANCE=12
@@ -234,6 +242,13 @@ printf '127.0.0.1\tlocalhost\n127.0.0.1\t%s clawmanager-gateway.%s-system clawma
 # The same image for a non-root user (the Dockerfile's CALDERA_USER=app): from here they differ.
 IMG_APP=$WORK/image-app
 cp -a --reflink=auto "$IMG" "$IMG_APP"
+# The OpenCode image's CLI (the root image only): the native binary on PATH, as an image installs
+# it; and the CI's seccomp filter, which forbids namespaces for the instance that runs under it.
+OPENCODE_BIN=${CALDERA_OPENCODE_BIN:-$(bash "$ROOT/.ci/install-opencode.sh" "${HOME:-/root}/.cache/caldera-opencode")}
+[ -x "$OPENCODE_BIN" ] || fail "no opencode binary at '$OPENCODE_BIN' (.ci/install-opencode.sh)"
+cp --reflink=auto "$OPENCODE_BIN" "$IMG/usr/local/bin/opencode"
+mkdir -p "$IMG/usr/local/lib/caldera-ci"
+cp "$ROOT/.ci/no-namespaces.py" "$IMG/usr/local/lib/caldera-ci/"
 # As the Dockerfile does: caldera init --owner the image's user (root here, app there).
 build caldera init "/tmp/$AGENT" --name "$AGENT" --owner root | tee "$WORK/init.log"
 [ -f "$IMG/etc/caldera/agents/$AGENT/caldera.agent.yaml" ] || fail "caldera init installed nothing"
@@ -291,13 +306,15 @@ ENVS=(CLAWMANAGER_AGENT_ENABLED=true "CLAWMANAGER_AGENT_BASE_URL=$BASE_URL"
 # given); $RUN_IMG, $RUN_PERSIST and $RUN_USER (empty: the image's root) say which image, volume and user.
 RUN_IMG=$IMG
 RUN_USER=
+RUN_PREFIX=()  # what execs the image's command (the seccomp filter of the instance without namespaces)
 start_container() {
 	local setenv=() kv user=()
 	for kv in "${ENVS[@]}" "$@"; do setenv+=("--setenv=$kv"); done
 	[ -z "$RUN_USER" ] || user=("--user=$RUN_USER")
 	printf '\n--- container start %s\n' "$(date -u +%FT%TZ)" >> "$WORK/container.log"
 	systemd-nspawn -D "$RUN_IMG" -M caldera-ctr --register=no --keep-unit --pipe --read-only "${user[@]}" \
-		--tmpfs=/tmp --bind="$RUN_PERSIST:/config" "${setenv[@]}" "${CMD[@]}" >> "$WORK/container.log" 2>&1 &
+		--tmpfs=/tmp --bind="$RUN_PERSIST:/config" "${setenv[@]}" "${RUN_PREFIX[@]}" "${CMD[@]}" \
+		>> "$WORK/container.log" 2>&1 &
 	NSPAWN_PID=$!
 	CPID=
 	local pid
@@ -565,6 +582,84 @@ if grep -v '^Attempted to remove disk file system' "$WORK/container.log" | grep 
 fi
 echo "as uid 1000: registered ${t_app_reg} s after the start, a command round trip ${t_app_cmd} s, SIGTERM exit 0 in $STOP_T s"
 
+# An OpenCode instance, as ClawManager makes one (clawmanager-notes 1.5, 4.2): the runtime's
+# name, its persistent dir, the server's config on the gateway and its credentials, the project
+# path. The workspace root is given as CALDERA_WORKSPACE_ROOTS (the instance's project dir).
+OC_CONTENT='{"$schema":"https://opencode.ai/config.json","provider":{"clawmanager":{"npm":"@ai-sdk/openai-compatible","name":"ClawManager","options":{"baseURL":"{env:CLAWMANAGER_LLM_BASE_URL}","apiKey":"{env:CLAWMANAGER_LLM_API_KEY}"},"models":{"auto":{"name":"auto"}}}},"model":"clawmanager/auto"}'
+OC_STATE=$PERSIST/.opencode/caldera-agent
+mkdir -p "$PERSIST/workspace"
+ENVS_HERMES=("${ENVS[@]}")
+ENVS=("${ENVS[@]/#CLAWMANAGER_AGENT_RUNTIME_TYPE=hermes/CLAWMANAGER_AGENT_RUNTIME_TYPE=opencode}")
+ENVS=("${ENVS[@]/#CLAWMANAGER_AGENT_PERSISTENT_DIR=*/CLAWMANAGER_AGENT_PERSISTENT_DIR=/config/.opencode}")
+ENVS+=("OPENCODE_CONFIG_CONTENT=$OC_CONTENT" OPENCODE_SERVER_USERNAME=opencode "OPENCODE_SERVER_PASSWORD=$LLM_KEY"
+	CLAWMANAGER_PROJECT_PATH=/config/workspace CALDERA_WORKSPACE_ROOTS=/config/workspace)
+oc_registered() { plane agents --json | grep -q "\"opencode-$INSTANCE-main\""; }
+finished() { case "$(command_status "$1")" in succeeded|failed) return 0 ;; esac; return 1; }
+# oc_run RUN-ID: an opencode agent_run from the plane; prints "STATUS RUN-STATUS CONFINEMENT SERVER RAN"
+# (RAN: what the command printed, "-" if it never ran) and the commands' line of backend_status.
+oc_run() {
+	local id
+	id=$(plane enqueue --instance "$INSTANCE" --timeout 180 --payload "{\"run_id\":\"$1\",\"prompt\":\"Say where you run.\",\"backend_profile\":\"opencode\",\"workspace\":\"/config/workspace\",\"execution_policy\":{\"timeout_seconds\":120}}" agent_run)
+	wait_until 150 "agent_run $1 ($id) finished" finished "$id" > "$WORK/oc-$1.t"
+	plane commands --instance "$INSTANCE" --json | "$PY" -c '
+import json, sys
+row = next(r for r in json.load(sys.stdin)["commands"] if int(r["id"]) == int(sys.argv[1]))
+res = row.get("result") or {}
+events = [e for e in res.get("events") or [] if isinstance(e, dict)]
+start = next((e["data"] for e in events if e["type"] == "backend_status" and e["data"].get("phase") == "starting"), {})
+ran = " ".join(e["data"].get("output") or "" for e in events if e["type"] == "command_output").split()
+ready = next((e["data"] for e in events if e["type"] == "backend_status" and e["data"].get("phase") == "ready"), {})
+print(row["status"], res.get("status"), (start.get("policy") or {}).get("confinement"), ready.get("server"),
+      "_".join(ran) or "-")
+print(start.get("commands"), "| the server listening after", ready.get("listening_after_ms"), "ms")' "$id"
+}
+
+step "an OpenCode instance (ClawManager's variables, the binary in the image): agent_run opencode from the plane"
+regs_before=$(count_requests '^POST /api/v1/agent/register 200$')
+start_container
+t_oc_reg=$(wait_until 60 "registered as opencode-$INSTANCE-main" oc_registered)
+oc_run oc-1 > "$WORK/oc-1.out"
+t_oc1=$(cat "$WORK/oc-oc-1.t")
+read -r st rst conf server ran < "$WORK/oc-1.out"
+sed -n 2p "$WORK/oc-1.out" | sed 's/^/  commands: /'
+[ "$st $rst $conf" = "succeeded completed backend" ] || fail "the OpenCode run: $(head -n 1 "$WORK/oc-1.out") (want succeeded completed backend)"
+case "$ran" in caldera-ran-42_in_/config/workspace_pid1=/usr/bin/bwrap_*) ;; *) fail "the model's command did not run under bubblewrap: $ran" ;; esac
+oc_run oc-2 > "$WORK/oc-2.out"
+t_oc2=$(cat "$WORK/oc-oc-2.t")
+read -r st rst conf server ran < "$WORK/oc-2.out"
+[ "$st $rst" = "succeeded completed" ] && [ "$ran" != - ] || fail "the second OpenCode run: $(head -n 1 "$WORK/oc-2.out")"
+[ "$server" = reused ] || fail "the second run did not reuse the agent's OpenCode server (its server: $server)"
+[ "$(report_field "b['runtime'].get('code_agent_confinement')")" = backend ] || fail "the report does not say code_agent_confinement backend"
+stop_with TERM
+[ "$STOP_RC" = 0 ] || fail "exit status $STOP_RC after SIGTERM, the OpenCode instance (want 0)"
+echo "registered ${t_oc_reg} s; the first run ${t_oc1} s (the command ran under bubblewrap: $ran), the second ${t_oc2} s (the server reused)"
+
+step "the same instance with namespaces forbidden (Docker's default seccomp filter): what runs"
+RUN_PREFIX=(python3 /usr/local/lib/caldera-ci/no-namespaces.py)
+start_container
+oc_run oc-3 > "$WORK/oc-3.out"
+t_oc3=$(cat "$WORK/oc-oc-3.t")
+read -r st rst conf server ran < "$WORK/oc-3.out"
+[ "$st $rst $conf $ran" = "succeeded completed backend -" ] || fail "without namespaces and without the setting: $(head -n 1 "$WORK/oc-3.out") (want the command denied)"
+grep -q '^denied (bubblewrap is not there, cannot start here' <(sed -n 2p "$WORK/oc-3.out") || fail "backend_status does not say the commands are denied"
+stop_with TERM
+reports_before=$(count_requests '^POST /api/v1/agent/state/report 200$')
+start_container CALDERA_RUN_SANDBOX=external
+wait_until 30 "a report" reported_since "$reports_before" >/dev/null
+oc_run oc-4 > "$WORK/oc-4.out"
+t_oc4=$(cat "$WORK/oc-oc-4.t")
+read -r st rst conf server ran < "$WORK/oc-4.out"
+[ "$st $rst $conf" = "succeeded completed external" ] || fail "with CALDERA_RUN_SANDBOX=external: $(head -n 1 "$WORK/oc-4.out")"
+case "$ran" in caldera-ran-42_in_/config/workspace_pid1=*caldera_run*) ;; *) fail "with CALDERA_RUN_SANDBOX=external the command did not run in the container: $ran" ;; esac
+[ "$(report_field "b['runtime'].get('code_agent_confinement')")" = external ] || fail "the report does not say code_agent_confinement external"
+stop_with TERM
+[ "$STOP_RC" = 0 ] || fail "exit status $STOP_RC after SIGTERM, the instance without namespaces (want 0)"
+RUN_PREFIX=()
+ENVS=("${ENVS_HERMES[@]}")
+changed=$(find "$IMG" -xdev -newer "$WORK/image-done" -printf '%p\n' | head -n 20)
+[ -z "$changed" ] || fail "written in the image (read-only): $changed"
+echo "without the setting: the command denied (${t_oc3} s); CALDERA_RUN_SANDBOX=external: it ran in the container (${t_oc4} s), the report says external"
+
 step "the canary bootstrap token: nowhere but where ClawManager put it; the gateway key nowhere"
 [ "$(stat -c %a "$STATE/session.json")" = 600 ] || fail "session.json is not 0600"
 leaks=$(grep -rlF "$TOKEN" "$WORK/container.log" "$PERSIST" "$IMG" "$PERSIST_APP" "$IMG_APP" 2>/dev/null \
@@ -586,4 +681,6 @@ printf 'restart            reports %s s after the start, session reused\n' "$t_r
 printf 'proxies            dead + NO_PROXY %s s, live %s s\n' "$t_noproxy" "$t_live"
 printf 'kill -9 + 503      finish delivered once, %s s after the restart\n' "$t_k9"
 printf 'as uid 1000        registered %s s, a command round trip +%s s, SIGTERM exit 0\n' "$t_app_reg" "$t_app_cmd"
+printf 'OpenCode instance  registered %s s; agent_run %s s, the second %s s (server reused)\n' "$t_oc_reg" "$t_oc1" "$t_oc2"
+printf 'no namespaces      the command denied %s s; CALDERA_RUN_SANDBOX=external: it ran, %s s\n' "$t_oc3" "$t_oc4"
 printf 'total              %s s\n' "$(( $(date +%s) - t0 ))"

@@ -573,6 +573,25 @@ def run_caps(environ: Environ, *, sandboxes: Iterable[str], default_max_timeout:
             "allow_approval": _run_flag(environ, "CALDERA_RUN_ALLOW_APPROVAL")}
 
 
+RUN_SANDBOX = "CALDERA_RUN_SANDBOX"
+RUN_SANDBOX_EXTERNAL = "external"
+
+
+def run_sandbox_external(environ: Environ) -> bool:
+    """CALDERA_RUN_SANDBOX=external: the operator states that the host (a container, a
+    ClawManager instance) is the sandbox, and the code agents' commands run there without the
+    backends' own (docs/container.md, "Code agents where user namespaces are forbidden"). Unset
+    or empty: each backend's own sandbox (the default). Anything else is a ConfigError; whether
+    the host is a container at all is the backends' check (backends/registry.confinement)."""
+    raw = str(environ.get(RUN_SANDBOX) or "").strip()
+    if not raw:
+        return False
+    if raw.lower() == RUN_SANDBOX_EXTERNAL:
+        return True
+    raise ConfigError(f"{RUN_SANDBOX}={raw!r}: the only value is 'external' (the container is the sandbox); "
+                      "leave it unset for each backend's own sandbox")
+
+
 def _run_flag(environ: Environ, name: str) -> bool:
     raw = str(environ.get(name) or "").strip().lower()
     if raw in _RUN_TRUE:
@@ -892,7 +911,8 @@ KNOWN_VARS = (
     "CALDERA_OPENCODE_BIN", "CALDERA_OPENCODE_IDLE_SECONDS", "CALDERA_OPENCODE_MAX_RETRIES",
     "CALDERA_PERSISTENT_DIR", "CALDERA_PLANE_DB", "CALDERA_PROTOCOL_VERSION", "CALDERA_REPORT_INTERVAL_SECONDS",
     "CALDERA_RUNTIME_TYPE", "CALDERA_RUN_ALLOW_APPROVAL", "CALDERA_RUN_ALLOW_NETWORK", "CALDERA_RUN_MAX_SANDBOX",
-    "CALDERA_RUN_MAX_TIMEOUT_SECONDS", "CALDERA_SCHEMA_DIR", "CALDERA_SETTINGS_FILE", "CALDERA_SIGNAL_HANDOVER",
+    "CALDERA_RUN_MAX_TIMEOUT_SECONDS", "CALDERA_RUN_SANDBOX", "CALDERA_SCHEMA_DIR",
+    "CALDERA_SETTINGS_FILE", "CALDERA_SIGNAL_HANDOVER",
     "CALDERA_SKILL_DIRS", "CALDERA_STATE_DIR", "CALDERA_TOKEN", "CALDERA_VERB", "CALDERA_WORKSPACE_ROOTS",
 )
 

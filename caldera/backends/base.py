@@ -30,7 +30,15 @@ from caldera.backends import failures as fk
 from caldera.backends.events import EVENT_TYPES, EventSink
 
 # also named here (base.capabilities): the daemon imports them from the light registry (see there)
-from caldera.backends.registry import DEFAULT_PROFILE, PROFILES, BackendServers, Refused, capabilities
+from caldera.backends.registry import (
+    CONFINEMENT_BACKEND,
+    CONFINEMENT_EXTERNAL,
+    DEFAULT_PROFILE,
+    PROFILES,
+    BackendServers,
+    Refused,
+    capabilities,
+)
 
 if TYPE_CHECKING:
     from caldera.redact import Redactor
@@ -45,10 +53,17 @@ class Policy:
     sandbox: str = "workspace-write"
     approval: str = "never"
     network: bool = False
+    # The container is the sandbox (CALDERA_RUN_SANDBOX=external, a workspace-write run): the
+    # backend runs the agent's commands without its own sandbox (registry.confinement).
+    external: bool = False
+
+    @property
+    def confinement(self) -> str:
+        return CONFINEMENT_EXTERNAL if self.external else CONFINEMENT_BACKEND
 
     def as_dict(self) -> dict[str, Any]:
         return {"timeout_seconds": self.timeout_seconds, "sandbox": self.sandbox,
-                "approval": self.approval, "network": self.network}
+                "approval": self.approval, "network": self.network, "confinement": self.confinement}
 
 
 @dataclass(frozen=True)

@@ -110,13 +110,14 @@ class Box:
     hidden: tuple[str, ...]  # the agent's private paths: hidden first, and again inside a bind
     readable: tuple[str, ...] = ()  # bound back read-only where they exist (the binary, resolv.conf's target)
     flags: tuple[str, ...] = ()  # more of bwrap's options (Codex's: --unshare-ipc, --die-with-parent)
+    userns: tuple[str, ...] = ()  # one of USERNS_CHOICES (`userns_here`)
 
     def argv(self, writable: Sequence[str], read_only: Sequence[str] = ()) -> list[str]:
         """`writable` and `read_only` (real paths) bound back over what hides them, the outer
         ones first: after each, the covered and hidden paths inside it are hidden again, and a
         bind inside one of those (the run's dir in a hidden state dir) comes after it."""
         covered = outermost([*SHARED, *self.covered])
-        args = [self.bwrap, *FILESYSTEM, *self.flags, *hide(p for p in covered if os.path.isdir(p)),
+        args = [self.bwrap, *self.userns, *FILESYSTEM, *self.flags, *hide(p for p in covered if os.path.isdir(p)),
                 *hide(self.hidden)]
         for path in self.readable:
             args += ["--ro-bind-try", path, path]
@@ -136,20 +137,37 @@ def which(path: str, bundled: str | None = None) -> tuple[str, str] | None:
     return (bwrap, true) if bwrap and true else None
 
 
+# Root in a container: without a user namespace bubblewrap needs the container's CAP_SYS_ADMIN,
+# and CAP_NET_ADMIN for `--unshare-net`, which a container's root seldom has (systemd-nspawn's:
+# "loopback: Failed RTM_NEWADDR"; Docker's and Kubernetes' default: neither); in one, a nested
+# sandbox cannot mount /proc where the host masks parts of it (Docker's own root: "Can't mount
+# proc"). So root tries without first, then with `--unshare-user` (measured, bubblewrap 0.11);
+# any other uid gets a user namespace from bubblewrap either way.
+USERNS_CHOICES: tuple[tuple[str, ...], ...] = ((), ("--unshare-user",))
+
+
 @functools.cache
-def works(bwrap: str, true: str) -> bool:
+def works(bwrap: str, true: str, userns: tuple[str, ...] = ()) -> bool:
     """Whether bubblewrap can make a command's sandbox here (user namespaces, a network
-    namespace): one probe per process and binary."""
-    argv = [bwrap, *BASE, "--unshare-net", "--", true]
+    namespace): one probe per process, binary and USERNS_CHOICES entry."""
+    argv = [bwrap, *userns, *BASE, "--unshare-net", "--", true]
     return proc.run(argv, env={"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT, stdout_cap=1024).ok
 
 
 @functools.cache
-def nests(bwrap: str, true: str) -> bool:
+def nests(bwrap: str, true: str, userns: tuple[str, ...] = ()) -> bool:
     """Whether a command's sandbox can start inside a process's (a nested user, pid and mount
-    namespace): one probe per process and binary."""
-    argv = [bwrap, *FILESYSTEM, "--", bwrap, *BASE, "--unshare-net", "--", true]
+    namespace): one probe per process, binary and choice."""
+    argv = [bwrap, *userns, *FILESYSTEM, "--", bwrap, *userns, *BASE, "--unshare-net", "--", true]
     return proc.run(argv, env={"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT, stdout_cap=1024).ok
+
+
+def userns_here(bwrap: str, true: str) -> tuple[str, ...] | None:
+    """The first of USERNS_CHOICES whose sandbox starts and nests here (root tries both), or None."""
+    for userns in USERNS_CHOICES if os.geteuid() == 0 else USERNS_CHOICES[:1]:
+        if works(bwrap, true, userns) and nests(bwrap, true, userns):
+            return userns
+    return None
 
 
 def unavailable(path: str, bundled: str | None = None) -> str | None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar, cast
 
 from caldera import config
 from caldera.config import Gateway, gateway_from_env
+from caldera.errors import ConfigError
 from caldera.protocol.llm import EXTERNAL, LLMConfig, gateway_config
 
 if TYPE_CHECKING:
@@ -69,6 +70,32 @@ LLM_SOURCES = {
 
 class Refused(Exception):
     """The request is wider than the agent's configured policy, or otherwise not allowed."""
+
+
+# What keeps a run's commands in: each backend's own sandbox (Codex's and Claude Code's
+# bubblewrap, OpenCode's commands under caldera's), or the container the operator declared
+# to be the sandbox (CALDERA_RUN_SANDBOX=external; docs/container.md).
+CONFINEMENT_BACKEND, CONFINEMENT_EXTERNAL = "backend", "external"
+
+
+def confinement(env: Mapping[str, str]) -> str:
+    """The confinement the agent's workspace-write runs get: CONFINEMENT_EXTERNAL with
+    CALDERA_RUN_SANDBOX=external on a container, else CONFINEMENT_BACKEND. Refused (every run
+    blocked with the sentence) for a bad value, and for `external` on a host that is not a
+    container: nothing would be around the commands there."""
+    try:
+        external = config.run_sandbox_external(env)
+    except ConfigError as exc:
+        raise Refused(str(exc)) from None
+    if not external:
+        return CONFINEMENT_BACKEND
+    from caldera.host import container  # here: only a host with the setting reads /proc/1
+
+    if container.evidence(env) is None:
+        raise Refused(f"{config.RUN_SANDBOX}=external states that the container is the sandbox, but this "
+                      "host is not a container (no container runtime's mark, no Kubernetes pod, caldera "
+                      "run is not PID 1): remove it and let each backend's own sandbox confine its commands")
+    return CONFINEMENT_EXTERNAL
 
 
 def gateway_settings(environ: Mapping[str, str]) -> Gateway | None:
@@ -143,6 +170,11 @@ def sandboxes(env: Mapping[str, str]) -> dict[str, str]:
     profiles = [profile for profile in UNBOXED if installed(profile, env)]
     if not profiles:
         return {}
+    try:
+        if confinement(env) == CONFINEMENT_EXTERNAL:  # the container is the sandbox: no box is made
+            return dict.fromkeys(profiles, CONFINEMENT_EXTERNAL)
+    except Refused:
+        return {}  # every run is blocked: runtime.code_agent_confinement says "refused"
     from caldera.backends.confine import unavailable
 
     path = env.get("PATH") or "/usr/local/bin:/usr/bin:/bin"

@@ -11,6 +11,7 @@ Policy caps come from agent.env (SPEC section 10, docs/backends.md):
 | CALDERA_RUN_MAX_SANDBOX | workspace-write | read-only or workspace-write |
 | CALDERA_RUN_ALLOW_NETWORK | false | whether network: true may be asked for |
 | CALDERA_RUN_ALLOW_APPROVAL | false | whether approval: on-request may be asked for |
+| CALDERA_RUN_SANDBOX | (each backend's own sandbox) | external: the container is the sandbox (refused elsewhere) |
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from caldera import config
-from caldera.backends import base, events
+from caldera.backends import base, events, registry
 from caldera.backends import runlog as runlog_mod
 from caldera.backends.registry import ActiveRuns, Refused
 from caldera.errors import ConfigError
@@ -66,7 +67,11 @@ def policy_from_request(requested: dict[str, Any] | None, env: Mapping[str, str]
         raise Refused(f"execution_policy.network={network!r}: true or false")
     if network and not limits["allow_network"]:
         raise Refused("execution_policy.network=true is not allowed on this agent")
-    return base.Policy(timeout_seconds=timeout, sandbox=sandbox, approval=approval, network=network)
+    # The container as the sandbox widens a workspace-write run's commands only: a read-only run
+    # keeps its backend's own sandbox, which alone can keep a command from writing.
+    external = sandbox == "workspace-write" and registry.confinement(env) == registry.CONFINEMENT_EXTERNAL
+    return base.Policy(timeout_seconds=timeout, sandbox=sandbox, approval=approval, network=network,
+                       external=external)
 
 
 def workspace_roots(env: Mapping[str, str]) -> list[Path]:
@@ -156,7 +161,7 @@ def _run(request: dict[str, Any], environment: base.Environment, sink: events.Ev
     if deadline is not None:  # end cleanly before the command's own deadline cancels us
         room = int(deadline - time.monotonic() - FINISH_MARGIN)
         if room < policy.timeout_seconds:
-            policy = base.Policy(max(1, room), policy.sandbox, policy.approval, policy.network)
+            policy = base.Policy(max(1, room), policy.sandbox, policy.approval, policy.network, policy.external)
     run = base.RunRequest(run_id=request["run_id"], prompt=request["prompt"], workspace=workspace,
                           policy=policy, backend_profile=backend.name, model=request.get("model"))
     handle = RunHandle(run.run_id, backend)

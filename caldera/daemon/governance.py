@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from caldera import config
 from caldera.agents.narrow import as_process_driver
+from caldera.backends.registry import Refused, confinement, sandboxes
 from caldera.backends.registry import llm_configs as backend_llm_configs
-from caldera.backends.registry import sandboxes
 from caldera.host.loopguard import LoopGuard
 from caldera.protocol.llm import confirmed, platform_gateways, report_fields
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from caldera.agents.current import Current
     from caldera.config import AgentPaths
     from caldera.protocol.llm import LLMConfig
@@ -42,10 +44,25 @@ def llm_fields(current: Current, paths: AgentPaths) -> dict[str, Any]:
         from caldera.agents.process.environment import llm_configs  # loaded with process mode already
 
         configs += llm_configs(process.spec, env)
+    confinement = run_confinement(env)
     if not configs:
-        return {}
+        return confinement
     keys = [env.get(name) or "" for name in config.GATEWAY_API_KEY]
-    return report_fields(confirmed(configs, platform_gateways(settings.injected, keys)))
+    return {**report_fields(confirmed(configs, platform_gateways(settings.injected, keys))), **confinement}
+
+
+def run_confinement(env: Mapping[str, str]) -> dict[str, str]:
+    """`runtime.code_agent_confinement` (caldera's; ClawManager ignores it): what keeps the
+    commands of the agent's workspace-write runs in, `backend` (each backend's own sandbox) or
+    `external` (CALDERA_RUN_SANDBOX=external: the container), `refused` when that setting is
+    refused here (every run then ends blocked, saying why). Absent without workspace roots
+    (no run can start). A read-only run keeps its backend's sandbox whatever this says."""
+    if not config.workspace_roots(env):
+        return {}
+    try:
+        return {"code_agent_confinement": confinement(env)}
+    except Refused:
+        return {"code_agent_confinement": "refused"}
 
 
 class LLMFields:

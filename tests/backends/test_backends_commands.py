@@ -104,7 +104,7 @@ def test_allowed_caps_let_a_wider_policy_through(tmp_path):
     ws, env = _setup(tmp_path, CALDERA_RUN_ALLOW_NETWORK="true", CALDERA_RUN_ALLOW_APPROVAL="1")
     policy = service.policy_from_request({"network": True, "approval": "on-request", "sandbox": "read-only"}, env)
     assert policy.as_dict() == {"timeout_seconds": 600, "sandbox": "read-only", "approval": "on-request",
-                                "network": True}
+                                "network": True, "confinement": "backend"}
     with pytest.raises(service.Refused, match="not a boolean"):
         service.policy_from_request({}, dict(env, CALDERA_RUN_ALLOW_NETWORK="maybe"))
 

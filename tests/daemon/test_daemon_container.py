@@ -354,6 +354,7 @@ def test_keys_in_a_urls_path_reach_neither_the_report_nor_the_planes_database(ca
 
     first = report(LLM_KEY, projected=False)
     assert (first["llm_config_status"], first["llm_provider_base_url"]) == ("gateway", GATEWAY.lower())
+    assert first["code_agent_confinement"] == "backend"  # no CALDERA_RUN_SANDBOX: each backend's own sandbox
     assert report("sk-ANOTHERKEY-9876543210", projected=False)["llm_config_fingerprint"] == \
         first["llm_config_fingerprint"]
     projected = report(LLM_KEY, projected=True)

@@ -177,7 +177,7 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
             raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED,
                                     "no Claude Code binary: set CALDERA_CLAUDE_CODE_BIN or put claude on PATH")
         missing = [name for name, path in sandbox_helpers(environment.env).items() if not path]
-        if missing:
+        if missing and not run.policy.external:  # external: the container is the sandbox
             raise Refused(f"the execution policy cannot be honoured: Claude Code keeps the agent's commands in "
                           f"the workspace and off the network only inside its bubblewrap sandbox, and "
                           f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on PATH "

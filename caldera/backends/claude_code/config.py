@@ -309,6 +309,12 @@ def policy_settings(policy: Policy, workspace: str, confinement: Confinement,
         "enableAllProjectMcpServers": False,
         "cleanupPeriodDays": 1,
     })
+    if policy.external:
+        # The container is the sandbox (CALDERA_RUN_SANDBOX=external): the CLI's own is off and
+        # Bash runs without asking (which the sandbox's autoAllowBashIfSandboxed did); the file
+        # tools keep their deny rules, the commands see what the container's user sees.
+        settings["sandbox"] = {"enabled": False}
+        settings["permissions"]["allow"] = ["Bash"]
     return settings
 
 

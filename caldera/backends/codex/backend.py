@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from caldera import __version__, config
 from caldera.backends import failures as fk
 from caldera.backends import leftovers
-from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
+from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, Policy, RunRequest, stop_reason
 from caldera.backends.codex import config as codex_config
 from caldera.backends.codex import gateway as codex_gateway
 from caldera.backends.codex import sandbox
@@ -98,6 +98,21 @@ class CodexContext:
     def redactor(self) -> Redactor:
         return self.environment.redactor
 
+    @property
+    def external(self) -> bool:
+        """The container is the sandbox (CALDERA_RUN_SANDBOX=external): Codex runs the commands
+        in it without its own bubblewrap, and nothing else wraps the app-server either."""
+        return self.run.policy.external
+
+
+def sandbox_policy(policy: Policy) -> Message | None:
+    """turn/start's `sandboxPolicy` for an external run: Codex's `externalSandbox` (commands run
+    unsandboxed, the caller vouching for what is around them; the network setting is what the
+    model is told, not enforced by Codex). None: thread/start's `sandbox` mode stands."""
+    if not policy.external:
+        return None
+    return {"type": "externalSandbox", "networkAccess": "enabled" if policy.network else "restricted"}
+
 
 class CodexBackend(Backend[CodexContext]):
     name = "codex"
@@ -125,8 +140,9 @@ class CodexBackend(Backend[CodexContext]):
         for value in plan.secret_values:
             redactor.add(value)
         binary = find_binary(environment.env)
-        # confined=False is for an operator whose container is the sandbox (no bubblewrap of caldera's)
-        box, commands = sandbox.plan(environment, binary, environment.env.get("PATH") or DEFAULT_PATH, confined=True)
+        # CALDERA_RUN_SANDBOX=external: the container is the sandbox, no bubblewrap of caldera's
+        box, commands = sandbox.plan(environment, binary, environment.env.get("PATH") or DEFAULT_PATH,
+                                     confined=not run.policy.external)
         sink.emit("backend_status", {
             "phase": "starting", "backend": "codex", "profile": run.backend_profile, "binary": binary,
             "provider": plan.provider, "model": plan.model, "base_url": plan.base_url,
@@ -212,10 +228,14 @@ class CodexBackend(Backend[CodexContext]):
         sink.emit("backend_status", {
             "phase": "thread_started", "thread_id": context.thread_id, "model": started.get("model"),
             "model_provider": started.get("modelProvider"), "sandbox": run.policy.sandbox,
-            "approval": run.policy.approval, "network": run.policy.network, "cwd": run.workspace})
-        turn = self._request(context, server, "turn/start", {
-            "threadId": context.thread_id,
-            "input": [{"type": "text", "text": run.prompt, "text_elements": []}]}).get("turn")
+            "approval": run.policy.approval, "network": run.policy.network, "cwd": run.workspace,
+            "confinement": run.policy.confinement})
+        turn_params: Message = {"threadId": context.thread_id,
+                                "input": [{"type": "text", "text": run.prompt, "text_elements": []}]}
+        external = sandbox_policy(run.policy)
+        if external is not None:
+            turn_params["sandboxPolicy"] = external
+        turn = self._request(context, server, "turn/start", turn_params).get("turn")
         if not isinstance(turn, dict) or not isinstance(turn.get("id"), str):
             raise fk.BackendFailure(fk.BACKEND_RESPONSE_INVALID, "turn/start result has no turn.id")
         context.turn_id = turn["id"]

@@ -32,9 +32,10 @@ RESOURCES = ("codex-resources", "codex-path")  # beside bin/ in the npm package'
 def plan(environment: Environment, binary: str | None, path: str,
          confined: bool = True) -> tuple[confine.Box | None, str]:
     """The app-server's Box (None: none) and what `backend_status` says of its commands.
-    `confined` False leaves it out (an operator whose container is the sandbox)."""
+    `confined` False leaves it out (CALDERA_RUN_SANDBOX=external: the operator's container is
+    the sandbox, and Codex's own is off too: `externalSandbox`)."""
     if not confined:
-        return None, "Codex's own sandbox only (caldera's bubblewrap is off): the runtime's roots are readable"
+        return None, "external (CALDERA_RUN_SANDBOX=external: the container is the sandbox)"
     bundled = bundled_bwrap(binary)
     why = confine.unavailable(path, bundled)
     if why is not None:

@@ -59,6 +59,7 @@ from caldera.backends.confine import (
     outermost,
     private_paths,
     resolv_binds,
+    userns_here,
     works,
 )
 from caldera.host.fsutil import atomic_write_bytes
@@ -106,6 +107,7 @@ class Confinement:
     network: bool
     extra: tuple[str, ...] = ()  # read-only binds back into a covered dir (resolv.conf's target)
     server: bool = False  # `opencode serve` itself runs in a sandbox of its own (bubblewrap nests here)
+    userns: tuple[str, ...] = ()  # one of confine.USERNS_CHOICES: the one that starts and nests here
 
     def argv(self, server_dir: str) -> tuple[list[str], list[str]]:
         """bwrap's arguments before and after the turn's workspace bind (the wrapper adds it
@@ -115,7 +117,7 @@ class Confinement:
         uncovered it); the server's HOME and TMPDIR made again, empty."""
         server_dir = os.path.realpath(server_dir)
         covered = outermost([*SHARED, *self.covered, server_dir])  # one tmpfs covers those inside another
-        args = [self.bwrap, *BASE, *hide([p for p in covered if os.path.isdir(p)]), *hide(self.hidden)]
+        args = [self.bwrap, *self.userns, *BASE, *hide([p for p in covered if os.path.isdir(p)]), *hide(self.hidden)]
         for path in self.extra:
             args += ["--ro-bind-try", path, path]
         for path in self.roots:
@@ -140,7 +142,7 @@ class Confinement:
         its dir (SERVER_READ_ONLY): the wrapper and the workspaces list, its config dirs."""
         server_dir = os.path.realpath(server_dir)
         binaries = sorted({binary, os.path.realpath(binary)})
-        box = Box(self.bwrap, self.covered, self.hidden, readable=(*self.extra, *binaries))
+        box = Box(self.bwrap, self.covered, self.hidden, readable=(*self.extra, *binaries), userns=self.userns)
         return box.argv([*self.roots, server_dir], [os.path.join(server_dir, name) for name in SERVER_READ_ONLY])
 
     def wrapper(self, server_dir: str) -> str:
@@ -190,6 +192,21 @@ class Admitted:
             pass  # the server stopped and its dir is gone: nothing to admit any more
 
 
+# CALDERA_RUN_SANDBOX=external (the container is the sandbox): OpenCode's $SHELL only drops
+# the server's credentials and runs the real shell, confined by nothing of caldera's.
+UNCONFINED = """#!/bin/sh
+# caldera (backends/opencode/confine.py): OpenCode's $SHELL; CALDERA_RUN_SANDBOX=external
+unset @UNSET@
+exec @SHELL@ "$@"
+"""
+
+
+def unconfined_wrapper(path: str) -> str:
+    """The $SHELL of a server whose commands run in the container as they are (external)."""
+    shell = shutil.which("bash", path=path) or "/bin/sh"
+    return UNCONFINED.replace("@UNSET@", " ".join(UNSET)).replace("@SHELL@", shlex.quote(shell))
+
+
 def plan(roots: Iterable[str], covered: Iterable[str | None], hidden: Iterable[str], network: bool,
          path: str) -> Confinement | None:
     """The agent's commands' sandbox, or None when bubblewrap is not there, cannot start, or
@@ -197,14 +214,14 @@ def plan(roots: Iterable[str], covered: Iterable[str | None], hidden: Iterable[s
     `roots`: the agent's workspace roots; `covered`: the runtime's roots (config, state,
     persistent dir, Claude Code's private dirs); `hidden`: `private_paths`."""
     bwrap, shell, true = (shutil.which(name, path=path) for name in ("bwrap", "bash", "true"))
-    if not (bwrap and shell and true) or not works(bwrap, true):
-        return None
-    if not nests(bwrap, true):
-        # an unconfined server's write tool follows a symlink to the wrapper in its own dir and
-        # rewrites it: its commands would run bare. None: Bash denied, said in backend_status
+    # Where it starts but cannot nest, an unconfined server's write tool follows a symlink to the
+    # wrapper in its own dir and rewrites it: its commands would run bare. None: Bash denied,
+    # said in backend_status.
+    userns = userns_here(bwrap, true) if bwrap and shell and true else None
+    if not (bwrap and shell) or userns is None:
         return None
     real_roots = sorted({os.path.realpath(r) for r in roots if os.path.isdir(r)})
     real_covered = sorted({os.path.realpath(c) for c in covered if c} - {"/"})
     extra = resolv_binds((*SHARED, *real_covered))  # /etc/resolv.conf may point into /run
     return Confinement(bwrap=bwrap, shell=shell, roots=tuple(real_roots), covered=tuple(real_covered),
-                       hidden=tuple(hidden), network=network, extra=extra, server=nests(bwrap, true))
+                       hidden=tuple(hidden), network=network, extra=extra, server=True, userns=userns)

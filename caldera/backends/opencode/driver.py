@@ -197,13 +197,14 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         state_dir = os.path.dirname(owner.runs_dir if owner is not None else os.path.abspath(environment.runs_dir))
         hidden = confine.private_paths(environment.secrets_dir, state_dir, environment.credentials_dir)
         covered = runtime_roots(environment.config_root, environment.state_root, environment.persistent_dir)
-        sandbox = confine.plan(_workspace_roots(env, run.workspace), covered, hidden, run.policy.network, path)
+        sandbox = None if run.policy.external else \
+            confine.plan(_workspace_roots(env, run.workspace), covered, hidden, run.policy.network, path)
         sink.emit("backend_status", {
             "phase": "starting", "backend": "opencode", "profile": run.backend_profile, "binary": binary,
             "provider": provider, "model": model, "base_url": spec.base_url(provider),
             "provider_source": spec.source, "policy": run.policy.as_dict(),
             "server": "agent" if owner is not None else "turn",
-            "commands": policy_rules.commands(run.policy, sandbox is not None)})
+            "commands": policy_rules.commands(run.policy, sandbox is not None or run.policy.external)})
         if not binary:
             raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED,
                                     "no OpenCode binary: set CALDERA_OPENCODE_BIN or put opencode on PATH")
@@ -212,7 +213,8 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
             raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED, f"cannot start {binary}: not an executable file")
         if not os.path.isdir(run.workspace):
             raise fk.BackendFailure(fk.BACKEND_FAILED, f"workspace {run.workspace} is not a directory")
-        launch = srv.Launch(binary=binary, spec=spec, path=path, tz=env.get("TZ"), sandbox=sandbox)
+        launch = srv.Launch(binary=binary, spec=spec, path=path, tz=env.get("TZ"), sandbox=sandbox,
+                            external=run.policy.external)
         return OpenCodeContext(
             run=run, environment=environment, sink=sink, launch=launch, provider=provider, model=model,
             owner=owner or ServerOwner(environment.runs_dir, idle_seconds=idle), private_owner=owner is None,
@@ -259,7 +261,8 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
                 raise srv.ServerError("the event stream did not connect")
         session = self._call(context, server, "POST", "/session", {
             "title": f"caldera run {run.run_id}",
-            "permission": policy_rules.rules(run.policy, context.launch.sandbox is not None, context.search)})
+            "permission": policy_rules.rules(run.policy, context.launch.sandbox is not None or context.launch.external,
+                                             context.search)})
         if not isinstance(session, dict) or not isinstance(session.get("id"), str):
             raise fk.BackendFailure(fk.BACKEND_RESPONSE_INVALID, "POST /session answered without a session id")
         context.session_id = session["id"]

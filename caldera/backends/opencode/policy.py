@@ -10,7 +10,7 @@ cannot, Bash is denied.
 | policy | rules |
 | --- | --- |
 | always | `question` deny (no one to answer), `task` deny (a subagent's session would not carry these rules) |
-| no confinement (no bubblewrap) | `bash` deny |
+| no confinement (no bubblewrap, and not `CALDERA_RUN_SANDBOX=external`) | `bash` deny |
 | sandbox read-only | `edit` and `bash` deny (a command could write); with approval on-request: ask |
 | network false | `webfetch`, `websearch`, `codesearch` deny (they run in the server's process) |
 | no `rg` on PATH | `grep`, `glob` deny (OpenCode would download ripgrep from GitHub into its data dir) |
@@ -47,6 +47,8 @@ def commands(policy: Policy, confined: bool) -> str:
     """What the run's Bash commands get, as `backend_status` `starting` says it."""
     if policy.sandbox == "read-only":
         return "denied (read-only: a command could write)"
+    if policy.external:
+        return "unconfined by caldera (CALDERA_RUN_SANDBOX=external: the container is the sandbox)"
     if not confined:
         return ("denied (bubblewrap is not there, cannot start here, or cannot nest in the server's sandbox: "
                 "nothing would confine them)")

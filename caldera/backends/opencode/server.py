@@ -49,7 +49,7 @@ from typing import IO, Any
 from caldera.backends import failures as fk
 from caldera.backends import leftovers
 from caldera.backends.forwarder import Forwarder
-from caldera.backends.opencode.confine import Admitted, Confinement
+from caldera.backends.opencode.confine import Admitted, Confinement, unconfined_wrapper
 from caldera.backends.opencode.provider import ServerSpec
 from caldera.backends.opencode.route import ProviderRoutes, forwarder, process_secret
 from caldera.host import jsonlimits, proc
@@ -94,10 +94,11 @@ class Launch:
     path: str
     tz: str | None = None
     sandbox: Confinement | None = None  # its commands' bubblewrap (None: Bash is denied to its turns)
+    external: bool = False  # no sandbox, Bash allowed: the container is the sandbox (CALDERA_RUN_SANDBOX)
 
     @property
     def fingerprint(self) -> str:
-        return f"{self.binary}\0{self.path}\0{self.tz}\0{self.spec.fingerprint}\0{self.sandbox!r}"
+        return f"{self.binary}\0{self.path}\0{self.tz}\0{self.spec.fingerprint}\0{self.sandbox!r}\0{self.external}"
 
 
 def render_config(spec: ServerSpec, routes: ProviderRoutes, forwarder_url: str) -> dict[str, Any]:
@@ -183,6 +184,10 @@ class OpenCodeServer:
             self.admitted = Admitted(self.dir)
             atomic_write_bytes(self.dir / "bin" / "bash", self.launch.sandbox.wrapper(str(self.dir)).encode(),
                                mode=0o700, durable=False)
+        elif self.launch.external:  # the same SHELL, without bubblewrap: the server's password still dropped
+            (self.dir / "bin").mkdir(mode=0o700)
+            atomic_write_bytes(self.dir / "bin" / "bash", unconfined_wrapper(self.launch.path).encode(),
+                               mode=0o700, durable=False)
 
     def environment(self) -> dict[str, str]:
         d = self.dir
@@ -193,7 +198,7 @@ class OpenCodeServer:
                "OPENCODE_SERVER_PASSWORD": self.password}
         if self.launch.tz:
             env["TZ"] = self.launch.tz
-        if self.launch.sandbox is not None:
+        if self.launch.sandbox is not None or self.launch.external:
             env["SHELL"] = str(d / "bin" / "bash")
         env.update(OFFLINE_ENV)
         return env
