@@ -145,3 +145,20 @@ def test_the_state_reports_entry_imports_no_backend_where_bubblewrap_is_on_path(
                          env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout
     loaded = "['caldera.backends.confine', 'caldera.backends.leftovers', 'caldera.backends.registry']"
     assert out.strip() == "{'codex': 'bubblewrap'} " + loaded, out
+
+
+def test_an_external_run_has_no_box_of_calderas_and_says_so(tmp_path, monkeypatch):
+    """CALDERA_RUN_SANDBOX=external in a container: the app-server runs bare (the container is
+    the sandbox, Codex's own is `externalSandbox`); a read-only run keeps the box."""
+    from caldera.host import container
+
+    monkeypatch.setattr(container, "evidence", lambda env: "a test's container")
+    script = {"on_turn": [{"method": "turn/completed", "params": {"turn": {"id": "$TURN", "status": "completed"}}}]}
+    env = environment(tmp_path, mock_binary(tmp_path, script), write_projection(tmp_path),
+                      CALDERA_RUN_SANDBOX="external")
+    result, events = execute(request(workspace(tmp_path), sandbox="workspace-write"), env)
+    assert result["status"] == "completed", events
+    assert of_type(events, "backend_status")[0]["commands"].startswith("external"), events
+    result, events = execute(request(workspace(tmp_path), run_id="run-2", sandbox="read-only"), env)
+    assert result["status"] == "completed", events
+    assert of_type(events, "backend_status")[0]["commands"].startswith("confined") == _bwrap_works()
