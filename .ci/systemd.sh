@@ -13,7 +13,10 @@
 # agent, `systemctl stop` <= 15 s, a broken config ends `failed` with <= 1
 # restart, the cron line, a process agent's 40 s graceful stop outlasting a
 # TimeoutStopSec=10s drop-in (the daemon's EXTEND_TIMEOUT_USEC: Result=success,
-# no kill), and `apt-get purge` leaves nothing running. Then .ci/home-agent.sh (issue 23):
+# no kill), and `apt-get purge` leaves nothing running. Before those, .ci/code-agents.sh (issue
+# 39): README's "Code agents" blocks, a turn of each backend (Codex, Claude Code, OpenCode) from
+# the plane, restarts mid-turn, another agent's secrets asked for, the key nowhere, stop.
+# Then .ci/home-agent.sh (issue 23):
 # an adapter agent that lives in its owner's home, README's block for it, every verb,
 # owners, the secrets denied to a third account, exposure of both kinds, a kind switch.
 #
@@ -154,6 +157,10 @@ left=$(inside find /var/lib/caldera ! -user caldera -printf '%u %p\n')
 [ "$(unit_prop MainPID)" = "$pid_before" ] || fail "caldera@$AGENT restarted during the sudo verbs"
 roundtrip 30 "after the sudo verbs" >/dev/null
 echo "state dir all caldera's; the unit kept running and runs commands"
+
+# ---- issue 39: README's "Code agents" section, a turn of each backend from the plane (its own script)
+# shellcheck source=.ci/code-agents.sh
+. "$ROOT/.ci/code-agents.sh"
 
 step "an installed but unconfigured agent: no crash loop; reload in local mode connects it"
 inside caldera init /usr/share/caldera/examples/task-agent --name idle-agent >/dev/null
@@ -386,6 +393,7 @@ printf 'base root        %s\n' "$t_base"
 printf 'unit             verify clean, exposure %s\n' "$score"
 printf 'README block     %s s (as the admin, from README.md)\n' "$t_readme"
 printf 'to registered    %s s, reporting %s s, first command +%s s (README start to a finished command: %s s)\n' "$t_reg" "$t_rep" "$t_cmd" "$t_working"
+printf 'code agents      README blocks %s s; %s s in all (every backend, restarts, canary, stop)\n' "$t_ca_readme" "$t_ca"
 printf 'kill -9 restart  %s s\n' "$t_restart"
 printf 'stop             %s s\n' "$t_stop"
 printf 'long agent stop  %s s (TimeoutStopSec=10s; the agent exits %s s after SIGTERM)\n' "$t_slow" "$SLOW_EXIT_AFTER"
