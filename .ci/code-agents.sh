@@ -214,23 +214,29 @@ second=$(ca_server)
 echo "OpenCode: the first turn's server $first, the second's $second"
 
 step "code agents: systemctl restart in the middle of each backend's turn"
-n=0
-for b in "${CA_BACKENDS[@]}"; do
-	n=$((n + 1))
-	marker="sleep 97.$n$RANDOM"
-	id=$(ca_enqueue "$b" "ci-$b-restart" "Run \`$marker\` and say when it is done.")
+# The stop drains: the running turn gets up to 30 s (docs/runtime.md, "Signals"), then is
+# cancelled. A turn whose command ends within that is finished `succeeded`; OpenCode's last one
+# outlasts it and is cancelled. Either way: finished exactly once, nothing of it left.
+# restart_turn BACKEND SECONDS WANT-STATUS
+restart_turn() {
+	local b=$1 marker="sleep $2.$RANDOM" id status count message left
+	id=$(ca_enqueue "$b" "ci-$b-restart-$2" "Run \`$marker\` and say when it is done.")
 	running() { [ -n "$(ca_procs "$marker")" ]; }
 	wait_until 60 "$b's command running ($marker)" running >/dev/null
 	inside systemctl restart "caldera@$AGENT" || fail "systemctl restart during $b's turn"
 	wait_until 60 "command $id ($b, restarted) ended" ca_ended "$id" >/dev/null
 	read -r status count message < <(python3 -c 'import json, sys
 r = json.load(open(sys.argv[1]))
-print(r["status"], r.get("finish_count"), (r.get("error_message") or "")[:120])' "$WORK/ca-row.json")
-	[ "$status" = failed ] && [ "$count" = 1 ] || fail "$b's turn across the restart: $status, finished $count times ($message)"
+print(r["status"], r.get("finish_count"), (r.get("error_message") or "-")[:160])' "$WORK/ca-row.json")
+	[ "$status" = "$3" ] && [ "$count" = 1 ] || fail "$b's turn across the restart: $status (want $3), finished $count times ($message)"
 	left=$(ca_procs "$marker"; ca_procs "${CA_BIN[$b]##*/}")
 	[ -z "$left" ] || fail "left of $b's turn after the restart: $left"
-	echo "$b: the restart finished the turn once ($status: $message); nothing of it left"
-done
+	echo "$b ($marker): finished once across the restart, $status ($message); nothing of it left"
+}
+r0=$(date +%s)
+for b in "${CA_BACKENDS[@]}"; do restart_turn "$b" 4 succeeded; done
+restart_turn opencode 300 failed
+t_ca_restarts=$(( $(date +%s) - r0 ))
 
 step "code agents: a second agent's secrets (a canary) asked for by a turn of each backend"
 inside caldera init /usr/share/caldera/examples/task-agent --name canary-agent >/dev/null
