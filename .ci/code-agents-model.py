@@ -172,7 +172,10 @@ class Handler(BaseHTTPRequestHandler):
         if output is None and body.get("tools"):
             history = body.get("input") if wire == "responses" else body.get("messages")
             command = command_of(history if isinstance(history, list) else [])
-        text = f"The command printed: {output}" if output is not None else "Nothing to run." if body.get("tools") else "A title"
+        if output is not None:
+            text = f"The command printed: {output}"
+        else:
+            text = "Nothing to run." if body.get("tools") else "A title"
         print(f"POST {path} model={model}: {'tool call' if command else 'text'}", flush=True)
         if wire == "responses":
             self.answer(200, "text/event-stream", responses(model, text, command))

@@ -87,7 +87,8 @@ def test_readme_names_the_examples_files_and_the_pinned_versions():
         assert (EXAMPLES / path).exists(), path
     for path in re.findall(r"/etc/caldera/agents/task-agent/secrets/([\w./-]+)", section):
         assert (EXAMPLES / "secrets" / path).is_file(), path
-    for script, package in (("install-codex.sh", "@openai/codex"), ("install-claude-code.sh", "@anthropic-ai/claude-code"),
+    for script, package in (("install-codex.sh", "@openai/codex"),
+                            ("install-claude-code.sh", "@anthropic-ai/claude-code"),
                             ("install-opencode.sh", "opencode-ai")):
         pinned = re.search(r':-([0-9.]+)}"', (ROOT / ".ci" / script).read_text()).group(1)
         assert f"{package}@{pinned}" in section, (package, pinned)
