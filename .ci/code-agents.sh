@@ -20,8 +20,8 @@
 # - a second agent's secrets.env holds a canary; a turn of each backend `cat`s it: the canary
 #   must be in none of that turn's result, events or run log (issue 43: Codex cannot deny reads;
 #   checked for every backend, and the step fails at the very end of this file when one leaks);
-# - `systemctl restart` while a backend's command runs: that turn finished exactly once, and
-#   nothing of it left (its command, its CLI; OpenCode's turn outlasts the drain: cancelled);
+# - `systemctl restart` while a command of each backend runs (an agent each, restarted at
+#   once): each turn finished exactly once, and nothing of it left (its command, its CLI);
 # - the key in no journal line, no file under /var, /tmp, /run, /srv or /home, no plane row;
 # - `systemctl stop`: no process of the account left (the plane, also `caldera`, aside).
 
@@ -39,10 +39,10 @@ doc = json.load(open(sys.argv[1]))
 doc.update(run_id=sys.argv[2], prompt=sys.argv[3])
 print(json.dumps(doc))' "$ROOT/examples/code-agents/agent-run-$1.json" "$2" "$3"
 }
-ca_enqueue() { plane enqueue --instance "$INSTANCE" agent_run --payload "$(ca_payload "$@")"; }
-# ca_row ID: the plane's row of command ID, as JSON (nothing while it runs: exit 1).
+ca_enqueue() { plane enqueue --instance "${CA_TO:-$INSTANCE}" agent_run --payload "$(ca_payload "$@")"; }
+# ca_row ID [INSTANCE]: the plane's row of command ID, as JSON (nothing while it runs: exit 1).
 ca_row() {
-	plane commands --instance "$INSTANCE" --json | python3 -c '
+	plane commands --instance "${2:-$INSTANCE}" --json | python3 -c '
 import json, sys
 rows = json.load(sys.stdin)
 rows = rows.get("commands", rows) if isinstance(rows, dict) else rows
@@ -51,7 +51,7 @@ if row is None or row["status"] not in ("succeeded", "failed"):
     sys.exit(1)
 print(json.dumps(row))' "$1"
 }
-ca_ended() { ca_row "$1" > "$WORK/ca-row.json"; }
+ca_ended() { ca_row "$@" > "$WORK/ca-row.json"; }
 # ca_check ID WANT: the row `succeeded`, its result `completed`, WANT in its events.
 ca_check() {
 	wait_until 120 "command $1 ended" ca_ended "$1" >/dev/null
@@ -238,31 +238,48 @@ r = json.load(open(sys.argv[1])); print(r["status"])' "$WORK/ca-row.json"))"
 	fi
 done
 
-step "code agents: systemctl restart in the middle of each backend's turn"
-# The stop drains: the running turn gets up to 30 s (docs/runtime.md, "Signals"), then is
-# cancelled. Codex's and Claude Code's commands end within that (the turn finished `succeeded`);
-# OpenCode's outlasts it and is cancelled (with its server and sandbox). Either way: finished
-# exactly once, nothing of it left. (30 s of grace for each backend would cost a minute more.)
-# restart_turn BACKEND SECONDS WANT-STATUS
-restart_turn() {
-	local b=$1 marker="sleep $2.$RANDOM" id status count message left
-	id=$(ca_enqueue "$b" "ci-$b-restart-$2" "Run \`$marker\` and say when it is done.")
-	running() { [ -n "$(ca_procs "$marker")" ]; }
-	wait_until 60 "$b's command running ($marker)" running >/dev/null
-	inside systemctl restart "caldera@$AGENT" || fail "systemctl restart during $b's turn"
-	wait_until 60 "command $id ($b, restarted) ended" ca_ended "$id" >/dev/null
+step "code agents: systemctl restart in the middle of a turn of each backend (an agent each)"
+# The stop drains: a running turn gets up to 30 s (docs/runtime.md, "Signals"), then is
+# cancelled. One agent per backend (task-agent runs Codex's), all restarted at once, so that
+# the three turns share one drain: Claude Code's and OpenCode's commands (sleep 300) outlast
+# it and are cancelled; Codex's exec_command answers the model after 10 s, so its turn ends
+# within the drain, `succeeded`. Either way: finished exactly once, nothing of the turn left.
+declare -A CA_AGENT=([codex]=$AGENT [claude-code]=ca-claude-code [opencode]=ca-opencode)
+declare -A CA_INST=([codex]=$INSTANCE [claude-code]=${CA_INSTANCES[0]} [opencode]=${CA_INSTANCES[1]})
+declare -A CA_TOKEN=([claude-code]=${CA_TOKENS[0]} [opencode]=${CA_TOKENS[1]})
+declare -A CA_WANT=([codex]=succeeded [claude-code]=failed [opencode]=failed)
+declare -A CA_ID=() CA_MARK=()
+r0=$(date +%s)
+for b in claude-code opencode; do
+	name=${CA_AGENT[$b]}
+	inside caldera init /usr/share/caldera/examples/task-agent --name "$name" >/dev/null
+	inside cp -a "/etc/caldera/agents/$AGENT/secrets" "/etc/caldera/agents/$name/"  # owners and modes kept
+	printf 'CALDERA_AGENT_ENABLED=true\nCALDERA_BASE_URL=%s\nCALDERA_INSTANCE_ID=%s\nCALDERA_WORKSPACE_ROOTS=/srv/code-agents\n' \
+		"$URL" "${CA_INST[$b]}" >> "$C/etc/caldera/agents/$name/agent.env"
+	printf 'CALDERA_TOKEN=%s\n' "${CA_TOKEN[$b]}" >> "$C/etc/caldera/agents/$name/secrets.env"
+	inside systemctl start "caldera@$name" || fail "systemctl start caldera@$name"
+done
+for b in "${CA_BACKENDS[@]}"; do
+	CA_MARK[$b]="sleep 300.$RANDOM"
+	CA_ID[$b]=$(CA_TO=${CA_INST[$b]} ca_enqueue "$b" "ci-$b-restart" "Run \`${CA_MARK[$b]}\` and say when it is done.")
+done
+for b in "${CA_BACKENDS[@]}"; do
+	wait_until 90 "$b's command running (${CA_MARK[$b]})" eval '[ -n "$(ca_procs "${CA_MARK[$b]}")" ]' >/dev/null
+done
+units=()
+for b in "${CA_BACKENDS[@]}"; do units+=("caldera@${CA_AGENT[$b]}"); done
+inside systemctl restart "${units[@]}" || fail "systemctl restart ${units[*]}"
+for b in "${CA_BACKENDS[@]}"; do
+	wait_until 60 "command ${CA_ID[$b]} ($b, restarted) ended" ca_ended "${CA_ID[$b]}" "${CA_INST[$b]}" >/dev/null
 	read -r status count message < <(python3 -c 'import json, sys
 r = json.load(open(sys.argv[1]))
 print(r["status"], r.get("finish_count"), (r.get("error_message") or "-")[:160])' "$WORK/ca-row.json")
-	[ "$status" = "$3" ] && [ "$count" = 1 ] || fail "$b's turn across the restart: $status (want $3), finished $count times ($message)"
-	left=$(ca_procs "$marker"; ca_procs "${CA_BIN[$b]##*/}")
+	[ "$status" = "${CA_WANT[$b]}" ] && [ "$count" = 1 ] \
+		|| fail "$b's turn across the restart: $status (want ${CA_WANT[$b]}), finished $count times ($message)"
+	left=$(ca_procs "${CA_MARK[$b]}"; ca_procs "${CA_BIN[$b]##*/}")
 	[ -z "$left" ] || fail "left of $b's turn after the restart: $left"
-	echo "$b ($marker): finished once across the restart, $status ($message); nothing of it left"
-}
-r0=$(date +%s)
-restart_turn codex 3 succeeded
-restart_turn claude-code 3 succeeded
-restart_turn opencode 300 failed
+	echo "$b (${CA_AGENT[$b]}, ${CA_MARK[$b]}): finished once across the restart, $status ($message); nothing of it left"
+done
 t_ca_restarts=$(( $(date +%s) - r0 ))
 
 step "code agents: the key in no journal line, file or plane row; systemctl stop leaves no process"
@@ -273,9 +290,9 @@ inside python3 -c 'import sqlite3
 db = sqlite3.connect("file:/var/lib/ci-plane/plane.db?mode=ro", uri=True)
 print("\n".join(db.iterdump()))' | grep -qF "$CA_KEY" && fail "the provider's key is in a plane row"
 uid=$(inside id -u caldera)
-inside timeout 60 systemctl stop "caldera@$AGENT" || fail "systemctl stop caldera@$AGENT"
+inside timeout 60 systemctl stop "${units[@]}" || fail "systemctl stop ${units[*]}"
 left=$(ca_procs --uid "$uid")
-[ -z "$left" ] || fail "processes of caldera after systemctl stop: $left"
+[ -z "$left" ] || fail "processes of caldera after systemctl stop ${units[*]}: $left"
 inside systemctl start "caldera@$AGENT"
 inside systemctl stop ci-model
 t_ca=$(( $(date +%s) - ca0 ))

@@ -24,7 +24,9 @@
 #   SUITE: trixie or bookworm. Without a .deb it builds one (packaging/build-deb.sh,
 #   tests skipped: .ci/deb.sh runs them in its own build). One .deb, built on
 #   Debian 12, serves both suites.
-# Needs root on a Debian 12 host (CI's). Installs debootstrap and systemd-container itself.
+# Needs root on a Debian 12 host (CI's). Installs debootstrap and systemd-container itself; the
+# three pinned code-agent CLIs come from the host's npm caches (.ci/install-*.sh, which .ci/run
+# runs first; without them those scripts install them, with npm).
 # The base root (debootstrap + the package's Debian dependencies) is cached in
 # $CALDERA_CI_CACHE (default /var/cache/caldera-ci), keyed on suite + mirror + package
 # list (.ci/root.sh).
@@ -41,6 +43,9 @@ INSTANCE=7
 TOKEN=ci-boot-$RANDOM$RANDOM$RANDOM
 INSTANCE2=8  # the agent installed but left unconfigured at first
 TOKEN2=ci-boot-$RANDOM$RANDOM$RANDOM
+# .ci/code-agents.sh's agents for Claude Code's and OpenCode's turn across a restart
+CA_INSTANCES=(10 11)
+CA_TOKENS=("ci-boot-$RANDOM$RANDOM$RANDOM" "ci-boot-$RANDOM$RANDOM$RANDOM")
 NSPAWN_PID=
 CPID=
 WORK=
@@ -101,6 +106,8 @@ step "caldera plane serve (inside)"
 inside systemd-run --quiet --unit=ci-plane -p User=caldera -p StateDirectory=ci-plane \
 	caldera plane serve --host 127.0.0.1 --port 0 --db /var/lib/ci-plane/plane.db \
 	--bootstrap-token "$TOKEN" --instance-id "$INSTANCE" --bootstrap-token "$TOKEN2" --instance-id "$INSTANCE2" \
+	--bootstrap-token "${CA_TOKENS[0]}" --instance-id "${CA_INSTANCES[0]}" \
+	--bootstrap-token "${CA_TOKENS[1]}" --instance-id "${CA_INSTANCES[1]}" \
 	--heartbeat-interval 2 --poll-interval 1 \
 	--url-file /var/lib/ci-plane/url
 wait_until 20 "the plane's URL file" test -s "$C/var/lib/ci-plane/url" >/dev/null
