@@ -276,7 +276,7 @@ r = json.load(open(sys.argv[1]))
 print(r["status"], r.get("finish_count"), (r.get("error_message") or "-")[:160])' "$WORK/ca-row.json")
 	[ "$status" = "${CA_WANT[$b]}" ] && [ "$count" = 1 ] \
 		|| fail "$b's turn across the restart: $status (want ${CA_WANT[$b]}), finished $count times ($message)"
-	left=$(ca_procs "${CA_MARK[$b]}"; ca_procs "${CA_BIN[$b]##*/}")
+	left=$(ca_procs "${CA_MARK[$b]}"; ca_procs "/usr/local/bin/${CA_BIN[$b]##*/} ")  # README's path of the CLI
 	[ -z "$left" ] || fail "left of $b's turn after the restart: $left"
 	echo "$b (${CA_AGENT[$b]}, ${CA_MARK[$b]}): finished once across the restart, $status ($message); nothing of it left"
 done
