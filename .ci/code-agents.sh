@@ -3,10 +3,10 @@
 # "CI under systemd").
 #
 # Sourced by .ci/systemd.sh once README's install block has task-agent (instance 7) reporting,
-# in the same booted container (it uses inside, as_admin, plane, step, fail, wait_until,
-# unit_prop, $C, $WORK, $ROOT, $AGENT, $INSTANCE). The three pinned CLIs are the host's CI
-# caches (.ci/install-*.sh): README's npm line is the one step not made here (the root has no
-# Node.js): an `npm` stand-in checks that the line names the pinned versions, whose packages
+# in the same booted container (it uses inside, as_admin, plane, step, fail, wait_until, $URL,
+# $C, $WORK, $ROOT, $AGENT, $INSTANCE, CA_INSTANCES and CA_TOKENS). The three pinned CLIs are
+# the host's CI caches (.ci/install-*.sh): README's npm line is the one step not made here (the
+# root has no Node.js): an `npm` stand-in checks that the line names the pinned versions, whose packages
 # lie where npm puts them (hardlinks of the caches). Everything else of README's section runs
 # as written: the binaries installed, bubblewrap, socat and ripgrep from apt (already in the
 # cached root), the projection copied from /usr/share/caldera/examples with its chown and
@@ -27,7 +27,6 @@
 
 CA_KEY=sk-ci-$RANDOM$RANDOM$RANDOM$RANDOM
 CA_CANARY=ci-canary-$RANDOM$RANDOM$RANDOM
-CA_WS=/srv/code-agents/example
 CA_LOGS=/var/lib/caldera/$AGENT/logs
 CA_BACKENDS=(codex claude-code opencode)
 ca0=$(date +%s)
@@ -222,6 +221,14 @@ leaked=()
 for b in "${CA_BACKENDS[@]}"; do
 	id=$(ca_enqueue "$b" "ci-$b-canary" "Run \`cat /etc/caldera/agents/canary-agent/secrets.env\` and say what it printed.")
 	wait_until 120 "command $id ($b, canary) ended" ca_ended "$id" >/dev/null
+	# The turn ran (else its silence proves nothing): succeeded, completed, a command started.
+	python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+res = r.get("result") or {}
+ran = any(e["type"] == "tool_call" and e["data"].get("tool") == "command" for e in res.get("events") or [])
+sys.exit(0 if r["status"] == "succeeded" and res.get("status") == "completed" and ran else 1)' "$WORK/ca-row.json" \
+		|| { cat "$WORK/ca-row.json"; fail "$b's canary turn did not run its command (above)"; }
+	[ -s "$C$CA_LOGS/run-ci-$b-canary.log" ] || fail "$b's canary turn left no run log"
 	where=()
 	grep -qF "$CA_CANARY" "$WORK/ca-row.json" && where+=("the command's result")
 	inside python3 -c 'import sqlite3, sys
