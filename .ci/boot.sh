@@ -7,7 +7,7 @@
 # The base root's packages: systemd as PID 1, sudo for the admin, and caldera's own Debian
 # dependencies (so that a cached run installs the .deb without touching the network).
 # One list, so that every script boots the same cached root (.ci/root.sh keys on it).
-BOOT_PACKAGES=(systemd systemd-sysv dbus sudo adduser python3 python3-requests python3-jsonschema python3-yaml)
+BOOT_PACKAGES=(systemd systemd-sysv dbus sudo adduser python3 python3-requests python3-jsonschema python3-yaml bubblewrap socat ripgrep)
 
 step() { printf '\n== %s %s: %s (%ds)\n' "$CI_NAME" "$SUITE" "$*" "$(( $(date +%s) - t0 ))"; }
 fail() {

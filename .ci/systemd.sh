@@ -13,7 +13,10 @@
 # agent, `systemctl stop` <= 15 s, a broken config ends `failed` with <= 1
 # restart, the cron line, a process agent's 40 s graceful stop outlasting a
 # TimeoutStopSec=10s drop-in (the daemon's EXTEND_TIMEOUT_USEC: Result=success,
-# no kill), and `apt-get purge` leaves nothing running. Then .ci/home-agent.sh (issue 23):
+# no kill), and `apt-get purge` leaves nothing running. Before those, .ci/code-agents.sh (issue
+# 39): README's "Code agents" blocks, a turn of each backend (Codex, Claude Code, OpenCode) from
+# the plane, restarts mid-turn, another agent's secrets asked for, the key nowhere, stop.
+# Then .ci/home-agent.sh (issue 23):
 # an adapter agent that lives in its owner's home, README's block for it, every verb,
 # owners, the secrets denied to a third account, exposure of both kinds, a kind switch.
 #
@@ -21,7 +24,9 @@
 #   SUITE: trixie or bookworm. Without a .deb it builds one (packaging/build-deb.sh,
 #   tests skipped: .ci/deb.sh runs them in its own build). One .deb, built on
 #   Debian 12, serves both suites.
-# Needs root on a Debian 12 host (CI's). Installs debootstrap and systemd-container itself.
+# Needs root on a Debian 12 host (CI's). Installs debootstrap and systemd-container itself; the
+# three pinned code-agent CLIs come from the host's npm caches (.ci/install-*.sh, which .ci/run
+# runs first; without them those scripts install them, with npm).
 # The base root (debootstrap + the package's Debian dependencies) is cached in
 # $CALDERA_CI_CACHE (default /var/cache/caldera-ci), keyed on suite + mirror + package
 # list (.ci/root.sh).
@@ -38,6 +43,9 @@ INSTANCE=7
 TOKEN=ci-boot-$RANDOM$RANDOM$RANDOM
 INSTANCE2=8  # the agent installed but left unconfigured at first
 TOKEN2=ci-boot-$RANDOM$RANDOM$RANDOM
+# .ci/code-agents.sh's agents for Claude Code's and OpenCode's turn across a restart
+CA_INSTANCES=(10 11)
+CA_TOKENS=("ci-boot-$RANDOM$RANDOM$RANDOM" "ci-boot-$RANDOM$RANDOM$RANDOM")
 NSPAWN_PID=
 CPID=
 WORK=
@@ -98,6 +106,8 @@ step "caldera plane serve (inside)"
 inside systemd-run --quiet --unit=ci-plane -p User=caldera -p StateDirectory=ci-plane \
 	caldera plane serve --host 127.0.0.1 --port 0 --db /var/lib/ci-plane/plane.db \
 	--bootstrap-token "$TOKEN" --instance-id "$INSTANCE" --bootstrap-token "$TOKEN2" --instance-id "$INSTANCE2" \
+	--bootstrap-token "${CA_TOKENS[0]}" --instance-id "${CA_INSTANCES[0]}" \
+	--bootstrap-token "${CA_TOKENS[1]}" --instance-id "${CA_INSTANCES[1]}" \
 	--heartbeat-interval 2 --poll-interval 1 \
 	--url-file /var/lib/ci-plane/url
 wait_until 20 "the plane's URL file" test -s "$C/var/lib/ci-plane/url" >/dev/null
@@ -154,6 +164,10 @@ left=$(inside find /var/lib/caldera ! -user caldera -printf '%u %p\n')
 [ "$(unit_prop MainPID)" = "$pid_before" ] || fail "caldera@$AGENT restarted during the sudo verbs"
 roundtrip 30 "after the sudo verbs" >/dev/null
 echo "state dir all caldera's; the unit kept running and runs commands"
+
+# ---- issue 39: README's "Code agents" section, a turn of each backend from the plane (its own script)
+# shellcheck source=.ci/code-agents.sh
+. "$ROOT/.ci/code-agents.sh"
 
 step "an installed but unconfigured agent: no crash loop; reload in local mode connects it"
 inside caldera init /usr/share/caldera/examples/task-agent --name idle-agent >/dev/null
@@ -386,6 +400,8 @@ printf 'base root        %s\n' "$t_base"
 printf 'unit             verify clean, exposure %s\n' "$score"
 printf 'README block     %s s (as the admin, from README.md)\n' "$t_readme"
 printf 'to registered    %s s, reporting %s s, first command +%s s (README start to a finished command: %s s)\n' "$t_reg" "$t_rep" "$t_cmd" "$t_working"
+printf 'code agents      README blocks %s s, restarts %s s; %s s in all (every backend, canary, restarts, stop)\n' \
+	"$t_ca_readme" "$t_ca_restarts" "$t_ca"
 printf 'kill -9 restart  %s s\n' "$t_restart"
 printf 'stop             %s s\n' "$t_stop"
 printf 'long agent stop  %s s (TimeoutStopSec=10s; the agent exits %s s after SIGTERM)\n' "$t_slow" "$SLOW_EXIT_AFTER"

@@ -23,14 +23,19 @@ FILES = (
     ("/etc/caldera/agents/NAME/agent.env", "runtime settings, KEY=VALUE lines (0640)"),
     ("/etc/caldera/agents/NAME/secrets.env",
      "CALDERA_TOKEN and other secrets (0600; refused if group or world readable)"),
-    ("/etc/caldera/agents/NAME/secrets/", "secret projection for backends, e.g. codex/auth.json (0700)"),
+    ("/etc/caldera/agents/NAME/secrets/",
+     "the code-agent backends' secret projections, one directory per backend_profile: codex/ (config.toml, "
+     "env/OPENAI_API_KEY), claude-code/ (env/ANTHROPIC_BASE_URL, env/ANTHROPIC_API_KEY), opencode/ "
+     "(opencode.json, env/NAME); the agent's account's alone (directories 0700, files 0600)"),
     ("/var/lib/caldera/NAME/",
-     "the agent's state: session.json, state.json, outbox/, logs/, cache/, skills/, runs/ (0700)"),
+     "the agent's state: session.json, state.json, outbox/, logs/ (a code-agent run's transcript: "
+     "logs/run-RUN_ID.log), cache/, skills/, runs/ (0700)"),
     ("/usr/lib/systemd/system/caldera@.service", "the template unit: caldera run --agent NAME"),
     ("/etc/cron.d/caldera", "commented example of one-shot reports for hosts without a daemon"),
     ("/usr/share/caldera/schemas/", "the JSON schemas of the protocol, the commands and the adapter contract"),
     ("/usr/share/caldera/examples/",
-     "example agents (task-agent: an adapter-mode agent; inbox-watcher: a process-mode agent)"),
+     "example agents (task-agent: an adapter-mode agent; inbox-watcher: a process-mode agent) and, in "
+     "code-agents/, a secret projection for each backend (no key inside) and an agent_run payload for each"),
     ("/usr/share/bash-completion/completions/caldera",
      "bash completion: commands, flags, agent names, log names, setting keys (never the control plane)"),
 )
@@ -49,6 +54,15 @@ ENVIRONMENT = (
     ("CALDERA_RUNTIME_TYPE", "host_info.runtime_type (default caldera)"),
     ("CALDERA_CA_BUNDLE", "an extra CA file; TLS verification is never turned off"),
     ("CALDERA_LOG_LEVEL", "debug, info (default), warning or error"),
+    ("CALDERA_WORKSPACE_ROOTS",
+     "colon-separated directories an agent_run's workspace must lie in; unset: every agent_run is refused"),
+    ("CALDERA_RUN_MAX_TIMEOUT_SECONDS", "the largest timeout_seconds a run may ask for (3600)"),
+    ("CALDERA_RUN_MAX_SANDBOX", "the widest sandbox a run may ask for: workspace-write (default) or read-only"),
+    ("CALDERA_RUN_ALLOW_NETWORK", "true: a run may ask for network (default false)"),
+    ("CALDERA_RUN_ALLOW_APPROVAL", "true: a run may ask for approval on-request (default false)"),
+    ("CALDERA_CODEX_BIN", "the Codex CLI's native binary (backend codex); else codex on PATH"),
+    ("CALDERA_CLAUDE_CODE_BIN", "the Claude Code CLI's native binary (backend claude-code); else claude on PATH"),
+    ("CALDERA_OPENCODE_BIN", "the OpenCode CLI's native binary (backend opencode); else opencode on PATH"),
     ("JOURNAL_STREAM", "set by systemd; when it names stderr, log lines carry <N> priorities for journalctl -p"),
 )
 
@@ -155,6 +169,13 @@ def render(strict: bool = False) -> str:
         "\\fB\\-\\-agent\\fR \\fINAME\\fR (or \\fB\\-\\-manifest\\fR \\fIPATH\\fR with "
         "\\fB\\-\\-state\\-dir\\fR \\fIDIR\\fR) and",
         "\\fB\\-\\-json\\fR, which prints exactly one JSON object on stdout.",
+        ".PP",
+        "The daemon also runs code-agent turns (the agent_run command) through the real CLIs of",
+        "Codex, Claude Code and OpenCode (backend_profile codex, claude\\-code, opencode), each",
+        "with its secret projection under \\fIsecrets/\\fR and only in the workspace roots",
+        "\\fBCALDERA_WORKSPACE_ROOTS\\fR names; README.md's section \\(lqCode agents\\(rq",
+        "(/usr/share/doc/caldera/README.md.gz) gives the steps, /usr/share/doc/caldera/backends.md.gz",
+        "the details.",
     ]
     command_sections(strict, out)
     out += [".SH EXIT STATUS", ".TP", "\\fB0\\fR", "done",

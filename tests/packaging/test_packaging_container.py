@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from caldera import config
 from caldera.daemon import run as daemon_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +66,14 @@ def test_the_image_definition():
     assert set(compose["environment"]) == {
         "CLAWMANAGER_AGENT_ENABLED", "CLAWMANAGER_AGENT_BASE_URL", "CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN",
         "CLAWMANAGER_AGENT_INSTANCE_ID", "CLAWMANAGER_AGENT_PERSISTENT_DIR", "CLAWMANAGER_AGENT_PROTOCOL_VERSION",
-        "CLAWMANAGER_AGENT_DISK_LIMIT_BYTES", "CLAWMANAGER_RUNTIME_TYPE"}  # the platform's variables only
+        "CLAWMANAGER_AGENT_DISK_LIMIT_BYTES", "CLAWMANAGER_AGENT_RUNTIME_TYPE",
+        "CLAWMANAGER_RUNTIME_TYPE"}  # the platform's variables only
+    # The runtime's name is the one caldera reads (CLAWMANAGER_RUNTIME_TYPE is a placement marker,
+    # never read: with only it, the recipe's agent was caldera-12-main, not the hermes its dir says).
+    env = {k: str(v) for k, v in compose["environment"].items()}
+    assert config.runtime_type_of(env) == ("hermes", "CLAWMANAGER_AGENT_RUNTIME_TYPE")
+    assert env["CLAWMANAGER_AGENT_PERSISTENT_DIR"] == "/config/.hermes"
+    assert env["CLAWMANAGER_RUNTIME_TYPE"] in config.RUNTIME_MARKERS
     assert compose["environment"]["CLAWMANAGER_AGENT_BASE_URL"].startswith("http://clawmanager-gateway.")
 
 

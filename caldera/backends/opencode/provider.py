@@ -153,7 +153,7 @@ def _resolve(value: Any, lookup: Any, label: str, missing: str, secrets: set[str
     def sub(match: re.Match[str]) -> str:
         name = match.group(1).strip()
         found = lookup(name) if ENV_NAME_RE.match(name) else None
-        if found is None:
+        if not found:  # an empty env/NAME (the shipped example's, before the key is put in) too
             raise fk.BackendFailure(fk.SECRET_UNAVAILABLE, (
                 f"{label} references {{env:{name}}}, but {missing.format(name)} is missing or empty"))
         return str(found)
