@@ -310,32 +310,33 @@ class Life:
             return
         log.warning("command %s (%s) settled: its way raised %s", command.id, command.type, type(exc).__name__)
 
-    def _settle(self, command: Command, error: str) -> None:
-        """any live -> settled: a failed finish unless one is recorded, then the entry goes."""
+    def _settle(self, command: Command, error: str, recorded: bool | None = None) -> None:
+        """any live -> settled: a failed finish unless one is `recorded` (asked of the outbox
+        when not known), then the entry goes."""
         with self._lock:
             self.states.setdefault(command.key, State.JOURNALED)
-        if not self.outbox.has_finish(command.id):
+        if not (self.outbox.has_finish(command.id) if recorded is None else recorded):
             self._put_finish(command, "failed", {}, error)
         self._move(command, State.SETTLED)
         self._journal_remove(command.key)
 
     def recover(self) -> list[Command]:
-        """After a restart: the journaled commands to run now (they never began); those that
-        began without a recorded finish are settled INTERRUPTED, the rest (finished) leave the
-        journal."""
-        to_run = []
+        """After a restart: the journaled commands to run now (they never began and have no
+        finish); those that began without a recorded finish are settled INTERRUPTED, and those
+        with one (a kill after their finish or a fault's) leave the journal."""
+        to_run, finished = [], self.outbox.finish_ids()
         for key, entry in sorted((self.state.get(JOURNAL_KEY) or {}).items(), key=_fetch_order):
             command = _journaled(key, entry)
-            if isinstance(entry, dict) and entry.get("phase") == "fetched":
+            if isinstance(entry, dict) and entry.get("phase") == "fetched" and key not in finished:
                 self._announce(command)
                 to_run.append(command)
                 continue
-            if not self.outbox.has_finish(command.id):
+            if key not in finished:
                 log.warning("command %s (%s) was interrupted by a restart; finishing it failed", key, command.type)
             try:
-                self._settle(command, INTERRUPTED)
+                self._settle(command, INTERRUPTED, key in finished)
             except OSError as exc:
-                if self.outbox.has_finish(command.id):  # recorded: the next start removes the entry
+                if key in finished:  # recorded: the next start removes the entry
                     log.warning("command %s: its journal entry stays until there is space (%s)", key,
                                 exc.strerror or exc)
                     continue

@@ -282,12 +282,14 @@ class Outbox:
 
     def has_finish(self, command_id: int | str) -> bool:
         """A finish for this command is waiting here or was taken by the plane."""
-        wanted = str(command_id)
+        return str(command_id) in self.finish_ids()
+
+    def finish_ids(self) -> set[str]:
+        """The command ids (as text) whose finish is waiting here or was taken by the plane."""
         # The outbox first, the delivered record after: the sender writes the record before it
         # removes the item, so a delivery between the two looks is seen by one of them.
-        if any(str(item.get("command_id")) == wanted and item.get("kind") == "finish" for _, item in self.items()):
-            return True
-        return wanted in self._unrecorded.values() or wanted in self._delivered_ids()
+        ids = {str(item.get("command_id")) for _, item in self.items() if item.get("kind") == "finish"}
+        return ids | set(self._unrecorded.values()) | set(self._delivered_ids())
 
     def _enforce_bounds(self) -> None:
         names = self._names()
