@@ -9,22 +9,22 @@ finish the plane took (`delivered`); the executor only runs a handler under its 
 in `asyncio.Future`, the states are named (`State`), each step is one method, and every
 step goes through `Life._move`, which raises `IllegalTransition` for one `STEPS` lacks.
 
-  from -> to                 by          persists                      a restart finds           sends
-  fetched -> journaled       take        state.json commands.<id>:     phase fetched: runs it    -
-                                         the plane's object, `fetched`
-  fetched -> refused         take        nothing (the journal          nothing: the plane keeps  finish failed "not run: ...",
-                                         refused the write)            it dispatched             straight (or the outbox's)
-  journaled -> started       run         phase `executing`             executing, no finish:     start (the outbox's if the
-                                                                       settled "interrupted"     plane is away)
-  started -> running         run         -                             as started                - (the handler's own calls)
-  started -> finished        run         - (the plane refused start)   as started                -
-  running -> finished        run         - (the result, in memory)     as started                -
-  finished -> finish queued  run         outbox NNN-finish.json, then  the finish: the sender    - (the sender does)
-                                         the journal entry removed     delivers it
-  any live -> settled        fault,      a failed finish (unless one   the finish: the sender    - (the sender does)
-                             recover     is recorded), the entry gone  delivers it
-  finish queued -> delivered delivered   outbox .finishes-delivered    the id delivered: done    finish (one POST)
-                                         gets the id, the item goes
+  step                       by         persists                      a restart finds            sends to the plane
+  fetched -> journaled       take       state.json commands.<id>:     phase fetched: runs it     -
+                                        the plane's object, `fetched`
+  fetched -> refused         take       nothing (the journal          nothing: the plane keeps   finish failed "not run:
+                                        refused the write)            it dispatched              ..." (straight)
+  journaled -> started       run        phase `executing`             executing, no finish:      start (queued in the
+                                                                      settled "interrupted"      outbox if it is away)
+  started -> running         run        -                             as started                 (the handler's calls)
+  started -> finished        run        - (the start was refused)     as started                 -
+  running -> finished        run        - (the result, in memory)     as started                 -
+  finished -> finish queued  run        outbox NNN-finish.json, then  the finish: the sender     - (the sender does)
+                                        the journal entry removed     delivers it
+  any live -> settled        fault,     a failed finish (unless one   the finish: the sender     - (the sender does)
+                             recover    is recorded), the entry gone  delivers it
+  finish queued -> delivered delivered  .finishes-delivered gets the  the id delivered: done     finish (POST, once)
+                                        id, then the item goes
 
 "Any live" is fetched, journaled, started, running, finished, and finish queued (a fault
 after the finish was recorded keeps that finish). A settled or refused finish waits in the
@@ -123,8 +123,8 @@ class Life:
     runs: ActiveRuns | None = None  # accepted agent runs, for agent_interrupt
     report_soon: Callable[[], None] = lambda: None  # a report now, the state unchanged
     stop: threading.Event = field(default_factory=threading.Event)  # the runtime's stop: ends a wait for space
-    states: dict[str, State] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    states: dict[str, State] = field(default_factory=dict, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def _move(self, command: Command, target: State) -> None:
         """Every step of a command this process holds: legal by `STEPS`, else IllegalTransition.

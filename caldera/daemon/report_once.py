@@ -15,8 +15,8 @@ import threading
 import time
 from typing import Any
 
-from caldera.daemon.life import Life, life_for
 from caldera.daemon.heartbeat import ConnectionStatus, send_heartbeat
+from caldera.daemon.life import Life, life_for
 from caldera.daemon.poller import fetch_one
 from caldera.daemon.reporter import MIN_SPACING
 from caldera.daemon.sender import flush

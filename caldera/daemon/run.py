@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from caldera.agents.narrow import as_process_driver
 from caldera.backends.leftovers import sweep as sweep_leftovers
-from caldera.daemon.life import Life, life_for
 from caldera.daemon.heartbeat import ConnectionStatus, heartbeat_loop
 from caldera.daemon.lanes import Lanes
+from caldera.daemon.life import Life, life_for
 from caldera.daemon.poller import poll_loop
 from caldera.daemon.reload import reread
 from caldera.daemon.reporter import report_loop

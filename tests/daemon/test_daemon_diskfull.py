@@ -22,9 +22,9 @@ from caldera.config import agent_from_args
 from caldera.daemon import lanes as lanes_module
 from caldera.daemon import life as life_module
 from caldera.daemon import sender
-from caldera.daemon.life import Life, life_for
 from caldera.daemon.heartbeat import ConnectionStatus, heartbeat_loop
 from caldera.daemon.lanes import Lanes
+from caldera.daemon.life import Life, life_for
 from caldera.daemon.live import DROPS_KEY, LiveStatus
 from caldera.daemon.poller import poll_loop
 from caldera.daemon.sender import sender_loop

@@ -9,8 +9,8 @@ from core_helpers import install_agent, make_parts
 from caldera import errors
 from caldera.cli import main as cli_main
 from caldera.daemon import run as daemon_run
-from caldera.daemon.life import life_for
 from caldera.daemon.lanes import Lanes, LanesClosed
+from caldera.daemon.life import life_for
 from caldera.protocol import client as api
 from caldera.protocol.command import parse_command
 from caldera.protocol.retry import Backoff
