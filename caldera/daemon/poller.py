@@ -3,15 +3,16 @@ at once when a heartbeat says `has_pending_command`.
 
 A command is fetched while the lanes have room (caldera.daemon.lanes: no control
 pending, at most one main command beside the running one), so a `pause` queued
-behind a slow `log_get` is fetched and runs in the controls lane at once; it is
-journaled before it is handed on: the server never hands it out again.
+behind a slow `log_get` is fetched and runs in the controls lane at once. What it
+fetches it hands to the command's life (daemon/life.py: `Life.take` journals it, or
+refuses it), then the journaled command to a lane: the server never hands it out again.
 
 What cannot be journaled is not taken (issue 26): while a durable write fails (the
 `StorageHealth` record) nothing is fetched, so commands wait at the plane, `pending`
 and in order; before each fetch then, state.json is written as it is, the cheap
 probe of whether there is space again. A fetch that races the disk filling (the
-plane handed the command out, the journal refused it) finishes that command `failed`
-at once, directly through the client (the outbox is on the same disk), saying that
+plane handed the command out, the journal refused it) has its life finish that
+command `failed` at once, directly through the client (the outbox is on the same disk), saying that
 it was not run and why, retried until the plane takes it, and nothing is fetched
 meanwhile. The loop's body survives any exception (a logged line and a backoff).
 """
