@@ -368,22 +368,22 @@ GATEWAY_ENV = {"CLAWMANAGER_LLM_BASE_URL": "http://gw.test/api/v1/gateway/llm", 
     ({**GATEWAY_ENV, "CLAWMANAGER_LLM_MODEL": "gpt-4.1", "OPENAI_MODEL": ""}, None, None),  # never the raw value
 ])
 def test_the_gateway_model_rule(env, requested, model):
-    assert config.gateway_model(env, requested) == model
+    assert config.Gateway(env).model_for(requested) == model
 
 
 def test_a_model_the_catalogue_does_not_list_is_refused_naming_the_catalogue():
     with pytest.raises(Refused) as err:
-        config.gateway_model(GATEWAY_ENV, "gpt-9")
+        config.Gateway(GATEWAY_ENV).model_for("gpt-9")
     assert str(err.value) == ("model 'gpt-9' is not in the AI gateway's catalogue "
                               "(CLAWMANAGER_LLM_MODEL: auto, gpt-4.1, kimi-k2.6)")
     big = dict(GATEWAY_ENV, CLAWMANAGER_LLM_MODEL=json.dumps([f"m{i}" for i in range(500)]))
     with pytest.raises(Refused) as err:
-        config.gateway_model(big, "x" * 5000)
+        config.Gateway(big).model_for("x" * 5000)
     assert str(err.value).endswith("m18, m19 and 480 more)") and len(str(err.value)) < 500  # one sentence
     # long model ids: each named cut, so twenty of them still make one sentence
     long_ids = dict(GATEWAY_ENV, CLAWMANAGER_LLM_MODEL=json.dumps([f"{i}-" + "x" * 1000 for i in range(30)]))
     with pytest.raises(Refused) as err:
-        config.gateway_model(long_ids, "y" * 3000)
+        config.Gateway(long_ids).model_for("y" * 3000)
     assert len(str(err.value)) < 1600 and str(err.value).endswith("… and 10 more)")
     assert f"0-{'x' * 61}…, 1-" in str(err.value)
 
