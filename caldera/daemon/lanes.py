@@ -43,10 +43,10 @@ def lane_of(command: Command) -> str:
 
 def lane_worker(life: Life, work: queue.Queue[Command | None], done: Callable[[], None],
                 cancel: threading.Event, closing: threading.Event | None = None) -> None:
-    """One lane: its commands in order, each handed to its life (`Life.run`). A command that
-    raises is logged (once while the same error repeats) and handed to `Life.fault`; its
-    pending count is given back whatever happens (the poller waits on it), and the lane backs
-    off before the next one (`closing` ends the wait: the lanes are closing)."""
+    """One lane: its commands in order, each handed to its life (`Life.run`, which settles one
+    that raises). The exception is logged (once while the same error repeats), the pending
+    count given back whatever happens (the poller waits on it), and the lane backs off before
+    the next one (`closing` ends the wait: the lanes are closing)."""
     guard = LoopGuard(log, f"lane {threading.current_thread().name}", Backoff(LANE_BACKOFF))
     pause = closing or threading.Event()
     while True:
@@ -60,10 +60,8 @@ def lane_worker(life: Life, work: queue.Queue[Command | None], done: Callable[[]
             else:
                 life.run(command, cancel)
             guard.ok()
-        except Exception as exc:  # noqa: BLE001 -- the lane must survive a bug in one command
+        except Exception as exc:  # noqa: BLE001 -- the lane must survive a bug in one command (settled by its life)
             delay = guard.failed(exc)
-            if not command.local:
-                life.fault(command, exc)
         finally:
             try:
                 done()

@@ -3,9 +3,10 @@ each step persists, what a restart finds there and what it sends to the control 
 
 The server hands a command out once, so nothing fetched may be lost and nothing may run or
 finish twice. The poller, the lanes, the executor and the outbox sender each hand the
-command on to `Life` and decide no state themselves: the poller gives it what it fetched
-(`take`), a lane the command to run (`run`) or the exception it met (`fault`), the sender a
-finish the plane took (`delivered`); the executor only runs a handler under its timeout. As
+command on to `Life` and decide no state themselves: the poller gives it the command it
+fetched and parsed (`take`; and `fault`, when handing it to a lane raised), a lane the
+command to run (`run`, which settles a step that raises), the sender a finish the plane took
+(`delivered`); the executor only runs a handler under its timeout and says how it ended. As
 in `asyncio.Future`, the states are named (`State`), each step is one method, and every
 step goes through `Life._move`, which raises `IllegalTransition` for one `STEPS` lacks.
 
@@ -27,8 +28,9 @@ step goes through `Life._move`, which raises `IllegalTransition` for one `STEPS`
                                         id, then the item goes
 
 "Any live" is fetched, journaled, started, running, finished, and finish queued (a fault
-after the finish was recorded keeps that finish). A settled or refused finish waits in the
-outbox as a queued one does: the sender delivers it the same way.
+after the finish was recorded keeps that finish: `states` knows it was, for a command this
+process holds; for one found in the journal the outbox is asked). A settled or refused
+finish waits in the outbox as a queued one does: the sender delivers it the same way.
 
 A write the state dir refuses (a full disk) is never skipped on the run's three writes: a
 command whose `executing` mark cannot be written waits (retrying, in its place) and a result
@@ -93,7 +95,7 @@ STEPS: frozenset[tuple[State, State]] = frozenset({
     (State.JOURNALED, State.STARTED), (State.STARTED, State.RUNNING), (State.STARTED, State.FINISHED),
     (State.RUNNING, State.FINISHED), (State.FINISHED, State.FINISH_QUEUED),
     (State.FINISH_QUEUED, State.DELIVERED), *((s, State.SETTLED) for s in LIVE)})
-ENDS = (State.FINISH_QUEUED, State.SETTLED, State.REFUSED)  # from here on, the outbox or the plane holds it
+ENDS = (State.SETTLED, State.REFUSED)  # from here on, the outbox or the plane holds it (and after `run`)
 
 
 class IllegalTransition(RuntimeError):
@@ -138,33 +140,27 @@ class Life:
 
     # ------------------------------------------------------------ fetched -> journaled | refused
 
-    def take(self, raw: Any, too_large: str | None, stop: threading.Event | None = None,
-             deadline: float | None = None, tick: Callable[[], None] = lambda: None) -> Command | None:
-        """What the poller fetched: the journaled command to hand to a lane; None when it cannot
-        be named (then it can be neither started nor finished: logged), or when the journal
-        refused it (finished failed, not run: `_refuse`, which tries until `stop` is set or
-        `deadline` (time.monotonic()) passes, calling `tick` on each try)."""
-        try:
-            command = parse_command(raw, too_large=too_large)
-        except MalformedCommand as exc:
-            log.error("control plane sent an unusable command (%s): %r", exc, self.redactor(raw))
-            return None
+    def take(self, command: Command, stop: threading.Event | None = None, deadline: float | None = None,
+             tick: Callable[[], None] = lambda: None) -> bool:
+        """A command the poller fetched: True when it is journaled, to be handed to a lane; False
+        when the journal refused it (finished failed, not run: `_refuse`, which tries until `stop`
+        is set or `deadline` (time.monotonic()) passes, calling `tick` on each try) or when it is
+        alive here already (the plane handed it out again: its one life goes on)."""
         with self._lock:
-            if command.key in self.states:  # the plane handed it out again: its one life goes on
+            if command.key in self.states:
                 log.warning("command %s fetched again while it is %s here; ignored", command.id,
                             self.states[command.key].value)
-                return None
+                return False
             self.states[command.key] = State.FETCHED
         try:
             self.journal(command)
         except OSError as exc:
             self._refuse(command, exc, stop or threading.Event(), deadline, tick)
-            return None
+            return False
         except Exception as exc:  # a bug in (or after) the journal's write: finished now, not at the next start
             self.fault(command, exc)
             raise
-        log.info("command %s (%s) received", command.id, command.type)
-        return command
+        return True
 
     def journal(self, command: Command) -> None:
         """fetched -> journaled: the plane's object verbatim (`raw`), and what the fetch found
@@ -177,6 +173,7 @@ class Life:
             entry["too_large"] = command.too_large
         self.state.update(JOURNAL_KEY, lambda j: {**(j or {}), command.key: entry})
         self._move(command, State.JOURNALED)
+        log.info("command %s (%s) received", command.id, command.type)
         self._announce(command)
 
     def _announce(self, command: Command) -> None:
@@ -229,7 +226,18 @@ class Life:
         """A journaled command to its recorded finish; returns the status. `deadline` (report
         --once's) bounds the handler's time and its cancel grace. "deferred": the runtime
         stopped while the state dir refused its `executing` mark (it stays journaled: the next
-        start runs it)."""
+        start runs it). A step that raises (a bug) settles the command here (`fault`), then the
+        exception goes on to the lane's guard."""
+        try:
+            return self._run(command, cancel, deadline)
+        except Exception as exc:
+            self.fault(command, exc)
+            raise
+        finally:
+            with self._lock:
+                self.states.pop(command.key, None)  # the lane is done with it: the journal or the outbox holds it
+
+    def _run(self, command: Command, cancel: threading.Event | None, deadline: float | None) -> str:
         if not self._until_written(lambda: self._journal_phase(command.key, "executing"), command,
                                    "its executing mark (it waits in its place)", cancel):
             log.warning("command %s (%s) kept for the next start: the state dir took no writes", command.id,
@@ -311,11 +319,15 @@ class Life:
         log.warning("command %s (%s) settled: its way raised %s", command.id, command.type, type(exc).__name__)
 
     def _settle(self, command: Command, error: str, recorded: bool | None = None) -> None:
-        """any live -> settled: a failed finish unless one is `recorded` (asked of the outbox
-        when not known), then the entry goes."""
+        """any live -> settled: a failed finish unless one is `recorded`, then the entry goes.
+        Whether it is: known here for a command this process holds (its finish queued), else
+        asked of the outbox (a command found in the journal)."""
         with self._lock:
+            held = self.states.get(command.key)
             self.states.setdefault(command.key, State.JOURNALED)
-        if not (self.outbox.has_finish(command.id) if recorded is None else recorded):
+        if recorded is None:
+            recorded = held is State.FINISH_QUEUED if held is not None else self.outbox.has_finish(command.id)
+        if not recorded:
             self._put_finish(command, "failed", {}, error)
         self._move(command, State.SETTLED)
         self._journal_remove(command.key)

@@ -28,7 +28,7 @@ from caldera.daemon.live import LiveStatus
 from caldera.daemon.wakeups import Wakeups, wait_any
 from caldera.errors import CalderaError
 from caldera.host.loopguard import LoopGuard
-from caldera.protocol.command import Command
+from caldera.protocol.command import Command, MalformedCommand, parse_command
 from caldera.protocol.retry import Backoff
 
 if TYPE_CHECKING:
@@ -43,12 +43,18 @@ DEFAULT_INTERVAL = 5.0
 
 def fetch_one(client: ControlPlaneClient, life: Life, stop: threading.Event | None = None,
               deadline: float | None = None, tick: Callable[[], None] = lambda: None) -> Command | None:
-    """Fetch the next command and hand it to its life (`Life.take`: parsed, journaled, or
-    refused); the journaled command to hand to a lane, or None."""
+    """Fetch the next command, parse it and hand it to its life (`Life.take`: journaled, or
+    refused); the journaled command to hand to a lane, or None: none, one that cannot be named
+    (then it can be neither started nor finished: it is logged), or one its life did not take."""
     raw, too_large = client.next_command()
     if not raw:
         return None
-    return life.take(raw, too_large, stop, deadline, tick)
+    try:
+        command = parse_command(raw, too_large=too_large)
+    except MalformedCommand as exc:
+        log.error("control plane sent an unusable command (%s): %r", exc, life.redactor(raw))
+        return None
+    return command if life.take(command, stop, deadline, tick) else None
 
 
 def poll_interval(auth: Auth) -> float:

@@ -301,9 +301,9 @@ def test_the_poller_stays_alive_for_the_watchdog_while_it_retries_a_refused_comm
     life = Life(agent_id="a", client=types.SimpleNamespace(finish_command=finish_command), state=state,
                 outbox=types.SimpleNamespace(put=Faulty(None, 99)), redactor=str, executor=None,
                 report_now=lambda: None)
-    taken = life.take({"id": 81, "command_type": "pause", "payload": {}}, None, stop, None,
+    taken = life.take(parse_command({"id": 81, "command_type": "pause", "payload": {}}), stop, None,
                       tick=lambda: ticks.append(1))
-    assert taken is None and life.states == {}  # refused: not handed on, not alive here
+    assert not taken and life.states == {}  # refused: not handed on, not alive here
     assert len(tries) == 4 and len(ticks) == 4  # one tick per try, until the stop
 
 
@@ -464,7 +464,8 @@ def test_settle_broken_sees_a_finish_the_sender_delivers_while_it_looks(local_pa
         return real_order()
 
     outbox.names_in_send_order = names_in_send_order
-    executor.fault(command, RuntimeError("a bug after the finish was recorded"))
+    # a life that does not hold it (as after a restart) asks the outbox whether its finish is recorded
+    life_for(parts).fault(command, RuntimeError("a bug after the finish was recorded"))
     assert sent == [(91, "succeeded")]
     assert [i for _, i in outbox.items() if i.get("command_id") == 91] == []  # no second finish
     assert parts.state.get("commands") == {}

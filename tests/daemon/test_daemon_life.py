@@ -83,6 +83,13 @@ def raw(number, command_type="pause", **payload):
     return {"id": number, "command_type": command_type, "payload": payload}
 
 
+def taken(rt, plane_object):
+    """What the poller does with a fetched command: parsed, handed to its life; the command
+    to hand to a lane, or None."""
+    command = parse_command(plane_object)
+    return command if rt.life.take(command) else None
+
+
 def raised(exc):
     """`exc` as a bug leaves it: raised, with its traceback (the place the finish names)."""
     try:
@@ -94,7 +101,7 @@ def raised(exc):
 # ------------------------------------------------------------------ one test per step
 
 def test_fetched_to_journaled_writes_the_plane_object_and_announces_a_run(rt):
-    command = rt.life.take(raw(1, "agent_run", run_id="r1", prompt="hi"), None)
+    command = taken(rt, raw(1, "agent_run", run_id="r1", prompt="hi"))
     assert rt.journal()["1"]["phase"] == "fetched" and rt.journal()["1"]["command"] == raw(1, "agent_run", run_id="r1",
                                                                                           prompt="hi")
     assert rt.life.states == {"1": State.JOURNALED} and rt.runs.queued == ["r1"] and command.id == 1
@@ -102,14 +109,14 @@ def test_fetched_to_journaled_writes_the_plane_object_and_announces_a_run(rt):
 
 def test_fetched_to_refused_finishes_straight_at_the_plane_and_runs_nothing(rt, monkeypatch):
     monkeypatch.setattr(rt.state, "update", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
-    assert rt.life.take(raw(2), None) is None
+    assert taken(rt, raw(2)) is None
     [(cid, status, error)] = rt.plane.finishes
     assert (cid, status) == (2, "failed") and error.startswith("not run: the runtime could not record the command")
     assert rt.life.states == {} and rt.plane.starts == [] and rt.ran == []
 
 
 def test_journaled_to_started_marks_executing_and_sends_the_start(rt):
-    command = rt.life.take(raw(3), None)
+    command = taken(rt, raw(3))
     seen = {}
 
     def run_handler(cmd, cancel=None, deadline=None):  # what the plane and the journal say once started
@@ -123,14 +130,14 @@ def test_journaled_to_started_marks_executing_and_sends_the_start(rt):
 
 def test_started_to_finished_when_the_plane_refuses_the_start_runs_nothing(tmp_path):
     rt = Runtime(tmp_path, Plane(start_error=NotFound(404, "no such command", from_server=True)))
-    command = rt.life.take(raw(4), None)
+    command = taken(rt, raw(4))
     assert rt.life.run(command) == "failed" and rt.ran == []
     [(_, item)] = list(rt.outbox.items())
     assert item["body"]["error_message"].startswith("the control plane does not know this command")
 
 
 def test_running_to_finished_to_finish_queued_records_the_finish_then_drops_the_entry(rt):
-    command = rt.life.take(raw(5, "agent_run", run_id="r5", prompt="hi", workspace="/w"), None)
+    command = taken(rt, raw(5, "agent_run", run_id="r5", prompt="hi", workspace="/w"))
     assert rt.life.run(command) == "succeeded" and rt.ran == [5]
     [(_, item)] = list(rt.outbox.items())
     assert item["kind"] == "finish" and item["body"]["status"] == "succeeded"
@@ -139,7 +146,7 @@ def test_running_to_finished_to_finish_queued_records_the_finish_then_drops_the_
 
 
 def test_finish_queued_to_delivered_records_the_id_before_the_item_goes(rt):
-    rt.life.run(rt.life.take(raw(6), None))
+    rt.life.run(taken(rt, raw(6)))
     order = []
     real_record, real_done = rt.outbox.record_delivered, rt.outbox.done
     rt.outbox.record_delivered = lambda name, cid: order.append(("record", cid)) or real_record(name, cid)
@@ -150,7 +157,7 @@ def test_finish_queued_to_delivered_records_the_id_before_the_item_goes(rt):
 
 
 def test_a_delivered_record_the_full_disk_refuses_keeps_the_finish_unsent(rt, monkeypatch):
-    rt.life.run(rt.life.take(raw(7), None))
+    rt.life.run(taken(rt, raw(7)))
     monkeypatch.setattr(rt.outbox, "_write_delivered", lambda ids: (_ for _ in ()).throw(OSError(errno.ENOSPC, "x")))
     rt.send()
     assert rt.outbox.has_finish(7) and len(rt.outbox._names()) == 1 and rt.outbox.names_in_send_order() == []
@@ -184,7 +191,7 @@ def test_any_live_state_to_settled_after_a_fault_finishes_once(rt, where, monkey
 
 
 def test_a_fault_the_full_disk_refuses_leaves_the_command_to_the_next_start(rt, monkeypatch, caplog):
-    command = rt.life.take(raw(9), None)
+    command = taken(rt, raw(9))
     monkeypatch.setattr(rt.outbox, "put", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
     rt.life.fault(command, RuntimeError("a bug"))  # never raises
     assert "command 9 could not be settled (OSError); it stays in the journal" in caplog.text
@@ -196,7 +203,7 @@ def test_the_step_table_is_the_docstrings_and_an_illegal_step_is_an_error(rt):
     for source, target in STEPS:
         named = "any live -> settled" if target is State.SETTLED else f"{source.value} -> {target.value}"
         assert named in doc
-    command = rt.life.take(raw(10), None)
+    command = taken(rt, raw(10))
     with pytest.raises(IllegalTransition, match="command 10: journaled -> finish queued"):
         rt.life._move(command, State.FINISH_QUEUED)
     rt.life.run(command)
@@ -205,8 +212,8 @@ def test_the_step_table_is_the_docstrings_and_an_illegal_step_is_an_error(rt):
 
 
 def test_a_command_fetched_again_while_alive_is_not_run_twice(rt):
-    rt.life.take(raw(11), None)
-    assert rt.life.take(raw(11), None) is None and rt.life.states == {"11": State.JOURNALED}
+    taken(rt, raw(11))
+    assert taken(rt, raw(11)) is None and rt.life.states == {"11": State.JOURNALED}
 
 
 # ------------------------------------------------------------------ a kill -9 after each persisted state
@@ -251,7 +258,7 @@ def test_a_kill_after_each_persisted_state_then_a_restart_finishes_exactly_once(
     with monkeypatch.context() as m:
         m.setattr(Life, method, dies(rt, getattr(Life, method)))
         with pytest.raises(Killed):
-            rt.life.run(rt.life.take(raw(12, "collect_system_info"), None))
+            rt.life.run(taken(rt, raw(12, "collect_system_info")))
     rt.restart()
     for command in rt.life.recover():
         rt.life.run(command)
@@ -266,7 +273,7 @@ def test_a_kill_after_each_persisted_state_then_a_restart_finishes_exactly_once(
 
 
 def test_a_kill_after_a_fault_settled_it_then_a_restart_finishes_exactly_once(rt, monkeypatch):
-    command = rt.life.take(raw(13, "boom"), None)
+    command = taken(rt, raw(13, "boom"))
     with monkeypatch.context() as m:
         m.setattr(Life, "_journal_remove", kill(rt, None))  # the failed finish is in the outbox, the entry not yet gone
         with pytest.raises(Killed):
@@ -280,9 +287,29 @@ def test_a_kill_after_a_fault_settled_it_then_a_restart_finishes_exactly_once(rt
 def test_a_kill_after_a_refusal_leaves_nothing_to_finish_again(rt, monkeypatch):
     rt.plane.finish_command = lambda cid, body: (_ for _ in ()).throw(Retryable(None, "away"))
     monkeypatch.setattr(rt.state, "update", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
-    rt.life.take(raw(14), None)  # the outbox took the refused finish (its own disk had space)
+    taken(rt, raw(14))  # the outbox took the refused finish (its own disk had space)
     rt.restart()
     assert rt.life.recover() == []
     rt.plane.finish_command = Plane.finish_command.__get__(rt.plane)
     rt.send()
     assert [f[:2] for f in rt.plane.finishes] == [(14, "failed")]
+
+
+def test_a_step_of_run_that_raises_is_settled_by_run_and_the_lane_sees_the_error(rt, monkeypatch):
+    monkeypatch.setattr(Life, "_send_start", lambda self, command: (_ for _ in ()).throw(RuntimeError("a bug")))
+    command = taken(rt, raw(15))
+    with pytest.raises(RuntimeError, match="a bug"):  # for the lane's guard: logged, backed off
+        rt.life.run(command)
+    rt.send()
+    [(cid, status, error)] = rt.plane.finishes
+    assert (cid, status) == (15, "failed") and error.startswith("internal error in the runtime: RuntimeError at")
+    assert rt.journal() == {} and rt.life.states == {}
+
+
+def test_a_fault_after_the_finish_is_queued_is_known_here_without_asking_the_outbox(rt, monkeypatch):
+    monkeypatch.setattr(Life, "_remember", lambda *a: (_ for _ in ()).throw(RuntimeError("a bug after the finish")))
+    monkeypatch.setattr(rt.outbox, "has_finish", lambda cid: pytest.fail("the life holds it: no look needed"))
+    with pytest.raises(RuntimeError):
+        rt.life.run(taken(rt, raw(16)))
+    rt.send()
+    assert [f[:2] for f in rt.plane.finishes] == [(16, "succeeded")] and rt.journal() == {}
