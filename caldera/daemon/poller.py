@@ -12,9 +12,9 @@ What cannot be journaled is not taken (issue 26): while a durable write fails (t
 and in order; before each fetch then, state.json is written as it is, the cheap
 probe of whether there is space again. A fetch that races the disk filling (the
 plane handed the command out, the journal refused it) has its life finish that
-command `failed` at once, directly through the client (the outbox is on the same disk), saying that
-it was not run and why, retried until the plane takes it, and nothing is fetched
-meanwhile. The loop's body survives any exception (a logged line and a backoff).
+command `failed` at once, directly through the client (the outbox is on the same
+disk), saying that it was not run and why, retried until the plane takes it, and
+nothing is fetched meanwhile. The loop's body survives any exception (a logged line and a backoff).
 """
 from __future__ import annotations
 
