@@ -542,12 +542,6 @@ def gateway_from_env(environ: Environ) -> Gateway | None:
     return gateway if gateway.base_url and gateway.api_key else None
 
 
-def gateway_model(environ: Environ, requested: str | None = None) -> str | None:
-    """The gateway model rule in one call (Gateway.model_for): what a backend's run on the AI
-    gateway asks for. errors.Refused when `requested` is not in the catalogue."""
-    return Gateway(environ).model_for(requested)
-
-
 def credentials_directory(environ: Environ) -> str | None:
     """$CREDENTIALS_DIRECTORY: systemd's LoadCredential= files (a backend's projection may be there)."""
     return environ.get("CREDENTIALS_DIRECTORY") or os.environ.get("CREDENTIALS_DIRECTORY") or None

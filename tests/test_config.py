@@ -368,22 +368,22 @@ GATEWAY_ENV = {"CLAWMANAGER_LLM_BASE_URL": "http://gw.test/api/v1/gateway/llm", 
     ({**GATEWAY_ENV, "CLAWMANAGER_LLM_MODEL": "gpt-4.1", "OPENAI_MODEL": ""}, None, None),  # never the raw value
 ])
 def test_the_gateway_model_rule(env, requested, model):
-    assert config.gateway_model(env, requested) == model
+    assert config.Gateway(env).model_for(requested) == model
 
 
 def test_a_model_the_catalogue_does_not_list_is_refused_naming_the_catalogue():
     with pytest.raises(Refused) as err:
-        config.gateway_model(GATEWAY_ENV, "gpt-9")
+        config.Gateway(GATEWAY_ENV).model_for("gpt-9")
     assert str(err.value) == ("model 'gpt-9' is not in the AI gateway's catalogue "
                               "(CLAWMANAGER_LLM_MODEL: auto, gpt-4.1, kimi-k2.6)")
     big = dict(GATEWAY_ENV, CLAWMANAGER_LLM_MODEL=json.dumps([f"m{i}" for i in range(500)]))
     with pytest.raises(Refused) as err:
-        config.gateway_model(big, "x" * 5000)
+        config.Gateway(big).model_for("x" * 5000)
     assert str(err.value).endswith("m18, m19 and 480 more)") and len(str(err.value)) < 500  # one sentence
     # long model ids: each named cut, so twenty of them still make one sentence
     long_ids = dict(GATEWAY_ENV, CLAWMANAGER_LLM_MODEL=json.dumps([f"{i}-" + "x" * 1000 for i in range(30)]))
     with pytest.raises(Refused) as err:
-        config.gateway_model(long_ids, "y" * 3000)
+        config.Gateway(long_ids).model_for("y" * 3000)
     assert len(str(err.value)) < 1600 and str(err.value).endswith("… and 10 more)")
     assert f"0-{'x' * 61}…, 1-" in str(err.value)
 
@@ -402,25 +402,25 @@ QUALIFIED_ENV = dict(GATEWAY_ENV, CLAWMANAGER_LLM_PROVIDER_MODELS=json.dumps(
 ])
 def test_a_payloads_provider_model_is_checked_against_the_provider_models(requested, ref):
     assert config.Gateway(QUALIFIED_ENV).model_ref(requested) == ref
-    assert config.gateway_model(QUALIFIED_ENV, requested) == ref[1]
+    assert config.Gateway(QUALIFIED_ENV).model_for(requested) == ref[1]
 
 
 def test_a_provider_model_the_lists_do_not_name_is_refused_naming_both():
     with pytest.raises(Refused) as err:
-        config.gateway_model(QUALIFIED_ENV, "openai/kimi-k2.6")  # the model is there, not from that provider
+        config.Gateway(QUALIFIED_ENV).model_for("openai/kimi-k2.6")  # the model is there, not from that provider
     assert str(err.value) == ("model 'openai/kimi-k2.6' is not in the AI gateway's catalogue (CLAWMANAGER_LLM_MODEL: "
                               "auto, gpt-4.1, kimi-k2.6; CLAWMANAGER_LLM_PROVIDER_MODELS: auto/auto, openai/gpt-4.1, "
                               "moonshot/kimi-k2.6, auto/bare)")
     only = {k: v for k, v in QUALIFIED_ENV.items() if k != "CLAWMANAGER_LLM_MODEL"}
-    assert config.gateway_model(only, "gpt-4.1") == "gpt-4.1"  # without the catalogue, its ids still count
+    assert config.Gateway(only).model_for("gpt-4.1") == "gpt-4.1"  # without the catalogue, its ids still count
     with pytest.raises(Refused):
-        config.gateway_model(only, "gpt-9")
+        config.Gateway(only).model_for("gpt-9")
     bad = dict(QUALIFIED_ENV, CLAWMANAGER_LLM_PROVIDER_MODELS="auto/auto")
     assert config.Gateway(bad).warnings() == [
         "CLAWMANAGER_LLM_PROVIDER_MODELS is not JSON (the platform sends a JSON list of model ids): it is ignored "
         "(a run's \"provider/model\" is checked against CLAWMANAGER_LLM_MODEL as it is)"]
     with pytest.raises(Refused):
-        config.gateway_model(bad, "moonshot/kimi-k2.6")
+        config.Gateway(bad).model_for("moonshot/kimi-k2.6")
 
 
 @pytest.mark.parametrize("env, said", [

@@ -348,15 +348,6 @@ def give_config(config_dir: Path, account: Account) -> None:
         os.close(fd)
 
 
-def give_tree(root: Path, account: Account) -> None:
-    """Everything under root (root too) to the account; root opened without following a link."""
-    fd = open_dir(root)
-    try:
-        give_tree_fd(fd, account)
-    finally:
-        os.close(fd)
-
-
 def give_tree_fd(fd: int, account: Account) -> None:
     """Everything under the directory fd (it too) to the account, no path re-resolved and no
     link followed (os.fwalk from the fd, chown relative to each directory's own fd): no file

@@ -29,7 +29,7 @@ from types import SimpleNamespace  # noqa: E402
 
 from caldera import TYPE_CHECKING, __version__  # noqa: E402
 from caldera.cli import fastpath  # noqa: E402
-from caldera.config import config_root, state_in_persistent_dir, state_root  # noqa: E402
+from caldera.config import config_root, selected_agent, state_in_persistent_dir, state_root  # noqa: E402
 from caldera.errors import EXIT_FAILED, EXIT_USAGE, CalderaError, Retryable  # noqa: E402
 from caldera.host import privdrop  # noqa: E402
 
@@ -196,7 +196,7 @@ def _as_service_user(name: str, args: Args) -> None:
         # Inside a ClawManager instance the state lives in the platform's persistent dir, which
         # belongs to the image's user (often root): every command stays that user (docs/container.md).
         return
-    agent = getattr(args, "agent", None) or os.environ.get("CALDERA_AGENT") or None
+    agent = getattr(args, "agent", None) or selected_agent()
     entry = privdrop.service_user_for(state_root(), agent=agent)
     if entry is not None:
         privdrop.become(entry)

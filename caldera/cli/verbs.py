@@ -171,11 +171,12 @@ def _failure_lines(args: argparse.Namespace, answer: Answer, redactor: Redactor 
 
 
 def _told(args: argparse.Namespace, answer: Answer) -> Answer:
-    """A refused `log NAME` names the log and where the names are."""
+    """A refused `log NAME`: the contract's sentence first (seed 000), then the log asked for and
+    where the names are."""
     from caldera.agents.adapter.logs import NO_SUCH_LOG
 
     if answer.verb == "log" and not answer.ok and answer.message == NO_SUCH_LOG:
-        answer.message = (f"There is no such log: {args.name}; `{again(args, 'log')}` lists the agent's logs.")
+        answer.message = f"{NO_SUCH_LOG} Asked for {args.name}; `{again(args, 'log')}` lists the agent's logs."
     return answer
 
 

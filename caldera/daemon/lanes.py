@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from caldera.daemon.executor import Executor
+from caldera.daemon.life import Life
 from caldera.host.loopguard import LoopGuard
 from caldera.protocol.command import Command, parse_command
 from caldera.protocol.retry import Backoff
@@ -41,13 +41,12 @@ def lane_of(command: Command) -> str:
     return "runs" if command.type in RUN_TYPES else "controls" if command.type in CONTROL_TYPES else "main"
 
 
-def lane_worker(executor: Executor, work: queue.Queue[Command | None], done: Callable[[], None],
+def lane_worker(life: Life, work: queue.Queue[Command | None], done: Callable[[], None],
                 cancel: threading.Event, closing: threading.Event | None = None) -> None:
-    """One lane: its commands in order. A command that raises is logged (once while the same
-    error repeats) and finished failed at once (`Executor.settle_broken`; if that fails too it
-    stays in the journal, which the next start settles); its pending count is given back
-    whatever happens (the poller waits on it), and the lane backs off before the next one
-    (`closing` ends the wait: the lanes are closing)."""
+    """One lane: its commands in order, each handed to its life (`Life.run`, which settles one
+    that raises). The exception is logged (once while the same error repeats), the pending
+    count given back whatever happens (the poller waits on it), and the lane backs off before
+    the next one (`closing` ends the wait: the lanes are closing)."""
     guard = LoopGuard(log, f"lane {threading.current_thread().name}", Backoff(LANE_BACKOFF))
     pause = closing or threading.Event()
     while True:
@@ -57,14 +56,12 @@ def lane_worker(executor: Executor, work: queue.Queue[Command | None], done: Cal
         delay = 0.0
         try:
             if command.local:
-                run_local(executor, command, cancel)
+                run_local(life, command, cancel)
             else:
-                executor.execute(command, cancel)
+                life.run(command, cancel)
             guard.ok()
-        except Exception as exc:  # noqa: BLE001 -- the lane must survive a bug in one command
+        except Exception as exc:  # noqa: BLE001 -- the lane must survive a bug in one command (settled by its life)
             delay = guard.failed(exc)
-            if not command.local:
-                settle(executor, command, exc)
         finally:
             try:
                 done()
@@ -74,25 +71,16 @@ def lane_worker(executor: Executor, work: queue.Queue[Command | None], done: Cal
             pause.wait(delay)
 
 
-def settle(executor: Executor, command: Command, exc: BaseException) -> None:
-    """A journaled command a bug kept from running: finished failed now, else (a full disk)
-    left in the journal for the next start."""
-    try:
-        executor.settle_broken(command, exc)
-    except Exception as again:  # noqa: BLE001 -- a full disk or the same bug: the next start settles it
-        log.error("command %s could not be settled (%s); it stays in the journal for the next start",
-                  command.id, type(again).__name__)
-
-
-def run_local(executor: Executor, command: Command, cancel: threading.Event) -> None:
-    """A command the runtime gave itself (a desired config revision): no start/finish."""
-    status, _, error = executor.run_handler(command, cancel)
+def run_local(life: Life, command: Command, cancel: threading.Event) -> None:
+    """A command the runtime gave itself (a desired config revision): no life (no journal,
+    start or finish), only its handler."""
+    status, _, error = life.executor.run_handler(command, cancel)
     log.info("local %s: %s%s", command.type, status, f": {error}" if error else "")
 
 
 class Lanes:
-    def __init__(self, executor: Executor, on_idle: Callable[[], None]):
-        self.executor, self.on_idle = executor, on_idle
+    def __init__(self, life: Life, on_idle: Callable[[], None]):
+        self.life, self.on_idle = life, on_idle
         self.cancel = threading.Event()  # the second SIGTERM: cancel what runs
         self.closing = threading.Event()  # close() began: a lane backing off after a failure goes on
         self.refused = 0  # commands offered after close (counted: `caldera status`, the report's health)
@@ -107,7 +95,7 @@ class Lanes:
     def start(self) -> None:
         for name, work in self._queues.items():
             thread = threading.Thread(target=lane_worker, name=f"lane-{name}",
-                                      args=(self.executor, work, self._done_callback(name), self.cancel, self.closing))
+                                      args=(self.life, work, self._done_callback(name), self.cancel, self.closing))
             thread.start()
             self._threads.append(thread)
 

@@ -15,8 +15,8 @@ import threading
 import time
 from typing import Any
 
-from caldera.daemon.executor import Executor, executor_for
 from caldera.daemon.heartbeat import ConnectionStatus, send_heartbeat
+from caldera.daemon.life import Life, life_for
 from caldera.daemon.poller import fetch_one
 from caldera.daemon.reporter import MIN_SPACING
 from caldera.daemon.sender import flush
@@ -51,7 +51,7 @@ def report_once(parts: Parts, deadline: float) -> int:
 
 
 def _report_once(parts: Parts, client: ControlPlaneClient, deadline: float) -> int:
-    executor = executor_for(parts)
+    life = life_for(parts)
     redactor = parts.redactor
     status = ConnectionStatus(parts.state, redactor, parts.auth)
     cancel = threading.Event()  # a command still running at the deadline is cancelled
@@ -70,7 +70,7 @@ def _report_once(parts: Parts, client: ControlPlaneClient, deadline: float) -> i
         # No watcher here: one scan per run, sent only when it differs from what the plane
         # last accepted (skills/publish.py), so an unchanged host costs the plane nothing.
         parts.publisher.scan_and_send_if_changed("startup")
-        ran = _run_commands(parts, client, executor, cancel, deadline)
+        ran = _run_commands(parts, client, life, cancel, deadline)
         # commands changed the state: report it once more (else the first report stands), when the
         # 2 s floor still leaves time before the deadline (else the next run reports it)
         if ran and time.monotonic() + MIN_SPACING < deadline:
@@ -91,19 +91,19 @@ def _send_report(parts: Parts, client: ControlPlaneClient, section: dict[str, An
         raise Retryable("stopped before the report was sent")
 
 
-def _run_commands(parts: Parts, client: ControlPlaneClient, executor: Executor, cancel: threading.Event,
+def _run_commands(parts: Parts, client: ControlPlaneClient, life: Life, cancel: threading.Event,
                   deadline: float) -> int:
     """Recovered commands first, then what the plane has, until the deadline; how many ran."""
     ran = 0
-    for command in executor.recover():
-        executor.execute(command, cancel, deadline)
+    for command in life.recover():
+        life.run(command, cancel, deadline)
         ran += 1
     flush(client, parts.outbox, parts.wake.stop, deadline=deadline)
     while time.monotonic() < deadline:
-        fetched = fetch_one(client, executor, parts.wake.stop, deadline)
+        fetched = fetch_one(client, life, parts.wake.stop, deadline)
         if fetched is None:
             break
-        executor.execute(fetched, cancel, deadline)
+        life.run(fetched, cancel, deadline)
         ran += 1
         flush(client, parts.outbox, parts.wake.stop, deadline=deadline)
     return ran

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from caldera.agents.narrow import as_process_driver
 from caldera.backends.leftovers import sweep as sweep_leftovers
-from caldera.daemon.executor import Executor, executor_for
 from caldera.daemon.heartbeat import ConnectionStatus, heartbeat_loop
 from caldera.daemon.lanes import Lanes
+from caldera.daemon.life import Life, life_for
 from caldera.daemon.poller import poll_loop
 from caldera.daemon.reload import reread
 from caldera.daemon.reporter import report_loop
@@ -74,7 +74,7 @@ def agent_stop_limit(stop_timeout: float) -> float:
     return 2 * (stop_timeout + proc.STOP_KILL_WAIT + proc.REAP_WAIT) + 10.0
 
 
-def start_threads(parts: Parts, lanes: Lanes, executor: Executor) -> list[threading.Thread]:
+def start_threads(parts: Parts, lanes: Lanes, life: Life) -> list[threading.Thread]:
     """One thread per loop, each given the few parts it uses."""
     client, auth = parts.connection()
     wake, live, redactor = parts.wake, parts.live, parts.redactor
@@ -83,7 +83,7 @@ def start_threads(parts: Parts, lanes: Lanes, executor: Executor) -> list[thread
         ("heartbeat", heartbeat_loop, (client, auth, parts.reports, status, wake, live, lanes.desired_revision)),
         ("reporter", report_loop, (client, parts.reports, wake, live, lambda: parts.settings.report_interval,
                                    redactor, lambda: write_snapshot(parts))),
-        ("poller", poll_loop, (client, auth, executor, lanes, wake, live)),
+        ("poller", poll_loop, (client, auth, life, lanes, wake, live)),
         ("sender", sender_loop, (client, parts.outbox, wake, live, redactor)),
         ("skills", skills_loop, (parts.publisher, wake, live)),
     ]
@@ -243,18 +243,18 @@ def _watchdog_period() -> float:
 def _run_connected(parts: Parts, signals: Signals) -> int:
     start_warnings(parts)
     client, _ = parts.connection()
-    executor = executor_for(parts)
-    lanes = Lanes(executor, on_idle=parts.wake.poll.set)
+    life = life_for(parts)
+    lanes = Lanes(life, on_idle=parts.wake.poll.set)
     parts.live.count_drops("lanes", lambda: lanes.refused)
     lanes.start()
     try:
-        for command in executor.recover():
+        for command in life.recover():
             lanes.submit(command)
     except BaseException:
         lanes.close(timeout=10.0)  # the lanes' threads would hold a failed start forever (exit, not hang)
         raise
     agent = start_agent_supervisor(parts)
-    threads = start_threads(parts, lanes, executor)
+    threads = start_threads(parts, lanes, life)
     log.info("caldera run: agent %s as %s against %s", parts.paths.name, parts.identity.agent_id,
              parts.settings.base_url)
     write_snapshot(parts)  # `caldera status` works from the moment systemd says started

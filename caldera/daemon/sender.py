@@ -2,7 +2,8 @@
 inventories, at least once.
 
 What an answer means for one item (SPEC section 5, docs/runtime.md):
-- taken (2xx, `success` not false): the item is deleted;
+- taken (2xx, `success` not false): the item is deleted (a finish: its command id recorded
+  first, daemon/life.delivered);
 - 404 from the plane for that command: it can never be taken; kept in `outbox/rejected/`;
 - 400: the body is cut to what the server accepts (result summarised, `error_message`
   capped, no non-finite numbers) and sent again once; a 400 to the cut body rejects it;
@@ -19,6 +20,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from caldera.daemon import life
 from caldera.daemon.live import LiveStatus
 from caldera.daemon.wakeups import Wakeups, wait_any
 from caldera.errors import AuthBlocked, CalderaError, unexpected
@@ -102,7 +104,7 @@ class Pass:
         except Exception as exc:  # noqa: BLE001 -- a bug this one item meets: it waits, the rest goes on
             return self._hold(name, item, exc, f"unexpected {unexpected(exc)} while delivering it")
         publish.delivered(self.outbox.dir, item)  # an inventory: the digest the plane accepted
-        self.outbox.delivered(name, item)
+        life.delivered(self.outbox, name, item)  # a finish: finish queued -> delivered
         return True
 
     def _hold(self, name: str, item: dict[str, Any], exc: BaseException, reason: str | None = None) -> bool:

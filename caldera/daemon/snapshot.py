@@ -13,8 +13,8 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from caldera.daemon.executor import RECENT_KEY
 from caldera.daemon.heartbeat import CONNECTION_KEY
+from caldera.daemon.life import RECENT_KEY
 from caldera.daemon.live import DROPS_KEY
 from caldera.host.fsutil import atomic_write_json
 from caldera.host.timefmt import rfc3339

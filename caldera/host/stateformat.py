@@ -80,12 +80,6 @@ class StateBusy(Retryable):
     """A migration is due, but another process holds the state dir (an older daemon on it)."""
 
 
-def read_format(state_dir: Path) -> tuple[int, str]:
-    """(format, the caldera version that wrote it) of a state dir; (1, "0.1.0") without a marker."""
-    fmt, writer, _ = _read(state_dir)
-    return fmt, writer
-
-
 def check(state_dir: Path, *, current: int = FORMAT, version: str = __version__) -> int:
     """The format of `state_dir` (1 when it has no marker, or does not exist yet), read
     without writing anything. Raises NewerFormat or BadMarker."""

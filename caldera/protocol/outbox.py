@@ -20,7 +20,8 @@ finish results are never dropped.
 A write that fails raises (nothing was stored) and goes into the `StorageHealth`
 record; a finish delivered while its `.finishes-delivered` record cannot be written
 for want of space stays on disk (skipped until the record is written): deleting it
-would let a kill -9 before the journal's last write finish its command twice.
+would let a kill -9 before the journal's last write finish its command twice. Which
+state a command is in is daemon/life.py's to say; this file keeps the records it reads.
 """
 from __future__ import annotations
 
@@ -149,26 +150,24 @@ class Outbox:
             held = self._holds.get(name)
             yield name, ({**item, "retry": held} if held and isinstance(item, dict) else item)
 
-    def delivered(self, name: str, item: dict[str, Any]) -> None:
-        """The plane took `item`: a finish's command id is recorded before the item goes, so
-        that a restart between the delivery and the journal's last write knows the command
-        is settled (caldera.daemon.executor.recover) and never finishes it a second time."""
-        if item.get("kind") == "finish":
-            command_id = str(item.get("command_id"))
-            with self._lock:
-                try:
-                    self._write_delivered([command_id])
-                except OSError as exc:
-                    if exc.errno in STORAGE_ERRNOS:  # kept (not sent again) until the record is written
-                        self._unrecorded[name] = command_id
-                        self.storage.failed(self.dir / DELIVERED, exc)
-                        log.warning("finish %s was delivered but cannot be recorded (%s); kept until it can be",
-                                    name, exc.strerror or exc)
-                        return
-                    # something else at the record's name: it only saves a redundant finish, never hold one up
-                    log.warning("could not record that finish %s was delivered (%s); a restart now could "
-                                "finish command %s once more", name, exc.strerror or exc, command_id)
-        self.done(name)
+    def record_delivered(self, name: str, command_id: str) -> bool:
+        """Record that the plane took finish `name` of `command_id` (daemon/life.delivered, which
+        then lets the item go); False when the record waits for space: the item is kept (not
+        sent again) until it is written. Something else at the record's name only costs a
+        redundant finish after a restart: True, so that it never holds a finish up."""
+        with self._lock:
+            try:
+                self._write_delivered([command_id])
+            except OSError as exc:
+                if exc.errno in STORAGE_ERRNOS:
+                    self._unrecorded[name] = command_id
+                    self.storage.failed(self.dir / DELIVERED, exc)
+                    log.warning("finish %s was delivered but cannot be recorded (%s); kept until it can be",
+                                name, exc.strerror or exc)
+                    return False
+                log.warning("could not record that finish %s was delivered (%s); a restart now could "
+                            "finish command %s once more", name, exc.strerror or exc, command_id)
+        return True
 
     def _write_delivered(self, command_ids: list[str]) -> None:
         """Put `command_ids` at the head of the delivered record (under the lock). Raises OSError."""
@@ -283,12 +282,14 @@ class Outbox:
 
     def has_finish(self, command_id: int | str) -> bool:
         """A finish for this command is waiting here or was taken by the plane."""
-        wanted = str(command_id)
+        return str(command_id) in self.finish_ids()
+
+    def finish_ids(self) -> set[str]:
+        """The command ids (as text) whose finish is waiting here or was taken by the plane."""
         # The outbox first, the delivered record after: the sender writes the record before it
         # removes the item, so a delivery between the two looks is seen by one of them.
-        if any(str(item.get("command_id")) == wanted and item.get("kind") == "finish" for _, item in self.items()):
-            return True
-        return wanted in self._unrecorded.values() or wanted in self._delivered_ids()
+        ids = {str(item.get("command_id")) for _, item in self.items() if item.get("kind") == "finish"}
+        return ids | set(self._unrecorded.values()) | set(self._delivered_ids())
 
     def _enforce_bounds(self) -> None:
         names = self._names()

@@ -325,13 +325,12 @@ def test_a_kind_switch_follows_no_link_planted_in_the_state_dir(tmp_path, calder
     assert (state / "logs").is_dir() and not (state / "logs").is_symlink()
 
 
-def test_give_tree_refuses_a_linked_top_and_walks_by_fd(tmp_path, accounts):
+def test_a_tree_to_give_is_opened_refusing_a_linked_top(tmp_path, accounts):
     owners, chowned = accounts
     target = _planted(tmp_path)
     os.symlink(target, tmp_path / "state")
-    agent = account.Account("agent", 4242, 4242, "agent", "/home/agent", "home")
     with pytest.raises(account.AccountRefused, match="not a directory of its own"):
-        account.give_tree(tmp_path / "state", agent)
+        account.open_dir(tmp_path / "state")  # what give_tree_fd is then given: nothing
     _untouched(target, chowned)
 
 

@@ -71,7 +71,7 @@ def test_log_list_and_get(agent, capsys):
     code, out, err = _run(capsys, "log", "../../etc/passwd", *_flags(agent))
     assert code == 1 and "not a path" in err
     assert _run(capsys, "log", "run-1.log", *_flags(agent))[2] == (
-        f"There is no such log: run-1.log; `caldera log {' '.join(_flags(agent))}` lists the agent's logs.\n")
+        f"There is no such log. Asked for run-1.log; `caldera log {' '.join(_flags(agent))}` lists the agent's logs.\n")
 
 
 def test_config_error_exits_2(tmp_path, caldera_env, capsys):

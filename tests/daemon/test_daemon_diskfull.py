@@ -20,10 +20,11 @@ from plane_helpers import heartbeats
 from caldera.cli import status
 from caldera.config import agent_from_args
 from caldera.daemon import lanes as lanes_module
-from caldera.daemon import poller, sender
-from caldera.daemon.executor import Executor, executor_for
+from caldera.daemon import life as life_module
+from caldera.daemon import sender
 from caldera.daemon.heartbeat import ConnectionStatus, heartbeat_loop
 from caldera.daemon.lanes import Lanes
+from caldera.daemon.life import Life, life_for
 from caldera.daemon.live import DROPS_KEY, LiveStatus
 from caldera.daemon.poller import poll_loop
 from caldera.daemon.sender import sender_loop
@@ -68,7 +69,7 @@ class Loops:
     def __init__(self, parts):
         self.parts = parts
         client, auth = parts.connection()
-        self.executor = executor_for(parts)
+        self.executor = life_for(parts)
         self.lanes = Lanes(self.executor, on_idle=parts.wake.poll.set)
         self.status = ConnectionStatus(parts.state, parts.redactor, auth)
         wake, live = parts.wake, parts.live
@@ -155,7 +156,7 @@ def test_a_command_the_journal_refuses_is_finished_failed_and_later_ones_wait_in
     assert [_commands(plane)[c]["finish_count"] for c in (first, second)] == [1, 1]
     # nothing resurrects the refused command: the journal on disk has neither
     assert str(first) not in (StateFile(parts.paths.state_dir / "state.json").get("commands") or {})
-    assert executor_for(parts).recover() == []
+    assert life_for(parts).recover() == []
 
 
 def test_the_report_and_status_json_say_the_disk_is_full(connected, plane, monkeypatch):
@@ -218,7 +219,7 @@ def test_a_delivered_finish_that_cannot_be_recorded_stays_until_it_can(tmp_path,
     name = box.put("finish", {"command_id": 5, "body": {"status": "succeeded"}})
     [(_, item)] = list(box.items())
     disk.full = True
-    box.delivered(name, item)
+    life_module.delivered(box, name, item)
     assert list(box.items()) == []  # not sent again
     assert box.has_finish(5) and box.depth() == 1  # a restart now settles it, never "interrupted"
     assert Outbox(tmp_path / "outbox").has_finish(5)
@@ -284,7 +285,7 @@ def test_the_poller_stays_alive_for_the_watchdog_while_it_retries_a_refused_comm
     """A full disk and a plane away at once: the failed finish of a command the journal refused
     is retried for minutes inside one poll turn, which never said it was alive: past 90 s the
     watchdog pings stop and systemd kills the unit."""
-    monkeypatch.setattr(poller, "Backoff", lambda: types.SimpleNamespace(after=lambda exc: 0.01))
+    monkeypatch.setattr(life_module, "Backoff", lambda: types.SimpleNamespace(after=lambda exc: 0.01))
     stop, tries, ticks = threading.Event(), [], []
 
     def finish_command(command_id, body):
@@ -293,14 +294,17 @@ def test_the_poller_stays_alive_for_the_watchdog_while_it_retries_a_refused_comm
             stop.set()
         raise Retryable(None, "connection refused (test)")
 
-    client = types.SimpleNamespace(finish_command=finish_command)
-    executor = types.SimpleNamespace(state=types.SimpleNamespace(path="/var/lib/caldera/a/state.json"),
-                                     agent_id="a", redactor=str,
-                                     outbox=types.SimpleNamespace(put=Faulty(None, 99)))
-    command = parse_command({"id": 81, "command_type": "pause", "payload": {}})
-    settled = poller.refuse_unjournaled(client, executor, command, OSError(errno.ENOSPC, "No space left on device"),
-                                        stop, None, tick=lambda: ticks.append(1))
-    assert not settled and len(tries) == 4 and len(ticks) == 4  # one tick per try
+    def update(key, func):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    state = types.SimpleNamespace(path="/var/lib/caldera/a/state.json", update=update)
+    life = Life(agent_id="a", client=types.SimpleNamespace(finish_command=finish_command), state=state,
+                outbox=types.SimpleNamespace(put=Faulty(None, 99)), redactor=str, executor=None,
+                report_now=lambda: None)
+    taken = life.take(parse_command({"id": 81, "command_type": "pause", "payload": {}}), stop, None,
+                      tick=lambda: ticks.append(1))
+    assert not taken and life.states == {}  # refused: not handed on, not alive here
+    assert len(tries) == 4 and len(ticks) == 4  # one tick per try, until the stop
 
 
 # ------------------------------------------------------------------ the executor waits for space
@@ -315,16 +319,16 @@ def local_parts(caldera_env):
 
 def _execute_in_thread(executor, command):
     out = {}
-    thread = threading.Thread(target=lambda: out.setdefault("status", executor.execute(command)), daemon=True)
+    thread = threading.Thread(target=lambda: out.setdefault("status", executor.run(command)), daemon=True)
     thread.start()
     return thread, out
 
 
 def test_a_command_whose_executing_mark_cannot_be_written_waits_then_runs_once(local_parts, monkeypatch):
     parts = local_parts
-    executor = executor_for(parts)
+    executor = life_for(parts)
     command = parse_command({"id": 61, "command_type": "make_coffee", "payload": {}})
-    executor.journal_fetched(command)
+    executor.journal(command)
     disk = FullDisk(monkeypatch, parts.paths.state_dir)
     disk.full = True
     thread, out = _execute_in_thread(executor, command)
@@ -339,9 +343,9 @@ def test_a_command_whose_executing_mark_cannot_be_written_waits_then_runs_once(l
 
 def test_a_stop_while_waiting_for_space_keeps_the_command_for_the_next_start(local_parts, monkeypatch):
     parts = local_parts
-    executor = executor_for(parts)
+    executor = life_for(parts)
     command = parse_command({"id": 62, "command_type": "make_coffee", "payload": {}})
-    executor.journal_fetched(command)
+    executor.journal(command)
     disk = FullDisk(monkeypatch, parts.paths.state_dir)
     disk.full = True
     thread, out = _execute_in_thread(executor, command)
@@ -350,14 +354,14 @@ def test_a_stop_while_waiting_for_space_keeps_the_command_for_the_next_start(loc
     thread.join(30)
     assert out["status"] == "deferred" and parts.outbox.depth() == 0
     disk.full = False
-    assert [c.id for c in executor_for(parts).recover()] == [62]  # the next start runs it, once
+    assert [c.id for c in life_for(parts).recover()] == [62]  # the next start runs it, once
 
 
 def test_a_result_the_outbox_cannot_take_is_held_until_it_can(local_parts, monkeypatch):
     parts = local_parts
-    executor = executor_for(parts)
+    executor = life_for(parts)
     command = parse_command({"id": 63, "command_type": "make_coffee", "payload": {}})
-    executor.journal_fetched(command)
+    executor.journal(command)
     disk = FullDisk(monkeypatch, parts.paths.state_dir, which=lambda path: path.parent.name == "outbox")
     disk.full = True
     thread, out = _execute_in_thread(executor, command)
@@ -372,16 +376,16 @@ def test_a_result_the_outbox_cannot_take_is_held_until_it_can(local_parts, monke
 
 def test_an_interrupted_command_found_while_full_is_finished_by_a_lane_once(local_parts, monkeypatch):
     parts = local_parts
-    executor = executor_for(parts)
+    executor = life_for(parts)
     command = parse_command({"id": 64, "command_type": "collect_system_info", "payload": {}})
-    executor.journal_fetched(command)
+    executor.journal(command)
     executor._journal_phase("64", "executing")  # then a kill -9
     disk = FullDisk(monkeypatch, parts.paths.state_dir)
     disk.full = True
     [again] = executor.recover()  # the start must not fail: heartbeats begin
     assert again.id == 64 and again.refusal == "interrupted: runtime restarted"
     disk.full = False
-    assert executor.execute(again) == "failed"
+    assert executor.run(again) == "failed"
     [finish] = [i for _, i in parts.outbox.items() if i["kind"] == "finish"]
     assert finish["body"]["error_message"] == "interrupted: runtime restarted"
 
@@ -393,15 +397,15 @@ def _finishes(parts):
 
 
 def _bug_for(monkeypatch, method, command_id, message):
-    """Executor.`method` raises RuntimeError(message) for that one command (a bug it meets)."""
-    real = getattr(Executor, method)
+    """Life.`method` raises RuntimeError(message) for that one command (a bug it meets)."""
+    real = getattr(Life, method)
 
     def buggy(self, command, *args):
         if command.id == command_id:
             raise RuntimeError(message)
         return real(self, command, *args)
 
-    monkeypatch.setattr(Executor, method, buggy)
+    monkeypatch.setattr(Life, method, buggy)
 
 
 def _run_in_lanes(parts, executor, numbers, monkeypatch):
@@ -411,7 +415,7 @@ def _run_in_lanes(parts, executor, numbers, monkeypatch):
     try:
         for number in numbers:
             command = parse_command({"id": number, "command_type": "make_coffee", "payload": {}})
-            executor.journal_fetched(command)
+            executor.journal(command)
             lanes.submit(command)
         wait_for(lambda: set(_finishes(parts)) == set(numbers) and parts.state.get("commands") == {},
                  timeout=30, what="every command finished and out of the journal")
@@ -422,7 +426,7 @@ def _run_in_lanes(parts, executor, numbers, monkeypatch):
 def test_a_command_whose_execution_raises_is_finished_failed_at_once(local_parts, monkeypatch):
     """It stayed in the journal, `running` at the plane, until the next start (weeks, under
     systemd); now the lane finishes it failed, naming the bug by type and place, never by value."""
-    executor = executor_for(local_parts)
+    executor = life_for(local_parts)
     _bug_for(monkeypatch, "_send_start", 71, "a bug holding sk-not-for-the-plane")
     _run_in_lanes(local_parts, executor, (71, 72), monkeypatch)
     broken, after = _finishes(local_parts)[71], _finishes(local_parts)[72]
@@ -433,8 +437,8 @@ def test_a_command_whose_execution_raises_is_finished_failed_at_once(local_parts
 
 
 def test_a_command_that_raises_after_its_finish_is_recorded_keeps_that_one_finish(local_parts, monkeypatch):
-    executor = executor_for(local_parts)
-    monkeypatch.setattr(Executor, "_remember", lambda *args: (_ for _ in ()).throw(RuntimeError("a bug")))
+    executor = life_for(local_parts)
+    monkeypatch.setattr(Life, "_remember", lambda *args: (_ for _ in ()).throw(RuntimeError("a bug")))
     _run_in_lanes(local_parts, executor, (73,), monkeypatch)
     [(_, item)] = [(n, i) for n, i in local_parts.outbox.items() if i["kind"] == "finish"]
     assert item["command_id"] == 73 and "make_coffee" in item["body"]["error_message"]  # its own, not a second
@@ -446,9 +450,9 @@ def test_settle_broken_sees_a_finish_the_sender_delivers_while_it_looks(local_pa
     first and the outbox after missed it when the delivery fell between the two looks, and a
     second finish, `failed`, went out."""
     parts = local_parts
-    executor, outbox = executor_for(parts), parts.outbox
+    executor, outbox = life_for(parts), parts.outbox
     command = parse_command({"id": 91, "command_type": "collect_system_info", "payload": {}})
-    executor.journal_fetched(command)
+    executor.journal(command)
     executor._put_finish(command, "succeeded", {"ok": True}, "")  # execute's recorded finish
     sent = []
     plane = types.SimpleNamespace(finish_command=lambda cid, body: sent.append((cid, body["status"])))
@@ -460,17 +464,18 @@ def test_settle_broken_sees_a_finish_the_sender_delivers_while_it_looks(local_pa
         return real_order()
 
     outbox.names_in_send_order = names_in_send_order
-    executor.settle_broken(command, RuntimeError("a bug after the finish was recorded"))
+    # a life that does not hold it (as after a restart) asks the outbox whether its finish is recorded
+    life_for(parts).fault(command, RuntimeError("a bug after the finish was recorded"))
     assert sent == [(91, "succeeded")]
     assert [i for _, i in outbox.items() if i.get("command_id") == 91] == []  # no second finish
     assert parts.state.get("commands") == {}
 
 
 def test_a_command_a_poll_turn_journals_and_then_raises_on_is_finished_failed_at_once(local_parts, monkeypatch):
-    """A bug after the journal's write (here in journal_fetched's announcement; lanes.submit
+    """A bug after the journal's write (here in Life.journal's announcement; lanes.submit
     alike) escaped the poll turn: command 95 stayed dispatched at the plane and `fetched` in the
     journal, with no lane to run it, until the next start."""
-    executor = executor_for(local_parts)
+    executor = life_for(local_parts)
     _bug_for(monkeypatch, "_announce", 95, "a bug after the journal write")
     plane = [{"id": 95, "command_type": "collect_system_info", "payload": {}},
              {"id": 96, "command_type": "collect_system_info", "payload": {}}]

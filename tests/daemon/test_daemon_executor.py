@@ -8,7 +8,9 @@ import pytest
 import responses
 from core_helpers import BOOT, install_agent, make_parts
 
-from caldera.daemon.executor import INTERRUPTED, executor_for
+from caldera.daemon import life
+from caldera.daemon.executor import executor_for
+from caldera.daemon.life import INTERRUPTED, life_for
 from caldera.protocol.command import parse_command
 from caldera.protocol.outbox import Outbox
 
@@ -42,8 +44,8 @@ def mock_plane():
 def test_unknown_type_is_finished_failed(runtime):
     mock_plane()
     command = parse_command({"id": 1, "command_type": "make_coffee", "payload": {}})
-    executor_for(runtime).journal_fetched(command)
-    assert executor_for(runtime).execute(command) == "failed"
+    life_for(runtime).journal(command)
+    assert life_for(runtime).run(command) == "failed"
     [finish] = finishes(runtime)
     assert finish["body"]["error_message"] == "unsupported command type: make_coffee"
     assert finish["body"]["status"] == "failed" and finish["command_id"] == 1
@@ -55,8 +57,8 @@ def test_unknown_type_is_finished_failed(runtime):
 def test_collect_system_info_reports_and_returns_summary(runtime):
     mock_plane()
     command = parse_command({"id": 1, "command_type": "collect_system_info", "payload": {}})
-    executor_for(runtime).journal_fetched(command)
-    assert executor_for(runtime).execute(command) == "succeeded"
+    life_for(runtime).journal(command)
+    assert life_for(runtime).run(command) == "succeeded"
     [finish] = finishes(runtime)
     report = json.loads([c for c in responses.calls if c.request.url.endswith("/state/report")][0].request.body)
     assert finish["body"]["result"]["system_info"]["cpu"]["cores"] == report["system_info"]["cpu"]["cores"]
@@ -68,8 +70,8 @@ def test_collect_system_info_reports_and_returns_summary(runtime):
 def test_invalid_payload_is_refused_before_running(runtime):
     mock_plane()
     command = parse_command({"id": 1, "command_type": "collect_system_info", "payload": ["not", "an", "object"]})
-    executor_for(runtime).journal_fetched(command)
-    executor_for(runtime).execute(command)
+    life_for(runtime).journal(command)
+    life_for(runtime).run(command)
     [finish] = finishes(runtime)
     assert "invalid payload for collect_system_info" in finish["body"]["error_message"]
     assert not any(c.request.url.endswith("/state/report") for c in responses.calls)
@@ -81,8 +83,8 @@ def test_404_on_start_finishes_failed_without_running(runtime):
     responses.add(responses.POST, API + "/commands/1/start", status=404,
                   json={"success": False, "error": "no such command"})
     command = {"id": 1, "command_type": "collect_system_info", "payload": {}}
-    executor_for(runtime).journal_fetched(parse_command(command))
-    executor_for(runtime).execute(parse_command(command))
+    life_for(runtime).journal(parse_command(command))
+    life_for(runtime).run(parse_command(command))
     [finish] = finishes(runtime)
     assert "does not know this command" in finish["body"]["error_message"]
     assert not any(c.request.url.endswith("/state/report") for c in responses.calls)
@@ -93,8 +95,8 @@ def test_start_during_outage_is_queued_before_the_finish(runtime):
     responses.add(responses.POST, API + "/register", json=ok({"session_token": "agt_sess_abcdef123"}))
     responses.add(responses.POST, API + "/commands/1/start", status=503, json={"success": False, "error": "down"})
     command = parse_command({"id": 1, "command_type": "make_coffee", "payload": {}})
-    executor_for(runtime).journal_fetched(command)
-    executor_for(runtime).execute(command)
+    life_for(runtime).journal(command)
+    life_for(runtime).run(command)
     kinds = [item["kind"] for _, item in runtime.outbox.items()]
     assert kinds == ["start", "finish"]
 
@@ -128,12 +130,12 @@ def test_recovery_runs_unbegun_and_fails_interrupted_never_reruns(runtime):
     began = parse_command({"id": 12, "command_type": "collect_system_info", "payload": {}})
     recorded = parse_command({"id": 13, "command_type": "collect_system_info", "payload": {}})
     for command in (never_began, began, recorded):
-        executor_for(runtime).journal_fetched(command)
+        life_for(runtime).journal(command)
 
-    executor_for(runtime)._journal_phase("12", "executing")
-    executor_for(runtime)._journal_phase("13", "executing")
-    executor_for(runtime)._put_finish(recorded, "succeeded", {"message": "done before the crash"}, "")
-    to_run = executor_for(runtime).recover()
+    life_for(runtime)._journal_phase("12", "executing")
+    life_for(runtime)._journal_phase("13", "executing")
+    life_for(runtime)._put_finish(recorded, "succeeded", {"message": "done before the crash"}, "")
+    to_run = life_for(runtime).recover()
     assert [c.id for c in to_run] == [11]
     by_id = {f["command_id"]: f["body"] for f in finishes(runtime)}
     assert by_id[12]["status"] == "failed" and by_id[12]["error_message"] == INTERRUPTED
@@ -145,20 +147,20 @@ def test_a_finish_delivered_before_the_journal_was_cleared_is_not_finished_again
     # kill -9 after the sender delivered the finish but before the executor's last journal
     # write: the restarted daemon must not send a second ("interrupted") finish for it.
     command = parse_command({"id": 21, "command_type": "collect_system_info", "payload": {}})
-    executor_for(runtime).journal_fetched(command)
-    executor_for(runtime)._journal_phase("21", "executing")
-    executor_for(runtime)._put_finish(command, "succeeded", {"message": "done"}, "")
+    life_for(runtime).journal(command)
+    life_for(runtime)._journal_phase("21", "executing")
+    life_for(runtime)._put_finish(command, "succeeded", {"message": "done"}, "")
     [(name, item)] = list(runtime.outbox.items())
-    runtime.outbox.delivered(name, item)  # what the sender does when the plane took it
-    assert executor_for(runtime).recover() == []
+    life.delivered(runtime.outbox, name, item)  # what the sender does when the plane took it
+    assert life_for(runtime).recover() == []
     assert finishes(runtime) == [] and runtime.state.get("commands") == {}
 
 
 def test_an_accepted_agent_run_is_known_to_interrupts_until_its_finish(runtime):
     command = parse_command({"id": 41, "command_type": "agent_run", "payload": {"run_id": "r-41"}})  # no prompt
-    executor_for(runtime).journal_fetched(command)
+    life_for(runtime).journal(command)
     assert runtime.runs.interrupt("r-41") == "queued"  # before its turn: not lost
-    assert executor_for(runtime).execute(command) == "failed"
+    assert life_for(runtime).run(command) == "failed"
     assert runtime.runs.interrupt("r-41") is None  # finished: nothing waits for it any more
 
 
@@ -238,7 +240,7 @@ def test_the_outbox_sweeps_only_stale_temp_files(tmp_path):
 
 def test_finish_results_are_redacted(runtime):
 
-    executor_for(runtime)._put_finish(parse_command({"id": 5}), "failed", {"echo": f"token={BOOT}"}, f"saw {BOOT}")
+    life_for(runtime)._put_finish(parse_command({"id": 5}), "failed", {"echo": f"token={BOOT}"}, f"saw {BOOT}")
     [finish] = finishes(runtime)
     assert BOOT not in json.dumps(finish)
 
@@ -274,7 +276,7 @@ def test_a_journal_written_by_the_previous_version_is_recovered(runtime):
                "fetched_at": "2026-01-01T00:00:00Z"},
         "53": {"phase": "executing", "command": ["not", "a", "command"]},  # settled by its key
     })
-    [again] = executor_for(runtime).recover()
+    [again] = life_for(runtime).recover()
     assert (again.id, again.type, again.timeout_seconds) == (51, "collect_system_info", 60.0)
     by_id = {f["command_id"]: f for f in finishes(runtime)}
     assert by_id[52]["body"]["error_message"] == INTERRUPTED and by_id[52]["command_type"] == "pause"
@@ -289,7 +291,7 @@ def test_a_command_that_cannot_be_named_is_logged_never_journaled(runtime, caplo
         def next_command(self):
             return {"command_type": "pause", "payload": {}}, None
 
-    assert fetch_one(Plane(), executor_for(runtime)) is None
+    assert fetch_one(Plane(), life_for(runtime)) is None
     assert "control plane sent an unusable command (a command without an id): " in caplog.text
     assert not runtime.state.get("commands")
 
@@ -297,8 +299,8 @@ def test_a_command_that_cannot_be_named_is_logged_never_journaled(runtime, caplo
 def test_recovery_keeps_the_fetch_order_of_numeric_ids(runtime):
     """Ids sorted as text put "10" before "9": a backlog of fetched commands ran out of order."""
     for cid in (8, 9, 10, 11, "local-b", "local-a"):
-        executor_for(runtime).journal_fetched(parse_command({"id": cid, "command_type": "collect_system_info"}))
-    assert [c.id for c in executor_for(runtime).recover()] == [8, 9, 10, 11, "local-a", "local-b"]
+        life_for(runtime).journal(parse_command({"id": cid, "command_type": "collect_system_info"}))
+    assert [c.id for c in life_for(runtime).recover()] == [8, 9, 10, 11, "local-a", "local-b"]
 
 
 def test_the_commands_deadline_bounds_every_request_its_handler_makes(runtime, monkeypatch):

@@ -163,6 +163,7 @@ def test_a_burst_of_collect_system_info_is_answered_by_one_report_without_waitin
 
 def test_a_command_too_large_to_read_is_finished_failed(caldera_env):
     from caldera.daemon.executor import Executor
+    from caldera.daemon.life import Life
     from caldera.protocol.command import parse_command
 
     install_agent(caldera_env)
@@ -172,18 +173,18 @@ def test_a_command_too_large_to_read_is_finished_failed(caldera_env):
         def start_command(self, cid, body):
             pass
 
-    executor = Executor(agent_id="a", client=StartOk(), state=parts.state, outbox=parts.outbox,
-                        redactor=parts.redactor, report_now=lambda: None, bind=None)
+    life = Life(agent_id="a", client=StartOk(), state=parts.state, outbox=parts.outbox, redactor=parts.redactor,
+                executor=Executor(client=StartOk(), bind=None), report_now=lambda: None)
     stub = parse_command({"id": 12, "command_type": "settings_set"}, too_large="over 8388608 bytes")
-    executor.journal_fetched(stub)
-    assert executor.execute(stub) == "failed"
+    life.journal(stub)
+    assert life.run(stub) == "failed"
     [item] = [i for _, i in parts.outbox.items() if i["kind"] == "finish"]
     assert item["command_id"] == 12 and item["body"]["error_message"].startswith("payload too large")
     parts.pool.shutdown(wait=False)
 
 
 def test_the_poller_journals_an_oversized_command(caldera_env, plane):
-    from caldera.daemon.executor import executor_for
+    from caldera.daemon.life import life_for
     from caldera.daemon.poller import fetch_one
     from caldera.protocol.client import NEXT_CAP
 
@@ -191,7 +192,7 @@ def test_the_poller_journals_an_oversized_command(caldera_env, plane):
     parts = make_parts(with_driver=False)
     plane.fault(API + "/commands/next$", size=NEXT_CAP + 10,
                 body=b'{"success":true,"data":{"command":{"id":77,"command_type":"log_get","payload":{"x":"')
-    executor = executor_for(parts)
+    executor = life_for(parts)
     command = fetch_one(parts.client, executor)
     assert command.id == 77 and "77" in parts.state.get("commands")
     assert command.refusal.startswith("payload too large") and command.payload == {}
@@ -225,7 +226,7 @@ def test_a_report_built_before_a_change_does_not_answer_a_command(caldera_env):
 
 
 def test_read_only_commands_do_not_make_the_recent_report_stale():
-    from caldera.daemon.executor import READ_ONLY
+    from caldera.daemon.life import READ_ONLY
 
     assert {"health_check", "collect_system_info", "log_list", "settings_get"} <= READ_ONLY
     assert not {"pause", "resume", "install_skill", "settings_set", "apply_config_revision"} & READ_ONLY

@@ -76,14 +76,14 @@ def test_which_lane_a_command_takes():
 
 
 class _Blocked:
-    """An executor whose commands hold until released."""
+    """A life whose commands hold until released."""
 
     def __init__(self):
         import threading
 
         self.release, self.ran = threading.Event(), []
 
-    def execute(self, command, cancel):
+    def run(self, command, cancel):
         self.ran.append(command.type)
         self.release.wait(10)
 

@@ -9,8 +9,8 @@ from core_helpers import install_agent, make_parts
 from caldera import errors
 from caldera.cli import main as cli_main
 from caldera.daemon import run as daemon_run
-from caldera.daemon.executor import executor_for
 from caldera.daemon.lanes import Lanes, LanesClosed
+from caldera.daemon.life import life_for
 from caldera.protocol import client as api
 from caldera.protocol.command import parse_command
 from caldera.protocol.retry import Backoff
@@ -28,7 +28,7 @@ def parts(caldera_env):
 
 
 def test_submit_after_close_raises_and_is_counted(parts):
-    lanes = Lanes(executor_for(parts), on_idle=lambda: None)
+    lanes = Lanes(life_for(parts), on_idle=lambda: None)
     parts.live.count_drops("lanes", lambda: lanes.refused)
     lanes.start()
     assert lanes.close(timeout=5)
@@ -39,7 +39,7 @@ def test_submit_after_close_raises_and_is_counted(parts):
 
 
 def test_desired_revision_after_close_is_not_lost_for_the_next_try(parts):
-    lanes = Lanes(executor_for(parts), on_idle=lambda: None)
+    lanes = Lanes(life_for(parts), on_idle=lambda: None)
     lanes.start()
     lanes.close(timeout=5)
     lanes.desired_revision(42)  # refused quietly: the lanes are closed
@@ -278,13 +278,13 @@ def test_a_start_whose_recovery_fails_ends_its_lanes_and_raises(parts, monkeypat
     """A start that fails after the lanes began (recovery reading or writing the journal) must
     end the process with its error: the lanes' threads are not daemon threads, and left running
     they held `caldera run` forever, deaf to SIGTERM (the soak's full disk at a restart)."""
-    from caldera.daemon.executor import Executor
+    from caldera.daemon.life import Life
     from caldera.daemon.signals import Signals
 
     def recover(self):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(Executor, "recover", recover)
+    monkeypatch.setattr(Life, "recover", recover)
     with pytest.raises(OSError, match="No space"):
         daemon_run._run_connected(parts, Signals())
     assert not [t.name for t in threading.enumerate() if t.name.startswith("lane-") and t.is_alive()]

@@ -7,11 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from stateformat_helpers import read_format
 
 from caldera.errors import EXIT_USAGE
 from caldera.host import stateformat
 from caldera.host.fsutil import StateLock
-from caldera.host.stateformat import MARKER, BadMarker, NewerFormat, StateBusy, Step, check, prepare, read_format
+from caldera.host.stateformat import MARKER, BadMarker, NewerFormat, StateBusy, Step, check, prepare
 
 
 def old_state(path: Path) -> Path:

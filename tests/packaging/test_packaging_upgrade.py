@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from daemon_helpers import Daemon, wait_for
+from stateformat_helpers import read_format
 
 from caldera.host import stateformat
 from caldera.plane.server import PlaneServer
@@ -145,7 +146,7 @@ def test_report_once_on_a_cron_010_state_dir(fixture_env):
     assert [requests_to(plane, "POST", f"/commands/{i}/finish") for i in (1, 2)] == [1, 1]
     assert requests_to(plane, "POST", "/agent/register") == 0
     assert not list((state / "outbox").glob("*.json"))
-    assert stateformat.read_format(state) == (1, "0.2.0")
+    assert read_format(state) == (1, "0.2.0")
 
 
 REFUSING = [

@@ -45,7 +45,7 @@ def soak(tmp_path):
 
 
 def journal(state_dir: Path, *command_ids: int) -> None:
-    """What the runtime's journal_fetched writes: state.json's "commands", keyed by the id."""
+    """What the runtime's Life.journal writes: state.json's "commands", keyed by the id."""
     doc = {"commands": {str(cid): {"phase": "fetched", "command": {"id": cid}} for cid in command_ids}}
     (state_dir / "state.json").write_text(json.dumps(doc))
 

@@ -57,9 +57,6 @@ class ProviderRoutes:
         """The path OpenCode's base URL for `provider` has on the forwarder."""
         return PREFIX + self._token_of[provider]
 
-    def placeholder_for(self, value: str) -> str | None:
-        return next((p for p, v in self.placeholders.items() if v == value), None)
-
     def proxy_for(self, provider: str) -> str | None:
         """The proxy `provider` is reached through, as host:port (None: directly)."""
         proxy = self._upstreams[self._token_of[provider]].proxy

@@ -165,9 +165,15 @@ def test_the_rendered_config_holds_placeholders_and_the_forwarder_not_the_secret
     doc = json.loads(rendered)
     options = doc["provider"]["fake"]["options"]
     assert options["baseURL"] == "http://127.0.0.1:4321" + routes.path_for("fake")
-    assert options["apiKey"] == routes.placeholder_for(CANARY)
+    assert options["apiKey"] == _placeholder(routes, CANARY)
     assert doc["enabled_providers"] == ["fake"] and doc["mcp"] == {} and doc["plugin"] == []
     assert doc["model"] == doc["small_model"] == "fake/fake-model"
+
+
+def _placeholder(routes: ProviderRoutes, value: str) -> str:
+    """What OpenCode is given in place of the secret `value`."""
+    [placeholder] = [p for p, v in routes.placeholders.items() if v == value]
+    return placeholder
 
 
 @contextlib.contextmanager
@@ -196,7 +202,7 @@ def _post(port: int, path: str, headers: dict[str, str], body: bytes = b"{}",
 def test_the_forwarder_adds_the_key_streams_the_answer_and_refuses_other_paths():
     with FakeChatProvider([{"text": "streamed through"}]) as upstream, \
             _forwarding({"fake": upstream.url}, [CANARY]) as (routes, fwd):
-        placeholder = routes.placeholder_for(CANARY)
+        placeholder = _placeholder(routes, CANARY)
         body = json.dumps({"model": "fake-model", "stream": True, "stream_options": {"include_usage": True}})
         status, raw = _post(fwd.port, routes.path_for("fake") + "/chat/completions",
                             {"Authorization": f"Bearer {placeholder}", "x-session-id": "ses_1"}, body.encode())
@@ -218,7 +224,7 @@ def test_placeholders_are_filled_in_any_header_and_the_query_and_url_credentials
         url = upstream.url.replace("http://", "http://us%3Aer:p%40ss@")
         with _forwarding({"fake": url, "same": url}, [CANARY, odd]) as (routes, fwd):
             assert routes.path_for("fake") == routes.path_for("same")  # one route per base URL
-            key, other = routes.placeholder_for(CANARY), routes.placeholder_for(odd)
+            key, other = _placeholder(routes, CANARY), _placeholder(routes, odd)
             body = json.dumps({"model": "fake-model"}).encode()
             target = f"{routes.path_for('fake')}/chat/completions?key={other}&v=1&again={other}"
             assert _post(fwd.port, target, {"X-Custom": f"pre-{key}-post", "X-Plain": "nothing"}, body)[0] == 200
