@@ -192,6 +192,23 @@ def test_codexs_forwarder_passes_only_its_route_with_the_runs_token(tmp_path):
             forwarder.close()
 
 
+def test_codex_whose_run_directory_cannot_be_made_leaves_no_forwarder(tmp_path):
+    (tmp_path / "afile").write_text("x")  # runs_dir below a file: the run directory cannot be made
+    with FakeGateway([{"text": "hi"}], CANARY, CATALOGUE) as gateway:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CALDERA_CODEX_BIN": "/bin/true", **gateway.injected()}
+        environment = base.Environment(redactor=Redactor(), logs_dir=str(tmp_path / "logs"),
+                                       runs_dir=str(tmp_path / "afile" / "runs"), secrets_dir=str(tmp_path / "s"),
+                                       env=env)
+        (tmp_path / "ws").mkdir()
+        events: list[dict] = []
+        result = service.execute({"run_id": "run-1", "prompt": "x", "workspace": str(tmp_path / "ws"),
+                                  "backend_profile": "codex", "execution_policy": {"timeout_seconds": 30}},
+                                 environment, roots=None, listeners=[events.append])
+    assert result["status"] == "failed" and "cannot prepare the run directory" in result["message"], result
+    assert not [t for t in threading.enumerate() if t.name.startswith("codex-forwarder")]
+    assert gateway.requests == [] and CANARY not in json.dumps(events)
+
+
 # ------------------------------------------------------------------ Codex: <BASE>/v1/responses
 
 def test_codex_completes_a_turn_with_a_command_and_a_patch_on_the_gateway_models(tmp_path):
