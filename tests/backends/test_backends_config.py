@@ -134,7 +134,8 @@ def test_enforce_adds_runtime_settings_and_bounds_retries(tmp_path):
 
 
 def test_toml_writer_round_trips_awkward_values():
-    doc = {"a": 'quote " back \\ nl \n tab \t é', "n": 3, "f": 1.5, "b": True, "list": [1, "x", {"k": "v"}],
+    doc = {"a": 'quote " back \\ nl \n tab \t é del \x7f nul \x00 esc \x1b', "n": 3, "f": 1.5, "b": True,
+           "list": [1, "x", {"k": "v"}],
            "t": {"dotted.key": {"deep": []}, "x y": "z"}}
     assert tomllib.loads(cc.dump_toml(doc)) == doc
 
