@@ -483,7 +483,9 @@ class Gateway:
         on the gateway. `requested` (a payload's `model`): a "provider/model" that
         CLAWMANAGER_LLM_PROVIDER_MODELS lists, else a model id the catalogue lists (or any, with
         no catalogue); refused (errors.Refused, naming the lists) otherwise. Without one,
-        OPENAI_MODEL, else the catalogue's first; (None, None) when neither says."""
+        OPENAI_MODEL, else the catalogue's first (without CLAWMANAGER_LLM_MODEL, the first of
+        CLAWMANAGER_LLM_PROVIDER_MODELS, the same catalogue qualified: "auto/auto" is not skipped,
+        as "auto" first in the catalogue is not); (None, None) when none says."""
         if requested:
             provider, _, model = requested.partition("/")
             if self.provider_models is not None and (provider, model) in self.provider_models:
@@ -499,7 +501,8 @@ class Gateway:
                 raise Refused(f"model {_named_model(requested)!r} is not in the AI gateway's catalogue "
                               f"({'; '.join(lists)})")
             return self._provider_of(requested), requested
-        default = self.default_model or (self.catalogue[0] if self.catalogue else None)
+        default = self.default_model or (self.catalogue[0] if self.catalogue else None) \
+            or (self.provider_models[0][1] if self.provider_models else None)
         return (self._provider_of(default) if default else None), default
 
     def _provider_of(self, model: str) -> str | None:

@@ -405,6 +405,17 @@ def test_a_payloads_provider_model_is_checked_against_the_provider_models(reques
     assert config.gateway_model(QUALIFIED_ENV, requested) == ref[1]
 
 
+@pytest.mark.parametrize("models, ref", [
+    (["auto/auto", "openai/gpt-4.1"], ("auto", "auto")),  # the catalogue's first, as the server writes it
+    (["moonshot/kimi-k2.6", "auto/auto"], ("moonshot", "kimi-k2.6")),
+])
+def test_with_only_the_provider_models_the_default_is_their_first(models, ref):
+    env = {"CLAWMANAGER_LLM_BASE_URL": "http://gw.test/llm", "CLAWMANAGER_LLM_API_KEY": "k",
+           "CLAWMANAGER_LLM_PROVIDER_MODELS": json.dumps(models)}  # no OPENAI_MODEL, no CLAWMANAGER_LLM_MODEL
+    assert config.Gateway(env).model_ref() == ref
+    assert config.Gateway(dict(env, OPENAI_MODEL="other")).model_for() == "other"  # OPENAI_MODEL still first
+
+
 def test_a_provider_model_the_lists_do_not_name_is_refused_naming_both():
     with pytest.raises(Refused) as err:
         config.gateway_model(QUALIFIED_ENV, "openai/kimi-k2.6")  # the model is there, not from that provider
