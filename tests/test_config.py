@@ -503,6 +503,27 @@ def test_workspace_roots_and_skill_dirs_split_on_colons():
     assert config.skill_dirs(None) == []
 
 
+@pytest.mark.parametrize("project, why", [
+    ("/", "it is /"),
+    ("/config", "it holds /config/.hermes, the runtime's own state"),  # the persistent dir's parent
+    ("/config/.hermes", "it holds /config/.hermes, the runtime's own state"),
+    ("/srv/", "it holds /srv/state, the runtime's own state"),  # CALDERA_STATE_DIR's parent
+])
+def test_an_implicit_workspace_root_holding_the_runtimes_state_is_not_used(project, why):
+    instance = {"CLAWMANAGER_AGENT_PERSISTENT_DIR": "/config/.hermes", "CALDERA_STATE_DIR": "/srv/state",
+                "CLAWMANAGER_PROJECT_PATH": project}
+    assert config.workspace_roots(instance) == []
+    assert config.implicit_workspace_root(instance) == (None, (
+        f"CLAWMANAGER_PROJECT_PATH={project} is not used as the workspace root ({why}): control-plane runs are "
+        "refused until CALDERA_WORKSPACE_ROOTS names the directories they may work in"))
+    # roots an operator names are theirs; a project path beside the state is used as it is
+    assert config.workspace_roots(dict(instance, CALDERA_WORKSPACE_ROOTS=project)) == [project]
+    assert config.implicit_workspace_root(dict(instance, CALDERA_WORKSPACE_ROOTS=project)) == (None, None)
+    beside = dict(instance, CLAWMANAGER_PROJECT_PATH="/config/workspace")
+    assert config.implicit_workspace_root(beside) == ("/config/workspace", None)
+    assert config.workspace_roots(dict(beside, CLAWMANAGER_PROJECT_PATH="/conf")) == ["/conf"]  # a prefix, no parent
+
+
 @pytest.mark.parametrize("env, dirs, origin", [
     ({"CLAWMANAGER_AGENT_SKILL_DIRS": "/a:/b"}, ["/a", "/b"], "CLAWMANAGER_AGENT_SKILL_DIRS"),
     ({"CLAWMANAGER_AGENT_SKILL_DIRS": "/a", "CALDERA_SKILL_DIRS": "/c"}, ["/c"], "CALDERA_SKILL_DIRS"),

@@ -386,6 +386,18 @@ def test_what_is_wrong_with_the_gateway_as_injected_is_named_once(caldera_env, p
     assert [d["model"] for d in described] == [model, model, model]
 
 
+def test_a_project_path_holding_the_persistent_dir_is_named_once_and_not_a_workspace_root(caldera_env, plane,
+                                                                                           tmp_path):
+    env, _ = _instance(tmp_path, plane.url, CLAWMANAGER_PROJECT_PATH=str(tmp_path / "config"))
+    done = _report_once(env)
+    assert done.returncode == 0, done.stderr
+    named = [line for line in done.stderr.splitlines() if "CLAWMANAGER_PROJECT_PATH" in line]
+    assert named == [f"WARNING caldera: CLAWMANAGER_PROJECT_PATH={tmp_path / 'config'} is not used as the workspace "
+                     f"root (it holds {tmp_path / 'config' / '.hermes'}, the runtime's own state): control-plane runs "
+                     "are refused until CALDERA_WORKSPACE_ROOTS names the directories they may work in"], done.stderr
+    assert not plane.store.reports(INSTANCE, last=True)["body"]["runtime"].get("llm_configs")  # no run can start
+
+
 # ------------------------------------------------------------------ PID 1
 
 def _pid_namespace() -> list[str] | None:
