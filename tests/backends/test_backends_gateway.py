@@ -228,6 +228,19 @@ def test_codex_completes_a_turn_with_a_command_and_a_patch_on_the_gateway_models
     turn.assert_token_held_by_the_forwarder_alone()
 
 
+def test_codex_on_a_gateway_model_it_knows_keeps_its_own_instructions_and_reasoning(tmp_path):
+    # The run's catalogue holds Codex's bundled models beside the gateway's others (kimi-k2.6,
+    # auto): it replaces the bundled one, and gpt-5.5 would lose its 21 KB of instructions.
+    with FakeGateway([{"text": "done"}], CANARY, [*CATALOGUE, "gpt-5.5"]) as gateway:
+        turn = GatewayTurn("codex", tmp_path, gateway, model="gpt-5.5")
+    assert turn.terminal["status"] == "completed", turn.events
+    body = json.loads(gateway.requests[0]["body"])
+    developer = [json.dumps(i) for i in body["input"] if i.get("role") == "developer"]
+    assert body["model"] == "gpt-5.5" and max(map(len, developer)) > 20000  # its base instructions
+    assert body["reasoning"].get("effort") == "medium"  # its default reasoning level
+    assert "apply_patch" in {t.get("name") for t in body["tools"]}
+
+
 def test_codex_with_the_gateway_down_fails_provider_unavailable_at_once(tmp_path):
     with FakeGateway([], CANARY, CATALOGUE) as gateway:
         injected = gateway.injected()

@@ -23,6 +23,7 @@ from caldera import __version__, config
 from caldera.backends import failures as fk
 from caldera.backends import leftovers
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
+from caldera.backends.codex import catalogue as codex_catalogue
 from caldera.backends.codex import config as codex_config
 from caldera.backends.codex import gateway as codex_gateway
 from caldera.backends.codex.appserver import AppServer, Batch, Message
@@ -170,6 +171,9 @@ class CodexBackend(Backend[CodexContext]):
         codex_toml = codex_config.enforce(plan, network=run.policy.network,
                                           request_retries=request_retries, stream_retries=stream_retries)
         runlog = sink.runlog
+        note = runlog.note if runlog is not None else None
+        if plan.catalogue is not None:  # the gateway's models, beside Codex's own (codex/catalogue.py)
+            plan.catalogue = codex_catalogue.run_catalogue(binary, plan.catalogue, note)
         raw = projection.read("config.toml") or b""
         try:
             run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -177,8 +181,7 @@ class CodexBackend(Backend[CodexContext]):
             leftovers.claim(run_dir)  # a runtime killed mid-run: the next start's sweep removes it
             # Opened here, inside the try: a run that fails to prepare must not leave the
             # forwarder (a thread and a loopback listener holding the key) behind.
-            context.forwarder = codex_gateway.open_forwarder(plan, codex_toml,
-                                                             runlog.note if runlog is not None else None)
+            context.forwarder = codex_gateway.open_forwarder(plan, codex_toml, note)
             for line in codex_config.withheld_lines(raw.decode("utf-8", "replace"), codex_config.dump_toml(codex_toml)):
                 redactor.add(line)  # no line of the config reaches an event beyond base URL, model, profile
             codex_config.write_codex_home(run_dir / "codex-home", plan, codex_toml)
