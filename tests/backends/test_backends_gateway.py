@@ -267,6 +267,15 @@ def test_claude_code_completes_a_turn_with_a_command_on_the_gateway(tmp_path, de
     turn.assert_token_held_by_the_forwarder_alone()
 
 
+def test_claude_code_on_a_base_url_ending_in_v1_asks_v1_messages_once(tmp_path):
+    # OPENAI_BASE_URL, CLAWMANAGER_LLM_BASE_URL's fallback, ends in /v1 by convention.
+    with FakeGateway([{"text": "done"}], CANARY, CATALOGUE) as gateway:
+        turn = GatewayTurn("claude-code", tmp_path, gateway, CLAWMANAGER_LLM_BASE_URL=None,
+                           OPENAI_BASE_URL=gateway.url + "/v1", OPENAI_API_BASE=gateway.url + "/v1")
+    assert turn.terminal["status"] == "completed", turn.events
+    assert {r["path"].split("?")[0] for r in gateway.requests} == {f"{PREFIX}/v1/messages"} and not gateway.refused
+
+
 # ------------------------------------------------------------------ OpenCode: <BASE>/chat/completions
 
 def _opencode_config_content() -> str:
