@@ -257,7 +257,7 @@ def test_the_report_says_what_llm_configuration_caldera_hands_out(caldera_env, p
                                                                    projected, status, url, sources):
     if manifest is not None:
         manifest = manifest.format(python=json.dumps(sys.executable), agent=json.dumps(str(FAKE)), mode="run")
-    project = {"CLAWMANAGER_PROJECT_PATH": str(tmp_path)} if roots == "project" else {}
+    project = {"CLAWMANAGER_PROJECT_PATH": str(tmp_path / "workspace")} if roots == "project" else {}
     env, _ = _instance(tmp_path, plane.url, manifest=manifest, **INJECTED_LLM, **project)
     config = Path(env["CALDERA_CONFIG_DIR"]) / "agents" / "demo"
     if roots is True:
