@@ -483,7 +483,9 @@ class Gateway:
         on the gateway. `requested` (a payload's `model`): a "provider/model" that
         CLAWMANAGER_LLM_PROVIDER_MODELS lists, else a model id the catalogue lists (or any, with
         no catalogue); refused (errors.Refused, naming the lists) otherwise. Without one,
-        OPENAI_MODEL, else the catalogue's first; (None, None) when neither says."""
+        OPENAI_MODEL, else the catalogue's first (without CLAWMANAGER_LLM_MODEL, the first of
+        CLAWMANAGER_LLM_PROVIDER_MODELS, the same catalogue qualified: "auto/auto" is not skipped,
+        as "auto" first in the catalogue is not); (None, None) when none says."""
         if requested:
             provider, _, model = requested.partition("/")
             if self.provider_models is not None and (provider, model) in self.provider_models:
@@ -499,7 +501,8 @@ class Gateway:
                 raise Refused(f"model {_named_model(requested)!r} is not in the AI gateway's catalogue "
                               f"({'; '.join(lists)})")
             return self._provider_of(requested), requested
-        default = self.default_model or (self.catalogue[0] if self.catalogue else None)
+        default = self.default_model or (self.catalogue[0] if self.catalogue else None) \
+            or (self.provider_models[0][1] if self.provider_models else None)
         return (self._provider_of(default) if default else None), default
 
     def _provider_of(self, model: str) -> str | None:
@@ -604,9 +607,28 @@ def workspace_roots(environ: Environ) -> list[str]:
     opens its CLI in (`/config/workspace`, an ENV of the image), when it is absolute."""
     given = environ.get("CALDERA_WORKSPACE_ROOTS")
     if given is None and in_instance(environ):
-        project = (environ.get(PROJECT_PATH_VAR) or "").strip()
-        return [project] if os.path.isabs(project) else []
+        project = implicit_workspace_root(environ)[0]
+        return [project] if project else []
     return [p for p in (given or "").split(":") if p.strip()]
+
+
+def implicit_workspace_root(environ: Environ) -> tuple[str | None, str | None]:
+    """(CLAWMANAGER_PROJECT_PATH as the workspace root when CALDERA_WORKSPACE_ROOTS is unset in
+    an instance, else None; the sentence to warn once at start when it is not used). Not `/`
+    nor a directory holding the persistent or state dir: a run's agent could read and write
+    the runtime's own state (its key, its queue) there. Only this implicit default is held to
+    it: roots an operator names are theirs."""
+    project = (environ.get(PROJECT_PATH_VAR) or "").strip()
+    if environ.get("CALDERA_WORKSPACE_ROOTS") is not None or not in_instance(environ) or not os.path.isabs(project):
+        return None, None
+    real = os.path.realpath(project)
+    own = [os.path.realpath(d) for d in (persistent_dir(environ), str(state_root(environ))) if d]
+    held = next((d for d in own if d == real or d.startswith(real.rstrip("/") + "/")), None)
+    if held is None:
+        return project, None
+    why = "it is /" if real == "/" else f"it holds {held}, the runtime's own state"
+    return None, (f"{PROJECT_PATH_VAR}={project} is not used as the workspace root ({why}): control-plane runs "
+                  "are refused until CALDERA_WORKSPACE_ROOTS names the directories they may work in")
 
 
 SKILL_DIRS_VAR = "CALDERA_SKILL_DIRS"

@@ -405,6 +405,17 @@ def test_a_payloads_provider_model_is_checked_against_the_provider_models(reques
     assert config.Gateway(QUALIFIED_ENV).model_for(requested) == ref[1]
 
 
+@pytest.mark.parametrize("models, ref", [
+    (["auto/auto", "openai/gpt-4.1"], ("auto", "auto")),  # the catalogue's first, as the server writes it
+    (["moonshot/kimi-k2.6", "auto/auto"], ("moonshot", "kimi-k2.6")),
+])
+def test_with_only_the_provider_models_the_default_is_their_first(models, ref):
+    env = {"CLAWMANAGER_LLM_BASE_URL": "http://gw.test/llm", "CLAWMANAGER_LLM_API_KEY": "k",
+           "CLAWMANAGER_LLM_PROVIDER_MODELS": json.dumps(models)}  # no OPENAI_MODEL, no CLAWMANAGER_LLM_MODEL
+    assert config.Gateway(env).model_ref() == ref
+    assert config.Gateway(dict(env, OPENAI_MODEL="other")).model_for() == "other"  # OPENAI_MODEL still first
+
+
 def test_a_provider_model_the_lists_do_not_name_is_refused_naming_both():
     with pytest.raises(Refused) as err:
         config.Gateway(QUALIFIED_ENV).model_for("openai/kimi-k2.6")  # the model is there, not from that provider
@@ -490,6 +501,27 @@ def test_workspace_roots_and_skill_dirs_split_on_colons():
     assert config.workspace_roots(dict(instance, CLAWMANAGER_PROJECT_PATH="workspace")) == []  # not absolute
     assert config.skill_dirs({"CALDERA_SKILL_DIRS": " /s1 :rel:"}) == ["/s1", "rel"]
     assert config.skill_dirs(None) == []
+
+
+@pytest.mark.parametrize("project, why", [
+    ("/", "it is /"),
+    ("/config", "it holds /config/.hermes, the runtime's own state"),  # the persistent dir's parent
+    ("/config/.hermes", "it holds /config/.hermes, the runtime's own state"),
+    ("/srv/", "it holds /srv/state, the runtime's own state"),  # CALDERA_STATE_DIR's parent
+])
+def test_an_implicit_workspace_root_holding_the_runtimes_state_is_not_used(project, why):
+    instance = {"CLAWMANAGER_AGENT_PERSISTENT_DIR": "/config/.hermes", "CALDERA_STATE_DIR": "/srv/state",
+                "CLAWMANAGER_PROJECT_PATH": project}
+    assert config.workspace_roots(instance) == []
+    assert config.implicit_workspace_root(instance) == (None, (
+        f"CLAWMANAGER_PROJECT_PATH={project} is not used as the workspace root ({why}): control-plane runs are "
+        "refused until CALDERA_WORKSPACE_ROOTS names the directories they may work in"))
+    # roots an operator names are theirs; a project path beside the state is used as it is
+    assert config.workspace_roots(dict(instance, CALDERA_WORKSPACE_ROOTS=project)) == [project]
+    assert config.implicit_workspace_root(dict(instance, CALDERA_WORKSPACE_ROOTS=project)) == (None, None)
+    beside = dict(instance, CLAWMANAGER_PROJECT_PATH="/config/workspace")
+    assert config.implicit_workspace_root(beside) == ("/config/workspace", None)
+    assert config.workspace_roots(dict(beside, CLAWMANAGER_PROJECT_PATH="/conf")) == ["/conf"]  # a prefix, no parent
 
 
 @pytest.mark.parametrize("env, dirs, origin", [

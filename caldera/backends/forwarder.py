@@ -47,7 +47,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from caldera.backends.failures import BACKEND_FAILED, BackendFailure
+from caldera.backends.failures import BACKEND_FAILED, SECRET_UNAVAILABLE, BackendFailure
 from caldera.config import is_loopback
 from caldera.errors import unexpected
 
@@ -193,6 +193,32 @@ def upstream_proxy(upstream: str) -> Proxy | None:
         return Proxy(url.hostname, port)
     header = "Basic " + base64.b64encode(f"{user}:{password}".encode("latin-1", "replace")).decode()
     return Proxy(url.hostname, port, header, tuple(s for s in (password, header, header[6:]) if s))
+
+
+def header_safe(value: str) -> bool:
+    """Whether a credential can be a header value as it is (http.client would refuse another
+    with an error quoting it whole)."""
+    return value.isascii() and value.isprintable() and value == value.strip()
+
+
+def gateway_key(key: str) -> str:
+    """The AI gateway's key, or secret-unavailable with the one sentence every backend says."""
+    if not header_safe(key):
+        raise BackendFailure(SECRET_UNAVAILABLE, "CLAWMANAGER_LLM_API_KEY is not one line of printable characters")
+    return key
+
+
+def gateway_base(base_url: str) -> str:
+    """The AI gateway's `<BASE>` with no trailing "/" nor "/v1" (OPENAI_BASE_URL, a fallback of
+    CLAWMANAGER_LLM_BASE_URL, ends in "/v1" by convention; each backend appends the "/v1" of its
+    route), or secret-unavailable for a query or fragment in it (no route below it would be
+    asked as the platform meant, and it may carry a credential: never quoted)."""
+    parts = urllib.parse.urlsplit(base_url)
+    if parts.query or parts.fragment or base_url.rstrip().endswith(("?", "#")):
+        raise BackendFailure(SECRET_UNAVAILABLE, "CLAWMANAGER_LLM_BASE_URL: a query or fragment is not accepted")
+    path = parts.path.rstrip("/")
+    path = path[:-len("/v1")] if path.endswith("/v1") else path
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
 # ---------------------------------------------------------------- what a Route sees and says

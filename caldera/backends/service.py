@@ -74,6 +74,20 @@ def policy_from_request(requested: dict[str, Any] | None, env: Mapping[str, str]
                        external=external)
 
 
+def model_from_request(model: object) -> str | None:
+    """The payload's `model`, or Refused: a name, so one line of printable text. A control
+    character would reach a CLI's argv (a NUL byte is a ValueError of subprocess's), an
+    environment variable or a TOML file; checked here once for every backend."""
+    if model is None:
+        return None
+    if not isinstance(model, str):
+        raise Refused(f"model: a model name (a string) is required, not {type(model).__name__}")
+    if not model.isprintable():
+        raise Refused(f"model {model[:80]!r}: a model name of printable characters is required "
+                      "(no control character)")
+    return model
+
+
 def workspace_roots(env: Mapping[str, str]) -> list[Path]:
     return [Path(os.path.realpath(p)) for p in config.workspace_roots(env)]
 
@@ -154,6 +168,7 @@ def _run(request: dict[str, Any], environment: base.Environment, sink: events.Ev
     try:
         workspace = check_workspace(request.get("workspace"), roots)
         policy = policy_from_request(request.get("execution_policy"), environment.env)
+        model = model_from_request(request.get("model"))
         backend = base.get_backend(request.get("backend_profile") or base.DEFAULT_PROFILE)
     except (Refused, ValueError) as exc:
         sink.emit("terminal_status", {"status": "blocked", "failure_kind": None, "message": str(exc)})
@@ -163,7 +178,7 @@ def _run(request: dict[str, Any], environment: base.Environment, sink: events.Ev
         if room < policy.timeout_seconds:
             policy = base.Policy(max(1, room), policy.sandbox, policy.approval, policy.network, policy.external)
     run = base.RunRequest(run_id=request["run_id"], prompt=request["prompt"], workspace=workspace,
-                          policy=policy, backend_profile=backend.name, model=request.get("model"))
+                          policy=policy, backend_profile=backend.name, model=model)
     handle = RunHandle(run.run_id, backend)
     if registry is not None:
         try:

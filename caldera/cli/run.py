@@ -27,7 +27,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def open_parts(args: Args, role: str) -> Parts:
     """Paths, settings, logging and the runtime's parts, for the commands that talk to the control plane."""
     # here, not at the top: the daemon's modules import requests; `caldera run --help` does without them
-    from caldera.config import agent_from_args, gateway_from_env, load_settings
+    from caldera.config import agent_from_args, gateway_from_env, implicit_workspace_root, load_settings
     from caldera.daemon.wiring import build_parts
     from caldera.host import logsetup
 
@@ -43,6 +43,9 @@ def open_parts(args: Args, role: str) -> Parts:
     gateway = gateway_from_env(settings.env)
     for warning in gateway.warnings() if gateway is not None else []:  # SPEC section 10: named once at start
         logging.getLogger("caldera").warning("%s", warning)
+    unused_root = implicit_workspace_root(settings.env)[1]
+    if unused_root:  # named once at start, as the gateway's
+        logging.getLogger("caldera").warning("%s", unused_root)
     return parts
 
 

@@ -86,6 +86,41 @@ def test_without_a_projection_the_gateway_as_clawmanagers_image_configures_the_c
     assert KEY in plan.secret_values and KEY not in json.dumps(plan.env)
 
 
+@pytest.mark.parametrize("base", ["http://gw.cluster:9001/api/v1/gateway/llm/v1",
+                                  "http://gw.cluster:9001/api/v1/gateway/llm/v1/"])
+def test_a_gateway_base_ending_in_v1_is_asked_v1_messages_once(tmp_path, base):
+    # OPENAI_BASE_URL and OPENAI_API_BASE, fallbacks of CLAWMANAGER_LLM_BASE_URL, end in /v1 by convention.
+    plan = cc.plan_provider(Projection.locate(tmp_path / "none", backend="claude-code"),
+                            dict(GATEWAY, CLAWMANAGER_LLM_BASE_URL=base))
+    assert plan.upstream == "http://gw.cluster:9001/api/v1/gateway/llm"  # the CLI appends /v1/messages
+
+
+def _gateway_refusal(tmp_path, backend: str, **injected) -> str:
+    """The sentence `backend` refuses the gateway with, as `injected` changes it (secret-unavailable)."""
+    from caldera.backends.codex import config as codex_config
+
+    plan_provider = cc.plan_provider if backend == "claude-code" else codex_config.plan_provider
+    with pytest.raises(fk.BackendFailure) as caught:
+        plan_provider(Projection.locate(tmp_path / "none", backend=backend), dict(GATEWAY, **injected))
+    assert caught.value.kind == fk.SECRET_UNAVAILABLE
+    return caught.value.message
+
+
+@pytest.mark.parametrize("base", ["http://gw/llm?tenant=s3cr3t-pass", "http://gw/llm/?x=s3cr3t-pass",
+                                  "https://gw/llm#s3cr3t-pass", "http://gw/llm?"])
+@pytest.mark.parametrize("backend", ["claude-code", "codex"])
+def test_a_gateway_base_with_a_query_or_fragment_is_refused_without_quoting_it(tmp_path, base, backend):
+    assert _gateway_refusal(tmp_path, backend, CLAWMANAGER_LLM_BASE_URL=base) == (
+        "CLAWMANAGER_LLM_BASE_URL: a query or fragment is not accepted")
+
+
+@pytest.mark.parametrize("key", [KEY + "\n", KEY + "\r\nX-Other: 1", " " + KEY, KEY + "\x7f", KEY + "é"])
+@pytest.mark.parametrize("backend", ["claude-code", "codex"])
+def test_a_gateway_key_that_is_not_one_printable_line_is_refused_alike_by_each_backend(tmp_path, key, backend):
+    assert _gateway_refusal(tmp_path, backend, CLAWMANAGER_LLM_API_KEY=key) == (
+        "CLAWMANAGER_LLM_API_KEY is not one line of printable characters")  # never the key
+
+
 def test_a_model_the_gateway_does_not_offer_is_refused(tmp_path):
     from caldera.errors import Refused
 

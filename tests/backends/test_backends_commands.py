@@ -80,6 +80,10 @@ def test_poster_keeps_events_when_the_plane_is_away(tmp_path):
     ({"execution_policy": {"approval": "on-request"}}, {}, "on-request is not allowed"),
     ({"workspace": "/etc"}, {}, "not under the configured workspace roots"),
     ({}, {"CALDERA_WORKSPACE_ROOTS": ""}, "no workspace roots"),
+    ({"model": "gpt\x00-5"}, {}, "model 'gpt\\x00-5': a model name of printable characters is required"),
+    ({"model": "gpt-5\x7f"}, {}, "no control character"),
+    ({"model": "gpt-5\nx"}, {}, "no control character"),
+    ({"model": ["gpt-5"]}, {}, "a model name (a string) is required, not list"),
 ])
 def test_wider_requests_are_refused_not_narrowed(tmp_path, payload_extra, env_extra, needle):
     ws, env = _setup(tmp_path, **env_extra)

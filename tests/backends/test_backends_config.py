@@ -2,12 +2,14 @@
 import json
 import os
 import stat
+import time
 import tomllib
 
 import pytest
 from backends_helpers import CANARY, KEY_ENV, write_projection
 
 from caldera.backends import failures as fk
+from caldera.backends.codex import catalogue
 from caldera.backends.codex import config as cc
 
 
@@ -134,7 +136,8 @@ def test_enforce_adds_runtime_settings_and_bounds_retries(tmp_path):
 
 
 def test_toml_writer_round_trips_awkward_values():
-    doc = {"a": 'quote " back \\ nl \n tab \t é', "n": 3, "f": 1.5, "b": True, "list": [1, "x", {"k": "v"}],
+    doc = {"a": 'quote " back \\ nl \n tab \t é del \x7f nul \x00 esc \x1b', "n": 3, "f": 1.5, "b": True,
+           "list": [1, "x", {"k": "v"}],
            "t": {"dotted.key": {"deep": []}, "x y": "z"}}
     assert tomllib.loads(cc.dump_toml(doc)) == doc
 
@@ -147,3 +150,59 @@ def test_write_codex_home_is_private(tmp_path):
     assert stat.S_ISDIR(st.st_mode) and not st.st_mode & (stat.S_IRWXG | stat.S_IRWXO)
     assert oct(os.stat(home / "config.toml").st_mode & 0o777) == "0o600"
     assert CANARY not in (home / "config.toml").read_text()
+
+
+# ------------------------------------------------------------------ the gateway's catalogue beside Codex's own
+
+def _codex_printing(tmp_path, body: str, name: str = "codex") -> str:
+    """A stand-in binary for `codex debug models --bundled` that counts its calls in `calls`."""
+    binary = tmp_path / name
+    binary.write_text(f'#!/bin/sh\necho "$@" >> "{tmp_path}/calls"\n{body}\n')
+    binary.chmod(0o755)
+    return str(binary)
+
+
+BUNDLED = {"models": [{"slug": "gpt-5.5", "base_instructions": "long", "priority": 13}, {"slug": "o9"}]}
+
+
+def test_the_run_catalogue_is_codexs_own_plus_the_gateway_models_it_lacks(tmp_path):
+    binary = _codex_printing(tmp_path, f"echo '{json.dumps(BUNDLED)}'")
+    entries = [cc.gateway_model_entry(m, i) for i, m in enumerate(["gpt-5.5", "kimi-k2.6"])]
+    merged = catalogue.run_catalogue(binary, entries) or []
+    assert merged[:2] == BUNDLED["models"]  # gpt-5.5 as Codex knows it, not the gateway's entry
+    assert [m["slug"] for m in merged] == ["gpt-5.5", "o9", "kimi-k2.6"] and merged[2] == entries[1]
+    assert catalogue.run_catalogue(binary, entries[:1]) is None  # every one known: Codex's own, no file
+    assert (tmp_path / "calls").read_text() == "debug models --bundled\n"  # read once for the binary
+    os.utime(binary, ns=(0, 0))  # another binary at that path: read again
+    catalogue.run_catalogue(binary, entries)
+    assert (tmp_path / "calls").read_text().count("\n") == 2
+
+
+@pytest.mark.parametrize("body", ["exit 1", "echo not-json", "echo '{\"models\": [{\"name\": \"x\"}]}'",
+                                  "head -c 20000000 /dev/zero"])
+def test_a_bundled_catalogue_that_cannot_be_read_writes_none(tmp_path, body):
+    binary = _codex_printing(tmp_path, body)
+    said: list[str] = []
+    assert catalogue.run_catalogue(binary, [cc.gateway_model_entry("kimi", 0)], said.append) is None
+    assert len(said) == 1 and "Codex's own" in said[0]
+
+
+def test_a_bundled_catalogue_that_takes_too_long_is_none_and_asked_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(catalogue, "BUNDLED_TIMEOUT", 0.3)
+    binary = _codex_printing(tmp_path, "exec sleep 30")
+    started = time.monotonic()
+    assert catalogue.run_catalogue(binary, [cc.gateway_model_entry("kimi", 0)]) is None
+    assert time.monotonic() - started < 5
+    assert catalogue.run_catalogue(binary, [cc.gateway_model_entry("kimi", 0)]) is None
+    assert (tmp_path / "calls").read_text().count("\n") == 2  # a timeout is not kept
+
+
+def test_the_real_codexs_bundled_catalogue_is_read(tmp_path):
+    binary = os.environ.get("CALDERA_CODEX_BIN")
+    if not binary:
+        pytest.skip("the real Codex CLI is not available (CALDERA_CODEX_BIN)")
+    bundled = catalogue.bundled_models(binary) or []
+    known = {m["slug"]: m for m in bundled}
+    assert len(known["gpt-5.5"]["base_instructions"]) > 20000
+    merged = catalogue.run_catalogue(binary, [cc.gateway_model_entry(m, i) for i, m in enumerate(["gpt-5.5", "k"])])
+    assert [m["slug"] for m in merged or []] == [*known, "k"]

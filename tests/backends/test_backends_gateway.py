@@ -192,6 +192,23 @@ def test_codexs_forwarder_passes_only_its_route_with_the_runs_token(tmp_path):
             forwarder.close()
 
 
+def test_codex_whose_run_directory_cannot_be_made_leaves_no_forwarder(tmp_path):
+    (tmp_path / "afile").write_text("x")  # runs_dir below a file: the run directory cannot be made
+    with FakeGateway([{"text": "hi"}], CANARY, CATALOGUE) as gateway:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CALDERA_CODEX_BIN": "/bin/true", **gateway.injected()}
+        environment = base.Environment(redactor=Redactor(), logs_dir=str(tmp_path / "logs"),
+                                       runs_dir=str(tmp_path / "afile" / "runs"), secrets_dir=str(tmp_path / "s"),
+                                       env=env)
+        (tmp_path / "ws").mkdir()
+        events: list[dict] = []
+        result = service.execute({"run_id": "run-1", "prompt": "x", "workspace": str(tmp_path / "ws"),
+                                  "backend_profile": "codex", "execution_policy": {"timeout_seconds": 30}},
+                                 environment, roots=None, listeners=[events.append])
+    assert result["status"] == "failed" and "cannot prepare the run directory" in result["message"], result
+    assert not [t for t in threading.enumerate() if t.name.startswith("codex-forwarder")]
+    assert gateway.requests == [] and CANARY not in json.dumps(events)
+
+
 # ------------------------------------------------------------------ Codex: <BASE>/v1/responses
 
 def test_codex_completes_a_turn_with_a_command_and_a_patch_on_the_gateway_models(tmp_path):
@@ -209,6 +226,19 @@ def test_codex_completes_a_turn_with_a_command_and_a_patch_on_the_gateway_models
     starting = statuses[0]
     assert starting["provider_source"] == "gateway" and starting["base_url"] == gateway.url + "/v1"
     turn.assert_token_held_by_the_forwarder_alone()
+
+
+def test_codex_on_a_gateway_model_it_knows_keeps_its_own_instructions_and_reasoning(tmp_path):
+    # The run's catalogue holds Codex's bundled models beside the gateway's others (kimi-k2.6,
+    # auto): it replaces the bundled one, and gpt-5.5 would lose its 21 KB of instructions.
+    with FakeGateway([{"text": "done"}], CANARY, [*CATALOGUE, "gpt-5.5"]) as gateway:
+        turn = GatewayTurn("codex", tmp_path, gateway, model="gpt-5.5")
+    assert turn.terminal["status"] == "completed", turn.events
+    body = json.loads(gateway.requests[0]["body"])
+    developer = [json.dumps(i) for i in body["input"] if i.get("role") == "developer"]
+    assert body["model"] == "gpt-5.5" and max(map(len, developer)) > 20000  # its base instructions
+    assert body["reasoning"].get("effort") == "medium"  # its default reasoning level
+    assert "apply_patch" in {t.get("name") for t in body["tools"]}
 
 
 def test_codex_with_the_gateway_down_fails_provider_unavailable_at_once(tmp_path):
@@ -235,6 +265,15 @@ def test_claude_code_completes_a_turn_with_a_command_on_the_gateway(tmp_path, de
     assert turn.models_asked() == {default}  # OPENAI_MODEL, the catalogue lists it: no other model asked
     assert turn.of("backend_status")[0]["provider_source"] == "gateway"
     turn.assert_token_held_by_the_forwarder_alone()
+
+
+def test_claude_code_on_a_base_url_ending_in_v1_asks_v1_messages_once(tmp_path):
+    # OPENAI_BASE_URL, CLAWMANAGER_LLM_BASE_URL's fallback, ends in /v1 by convention.
+    with FakeGateway([{"text": "done"}], CANARY, CATALOGUE) as gateway:
+        turn = GatewayTurn("claude-code", tmp_path, gateway, CLAWMANAGER_LLM_BASE_URL=None,
+                           OPENAI_BASE_URL=gateway.url + "/v1", OPENAI_API_BASE=gateway.url + "/v1")
+    assert turn.terminal["status"] == "completed", turn.events
+    assert {r["path"].split("?")[0] for r in gateway.requests} == {f"{PREFIX}/v1/messages"} and not gateway.refused
 
 
 # ------------------------------------------------------------------ OpenCode: <BASE>/chat/completions

@@ -257,7 +257,7 @@ def test_the_report_says_what_llm_configuration_caldera_hands_out(caldera_env, p
                                                                    projected, status, url, sources):
     if manifest is not None:
         manifest = manifest.format(python=json.dumps(sys.executable), agent=json.dumps(str(FAKE)), mode="run")
-    project = {"CLAWMANAGER_PROJECT_PATH": str(tmp_path)} if roots == "project" else {}
+    project = {"CLAWMANAGER_PROJECT_PATH": str(tmp_path / "workspace")} if roots == "project" else {}
     env, _ = _instance(tmp_path, plane.url, manifest=manifest, **INJECTED_LLM, **project)
     config = Path(env["CALDERA_CONFIG_DIR"]) / "agents" / "demo"
     if roots is True:
@@ -385,6 +385,18 @@ def test_what_is_wrong_with_the_gateway_as_injected_is_named_once(caldera_env, p
     described = plane.store.reports(INSTANCE, last=True)["body"]["runtime"]["llm_configs"]
     # OPENAI_MODEL for each backend on the gateway (all three), never the raw value of the catalogue
     assert [d["model"] for d in described] == [model, model, model]
+
+
+def test_a_project_path_holding_the_persistent_dir_is_named_once_and_not_a_workspace_root(caldera_env, plane,
+                                                                                           tmp_path):
+    env, _ = _instance(tmp_path, plane.url, CLAWMANAGER_PROJECT_PATH=str(tmp_path / "config"))
+    done = _report_once(env)
+    assert done.returncode == 0, done.stderr
+    named = [line for line in done.stderr.splitlines() if "CLAWMANAGER_PROJECT_PATH" in line]
+    assert named == [f"WARNING caldera: CLAWMANAGER_PROJECT_PATH={tmp_path / 'config'} is not used as the workspace "
+                     f"root (it holds {tmp_path / 'config' / '.hermes'}, the runtime's own state): control-plane runs "
+                     "are refused until CALDERA_WORKSPACE_ROOTS names the directories they may work in"], done.stderr
+    assert not plane.store.reports(INSTANCE, last=True)["body"]["runtime"].get("llm_configs")  # no run can start
 
 
 # ------------------------------------------------------------------ PID 1

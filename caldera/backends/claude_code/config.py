@@ -26,7 +26,7 @@ from typing import Any
 
 from caldera.backends.base import Policy
 from caldera.backends.failures import BACKEND_FAILED, SECRET_UNAVAILABLE, BackendFailure
-from caldera.backends.forwarder import Proxy, Upstream, upstream_proxy
+from caldera.backends.forwarder import Proxy, Upstream, gateway_base, gateway_key, header_safe, upstream_proxy
 from caldera.backends.projection import Projection
 from caldera.backends.registry import gateway_settings
 from caldera.config import Gateway, is_loopback
@@ -100,7 +100,7 @@ def plan_provider(projection: Projection, environ: Mapping[str, str], model: str
                             " and no AI gateway (CLAWMANAGER_LLM_BASE_URL/CLAWMANAGER_LLM_API_KEY) is configured")))
     if not env[key_var]:
         raise BackendFailure(SECRET_UNAVAILABLE, f"{projection.label}/env/{key_var} is empty")
-    if not _header_safe(env[key_var]):
+    if not header_safe(env[key_var]):
         # It becomes a header value: http.client would refuse it with an error quoting it whole.
         raise BackendFailure(SECRET_UNAVAILABLE, (
             f"{projection.label}/env/{key_var} is not one line of printable characters "
@@ -122,14 +122,12 @@ def gateway_plan(gateway: Gateway, model: str | None, with_proxy: bool = True) -
     gateway's key as the bearer credential (ANTHROPIC_AUTH_TOKEN, as ClawManager's image gives
     it); the model by SPEC section 10's rule (errors.Refused for one the gateway does not offer).
     The upstream is the platform's URL as injected: plain http is the platform's choice there."""
-    upstream = (gateway.base_url or "").rstrip("/")
-    key = gateway.api_key or ""
+    upstream = gateway_base(gateway.base_url or "")  # its /v1 is the CLI's: a base ending so is asked /v1/v1
+    key = gateway_key(gateway.api_key or "")
     try:
         Upstream.parse(upstream)
     except ValueError as exc:
         raise BackendFailure(SECRET_UNAVAILABLE, f"CLAWMANAGER_LLM_BASE_URL: {exc}") from None
-    if not _header_safe(key):
-        raise BackendFailure(SECRET_UNAVAILABLE, "CLAWMANAGER_LLM_API_KEY is not one line of printable characters")
     chosen = gateway.model_for(model)
     env = {GATEWAY_WINDOW_VAR: "1"} | ({"ANTHROPIC_MODEL": chosen} if chosen else {})
     proxy = upstream_proxy(upstream) if with_proxy else None
@@ -156,10 +154,6 @@ def llm_config(environ: Mapping[str, str], secrets_dir: str | None = None,
         return gateway_config(gateway, LLM_SOURCE, plan.model)
     status = GATEWAY if gateway is not None and same_endpoint(plan.upstream, gateway.base_url) else EXTERNAL
     return LLMConfig(LLM_SOURCE, status, plan.upstream, "anthropic", plan.model, hide=[plan.key, *plan.secret_values])
-
-
-def _header_safe(value: str) -> bool:
-    return value.isascii() and value.isprintable() and value == value.strip()
 
 
 def check_base_url(url: str, label: str) -> str:

@@ -23,6 +23,7 @@ from caldera import __version__, config
 from caldera.backends import failures as fk
 from caldera.backends import leftovers
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, Policy, RunRequest, stop_reason
+from caldera.backends.codex import catalogue as codex_catalogue
 from caldera.backends.codex import config as codex_config
 from caldera.backends.codex import gateway as codex_gateway
 from caldera.backends.codex import sandbox
@@ -164,25 +165,32 @@ class CodexBackend(Backend[CodexContext]):
         codex_toml = codex_config.enforce(plan, network=run.policy.network,
                                           request_retries=request_retries, stream_retries=stream_retries)
         runlog = sink.runlog
-        context.forwarder = codex_gateway.open_forwarder(plan, codex_toml, runlog.note if runlog is not None else None)
+        note = runlog.note if runlog is not None else None
+        if plan.catalogue is not None:  # the gateway's models, beside Codex's own (codex/catalogue.py)
+            plan.catalogue = codex_catalogue.run_catalogue(binary, plan.catalogue, note)
         raw = projection.read("config.toml") or b""
-        for line in codex_config.withheld_lines(raw.decode("utf-8", "replace"), codex_config.dump_toml(codex_toml)):
-            redactor.add(line)  # no line of the config reaches an event beyond base URL, model, profile
-        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
+            run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(run_dir, 0o700)
             leftovers.claim(run_dir)  # a runtime killed mid-run: the next start's sweep removes it
+            # Opened here, inside the try: a run that fails to prepare must not leave the
+            # forwarder (a thread and a loopback listener holding the key) behind.
+            context.forwarder = codex_gateway.open_forwarder(plan, codex_toml, note)
+            for line in codex_config.withheld_lines(raw.decode("utf-8", "replace"), codex_config.dump_toml(codex_toml)):
+                redactor.add(line)  # no line of the config reaches an event beyond base URL, model, profile
             codex_config.write_codex_home(run_dir / "codex-home", plan, codex_toml)
             (run_dir / "home").mkdir(mode=0o700, exist_ok=True)
             # A private TMPDIR: nothing of the run lands in the shared /tmp, and CODEX_HOME is then
             # not "under the temporary dir", where Codex refuses to make the helper a system
             # bubblewrap needs (codex-notes section 9, gotcha 13).
             (run_dir / "tmp").mkdir(mode=0o700, exist_ok=True)
-        except OSError as exc:
+        except BaseException as exc:
             if context.forwarder is not None:
                 context.forwarder.close()
             shutil.rmtree(run_dir, ignore_errors=True)  # it may hold a partial auth.json
-            raise fk.BackendFailure(fk.BACKEND_FAILED, f"cannot prepare the run directory: {exc}") from None
+            if isinstance(exc, OSError):
+                raise fk.BackendFailure(fk.BACKEND_FAILED, f"cannot prepare the run directory: {exc}") from None
+            raise
         return context
 
     def _process_env(self, context: CodexContext) -> dict[str, str]:

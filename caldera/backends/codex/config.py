@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from caldera.backends.failures import BACKEND_FAILED, SECRET_UNAVAILABLE, BackendFailure
+from caldera.backends.forwarder import gateway_base, gateway_key
 from caldera.backends.projection import Projection
 from caldera.backends.registry import gateway_settings
 from caldera.config import Gateway
@@ -108,7 +109,7 @@ def _gateway_plan(gateway: Gateway, model: str | None) -> ProviderPlan:
     `/responses` to the base URL; ClawManager's guide: "the base_url must end in the final /v1"),
     reached through the run's loopback forwarder, which alone holds the gateway's key: Codex's
     environment (and so its commands', should the exclusion fail) holds a run token instead."""
-    base_url, api_key = gateway.base_url or "", gateway.api_key or ""  # gateway_settings: both are set
+    base_url, api_key = gateway.base_url or "", gateway_key(gateway.api_key or "")  # gateway_settings: both set
     run_token = "caldera-run-" + secrets.token_urlsafe(32)
     provider = {"name": "AI gateway", "base_url": gateway_responses_base(base_url), "env_key": GATEWAY_KEY_ENV,
                 "wire_api": "responses"}
@@ -140,9 +141,9 @@ def gateway_model_entry(model: str, priority: int) -> dict[str, Any]:
 
 
 def gateway_responses_base(base_url: str) -> str:
-    """The base URL Codex needs for the gateway at `base_url`: `<BASE>/v1` (kept when it is there)."""
-    base = base_url.rstrip("/")
-    return base if base.endswith("/v1") else base + "/v1"
+    """The base URL Codex needs for the gateway at `base_url`: `<BASE>/v1` (kept when it is there;
+    secret-unavailable for a query or fragment: forwarder.gateway_base)."""
+    return gateway_base(base_url) + "/v1"
 
 
 def llm_config(environ: Mapping[str, str], secrets_dir: str | None = None,
@@ -313,7 +314,8 @@ def _value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)  # JSON string escapes are TOML basic-string escapes
+        # JSON string escapes are TOML basic-string escapes; JSON leaves DEL as it is, TOML refuses it.
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
     if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()
     if isinstance(value, (list, tuple)):
