@@ -63,7 +63,7 @@ class Normalizer:
         self.open_tools: dict[str, Message] = {}  # tool_use id -> the block
         self.usage: dict[str, int] | None = None
         self.api_error: Message | None = None  # the last provider error told in an `assistant`
-        self.retries = 0
+        self.retries = 0  # the CLI's retries since the provider's last answer
         self.session: Message = {}
 
     def handle(self, msg: Message) -> Message | None:
@@ -97,6 +97,7 @@ class Normalizer:
             self.api_error = {"status": msg.get("api_error_status"),
                               "type": msg.get("api_error_type") or msg.get("error"), "message": text}
             return
+        self.retries = 0  # the provider answered: the tries a failure names are those in a row
         for block in blocks:
             if not isinstance(block, dict):
                 continue
@@ -206,7 +207,11 @@ class Normalizer:
         if diff:
             self.sink.diff(diff)
         if status == "failed":
-            self.sink.emit("error", {"failure_kind": kind or fk.BACKEND_FAILED, "message": message or kind})
+            error: Message = {"failure_kind": kind or fk.BACKEND_FAILED, "message": message or kind}
+            if kind in fk.PROVIDER_KINDS:
+                error["tries"] = self.retries + 1
+                message = error["message"] = fk.with_tries(kind, message or str(kind), self.retries + 1)
+            self.sink.emit("error", error)
         data: Message = {"status": status, "failure_kind": kind if status != "completed" else None}
         if message and status != "completed":
             data["message"] = message

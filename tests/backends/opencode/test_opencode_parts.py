@@ -548,6 +548,17 @@ def test_a_broken_off_answer_is_a_retry_and_idle_without_an_answer_is_a_failure(
     assert (status, kind) == ("failed", fk.BACKEND_FAILED) and "without an answer from fake/fake-model" in message
 
 
+def test_failures_are_counted_in_a_row_and_a_whole_answer_ends_the_count():
+    mapper, _ = _mapper()
+    retry = _ev("session.status", sessionID="ses_1", status={"type": "retry", "attempt": 1, "message": "x"})
+    cut = _part(id="s1", type="step-finish", reason="unknown", messageID="m1", tokens={"total": 0})
+    assert mapper.handle(retry)[0] == "retry" and mapper.handle(cut)[0] == "cut" and mapper.retries == 2
+    mapper.handle(_part(id="t1", type="text", text="ok", messageID="m2", time={"start": 1, "end": 2}))
+    assert mapper.handle(_part(id="s2", type="step-finish", reason="stop", messageID="m2")) is None
+    assert mapper.retries == 0 and mapper.steps == 1
+    assert mapper.handle(retry)[0] == "retry" and mapper.retries == 1
+
+
 def test_idle_before_the_session_did_anything_is_not_the_end_and_errors_are_kept():
     mapper, _ = _mapper()
     mapper.handle(_ev("session.idle", sessionID="ses_1"))
