@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
-from backends_drivers import CANARY, DRIVERS
+from backends_drivers import CANARY, DRIVERS, SUITE_TMP
 
 from caldera.backends import base, service
 from caldera.backends import failures as fk
@@ -42,14 +43,18 @@ def _drivers_closed():
 @pytest.fixture(autouse=True)
 def run_tmpdir(tmp_path, monkeypatch):
     """The runtime's TMPDIR, its own for each scenario: after the run it is empty, and no
-    process holds it (Claude Code's private dirs live below it, and left it behind)."""
-    tmpdir = tmp_path / "tmpdir"
-    tmpdir.mkdir()
+    process holds it (Claude Code's private dirs live below it, and left it behind). Short:
+    the sandbox's bridge sockets live below it, and a socket's path is at most 108 bytes.
+    After tmp_path: pytest's base temp dir is chosen by then, not in this one."""
+    tmpdir = Path(tempfile.mkdtemp(prefix="t-", dir=SUITE_TMP))
     monkeypatch.setenv("TMPDIR", str(tmpdir))
     monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
-    yield tmpdir
-    assert list(tmpdir.iterdir()) == []
-    assert processes_holding(str(tmpdir)) == []
+    try:
+        yield tmpdir
+        assert list(tmpdir.iterdir()) == []
+        assert processes_holding(str(tmpdir)) == []
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 @pytest.fixture(params=sorted(DRIVERS), ids=sorted(DRIVERS))
@@ -295,32 +300,34 @@ RETRY_ONCE = {"CALDERA_CODEX_REQUEST_MAX_RETRIES": "0", "CALDERA_CODEX_STREAM_MA
 def test_dropped_connections_end_the_turn_saying_so_and_the_next_turn_works(driver, tmp_path):
     """A provider that drops every connection mid-answer (streaming or not, as behind a failing
     load balancer): the turn ends provider-unavailable at once, its error says what the
-    provider did and how many tries it took; the backend (OpenCode's shared server) then
-    runs the next turn as before."""
+    provider did and how many tries it took; what the backend keeps between runs (OpenCode's
+    shared server) then runs the next turn as before."""
     turn = Turn(driver, tmp_path, [{"drop": True}], extra_env=RETRY_ONCE)
     data = turn.terminal
     assert data["status"] == "failed" and data["failure_kind"] == fk.PROVIDER_UNAVAILABLE, turn.events
     [error] = turn.of("error")
-    assert error["tries"] == 2 and "2 tries" in error["message"], error
-    assert 2 <= len(turn.posts) <= 3 and data["duration_ms"] < 30_000, (len(turn.posts), data)
+    tries = len(turn.posts)  # one retry (Claude Code adds a non-streaming one): as the provider saw them
+    assert 2 <= tries <= 3 and data["duration_ms"] < 30_000, (tries, data)
+    assert error["tries"] == tries and f"{tries} tries" in error["message"], error
     turn.assert_no_leak()
+    if driver.servers(driver.binary()) is None:
+        return  # a process per run: nothing of this one is left to hold up the next
     after = Turn(driver, tmp_path, [driver.text("Back again.")], workspace=tmp_path / "ws-after")
     assert after.terminal["status"] == "completed", after.events
     assert [m["text"] for m in after.of("assistant_message")] == ["Back again."]
-    ready = [s for s in after.of("backend_status") if s["phase"] == "ready"]
-    if driver.profile == "opencode":  # the same server, not a new one
-        assert ready[0]["server"] == "reused", ready
+    [ready] = [s for s in after.of("backend_status") if s["phase"] == "ready"]
+    assert ready["server"] == "reused", ready  # the same server, not a new one
 
 
 def test_stalled_answer_ends_the_turn_at_the_stall_bound(driver, tmp_path):
     """A provider that answers 200 and then sends nothing: the turn ends when the answer has
     been silent for CALDERA_PROVIDER_STALL_SECONDS, unretried (each retry would wait as long)."""
-    env = dict(RETRY_ONCE, CALDERA_PROVIDER_STALL_SECONDS="2")
+    env = dict(RETRY_ONCE, CALDERA_PROVIDER_STALL_SECONDS="1")
     turn = Turn(driver, tmp_path, [{"stall": 30, "silent": True}], extra_env=env)
     data = turn.terminal
     assert data["status"] == "failed" and data["failure_kind"] == fk.PROVIDER_UNAVAILABLE, turn.events
     [error] = turn.of("error")
-    assert "nothing for 2 s" in error["message"] and error["tries"] == 1, error
+    assert "nothing for 1 s" in error["message"] and error["tries"] == 1, error
     assert len(turn.posts) == 1 and time.monotonic() - turn.posts[0]["at"] < 10, len(turn.posts)
     turn.assert_no_leak()
 

@@ -275,8 +275,8 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
                 return self._finish(context, "failed", fk.BACKEND_FAILED,
                                     f"no answer to initialize within {INIT_TIMEOUT:.0f} s")
             if context.reason is None and self._stalled(context):
-                # The CLI waits for a stalled answer as long as its own 10 min request timeout, and
-                # then retries it: the turn ends now, and the CLI with it.
+                # The CLI waits on for a stalled answer (past the 150 s measured, issue 44): the
+                # turn ends now, and the CLI with it.
                 process.kill()
                 return self._finish(context, "failed", fk.PROVIDER_UNAVAILABLE,
                                     fk.stalled(context.stall_seconds))
@@ -382,8 +382,9 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
             diff = context.snapshot.diff(should_stop=context.should_stop)
             if context.snapshot.reason and context.sink.runlog is not None:
                 context.sink.runlog.note(f"no diff for this turn: {context.snapshot.reason}")
+        streak = context.forwarder.streak() if context.forwarder is not None else 0
         context.normalizer.finish(status, kind, message,
-                                  {"duration_ms": int((time.monotonic() - context.started) * 1000)}, diff)
+                                  {"duration_ms": int((time.monotonic() - context.started) * 1000)}, diff, streak)
 
     def _end_process(self, context: ClaudeContext) -> None:
         """Close the CLI (stdin, grace, TERM -> KILL of its group), then end what is left of

@@ -199,8 +199,10 @@ class Normalizer:
             self.usage = {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
 
     def finish(self, status: str, kind: str | None, message: str | None, extra: Message | None = None,
-               diff: str | None = None) -> None:
-        """Close open tools, the diff, the error if failed, then terminal_status."""
+               diff: str | None = None, failed_in_a_row: int = 0) -> None:
+        """Close open tools, the diff, the error if failed, then terminal_status. A provider
+        failure names its tries: the CLI's retries and the last, or `failed_in_a_row` (the
+        forwarder's count: it sees the CLI's non-streaming fallback too) when more."""
         for block in list(self.open_tools.values()):
             self.sink.emit("tool_call", self._tool_summary(block, "incomplete"))
         self.open_tools.clear()
@@ -209,8 +211,8 @@ class Normalizer:
         if status == "failed":
             error: Message = {"failure_kind": kind or fk.BACKEND_FAILED, "message": message or kind}
             if kind in fk.PROVIDER_KINDS:
-                error["tries"] = self.retries + 1
-                message = error["message"] = fk.with_tries(kind, message or str(kind), self.retries + 1)
+                error["tries"] = max(self.retries + 1, failed_in_a_row)
+                message = error["message"] = fk.with_tries(kind, message or str(kind), error["tries"])
             self.sink.emit("error", error)
         data: Message = {"status": status, "failure_kind": kind if status != "completed" else None}
         if message and status != "completed":
