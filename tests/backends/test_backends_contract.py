@@ -40,21 +40,28 @@ def _drivers_closed():
         found.close()
 
 
-@pytest.fixture(autouse=True)
-def run_tmpdir(tmp_path, monkeypatch):
-    """The runtime's TMPDIR, its own for each scenario: after the run it is empty, and no
-    process holds it (Claude Code's private dirs live below it, and left it behind). Short:
+@pytest.fixture(scope="module")
+def suite_tmpdir(tmp_path_factory):
+    """The runtime's TMPDIR for the suite: one, as a runtime's is (OpenCode's server hides
+    Claude Code's private dirs below it: another one would launch another server). Short:
     the sandbox's bridge sockets live below it, and a socket's path is at most 108 bytes.
-    After tmp_path: pytest's base temp dir is chosen by then, not in this one."""
+    After tmp_path_factory: pytest's base temp dir is chosen by then, not in this one."""
+    tmp_path_factory.getbasetemp()
     tmpdir = Path(tempfile.mkdtemp(prefix="t-", dir=SUITE_TMP))
-    monkeypatch.setenv("TMPDIR", str(tmpdir))
-    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(tmpdir))
+        patch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
         yield tmpdir
-        assert list(tmpdir.iterdir()) == []
-        assert processes_holding(str(tmpdir)) == []
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
+    shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def run_tmpdir(suite_tmpdir):
+    """After every scenario the runtime's TMPDIR is empty, and no process holds it (Claude
+    Code's private dirs live below it, and left their root behind)."""
+    yield suite_tmpdir
+    assert list(suite_tmpdir.iterdir()) == []
+    assert processes_holding(str(suite_tmpdir)) == []
 
 
 @pytest.fixture(params=sorted(DRIVERS), ids=sorted(DRIVERS))

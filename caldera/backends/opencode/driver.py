@@ -389,18 +389,19 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
                 f"{RETRY_BUDGET:.0f} s a turn gives retries; last: {message[:300]}; {fk.tries(count)}")))
 
     def _watch_provider(self, context: OpenCodeContext, server: srv.OpenCodeServer) -> None:
-        """What the forwarder sees of the session's requests, whatever OpenCode says of them
-        (it retries some without a word): failures in a row past the cap, or an answer that
-        has been silent past the stall bound."""
+        """What the forwarder sees of the session's requests, whatever OpenCode says of them:
+        failures in a row past the cap, one try after OpenCode's own count would have ended
+        the turn (its words are the better ones; this catches the retries it makes without
+        a word), or an answer that has been silent past the stall bound."""
         forwarder, tag = server.forwarder, context.session_id
         if forwarder is None or tag is None:
             return
         streak = forwarder.streak(tag)
-        if streak > context.max_retries:
+        if streak > context.max_retries + 1:
             upstream = forwarder.last_failure(tag)
-            last = upstream.message if upstream is not None and upstream.message else "no answer"
+            last = "no failure kept" if upstream is None else upstream.message
             if upstream is not None and upstream.status is not None:
-                last = f"HTTP {upstream.status} {last}".strip()
+                last = f"HTTP {upstream.status}: {upstream.message}"
             self._give_up(context, server, retry_kind(last, upstream), streak, last)
         elif context.stall_seconds and forwarder.silence(tag) > context.stall_seconds:
             context.tries = streak + 1
