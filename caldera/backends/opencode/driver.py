@@ -201,8 +201,11 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         path = env.get("PATH") or DEFAULT_PATH
         state_dir = os.path.dirname(owner.runs_dir if owner is not None else os.path.abspath(environment.runs_dir))
         hidden = confine.private_paths(environment.secrets_dir, state_dir, environment.credentials_dir)
+        # The runtime's TMPDIR whole, not only Claude Code's private root in it: that root exists
+        # only while a Claude Code run does (removed after), and a dir missing at the server's
+        # launch is not covered
         covered = [environment.config_root, environment.state_root, environment.persistent_dir,
-                   str(leftovers.private_root())]
+                   str(leftovers.tmp_root())]
         sandbox = confine.plan(_workspace_roots(env, run.workspace), covered, hidden, run.policy.network, path)
         sink.emit("backend_status", {
             "phase": "starting", "backend": "opencode", "profile": run.backend_profile, "binary": binary,
