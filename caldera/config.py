@@ -376,6 +376,17 @@ def opencode_settings(environ: Environ, *, retries: int, idle_seconds: int) -> t
             _count(environ, "CALDERA_OPENCODE_IDLE_SECONDS", idle_seconds))
 
 
+PROVIDER_STALL_SECONDS = 60  # default: a minute of silence fits a turn's end within 90 s (docs/backends.md)
+
+
+def provider_stall_seconds(environ: Environ) -> int:
+    """CALDERA_PROVIDER_STALL_SECONDS: how long a provider may say nothing within an answer
+    (not a byte since the request, or since its last one) before the turn ends, every
+    backend; 0 leaves it to the CLI's own bound. A whole number >= 0, 60 when unset;
+    ConfigError naming the variable otherwise."""
+    return _count(environ, "CALDERA_PROVIDER_STALL_SECONDS", PROVIDER_STALL_SECONDS)
+
+
 def _count(environ: Environ, name: str, default: int) -> int:
     raw = environ.get(name)
     if raw in (None, ""):
@@ -925,7 +936,8 @@ KNOWN_VARS = (
     "CALDERA_CODEX_STREAM_MAX_RETRIES", "CALDERA_CONFIG_DIR", "CALDERA_DISK_LIMIT_BYTES", "CALDERA_GATEWAY_API_KEY",
     "CALDERA_INSTANCE_ID", "CALDERA_INSTRUCTIONS_FILE", "CALDERA_LOG_LEVEL", "CALDERA_MCP_CONFIG",
     "CALDERA_OPENCODE_BIN", "CALDERA_OPENCODE_IDLE_SECONDS", "CALDERA_OPENCODE_MAX_RETRIES",
-    "CALDERA_PERSISTENT_DIR", "CALDERA_PLANE_DB", "CALDERA_PROTOCOL_VERSION", "CALDERA_REPORT_INTERVAL_SECONDS",
+    "CALDERA_PERSISTENT_DIR", "CALDERA_PLANE_DB", "CALDERA_PROVIDER_STALL_SECONDS", "CALDERA_PROTOCOL_VERSION",
+    "CALDERA_REPORT_INTERVAL_SECONDS",
     "CALDERA_RUNTIME_TYPE", "CALDERA_RUN_ALLOW_APPROVAL", "CALDERA_RUN_ALLOW_NETWORK", "CALDERA_RUN_MAX_SANDBOX",
     "CALDERA_RUN_MAX_TIMEOUT_SECONDS", "CALDERA_RUN_SANDBOX", "CALDERA_SCHEMA_DIR",
     "CALDERA_SETTINGS_FILE", "CALDERA_SIGNAL_HANDOVER",

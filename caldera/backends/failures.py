@@ -31,6 +31,24 @@ FAILURE_KINDS = (
     BACKEND_SPAWN_FAILED, BACKEND_FAILED, BACKEND_TIMEOUT, CANCELLED,
 )
 
+PROVIDER_KINDS = (PROVIDER_AUTH_FAILED, PROVIDER_RATE_LIMITED, PROVIDER_UNAVAILABLE)
+
+
+def tries(count: int) -> str:
+    """"1 try", "3 tries": how often the provider was asked, for a failure's message."""
+    return f"{count} {'try' if count == 1 else 'tries'}"
+
+
+def with_tries(kind: str | None, message: str, count: int) -> str:
+    """A provider failure's message with the tries it took ("…; 3 tries"); others as they are."""
+    return f"{message}; {tries(count)}" if kind in PROVIDER_KINDS else message
+
+
+def stalled(seconds: float) -> str:
+    """The message of a turn ended because its provider fell silent within an answer."""
+    return f"the provider stopped sending its answer: nothing for {seconds:.0f} s (CALDERA_PROVIDER_STALL_SECONDS)"
+
+
 # Codex error-info variants that carry {httpStatusCode}.
 _STATUS_VARIANTS = ("httpConnectionFailed", "responseStreamDisconnected",
                     "responseStreamConnectionFailed", "responseTooManyFailedAttempts")

@@ -335,6 +335,8 @@ class Forwarder:
         self._upstreams: dict[socket.socket, str] = {}  # provider socket -> tag
         self._cut: set[socket.socket] = set()  # provider sockets cut() shut
         self._failures: collections.OrderedDict[str, Failure] = collections.OrderedDict()
+        self._streaks: collections.OrderedDict[str, int] = collections.OrderedDict()  # tag -> failures in a row
+        self._waiting: set[_Watch] = set()  # requests sent whose answer is still coming
         self._closed = False
         self._listener = socket.create_server(("127.0.0.1", 0), backlog=64)
         self._listener.settimeout(ACCEPT_POLL)
@@ -437,6 +439,35 @@ class Forwarder:
     def last_failure(self, tag: str = "") -> Failure | None:
         with self._lock:
             return self._failures.get(tag)
+
+    def settle(self, tag: str, failed: bool) -> None:
+        """One exchange with the provider is over: a failure (an answer >= 400, the provider
+        unreachable, an answer cut short) adds to the tag's streak, a whole answer ends it."""
+        with self._lock:
+            self._streaks[tag] = self._streaks.get(tag, 0) + 1 if failed else 0
+            self._streaks.move_to_end(tag)
+            while len(self._streaks) > FAILURES_KEPT:
+                self._streaks.popitem(last=False)
+
+    def streak(self, tag: str = "") -> int:
+        """The tag's provider exchanges that failed in a row, up to now."""
+        with self._lock:
+            return self._streaks.get(tag, 0)
+
+    def silence(self, tag: str = "") -> float:
+        """How long the provider has said nothing (not a byte since the request went out, or
+        since its last one) in the tag's longest-silent answer still coming; 0 with none."""
+        now = time.monotonic()
+        with self._lock:
+            return max((now - w.heard for w in self._waiting if w.tag == tag), default=0.0)
+
+    def awaiting(self, watch: _Watch, waiting: bool) -> None:
+        """A request's answer is awaited from now on (True), or no more (False): _Watch's."""
+        with self._lock:
+            if waiting:
+                self._waiting.add(watch)
+            else:
+                self._waiting.discard(watch)
 
     def close(self) -> None:
         """Stop accepting, shut every client and provider socket, wait up to CLOSE_WAIT s in
@@ -645,7 +676,9 @@ class _Connection:
                 conn.sock.settimeout(fwd.limits.upstream_timeout)
                 conn.request(head.method, out.target, payload, _upstream_headers(out, size),
                              encode_chunked=size is None)
+                watch.wait()
                 answer = conn.getresponse()
+                watch.heard = time.monotonic()
             except _ClientGone:
                 self.keep = False  # the client's body broke off: nothing to answer
                 return
@@ -653,6 +686,7 @@ class _Connection:
                 reason = "cut by the runtime" if watch.release() else _reason(exc)
                 fwd.note(f"forwarder: the provider cannot be reached{via}: {reason}")
                 fwd.record(out.tag, Failure(None, f"cannot reach the provider at {out.upstream.shown}{via}: {reason}"))
+                fwd.settle(out.tag, failed=True)
                 self.keep = False  # the body may be half read
                 return self._error(502, "api_error", f"caldera forwarder: the provider cannot be reached{via} "
                                                      f"({reason})")
@@ -662,6 +696,26 @@ class _Connection:
             conn.close()
 
     def _relay(self, head: _Head, out: Outgoing, answer: http.client.HTTPResponse, watch: _Watch) -> None:
+        chunked = self._relay_head(head, answer)
+        failed = answer.status >= 400
+        if failed:  # recorded, and counted, before the client has it all (it may ask at once)
+            self.fwd.record(out.tag, Failure(answer.status, ""))
+            self.fwd.settle(out.tag, failed=True)
+        try:
+            self._relay_body(out, answer, watch, chunked, failed)
+        except _ClientGone:
+            self.keep = False  # the client went (OpenCode's abort): no word on the provider
+        except (OSError, http.client.HTTPException) as exc:
+            # The provider cut its answer (or the runtime did: the read may end in a reset as
+            # well as in an end): the client sees it cut short.
+            self.keep = False
+            reason = "cut by the runtime" if watch.release() else _reason(exc)
+            self.fwd.record(out.tag, Failure(None, f"the provider's answer broke off: {reason}"))
+            if not failed:
+                self.fwd.settle(out.tag, failed=True)
+
+    def _relay_head(self, head: _Head, answer: http.client.HTTPResponse) -> bool:
+        """The answer's status line and headers to the client; True when its body goes chunked."""
         lines = [f"HTTP/1.1 {answer.status} {answer.reason or 'Unknown'}"]
         cap = self.fwd.retry_after_cap
         for name, value in answer.getheaders():
@@ -680,30 +734,33 @@ class _Connection:
             self.keep = False  # an HTTP/1.0 client: the body ends with the connection
         if not self.keep:
             lines.append("Connection: close")
-        kept = bytearray()
-        failed = answer.status >= 400
-        if failed:  # recorded before the client has it all (it may ask at once)
-            self.fwd.record(out.tag, Failure(answer.status, ""))
         self._send(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace"))
-        try:
-            while True:
-                data = answer.read1(CHUNK)
-                if not data:
-                    break
-                if failed and len(kept) < ERROR_BODY_CAP:
-                    kept += data[:ERROR_BODY_CAP - len(kept)]
-                    self.fwd.record(out.tag, Failure(answer.status, kept.decode("utf-8", "replace")))
-                self._send(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
-            if watch.release():  # cut(): an end of the body that is no end
-                raise OSError("cut by the runtime")
-            if chunked:
-                self._send(b"0\r\n\r\n")
-        except (OSError, http.client.HTTPException) as exc:
-            # The provider cut its answer (or the runtime did: the read may end in a reset as
-            # well as in an end): the client sees it cut short.
-            self.keep = False
-            reason = "cut by the runtime" if watch.release() else _reason(exc)
-            self.fwd.record(out.tag, Failure(None, f"the provider's answer broke off: {reason}"))
+        return chunked
+
+    def _relay_body(self, out: Outgoing, answer: http.client.HTTPResponse, watch: _Watch, chunked: bool,
+                    failed: bool) -> None:
+        """The answer's body as it comes (a failed one's start kept for `last_failure`); a whole
+        answer ends the tag's streak of failures, before the client has its end."""
+        kept = bytearray()
+        settled = failed
+        while data := answer.read1(CHUNK):
+            watch.heard = time.monotonic()
+            if failed and len(kept) < ERROR_BODY_CAP:
+                kept += data[:ERROR_BODY_CAP - len(kept)]
+                self.fwd.record(out.tag, Failure(answer.status, kept.decode("utf-8", "replace")))
+            if answer.length == 0 and not settled:  # its last byte of a Content-Length
+                settled = True
+                self.fwd.settle(out.tag, failed=False)
+            self._pass(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+        if watch.release():  # cut(): an end of the body that is no end
+            raise OSError("cut by the runtime")
+        if answer.length:  # read1 ends quietly short of a Content-Length: relayed as whole, the
+            # client waited for the rest on a kept connection (measured: 60 s, then a reset)
+            raise http.client.IncompleteRead(b"", answer.length)
+        if not settled:
+            self.fwd.settle(out.tag, failed=False)
+        if chunked:
+            self._pass(b"0\r\n\r\n")
 
     def _error(self, status: int, kind: str, message: str) -> None:
         body = self.fwd.error_body(kind, message)
@@ -718,6 +775,14 @@ class _Connection:
     def _send(self, data: bytes) -> None:
         self.sock.settimeout(self.limits.send_timeout)
         self.sock.sendall(data)
+
+    def _pass(self, data: bytes) -> None:
+        """A piece of the provider's answer to the client: its failure is the client's, never
+        taken for the provider's."""
+        try:
+            self._send(data)
+        except OSError:
+            raise _ClientGone() from None
 
 
 def _whole(payload: _Body | bytes | Iterator[bytes]) -> bytes:
@@ -751,11 +816,18 @@ class _Watch:
     provider can hold them up too) until the answer is relayed: as a duplicate descriptor,
     which `cut` shuts whatever http.client has made of the socket since (wrapped it in TLS,
     or let go of it once an answer says close). `connect` is http.client's
-    `_create_connection` hook."""
+    `_create_connection` hook. From the request's last byte until the answer's, `heard` is
+    when the provider last sent something (`Forwarder.silence`: a provider that stalls)."""
 
     def __init__(self, fwd: Forwarder, tag: str):
         self.fwd, self.tag = fwd, tag
         self.sock: socket.socket | None = None
+        self.heard = time.monotonic()
+
+    def wait(self) -> None:
+        """The request is out: its answer is awaited from now on."""
+        self.heard = time.monotonic()
+        self.fwd.awaiting(self, True)
 
     def connect(self, address: tuple[str, int], timeout: float | None = None,
                 source: tuple[str, int] | None = None) -> socket.socket:
@@ -768,6 +840,7 @@ class _Watch:
 
     def release(self) -> bool:
         """Stop tracking it; True when `cut` shut it (once: later calls say False)."""
+        self.fwd.awaiting(self, False)
         sock, self.sock = self.sock, None
         if sock is None:
             return False

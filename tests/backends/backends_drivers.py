@@ -25,6 +25,7 @@ from caldera.backends.opencode.owner import ServerOwner
 from caldera.backends.registry import BackendServers
 
 CANARY = "sk-fake-LEAKCANARY-0123456789abcdef"
+SUITE_TMP = tempfile.gettempdir()  # the suite's own dirs: not in a scenario's TMPDIR, which must end empty
 
 
 class Provider(Protocol):
@@ -235,7 +236,7 @@ class OpenCodeDriver:
 
     def _home(self) -> Path:
         if self._root is None:
-            self._root = Path(tempfile.mkdtemp(prefix="caldera-contract-opencode-"))
+            self._root = Path(tempfile.mkdtemp(prefix="caldera-contract-opencode-", dir=SUITE_TMP))
         return self._root
 
     def provider(self, script: list[dict]) -> AbstractContextManager[Any]:

@@ -8,6 +8,7 @@ entry repeats). Entries:
     {"status": 429, "body": {...}, "headers": {}} an HTTP error
     {"cut": True}                                 message_start and half a text, then the connection drops
     {"stall": 30}                                 headers and message_start, then silence for N seconds
+    {"drop"}, {"stall": 30, "silent": True}       as FakeProvider's (the request's `stream` decides SSE or JSON)
 Every request is recorded (path, headers, body text) for the leak checks. With `tls` (an
 SSLContext holding a certificate) it speaks HTTPS on the same port.
 """
@@ -16,9 +17,9 @@ from __future__ import annotations
 import json
 import socket
 import ssl
-from http.server import BaseHTTPRequestHandler
 
 from backends_fake_provider import FakeProvider
+from backends_fake_provider import _Handler as ResponsesHandler
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 429: "rate_limit_error", 500: "api_error", 503: "api_error",
@@ -63,7 +64,7 @@ def message_events(entry: dict, n: int, model: str) -> list[bytes]:
     return out
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(ResponsesHandler):
     protocol_version = "HTTP/1.1"
 
     def log_message(self, *args):  # quiet
@@ -96,6 +97,8 @@ class _Handler(BaseHTTPRequestHandler):
             status = entry["status"]
             return self._json(status, entry.get("body") or {"type": "error", "error": {
                 "type": ERROR_TYPES.get(status, "api_error"), "message": f"HTTP {status}"}}, entry.get("headers"))
+        if self.broken(entry, body):
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")

@@ -3,7 +3,7 @@ Responses-API fake (backends_fake_provider.FakeProvider) with another answer's s
 
 `FakeChat(script)` answers the n-th `POST .../chat/completions` for its model with
 `script[n]` (the last entry repeats); a request for any other model gets a short text and
-consumes nothing. Entries, beside FakeProvider's {"status"}, {"cut"} and {"stall"}:
+consumes nothing. Entries, beside FakeProvider's {"status"}, {"cut"}, {"stall"} and {"drop"}:
     {"text": "..."}                               an assistant message, streamed in 16-character deltas
     {"call": "bash", "args": {...}}               one tool call (finish_reason "tool_calls")
     {"raw": "...", "type": "text/html"}           a 200 answer with this body (a gateway that lies)
@@ -69,6 +69,8 @@ class _ChatHandler(ResponsesHandler):
             entry = entry.get("then") or {"text": "after the gate"}
         if "status" in entry:
             return self._error(entry)
+        if self.broken(entry, body):
+            return None
         model = request.get("model") or MAIN_MODEL
         if "raw" in entry:
             raw = entry["raw"].encode()

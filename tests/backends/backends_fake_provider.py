@@ -8,6 +8,10 @@ entry repeats). Entries:
     {"status": 503, "body": {...}, "headers": {}} an HTTP error
     {"cut": True}                                 headers + one event, then the connection drops
     {"stall": 30}                                 headers, then silence for N seconds
+    {"stall": 30, "silent": True}                 200 and its headers, then not a byte for N seconds
+    {"drop": True}                                200, its Content-Length and a piece of its body, then the
+                                                  connection drops: mid-answer, streaming or not (a
+                                                  provider behind a failing load balancer)
 Every request is recorded (path, headers, body text) for the leak checks. With `tls` (an
 SSLContext holding a certificate) it speaks HTTPS on the same port.
 
@@ -82,6 +86,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(refused)
         if "status" in entry:
             return self._error(entry)
+        if self.broken(entry, body):
+            return None
         if entry.get("cut") or entry.get("stall"):
             return self.drop_after(_sse("response.created", {"response": {"id": f"resp_{n}"}}), entry)
         self.send_stream(b"".join(response_events(entry, n)))
@@ -113,6 +119,35 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+    def broken(self, entry: dict, body: bytes) -> bool:
+        """A {"drop"} or silent {"stall"} entry answered (True), on any wire: the request's
+        own `stream` flag decides between an SSE and a JSON answer."""
+        if not entry.get("drop") and not (entry.get("stall") and entry.get("silent")):
+            return False
+        try:
+            streaming = bool(json.loads(body).get("stream"))
+        except (ValueError, AttributeError):
+            streaming = False
+        text = {"type": "message", "content": [{"type": "text", "text": "cut " * 64}]}
+        answer = (b"".join(_sse("message", dict(text, n=i)) for i in range(8)) if streaming
+                  else json.dumps(text).encode())
+        sent = len(answer) // 16  # within the first event (or object): no whole one reaches the client
+        self.close_connection = True
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream" if streaming else "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            if entry.get("drop"):
+                self.wfile.write(answer[:sent])
+            self.wfile.flush()
+            if entry.get("stall"):
+                self.server.provider.stop.wait(entry["stall"])
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # the client went first (an aborted turn)
+        return True
 
     def _error(self, entry):
         body = json.dumps(entry.get("body") or {"error": {"message": f"HTTP {entry['status']}"}}).encode()

@@ -191,3 +191,33 @@ def test_a_prompt_starting_with_a_slash_is_sent_as_text():
     assert cc.prompt_text("/config permissionMode=dontAsk") == " /config permissionMode=dontAsk"
     assert cc.prompt_text("fix /etc/hosts") == "fix /etc/hosts"
     assert "--disable-slash-commands" in cc.argv("claude", Policy(timeout_seconds=60), "/s.json", None)
+
+
+def test_the_private_root_is_made_again_when_another_runs_end_removed_it(tmp_path, monkeypatch):
+    """A run's end removes the private root when it is empty (the runtime's TMPDIR is left as
+    it was); a run starting meanwhile makes it again rather than failing."""
+    import tempfile
+
+    from caldera.backends import leftovers
+    from caldera.backends.claude_code import backend
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    root = leftovers.private_root()
+    made = tempfile.mkdtemp
+    calls = []
+
+    def racing(dir):  # noqa: A002 -- tempfile's own name
+        calls.append(dir)
+        if len(calls) == 1:
+            root.rmdir()  # another run's end, between the root's mkdir and this run's mkdtemp
+        return made(dir=dir)
+
+    monkeypatch.setattr(backend.tempfile, "mkdtemp", racing)
+    private = backend._private_dir()
+    assert private.parent == root and (private / leftovers.OWNER).exists() and len(calls) == 2
+    backend._remove_empty_dirs([root])
+    assert root.exists()  # a run is in it: kept
+    (private / leftovers.OWNER).unlink()
+    private.rmdir()
+    backend._remove_empty_dirs([root])
+    assert list(tmp_path.iterdir()) == []

@@ -132,7 +132,10 @@ def test_enforce_adds_runtime_settings_and_bounds_retries(tmp_path):
     assert back["sandbox_workspace_write"] == {"network_access": False}
     assert back["model_providers"]["fake"]["request_max_retries"] == 1  # 9 bounded to 1
     assert back["model_providers"]["fake"]["stream_max_retries"] == 0  # lower stays lower
+    assert "stream_idle_timeout_ms" not in back["model_providers"]["fake"]  # no stall bound: Codex's own
     assert "profile" not in back
+    stalled = cc.enforce(plan, network=False, request_retries=1, stream_retries=2, stall_seconds=60)
+    assert stalled["model_providers"]["fake"]["stream_idle_timeout_ms"] == 60_000  # the stall bound
 
 
 def test_toml_writer_round_trips_awkward_values():

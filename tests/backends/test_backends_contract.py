@@ -17,13 +17,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
-from backends_drivers import CANARY, DRIVERS, close_all, ready
+from backends_drivers import CANARY, DRIVERS, SUITE_TMP, close_all, ready
 
 from caldera.backends import base, service
 from caldera.backends import failures as fk
@@ -34,6 +37,30 @@ from caldera.redact import Redactor
 def _drivers_closed():
     yield
     close_all()
+
+
+@pytest.fixture(scope="module")
+def suite_tmpdir(tmp_path_factory):
+    """The runtime's TMPDIR for the suite: one, as a runtime's is (OpenCode's server hides
+    Claude Code's private dirs below it: another one would launch another server). Short:
+    the sandbox's bridge sockets live below it, and a socket's path is at most 108 bytes.
+    After tmp_path_factory: pytest's base temp dir is chosen by then, not in this one."""
+    tmp_path_factory.getbasetemp()
+    tmpdir = Path(tempfile.mkdtemp(prefix="t-", dir=SUITE_TMP))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(tmpdir))
+        patch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+        yield tmpdir
+    shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def run_tmpdir(suite_tmpdir):
+    """After every scenario the runtime's TMPDIR is empty, and no process holds it (Claude
+    Code's private dirs live below it, and left their root behind)."""
+    yield suite_tmpdir
+    assert list(suite_tmpdir.iterdir()) == []
+    assert processes_holding(str(suite_tmpdir)) == []
 
 
 @pytest.fixture(params=sorted(DRIVERS), ids=sorted(DRIVERS))
@@ -171,7 +198,8 @@ def test_caldera_turn_prints_no_secret(driver, tmp_path):
     with driver.provider(script) as provider:
         secrets = driver.projection(tmp_path, provider.url, CANARY)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
-               "CALDERA_CONFIG_DIR": str(tmp_path / "no-config"), "CALDERA_STATE_DIR": str(tmp_path / "no-state")}
+               "CALDERA_CONFIG_DIR": str(tmp_path / "no-config"), "CALDERA_STATE_DIR": str(tmp_path / "no-state"),
+               "TMPDIR": os.environ["TMPDIR"]}  # run_tmpdir's: empty after the turn
         env.update(driver.env(driver.binary()))
         proc = subprocess.run(
             [sys.executable, "-m", "caldera.cli", "turn", "--backend", driver.profile, "--workspace", str(workspace),
@@ -261,4 +289,55 @@ def test_interrupt_during_a_stalled_answer_is_cancelled(driver, tmp_path):
     data = turn.terminal
     assert data["status"] == "cancelled" and data["failure_kind"] == fk.CANCELLED, turn.events
     assert turn.result["status"] == "cancelled"
+    turn.assert_no_leak()
+
+
+# The backends' retry settings at one retry each: a failure, then one more try.
+RETRY_ONCE = {"CALDERA_CODEX_REQUEST_MAX_RETRIES": "0", "CALDERA_CODEX_STREAM_MAX_RETRIES": "1",
+              "CALDERA_CLAUDE_CODE_MAX_RETRIES": "1", "CALDERA_OPENCODE_MAX_RETRIES": "1"}
+
+
+def test_dropped_connections_end_the_turn_saying_so_and_the_next_turn_works(driver, tmp_path):
+    """A provider that drops every connection mid-answer (streaming or not, as behind a failing
+    load balancer): the turn ends provider-unavailable at once, its error says what the
+    provider did and how many tries it took; what the backend keeps between runs (OpenCode's
+    shared server) then runs the next turn as before."""
+    turn = Turn(driver, tmp_path, [{"drop": True}], extra_env=RETRY_ONCE)
+    data = turn.terminal
+    assert data["status"] == "failed" and data["failure_kind"] == fk.PROVIDER_UNAVAILABLE, turn.events
+    [error] = turn.of("error")
+    tries = len(turn.posts)  # one retry (Claude Code adds a non-streaming one): as the provider saw them
+    assert 2 <= tries <= 3 and data["duration_ms"] < 30_000, (tries, data)
+    assert error["tries"] == tries and f"{tries} tries" in error["message"], error
+    turn.assert_no_leak()
+    if driver.servers(driver.binary()) is None:
+        return  # a process per run: nothing of this one is left to hold up the next
+    after = Turn(driver, tmp_path, [driver.text("Back again.")], workspace=tmp_path / "ws-after")
+    assert after.terminal["status"] == "completed", after.events
+    assert [m["text"] for m in after.of("assistant_message")] == ["Back again."]
+    [ready] = [s for s in after.of("backend_status") if s["phase"] == "ready"]
+    assert ready["server"] == "reused", ready  # the same server, not a new one
+
+
+def test_stalled_answer_ends_the_turn_at_the_stall_bound(driver, tmp_path):
+    """A provider that answers 200 and then sends nothing: the turn ends when the answer has
+    been silent for CALDERA_PROVIDER_STALL_SECONDS, unretried (each retry would wait as long)."""
+    env = dict(RETRY_ONCE, CALDERA_PROVIDER_STALL_SECONDS="1")
+    turn = Turn(driver, tmp_path, [{"stall": 30, "silent": True}], extra_env=env)
+    data = turn.terminal
+    assert data["status"] == "failed" and data["failure_kind"] == fk.PROVIDER_UNAVAILABLE, turn.events
+    [error] = turn.of("error")
+    assert "nothing for 1 s" in error["message"] and error["tries"] == 1, error
+    assert len(turn.posts) == 1 and time.monotonic() - turn.posts[0]["at"] < 10, len(turn.posts)
+    turn.assert_no_leak()
+
+
+def test_provider_dropping_every_second_connection_still_completes(driver, tmp_path):
+    """Failures are bounded in a row, not in total: two drops, each followed by an answer,
+    with one retry allowed."""
+    script = [{"drop": True}, driver.command("echo recovered"), {"drop": True}, driver.text("done")]
+    turn = Turn(driver, tmp_path, script, extra_env=RETRY_ONCE)
+    assert turn.terminal["status"] == "completed", turn.events
+    assert [m["text"] for m in turn.of("assistant_message")] == ["done"]
+    assert len(turn.posts) == 4 and "recovered" in turn.posts[3]["body"]
     turn.assert_no_leak()

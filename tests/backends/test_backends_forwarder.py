@@ -507,3 +507,64 @@ def test_a_body_with_both_framings_is_read_chunked_and_the_connection_closed_aft
             fwd.close()
     assert answer.startswith(b"HTTP/1.1 200 ") and b"Connection: close" in answer
     assert provider.posts[0]["body"].encode() == body
+
+
+def _session_post(fwd: fw.Forwarder, session: str, body: bytes = b'{"model":"m","stream":true}'):
+    return _post(fwd.url, path="/r/tok123/v1/messages", token="PLACEHOLDER-1", body=body,
+                 headers={"x-session-id": session})
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "non-streaming"])
+def test_an_answer_cut_short_of_its_length_is_a_cut_and_failures_count_in_a_row(stream):
+    """A provider that drops the connection mid-answer (its Content-Length not reached): the
+    client sees the answer cut short at once (it was relayed as whole before, on a kept
+    connection: the client waited 60 s for the rest), the failure is kept, and the tag's
+    streak counts such failures in a row until a whole answer ends it."""
+    body = json.dumps({"model": "m", "stream": stream}).encode()
+    script = [{"drop": True}, {"status": 503}, {"text": "fine"}, {"drop": True}]
+    with FakeAnthropic(script) as provider:
+        fwd = _path_forwarder(fw.Upstream.parse(provider.url))
+        try:
+            started = time.monotonic()
+            with pytest.raises(http.client.IncompleteRead):
+                _session_post(fwd, "ses_a", body)
+            assert time.monotonic() - started < 5
+            failure = fwd.last_failure("ses_a")
+            assert failure is not None and failure.status is None and "broke off" in failure.message
+            assert fwd.streak("ses_a") == 1
+            assert _session_post(fwd, "ses_a", body)[0].status == 503 and fwd.streak("ses_a") == 2
+            assert _session_post(fwd, "ses_a", body)[0].status == 200 and fwd.streak("ses_a") == 0
+            with pytest.raises(http.client.IncompleteRead):
+                _session_post(fwd, "ses_a", body)
+            assert fwd.streak("ses_a") == 1 and fwd.streak("ses_other") == 0
+        finally:
+            fwd.close()
+
+
+def test_a_provider_silent_after_its_answers_head_is_seen_as_silent():
+    with FakeAnthropic([{"stall": 60, "silent": True}]) as provider:
+        fwd = _path_forwarder(fw.Upstream.parse(provider.url))
+        box: dict = {}
+
+        def request() -> None:
+            try:
+                _session_post(fwd, "ses_s")
+            except (http.client.HTTPException, OSError) as exc:
+                box["error"] = exc
+
+        thread = threading.Thread(target=request)
+        try:
+            assert fwd.silence("ses_s") == 0.0
+            thread.start()
+            stop = threading.Event()
+            while not provider.posts and not stop.wait(0.05):
+                pass
+            stop.wait(1.0)
+            silent = fwd.silence("ses_s")
+            assert 0.8 < silent < 10 and fwd.silence("ses_other") == 0.0
+            fwd.cut("ses_s")  # what a turn does at its stall bound
+            thread.join(10)
+            assert not thread.is_alive() and fwd.silence("ses_s") == 0.0 and fwd.streak("ses_s") == 1
+        finally:
+            provider.stop.set()
+            fwd.close()

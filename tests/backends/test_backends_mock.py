@@ -253,10 +253,14 @@ def test_turn_errors_map_to_failure_kinds(tmp_path, name, error, kind):
                  "codexErrorInfo": {"responseStreamDisconnected": {"httpStatusCode": 503}}}
     result, events, _ = run_mock(tmp_path, _failed(error, retry))
     terminal = _one_terminal(events)
-    assert terminal == {"status": "failed", "failure_kind": kind, "message": error["message"],
+    tries = 2 if retry else 1  # a provider's failure says how often it was asked: the retry, and the last
+    message = f"{error['message']}; {tries} {'try' if tries == 1 else 'tries'}" if kind in fk.PROVIDER_KINDS \
+        else error["message"]
+    assert terminal == {"status": "failed", "failure_kind": kind, "message": message,
                         "duration_ms": terminal["duration_ms"]}
     errors = of_type(events, "error")
     assert len(errors) == 1 and errors[0]["failure_kind"] == kind
+    assert errors[0].get("tries") == (tries if kind in fk.PROVIDER_KINDS else None)
     assert result["failure_kind"] == kind
     if kind == fk.PROVIDER_UNAVAILABLE:
         assert fk.BACKEND_FAILED not in json.dumps(events)
@@ -401,3 +405,19 @@ def test_a_stdout_line_nested_too_deep_is_one_failed_turn(tmp_path):
     data = _one_terminal(events)
     assert data["failure_kind"] == fk.BACKEND_JSON_PARSE_ERROR
     assert "nested deeper than 64 levels" in data["message"]
+
+
+def test_a_stalled_stream_ends_the_turn_at_once_instead_of_being_retried(tmp_path):
+    """Codex's idle timeout is the stall bound; each retry of a stalled stream would wait as
+    long again (3 x 60 s with the defaults): the first ends the turn, and Codex with it."""
+    idle = {"message": "Reconnecting... 1/2", "codexErrorInfo": "other",
+            "additionalDetails": "stream disconnected before completion: idle timeout waiting for SSE"}
+    script = {"on_turn": [_notif("error", error=idle, willRetry=True, threadId="$THREAD", turnId="$TURN")]}
+    sec = write_projection(tmp_path)
+    env = environment(tmp_path, mock_binary(tmp_path, script), sec, CALDERA_PROVIDER_STALL_SECONDS="7")
+    result, events = execute(request(workspace(tmp_path)), env)
+    terminal = _one_terminal(events)
+    assert terminal["failure_kind"] == fk.PROVIDER_UNAVAILABLE and "nothing for 7 s" in terminal["message"]
+    [error] = of_type(events, "error")
+    assert error["tries"] == 1 and error["message"].endswith("; 1 try")
+    assert not [s for s in of_type(events, "backend_status") if s["phase"] == "retrying"]

@@ -110,6 +110,7 @@ class ClaudeContext:
     private_dir: Path  # HOME and TMPDIR below it, removed after the run
     plan: cc.ClaudePlan
     retries: int
+    stall_seconds: int  # how long the provider may say nothing in an answer (0: the CLI's own bound)
     deadline: float
     cancel: threading.Event | None = None
     cancel_is_timeout: Callable[[], bool] | None = None
@@ -184,6 +185,7 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
                           "(apt-get install bubblewrap socat)")
         try:
             retries = config.claude_code_retries(environment.env, cc.DEFAULT_MAX_RETRIES)
+            stall = config.provider_stall_seconds(environment.env)
         except ConfigError as exc:
             raise fk.BackendFailure(fk.BACKEND_FAILED, str(exc)) from None
         workspace = os.path.realpath(run.workspace)
@@ -206,7 +208,7 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
                 raise fk.BackendFailure(fk.BACKEND_FAILED, f"cannot prepare the run's private dir: {exc}") from None
             raise
         return ClaudeContext(run=run, environment=environment, sink=sink, normalizer=Normalizer(sink), binary=binary,
-                             private_dir=private_dir, plan=plan, retries=retries,
+                             private_dir=private_dir, plan=plan, retries=retries, stall_seconds=stall,
                              deadline=time.monotonic() + run.policy.timeout_seconds)
 
     def _process_env(self, context: ClaudeContext, forwarder_url: str) -> dict[str, str]:
@@ -273,6 +275,12 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
                 process.kill()
                 return self._finish(context, "failed", fk.BACKEND_FAILED,
                                     f"no answer to initialize within {INIT_TIMEOUT:.0f} s")
+            if context.reason is None and self._stalled(context):
+                # The CLI waits on for a stalled answer (past the 150 s measured, issue 44): the
+                # turn ends now, and the CLI with it.
+                process.kill()
+                return self._finish(context, "failed", fk.PROVIDER_UNAVAILABLE,
+                                    fk.stalled(context.stall_seconds))
             try:
                 item = handoff.get(timeout=POLL)
             except queue.Empty:
@@ -291,6 +299,12 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
                 return self._finish(context, "failed", item[1].kind, item[1].message)
             else:
                 return self._eof(context, process)
+
+    def _stalled(self, context: ClaudeContext) -> bool:
+        """The provider has said nothing in an answer (the forwarder's view) past the bound."""
+        forwarder = context.forwarder
+        return bool(context.stall_seconds and forwarder is not None
+                    and forwarder.silence() > context.stall_seconds)
 
     def _dispatch(self, context: ClaudeContext, process: StdioProcess, msg: Message) -> Message | None:
         kind = msg.get("type")
@@ -369,8 +383,9 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
             diff = context.snapshot.diff(should_stop=context.should_stop)
             if context.snapshot.reason and context.sink.runlog is not None:
                 context.sink.runlog.note(f"no diff for this turn: {context.snapshot.reason}")
+        streak = context.forwarder.streak() if context.forwarder is not None else 0
         context.normalizer.finish(status, kind, message,
-                                  {"duration_ms": int((time.monotonic() - context.started) * 1000)}, diff)
+                                  {"duration_ms": int((time.monotonic() - context.started) * 1000)}, diff, streak)
 
     def _end_process(self, context: ClaudeContext) -> None:
         """Close the CLI (stdin, grace, TERM -> KILL of its group), then end what is left of
@@ -402,7 +417,8 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
             shutil.rmtree(context.private_dir, ignore_errors=True)
             if context.private_dir.exists() and context.sink.runlog is not None:
                 context.sink.runlog.note(f"could not remove {context.private_dir}")
-            _remove_empty_dirs(context.cli_dirs)
+            # the private root too, once no run is left in it: the run's TMPDIR is left as it was
+            _remove_empty_dirs([*context.cli_dirs, context.private_dir.parent])
         return context.sink.terminal_data()
 
 
@@ -413,14 +429,20 @@ def _private_dir() -> Path:
     directory, 0700 (in a shared /tmp another user could have made it first)."""
     root = leftovers.private_root()
     try:
-        root.mkdir(mode=0o700, exist_ok=True)
-        st = os.lstat(root)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-            raise fk.BackendFailure(fk.BACKEND_FAILED, f"{root} is not a directory of this user's: remove it "
-                                                       "(another user may have made it to see the runs' files)")
-        if st.st_mode & 0o077:
-            os.chmod(root, 0o700)
-        private = Path(tempfile.mkdtemp(dir=root))
+        for attempt in range(3):  # another run's end may remove the root, empty, in between
+            root.mkdir(mode=0o700, exist_ok=True)
+            st = os.lstat(root)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                raise fk.BackendFailure(fk.BACKEND_FAILED, f"{root} is not a directory of this user's: remove "
+                                                           "it (another user may have made it to see the runs' files)")
+            if st.st_mode & 0o077:
+                os.chmod(root, 0o700)
+            try:
+                private = Path(tempfile.mkdtemp(dir=root))
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
     except OSError as exc:
         raise fk.BackendFailure(fk.BACKEND_FAILED, f"cannot make the run's private dir under {root}: {exc}") from None
     try:

@@ -63,7 +63,7 @@ class Normalizer:
         self.open_tools: dict[str, Message] = {}  # tool_use id -> the block
         self.usage: dict[str, int] | None = None
         self.api_error: Message | None = None  # the last provider error told in an `assistant`
-        self.retries = 0
+        self.retries = 0  # the CLI's retries since the provider's last answer
         self.session: Message = {}
 
     def handle(self, msg: Message) -> Message | None:
@@ -97,6 +97,7 @@ class Normalizer:
             self.api_error = {"status": msg.get("api_error_status"),
                               "type": msg.get("api_error_type") or msg.get("error"), "message": text}
             return
+        self.retries = 0  # the provider answered: the tries a failure names are those in a row
         for block in blocks:
             if not isinstance(block, dict):
                 continue
@@ -198,15 +199,21 @@ class Normalizer:
             self.usage = {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
 
     def finish(self, status: str, kind: str | None, message: str | None, extra: Message | None = None,
-               diff: str | None = None) -> None:
-        """Close open tools, the diff, the error if failed, then terminal_status."""
+               diff: str | None = None, failed_in_a_row: int = 0) -> None:
+        """Close open tools, the diff, the error if failed, then terminal_status. A provider
+        failure names its tries: the CLI's retries and the last, or `failed_in_a_row` (the
+        forwarder's count: it sees the CLI's non-streaming fallback too) when more."""
         for block in list(self.open_tools.values()):
             self.sink.emit("tool_call", self._tool_summary(block, "incomplete"))
         self.open_tools.clear()
         if diff:
             self.sink.diff(diff)
         if status == "failed":
-            self.sink.emit("error", {"failure_kind": kind or fk.BACKEND_FAILED, "message": message or kind})
+            error: Message = {"failure_kind": kind or fk.BACKEND_FAILED, "message": message or kind}
+            if kind in fk.PROVIDER_KINDS:
+                error["tries"] = max(self.retries + 1, failed_in_a_row)
+                message = error["message"] = fk.with_tries(kind, message or str(kind), error["tries"])
+            self.sink.emit("error", error)
         data: Message = {"status": status, "failure_kind": kind if status != "completed" else None}
         if message and status != "completed":
             data["message"] = message

@@ -154,16 +154,17 @@ class CodexBackend(Backend[CodexContext]):
         if not os.path.isdir(run.workspace):
             raise fk.BackendFailure(fk.BACKEND_FAILED, f"workspace {run.workspace} is not a directory")
         run_dir = Path(environment.runs_dir) / run.run_id
-        context = CodexContext(run=run, environment=environment, sink=sink, normalizer=Normalizer(sink),
-                               binary=binary, run_dir=run_dir, plan=plan, box=box,
-                               deadline=time.monotonic() + run.policy.timeout_seconds)
         try:
             request_retries, stream_retries = config.codex_retries(
                 environment.env, codex_config.DEFAULT_REQUEST_MAX_RETRIES, codex_config.DEFAULT_STREAM_MAX_RETRIES)
+            stall = config.provider_stall_seconds(environment.env)
         except ConfigError as exc:
             raise fk.BackendFailure(fk.BACKEND_FAILED, str(exc)) from None
-        codex_toml = codex_config.enforce(plan, network=run.policy.network,
-                                          request_retries=request_retries, stream_retries=stream_retries)
+        context = CodexContext(run=run, environment=environment, sink=sink, normalizer=Normalizer(sink, stall),
+                               binary=binary, run_dir=run_dir, plan=plan, box=box,
+                               deadline=time.monotonic() + run.policy.timeout_seconds)
+        codex_toml = codex_config.enforce(plan, network=run.policy.network, request_retries=request_retries,
+                                          stream_retries=stream_retries, stall_seconds=stall)
         runlog = sink.runlog
         note = runlog.note if runlog is not None else None
         if plan.catalogue is not None:  # the gateway's models, beside Codex's own (codex/catalogue.py)
@@ -297,7 +298,11 @@ class CodexBackend(Backend[CodexContext]):
             except queue.Empty:
                 continue
             if item[0] == "batch":
-                done = handle_batch(item[1], norm, lambda request: self._answer(context, server, request))
+                try:
+                    done = handle_batch(item[1], norm, lambda request: self._answer(context, server, request))
+                except fk.BackendFailure as exc:  # the normaliser's end of the turn (a stalled provider)
+                    server.kill()
+                    return norm.finish("failed", exc.kind, exc.message, self._extra(context))
                 if done is not None:
                     return self._completed(context, server, done.get("params"))
             elif item[0] == "fatal":

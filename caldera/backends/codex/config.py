@@ -239,7 +239,8 @@ def _json_strings(raw: bytes) -> list[str]:
 
 # ---------------------------------------------------------------- enforced settings
 
-def enforce(plan: ProviderPlan, *, network: bool, request_retries: int, stream_retries: int) -> dict[str, Any]:
+def enforce(plan: ProviderPlan, *, network: bool, request_retries: int, stream_retries: int,
+            stall_seconds: int = 0) -> dict[str, Any]:
     """The config Codex gets: the projection's, with the runtime's settings on top."""
     config = json.loads(json.dumps(plan.config, default=str))  # deep copy; dates become strings
     config.pop("profile", None)  # a profile could re-select another provider; the plan chose one
@@ -259,6 +260,9 @@ def enforce(plan: ProviderPlan, *, network: bool, request_retries: int, stream_r
     if isinstance(provider, dict):
         provider["request_max_retries"] = _bounded(provider.get("request_max_retries"), request_retries)
         provider["stream_max_retries"] = _bounded(provider.get("stream_max_retries"), stream_retries)
+        if stall_seconds:  # a stalled answer: Codex's own bound is 300 s, then retried (normalize.py)
+            provider["stream_idle_timeout_ms"] = _bounded(provider.get("stream_idle_timeout_ms"),
+                                                          stall_seconds * 1000)
     return config
 
 

@@ -27,14 +27,16 @@ ASSISTANT_MAX_PARTS = 8  # 64 KiB of assistant text in events; the rest is in th
 OUTPUT_MAX_PARTS = 4  # 32 KiB of one command's output
 DELTA_KEEP_BYTES = 32 * 1024
 TURN_STATUSES = {"completed": "completed", "interrupted": "cancelled", "failed": "failed"}
+_IDLE = "idle timeout"  # Codex's words for a stream silent past its stream_idle_timeout_ms
 _TOOL_ITEMS = {"commandExecution": "command", "fileChange": "file_change", "mcpToolCall": "mcp",
                "dynamicToolCall": "dynamic", "webSearch": "web_search", "collabAgentToolCall": "agent",
                "imageView": "image_view"}
 
 
 class Normalizer:
-    def __init__(self, sink: EventSink):
+    def __init__(self, sink: EventSink, stall_seconds: int = 0):
         self.sink = sink
+        self.stall_seconds = stall_seconds  # Codex's stream_idle_timeout: a stall ends the turn, unretried
         self.open_items: dict[Any, dict[str, Any]] = {}  # item id -> the item as it started
         # item id -> [bytes kept, delta, delta, …]: a command's output seen before it completes
         self.deltas: dict[Any, list[Any]] = {}
@@ -42,7 +44,7 @@ class Normalizer:
         self.usage: dict[str, Any] | None = None
         self.error_emitted = False
         self.last_error: dict[str, Any] | None = None
-        self.retries = 0
+        self.retries = 0  # Codex's stream retries announced since the provider's last answer
         self._handlers: dict[str, Handler] = {
             "configWarning": self._config_warning,
             "warning": self._warning,
@@ -81,6 +83,7 @@ class Normalizer:
             self.sink.emit("tool_call", self._tool_summary(item, "started"))
 
     def _item_completed(self, p: Params) -> None:
+        self.retries = 0  # the provider answered: the tries a failure names are those in a row
         item = p.get("item")
         if not isinstance(item, dict):
             return
@@ -123,6 +126,9 @@ class Normalizer:
         error: dict[str, Any] = raw if isinstance(raw, dict) else {"message": str(raw)}
         kind = fk.classify_turn_error(error)
         if p.get("willRetry"):
+            if self.stall_seconds and _IDLE in f"{error.get('message')} {error.get('additionalDetails')}":
+                # Codex would wait the same silence again for each retry: 3 x 60 s by default
+                raise fk.BackendFailure(fk.PROVIDER_UNAVAILABLE, fk.stalled(self.stall_seconds))
             self.retries += 1
             attempt, most = fk.retry_attempt(error.get("message"))
             self.sink.emit("backend_status", {
@@ -158,6 +164,9 @@ class Normalizer:
     def emit_error(self, kind: str, error: dict[str, Any] | None, message: str | None = None) -> None:
         error = error or {}
         data: dict[str, Any] = {"failure_kind": kind, "message": message or str(error.get("message") or kind)}
+        if kind in fk.PROVIDER_KINDS:  # the stream attempts Codex announced, and the last
+            data["tries"] = self.retries + 1
+            data["message"] = fk.with_tries(kind, data["message"], self.retries + 1)
         if error.get("codexErrorInfo") is not None:
             data["codex_error_info"] = error["codexErrorInfo"]
         if error.get("additionalDetails"):
@@ -199,7 +208,7 @@ class Normalizer:
             self.emit_error(kind or fk.BACKEND_FAILED, self.last_error if kind is None else None, message)
         data: dict[str, Any] = {"status": status, "failure_kind": kind if status != "completed" else None}
         if message and status != "completed":
-            data["message"] = message
+            data["message"] = fk.with_tries(kind, message, self.retries + 1)
         if self.usage:
             data["usage"] = {k: v for k, v in self.usage.items() if isinstance(v, int)}
         data.update(extra or {})

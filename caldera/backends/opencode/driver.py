@@ -7,10 +7,12 @@ start_turn: the server from the agent's ServerOwner (the daemon's; else one of t
 own, stopped at its end), its event stream for the workspace, a session carrying the
 policy's permission rules, the prompt; then the events until the session is idle.
 Stops: `agent_interrupt`/cancel -> abort -> `cancelled`; the deadline -> abort ->
-`backend-timeout`; a provider OpenCode keeps retrying -> abort after `max_retries`
-retries -> the retry's kind; an answer from another model than the configured one ->
-abort -> `backend-failed`; an event stream that is not JSON, or an event without its type
-and properties -> `backend-json-parse-error` / `backend-response-invalid`, at once. A
+`backend-timeout`; a provider that fails more than `max_retries` times in a row (OpenCode's
+retries, or what the forwarder saw of its requests) -> abort -> the failure's kind; an answer
+silent past the stall bound (the forwarder's view) -> abort -> `provider-unavailable`; an
+answer from another model than the configured one -> abort -> `backend-failed`; an event
+stream that is not JSON, or an event without its type and properties ->
+`backend-json-parse-error` / `backend-response-invalid`, at once. A
 session that does not go idle within the grace after its abort, or a garbled stream,
 poisons the server (stopped once the turns on it are done).
 """
@@ -129,7 +131,8 @@ class OpenCodeContext:
     model: str
     owner: ServerOwner
     private_owner: bool  # the turn's own (caldera turn, or no daemon owner): closed at the end
-    max_retries: int
+    max_retries: int  # failures in a row a turn allows before it is aborted
+    stall_seconds: int  # an answer's silence a turn allows (0: no bound of caldera's)
     deadline: float
     instructions: str | None = None
     search: bool = True  # `rg` on the server's PATH: grep and glob allowed (policy.rules)
@@ -142,9 +145,10 @@ class OpenCodeContext:
     mapper: TurnMapper | None = None
     reason: str | None = None  # "cancelled" | "timeout" | "failure" once we abort the session
     failure: tuple[str, str] | None = None  # (kind, message) of a "failure" abort
+    tries: int | None = None  # the provider requests in a row the failure took
     abort_sent_at: float = 0.0
     poison: bool = False
-    first_retry: float | None = None  # time.monotonic() of the first retry announced
+    first_retry: float | None = None  # time.monotonic() of the first retry announced in a row
     started: float = field(default_factory=time.monotonic)
 
 
@@ -190,6 +194,7 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         try:
             retries, idle = config.opencode_settings(env, retries=DEFAULT_MAX_RETRIES,
                                                      idle_seconds=DEFAULT_IDLE_SECONDS)
+            stall = config.provider_stall_seconds(env)
         except ConfigError as exc:
             raise fk.BackendFailure(fk.BACKEND_FAILED, str(exc)) from None
         owner = owner_of(environment, idle)
@@ -218,7 +223,7 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         return OpenCodeContext(
             run=run, environment=environment, sink=sink, launch=launch, provider=provider, model=model,
             owner=owner or ServerOwner(environment.runs_dir, idle_seconds=idle), private_owner=owner is None,
-            max_retries=retries, deadline=time.monotonic() + run.policy.timeout_seconds,
+            max_retries=retries, stall_seconds=stall, deadline=time.monotonic() + run.policy.timeout_seconds,
             instructions=read_instructions(run.workspace), search=shutil.which("rg", path=path) is not None)
 
     # ------------------------------------------------------------ the turn
@@ -287,6 +292,8 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
                 reason = self._stop_reason(context)
                 if reason is not None:
                     self._abort(context, server, reason)
+                else:
+                    self._watch_provider(context, server)
             elif time.monotonic() - context.abort_sent_at > self._grace(context):
                 context.poison = True  # the session may still run: the server is not trusted any more
                 self._note(context, "no idle after the abort: the server is stopped once free")
@@ -366,22 +373,49 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
     def _trouble(self, context: OpenCodeContext, server: srv.OpenCodeServer, cause: str, message: str,
                  status_code: int | None, wait: float) -> None:
         assert context.mapper is not None
-        count = context.mapper.retries
+        count = context.mapper.retries  # failures in a row: a completed answer sets it back to 0
         now = time.monotonic()
-        context.first_retry = context.first_retry or now
+        if count <= 1 or context.first_retry is None:
+            context.first_retry = now
         context.sink.emit("backend_status", {
             "phase": "retrying", "attempt": count, "max_attempts": context.max_retries, "message": message[:500],
             "cause": cause, "status_code": status_code, "next_in_ms": int(wait * 1000)})
         if context.reason is not None:
             return
         if count > context.max_retries:
-            self._abort(context, server, "failure", (cause, (
-                f"the provider kept failing: {count} retries, more than the {context.max_retries} allowed "
-                f"(CALDERA_OPENCODE_MAX_RETRIES); last: {message[:300]}")))
+            self._give_up(context, server, cause, count, message)
         elif now - context.first_retry + wait > RETRY_BUDGET:
+            context.tries = count
             self._abort(context, server, "failure", (cause, (
                 f"the provider kept failing and OpenCode would wait {wait:.0f} s more, past the "
-                f"{RETRY_BUDGET:.0f} s a turn gives retries; last: {message[:300]}")))
+                f"{RETRY_BUDGET:.0f} s a turn gives retries; last: {message[:300]}; {fk.tries(count)}")))
+
+    def _watch_provider(self, context: OpenCodeContext, server: srv.OpenCodeServer) -> None:
+        """What the forwarder sees of the session's requests, whatever OpenCode says of them:
+        failures in a row past the cap, one try after OpenCode's own count would have ended
+        the turn (its words are the better ones; this catches the retries it makes without
+        a word), or an answer that has been silent past the stall bound."""
+        forwarder, tag = server.forwarder, context.session_id
+        if forwarder is None or tag is None:
+            return
+        streak = forwarder.streak(tag)
+        if streak > context.max_retries + 1:
+            upstream = forwarder.last_failure(tag)
+            last = "no failure kept" if upstream is None else upstream.message
+            if upstream is not None and upstream.status is not None:
+                last = f"HTTP {upstream.status}: {upstream.message}"
+            self._give_up(context, server, retry_kind(last, upstream), streak, last)
+        elif context.stall_seconds and forwarder.silence(tag) > context.stall_seconds:
+            context.tries = streak + 1
+            message = fk.with_tries(fk.PROVIDER_UNAVAILABLE, fk.stalled(context.stall_seconds), context.tries)
+            self._abort(context, server, "failure", (fk.PROVIDER_UNAVAILABLE, message))
+
+    def _give_up(self, context: OpenCodeContext, server: srv.OpenCodeServer, cause: str, count: int,
+                 last: str) -> None:
+        context.tries = count
+        self._abort(context, server, "failure", (cause, (
+            f"the provider failed {fk.tries(count)} in a row, more than CALDERA_OPENCODE_MAX_RETRIES "
+            f"({context.max_retries}) allows; last: {last[:300]}")))
 
     def _abort(self, context: OpenCodeContext, server: srv.OpenCodeServer, reason: str,
                failure: tuple[str, str] | None = None) -> None:
@@ -445,6 +479,9 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         if lease is not None and lease.server.forwarder is not None and context.session_id:
             upstream = lease.server.forwarder.last_failure(context.session_id)
         status, kind, message = turn_outcome(mapper, context.failure, upstream, f"{context.provider}/{context.model}")
+        if context.failure is None and status == "failed" and kind in fk.PROVIDER_KINDS:
+            context.tries = mapper.retries + 1  # OpenCode's own end: the retries it announced, and the last
+            message = fk.with_tries(kind, message or kind or "", context.tries)
         self._end(context, status, kind, message, raw=None if context.failure else mapper.error)
 
     def _finish_stopped(self, context: OpenCodeContext) -> None:
@@ -460,6 +497,8 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
             context.mapper.close_open()
         if status == "failed":
             error: dict[str, Any] = {"failure_kind": kind, "message": message}
+            if context.tries is not None:
+                error["tries"] = context.tries
             if isinstance(raw, dict):
                 found = obj(raw.get("data"))
                 error["opencode_error"] = raw.get("name")

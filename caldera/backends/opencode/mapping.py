@@ -8,7 +8,7 @@ OpenCode's errors -> the failure kinds (seed 003; docs/backends.md "OpenCode").
 | tool completed / error | `tool_call {completed / failed / declined}`; Bash also `command_output` |
 | `message.part.updated` step-finish | token usage (summed) |
 | edit / write / patch tools | `diff` (their diffs, once, before the terminal) |
-| `session.status {type: retry}` | `backend_status {phase: retrying}` (counted: the driver aborts past its cap) |
+| `session.status {type: retry}` | `backend_status {phase: retrying}` (counted in a row: the driver's cap) |
 | `permission.asked` | answered `reject` by the driver; `tool_call {tool: approval, status: declined}` |
 | `session.error` | `error {failure_kind}` (kind below); the terminal when the session goes idle |
 | `session.idle` | the end of the turn |
@@ -123,7 +123,7 @@ class TurnMapper:
         self.models: set[tuple[str, str]] = set()  # (provider, model) of the assistant messages
         self.steps = 0  # step-finish parts: answers the model completed
         self.error: Any = None  # the first session.error's `error` (classified at the end: the forwarder knows more)
-        self.retries = 0  # session.status retries and broken-off answers (a "cut": see _step)
+        self.retries = 0  # session.status retries and broken-off answers (a "cut": see _step) in a row
         self.with_content: set[str] = set()  # assistant messages that produced text or a tool call
         self.active = False  # the session did something since the prompt
         self.idle = False
@@ -215,6 +215,7 @@ class TurnMapper:
             self.retries += 1
             return ("cut", part)
         self.steps += 1
+        self.retries = 0  # an answer came whole: the failures the driver bounds are those in a row
         return None
 
     def _text(self, part: dict[str, Any], pid: str) -> None:

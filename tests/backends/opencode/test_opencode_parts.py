@@ -554,6 +554,17 @@ def test_a_broken_off_answer_is_a_retry_and_idle_without_an_answer_is_a_failure(
     assert (status, kind) == ("failed", fk.BACKEND_FAILED) and "without an answer from fake/fake-model" in message
 
 
+def test_failures_are_counted_in_a_row_and_a_whole_answer_ends_the_count():
+    mapper, _ = _mapper()
+    retry = _ev("session.status", sessionID="ses_1", status={"type": "retry", "attempt": 1, "message": "x"})
+    cut = _part(id="s1", type="step-finish", reason="unknown", messageID="m1", tokens={"total": 0})
+    assert mapper.handle(retry)[0] == "retry" and mapper.handle(cut)[0] == "cut" and mapper.retries == 2
+    mapper.handle(_part(id="t1", type="text", text="ok", messageID="m2", time={"start": 1, "end": 2}))
+    assert mapper.handle(_part(id="s2", type="step-finish", reason="stop", messageID="m2")) is None
+    assert mapper.retries == 0 and mapper.steps == 1
+    assert mapper.handle(retry)[0] == "retry" and mapper.retries == 1
+
+
 def test_idle_before_the_session_did_anything_is_not_the_end_and_errors_are_kept():
     mapper, _ = _mapper()
     mapper.handle(_ev("session.idle", sessionID="ses_1"))
@@ -869,3 +880,56 @@ def test_a_fifo_as_a_config_is_refused_never_waited_on(tmp_path):
 def test_a_config_is_read_as_opencode_reads_it(tmp_path, text, names):
     (tmp_path / "opencode.jsonc").write_text(text)
     assert (project.plugin_file(str(tmp_path)) is not None) is names
+
+
+class _SeenByForwarder:
+    """What the forwarder tells the driver of a session: its failures in a row, its last
+    failure, the silence of its answer still coming; and the cuts the driver asks for."""
+
+    def __init__(self, streak: int = 0, silence: float = 0.0, last: Failure | None = None):
+        self._streak, self._silence, self._last = streak, silence, last
+        self.cuts: list[str] = []
+
+    def streak(self, tag: str) -> int:
+        return self._streak
+
+    def silence(self, tag: str) -> float:
+        return self._silence
+
+    def last_failure(self, tag: str) -> Failure | None:
+        return self._last
+
+    def cut(self, tag: str) -> None:
+        self.cuts.append(tag)
+
+
+def _watched(seen: _SeenByForwarder, max_retries: int = 2, stall: int = 60) -> Any:
+    """An OpenCode turn's context, as far as the driver's watch of its provider reads it."""
+    events: list[dict[str, Any]] = []
+    context = driver.OpenCodeContext.__new__(driver.OpenCodeContext)
+    context.session_id, context.max_retries, context.stall_seconds = "ses_1", max_retries, stall
+    context.reason = context.failure = context.tries = None
+    context.sink = EventSink("r1", Redactor(), listeners=[events.append])
+    context.run = base.RunRequest.__new__(base.RunRequest)
+    object.__setattr__(context.run, "workspace", "/nowhere")
+    calls: list[str] = []
+    srv = type("S", (), {"forwarder": seen, "call": lambda self, method, path, body, **kw: calls.append(path)})()
+    driver.OpenCodeBackend()._watch_provider(context, srv)
+    return context, calls
+
+
+def test_the_forwarders_view_ends_a_turn_opencode_retries_in_silence_or_whose_answer_stalls():
+    broke = Failure(None, "the provider's answer broke off: IncompleteRead(0 bytes read)")
+    context, calls = _watched(_SeenByForwarder(streak=3, last=broke))  # OpenCode's own count ends it first
+    assert context.reason is None and calls == []
+    seen = _SeenByForwarder(streak=4, last=broke)
+    context, calls = _watched(seen)
+    assert context.reason == "failure" and context.tries == 4 and calls == ["/session/ses_1/abort"]
+    kind, message = context.failure
+    assert kind == fk.PROVIDER_UNAVAILABLE and "4 tries in a row" in message and "broke off" in message
+    assert seen.cuts == ["ses_1"]
+    context, _ = _watched(_SeenByForwarder(streak=1, silence=61.0))
+    assert context.failure == (fk.PROVIDER_UNAVAILABLE, "the provider stopped sending its answer: nothing for "
+                                                        "60 s (CALDERA_PROVIDER_STALL_SECONDS); 2 tries")
+    assert _watched(_SeenByForwarder(silence=59.0))[0].reason is None
+    assert _watched(_SeenByForwarder(silence=600.0), stall=0)[0].reason is None  # 0: no bound of caldera's
