@@ -110,6 +110,18 @@ def test_a_failed_run_exits_1_with_its_failure_kind_in_a_sentence(plane, agent, 
                    "the provider timed out\n")
 
 
+def test_the_agents_terminal_escapes_reach_no_terminal_in_runs_and_the_end_sentence(plane, agent, capsys):
+    escape = "\x1b]0;PWNED\x07\x1b[2K\rFAKE"
+    run_id = _queue(capsys, plane)
+    events = turn_events(run_id, "failed", escape)
+    events[-1]["data"]["message"] = escape
+    _take(agent, run_id, events)
+    code, out, _ = _cli(capsys, "plane", "runs", "--db", str(plane.store.path), "--instance", "1")
+    assert code == 0 and "\x1b" not in out and "\r" not in out and "\\x1b]0;PWNED\\x07" in out
+    code, out, err = _cli(capsys, "plane", "run", "--db", str(plane.store.path), run_id)
+    assert code == 1 and "\x1b" not in out + err and "\x07" not in err and "\\x1b[2K\\x0dFAKE" in err
+
+
 def test_a_run_refused_before_any_event_ends_with_the_commands_error(plane, agent, capsys):
     run_id = _queue(capsys, plane)
     command = agent.next()
