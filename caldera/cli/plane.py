@@ -443,7 +443,12 @@ def runs_list(args: argparse.Namespace) -> int:
 
 def run_replay(args: argparse.Namespace) -> int:
     store = _open(args)
-    found = store.run(args.run_id, args.instance)
+    try:
+        found = store.run(args.run_id, args.instance)
+    except ValueError as exc:
+        store.close()
+        print(f"caldera plane run: {terminal_safe(str(exc))}", file=sys.stderr)
+        return EXIT_FAILED
     if found is None:
         store.close()
         where = f"instance {args.instance}" if args.instance is not None else "the plane"

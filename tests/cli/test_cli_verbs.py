@@ -240,3 +240,13 @@ def test_follow_stopped_by_a_signal_exits_130(run_agent, capsys, monkeypatch):
     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
     code, out, _ = _run(capsys, "log", "--run", "r1", "--follow", *_flags(run_agent))
     assert code == 130 and '"first"' in out
+
+
+def test_a_run_id_with_a_final_newline_is_no_run_id(run_agent, capsys):
+    from caldera.protocol import schemas
+
+    code, _, err = _run(capsys, "log", "--run", "r1\n", *_flags(run_agent))
+    assert code == 2 and "run_id" in err
+    for name in ("commands/agent_run.schema.json", "commands/agent_interrupt.schema.json"):
+        assert schemas.problems(name, {"run_id": "r1\n", "prompt": "p", "workspace": "/w"})
+        assert not schemas.problems(name, {"run_id": "r1", "prompt": "p", "workspace": "/w"})
