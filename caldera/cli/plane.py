@@ -431,7 +431,7 @@ def runs_list(args: argparse.Namespace) -> int:
     if not rows:
         print(f"instance {args.instance} has no code-agent runs (`caldera plane turn` sends one)")
         return EXIT_OK
-    table = [("RUN", "BACKEND", "STATUS", "FAILURE KIND", "EVENTS", "STARTED", "DURATION")]
+    table: list[tuple[str, ...]] = [("RUN", "BACKEND", "STATUS", "FAILURE KIND", "EVENTS", "STARTED", "DURATION")]
     for r in rows:
         events = str(r["events"]) + (f"/{r['events_total']}" if r["events_total"] not in (None, r["events"]) else "")
         row = (r["run_id"], r["backend"] or "-", r["status"], r["failure_kind"] or "-", events,

@@ -92,7 +92,7 @@ def replay(store: Store, instance: int, run_id: str, stop: threading.Event, foll
         live = run["status"] in runs.LIVE
         # what should be here: the finish's count, else the highest seq stored (a terminal event
         # that came before the ones it follows leaves a gap to wait for, not an early end)
-        total = run["events_total"] if run["events_total"] is not None else run.get("last_seq") or None
+        total: int | None = run["events_total"] if run["events_total"] is not None else run.get("last_seq") or None
         if not live and (total is None or last >= total):
             yield End(run)
             return
@@ -100,7 +100,7 @@ def replay(store: Store, instance: int, run_id: str, stop: threading.Event, foll
             ended_at = ended_at if ended_at is not None else time.monotonic()
             if not follow or time.monotonic() - ended_at >= grace:  # a replay says the gap at once
                 following = store.run_event_texts(instance, run_id, after=last, limit=1)
-                upto = following[0][0] - 1 if following else total
+                upto = following[0][0] - 1 if following else int(total or last)
                 yield Gap(last + 1, upto)
                 last = upto
                 continue
