@@ -155,14 +155,19 @@ def test_events_arrive_while_the_turn_runs(tmp_path, size):
     assert plane.seqs() == list(range(1, size + 3))
 
 
+def _listening(tmp_path, plane):
+    """A run log and a sink with the poster listening: (poster, log, sink)."""
+    log = RunLog(tmp_path / "run-r1.log", Redactor())
+    poster = EventPoster(plane, "caldera-7-main", "r1", lambda text: None, log_file=tmp_path / "run-r1.log")
+    return poster, log, EventSink("r1", Redactor(), log, [poster])
+
+
 def test_a_line_longer_than_the_read_cap_does_not_stop_the_read_back(tmp_path, monkeypatch):
     """A backend's stdout line of 300 KiB (no event) among the spilled events: skipped to its
     newline, and every event after it still reaches the plane."""
     monkeypatch.setattr(poster_mod, "MAX_PENDING", 5)
     plane = Plane(away=True)
-    log = RunLog(tmp_path / "run-r1.log", Redactor())
-    poster = EventPoster(plane, "caldera-7-main", "r1", lambda text: None, log_file=tmp_path / "run-r1.log")
-    sink = EventSink("r1", Redactor(), log, [poster])
+    poster, log, sink = _listening(tmp_path, plane)
     for n in range(19):
         sink.emit("assistant_message", {"text": f"{n}"})
         if n == 8:
@@ -190,9 +195,7 @@ def test_memory_holds_a_bounded_number_of_bytes(tmp_path, monkeypatch):
     MAX_PENDING events; all of them still arrive."""
     monkeypatch.setattr(poster_mod, "MAX_PENDING_BYTES", 256 * 1024)
     plane = Plane(away=True)
-    log = RunLog(tmp_path / "run-r1.log", Redactor())
-    poster = EventPoster(plane, "caldera-7-main", "r1", lambda text: None, log_file=tmp_path / "run-r1.log")
-    sink = EventSink("r1", Redactor(), log, [poster])
+    poster, log, sink = _listening(tmp_path, plane)
     for n in range(20):
         sink.emit("diff", {"diff": f"{n}" + "d" * 64 * 1024, "bytes": 65536})
     assert poster.spilled and len(poster.pending) <= 5 and poster.pending_bytes < 6 * 66 * 1024
