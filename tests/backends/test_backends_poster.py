@@ -162,6 +162,14 @@ def _listening(tmp_path, plane):
     return poster, log, EventSink("r1", Redactor(), log, [poster])
 
 
+def _end_with_the_plane_back(plane, poster, log, sink):
+    """The turn's end, then the plane back: the poster delivers what waited and stops."""
+    sink.emit("terminal_status", {"status": "completed", "failure_kind": None})
+    log.close()
+    plane.away.clear()
+    poster.close(timeout=WAIT)
+
+
 def test_a_line_longer_than_the_read_cap_does_not_stop_the_read_back(tmp_path, monkeypatch):
     """A backend's stdout line of 300 KiB (no event) among the spilled events: skipped to its
     newline, and every event after it still reaches the plane."""
@@ -172,10 +180,7 @@ def test_a_line_longer_than_the_read_cap_does_not_stop_the_read_back(tmp_path, m
         sink.emit("assistant_message", {"text": f"{n}"})
         if n == 8:
             log.write("s2c", "A" * (300 * 1024))
-    sink.emit("terminal_status", {"status": "completed", "failure_kind": None})
-    log.close()
-    plane.away.clear()
-    poster.close(timeout=WAIT)
+    _end_with_the_plane_back(plane, poster, log, sink)
     assert plane.seqs() == list(range(1, 21)) and poster.dropped == 0
 
 
@@ -199,10 +204,7 @@ def test_memory_holds_a_bounded_number_of_bytes(tmp_path, monkeypatch):
     for n in range(20):
         sink.emit("diff", {"diff": f"{n}" + "d" * 64 * 1024, "bytes": 65536})
     assert poster.spilled and len(poster.pending) <= 5 and poster.pending_bytes < 6 * 66 * 1024
-    sink.emit("terminal_status", {"status": "completed", "failure_kind": None})
-    log.close()
-    plane.away.clear()
-    poster.close(timeout=WAIT)
+    _end_with_the_plane_back(plane, poster, log, sink)
     assert plane.seqs() == list(range(1, 22)) and poster.dropped == 0
 
 
