@@ -4,7 +4,8 @@
 Bounded in size and rate: a post carries at most BATCH_EVENTS events and about BATCH_BYTES of
 JSON, posts are at least GAP_SECONDS apart, and the first event of a quiet spell waits
 LINGER_SECONDS for the ones that follow it. Nothing lost: a batch leaves memory only once the
-plane took it; while the plane is away at most MAX_PENDING events wait in memory, and the ones
+plane took it; while the plane is away at most MAX_PENDING events (and about MAX_PENDING_BYTES
+of them) wait in memory, and the ones
 after them are read back from the run log (which has every event) once there is room, so a
 plane that comes back gets every event, in seq order. After the turn the poster goes on trying
 for AFTER_END_SECONDS. The plane keeps one event per seq, so a batch sent again (its answer
@@ -22,7 +23,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from caldera.host.loopguard import LoopGuard
 from caldera.protocol.client import NotFound
@@ -40,6 +41,7 @@ BATCH_BYTES = 512 * 1024
 GAP_SECONDS = 0.25
 LINGER_SECONDS = 0.1
 MAX_PENDING = 2000
+MAX_PENDING_BYTES = 8 * 1024 * 1024  # 2,000 diffs of 64 KiB would be 127 MiB: spill past this
 AFTER_END_SECONDS = 600.0
 LOG_LINE_MAX = 256 * 1024  # an event line of the run log is at most a 64 KiB diff, JSON-escaped
 NO_ROUTE_SENTENCE = ("the control plane has no run-events endpoint (404): run events are not posted to it again "
@@ -72,6 +74,7 @@ class EventPoster:
                  log_file: str | os.PathLike[str] | None = None, dropped: Callable[[int], None] | None = None):
         self.client, self.agent_id, self.run_id, self.note = client, agent_id, run_id, note
         self.pending: list[Event] = []  # seq order; every seq <= kept_upto is posted or here
+        self.pending_bytes = 0  # about the JSON size of `pending`
         self.kept_upto = 0  # every event up to this seq was posted or is pending
         self.latest = 0  # the highest seq the sink handed over
         self.spilled = False  # events after kept_upto are only in the run log
@@ -91,10 +94,11 @@ class EventPoster:
         with self.lock:
             if isinstance(seq, int):
                 self.latest = max(self.latest, seq)
-            if self.spilled or len(self.pending) >= MAX_PENDING:
+            if self.spilled or len(self.pending) >= MAX_PENDING or self.pending_bytes >= MAX_PENDING_BYTES:
                 self.spilled = True  # the run log has it; read back when there is room
             else:
                 self.pending.append(event)
+                self.pending_bytes += _json_size(event)
                 if isinstance(seq, int):
                     self.kept_upto = max(self.kept_upto, seq)
         self.wake.set()
@@ -159,17 +163,20 @@ class EventPoster:
             return False
         with self.lock:
             del self.pending[:len(batch)]
+            self.pending_bytes = max(0, self.pending_bytes - sum(_json_size(event) for event in batch))
         return True
 
     def _refill(self) -> None:
         """Events after kept_upto, read back from the run log (as far as it was written), into memory."""
         with self.lock:
             room, after = MAX_PENDING - len(self.pending), self.kept_upto
-        found, offset = _read_events(self._log_file, self._log_offset, after, room)
+            room_bytes = MAX_PENDING_BYTES - self.pending_bytes
+        found, offset = _read_events(self._log_file, self._log_offset, after, room, room_bytes)
         with self.lock:
             for event in found:
                 if event.get("seq") == self.kept_upto + 1:
                     self.pending.append(event)
+                    self.pending_bytes += _json_size(event)
                     self.kept_upto += 1
             self._log_offset = offset
             if self.kept_upto >= self.latest:
@@ -182,6 +189,7 @@ class EventPoster:
         with self.lock:
             left = len(self.pending) + (self.latest - self.kept_upto if self.spilled else 0)
             self.pending.clear()
+            self.pending_bytes = 0
         self.note(f"the control plane took no run events for {AFTER_END_SECONDS:.0f} s after the turn: "
                   f"{left} events of run {self.run_id} stay in its run log only")
         self._lost(left)
@@ -196,10 +204,14 @@ def _bounded(pending: list[Event]) -> list[Event]:
     """The first events of `pending`: at most BATCH_EVENTS and about BATCH_BYTES (one at least)."""
     size = 0
     for index, event in enumerate(pending[:BATCH_EVENTS]):
-        size += len(json.dumps(event, ensure_ascii=False, separators=(",", ":"), default=str))
+        size += _json_size(event)
         if size > BATCH_BYTES and index > 0:
             return pending[:index]
     return pending[:BATCH_EVENTS]
+
+
+def _json_size(event: Event) -> int:
+    return len(json.dumps(event, ensure_ascii=False, separators=(",", ":"), default=str))
 
 
 def _size(path: str | os.PathLike[str] | None) -> int:
@@ -209,28 +221,56 @@ def _size(path: str | os.PathLike[str] | None) -> int:
         return 0
 
 
-def _read_events(path: str | os.PathLike[str] | None, offset: int, after: int, most: int) -> tuple[list[Event], int]:
-    """Up to `most` events with seq > `after` from the run log's `event` lines at or past `offset`
-    (whole lines only), and the offset after the last line read."""
+def _read_events(path: str | os.PathLike[str] | None, offset: int, after: int, most: int,
+                 most_bytes: int = MAX_PENDING_BYTES) -> tuple[list[Event], int]:
+    """Up to `most` events (about `most_bytes` of lines, one at least) with seq > `after` from the
+    run log's `event` lines at or past `offset` (whole lines only), and the offset after the last
+    line read. A line longer than LOG_LINE_MAX (a backend's stdout line can be 32 MiB) is skipped
+    to its newline: only a partial line at the end of the file stops the reading."""
     if path is None or most <= 0:
         return [], offset
     found: list[Event] = []
+    size = 0
     try:
-        with open(path, "rb") as fh:
+        with _open_log(path) as fh:
             fh.seek(offset)
-            while len(found) < most:
+            while len(found) < most and (size < most_bytes or not found):
                 line = fh.readline(LOG_LINE_MAX)
                 if not line.endswith(b"\n"):
-                    break  # the writer's buffer holds the rest of it: next time
+                    if len(line) < LOG_LINE_MAX:
+                        break  # the writer's buffer holds the rest of it: next time
+                    skipped = _skip_line(fh)
+                    if skipped is None:
+                        break  # a long line still being written: from its start next time
+                    offset += len(line) + skipped
+                    continue
                 offset += len(line)
                 parts = line.split(b" ", 2)
                 if len(parts) == 3 and parts[1] == b"event":
                     event = _event(parts[2])
                     if event is not None and isinstance(event.get("seq"), int) and event["seq"] > after:
                         found.append(event)
+                        size += len(line)
     except OSError:
         pass
     return found, offset
+
+
+def _open_log(path: str | os.PathLike[str]) -> BinaryIO:
+    """The run log, never through a symlink planted in its place."""
+    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
+
+
+def _skip_line(fh: BinaryIO) -> int | None:
+    """Bytes read up to and including the next newline; None at the end of the file before one."""
+    skipped = 0
+    while True:
+        chunk = fh.readline(LOG_LINE_MAX)
+        skipped += len(chunk)
+        if chunk.endswith(b"\n"):
+            return skipped
+        if len(chunk) < LOG_LINE_MAX:
+            return None
 
 
 def _event(raw: bytes) -> Event | None:

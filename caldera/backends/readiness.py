@@ -24,6 +24,7 @@ from caldera.backends.registry import PROFILES, Refused, projected
 class Readiness(NamedTuple):
     profile: str
     problem: str | None  # the sentence, None: the projection is usable
+    warning: str | None = None  # said by `caldera check`, the run goes on (access.Findings)
 
 
 def _codex(env: Mapping[str, str], secrets_dir: str | None, credentials_dir: str | None) -> None:
@@ -63,10 +64,10 @@ def check(env: Mapping[str, str], secrets_dir: str | None, credentials_dir: str 
     """One entry per profile whose projection is there (or cannot be looked at)."""
     out = []
     for profile in PROFILES:
-        wrong = access.problem(secrets_dir, profile, who)
+        wrong, warning = access.findings(secrets_dir, profile, who)
         if wrong is None and not projected(profile, secrets_dir, credentials_dir):
             continue
-        out.append(Readiness(profile, wrong or _planned(profile, env, secrets_dir, credentials_dir)))
+        out.append(Readiness(profile, wrong or _planned(profile, env, secrets_dir, credentials_dir), warning))
     return out
 
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 LOG_CAP_BYTES = 64 * 1024 * 1024
 FLUSH_SECONDS = 0.5  # the buffer goes to the file at least this often while records come
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # fullmatch: "r1\n" is no run id
 
 
 @functools.cache
@@ -35,7 +35,7 @@ def _encoder() -> json.JSONEncoder:
 
 
 def log_path(logs_dir: str | os.PathLike[str], run_id: str) -> Path:
-    if not RUN_ID_RE.match(run_id or ""):
+    if not RUN_ID_RE.fullmatch(run_id or ""):
         raise ValueError(f"run_id {run_id!r}: use 1-128 letters, digits, '.', '_' or '-'")
     return Path(logs_dir) / f"run-{run_id}.log"
 

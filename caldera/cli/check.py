@@ -16,6 +16,7 @@ from caldera.agents.check import Report, run_checks
 from caldera.agents.updates import load_effective
 from caldera.cli import add_agent_flags
 from caldera.errors import EXIT_FAILED, EXIT_OK, ConfigError, UsageError
+from caldera.host.jsonlimits import terminal_safe
 
 if TYPE_CHECKING:
     import argparse
@@ -89,6 +90,9 @@ def check_projection(paths: AgentPaths, report: Report) -> None:
     said = set()
     who = readiness.reader(None)
     for item in readiness.check(env, str(paths.secrets_dir), env.get("CREDENTIALS_DIRECTORY"), who):
+        if item.warning is not None and item.warning not in said:  # root's: the run goes on
+            said.add(item.warning)
+            report.note(f"projection {item.profile}", f"warning: {item.warning}")
         if item.problem is None:
             report.ok(f"projection {item.profile}", f"usable by {who.name}")
         elif item.problem not in said:  # the secrets dir's own problem is every backend's: said once
@@ -172,9 +176,10 @@ def _emit(args: argparse.Namespace, paths: AgentPaths, report: Report, contract:
     print(f"caldera check: {paths.name} ({paths.manifest_path})")
     for item in items:
         mark = {"fail": "FAIL"}.get(item["result"], item["result"])
-        print(f"  {mark:<15} {item['check']}: {item['detail']}")
+        # what an adapter printed, a file's name: the terminal's escapes shown, not acted on
+        print(terminal_safe(f"  {mark:<15} {item['check']}: {item['detail']}"))
         for number, line in enumerate(item.get("stderr", ())):
-            print(f"  {'':<15}   {'stderr:' if number == 0 else '':<8}{line}")
+            print(terminal_safe(f"  {'':<15}   {'stderr:' if number == 0 else '':<8}{line}"))
     sys.stdout.flush()  # the summary on stderr follows the items, also in a terminal's one stream
     print(summary + ".", file=sys.stdout if not report.breaches else sys.stderr)
     return code

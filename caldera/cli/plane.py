@@ -24,7 +24,7 @@ from caldera.host.timefmt import human_age
 from caldera.plane.api import rfc3339
 from caldera.plane.figures import figures
 from caldera.plane.follow import End, Gap, Stored, replay
-from caldera.plane.runview import end_sentence, run_duration, text_lines
+from caldera.plane.runview import end_sentence, run_duration, terminal_safe, text_lines
 from caldera.plane.server import PlaneServer
 from caldera.plane.store import Store
 from caldera.protocol import schemas
@@ -431,18 +431,24 @@ def runs_list(args: argparse.Namespace) -> int:
     if not rows:
         print(f"instance {args.instance} has no code-agent runs (`caldera plane turn` sends one)")
         return EXIT_OK
-    table = [("RUN", "BACKEND", "STATUS", "FAILURE KIND", "EVENTS", "STARTED", "DURATION")]
+    table: list[tuple[str, ...]] = [("RUN", "BACKEND", "STATUS", "FAILURE KIND", "EVENTS", "STARTED", "DURATION")]
     for r in rows:
         events = str(r["events"]) + (f"/{r['events_total']}" if r["events_total"] not in (None, r["events"]) else "")
-        table.append((r["run_id"], r["backend"] or "-", r["status"], r["failure_kind"] or "-", events,
-                      rfc3339(r["started_at"]) if r["started_at"] else "-", run_duration(r, now) or "-"))
+        row = (r["run_id"], r["backend"] or "-", r["status"], r["failure_kind"] or "-", events,
+               rfc3339(r["started_at"]) if r["started_at"] else "-", run_duration(r, now) or "-")
+        table.append(tuple(terminal_safe(str(cell)) for cell in row))  # the agent posted them
     _print_table(table)
     return EXIT_OK
 
 
 def run_replay(args: argparse.Namespace) -> int:
     store = _open(args)
-    found = store.run(args.run_id, args.instance)
+    try:
+        found = store.run(args.run_id, args.instance)
+    except ValueError as exc:
+        store.close()
+        print(f"caldera plane run: {terminal_safe(str(exc))}", file=sys.stderr)
+        return EXIT_FAILED
     if found is None:
         store.close()
         where = f"instance {args.instance}" if args.instance is not None else "the plane"
@@ -512,7 +518,7 @@ def _said_end(run: dict[str, Any], run_id: str, stopped: bool) -> int:
     if run["status"] == "completed":
         return EXIT_OK
     sentence = end_sentence(run["status"], run["failure_kind"], run["message"] or run.get("error_message"))
-    print(f"caldera plane: run {run_id}: {sentence}", file=sys.stderr)
+    print(terminal_safe(f"caldera plane: run {run_id}: {sentence}"), file=sys.stderr)
     return EXIT_FAILED
 
 

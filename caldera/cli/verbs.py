@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
 import threading
 
 from caldera import TYPE_CHECKING
 from caldera.cli import add_agent_flags
 from caldera.errors import EXIT_FAILED, EXIT_OK, ConfigError, UsageError
-from caldera.host.jsonlimits import escape_surrogates, scrub
+from caldera.host.jsonlimits import escape_surrogates, scrub, terminal_safe
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -195,10 +196,11 @@ def emit(args: argparse.Namespace, answer: Answer, redactor: Redactor | None = N
     if answer.verb == "settings get":
         print(scrub(format_settings(data)))
     elif answer.verb == "log --list":
-        print("\n".join(data["logs"]) if data.get("logs") else answer.message)
+        # file names: anyone who could write in the logs directory chose them
+        print(terminal_safe(scrub("\n".join(data["logs"]) if data.get("logs") else answer.message or "")))
         if data.get("runs"):
             print(f"run logs, newest first (`{again(args, 'log')} --run RUN_ID`):")
-            print("\n".join(f"  {run}" for run in data["runs"]))
+            print(terminal_safe(scrub("\n".join(f"  {run}" for run in data["runs"]))))
     elif answer.verb == "log":
         sys.stdout.write(answer.text or "")
         if answer.text and not answer.text.endswith("\n"):
@@ -258,8 +260,11 @@ def _bounds(item: dict[str, Any]) -> str:
 
 RUN_LOGS_LISTED = 50
 RUN_TAIL_BYTES = 1024 * 1024  # what `log --run` prints of a longer log: its end (as `log NAME`)
+RUN_LINE_MAX = 256 * 1024  # a longer line (a backend's stdout can be 32 MiB) is printed in pieces
 FOLLOW_POLL = 0.25
 FOLLOW_QUIET_AFTER_END = 1.0  # seconds without growth after the terminal event: the run log is done
+FOLLOW_QUIET_MAX = 30 * 60.0  # seconds without growth and no terminal event: the runtime died; stop
+EXIT_INTERRUPTED = 130  # as `caldera plane run`: stopped by a signal, not by the run's end
 
 
 def run_logs(logs_dir: Path) -> list[str]:
@@ -274,7 +279,9 @@ def run_logs(logs_dir: Path) -> list[str]:
 
 def run_log(args: argparse.Namespace) -> int:
     """`log --run RUN_ID [--follow]`: the run log's tail, redacted; with --follow what it adds until the
-    run's terminal event (and a quiet second after it), or a signal."""
+    run's terminal event (and a quiet second after it), FOLLOW_QUIET_MAX without growth, or a
+    signal (exit 130). Opened without following a symlink and only as a regular file: as root,
+    a link planted in the agent's logs directory must not print /etc/shadow or read /dev/zero."""
     from caldera import config
     from caldera.backends.runlog import log_path
 
@@ -289,10 +296,14 @@ def run_log(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     redactor = local_redactor(paths)
     try:
-        fh = open(path, "rb")  # noqa: SIM115 -- held for --follow
+        fh = _open_run_log(path)
     except FileNotFoundError:
         print(f"There is no run log for {args.run}; `{again(args, 'log')} --list` names the run logs.",
               file=sys.stderr)
+        return EXIT_FAILED
+    except OSError:
+        print(f"{terminal_safe(str(path))} is not a regular file (a symlink, a device or a directory): "
+              "a run log is never read through one", file=sys.stderr)
         return EXIT_FAILED
     with fh:
         size = os.fstat(fh.fileno()).st_size
@@ -301,9 +312,19 @@ def run_log(args: argparse.Namespace) -> int:
             fh.readline()  # from a whole line on
             print(f"(the first {fh.tell()} bytes of {path} are not shown)")
         ended = _print_lines(fh, redactor)
-        if args.follow:
-            _follow_run_log(fh, redactor, ended)
+        if args.follow and not _follow_run_log(fh, redactor, ended):
+            return EXIT_INTERRUPTED
     return EXIT_OK
+
+
+def _open_run_log(path: Path) -> BinaryIO:
+    """`path` opened for reading if it is a regular file reached without a symlink; else OSError
+    (FileNotFoundError when there is nothing)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return os.fdopen(fd, "rb")
 
 
 def _print_lines(fh: BinaryIO, redactor: Redactor) -> bool:
@@ -312,11 +333,11 @@ def _print_lines(fh: BinaryIO, redactor: Redactor) -> bool:
     lines = []
     while True:
         start = fh.tell()
-        line = fh.readline()
-        if not line.endswith(b"\n"):
+        line = fh.readline(RUN_LINE_MAX)
+        if not line.endswith(b"\n") and len(line) < RUN_LINE_MAX:
             fh.seek(start)
             break
-        text = scrub(line.decode("utf-8", "replace").rstrip("\n"))
+        text = terminal_safe(scrub(line.decode("utf-8", "replace").rstrip("\n")))
         lines.append(text)
         ended = ended or (" event " in text and '"type":"terminal_status"' in text)
     if lines:
@@ -325,7 +346,8 @@ def _print_lines(fh: BinaryIO, redactor: Redactor) -> bool:
     return ended
 
 
-def _follow_run_log(fh: BinaryIO, redactor: Redactor, ended: bool) -> None:
+def _follow_run_log(fh: BinaryIO, redactor: Redactor, ended: bool) -> bool:
+    """False when a signal stopped the following, True when the run log is done (or went quiet)."""
     from caldera.host.stopsignals import stop_on_signals
 
     stop = threading.Event()
@@ -337,7 +359,12 @@ def _follow_run_log(fh: BinaryIO, redactor: Redactor, ended: bool) -> None:
             ended = _print_lines(fh, redactor) or ended
             quiet = quiet + FOLLOW_POLL if fh.tell() == before else 0.0
             if ended and quiet >= FOLLOW_QUIET_AFTER_END:
-                return
+                return True
+            if quiet >= FOLLOW_QUIET_MAX:
+                print(f"caldera log: the run log did not grow for {FOLLOW_QUIET_MAX / 60:.0f} minutes and has no "
+                      "end of the run: stopped following", file=sys.stderr)
+                return True
+        return False
     finally:
         if restore is not None:
             restore()

@@ -149,6 +149,16 @@ def dumps_compact(value: Any) -> str:
     return escape_surrogates(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
+
+
+def terminal_safe(text: str) -> str:
+    """`text` without the control characters a terminal acts on (escape sequences, carriage
+    returns): each shown as \\xNN; newlines and tabs stay. For what an agent, a model or a
+    file name put in text that a person's terminal prints."""
+    return text.translate(_CONTROL)
+
+
 def scrub(text: str) -> str:
     """`text` with lone surrogates replaced by U+FFFD, for text shown to a person."""
     if text.isascii():

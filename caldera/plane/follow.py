@@ -4,8 +4,10 @@
 Events are handed on only in order, seq 1, 2, 3…: one that arrived after a later one (it
 never does from caldera's runtime, which posts in order) is waited for. The run ends when
 its terminal_status event has been handed on, or when its command finished and every event
-its finish counted (`events_total`) is here; events still missing GRACE_SECONDS after the
-finish are said to be missing (`Gap`) and the follow goes on past them.
+its finish counted (`events_total`, else the highest seq stored) is here; events still missing
+GRACE_SECONDS after the run ended are said to be missing (`Gap`) and the follow goes on past
+them (a replay without --follow says them at once). A terminal event stored before the events
+it follows waits for them the same way.
 """
 from __future__ import annotations
 
@@ -88,21 +90,23 @@ def replay(store: Store, instance: int, run_id: str, stop: threading.Event, foll
         yield None
         run = _row(store, instance, run_id)
         live = run["status"] in runs.LIVE
-        total = run["events_total"]
+        # what should be here: the finish's count, else the highest seq stored (a terminal event
+        # that came before the ones it follows leaves a gap to wait for, not an early end)
+        total: int | None = run["events_total"] if run["events_total"] is not None else run.get("last_seq") or None
         if not live and (total is None or last >= total):
-            yield End(run)
-            return
-        if not follow:
             yield End(run)
             return
         if not live:
             ended_at = ended_at if ended_at is not None else time.monotonic()
-            if time.monotonic() - ended_at >= grace:
+            if not follow or time.monotonic() - ended_at >= grace:  # a replay says the gap at once
                 following = store.run_event_texts(instance, run_id, after=last, limit=1)
-                upto = following[0][0] - 1 if following else total
+                upto = following[0][0] - 1 if following else int(total or last)
                 yield Gap(last + 1, upto)
                 last = upto
                 continue
+        if not follow:
+            yield End(run)
+            return
         if stop.wait(poll):
             yield End(run)
             return

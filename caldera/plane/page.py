@@ -10,6 +10,7 @@ same larger, the last report's health and the instance's command history.
 """
 from __future__ import annotations
 
+import re
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +62,7 @@ def handle(plane: api.Plane, req: api.Request) -> api.Response:
 
 def _instance(query: dict[str, str]) -> int:
     raw = query.get("instance", "")
-    if not raw.isdigit():
+    if not re.fullmatch(r"[0-9]{1,18}", raw):
         raise ValueError("?instance=N is required (an integer)")
     return int(raw)
 
@@ -89,8 +90,8 @@ def _run_events_json(store: Store, query: dict[str, str]) -> dict[str, Any]:
     """`?instance=N&run=RUN_ID[&after=SEQ]`: the run and up to 1,000 of its events after SEQ."""
     instance = _instance(query)
     after = query.get("after", "0")
-    if not after.isdigit():
-        raise ValueError("?after=SEQ must be an integer")
+    if not re.fullmatch(r"[0-9]{1,18}", after):  # int() of 2**63 or of '²' would be a 500
+        raise ValueError("?after=SEQ must be a whole number of at most 18 digits")
     run = store.run(query.get("run", ""), instance)
     if run is None:
         raise ValueError(f"instance {instance} has no run {query.get('run', '')!r}")

@@ -10,6 +10,7 @@ Every text comes from the agent or the model and is HTML-escaped (`e`).
 """
 from __future__ import annotations
 
+import re
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
@@ -54,7 +55,10 @@ def render(store: Store, instance: int, run_id: str, query: dict[str, str]) -> t
         return 404, layout("caldera plane: no such run", content, now, refresh=False)
     live = run["status"] in runs.LIVE
     start = query.get("from", "")
-    if start.isdigit():
+    if start and not re.fullmatch(r"[0-9]{1,18}", start):  # int() of 2**63 or of '²' would be a 500
+        content = f'{back}<h1>Bad page</h1><p>?from=SEQ must be a whole number of at most 18 digits.</p>'
+        return 400, layout("caldera plane: bad page", content, now, refresh=False)
+    if start:
         events = store.run_events(instance, run_id, after=int(start) - 1, limit=PAGE_EVENTS)
     else:
         events = store.run_events(instance, run_id, limit=PAGE_EVENTS, last=True)

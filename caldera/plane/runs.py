@@ -154,12 +154,20 @@ def listing(db: sqlite3.Connection, instance_id: int, limit: int) -> list[dict[s
 
 
 def one(db: sqlite3.Connection, run_id: str, instance_id: int | None = None) -> dict[str, Any] | None:
-    """A run's row (the newest of that id when no instance is given), with the command's status."""
+    """A run's row, with the command's status. Without an instance: the row this plane queued
+    (with a command), else the only instance's; a ValueError with a sentence when several
+    instances have that run id (any agent may post events under any run id: none may win)."""
     where, args = ("r.run_id=? AND r.instance_id=?", (run_id, instance_id)) if instance_id is not None \
         else ("r.run_id=?", (run_id,))
-    row = db.execute(f"SELECT r.*, c.status AS command_status, c.error_message FROM runs r LEFT JOIN commands c"
-                     f" ON c.id=r.command_id WHERE {where} ORDER BY r.created_at DESC LIMIT 1", args).fetchone()
-    return dict(row) if row else None
+    rows = db.execute(f"SELECT r.*, c.status AS command_status, c.error_message FROM runs r LEFT JOIN commands c"
+                      f" ON c.id=r.command_id WHERE {where} ORDER BY r.created_at DESC LIMIT 20", args).fetchall()
+    queued = [r for r in rows if r["command_id"] is not None]
+    rows = queued or rows
+    instances = sorted({r["instance_id"] for r in rows})
+    if len(instances) > 1:
+        raise ValueError(f"instances {', '.join(map(str, instances))} all have a run {run_id}: "
+                         "say which with --instance N")
+    return dict(rows[0]) if rows else None
 
 
 def events(db: sqlite3.Connection, instance_id: int, run_id: str, after: int, limit: int) -> list[dict[str, Any]]:

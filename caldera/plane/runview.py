@@ -12,15 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from caldera.host.jsonlimits import terminal_safe
+
 Block = tuple[str, str]  # (kind, text): kind is head | body | diff | end
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
 _SHOWN_STATUS_KEYS = ("message", "model", "attempt", "max_attempts", "cause", "reason")
-
-
-def terminal_safe(text: str) -> str:
-    """`text` without the control characters a terminal acts on (escape sequences, carriage
-    returns): each shown as \\xNN; newlines and tabs stay."""
-    return text.translate(_CONTROL)
 
 
 def _obj(value: Any) -> dict[str, Any]:
@@ -136,7 +131,7 @@ def text_lines(event: dict[str, Any]) -> list[str]:
     """The event as terminal lines: heads as they are, bodies and diffs indented by two spaces."""
     lines: list[str] = []
     for kind, text in blocks(event):
-        safe = text.rstrip("\n").translate(_CONTROL)
+        safe = terminal_safe(text.rstrip("\n"))
         if kind == "body" or kind == "diff":
             lines.append("  " + safe.replace("\n", "\n  "))
         else:

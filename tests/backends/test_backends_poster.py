@@ -153,3 +153,63 @@ def test_events_arrive_while_the_turn_runs(tmp_path, size):
     log.close()
     poster.close(timeout=WAIT)
     assert plane.seqs() == list(range(1, size + 3))
+
+
+def _listening(tmp_path, plane):
+    """A run log and a sink with the poster listening: (poster, log, sink)."""
+    log = RunLog(tmp_path / "run-r1.log", Redactor())
+    poster = EventPoster(plane, "caldera-7-main", "r1", lambda text: None, log_file=tmp_path / "run-r1.log")
+    return poster, log, EventSink("r1", Redactor(), log, [poster])
+
+
+def _end_with_the_plane_back(plane, poster, log, sink):
+    """The turn's end, then the plane back: the poster delivers what waited and stops."""
+    sink.emit("terminal_status", {"status": "completed", "failure_kind": None})
+    log.close()
+    plane.away.clear()
+    poster.close(timeout=WAIT)
+
+
+def test_a_line_longer_than_the_read_cap_does_not_stop_the_read_back(tmp_path, monkeypatch):
+    """A backend's stdout line of 300 KiB (no event) among the spilled events: skipped to its
+    newline, and every event after it still reaches the plane."""
+    monkeypatch.setattr(poster_mod, "MAX_PENDING", 5)
+    plane = Plane(away=True)
+    poster, log, sink = _listening(tmp_path, plane)
+    for n in range(19):
+        sink.emit("assistant_message", {"text": f"{n}"})
+        if n == 8:
+            log.write("s2c", "A" * (300 * 1024))
+    _end_with_the_plane_back(plane, poster, log, sink)
+    assert plane.seqs() == list(range(1, 21)) and poster.dropped == 0
+
+
+def test_a_long_line_still_being_written_is_read_once_it_is_whole(tmp_path):
+    path = tmp_path / "run-r1.log"
+    start = b"2026 event " + b'{"seq": 1, "data": "' + b"x" * (poster_mod.LOG_LINE_MAX + 10)
+    path.write_bytes(start)
+    assert poster_mod._read_events(path, 0, 0, 10) == ([], 0)
+    with open(path, "ab") as fh:
+        fh.write(b'"}\n2026 event {"seq": 2}\n')
+    found, offset = poster_mod._read_events(path, 0, 0, 10)
+    assert [e["seq"] for e in found] == [2] and offset == path.stat().st_size  # the long one skipped
+
+
+def test_memory_holds_a_bounded_number_of_bytes(tmp_path, monkeypatch):
+    """Big events (64 KiB diffs) spill to the run log past MAX_PENDING_BYTES, not only past
+    MAX_PENDING events; all of them still arrive."""
+    monkeypatch.setattr(poster_mod, "MAX_PENDING_BYTES", 256 * 1024)
+    plane = Plane(away=True)
+    poster, log, sink = _listening(tmp_path, plane)
+    for n in range(20):
+        sink.emit("diff", {"diff": f"{n}" + "d" * 64 * 1024, "bytes": 65536})
+    assert poster.spilled and len(poster.pending) <= 5 and poster.pending_bytes < 6 * 66 * 1024
+    _end_with_the_plane_back(plane, poster, log, sink)
+    assert plane.seqs() == list(range(1, 22)) and poster.dropped == 0
+
+
+def test_the_read_back_never_follows_a_symlink(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text('2026 event {"seq": 1, "data": "not the run log"}\n')
+    (tmp_path / "run-r1.log").symlink_to(secret)
+    assert poster_mod._read_events(tmp_path / "run-r1.log", 0, 0, 10) == ([], 0)

@@ -3,6 +3,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from adapter_helpers import REPO, calls, copy_example, make_agent, workdir
@@ -186,3 +187,66 @@ def test_follow_prints_what_the_run_adds_and_ends_after_its_terminal_event(run_a
 
 def test_follow_without_run_is_a_usage_error(run_agent, capsys):
     assert _run(capsys, "log", "--follow", *_flags(run_agent))[0] == 2
+
+
+def test_a_run_log_and_the_log_names_reach_the_terminal_without_its_escapes(run_agent, capsys):
+    escape = "\x1b]0;PWNED\x07\x1b[2K\rFAKE"
+    logs = run_agent.state_dir / "logs"
+    (logs / "run-r1.log").write_text(f"2026 s2c {escape}\n" + _event(1, "terminal_status", status="completed"))
+    code, out, _ = _run(capsys, "log", "--run", "r1", *_flags(run_agent))
+    assert code == 0 and "\x1b" not in out and "\\x1b]0;PWNED\\x07\\x1b[2K\\x0dFAKE" in out
+    (logs / f"run-{escape}.log").write_text("x\n")
+    code, out, _ = _run(capsys, "log", "--list", *_flags(run_agent))
+    assert code == 0 and "\x1b" not in out and "\r" not in out and "\\x1b]0;PWNED" in out
+
+
+@pytest.mark.parametrize("target", ["secret", "/dev/zero", "dir"])
+def test_a_run_log_is_read_only_as_a_regular_file_not_through_a_link(run_agent, capsys, tmp_path, target):
+    secret = tmp_path / "secret"
+    secret.write_text("root:the shadow line\n")
+    (tmp_path / "dir").mkdir()
+    log = run_agent.state_dir / "logs" / "run-r1.log"
+    if target == "dir":
+        log.mkdir()
+    else:
+        log.symlink_to(tmp_path / target if target != "/dev/zero" else target)
+    code, out, err = _run(capsys, "log", "--run", "r1", *_flags(run_agent))
+    assert code == 1 and out == "" and "is not a regular file" in err and "shadow" not in err
+
+
+def test_a_line_longer_than_the_cap_is_printed_in_pieces(run_agent, capsys, monkeypatch):
+    monkeypatch.setattr(verbs, "RUN_LINE_MAX", 1000)
+    (run_agent.state_dir / "logs" / "run-r1.log").write_text("2026 s2c " + "A" * 2500 + "\n2026 note end\n")
+    code, out, _ = _run(capsys, "log", "--run", "r1", *_flags(run_agent))
+    assert code == 0 and out.count("A") == 2500 and max(len(line) for line in out.splitlines()) <= 1000
+    assert out.endswith("2026 note end\n")
+
+
+def test_follow_stops_when_the_log_stays_quiet_without_an_end(run_agent, capsys, monkeypatch):
+    monkeypatch.setattr(verbs, "FOLLOW_POLL", 0.05)
+    monkeypatch.setattr(verbs, "FOLLOW_QUIET_MAX", 0.3)
+    (run_agent.state_dir / "logs" / "run-r1.log").write_text(_event(1, "assistant_message", text="first"))
+    started = time.monotonic()
+    code, out, err = _run(capsys, "log", "--run", "r1", "--follow", *_flags(run_agent))
+    assert code == 0 and "did not grow" in err and time.monotonic() - started < 5
+
+
+def test_follow_stopped_by_a_signal_exits_130(run_agent, capsys, monkeypatch):
+    import os
+    import signal
+
+    monkeypatch.setattr(verbs, "FOLLOW_POLL", 0.05)
+    (run_agent.state_dir / "logs" / "run-r1.log").write_text(_event(1, "assistant_message", text="first"))
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    code, out, _ = _run(capsys, "log", "--run", "r1", "--follow", *_flags(run_agent))
+    assert code == 130 and '"first"' in out
+
+
+def test_a_run_id_with_a_final_newline_is_no_run_id(run_agent, capsys):
+    from caldera.protocol import schemas
+
+    code, _, err = _run(capsys, "log", "--run", "r1\n", *_flags(run_agent))
+    assert code == 2 and "run_id" in err
+    for name in ("commands/agent_run.schema.json", "commands/agent_interrupt.schema.json"):
+        assert schemas.problems(name, {"run_id": "r1\n", "prompt": "p", "workspace": "/w"})
+        assert not schemas.problems(name, {"run_id": "r1", "prompt": "p", "workspace": "/w"})

@@ -110,6 +110,18 @@ def test_a_failed_run_exits_1_with_its_failure_kind_in_a_sentence(plane, agent, 
                    "the provider timed out\n")
 
 
+def test_the_agents_terminal_escapes_reach_no_terminal_in_runs_and_the_end_sentence(plane, agent, capsys):
+    escape = "\x1b]0;PWNED\x07\x1b[2K\rFAKE"
+    run_id = _queue(capsys, plane)
+    events = turn_events(run_id, "failed", escape)
+    events[-1]["data"]["message"] = escape
+    _take(agent, run_id, events)
+    code, out, _ = _cli(capsys, "plane", "runs", "--db", str(plane.store.path), "--instance", "1")
+    assert code == 0 and "\x1b" not in out and "\r" not in out and "\\x1b]0;PWNED\\x07" in out
+    code, out, err = _cli(capsys, "plane", "run", "--db", str(plane.store.path), run_id)
+    assert code == 1 and "\x1b" not in out + err and "\x07" not in err and "\\x1b[2K\\x0dFAKE" in err
+
+
 def test_a_run_refused_before_any_event_ends_with_the_commands_error(plane, agent, capsys):
     run_id = _queue(capsys, plane)
     command = agent.next()
@@ -226,6 +238,60 @@ def test_the_json_reads_of_runs(plane, agent, capsys):
     doc = requests.get(plane.url + f"/plane/api/run-events?instance=1&run={run_id}&after=5").json()["data"]
     assert [e["seq"] for e in doc["events"]] == [6, 7] and doc["run"]["status"] == "completed"
     assert requests.get(plane.url + "/plane/api/run-events?instance=1&run=nope").status_code == 400
+
+
+@pytest.mark.parametrize("seq", [2**63, 2**70])
+def test_a_seq_past_sqlites_integers_is_refused_with_a_sentence(plane, agent, seq):
+    resp = agent.post("/runs/r-huge/events", {"agent_id": AGENT, "events": [_ev("r-huge", seq, "backend_status")]})
+    assert resp.status_code == 400 and "seq" in resp.text and "Traceback" not in resp.text
+    ok = agent.post("/runs/r-big/events", {"agent_id": AGENT, "events": [_ev("r-big", 2**63 - 1, "backend_status")]})
+    assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize("bad", [str(2**64), "\u00b2", "1" * 19, "-1"])
+def test_a_bad_page_or_after_number_is_a_400_with_a_sentence(plane, agent, capsys, bad):
+    run_id = _queue(capsys, plane)
+    _take(agent, run_id, turn_events(run_id))
+    resp = requests.get(plane.url + f"/agents/1/runs/{run_id}", params={"from": bad})
+    assert resp.status_code == 400 and "?from=SEQ must be a whole number" in resp.text
+    resp = requests.get(plane.url + "/plane/api/run-events", params={"instance": "1", "run": run_id, "after": bad})
+    assert resp.status_code == 400 and "?after=SEQ must be a whole number" in resp.text
+    resp = requests.get(plane.url + "/plane/api/runs", params={"instance": bad})
+    assert resp.status_code == 400 and "?instance=N" in resp.text
+
+
+def test_a_terminal_event_before_a_missing_one_waits_for_it(tmp_path, monkeypatch):
+    """The terminal event stored before seq 2: the replay waits for 2 (bounded by the grace),
+    says the gap, and still gives the terminal event."""
+    from caldera.plane import follow
+
+    monkeypatch.setattr(follow, "POLL_SECONDS", 0.02)
+    monkeypatch.setattr(follow, "GRACE_SECONDS", 0.3)
+    store = Store(tmp_path / "p.db")
+    store.add_run_events(1, "r", [_ev("r", 1, "assistant_message", text="one"),
+                                  _ev("r", 3, "terminal_status", status="completed")])
+    kinds = [type(i).__name__ for i in follow.replay(store, 1, "r", threading.Event(), follow=True) if i is not None]
+    assert kinds == ["Stored", "Gap", "Stored", "End"]
+    store.add_run_events(1, "s", [_ev("s", 1, "assistant_message"), _ev("s", 3, "terminal_status", status="completed")])
+    late = threading.Timer(0.1, store.add_run_events, (1, "s", [_ev("s", 2, "assistant_message", text="two")]))
+    late.start()
+    got = [i.seq for i in follow.replay(store, 1, "s", threading.Event(), follow=True) if isinstance(i, follow.Stored)]
+    late.join()
+    assert got == [1, 2, 3]
+    store.close()
+
+
+def test_a_run_id_another_instance_posted_does_not_win_without_instance(plane, agent, capsys):
+    run_id = _queue(capsys, plane)
+    _take(agent, run_id, turn_events(run_id))
+    plane.store.add_instance(2, "other")
+    plane.store.add_run_events(2, run_id, [_ev(run_id, 1, "terminal_status", status="failed", message="FORGED")])
+    code, out, err = _cli(capsys, "plane", "run", "--db", str(plane.store.path), run_id)
+    assert code == 0 and "FORGED" not in out + err and out.splitlines()[-1] == "── the turn completed"
+    plane.store.add_run_events(2, "posted", [_ev("posted", 1, "terminal_status", status="completed")])
+    plane.store.add_run_events(1, "posted", [_ev("posted", 1, "terminal_status", status="completed")])
+    code, out, err = _cli(capsys, "plane", "run", "--db", str(plane.store.path), "posted")
+    assert code == 1 and "instances 1, 2 all have a run posted: say which with --instance N" in err
 
 
 # ---- retention -------------------------------------------------------------------------------
