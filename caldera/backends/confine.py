@@ -65,10 +65,8 @@ def outermost(paths: Iterable[str]) -> list[str]:
 
 def runtime_roots(config_root: str | None, state_root: str | None, persistent_dir: str | None) -> list[str]:
     """The runtime's roots (as a run's Environment names them): the config and state roots,
-    the instance's persistent dir, and the runtime's TMPDIR whole, not only Claude Code's
-    private root in it: that root exists only while a Claude Code run does (removed after), and
-    a dir missing at a box's launch is not covered."""
-    found = [config_root, state_root, persistent_dir, str(leftovers.tmp_root())]
+    the instance's persistent dir, and every private dir of this uid's Claude Code runs."""
+    found = [config_root, state_root, persistent_dir, str(leftovers.private_root())]
     return sorted({os.path.realpath(p) for p in found if p} - {"/"})
 
 

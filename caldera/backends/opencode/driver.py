@@ -32,6 +32,7 @@ from typing import Any
 
 from caldera import config
 from caldera.backends import failures as fk
+from caldera.backends import leftovers
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
 from caldera.backends.confine import runtime_roots
 from caldera.backends.events import EVENT_TYPES, EventSink
@@ -201,7 +202,11 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         path = env.get("PATH") or DEFAULT_PATH
         state_dir = os.path.dirname(owner.runs_dir if owner is not None else os.path.abspath(environment.runs_dir))
         hidden = confine.private_paths(environment.secrets_dir, state_dir, environment.credentials_dir)
-        covered = runtime_roots(environment.config_root, environment.state_root, environment.persistent_dir)
+        # The runtime's TMPDIR whole, not only Claude Code's private root in it: that root exists
+        # only while a Claude Code run does (removed after), and a dir missing at the server's
+        # launch is not covered
+        covered = [*runtime_roots(environment.config_root, environment.state_root, environment.persistent_dir),
+                   str(leftovers.tmp_root())]
         sandbox = None if run.policy.external else \
             confine.plan(_workspace_roots(env, run.workspace), covered, hidden, run.policy.network, path)
         sink.emit("backend_status", {
