@@ -99,8 +99,8 @@ def phase(label: str, tree: Path, count: int, settle: float, window: float) -> d
             for p in [*procs, *(x for v in floors.values() for x in v)]:
                 p.wait(60)
             plane.stop()
-    own = statistics.mean((a[0] - b[0]) / window * 100 for a, b in zip(after, before))
-    adapter = statistics.mean((a[1] - b[1]) / window * 100 for a, b in zip(after, before))
+    own = statistics.mean((a[0] - b[0]) / window * 100 for a, b in zip(after, before, strict=True))
+    adapter = statistics.mean((a[1] - b[1]) / window * 100 for a, b in zip(after, before, strict=True))
     result = {"pss_mib": statistics.mean(pss), "pss_max_mib": max(pss), "cpu_own_pct": own,
               "cpu_adapter_pct": adapter}
     result.update({f"floor {k}": v for k, v in floor_pss.items()})
@@ -124,7 +124,8 @@ def main() -> int:
               f"{r['floor python3 (bare)']:.1f} MiB, with requests, jsonschema, yaml {deps:.1f} MiB "
               f"({r['pss_mib'] / deps:.2f} x that)")
         print(f"  CPU per agent {r['cpu_own_pct']:.2f} % of a core caldera's own (target <= 0.3: "
-              f"{'ok' if r['cpu_own_pct'] <= 0.3 else 'MISSED'}), the adapter's calls {r['cpu_adapter_pct']:.2f} % apart")
+              f"{'ok' if r['cpu_own_pct'] <= 0.3 else 'MISSED'}), "
+              f"the adapter's calls {r['cpu_adapter_pct']:.2f} % apart")
         print(json.dumps({"bench": "host", "tree": label, "agents": args.count,
                           **{k: round(v, 3) for k, v in r.items()},
                           "ok": r["pss_mib"] <= 15 and r["cpu_own_pct"] <= 0.3}))

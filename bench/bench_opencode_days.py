@@ -62,6 +62,7 @@ def main() -> int:
         return 0
     off = args.recycle_turns <= 0
     rows, failed, walls = [], 0, []
+    rss = hwm = 0
     with tempfile.TemporaryDirectory(prefix="bench-opencode-days-") as name, \
             FakeChatProvider(TURN * args.turns + [{"text": "done"}]) as fake:
         tmp = Path(name)
@@ -81,14 +82,17 @@ def main() -> int:
                     failed += 1
                     print(f"  turn {n}: {result['status']} {result.get('failure_kind')}: {result.get('message')}")
                 server = owner.server
+                if server is not None:  # else recycled as the turn ended: its last figures stand
+                    pid = server.serving_pid() or 0
+                    rss, hwm = _status_kib(pid, "VmRSS:"), _status_kib(pid, "VmHWM:")
                 if n % args.every == 0:
-                    pid = (server.serving_pid() or 0) if server is not None else 0
-                    row = {"turn": n, "rss_mib": round(_status_kib(pid, "VmRSS:") / 1024, 1),
-                           "hwm_mib": round(_status_kib(pid, "VmHWM:") / 1024, 1), "servers": owner.starts,
+                    row = {"turn": n, "rss_mib": round(rss / 1024, 1), "hwm_mib": round(hwm / 1024, 1),
+                           "recycled_after": server is None, "servers": owner.starts,
                            "wall_s": round(statistics.median(walls[-args.every:]), 3)}
                     rows.append(row)
                     print(f"  after {n:4d} turns: server RSS {row['rss_mib']:7.1f} MiB (peak {row['hwm_mib']:7.1f}), "
-                          f"servers started {owner.starts}, turn wall median {row['wall_s']:.3f} s", flush=True)
+                          f"servers started {owner.starts}{' (recycled as it ended)' if server is None else ''}, "
+                          f"turn wall median {row['wall_s']:.3f} s", flush=True)
             # the idle stop: from the last turn's end until the server is gone
             server, ended = owner.server, time.monotonic()
             stop = threading.Event()
