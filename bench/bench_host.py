@@ -79,8 +79,9 @@ def phase(label: str, tree: Path, count: int, settle: float, window: float) -> d
         try:
             for token, n in tokens.items():
                 env = install(tmp, tree, plane.url, n, token)
+                # cwd: `python -m` puts the current dir first on sys.path, before PYTHONPATH's tree
                 procs.append(subprocess.Popen([sys.executable, "-m", "caldera.cli", "run", "--agent", "bench"],
-                                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                                              env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                 for key, code in FLOORS.items():
                     floors[key].append(subprocess.Popen([sys.executable, "-c", code]))
             wait = threading.Event()

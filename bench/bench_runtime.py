@@ -82,13 +82,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--flat", type=int, default=0,
+                        help="then run commands until this many: RSS at the 1,000th and the last (issue 41)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         plane = PlaneServer(str(tmp / "plane.db"), tokens={TOKEN: 1}).start()
         try:
             env = install(tmp, plane.url)
-            idle(env, args.seconds, plane.store)
+            idle(env, args.seconds, plane.store, flat=args.flat)
             report_once(env, args.runs)
         finally:
             plane.stop()
@@ -98,7 +100,7 @@ def main() -> int:
 COMMANDS = ("pause", "resume", "settings_get", "collect_system_info", "health_check")
 
 
-def idle(env, seconds: float, store, commands: int = 100) -> None:
+def idle(env, seconds: float, store, commands: int = 100, flat: int = 0) -> None:
     # Bytecode first, as a package install leaves it: compiling at start-up would inflate RSS.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "caldera")], env=env, check=True)
     floor = subprocess.Popen([sys.executable, "-c", "import requests, jsonschema, yaml, time; time.sleep(3600)"],
@@ -129,10 +131,18 @@ def idle(env, seconds: float, store, commands: int = 100) -> None:
             wait.wait(1)
         wait.wait(5)
         rss_schema = proc_rss_mb(daemon.pid)
+        flat_rss = long_run(store, daemon.pid, flat, deadline + flat / 5) if flat else {}
     finally:
         for proc in (daemon, floor):
             proc.terminate()
             proc.wait(60)
+    if flat_rss:
+        growth = flat_rss[max(flat_rss)] - flat_rss[min(flat_rss)]
+        print(f"  RSS over {max(flat_rss)} commands: " + ", ".join(f"{n}: {v:.1f} MiB" for n, v in flat_rss.items())
+              + f"; {growth:+.2f} MiB from the {min(flat_rss)}th to the last (target <= 1 MiB: "
+              + ("ok" if growth <= 1 else "MISSED") + ")")
+        print(json.dumps({"bench": "runtime-flat", "rss_mib": flat_rss, "growth_mib": round(growth, 2),
+                          "ok": growth <= 1}))
     ratio = rss / floor_rss
     own_pct, total_pct = own / seconds * 100, total / seconds * 100
     adapter_pct = total_pct - own_pct
@@ -148,6 +158,29 @@ def idle(env, seconds: float, store, commands: int = 100) -> None:
                       "rss_after_jsonschema_mib": round(rss_schema, 1),
                       "cpu_own_pct": round(own_pct, 3), "cpu_adapter_pct": round(adapter_pct, 3),
                       "cpu_with_adapter_pct": round(total_pct, 3), "ok": ratio <= 1.05 and own_pct <= 0.5}))
+
+
+# A command that spawns nothing (no adapter, no health command): the long run measures the daemon,
+# not 10,000 adapter calls.
+FLAT_COMMAND = "collect_system_info"
+
+
+def long_run(store, pid: int, total: int, deadline: float) -> dict[int, float]:
+    """Enqueue commands in batches until `total` have finished (the first 101 counted);
+    the daemon's RSS after each thousand."""
+    wait, rss = threading.Event(), {}
+    finished = len(store.commands(1))
+    while finished < total and time.monotonic() < deadline:
+        batch = min(500, total - finished)
+        for _ in range(batch):
+            store.enqueue(1, FLAT_COMMAND, {}, 60)
+        while time.monotonic() < deadline and any(c["status"] not in ("succeeded", "failed")
+                                                  for c in store.commands(1)):
+            wait.wait(1)
+        finished += batch
+        if finished % 1000 < batch or finished >= total:
+            rss[finished] = proc_rss_mb(pid)
+    return rss
 
 
 # `caldera report --once` in a wrapper that writes its own CPU (RUSAGE_SELF: the runtime's
