@@ -66,11 +66,15 @@ class Agent:
     """One agent's dirs, its servers, and its three turns' workspaces and providers."""
 
     def __init__(self, root: Path, name: str):
-        self.root = root / name
+        # as on a host: every agent's config under one config root, its state under one state
+        # root (both hidden from every run), the workspaces under the workspace root apart
+        self.name, self.base = name, root
+        self.root = root / "etc" / name
+        self.state = root / "var" / name
         self.secrets = self.root / "secrets"
-        self.servers = BackendServers(self.root / "state" / "runs")
+        self.servers = BackendServers(self.state / "runs")
         self.servers.get("opencode", lambda runs: ServerOwner(runs, idle_seconds=600))
-        self.workspaces = {b: self.root / "ws" / b for b in BACKENDS}
+        self.workspaces = {b: root / "workspaces" / name / b for b in BACKENDS}
         for backend, ws in self.workspaces.items():
             ws.mkdir(parents=True)
             (ws / "marker").write_text(f"MARK-{name}-{backend}\n")
@@ -84,20 +88,24 @@ class Agent:
             opencode_projection(self.secrets, url)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), BACKENDS[backend][0]: binary,
                "CALDERA_WORKSPACE_ROOTS": roots}
-        return base.Environment(redactor=Redactor(), logs_dir=str(self.root / "state" / "logs"),
-                                runs_dir=str(self.root / "state" / "runs"), secrets_dir=str(self.secrets), env=env,
-                                servers=self.servers)
+        return base.Environment(redactor=Redactor(), logs_dir=str(self.state / "logs"),
+                                runs_dir=str(self.state / "runs"), secrets_dir=str(self.secrets), env=env,
+                                servers=self.servers, config_root=str(self.base / "etc"),
+                                state_root=str(self.base / "var"))
 
 
-def probe(others: list[Path]) -> str:
-    """A command that prints HOME and tries every other workspace's marker and HOME."""
-    reads = " ".join(f"cat {ws}/marker 2>/dev/null;" for ws in others)
-    return f"echo HOME=$HOME; {reads} echo probe-done"
+def probe(workspace: Path, others: list[Path]) -> str:
+    """A command that prints HOME and tries every other workspace's marker and every other
+    agent's state dir: a script in the workspace (Claude Code and OpenCode ask about, and so
+    refuse, a command line that names a path outside the workspace; the sandbox is what is tried)."""
+    reads = "".join(f"cat {ws}/marker 2>/dev/null\nls {ws} 2>/dev/null\n" for ws in others)
+    (workspace / "probe.sh").write_text(f"echo HOME=$HOME\n{reads}echo probe-done\n")
+    return "sh probe.sh"
 
 
 def turn(agent: Agent, backend: str, binary: str, others: list[Path], roots: str, run_id: str) -> dict[str, Any]:
     _, fake_class, command = BACKENDS[backend]
-    with fake_class([command(probe(others)), {"text": "done"}]) as fake:
+    with fake_class([command(probe(agent.workspaces[backend], others)), {"text": "done"}]) as fake:
         env = agent.environment(backend, binary, fake.url, roots)
         events: list[dict[str, Any]] = []
         started = time.perf_counter()
@@ -106,7 +114,7 @@ def turn(agent: Agent, backend: str, binary: str, others: list[Path], roots: str
         result = service.execute(request, env, roots=None, listeners=[events.append])
         wall = time.perf_counter() - started
     output = "\n".join(e["data"].get("output", "") for e in events if e["type"] == "command_output")
-    return {"agent": agent.root.name, "backend": backend, "status": result["status"], "wall": wall,
+    return {"agent": agent.name, "backend": backend, "status": result["status"], "wall": wall,
             "output": output, "message": result.get("message")}
 
 
@@ -122,15 +130,16 @@ def leftovers(root: Path) -> list[str]:
     return found
 
 
-def run_all(agents: list[Agent], binaries: dict[str, str], roots: str, tag: str) -> list[dict[str, Any]]:
+def run_all(agents: list[Agent], binaries: dict[str, str], tag: str) -> list[dict[str, Any]]:
     every = [(a, b) for a in agents for b in binaries]
     results: list[dict[str, Any]] = []
     lock = threading.Lock()
 
     def one(agent: Agent, backend: str) -> None:
         others = [x.workspaces[b] for x in agents for b in binaries if (x, b) != (agent, backend)]
-        others += [x.root / "state" for x in agents if x is not agent]
-        got = turn(agent, backend, binaries[backend], others, roots, f"{tag}-{agent.root.name}-{backend}")
+        others += [x.state for x in agents if x is not agent]
+        got = turn(agent, backend, binaries[backend], others, str(agent.base / "workspaces" / agent.name),
+                   f"{tag}-{agent.name}-{backend}")
         with lock:
             results.append(got)
 
@@ -151,26 +160,30 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="bench-many-") as name:
         root = Path(name)
-        roots = str(root)
         alone = Agent(root, "alone")
         singles = {}
         for backend in binaries:
-            singles[backend] = run_all([alone], {backend: binaries[backend]}, roots, "alone")[0]
+            singles[backend] = run_all([alone], {backend: binaries[backend]}, "alone")[0]
         agents = [Agent(root, f"agent{n}") for n in range(3)]
         started = time.perf_counter()
-        results = run_all(agents, binaries, roots, "many")
+        results = run_all(agents, binaries, "many")
         together = time.perf_counter() - started
         for agent in [alone, *agents]:
             agent.servers.close()
         left = leftovers(root)
     marks = {f"MARK-{r['agent']}-{r['backend']}" for r in results}
-    problems = []
+    problems: list[str] = []
+    notes: list[str] = []
     for r in results:
         if r["status"] != "completed":
             problems.append(f"{r['agent']} {r['backend']}: {r['status']}: {r['message']}")
         seen = [m for m in marks if m in r["output"] and m != f"MARK-{r['agent']}-{r['backend']}"]
-        if seen:
-            problems.append(f"{r['agent']} {r['backend']} read another turn's workspace: {', '.join(sorted(seen))}")
+        mine = [m for m in seen if m.startswith(f"MARK-{r['agent']}-")]
+        if len(seen) > len(mine):
+            problems.append(f"{r['agent']} {r['backend']} read another agent's workspace: "
+                            + ", ".join(sorted(set(seen) - set(mine))))
+        if mine:  # documented: an agent's workspace roots are read-only to its commands (docs/backends.md)
+            notes.append(f"{r['agent']} {r['backend']} read its agent's other workspaces: {', '.join(sorted(mine))}")
         if "probe-done" not in r["output"]:
             problems.append(f"{r['agent']} {r['backend']}: its command did not run to its end "
                             f"(output: {r['output'][-300:]!r}; {r['message']})")
@@ -186,6 +199,8 @@ def main() -> int:
               + ", ".join(f"{w:.2f}" for w in walls) + " s")
     print(f"  all nine together {together:.2f} s: {together / slowest:.2f} x the slowest turn alone "
           f"({slowest:.2f} s), {together / sum(s['wall'] for s in singles.values()):.2f} x the singles' sum")
+    for note in notes:
+        print(f"  note: {note}")
     for problem in problems:
         print(f"  PROBLEM: {problem}")
     print(json.dumps({"bench": "many", "turns": len(results), "together_s": round(together, 2),
