@@ -29,6 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_runtime import install  # noqa: E402
 
 from caldera.plane.server import PlaneServer  # noqa: E402
 
@@ -52,22 +55,6 @@ def cpu(pid: int) -> tuple[float, float]:
     return (int(fields[11]) + int(fields[12])) / TICK, (int(fields[13]) + int(fields[14])) / TICK
 
 
-def install(tmp: Path, tree: Path, url: str, n: int, token: str) -> dict[str, str]:
-    config = tmp / f"agent{n}" / "etc" / "agents" / "bench"
-    config.mkdir(parents=True)
-    example = tree / "examples" / "task-agent"
-    manifest = (example / "caldera.agent.yaml").read_text()
-    (config / "caldera.agent.yaml").write_text(manifest.replace("workdir: .", f"workdir: {example}"))
-    (config / "agent.env").write_text(f"CALDERA_AGENT_ENABLED=true\nCALDERA_BASE_URL={url}\nCALDERA_INSTANCE_ID={n}\n")
-    (config / "secrets.env").write_text(f"CALDERA_TOKEN={token}\n")
-    (config / "secrets.env").chmod(0o600)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CALDERA_", "CLAWMANAGER_"))}
-    env.update(CALDERA_CONFIG_DIR=str(tmp / f"agent{n}" / "etc"), CALDERA_STATE_DIR=str(tmp / f"agent{n}" / "var"),
-               PYTHONPATH=str(tree))
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # measure as installed: bytecode compiled
-    return env
-
-
 def phase(label: str, tree: Path, count: int, settle: float, window: float) -> dict[str, float]:
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "caldera")], check=True)
     with tempfile.TemporaryDirectory(prefix="bench-host-") as name:
@@ -78,7 +65,7 @@ def phase(label: str, tree: Path, count: int, settle: float, window: float) -> d
         floors: dict[str, list[subprocess.Popen[bytes]]] = {k: [] for k in FLOORS}
         try:
             for token, n in tokens.items():
-                env = install(tmp, tree, plane.url, n, token)
+                env = install(tmp / f"agent{n}", plane.url, tree=tree, instance=n, token=token)
                 # cwd: `python -m` puts the current dir first on sys.path, before PYTHONPATH's tree
                 procs.append(subprocess.Popen([sys.executable, "-m", "caldera.cli", "run", "--agent", "bench"],
                                               env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))

@@ -61,17 +61,19 @@ def proc_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def install(tmp: Path, url: str) -> dict:
+def install(tmp: Path, url: str, tree: Path = ROOT, instance: int = 1, token: str = TOKEN) -> dict:
+    """The example adapter agent "bench" under tmp (etc/, var/), caldera from `tree`: its environment."""
     config = tmp / "etc" / "agents" / "bench"
     config.mkdir(parents=True)
-    example = ROOT / "examples" / "task-agent"
+    example = tree / "examples" / "task-agent"
     manifest = (example / "caldera.agent.yaml").read_text()
     (config / "caldera.agent.yaml").write_text(manifest.replace("workdir: .", f"workdir: {example}"))
-    (config / "agent.env").write_text(f"CALDERA_AGENT_ENABLED=true\nCALDERA_BASE_URL={url}\nCALDERA_INSTANCE_ID=1\n")
-    (config / "secrets.env").write_text(f"CALDERA_TOKEN={TOKEN}\n")
+    (config / "agent.env").write_text(f"CALDERA_AGENT_ENABLED=true\nCALDERA_BASE_URL={url}\n"
+                                      f"CALDERA_INSTANCE_ID={instance}\n")
+    (config / "secrets.env").write_text(f"CALDERA_TOKEN={token}\n")
     (config / "secrets.env").chmod(0o600)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CALDERA_", "CLAWMANAGER_"))}
-    env.update(CALDERA_CONFIG_DIR=str(tmp / "etc"), CALDERA_STATE_DIR=str(tmp / "var"), PYTHONPATH=str(ROOT))
+    env.update(CALDERA_CONFIG_DIR=str(tmp / "etc"), CALDERA_STATE_DIR=str(tmp / "var"), PYTHONPATH=str(tree))
     # Measure as installed: a package has its bytecode compiled (dh_python3 does it). A shell
     # with PYTHONDONTWRITEBYTECODE would make every run compile caldera from source.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
