@@ -168,20 +168,30 @@ FLAT_COMMAND = "collect_system_info"
 
 
 def long_run(store, pid: int, total: int, deadline: float) -> dict[int, float]:
-    """Enqueue commands in batches until `total` have finished (the first 101 counted);
-    the daemon's RSS after each thousand."""
-    wait, rss = threading.Event(), {}
+    """Enqueue commands in batches until `total` have ended (the first 101 counted); the
+    daemon's RSS after each thousand, printed as it goes. A command the plane marked
+    dispatched that has not started 60 s later is counted lost and not waited for."""
+    wait, rss, lost = threading.Event(), {}, set()
     finished = len(store.commands(1))
     while finished < total and time.monotonic() < deadline:
         batch = min(500, total - finished)
         for _ in range(batch):
             store.enqueue(1, FLAT_COMMAND, {}, 60)
-        while time.monotonic() < deadline and any(c["status"] not in ("succeeded", "failed")
-                                                  for c in store.commands(1)):
+        while time.monotonic() < deadline:
+            now, open_ = time.time(), []
+            for c in store.commands(1):
+                if c["status"] == "dispatched" and not c.get("started_at") and now - c["dispatched_at"] > 60:
+                    lost.add(c["id"])
+                elif c["status"] not in ("succeeded", "failed"):
+                    open_.append(c["id"])
+            if not open_:
+                break
             wait.wait(1)
         finished += batch
         if finished % 1000 < batch or finished >= total:
             rss[finished] = proc_rss_mb(pid)
+            print(f"  after {finished} commands: RSS {rss[finished]:.1f} MiB"
+                  + (f" ({len(lost)} dispatched, never started: {sorted(lost)[:5]})" if lost else ""), flush=True)
     return rss
 
 
