@@ -61,17 +61,19 @@ def proc_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def install(tmp: Path, url: str) -> dict:
+def install(tmp: Path, url: str, tree: Path = ROOT, instance: int = 1, token: str = TOKEN) -> dict:
+    """The example adapter agent "bench" under tmp (etc/, var/), caldera from `tree`: its environment."""
     config = tmp / "etc" / "agents" / "bench"
     config.mkdir(parents=True)
-    example = ROOT / "examples" / "task-agent"
+    example = tree / "examples" / "task-agent"
     manifest = (example / "caldera.agent.yaml").read_text()
     (config / "caldera.agent.yaml").write_text(manifest.replace("workdir: .", f"workdir: {example}"))
-    (config / "agent.env").write_text(f"CALDERA_AGENT_ENABLED=true\nCALDERA_BASE_URL={url}\nCALDERA_INSTANCE_ID=1\n")
-    (config / "secrets.env").write_text(f"CALDERA_TOKEN={TOKEN}\n")
+    (config / "agent.env").write_text(f"CALDERA_AGENT_ENABLED=true\nCALDERA_BASE_URL={url}\n"
+                                      f"CALDERA_INSTANCE_ID={instance}\n")
+    (config / "secrets.env").write_text(f"CALDERA_TOKEN={token}\n")
     (config / "secrets.env").chmod(0o600)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CALDERA_", "CLAWMANAGER_"))}
-    env.update(CALDERA_CONFIG_DIR=str(tmp / "etc"), CALDERA_STATE_DIR=str(tmp / "var"), PYTHONPATH=str(ROOT))
+    env.update(CALDERA_CONFIG_DIR=str(tmp / "etc"), CALDERA_STATE_DIR=str(tmp / "var"), PYTHONPATH=str(tree))
     # Measure as installed: a package has its bytecode compiled (dh_python3 does it). A shell
     # with PYTHONDONTWRITEBYTECODE would make every run compile caldera from source.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -82,13 +84,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--flat", type=int, default=0,
+                        help="then run commands until this many: RSS at the 1,000th and the last (issue 41)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         plane = PlaneServer(str(tmp / "plane.db"), tokens={TOKEN: 1}).start()
         try:
             env = install(tmp, plane.url)
-            idle(env, args.seconds, plane.store)
+            idle(env, args.seconds, plane.store, flat=args.flat)
             report_once(env, args.runs)
         finally:
             plane.stop()
@@ -98,7 +102,7 @@ def main() -> int:
 COMMANDS = ("pause", "resume", "settings_get", "collect_system_info", "health_check")
 
 
-def idle(env, seconds: float, store, commands: int = 100) -> None:
+def idle(env, seconds: float, store, commands: int = 100, flat: int = 0) -> None:
     # Bytecode first, as a package install leaves it: compiling at start-up would inflate RSS.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "caldera")], env=env, check=True)
     floor = subprocess.Popen([sys.executable, "-c", "import requests, jsonschema, yaml, time; time.sleep(3600)"],
@@ -129,10 +133,18 @@ def idle(env, seconds: float, store, commands: int = 100) -> None:
             wait.wait(1)
         wait.wait(5)
         rss_schema = proc_rss_mb(daemon.pid)
+        flat_rss = long_run(store, daemon.pid, flat, deadline + flat / 5) if flat else {}
     finally:
         for proc in (daemon, floor):
             proc.terminate()
             proc.wait(60)
+    if flat_rss:
+        growth = flat_rss[max(flat_rss)] - flat_rss[min(flat_rss)]
+        print(f"  RSS over {max(flat_rss)} commands: " + ", ".join(f"{n}: {v:.1f} MiB" for n, v in flat_rss.items())
+              + f"; {growth:+.2f} MiB from the {min(flat_rss)}th to the last (target <= 1 MiB: "
+              + ("ok" if growth <= 1 else "MISSED") + ")")
+        print(json.dumps({"bench": "runtime-flat", "rss_mib": flat_rss, "growth_mib": round(growth, 2),
+                          "ok": growth <= 1}))
     ratio = rss / floor_rss
     own_pct, total_pct = own / seconds * 100, total / seconds * 100
     adapter_pct = total_pct - own_pct
@@ -148,6 +160,39 @@ def idle(env, seconds: float, store, commands: int = 100) -> None:
                       "rss_after_jsonschema_mib": round(rss_schema, 1),
                       "cpu_own_pct": round(own_pct, 3), "cpu_adapter_pct": round(adapter_pct, 3),
                       "cpu_with_adapter_pct": round(total_pct, 3), "ok": ratio <= 1.05 and own_pct <= 0.5}))
+
+
+# A command that spawns nothing (no adapter, no health command): the long run measures the daemon,
+# not 10,000 adapter calls.
+FLAT_COMMAND = "collect_system_info"
+
+
+def long_run(store, pid: int, total: int, deadline: float) -> dict[int, float]:
+    """Enqueue commands in batches until `total` have ended (the first 101 counted); the
+    daemon's RSS after each thousand, printed as it goes. A command the plane marked
+    dispatched that has not started 60 s later is counted lost and not waited for."""
+    wait, rss, lost = threading.Event(), {}, set()
+    finished = len(store.commands(1))
+    while finished < total and time.monotonic() < deadline:
+        batch = min(500, total - finished)
+        for _ in range(batch):
+            store.enqueue(1, FLAT_COMMAND, {}, 60)
+        while time.monotonic() < deadline:
+            now, open_ = time.time(), []
+            for c in store.commands(1):
+                if c["status"] == "dispatched" and not c.get("started_at") and now - c["dispatched_at"] > 60:
+                    lost.add(c["id"])
+                elif c["status"] not in ("succeeded", "failed"):
+                    open_.append(c["id"])
+            if not open_:
+                break
+            wait.wait(1)
+        finished += batch
+        if finished % 1000 < batch or finished >= total:
+            rss[finished] = proc_rss_mb(pid)
+            print(f"  after {finished} commands: RSS {rss[finished]:.1f} MiB"
+                  + (f" ({len(lost)} dispatched, never started: {sorted(lost)[:5]})" if lost else ""), flush=True)
+    return rss
 
 
 # `caldera report --once` in a wrapper that writes its own CPU (RUSAGE_SELF: the runtime's

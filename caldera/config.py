@@ -949,8 +949,6 @@ def unknown_variables(paths: AgentPaths) -> list[tuple[Path, str, str | None]]:
     """(file, name, the closest known name or None) for each CALDERA_* name in the agent's
     agent.env and secrets.env that caldera does not read. Files that do not read are skipped
     (loading the settings names their problems)."""
-    import difflib  # here: only a file with an unknown name pays for it
-
     found = []
     for path, secret in ((paths.agent_env, False), (paths.secrets_env, True)):
         try:
@@ -959,6 +957,8 @@ def unknown_variables(paths: AgentPaths) -> list[tuple[Path, str, str | None]]:
             continue
         for name in names:
             if name.startswith("CALDERA_") and name not in KNOWN_VARS:
+                import difflib  # here: only an unknown name pays for it (0.2 MiB a daemon, docs/performance.md)
+
                 close = difflib.get_close_matches(name, KNOWN_VARS, n=1, cutoff=0.6)
                 found.append((path, name, close[0] if close else None))
     return found

@@ -7,7 +7,7 @@ columns (agent_version <= 50, openclaw_status <= 30 characters).
 from __future__ import annotations
 
 import math
-import platform
+import os
 from dataclasses import dataclass
 
 from caldera import TYPE_CHECKING, __version__
@@ -73,7 +73,7 @@ def agent_version() -> str:
 
 
 def _arch() -> str:
-    machine = platform.machine().lower()
+    machine = os.uname().machine.lower()  # not platform: 0.14 MiB a daemon for two uname fields
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
 
 
@@ -99,7 +99,7 @@ def register_body(identity: Identity, settings: Settings) -> dict[str, Any]:
             "runtime_name": identity.runtime_name,
             "persistent_dir": str(settings.persistent_dir),
             "arch": _arch(),
-            "hostname": platform.node(),
+            "hostname": os.uname().nodename,
             "agent_name": identity.agent_name,
         },
     }

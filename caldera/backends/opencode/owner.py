@@ -16,6 +16,14 @@
   an idle server burns ~1.2 % of a core, a new one ~3.2 s of CPU more than a turn on a
   running one (bench/bench_opencode.py): after ~270 s idle the two are even; a later turn
   inside that window answers in 0.1 s instead of 2.5-5 s (docs/backends.md, "OpenCode").
+- Recycled, never in the middle of a turn and losing none: when the last turn on it ends,
+  a server that has served `recycle_turns` turns (default 250) or whose `opencode serve`
+  holds more than `recycle_rss` bytes (default 1 GiB) is stopped, and the next turn starts
+  a fresh one; a turn that finds the server free asks its health check (`GET
+  /global/health`, 5 s) first, and one that does not answer healthy is replaced before the
+  turn uses it. Why: upstream `opencode serve` grows to 1-4 GB over a day or two and then
+  stops answering; the limits and the server's RSS over 500 turns are in
+  docs/performance.md, section 9.
 - On first use, servers left by an owner that died (a killed daemon) are stopped and
   their dirs removed (`server.reap_leftovers`).
 """
@@ -29,6 +37,8 @@ from caldera.backends import failures as fk
 from caldera.backends.opencode import server as srv
 
 DEFAULT_IDLE_SECONDS = 300
+RECYCLE_TURNS = 250
+RECYCLE_RSS = 1024 * 1024 * 1024
 WAIT_TICK = 0.05
 
 
@@ -57,9 +67,13 @@ class Lease:
 
 
 class ServerOwner:
-    def __init__(self, runs_dir: str | os.PathLike[str], idle_seconds: float = DEFAULT_IDLE_SECONDS):
+    def __init__(self, runs_dir: str | os.PathLike[str], idle_seconds: float = DEFAULT_IDLE_SECONDS,
+                 recycle_turns: int = RECYCLE_TURNS, recycle_rss: int = RECYCLE_RSS):
         self.runs_dir = str(runs_dir)
         self.idle_seconds = idle_seconds
+        self.recycle_turns = recycle_turns
+        self.recycle_rss = recycle_rss
+        self.recycled: dict[str, int] = {"turns": 0, "rss": 0, "health": 0}  # servers recycled, by cause
         self._cond = threading.Condition()
         self._server: srv.OpenCodeServer | None = None
         self._starting = False
@@ -77,7 +91,18 @@ class ServerOwner:
     def get(self, launch: srv.Launch, should_stop: Callable[[], bool] | None = None) -> Lease:
         """The running server for `launch`, started if need be. BackendFailure when it cannot
         start (spawn-failed) or the owner is closed; srv.Stopped when `should_stop()` turns
-        true while waiting or starting."""
+        true while waiting or starting. A free server is asked its health check first (outside
+        the lock) and replaced when it fails it."""
+        while True:
+            lease, was_free = self._lease(launch, should_stop)
+            if not was_free or lease.server.healthy():
+                return lease
+            with self._cond:
+                self.recycled["health"] += 1
+            lease.release(poison=True)  # stopped now if no other turn took it meanwhile, else when free
+
+    def _lease(self, launch: srv.Launch, should_stop: Callable[[], bool] | None) -> tuple[Lease, bool]:
+        """A lease on the server to use, and whether that server was free (no turn on it)."""
         retired: list[srv.OpenCodeServer] = []
         with self._cond:
             while True:
@@ -94,8 +119,9 @@ class ServerOwner:
                     continue
                 elif current is not None and current.launch.fingerprint == launch.fingerprint and not current.poisoned:
                     current.leases += 1
+                    current.turns += 1
                     self._cancel_timer()
-                    return Lease(self, current, started=False)
+                    return Lease(self, current, started=False), current.leases == 1
                 elif current is not None and current.leases == 0:
                     retired.append(current)  # another launch (or poisoned) and free: replace it
                     self._server = None
@@ -107,7 +133,7 @@ class ServerOwner:
                 self._cond.wait(WAIT_TICK)  # in-flight turns on a server we must replace, or a start
         for old in retired:
             old.stop()  # this thread set _starting: no other one starts a server meanwhile
-        return self._start(launch, should_stop)
+        return self._start(launch, should_stop), False
 
     def _start(self, launch: srv.Launch, should_stop: Callable[[], bool] | None) -> Lease:
         server = None
@@ -131,6 +157,7 @@ class ServerOwner:
             else:
                 self._server = server
                 server.leases += 1
+                server.turns += 1
                 self._cond.notify_all()
                 closed = False
         if closed:
@@ -139,6 +166,7 @@ class ServerOwner:
         return Lease(self, server, started=True)
 
     def _release(self, server: srv.OpenCodeServer, poison: bool) -> None:
+        worn = None if poison else self._worn(server)  # read outside the lock: a walk of /proc
         stop_now = False
         with self._cond:
             server.leases -= 1
@@ -146,6 +174,9 @@ class ServerOwner:
             if server is not self._server:
                 stop_now = server.leases == 0  # retired meanwhile: whoever retired it skipped a busy one
             elif server.leases == 0:
+                if worn is not None and not server.poisoned and server.alive():
+                    self.recycled[worn] += 1
+                    server.poisoned = True  # recycled: the next turn starts a fresh one
                 if server.poisoned or not server.alive():
                     self._server = None
                     stop_now = True
@@ -156,6 +187,15 @@ class ServerOwner:
             self._cond.notify_all()
         if stop_now:
             self._stop_outside(server)
+
+    def _worn(self, server: srv.OpenCodeServer) -> str | None:
+        """Why `server` is due for its recycle ("turns", "rss"), else None."""
+        if server.turns >= self.recycle_turns:
+            return "turns"
+        rss = server.rss_bytes()
+        if rss is not None and rss > self.recycle_rss:
+            return "rss"
+        return None
 
     def _stop_outside(self, server: srv.OpenCodeServer) -> None:
         """Stop a server the lock no longer holds (`_stopping` counted by the caller, under it)."""

@@ -58,6 +58,7 @@ from caldera.host.fsutil import atomic_write_bytes
 START_TIMEOUT = 60.0  # "listening" took 1.3-5.5 s on this 2-core machine (docs/backends.md)
 STOP_GRACE = 3.0
 CALL_TIMEOUT = 30.0
+HEALTH_TIMEOUT = 5.0  # a server that cannot say it is healthy in 5 s is recycled (owner.py)
 MAX_ANSWER = 16 * 1024 * 1024
 MAX_EVENT_LINE = 32 * 1024 * 1024
 EVENT_QUEUE = 4096
@@ -138,6 +139,7 @@ class OpenCodeServer:
         self.started_at = 0.0
         self.listening_after: float | None = None
         self.leases = 0  # turns using it now (the owner's count, under the owner's lock)
+        self.turns = 0  # turns it has served or serves (the owner's count: its recycle)
         self.poisoned = False  # a turn left it in a state it cannot vouch for: stop when free
         self._ready = threading.Event()
         self._tails: dict[str, collections.deque[str]] = {
@@ -304,6 +306,28 @@ class OpenCodeServer:
             if argv[:2] == [self.launch.binary.encode(), b"serve"]:
                 return pid
         return self.proc.pid
+
+    def rss_bytes(self) -> int | None:
+        """VmRSS of the `opencode serve` process (not its commands'), None when it is gone."""
+        pid = self.serving_pid()
+        if pid is None:
+            return None
+        try:
+            with open(f"/proc/{pid}/status", "rb") as fh:
+                for line in fh.read(8192).splitlines():
+                    if line.startswith(b"VmRSS:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
+
+    def healthy(self, timeout: float = HEALTH_TIMEOUT) -> bool:
+        """OpenCode's own health check (`GET /global/health` says `healthy: true`) within `timeout` s."""
+        try:
+            answer = self.call("GET", "/global/health", timeout=timeout)
+        except ServerError:
+            return False
+        return isinstance(answer, dict) and answer.get("healthy") is True
 
     # ------------------------------------------------------------ the API
 

@@ -681,6 +681,68 @@ def test_the_owner_replaces_a_dead_server_stops_an_idle_one_and_refuses_after_cl
         owner.get(launch)
 
 
+def _health_binary(tmp_path: Path) -> str:
+    """Says it listens and answers `GET /global/health`: healthy until the file `sick` appears beside it."""
+    script = tmp_path / "fake-opencode-health"
+    sick = tmp_path / "sick"
+    script.write_text(
+        f"#!{sys.executable}\nimport http.server, os\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        f"        body = b'{{\"healthy\":false}}' if os.path.exists({str(sick)!r}) else b'{{\"healthy\":true}}'\n"
+        "        self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers()\n"
+        "        self.wfile.write(body)\n"
+        "    def log_message(self, *a): pass\n"
+        "s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)\n"
+        "print(f'opencode server listening on http://127.0.0.1:{s.server_address[1]}', flush=True)\n"
+        "s.serve_forever()\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_a_worn_server_is_recycled_when_its_last_turn_ends_never_during_one_and_no_turn_is_lost(tmp_path):
+    owner = ServerOwner(tmp_path / "runs", idle_seconds=600, recycle_turns=3)
+    launch = _launch(_health_binary(tmp_path))
+    try:
+        owner.get(launch).release()  # turn 1
+        second = owner.get(launch)  # turn 2, on the same (healthy) server
+        third = owner.get(launch)  # turn 3, at once: the server has served its 3 turns
+        first = second.server
+        assert third.server is first and owner.starts == 1 and first.turns == 3
+        third.release()
+        assert first.alive() and first.healthy() and owner.recycled["turns"] == 0  # turn 2 still runs on it
+        second.release()
+        assert not first.alive() and not first.dir.exists() and owner.recycled["turns"] == 1
+        fourth = owner.get(launch)  # the next turn gets a fresh server, nothing lost
+        assert fourth.server is not first and fourth.server.healthy() and owner.starts == 2
+        fourth.release()
+    finally:
+        owner.close()
+    assert not list((tmp_path / "runs").iterdir())
+
+
+def test_a_server_over_its_rss_limit_is_recycled_and_one_failing_its_health_check_is_replaced(tmp_path):
+    owner = ServerOwner(tmp_path / "runs", idle_seconds=600, recycle_rss=1)  # any server is over 1 byte
+    launch = _launch(_health_binary(tmp_path))
+    try:
+        lease = owner.get(launch)
+        first = lease.server
+        assert (first.rss_bytes() or 0) > 1 << 20  # the stand-in's own RSS, read from /proc
+        lease.release()
+        assert not first.alive() and owner.recycled["rss"] == 1
+        owner.recycle_rss = 1 << 40
+        second = owner.get(launch)
+        second.release()
+        assert second.server.alive() and owner.recycled["health"] == 0
+        (tmp_path / "sick").write_text("")  # it stops answering healthy while free
+        third = owner.get(launch)
+        assert third.server is not second.server and not second.server.alive() and owner.recycled["health"] == 1
+        assert third.started  # a server that just said it listens is not asked again
+        third.release()
+    finally:
+        owner.close()
+
+
 def test_start_returns_only_once_the_server_says_it_listens(tmp_path):
     script = tmp_path / "slow"
     script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(0.6)\n"
