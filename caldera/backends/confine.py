@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from caldera.backends import failures as fk
 from caldera.backends import leftovers
 from caldera.host import proc
 
@@ -55,6 +56,22 @@ def hide(paths: Iterable[str]) -> list[str]:
 
 def inside(path: str, root: str) -> bool:
     return path.startswith(root.rstrip("/") + "/")
+
+
+def within(path: str, roots: Iterable[str]) -> str | None:
+    """The first of `roots` that `path` is or lies under, else None."""
+    return next((root for root in roots if path == root or inside(path, root)), None)
+
+
+def refuse_exposing(binds: Iterable[str], guarded: Iterable[str]) -> None:
+    """BackendFailure where a bind IS one of `guarded` (a covered root, a hidden path): binding
+    it back would show it whole, since only what lies inside a bind is hidden again (issue 43's
+    review: a workspace that was the state root showed every agent's session.json)."""
+    guarded = set(guarded)
+    for path in binds:
+        if path in guarded:
+            raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED, f"{path} is one of the runtime's roots or private "
+                                    "paths, which no run may read: it is not bound into the sandbox")
 
 
 def outermost(paths: Iterable[str]) -> list[str]:
@@ -117,12 +134,14 @@ class Box:
     def argv(self, writable: Sequence[str], read_only: Sequence[str] = ()) -> list[str]:
         """`writable` and `read_only` (real paths) bound back over what hides them, the outer
         ones first: after each, the covered and hidden paths inside it are hidden again, and a
-        bind inside one of those (the run's dir in a hidden state dir) comes after it."""
+        bind inside one of those (the run's dir in a hidden state dir) comes after it. A bind
+        that is a covered or hidden path itself: BackendFailure (`refuse_exposing`)."""
         covered = outermost([*SHARED, *self.covered])
         args = [self.bwrap, *self.userns, *FILESYSTEM, *self.flags, *hide(p for p in covered if os.path.isdir(p)),
                 *hide(self.hidden)]
         for path in self.readable:
             args += ["--ro-bind-try", path, path]
+        refuse_exposing([*writable, *read_only], [*SHARED, *self.covered, *self.hidden])
         binds = [("--bind", p) for p in writable] + [("--ro-bind", p) for p in read_only]
         for flag, path in sorted(binds, key=lambda bind: bind[1].rstrip("/").count("/")):  # outer first
             again = outermost(p for p in (*SHARED, *self.covered, *self.hidden) if inside(p, path))

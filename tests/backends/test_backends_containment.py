@@ -218,3 +218,39 @@ def test_without_bubblewrap_on_path_codex_is_boxed_by_the_one_its_package_bundle
     assert turn.of("backend_status")[0]["commands"].startswith("confined"), turn.events[0]
     assert RAN in turn.posts[1]["body"] and host.marks["OTHERBOOT"] not in turn.posts[1]["body"]
     turn.assert_no_leak()
+
+
+@pytest.mark.parametrize("where", ["state-root", "other-config-dir"])
+def test_a_workspace_that_is_a_runtime_root_or_lies_in_one_is_refused(driver, host, where, tmp_path):
+    """Bound into the sandbox, such a workspace showed every agent's session.json or the other
+    agent's secrets.env (only what lies inside a bind is hidden again): refused with a sentence,
+    before any CLI starts, even where the workspace roots hold it."""
+    workspace = {"state-root": host.var, "other-config-dir": host.etc / "agents" / "other"}[where]
+    turn = Turn(driver, tmp_path, [driver.command("cat secrets.env other/session.json"), driver.text("done")],
+                workspace=workspace, config_dir=host.coder_config, state_dir=host.var / "coder",
+                extra_env={"CALDERA_WORKSPACE_ROOTS": str(host.base)},
+                fields={"config_root": str(host.etc), "state_root": str(host.var)})
+    assert turn.terminal["status"] == "blocked", turn.events
+    assert "one of the runtime's roots" in turn.terminal["message"], turn.terminal
+    assert turn.posts == []
+    turn.assert_no_leak()
+
+
+def test_a_codex_binary_in_the_state_root_is_refused_not_bound(host, tmp_path):
+    """CALDERA_CODEX_BIN a symlink in the state root: its dir (the state root) is not bound
+    back into the box; the run fails with a sentence and the model is never asked."""
+    codex, binary = ready("codex")
+    link = host.var / "codex"
+    link.unlink(missing_ok=True)
+    link.symlink_to(binary)
+    try:
+        turn = Turn(codex, tmp_path, [codex.command("cat ../other/session.json"), codex.text("done")],
+                    workspace=host.workspace, config_dir=host.coder_config, state_dir=host.var / "coder",
+                    binary=str(link), fields={"config_root": str(host.etc), "state_root": str(host.var)})
+    finally:
+        link.unlink()
+    if not turn.of("backend_status")[0]["commands"].startswith("confined"):
+        pytest.skip("no box here: nothing is bound")
+    assert turn.terminal["status"] == "failed", turn.events
+    assert f"Codex binary's dir {host.var} lies in" in turn.terminal["message"], turn.terminal
+    assert turn.posts == []

@@ -58,6 +58,7 @@ from caldera.backends.confine import (
     nests,
     outermost,
     private_paths,
+    refuse_exposing,
     resolv_binds,
     userns_here,
     works,
@@ -116,6 +117,7 @@ class Confinement:
         read-only; [the workspace]; a hidden path inside a root hidden again (the binds
         uncovered it); the server's HOME and TMPDIR made again, empty."""
         server_dir = os.path.realpath(server_dir)
+        refuse_exposing(self.roots, [*SHARED, *self.covered, *self.hidden])  # one of them bound whole
         covered = outermost([*SHARED, *self.covered, server_dir])  # one tmpfs covers those inside another
         args = [self.bwrap, *self.userns, *BASE, *hide([p for p in covered if os.path.isdir(p)]), *hide(self.hidden)]
         for path in self.extra:
