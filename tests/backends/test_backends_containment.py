@@ -146,7 +146,8 @@ def _attempts(host: Host, projection: Path) -> dict[str, str]:
     return {
         "other-secrets-env": f"cat {other}/secrets.env {other}/agent.env {other}/secrets/codex/env/*",
         "other-session-json": f"cat {var}/other/session.json",
-        "own-projection": f"grep -r . {projection} {host.coder_config} {var}/coder/session.json",
+        "own-projection": (f"grep -r . {projection} {host.coder_config} {var}/coder/session.json; "
+                           'grep -r . "$CODEX_HOME" "$HOME"'),
         "environment": "env",
         "proc-environ": "grep -a -h -o 'canary-[A-Za-z0-9-]*\\|LEAKCANARY[A-Za-z0-9-]*' /proc/[0-9]*/environ",
         "write-outside": f"echo planted > {host.outside}/planted; echo CALDERA_TOKEN=planted >> {other}/agent.env",
@@ -254,3 +255,46 @@ def test_a_codex_binary_in_the_state_root_is_refused_not_bound(host, tmp_path):
     assert turn.terminal["status"] == "failed", turn.events
     assert f"Codex binary's dir {host.var} lies in" in turn.terminal["message"], turn.terminal
     assert turn.posts == []
+
+
+def _codex_projection(form: str):
+    """Codex's driver with the projection's key in auth.json or as config.toml's bearer token
+    (the shared driver's is an env/ file): both were copied into CODEX_HOME, which the box binds."""
+    import backends_drivers
+
+    class Driver(backends_drivers.CodexDriver):
+        def projection(self, root: Path, provider_url: str, key: str) -> Path:
+            codex = root / "secrets" / "codex"
+            shutil.rmtree(codex, ignore_errors=True)
+            codex.mkdir(parents=True)
+            auth = ("requires_openai_auth = true\n" if form == "auth-json"
+                    else f'experimental_bearer_token = "{key}"\nhttp_headers = {{ "X-Secret" = "{key}-h" }}\n')
+            (codex / "config.toml").write_text(
+                'model = "gpt-5.5"\nmodel_provider = "fake"\n[model_providers.fake]\nname = "Fake"\n'
+                f'base_url = "{provider_url}/v1"\nwire_api = "responses"\n{auth}')
+            if form == "auth-json":
+                (codex / "auth.json").write_text(json.dumps({"OPENAI_API_KEY": key}))
+            return root / "secrets"
+    return Driver()
+
+
+@pytest.mark.parametrize("form", ["auth-json", "bearer-token"])
+def test_a_codex_command_reads_no_key_of_its_own_projection(host, form, tmp_path):
+    """The own-projection attempt with the key in auth.json or config.toml: the turn still
+    authenticates (the fake provider checks the key), and the command finds it nowhere,
+    CODEX_HOME included."""
+    ready("codex")
+    driver = _codex_projection(form)
+    projection = host.coder_config / "secrets"
+    (host.workspace / "attempt-key.sh").write_text(_attempts(host, projection)["own-projection"] + f"\necho {RAN}\n")
+    (host.var / "coder" / "logs" / "run-run-1.log").unlink(missing_ok=True)
+    try:
+        turn = Turn(driver, tmp_path, [driver.command("bash attempt-key.sh"), driver.text("done")],
+                    workspace=host.workspace, config_dir=host.coder_config, state_dir=host.var / "coder",
+                    fields={"config_root": str(host.etc), "state_root": str(host.var)})
+    finally:
+        shutil.rmtree(projection / "codex", ignore_errors=True)
+    assert turn.terminal["status"] == "completed", turn.events
+    assert [driver.key_seen(r) for r in turn.requests] == [CANARY, CANARY]
+    sent = [post["body"] for post in turn.posts]
+    assert RAN in sent[1] and CANARY not in sent[1], sent[1][-2000:]

@@ -144,6 +144,8 @@ class CodexBackend(Backend[CodexContext]):
         # CALDERA_RUN_SANDBOX=external: the container is the sandbox, no bubblewrap of caldera's
         box, commands = sandbox.plan(environment, binary, environment.env.get("PATH") or DEFAULT_PATH,
                                      confined=not run.policy.external)
+        if plan.auth_json is not None:  # a ChatGPT login's or the built-in provider's (codex/config.py)
+            commands += "; its commands can read the projection's auth.json in CODEX_HOME"
         sink.emit("backend_status", {
             "phase": "starting", "backend": "codex", "profile": run.backend_profile, "binary": binary,
             "provider": plan.provider, "model": plan.model, "base_url": plan.base_url,
