@@ -24,9 +24,12 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-from collections.abc import Iterable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from caldera.backends import failures as fk
 from caldera.backends import leftovers
@@ -167,15 +170,38 @@ def which(path: str, bundled: str | None = None) -> tuple[str, str] | None:
 USERNS_CHOICES: tuple[tuple[str, ...], ...] = ((), ("--unshare-user",))
 
 
-@functools.cache
+RETRY_FAILED_PROBE = 60.0  # seconds: a failed probe is asked again after that, not before
+
+
+def successes_cached(probe: Callable[..., bool]) -> Callable[..., bool]:
+    """`probe` with its successes kept for the process's life, and a failure for
+    RETRY_FAILED_PROBE seconds only: one that a passing cause made (a probe timed out on a
+    busy host, a namespace limit reached for a moment) does not unbox every later run."""
+    found: dict[tuple[object, ...], tuple[bool, float]] = {}
+    lock = threading.Lock()
+
+    @functools.wraps(probe)
+    def cached(*args: Any) -> bool:
+        with lock:
+            known = found.get(args)
+        if known is not None and (known[0] or time.monotonic() - known[1] < RETRY_FAILED_PROBE):
+            return known[0]
+        ok = probe(*args)
+        with lock:
+            found[args] = (ok, time.monotonic())
+        return ok
+    return cached
+
+
+@successes_cached
 def works(bwrap: str, true: str, userns: tuple[str, ...] = ()) -> bool:
     """Whether bubblewrap can make a command's sandbox here (user namespaces, a network
-    namespace): one probe per process, binary and USERNS_CHOICES entry."""
+    namespace): one probe per process, binary and USERNS_CHOICES entry (`successes_cached`)."""
     argv = [bwrap, *userns, *BASE, "--unshare-net", "--", true]
     return proc.run(argv, env={"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT, stdout_cap=1024).ok
 
 
-@functools.cache
+@successes_cached
 def nests(bwrap: str, true: str, userns: tuple[str, ...] = ()) -> bool:
     """Whether a command's sandbox can start inside a process's (a nested user, pid and mount
     namespace): one probe per process, binary and choice."""

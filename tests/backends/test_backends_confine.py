@@ -191,3 +191,22 @@ def test_a_workspace_root_in_a_runtime_root_is_said_once_at_start(tmp_path):
            "CALDERA_WORKSPACE_ROOTS": f"{tmp_path}:{tmp_path / 'var'}:{tmp_path / 'etc' / 'agents'}"}
     said = config.workspace_roots_in_runtime_roots(env)
     assert [s.split()[3] for s in said] == [str(tmp_path / "var"), str(tmp_path / "etc" / "agents")], said
+
+
+def test_a_failed_probe_is_asked_again_after_a_while_a_success_never(monkeypatch):
+    """A probe that failed for a passing cause (a timeout on a busy host) must not unbox every
+    later run of the process: only successes are kept for good."""
+    answers, asked = [False, True, False], []
+
+    @confine.successes_cached
+    def probe(name: str) -> bool:
+        asked.append(name)
+        return answers[len(asked) - 1]
+
+    now = [1000.0]
+    monkeypatch.setattr(confine.time, "monotonic", lambda: now[0])
+    assert probe("bwrap") is False and probe("bwrap") is False and asked == ["bwrap"]  # not asked again at once
+    now[0] += confine.RETRY_FAILED_PROBE + 1
+    assert probe("bwrap") is True and asked == ["bwrap", "bwrap"]
+    now[0] += 10 * confine.RETRY_FAILED_PROBE
+    assert probe("bwrap") is True and len(asked) == 2  # a success is kept
