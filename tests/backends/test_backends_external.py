@@ -40,6 +40,13 @@ RAN = "ran-42-outside"
 CONTAINER = {"container": "ci"}  # what nspawn and Podman put in the environment
 
 
+@pytest.fixture(autouse=True)
+def _a_container(monkeypatch):
+    """The runtime's own environment says container= (as nspawn's and Podman's do): an
+    agent's env (CONTAINER in agent.env) no longer counts (issue 43 review F5)."""
+    monkeypatch.setenv("container", "ci")
+
+
 # ---------------------------------------------------------------- the setting
 
 @pytest.mark.parametrize("raw, external", [(None, False), ("", False), (" ", False), ("external", True),
@@ -246,3 +253,17 @@ def test_without_the_setting_the_command_does_not_run_where_bubblewrap_cannot_st
     starting = next(s for s in turn.of("backend_status") if s["phase"] == "starting")
     assert starting["policy"]["confinement"] == "backend"
     turn.assert_nothing_left(Path(turn.result["log"]).read_text())
+
+
+def test_an_agents_env_saying_container_does_not_make_the_host_one(monkeypatch, tmp_path):
+    """agent.env is the agent's configuration: its container= or KUBERNETES_SERVICE_HOST must
+    not take the commands out of every sandbox on a host that is not a container."""
+    monkeypatch.delenv("container")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    real, plain = container.evidence, str(_root(tmp_path))
+    monkeypatch.setattr(container, "evidence", lambda environ=None, root="/": real(environ, plain))
+    agent_env = {"CALDERA_RUN_SANDBOX": "external", "KUBERNETES_SERVICE_HOST": "10.0.0.1", **CONTAINER}
+    with pytest.raises(Refused, match="this host is not a container"):
+        registry.confinement(agent_env)
+    monkeypatch.setenv("container", "ci")  # the runtime's own environment: it is one
+    assert registry.confinement(agent_env) == registry.CONFINEMENT_EXTERNAL
