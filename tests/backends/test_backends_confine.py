@@ -155,7 +155,7 @@ def test_an_external_run_has_no_box_of_calderas_and_says_so(tmp_path, monkeypatc
     the sandbox, Codex's own is `externalSandbox`); a read-only run keeps the box."""
     from caldera.host import container
 
-    monkeypatch.setattr(container, "evidence", lambda env: "a test's container")
+    monkeypatch.setattr(container, "evidence", lambda environ=None, root="/": "a test's container")
     script = {"on_turn": [{"method": "turn/completed", "params": {"turn": {"id": "$TURN", "status": "completed"}}}]}
     env = environment(tmp_path, mock_binary(tmp_path, script), write_projection(tmp_path),
                       CALDERA_RUN_SANDBOX="external")
