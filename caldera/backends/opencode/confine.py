@@ -124,7 +124,10 @@ class Confinement:
             args += ["--ro-bind-try", path, path]
         for path in self.roots:
             args += ["--ro-bind", path, path]
-        after = hide([p for p in self.hidden if any(inside(p, root) for root in self.roots)])
+        # a covered root inside a workspace root (one above the runtime's roots) as well as a
+        # hidden path: the root's bind uncovered it
+        again = outermost(p for p in (*self.covered, *self.hidden) if any(inside(p, root) for root in self.roots))
+        after = hide(again)
         for name in ("home", "tmp"):  # last: a hidden path may hold them
             after += ["--dir", os.path.join(server_dir, name)]
         for name in UNSET:
