@@ -33,7 +33,7 @@ from caldera.backends.codex.normalize import Normalizer
 from caldera.backends.events import EVENT_TYPES, EventSink
 from caldera.backends.registry import gateway_settings
 from caldera.errors import ConfigError
-from caldera.host import proc
+from caldera.host import proc, runreaper
 
 if TYPE_CHECKING:
     from caldera.backends.confine import Box
@@ -208,6 +208,8 @@ class CodexBackend(Backend[CodexContext]):
 
     def start_turn(self, context: CodexContext) -> None:
         argv = sandbox.argv(context.box, context.run, context.run_dir, [context.binary, "app-server"])
+        if context.run.policy.external:  # no box's pid namespace: a reaper ends what commands leave
+            argv = runreaper.command(argv)
         server = AppServer(argv, self._process_env(context),
                            context.run.workspace, context.sink.runlog, context.redactor)
         context.server = server
