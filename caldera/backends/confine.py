@@ -36,6 +36,9 @@ from caldera.backends import leftovers
 from caldera.host import proc
 
 PROBE_TIMEOUT = 10.0
+# what backend_status says of CALDERA_RUN_SANDBOX=external (no box, no pid namespace: docs/container.md)
+PROC1_READABLE = ("; its commands can read the runtime's environment in /proc/1/environ (its token "
+                  "CALDERA_TOKEN or CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN, the AI gateway's CLAWMANAGER_LLM_API_KEY)")
 SHARED = ("/tmp", "/var/tmp", "/run")  # every account's: other runs' files and sockets
 # `/` read-only, a fresh /dev, and a pid namespace with its own /proc: the host's processes
 # (their /proc/PID/environ) are not there to read

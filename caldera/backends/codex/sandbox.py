@@ -36,7 +36,7 @@ def plan(environment: Environment, binary: str | None, path: str,
     `confined` False leaves it out (CALDERA_RUN_SANDBOX=external: the operator's container is
     the sandbox, and Codex's own is off too: `externalSandbox`)."""
     if not confined:
-        return None, "external (CALDERA_RUN_SANDBOX=external: the container is the sandbox)"
+        return None, "external (CALDERA_RUN_SANDBOX=external: the container is the sandbox)" + confine.PROC1_READABLE
     bundled = bundled_bwrap(binary)
     why = confine.unavailable(path, bundled)
     if why is not None:
