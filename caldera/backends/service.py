@@ -93,21 +93,24 @@ def workspace_roots(env: Mapping[str, str]) -> list[Path]:
 
 
 def guarded_paths(environment: base.Environment) -> tuple[list[str], list[str]]:
-    """What no workspace may be or lie under (the runtime's config and state roots, the
-    instance's persistent dir), and what it may not be (the agent's private paths); real paths.
+    """What no workspace may be or lie under (the runtime's config and state roots), and what
+    it may not be (the instance's persistent dir, the agent's private paths); real paths.
     Bound whole into a run's sandbox, they would show every agent's secrets.env and
     session.json; a workspace above them stays allowed (the sandbox hides them again inside
-    it), and one under a private path shows only itself (its secrets stay hidden)."""
-    roots = [environment.config_root, environment.state_root, environment.persistent_dir]
+    it), and one under a private path shows only itself (its secrets stay hidden). Under the
+    persistent dir is allowed: ClawManager's default one is `/config`, which holds the project
+    (`/config/workspace`) beside the state root (`/config/caldera-agent`)."""
+    roots = [environment.config_root, environment.state_root]
     state_dir = os.path.dirname(os.path.abspath(environment.logs_dir))
     private = confine.private_paths(environment.secrets_dir, state_dir, environment.credentials_dir)
-    return sorted({os.path.realpath(p) for p in roots if p} - {"/"}), private
+    persistent = [os.path.realpath(environment.persistent_dir)] if environment.persistent_dir else []
+    return sorted({os.path.realpath(p) for p in roots if p} - {"/"}), [*private, *persistent]
 
 
 def check_workspace(workspace: object, roots: list[Path] | None,
                     guarded: tuple[list[str], list[str]] = ([], [])) -> str:
     """The workspace's real path; Refused unless it is a directory under one of `roots`, and
-    neither one of `guarded`'s roots nor under one, nor one of its private paths
+    neither one of `guarded`'s roots nor under one, nor one of its other paths
     (`guarded_paths`).
 
     `roots=None` skips the roots check (the local `caldera turn`, where the person at the

@@ -210,3 +210,23 @@ def test_a_failed_probe_is_asked_again_after_a_while_a_success_never(monkeypatch
     assert probe("bwrap") is True and asked == ["bwrap", "bwrap"]
     now[0] += 10 * confine.RETRY_FAILED_PROBE
     assert probe("bwrap") is True and len(asked) == 2  # a success is kept
+
+
+def test_a_workspace_in_a_root_is_refused_but_not_one_in_the_persistent_dir(tmp_path):
+    """ClawManager's default persistent dir is /config, holding /config/workspace (allowed) and
+    the state root /config/caldera-agent (refused, as the persistent dir itself)."""
+    from caldera.backends import service
+
+    persist = tmp_path / "config"
+    for name in ("workspace", "caldera-agent/other", "etc/agents/other"):
+        (persist / name).mkdir(parents=True)
+    env = base.Environment(redactor=None, logs_dir=str(persist / "caldera-agent" / "a1" / "logs"),  # type: ignore[arg-type]
+                           runs_dir=str(persist / "caldera-agent" / "a1" / "runs"),
+                           config_root=str(persist / "etc"), state_root=str(persist / "caldera-agent"),
+                           persistent_dir=str(persist))
+    guarded = service.guarded_paths(env)
+    assert service.check_workspace(str(persist / "workspace"), None, guarded) == str(persist / "workspace")
+    for refused in (persist, persist / "caldera-agent", persist / "caldera-agent" / "other",
+                    persist / "etc" / "agents" / "other"):
+        with pytest.raises(registry.Refused, match="one of the runtime's roots"):
+            service.check_workspace(str(refused), None, guarded)
