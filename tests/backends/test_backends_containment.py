@@ -147,7 +147,7 @@ def _attempts(host: Host, projection: Path) -> dict[str, str]:
         "other-secrets-env": f"cat {other}/secrets.env {other}/agent.env {other}/secrets/codex/env/*",
         "other-session-json": f"cat {var}/other/session.json",
         "own-projection": (f"grep -r . {projection} {host.coder_config} {var}/coder/session.json; "
-                           'grep -r . "$CODEX_HOME" "$HOME"'),
+                           'if [ -n "$CODEX_HOME" ]; then grep -r . "$CODEX_HOME"; fi'),  # its run's copy
         "environment": "env",
         "proc-environ": "grep -a -h -o 'canary-[A-Za-z0-9-]*\\|LEAKCANARY[A-Za-z0-9-]*' /proc/[0-9]*/environ",
         "write-outside": f"echo planted > {host.outside}/planted; echo CALDERA_TOKEN=planted >> {other}/agent.env",
