@@ -23,9 +23,9 @@ def test_plan_reads_config_env_files_and_secret_values(tmp_path):
                                              '[model_providers.fake.http_headers]\nX-Key = "hdr-secret-1"\n')
     # the bearer token and the headers' values go to Codex's environment, not to CODEX_HOME
     assert plan.provider == "fake" and plan.model == "gpt-5.5" and plan.env == {
-        KEY_ENV: CANARY, cc.BEARER_ENV: "tok-abcdefgh", "CALDERA_CODEX_HEADER_0": "hdr-secret-1"}
+        KEY_ENV: CANARY, cc.BEARER_ENV: "tok-abcdefgh", "CODEX_PROVIDER_HEADER_0": "hdr-secret-1"}
     provider = plan.config["model_providers"]["fake"]
-    assert provider["env_key"] == cc.BEARER_ENV and provider["env_http_headers"] == {"X-Key": "CALDERA_CODEX_HEADER_0"}
+    assert provider["env_key"] == cc.BEARER_ENV and provider["env_http_headers"] == {"X-Key": "CODEX_PROVIDER_HEADER_0"}
     assert "experimental_bearer_token" not in provider and "http_headers" not in provider
     assert plan.base_url == "http://127.0.0.1:9/v1"
     assert {CANARY, "tok-abcdefgh", "hdr-secret-1"} <= set(plan.secret_values)

@@ -219,8 +219,8 @@ def _secretish_values(config: Any, key: str = "") -> list[str]:
     return out
 
 
-BEARER_ENV = "CALDERA_CODEX_BEARER_TOKEN"  # config.toml's experimental_bearer_token, moved (below)
-HEADER_ENV = "CALDERA_CODEX_HEADER_{}"  # its http_headers' values, moved
+BEARER_ENV = "CODEX_PROVIDER_BEARER_TOKEN"  # config.toml's experimental_bearer_token, moved (below)
+HEADER_ENV = "CODEX_PROVIDER_HEADER_{}"  # its http_headers' values, moved
 
 
 def _credentials_to_environment(plan: ProviderPlan) -> None:
