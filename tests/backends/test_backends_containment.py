@@ -298,3 +298,18 @@ def test_a_codex_command_reads_no_key_of_its_own_projection(host, form, tmp_path
     assert [driver.key_seen(r) for r in turn.requests] == [CANARY, CANARY]
     sent = [post["body"] for post in turn.posts]
     assert RAN in sent[1] and CANARY not in sent[1], sent[1][-2000:]
+
+
+def test_an_opencode_workspace_root_that_is_the_state_root_is_refused_not_bound(host, tmp_path):
+    """OpenCode binds every workspace root (one server serves them all): one that IS the state
+    root would show every agent's session.json. The run fails with a sentence, nothing read."""
+    opencode = ready("opencode")[0]
+    turn = Turn(opencode, tmp_path, [opencode.command(f"cat {host.var}/other/session.json"), opencode.text("done")],
+                workspace=host.workspace, config_dir=host.coder_config, state_dir=host.var / "coder",
+                extra_env={"CALDERA_WORKSPACE_ROOTS": f"{host.work}:{host.var}"},
+                fields={"config_root": str(host.etc), "state_root": str(host.var)})
+    if not turn.of("backend_status")[0]["commands"].startswith("confined"):
+        pytest.skip("no bubblewrap here: nothing is bound")
+    assert turn.terminal["status"] == "failed", turn.events
+    assert f"{host.var} is one of the runtime's roots" in turn.terminal["message"], turn.terminal
+    assert host.marks["OTHERSESSION"] not in json.dumps(turn.events) and turn.posts == []
