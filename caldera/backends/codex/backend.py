@@ -153,6 +153,8 @@ class CodexBackend(Backend[CodexContext]):
         if not binary:
             raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED,
                                     "no Codex binary: set CALDERA_CODEX_BIN or put codex on PATH")
+        if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):  # said before its dir is looked at
+            raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED, f"cannot start {binary}: not an executable file")
         if not os.path.isdir(run.workspace):
             raise fk.BackendFailure(fk.BACKEND_FAILED, f"workspace {run.workspace} is not a directory")
         run_dir = Path(environment.runs_dir) / run.run_id
