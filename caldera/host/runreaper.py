@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # to ARGV; its end ends ours
         signal.signal(sig, lambda number, _frame: os.kill(pid, number))
     null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1):  # the runtime sees EOF when ARGV's are closed, not ours
+    for fd in (0, 1, 2):  # the runtime sees EOF when ARGV's are closed, not ours
         os.dup2(null, fd)
     status = os.waitpid(pid, 0)[1]
     end_tree()
