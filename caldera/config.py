@@ -623,6 +623,27 @@ def workspace_roots(environ: Environ) -> list[str]:
     return [p for p in (given or "").split(":") if p.strip()]
 
 
+def workspace_roots_in_runtime_roots(environ: Environ) -> list[str]:
+    """A sentence (said once at start) for each of CALDERA_WORKSPACE_ROOTS that is or lies in
+    the runtime's config or state root, or is the persistent dir: every run whose workspace is
+    there is refused (backends/service.check_workspace), since the sandbox would bind the
+    other agents' secrets.env and session.json into it. A root above them stays allowed, and
+    one inside the persistent dir (ClawManager's `/config/workspace` in `/config`)."""
+    runtime = [str(config_root(environ)), str(state_root(environ))]
+    real = [os.path.realpath(p) for p in runtime if os.path.realpath(p) != "/"]
+    persistent = persistent_dir(environ)
+    out = []
+    for root in workspace_roots(environ):
+        found = os.path.realpath(root)
+        holder = next((r for r in real if found == r or found.startswith(r.rstrip("/") + "/")), None)
+        if holder is None and persistent and found == os.path.realpath(persistent):
+            holder = found
+        if holder is not None:
+            out.append(f"the workspace root {root} is or lies in {holder}, one of the runtime's roots: "
+                       "every run whose workspace is there is refused")
+    return out
+
+
 def implicit_workspace_root(environ: Environ) -> tuple[str | None, str | None]:
     """(CLAWMANAGER_PROJECT_PATH as the workspace root when CALDERA_WORKSPACE_ROOTS is unset in
     an instance, else None; the sentence to warn once at start when it is not used). Not `/`

@@ -24,14 +24,21 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-from collections.abc import Iterable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from caldera.backends import failures as fk
 from caldera.backends import leftovers
 from caldera.host import proc
 
 PROBE_TIMEOUT = 10.0
+# what backend_status says of CALDERA_RUN_SANDBOX=external (no box, no pid namespace: docs/container.md)
+PROC1_READABLE = ("; its commands can read the runtime's environment in /proc/1/environ (its token "
+                  "CALDERA_TOKEN or CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN, the AI gateway's CLAWMANAGER_LLM_API_KEY)")
 SHARED = ("/tmp", "/var/tmp", "/run")  # every account's: other runs' files and sockets
 # `/` read-only, a fresh /dev, and a pid namespace with its own /proc: the host's processes
 # (their /proc/PID/environ) are not there to read
@@ -55,6 +62,22 @@ def hide(paths: Iterable[str]) -> list[str]:
 
 def inside(path: str, root: str) -> bool:
     return path.startswith(root.rstrip("/") + "/")
+
+
+def within(path: str, roots: Iterable[str]) -> str | None:
+    """The first of `roots` that `path` is or lies under, else None."""
+    return next((root for root in roots if path == root or inside(path, root)), None)
+
+
+def refuse_exposing(binds: Iterable[str], guarded: Iterable[str]) -> None:
+    """BackendFailure where a bind IS one of `guarded` (a covered root, a hidden path): binding
+    it back would show it whole, since only what lies inside a bind is hidden again (issue 43's
+    review: a workspace that was the state root showed every agent's session.json)."""
+    guarded = set(guarded)
+    for path in binds:
+        if path in guarded:
+            raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED, f"{path} is one of the runtime's roots or private "
+                                    "paths, which no run may read: it is not bound into the sandbox")
 
 
 def outermost(paths: Iterable[str]) -> list[str]:
@@ -115,12 +138,14 @@ class Box:
     def argv(self, writable: Sequence[str], read_only: Sequence[str] = ()) -> list[str]:
         """`writable` and `read_only` (real paths) bound back over what hides them, the outer
         ones first: after each, the covered and hidden paths inside it are hidden again, and a
-        bind inside one of those (the run's dir in a hidden state dir) comes after it."""
+        bind inside one of those (the run's dir in a hidden state dir) comes after it. A bind
+        that is a covered or hidden path itself: BackendFailure (`refuse_exposing`)."""
         covered = outermost([*SHARED, *self.covered])
         args = [self.bwrap, *self.userns, *FILESYSTEM, *self.flags, *hide(p for p in covered if os.path.isdir(p)),
                 *hide(self.hidden)]
         for path in self.readable:
             args += ["--ro-bind-try", path, path]
+        refuse_exposing([*writable, *read_only], [*SHARED, *self.covered, *self.hidden])
         binds = [("--bind", p) for p in writable] + [("--ro-bind", p) for p in read_only]
         for flag, path in sorted(binds, key=lambda bind: bind[1].rstrip("/").count("/")):  # outer first
             again = outermost(p for p in (*SHARED, *self.covered, *self.hidden) if inside(p, path))
@@ -146,15 +171,38 @@ def which(path: str, bundled: str | None = None) -> tuple[str, str] | None:
 USERNS_CHOICES: tuple[tuple[str, ...], ...] = ((), ("--unshare-user",))
 
 
-@functools.cache
+RETRY_FAILED_PROBE = 60.0  # seconds: a failed probe is asked again after that, not before
+
+
+def successes_cached(probe: Callable[..., bool]) -> Callable[..., bool]:
+    """`probe` with its successes kept for the process's life, and a failure for
+    RETRY_FAILED_PROBE seconds only: one that a passing cause made (a probe timed out on a
+    busy host, a namespace limit reached for a moment) does not unbox every later run."""
+    found: dict[tuple[object, ...], tuple[bool, float]] = {}
+    lock = threading.Lock()
+
+    @functools.wraps(probe)
+    def cached(*args: Any) -> bool:
+        with lock:
+            known = found.get(args)
+        if known is not None and (known[0] or time.monotonic() - known[1] < RETRY_FAILED_PROBE):
+            return known[0]
+        ok = probe(*args)
+        with lock:
+            found[args] = (ok, time.monotonic())
+        return ok
+    return cached
+
+
+@successes_cached
 def works(bwrap: str, true: str, userns: tuple[str, ...] = ()) -> bool:
     """Whether bubblewrap can make a command's sandbox here (user namespaces, a network
-    namespace): one probe per process, binary and USERNS_CHOICES entry."""
+    namespace): one probe per process, binary and USERNS_CHOICES entry (`successes_cached`)."""
     argv = [bwrap, *userns, *BASE, "--unshare-net", "--", true]
     return proc.run(argv, env={"PATH": "/usr/bin:/bin"}, timeout=PROBE_TIMEOUT, stdout_cap=1024).ok
 
 
-@functools.cache
+@successes_cached
 def nests(bwrap: str, true: str, userns: tuple[str, ...] = ()) -> bool:
     """Whether a command's sandbox can start inside a process's (a nested user, pid and mount
     namespace): one probe per process, binary and choice."""

@@ -91,7 +91,9 @@ def confinement(env: Mapping[str, str]) -> str:
         return CONFINEMENT_BACKEND
     from caldera.host import container  # here: only a host with the setting reads /proc/1
 
-    if container.evidence(env) is None:
+    # the process's environment and PID 1's only, never `env`: agent.env (which the agent's
+    # configuration writes) saying container= would take its commands out of every sandbox
+    if container.evidence() is None:
         raise Refused(f"{config.RUN_SANDBOX}=external states that the container is the sandbox, but this "
                       "host is not a container (no container runtime's mark, no Kubernetes pod, caldera "
                       "run is not PID 1): remove it and let each backend's own sandbox confine its commands")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from caldera import config
-from caldera.backends import base, events, registry
+from caldera.backends import base, confine, events, registry
 from caldera.backends import runlog as runlog_mod
 from caldera.backends.registry import ActiveRuns, Refused
 from caldera.errors import ConfigError
@@ -92,8 +92,26 @@ def workspace_roots(env: Mapping[str, str]) -> list[Path]:
     return [Path(os.path.realpath(p)) for p in config.workspace_roots(env)]
 
 
-def check_workspace(workspace: object, roots: list[Path] | None) -> str:
-    """The workspace's real path; Refused unless it is a directory under one of `roots`.
+def guarded_paths(environment: base.Environment) -> tuple[list[str], list[str]]:
+    """What no workspace may be or lie under (the runtime's config and state roots), and what
+    it may not be (the instance's persistent dir, the agent's private paths); real paths.
+    Bound whole into a run's sandbox, they would show every agent's secrets.env and
+    session.json; a workspace above them stays allowed (the sandbox hides them again inside
+    it), and one under a private path shows only itself (its secrets stay hidden). Under the
+    persistent dir is allowed: ClawManager's default one is `/config`, which holds the project
+    (`/config/workspace`) beside the state root (`/config/caldera-agent`)."""
+    roots = [environment.config_root, environment.state_root]
+    state_dir = os.path.dirname(os.path.abspath(environment.logs_dir))
+    private = confine.private_paths(environment.secrets_dir, state_dir, environment.credentials_dir)
+    persistent = [os.path.realpath(environment.persistent_dir)] if environment.persistent_dir else []
+    return sorted({os.path.realpath(p) for p in roots if p} - {"/"}), [*private, *persistent]
+
+
+def check_workspace(workspace: object, roots: list[Path] | None,
+                    guarded: tuple[list[str], list[str]] = ([], [])) -> str:
+    """The workspace's real path; Refused unless it is a directory under one of `roots`, and
+    neither one of `guarded`'s roots nor under one, nor one of its other paths
+    (`guarded_paths`).
 
     `roots=None` skips the roots check (the local `caldera turn`, where the person at the
     host picks the directory).
@@ -101,6 +119,10 @@ def check_workspace(workspace: object, roots: list[Path] | None) -> str:
     if not isinstance(workspace, str) or not workspace.startswith("/"):
         raise Refused(f"workspace {workspace!r}: an absolute path is required")
     real = Path(os.path.realpath(workspace))
+    holder = confine.within(str(real), guarded[0]) or (str(real) if str(real) in guarded[1] else None)
+    if holder is not None:
+        raise Refused(f"workspace {workspace} is or lies in {holder}, one of the runtime's roots or this agent's "
+                      "private paths, which no run may read: pick a workspace outside them")
     if roots is not None:
         if not roots:
             raise Refused("no workspace roots are configured (CALDERA_WORKSPACE_ROOTS in agent.env, or "
@@ -166,7 +188,7 @@ def execute(request: dict[str, Any], environment: base.Environment, *, roots: li
 def _run(request: dict[str, Any], environment: base.Environment, sink: events.EventSink, roots: list[Path] | None,
          cancel: threading.Event | None, deadline: float | None, registry: ActiveRuns | None) -> None:
     try:
-        workspace = check_workspace(request.get("workspace"), roots)
+        workspace = check_workspace(request.get("workspace"), roots, guarded_paths(environment))
         policy = policy_from_request(request.get("execution_policy"), environment.env)
         model = model_from_request(request.get("model"))
         backend = base.get_backend(request.get("backend_profile") or base.DEFAULT_PROFILE)

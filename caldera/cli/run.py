@@ -27,7 +27,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def open_parts(args: Args, role: str) -> Parts:
     """Paths, settings, logging and the runtime's parts, for the commands that talk to the control plane."""
     # here, not at the top: the daemon's modules import requests; `caldera run --help` does without them
-    from caldera.config import agent_from_args, gateway_from_env, implicit_workspace_root, load_settings
+    from caldera.config import (
+        agent_from_args,
+        gateway_from_env,
+        implicit_workspace_root,
+        load_settings,
+        workspace_roots_in_runtime_roots,
+    )
     from caldera.daemon.wiring import build_parts
     from caldera.host import logsetup
 
@@ -46,6 +52,8 @@ def open_parts(args: Args, role: str) -> Parts:
     unused_root = implicit_workspace_root(settings.env)[1]
     if unused_root:  # named once at start, as the gateway's
         logging.getLogger("caldera").warning("%s", unused_root)
+    for warning in workspace_roots_in_runtime_roots(settings.env):  # as the gateway's
+        logging.getLogger("caldera").warning("%s", warning)
     return parts
 
 

@@ -30,7 +30,9 @@ READ_CAP = 64 * 1024  # /proc/1/environ and cmdline are small; never read more
 
 
 def evidence(environ: Mapping[str, str] | None = None, root: str = "/") -> str | None:
-    """What says this host is a container (one short phrase), or None. `root`: for tests."""
+    """What says this host is a container (one short phrase), or None. `environ`: this
+    process's environment (os.environ; never an agent's agent.env, which its configuration
+    writes); `root`: for tests."""
     env = os.environ if environ is None else environ
     if env.get("container"):
         return f"container={env['container']} in the environment"

@@ -66,7 +66,10 @@ def interpreter() -> str:
 
 
 def printing_binary(tmp: Path, name: str, lines: list[str]) -> str:
-    """A CLI stand-in that prints `lines` on stdout (after reading one line of stdin) and exits."""
+    """A CLI stand-in that prints `lines` on stdout (after reading one line of stdin) and exits.
+    In tmp/bin: tmp is the agent's config dir, which no box binds whole."""
+    tmp = tmp / "bin"
+    tmp.mkdir(exist_ok=True)
     data = tmp / f"{name}.lines"
     data.write_text("".join(line + "\n" for line in lines))
     binary = tmp / name

@@ -34,6 +34,8 @@ def write_projection(root: Path, base_url: str = "http://127.0.0.1:9/v1", key: s
 
 def mock_binary(tmp: Path, script: dict, name: str = "codex") -> str:
     """An executable that runs the mock app-server with `script`."""
+    tmp = tmp / "bin"  # not the agent's config dir itself (secrets/'s parent): no box binds that
+    tmp.mkdir(exist_ok=True)
     script_path = tmp / f"{name}.script.json"
     script_path.write_text(json.dumps(script))
     binary = tmp / name

@@ -21,7 +21,12 @@ def plan_for(tmp_path, environ=None, **kw):
 def test_plan_reads_config_env_files_and_secret_values(tmp_path):
     plan = plan_for(tmp_path, provider_extra='experimental_bearer_token = "tok-abcdefgh"\n'
                                              '[model_providers.fake.http_headers]\nX-Key = "hdr-secret-1"\n')
-    assert plan.provider == "fake" and plan.model == "gpt-5.5" and plan.env == {KEY_ENV: CANARY}
+    # the bearer token and the headers' values go to Codex's environment, not to CODEX_HOME
+    assert plan.provider == "fake" and plan.model == "gpt-5.5" and plan.env == {
+        KEY_ENV: CANARY, cc.BEARER_ENV: "tok-abcdefgh", "CODEX_PROVIDER_HEADER_0": "hdr-secret-1"}
+    provider = plan.config["model_providers"]["fake"]
+    assert provider["env_key"] == cc.BEARER_ENV and provider["env_http_headers"] == {"X-Key": "CODEX_PROVIDER_HEADER_0"}
+    assert "experimental_bearer_token" not in provider and "http_headers" not in provider
     assert plan.base_url == "http://127.0.0.1:9/v1"
     assert {CANARY, "tok-abcdefgh", "hdr-secret-1"} <= set(plan.secret_values)
     assert "gpt-5.5" not in plan.secret_values  # model and URL may be shown
@@ -73,7 +78,18 @@ def test_openai_provider_needs_auth_json_or_key(tmp_path):
     assert exc.value.kind == fk.SECRET_UNAVAILABLE
     (codex / "auth.json").write_text('{"auth_mode":"apikey","OPENAI_API_KEY":"sk-authjson-secret-123"}')
     plan = cc.plan_provider(cc.Projection.locate(tmp_path / "secrets"), {})
+    # the built-in provider takes no key from its environment: auth.json stays (backend_status says so)
     assert "sk-authjson-secret-123" in plan.secret_values and plan.auth_json
+    # a custom provider's: the key goes to Codex's environment, no auth.json in CODEX_HOME
+    (codex / "config.toml").write_text('model_provider = "p"\n[model_providers.p]\nbase_url = "http://x/v1"\n'
+                                       'requires_openai_auth = true\n')
+    plan = cc.plan_provider(cc.Projection.locate(tmp_path / "secrets"), {})
+    assert plan.auth_json is None and plan.env == {"OPENAI_API_KEY": "sk-authjson-secret-123"}
+    assert plan.config["model_providers"]["p"] == {"base_url": "http://x/v1", "env_key": "OPENAI_API_KEY"}
+    login = {"OPENAI_API_KEY": None, "tokens": {"access_token": "at-secret-123", "refresh_token": "rt"}}
+    (codex / "auth.json").write_text(json.dumps(login))
+    plan = cc.plan_provider(cc.Projection.locate(tmp_path / "secrets"), {})
+    assert plan.auth_json is not None and plan.env == {}  # a ChatGPT login's: Codex refreshes it in the file
 
 
 def test_gateway_from_environment_when_no_projection(tmp_path):

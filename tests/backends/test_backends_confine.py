@@ -11,7 +11,9 @@ from types import SimpleNamespace
 import pytest
 from backends_helpers import environment, execute, mock_binary, of_type, request, workspace, write_projection
 
+from caldera import config
 from caldera.backends import base, confine, registry
+from caldera.backends import failures as fk
 from caldera.backends.codex import sandbox
 from caldera.daemon.governance import SandboxHealth
 from caldera.redact import Redactor
@@ -143,7 +145,8 @@ def test_the_state_reports_entry_imports_no_backend_where_bubblewrap_is_on_path(
             "sorted(m for m in sys.modules if m.startswith('caldera.backends.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout
-    loaded = "['caldera.backends.confine', 'caldera.backends.leftovers', 'caldera.backends.registry']"
+    loaded = ("['caldera.backends.confine', 'caldera.backends.failures', 'caldera.backends.leftovers', "
+              "'caldera.backends.registry']")
     assert out.strip() == "{'codex': 'bubblewrap'} " + loaded, out
 
 
@@ -152,7 +155,7 @@ def test_an_external_run_has_no_box_of_calderas_and_says_so(tmp_path, monkeypatc
     the sandbox, Codex's own is `externalSandbox`); a read-only run keeps the box."""
     from caldera.host import container
 
-    monkeypatch.setattr(container, "evidence", lambda env: "a test's container")
+    monkeypatch.setattr(container, "evidence", lambda environ=None, root="/": "a test's container")
     script = {"on_turn": [{"method": "turn/completed", "params": {"turn": {"id": "$TURN", "status": "completed"}}}]}
     env = environment(tmp_path, mock_binary(tmp_path, script), write_projection(tmp_path),
                       CALDERA_RUN_SANDBOX="external")
@@ -162,3 +165,68 @@ def test_an_external_run_has_no_box_of_calderas_and_says_so(tmp_path, monkeypatc
     result, events = execute(request(workspace(tmp_path), run_id="run-2", sandbox="read-only"), env)
     assert result["status"] == "completed", events
     assert of_type(events, "backend_status")[0]["commands"].startswith("confined") == _bwrap_works()
+
+
+def test_a_bind_that_is_a_covered_root_or_a_hidden_path_is_refused_not_bound(tmp_path):
+    """Only what lies inside a bind is hidden again: a bind that IS the state root (a workspace,
+    OpenCode's workspace root, the binary's dir) would show every agent's session.json."""
+    state, own = tmp_path / "var", tmp_path / "var" / "a1"
+    own.mkdir(parents=True)
+    box = confine.Box("bwrap", covered=(str(state),), hidden=(str(own),))
+    for bind in (str(state), str(own)):
+        with pytest.raises(fk.BackendFailure, match="one of the runtime's roots or private paths"):
+            box.argv([bind])
+        with pytest.raises(fk.BackendFailure):
+            box.argv([], [bind])
+    assert "--bind" in box.argv([str(tmp_path)])  # above them: they are hidden again inside
+    from caldera.backends.opencode.confine import Confinement
+    boxed = Confinement("bwrap", "/bin/bash", roots=(str(tmp_path / "work"), str(state)), covered=(str(state),),
+                        hidden=(), network=False)
+    with pytest.raises(fk.BackendFailure, match=str(state)):
+        boxed.argv(str(tmp_path / "srv"))
+
+
+def test_a_workspace_root_in_a_runtime_root_is_said_once_at_start(tmp_path):
+    env = {"CALDERA_STATE_DIR": str(tmp_path / "var"), "CALDERA_CONFIG_DIR": str(tmp_path / "etc"),
+           "CALDERA_WORKSPACE_ROOTS": f"{tmp_path}:{tmp_path / 'var'}:{tmp_path / 'etc' / 'agents'}"}
+    said = config.workspace_roots_in_runtime_roots(env)
+    assert [s.split()[3] for s in said] == [str(tmp_path / "var"), str(tmp_path / "etc" / "agents")], said
+
+
+def test_a_failed_probe_is_asked_again_after_a_while_a_success_never(monkeypatch):
+    """A probe that failed for a passing cause (a timeout on a busy host) must not unbox every
+    later run of the process: only successes are kept for good."""
+    answers, asked = [False, True, False], []
+
+    @confine.successes_cached
+    def probe(name: str) -> bool:
+        asked.append(name)
+        return answers[len(asked) - 1]
+
+    now = [1000.0]
+    monkeypatch.setattr(confine.time, "monotonic", lambda: now[0])
+    assert probe("bwrap") is False and probe("bwrap") is False and asked == ["bwrap"]  # not asked again at once
+    now[0] += confine.RETRY_FAILED_PROBE + 1
+    assert probe("bwrap") is True and asked == ["bwrap", "bwrap"]
+    now[0] += 10 * confine.RETRY_FAILED_PROBE
+    assert probe("bwrap") is True and len(asked) == 2  # a success is kept
+
+
+def test_a_workspace_in_a_root_is_refused_but_not_one_in_the_persistent_dir(tmp_path):
+    """ClawManager's default persistent dir is /config, holding /config/workspace (allowed) and
+    the state root /config/caldera-agent (refused, as the persistent dir itself)."""
+    from caldera.backends import service
+
+    persist = tmp_path / "config"
+    for name in ("workspace", "caldera-agent/other", "etc/agents/other"):
+        (persist / name).mkdir(parents=True)
+    env = base.Environment(redactor=None, logs_dir=str(persist / "caldera-agent" / "a1" / "logs"),  # type: ignore[arg-type]
+                           runs_dir=str(persist / "caldera-agent" / "a1" / "runs"),
+                           config_root=str(persist / "etc"), state_root=str(persist / "caldera-agent"),
+                           persistent_dir=str(persist))
+    guarded = service.guarded_paths(env)
+    assert service.check_workspace(str(persist / "workspace"), None, guarded) == str(persist / "workspace")
+    for refused in (persist, persist / "caldera-agent", persist / "caldera-agent" / "other",
+                    persist / "etc" / "agents" / "other"):
+        with pytest.raises(registry.Refused, match="one of the runtime's roots"):
+            service.check_workspace(str(refused), None, guarded)

@@ -146,7 +146,8 @@ def _attempts(host: Host, projection: Path) -> dict[str, str]:
     return {
         "other-secrets-env": f"cat {other}/secrets.env {other}/agent.env {other}/secrets/codex/env/*",
         "other-session-json": f"cat {var}/other/session.json",
-        "own-projection": f"grep -r . {projection} {host.coder_config} {var}/coder/session.json",
+        "own-projection": (f"grep -r . {projection} {host.coder_config} {var}/coder/session.json; "
+                           'if [ -n "$CODEX_HOME" ]; then grep -r . "$CODEX_HOME"; fi'),  # its run's copy
         "environment": "env",
         "proc-environ": "grep -a -h -o 'canary-[A-Za-z0-9-]*\\|LEAKCANARY[A-Za-z0-9-]*' /proc/[0-9]*/environ",
         "write-outside": f"echo planted > {host.outside}/planted; echo CALDERA_TOKEN=planted >> {other}/agent.env",
@@ -218,3 +219,97 @@ def test_without_bubblewrap_on_path_codex_is_boxed_by_the_one_its_package_bundle
     assert turn.of("backend_status")[0]["commands"].startswith("confined"), turn.events[0]
     assert RAN in turn.posts[1]["body"] and host.marks["OTHERBOOT"] not in turn.posts[1]["body"]
     turn.assert_no_leak()
+
+
+@pytest.mark.parametrize("where", ["state-root", "other-config-dir"])
+def test_a_workspace_that_is_a_runtime_root_or_lies_in_one_is_refused(driver, host, where, tmp_path):
+    """Bound into the sandbox, such a workspace showed every agent's session.json or the other
+    agent's secrets.env (only what lies inside a bind is hidden again): refused with a sentence,
+    before any CLI starts, even where the workspace roots hold it."""
+    workspace = {"state-root": host.var, "other-config-dir": host.etc / "agents" / "other"}[where]
+    turn = Turn(driver, tmp_path, [driver.command("cat secrets.env other/session.json"), driver.text("done")],
+                workspace=workspace, config_dir=host.coder_config, state_dir=host.var / "coder",
+                extra_env={"CALDERA_WORKSPACE_ROOTS": str(host.base)},
+                fields={"config_root": str(host.etc), "state_root": str(host.var)})
+    assert turn.terminal["status"] == "blocked", turn.events
+    assert "one of the runtime's roots" in turn.terminal["message"], turn.terminal
+    assert turn.posts == []
+    turn.assert_no_leak()
+
+
+def test_a_codex_binary_in_the_state_root_is_refused_not_bound(host, tmp_path):
+    """CALDERA_CODEX_BIN a symlink in the state root: its dir (the state root) is not bound
+    back into the box; the run fails with a sentence and the model is never asked."""
+    codex, binary = ready("codex")
+    link = host.var / "codex"
+    link.unlink(missing_ok=True)
+    link.symlink_to(binary)
+    try:
+        turn = Turn(codex, tmp_path, [codex.command("cat ../other/session.json"), codex.text("done")],
+                    workspace=host.workspace, config_dir=host.coder_config, state_dir=host.var / "coder",
+                    binary=str(link), fields={"config_root": str(host.etc), "state_root": str(host.var)})
+    finally:
+        link.unlink()
+    if not turn.of("backend_status")[0]["commands"].startswith("confined"):
+        pytest.skip("no box here: nothing is bound")
+    assert turn.terminal["status"] == "failed", turn.events
+    assert f"Codex binary's dir {host.var} lies in" in turn.terminal["message"], turn.terminal
+    assert turn.posts == []
+
+
+def _codex_projection(form: str):
+    """Codex's driver with the projection's key in auth.json or as config.toml's bearer token
+    (the shared driver's is an env/ file): both were copied into CODEX_HOME, which the box binds."""
+    import backends_drivers
+
+    class Driver(backends_drivers.CodexDriver):
+        def projection(self, root: Path, provider_url: str, key: str) -> Path:
+            codex = root / "secrets" / "codex"
+            shutil.rmtree(codex, ignore_errors=True)
+            codex.mkdir(parents=True)
+            auth = ("requires_openai_auth = true\n" if form == "auth-json"
+                    else f'experimental_bearer_token = "{key}"\nhttp_headers = {{ "X-Secret" = "{key}-h" }}\n')
+            (codex / "config.toml").write_text(
+                'model = "gpt-5.5"\nmodel_provider = "fake"\n[model_providers.fake]\nname = "Fake"\n'
+                f'base_url = "{provider_url}/v1"\nwire_api = "responses"\n{auth}')
+            if form == "auth-json":
+                (codex / "auth.json").write_text(json.dumps({"OPENAI_API_KEY": key}))
+            return root / "secrets"
+    return Driver()
+
+
+@pytest.mark.parametrize("form", ["auth-json", "bearer-token"])
+def test_a_codex_command_reads_no_key_of_its_own_projection(host, form, tmp_path):
+    """The own-projection attempt with the key in auth.json or config.toml: the turn still
+    authenticates (the fake provider checks the key), and the command finds it nowhere,
+    CODEX_HOME included."""
+    ready("codex")
+    driver = _codex_projection(form)
+    projection = host.coder_config / "secrets"
+    (host.workspace / "attempt-key.sh").write_text(_attempts(host, projection)["own-projection"] + f"\necho {RAN}\n")
+    (host.var / "coder" / "logs" / "run-run-1.log").unlink(missing_ok=True)
+    try:
+        turn = Turn(driver, tmp_path, [driver.command("bash attempt-key.sh"), driver.text("done")],
+                    workspace=host.workspace, config_dir=host.coder_config, state_dir=host.var / "coder",
+                    fields={"config_root": str(host.etc), "state_root": str(host.var)})
+    finally:
+        shutil.rmtree(projection / "codex", ignore_errors=True)
+    assert turn.terminal["status"] == "completed", turn.events
+    assert [driver.key_seen(r) for r in turn.requests] == [CANARY, CANARY]
+    sent = [post["body"] for post in turn.posts]
+    assert RAN in sent[1] and CANARY not in sent[1], sent[1][-2000:]
+
+
+def test_an_opencode_workspace_root_that_is_the_state_root_is_refused_not_bound(host, tmp_path):
+    """OpenCode binds every workspace root (one server serves them all): one that IS the state
+    root would show every agent's session.json. The run fails with a sentence, nothing read."""
+    opencode = ready("opencode")[0]
+    turn = Turn(opencode, tmp_path, [opencode.command(f"cat {host.var}/other/session.json"), opencode.text("done")],
+                workspace=host.workspace, config_dir=host.coder_config, state_dir=host.var / "coder",
+                extra_env={"CALDERA_WORKSPACE_ROOTS": f"{host.work}:{host.var}"},
+                fields={"config_root": str(host.etc), "state_root": str(host.var)})
+    if not turn.of("backend_status")[0]["commands"].startswith("confined"):
+        pytest.skip("no bubblewrap here: nothing is bound")
+    assert turn.terminal["status"] == "failed", turn.events
+    assert f"{host.var} is one of the runtime's roots" in turn.terminal["message"], turn.terminal
+    assert host.marks["OTHERSESSION"] not in json.dumps(turn.events) and turn.posts == []

@@ -101,9 +101,10 @@ class GatewayTurn:
         driver = DRIVERS[profile]
         self.workspace = tmp / "ws"
         self.workspace.mkdir(exist_ok=True)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CALDERA_WORKSPACE_ROOTS": str(tmp)}
+        # the workspace: not tmp, the agent's config dir (secrets/'s parent), which no box binds whole
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CALDERA_WORKSPACE_ROOTS": str(self.workspace)}
         env.update(driver.env(binary))
-        env["CALDERA_WORKSPACE_ROOTS"] = str(tmp)
+        env["CALDERA_WORKSPACE_ROOTS"] = str(self.workspace)
         env.update(gateway.injected(**variables))
         self.env = env
         runs = tmp / "state" / "runs"

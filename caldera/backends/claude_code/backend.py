@@ -36,7 +36,7 @@ from caldera.backends.registry import Refused, gateway_settings
 from caldera.backends.stdio import LINE_CAP, Handoff, HandoffItem, StdioProcess
 from caldera.backends.workspace import Snapshot
 from caldera.errors import ConfigError
-from caldera.host import proc
+from caldera.host import proc, runreaper
 from caldera.host.fsutil import atomic_write_json
 from caldera.host.jsonlimits import JSONLimitError, line_parser
 
@@ -248,7 +248,10 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
                             if not os.path.lexists(path)]
         handoff: queue.Queue[HandoffItem] = queue.Queue(HANDOFF_BLOCKS)
         settings = str(context.home / ".claude" / "settings.json")
-        process = StdioProcess(cc.argv(context.binary, context.run.policy, settings, plan.model),
+        argv = cc.argv(context.binary, context.run.policy, settings, plan.model)
+        if context.run.policy.external:  # no sandbox's pid namespace: a reaper ends what commands leave
+            argv = runreaper.command(argv)
+        process = StdioProcess(argv,
                                self._process_env(context, url), context.run.workspace, runlog,
                                context.environment.redactor, Handoff(handoff, runlog), "claude")
         context.process = process

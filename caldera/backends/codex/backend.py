@@ -33,7 +33,7 @@ from caldera.backends.codex.normalize import Normalizer
 from caldera.backends.events import EVENT_TYPES, EventSink
 from caldera.backends.registry import gateway_settings
 from caldera.errors import ConfigError
-from caldera.host import proc
+from caldera.host import proc, runreaper
 
 if TYPE_CHECKING:
     from caldera.backends.confine import Box
@@ -144,6 +144,8 @@ class CodexBackend(Backend[CodexContext]):
         # CALDERA_RUN_SANDBOX=external: the container is the sandbox, no bubblewrap of caldera's
         box, commands = sandbox.plan(environment, binary, environment.env.get("PATH") or DEFAULT_PATH,
                                      confined=not run.policy.external)
+        if plan.auth_json is not None:  # a ChatGPT login's or the built-in provider's (codex/config.py)
+            commands += "; its commands can read the projection's auth.json in CODEX_HOME"
         sink.emit("backend_status", {
             "phase": "starting", "backend": "codex", "profile": run.backend_profile, "binary": binary,
             "provider": plan.provider, "model": plan.model, "base_url": plan.base_url,
@@ -151,6 +153,8 @@ class CodexBackend(Backend[CodexContext]):
         if not binary:
             raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED,
                                     "no Codex binary: set CALDERA_CODEX_BIN or put codex on PATH")
+        if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):  # said before its dir is looked at
+            raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED, f"cannot start {binary}: not an executable file")
         if not os.path.isdir(run.workspace):
             raise fk.BackendFailure(fk.BACKEND_FAILED, f"workspace {run.workspace} is not a directory")
         run_dir = Path(environment.runs_dir) / run.run_id
@@ -206,6 +210,8 @@ class CodexBackend(Backend[CodexContext]):
 
     def start_turn(self, context: CodexContext) -> None:
         argv = sandbox.argv(context.box, context.run, context.run_dir, [context.binary, "app-server"])
+        if context.run.policy.external:  # no box's pid namespace: a reaper ends what commands leave
+            argv = runreaper.command(argv)
         server = AppServer(argv, self._process_env(context),
                            context.run.workspace, context.sink.runlog, context.redactor)
         context.server = server

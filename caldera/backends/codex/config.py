@@ -92,6 +92,7 @@ def plan_provider(projection: Projection, environ: Mapping[str, str], model: str
                         provider=str(config.get("model_provider") or "openai"),
                         model=model or config.get("model"))
     _check_required(plan, projection)
+    _credentials_to_environment(plan)
     provider = config.get("model_providers", {}).get(plan.provider)
     if plan.provider == BUILTIN_OPENAI:
         # Codex's built-in provider takes its URL from `openai_base_url` only: it refuses a
@@ -216,6 +217,53 @@ def _secretish_values(config: Any, key: str = "") -> list[str]:
     elif isinstance(config, str) and _SECRETISH_KEY.search(key):
         out.append(config)
     return out
+
+
+BEARER_ENV = "CODEX_PROVIDER_BEARER_TOKEN"  # config.toml's experimental_bearer_token, moved (below)
+HEADER_ENV = "CODEX_PROVIDER_HEADER_{}"  # its http_headers' values, moved
+
+
+def _credentials_to_environment(plan: ProviderPlan) -> None:
+    """Keep the projection's credentials out of CODEX_HOME, which is bound into the sandbox
+    where the agent's commands read it (issue 43 review F1): the selected provider's
+    experimental_bearer_token and http_headers values, and an API-key-only auth.json of a
+    custom provider (`requires_openai_auth`), reach Codex through its environment instead
+    (`env_key`, `env_http_headers`), which shell_environment_policy keeps from the commands and
+    whose /proc/PID/environ a command cannot read. An auth.json with a ChatGPT login (tokens
+    Codex refreshes in it) or for the built-in openai provider stays a file: `plan.auth_json`,
+    which backend_status and docs/backends.md say a command can read."""
+    provider = (plan.config.get("model_providers") or {}).get(plan.provider)
+    if isinstance(provider, dict):
+        token = provider.pop("experimental_bearer_token", None)
+        if isinstance(token, str) and token:
+            plan.env[BEARER_ENV] = token
+            provider["env_key"] = BEARER_ENV
+        headers = provider.pop("http_headers", None)
+        if isinstance(headers, dict):
+            moved = provider.setdefault("env_http_headers", {})
+            for number, (header, value) in enumerate(sorted(headers.items())):
+                plan.env[HEADER_ENV.format(number)] = str(value)
+                moved[header] = HEADER_ENV.format(number)
+    key = _api_key_only(plan.auth_json)
+    # a custom provider only: Codex's built-in one sent no key from its environment (measured,
+    # Codex 0.169: no Authorization), and its table cannot be changed ("reserved")
+    if key is not None and isinstance(provider, dict) and provider.get("requires_openai_auth"):
+        provider.pop("requires_openai_auth")
+        provider.setdefault("env_key", "OPENAI_API_KEY")
+        plan.env.setdefault(str(provider["env_key"]), key)
+        plan.auth_json = None
+
+
+def _api_key_only(raw: bytes | None) -> str | None:
+    """auth.json's OPENAI_API_KEY where it holds nothing else (no ChatGPT login's tokens)."""
+    try:
+        doc = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("OPENAI_API_KEY"), str) or not doc["OPENAI_API_KEY"]:
+        return None
+    return doc["OPENAI_API_KEY"] if all(v is None for k, v in doc.items() if k not in ("OPENAI_API_KEY", "auth_mode")) \
+        else None
 
 
 def _json_strings(raw: bytes) -> list[str]:

@@ -19,7 +19,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from caldera.backends import confine
+from caldera.backends import confine, leftovers
+from caldera.backends import failures as fk
 from caldera.backends.codex.binary import bundled_bwrap
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def plan(environment: Environment, binary: str | None, path: str,
     `confined` False leaves it out (CALDERA_RUN_SANDBOX=external: the operator's container is
     the sandbox, and Codex's own is off too: `externalSandbox`)."""
     if not confined:
-        return None, "external (CALDERA_RUN_SANDBOX=external: the container is the sandbox)"
+        return None, "external (CALDERA_RUN_SANDBOX=external: the container is the sandbox)" + confine.PROC1_READABLE
     bundled = bundled_bwrap(binary)
     why = confine.unavailable(path, bundled)
     if why is not None:
@@ -61,6 +62,21 @@ def argv(box: confine.Box | None, run: RunRequest, run_dir: Path, command: list[
     real = Path(os.path.realpath(command[0]))
     programs = {os.path.dirname(command[0]), str(real.parent), *(str(real.parent.parent / n) for n in RESOURCES)}
     read_only = sorted(p for p in programs if os.path.isdir(p))
+    _refuse_programs(box, read_only)
     if run.policy.sandbox == "workspace-write":
         return [*box.argv([workspace, own], read_only), *command]
     return [*box.argv([own], [workspace, *read_only]), *command]
+
+
+def _refuse_programs(box: confine.Box, programs: list[str]) -> None:
+    """BackendFailure where a dir of the binary's lies in one of the runtime's roots: bound
+    back, it would show what else that dir holds (a CALDERA_CODEX_BIN symlink in the state root
+    bound the state root whole; one in <state root>/other would show its session.json). The
+    temporary dir is the exception: it is covered for the private dirs other runs make in it,
+    and a binary's own dir holds none of them. A dir that is a private path: Box.argv refuses."""
+    tmp = os.path.realpath(leftovers.tmp_root())
+    for path in programs:
+        holder = confine.within(path, [p for p in box.covered if p != tmp])
+        if holder is not None:
+            raise fk.BackendFailure(fk.BACKEND_SPAWN_FAILED, f"the Codex binary's dir {path} lies in {holder}, "
+                                    "one of the runtime's roots: install Codex outside them")

@@ -58,6 +58,7 @@ from caldera.backends.confine import (
     nests,
     outermost,
     private_paths,
+    refuse_exposing,
     resolv_binds,
     userns_here,
     works,
@@ -116,13 +117,17 @@ class Confinement:
         read-only; [the workspace]; a hidden path inside a root hidden again (the binds
         uncovered it); the server's HOME and TMPDIR made again, empty."""
         server_dir = os.path.realpath(server_dir)
+        refuse_exposing(self.roots, [*SHARED, *self.covered, *self.hidden])  # one of them bound whole
         covered = outermost([*SHARED, *self.covered, server_dir])  # one tmpfs covers those inside another
         args = [self.bwrap, *self.userns, *BASE, *hide([p for p in covered if os.path.isdir(p)]), *hide(self.hidden)]
         for path in self.extra:
             args += ["--ro-bind-try", path, path]
         for path in self.roots:
             args += ["--ro-bind", path, path]
-        after = hide([p for p in self.hidden if any(inside(p, root) for root in self.roots)])
+        # a covered root inside a workspace root (one above the runtime's roots) as well as a
+        # hidden path: the root's bind uncovered it
+        again = outermost(p for p in (*self.covered, *self.hidden) if any(inside(p, root) for root in self.roots))
+        after = hide(again)
         for name in ("home", "tmp"):  # last: a hidden path may hold them
             after += ["--dir", os.path.join(server_dir, name)]
         for name in UNSET:

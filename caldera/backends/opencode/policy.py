@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from caldera.backends.base import Policy
+from caldera.backends.confine import PROC1_READABLE
 
 REJECT_MESSAGE = ("The execution policy of this unattended run allows no approvals: this call was "
                   "rejected. Continue without it, or stop and say what you needed.")
@@ -48,7 +49,8 @@ def commands(policy: Policy, confined: bool) -> str:
     if policy.sandbox == "read-only":
         return "denied (read-only: a command could write)"
     if policy.external:
-        return "unconfined by caldera (CALDERA_RUN_SANDBOX=external: the container is the sandbox)"
+        return ("unconfined by caldera (CALDERA_RUN_SANDBOX=external: the container is the sandbox)"
+                + PROC1_READABLE)
     if not confined:
         return ("denied (bubblewrap is not there, cannot start here, or cannot nest in the server's sandbox: "
                 "nothing would confine them)")

@@ -372,7 +372,11 @@ def test_the_sandbox_covers_the_runtimes_roots_hides_secrets_and_binds_roots_rea
     (state / "runs").mkdir(parents=True)
     hidden = confine.private_paths(str(agents / "secrets"), str(state), None)
     assert {str(tmp_path / "etc"), str(agents / "secrets"), str(agents / "secrets.env"), str(state)} <= set(hidden)
-    box = confine.Confinement(bwrap="/usr/bin/bwrap", shell="/bin/bash", roots=(str(tmp_path / "var"),),
+    with pytest.raises(fk.BackendFailure, match="one of the runtime's roots"):  # a root that IS the state root
+        confine.Confinement(bwrap="/usr/bin/bwrap", shell="/bin/bash", roots=(str(tmp_path / "var"),),
+                            covered=(str(tmp_path / "var"),), hidden=tuple(hidden), network=False).argv("/srv")
+    # a root above the runtime's roots: allowed, they are covered again inside it
+    box = confine.Confinement(bwrap="/usr/bin/bwrap", shell="/bin/bash", roots=(str(tmp_path),),
                               covered=("/usr/share", str(tmp_path / "var")), hidden=tuple(hidden), network=False)
     server_dir = str(state / "runs" / ".opencode-x")
     before, after = box.argv(server_dir)
@@ -383,8 +387,9 @@ def test_the_sandbox_covers_the_runtimes_roots_hides_secrets_and_binds_roots_rea
     assert {"/tmp", "/run", "/usr/share", str(state)} <= set(tmpfs)  # a state root like /var/lib/caldera: covered
     assert server_dir not in tmpfs and str(tmp_path / "var") not in tmpfs  # inside /tmp: one tmpfs covers them
     ro = [before[i + 1] for i in _pairs(before, "--ro-bind")]
-    assert ro[0] == "/" and str(tmp_path / "var") in ro and "--bind" not in before  # roots: read-only
-    assert ["--tmpfs", str(state)] == after[:2]  # hidden again after the workspace's bind
+    assert ro[0] == "/" and str(tmp_path) in ro and "--bind" not in before  # roots: read-only
+    # covered and hidden again after the workspace's bind: the other agents' state, the config root
+    assert after[0] == after[2] == "--tmpfs" and {after[1], after[3]} == {str(tmp_path / "etc"), str(tmp_path / "var")}
     assert ["--dir", f"{server_dir}/home"] == after[after.index("--dir"):after.index("--dir") + 2]  # made again
     assert "--unshare-net" in after and after[-2:] == ["--", "/bin/bash"]
     networked = confine.Confinement(box.bwrap, box.shell, box.roots, box.covered, box.hidden, network=True)
