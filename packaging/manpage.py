@@ -60,6 +60,11 @@ ENVIRONMENT = (
     ("CALDERA_RUN_MAX_SANDBOX", "the widest sandbox a run may ask for: workspace-write (default) or read-only"),
     ("CALDERA_RUN_ALLOW_NETWORK", "true: a run may ask for network (default false)"),
     ("CALDERA_RUN_ALLOW_APPROVAL", "true: a run may ask for approval on-request (default false)"),
+    ("CALDERA_RUN_SANDBOX",
+     "external: the container is the sandbox (code-agent commands run without the backends' own or caldera's "
+     "bubblewrap; refused on a host that is not a container); unset: each backend's sandbox"),
+    ("CALDERA_PROVIDER_STALL_SECONDS",
+     "a provider answer silent this long ends the turn provider-unavailable (60; 0: each CLI's own)"),
     ("CALDERA_CODEX_BIN", "the Codex CLI's native binary (backend codex); else codex on PATH"),
     ("CALDERA_CLAUDE_CODE_BIN", "the Claude Code CLI's native binary (backend claude-code); else claude on PATH"),
     ("CALDERA_OPENCODE_BIN", "the OpenCode CLI's native binary (backend opencode); else opencode on PATH"),
