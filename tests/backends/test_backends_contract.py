@@ -274,12 +274,16 @@ def test_output_missing_a_field_is_response_invalid(driver, tmp_path):
 
 
 def test_policy_timeout_during_a_long_command_leaves_no_process(driver, tmp_path):
+    # A turn first on the same projection, so that the timed one finds OpenCode's server running:
+    # one started inside the 2 s turn (1.2 s to listen) did not reach the command (run alone)
+    assert Turn(driver, tmp_path, [driver.text("warm")]).terminal["status"] == "completed"
     sleeper = "python3 -c 'import time; time.sleep(31.4159)'"
     turn = Turn(driver, tmp_path, [driver.command(sleeper), driver.text("never")], timeout_seconds=2)
     data = turn.terminal
     assert data["status"] == "failed" and data["failure_kind"] == fk.BACKEND_TIMEOUT, turn.events
     assert any(s["phase"] == "interrupting" for s in turn.of("backend_status"))
-    assert [t["status"] for t in turn.of("tool_call")][:1] == ["started"]  # the command was running
+    events = "\n".join(json.dumps(e)[:300] for e in turn.events)
+    assert [t["status"] for t in turn.of("tool_call")][:1] == ["started"], events  # the command was running
     assert processes_holding("31.4159") == []  # the agent's command is gone with the CLI
     turn.assert_no_leak()
 
