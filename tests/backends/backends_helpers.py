@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import sys
 import threading
@@ -38,9 +39,19 @@ def mock_binary(tmp: Path, script: dict, name: str = "codex") -> str:
     tmp.mkdir(exist_ok=True)
     script_path = tmp / f"{name}.script.json"
     script_path.write_text(json.dumps(script))
-    binary = tmp / name
-    binary.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{MOCK}" --script "{script_path}" "$@"\n')
-    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
+    return write_mock(tmp, script_path, name)
+
+
+def write_mock(directory: Path, script_path: Path, name: str = "codex") -> str:
+    """`directory/name`: runs a copy of the mock app-server beside it on the real interpreter
+    (stdlib only). Copies, not the checkout's files: caldera's box around the app-server binds
+    back the binary's dir and hides /tmp, where a build tree or a CI checkout and its venv may
+    lie (the .deb's build runs the suite from /tmp)."""
+    mock = directory / MOCK.name
+    shutil.copyfile(MOCK, mock)
+    binary = directory / name
+    binary.write_text(f'#!/bin/sh\nexec "{os.path.realpath(sys.executable)}" "{mock}" --script "{script_path}" "$@"\n')
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return str(binary)
 
 

@@ -1,26 +1,22 @@
 """A code-agent turn through the whole daemon: agent_run in the runs lane, and an
 agent_interrupt fetched and run while the turn is going (the main lane is free)."""
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from backends_helpers import write_mock
 from core_helpers import BOOT, install_agent
 from daemon_helpers import Daemon, wait_for
 from plane_helpers import heartbeats, run_events
 
 PlaneServer = pytest.importorskip("caldera.plane.server").PlaneServer
-MOCK = Path(__file__).resolve().parent.parent / "backends" / "backends_mock_app_server.py"
 CANARY = "sk-fake-RUNLANECANARY-0123456789"
 
 
 def mock_codex(tmp: Path) -> str:
     script = tmp / "codex.script.json"
     script.write_text(json.dumps({"on_turn": [{"wait_interrupt": True}]}))
-    binary = tmp / "codex"
-    binary.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{MOCK}" --script "{script}" "$@"\n')
-    binary.chmod(0o755)
-    return str(binary)
+    return write_mock(tmp, script)
 
 
 def test_interrupt_reaches_a_running_turn_through_the_daemon(caldera_env, tmp_path):

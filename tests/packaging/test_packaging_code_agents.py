@@ -80,13 +80,19 @@ def test_without_the_key_each_backend_refuses_with_the_file_named(tmp_path):
         assert caught.value.kind == fk.SECRET_UNAVAILABLE and "_API_KEY" in str(caught.value)
 
 
-def test_readme_names_the_examples_files_and_the_pinned_versions():
+def test_readme_names_the_examples_files():
     section = readme_section()
     shipped = "/usr/share/caldera/examples/code-agents/"
     for path in re.findall(re.escape(shipped) + r"([\w./-]+)", section):
         assert (EXAMPLES / path).exists(), path
     for path in re.findall(r"/etc/caldera/agents/task-agent/secrets/([\w./-]+)", section):
         assert (EXAMPLES / "secrets" / path).is_file(), path
+
+
+def test_readme_names_the_versions_ci_pins():
+    if not (ROOT / ".ci").is_dir():
+        pytest.skip("no .ci/ here (the .deb's build tree)")
+    section = readme_section()
     for script, package in (("install-codex.sh", "@openai/codex"),
                             ("install-claude-code.sh", "@anthropic-ai/claude-code"),
                             ("install-opencode.sh", "opencode-ai")):

@@ -4,12 +4,11 @@ the mock app-server (tests/backends/backends_mock_app_server.py) playing a scrip
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+from backends_helpers import write_mock
 from core_helpers import install_agent
 
-MOCK = Path(__file__).resolve().parent.parent / "backends" / "backends_mock_app_server.py"
 CODEX_CONFIG = ('model = "gpt-5.5"\nmodel_provider = "fake"\n[model_providers.fake]\nname = "Fake"\n'
                 'base_url = "http://127.0.0.1:9/v1"\nenv_key = "FAKE_PROVIDER_API_KEY"\nwire_api = "responses"\n')
 
@@ -37,9 +36,7 @@ def install(caldera_env: Path, tmp: Path, plane_url: str, instance: int, on_turn
     """The agent `demo` with the mock Codex playing `on_turn`; returns its workspace."""
     script = tmp / "codex.script.json"
     script.write_text(json.dumps({"on_turn": on_turn}))
-    binary = tmp / "codex"
-    binary.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{MOCK}" --script "{script}" "$@"\n')
-    binary.chmod(0o755)
+    binary = write_mock(tmp, script)
     workspace = tmp / "workspaces" / "one"
     workspace.mkdir(parents=True)
     config = install_agent(caldera_env, base_url=plane_url, instance_id=instance,
