@@ -3,7 +3,7 @@
 With `CALDERA_RUN_SANDBOX=external` no bubblewrap (and its pid namespace) is around a CLI, and a
 command's `setsid`/`nohup` child leaves the CLI's process group: the TERM→KILL of the group at
 the run's end does not reach it, and it outlived the run (issue 43 review, F3). So the CLI is
-started as `python -m caldera.host.runreaper -- ARGV`: this process makes itself a child subreaper
+started as `python -I .../caldera/host/runreaper.py -- ARGV`: this process makes itself a child subreaper
 (prctl PR_SET_CHILD_SUBREAPER), so every orphan of the CLI's tree is reparented to it and not to
 PID 1, runs ARGV, and once ARGV has exited ends what is left of its tree (TERM, a grace, KILL),
 then exits with ARGV's status. One per run: the runtime's other children (the adapter, other
@@ -26,8 +26,10 @@ ROUNDS = 100  # a tree that forks while it is killed: bounded
 
 
 def command(argv: list[str]) -> list[str]:
-    """`argv` run under a reaper of its own."""
-    return [sys.executable, "-m", "caldera.host.runreaper", "--", *argv]
+    """`argv` run under a reaper of its own: this file as a script (stdlib only, `-I`), so that it
+    starts wherever caldera runs from, an install or a tree on PYTHONPATH (the CLI's environment
+    is built from nothing, PYTHONPATH too)."""
+    return [sys.executable, "-I", os.path.abspath(__file__), "--", *argv]
 
 
 def _subreaper() -> bool:
@@ -88,7 +90,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        print("usage: python -m caldera.host.runreaper -- COMMAND [ARG...]", file=sys.stderr)
+        print("usage: python -I runreaper.py -- COMMAND [ARG...]", file=sys.stderr)
         return 2
     if not _subreaper():
         os.execvp(argv[0], argv)
