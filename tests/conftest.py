@@ -139,3 +139,19 @@ def no_process_left_behind(tmp_path_factory):
             pass
     listing = "\n".join(f"  pid {pid}: {cmd}" for pid, cmd in sorted(left.items()))
     pytest.fail(f"{len(left)} process(es) left behind by the tests (killed now):\n{listing}", pytrace=False)
+
+
+@pytest.fixture
+def wire():
+    """A fake plane on 127.0.0.1 that answers only what the test registers (`wire.route(...)`,
+    tests/protocol/fault_helpers.py): the client's real HTTP, whatever library it is built on.
+    A request no route answered (599), or a route registered and never used (`required=False`
+    says it may be), fails the test at the end."""
+    from fault_helpers import FaultPlane
+
+    plane = FaultPlane(strict=True).start()
+    yield plane
+    plane.stop()
+    assert not plane.unmatched, "requests no route answered: " + ", ".join(
+        f"{seen.method} {seen.path}" for seen in plane.unmatched)
+    assert not plane.unfired(), f"routes never used: {plane.unfired()}"

@@ -5,8 +5,8 @@ import struct
 import zipfile
 
 import pytest
-import responses
-from skills_helpers import API, FakeRuntime, content_md5_mapping, run, snapshot, zip_bytes
+from fault_helpers import API
+from skills_helpers import FakeRuntime, content_md5_mapping, run, snapshot, zip_bytes
 
 from caldera.errors import CommandError
 from caldera.skills import md5
@@ -50,15 +50,14 @@ CORPUS = {
 
 
 @pytest.fixture
-def installed(tmp_path):
+def installed(tmp_path, wire):
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep.txt").write_text("must survive")
-    runtime = FakeRuntime(tmp_path)
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.GET, f"{API}/skills/versions/ver_1/download", body=zip_bytes(GOOD), status=200)
-        result = run(runtime, "install_skill", {"skill_id": "skill_3", "skill_version": "ver_1",
-                                                "target_name": "weather", "content_md5": GOOD_MD5})
+    runtime = FakeRuntime(tmp_path, base_url=wire.url)
+    wire.route("GET", f"{API}/skills/versions/ver_1/download", body=zip_bytes(GOOD), status=200, times=1)
+    result = run(runtime, "install_skill", {"skill_id": "skill_3", "skill_version": "ver_1",
+                                            "target_name": "weather", "content_md5": GOOD_MD5})
     return runtime, result
 
 
@@ -80,53 +79,47 @@ def test_good_install(installed, tmp_path):
 
 @pytest.mark.filterwarnings("ignore:Duplicate name")
 @pytest.mark.parametrize("case", sorted(CORPUS))
-def test_hostile_archive_refused(installed, tmp_path, case):
+def test_hostile_archive_refused(installed, tmp_path, wire, case):
     runtime, _ = installed
     build, needle = CORPUS[case]
     before = snapshot(tmp_path)
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.GET, f"{API}/skills/versions/ver_2/download", body=build(), status=200)
-        with pytest.raises(CommandError) as err:
-            run(runtime, "update_skill", {"skill_version": "ver_2", "target_name": "weather"})
+    wire.route("GET", f"{API}/skills/versions/ver_2/download", body=build(), status=200)
+    with pytest.raises(CommandError) as err:
+        run(runtime, "update_skill", {"skill_version": "ver_2", "target_name": "weather"})
     assert needle in str(err.value)
     assert snapshot(tmp_path) == before  # nothing inside or outside the roots touched; old version intact
     assert not (tmp_path.parent / "x").exists()
 
 
-def test_md5_mismatch_keeps_old_version(installed, tmp_path):
+def test_md5_mismatch_keeps_old_version(installed, tmp_path, wire):
     runtime, _ = installed
     before = snapshot(tmp_path)
     new = [("weather/SKILL.md", b"v2\n")]
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.GET, f"{API}/skills/versions/ver_2/download", body=zip_bytes(new), status=200)
-        with pytest.raises(CommandError, match="content_md5 mismatch"):
-            run(runtime, "update_skill", {"skill_version": "ver_2", "target_name": "weather",
-                                          "content_md5": "0" * 32})
+    wire.route("GET", f"{API}/skills/versions/ver_2/download", body=zip_bytes(new), status=200)
+    with pytest.raises(CommandError, match="content_md5 mismatch"):
+        run(runtime, "update_skill", {"skill_version": "ver_2", "target_name": "weather", "content_md5": "0" * 32})
     assert snapshot(tmp_path) == before
 
 
-def test_update_replaces_atomically(installed, tmp_path):
+def test_update_replaces_atomically(installed, tmp_path, wire):
     runtime, _ = installed
     new = [("renamed-top/SKILL.md", b"v2\n")]
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.GET, f"{API}/skills/versions/ver_2/download", body=zip_bytes(new), status=200)
-        result = run(runtime, "update_skill", {"skill_version": "ver_2", "target_name": "weather",
-                                               "content_md5": content_md5_mapping({"SKILL.md": b"v2\n"})})
+    wire.route("GET", f"{API}/skills/versions/ver_2/download", body=zip_bytes(new), status=200)
+    result = run(runtime, "update_skill", {"skill_version": "ver_2", "target_name": "weather",
+                                           "content_md5": content_md5_mapping({"SKILL.md": b"v2\n"})})
     target = runtime.paths.state_dir / "skills" / "weather"
     assert result["replaced"] is True
     assert sorted(p.name for p in target.iterdir() if not p.name.startswith(".")) == ["SKILL.md"]
     assert sorted(p.name for p in target.parent.iterdir()) == [".caldera-lock", "weather"]
 
 
-def test_download_failure_and_missing_version(installed, tmp_path):
+def test_download_failure_and_missing_version(installed, tmp_path, wire):
     runtime, _ = installed
     before = snapshot(tmp_path)
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.GET, f"{API}/skills/versions/ver_9/download", json={"success": False,
-                                                                             "error": "skill version not found"},
-                 status=500)
-        with pytest.raises(CommandError, match="downloading skill version ver_9 failed"):
-            run(runtime, "install_skill", {"skill_version": "ver_9", "target_name": "weather"})
+    wire.route("GET", f"{API}/skills/versions/ver_9/download", status=500,
+               json={"success": False, "error": "skill version not found"})
+    with pytest.raises(CommandError, match="downloading skill version ver_9 failed"):
+        run(runtime, "install_skill", {"skill_version": "ver_9", "target_name": "weather"})
     with pytest.raises(CommandError, match="needs skill_version"):
         run(runtime, "install_skill", {"target_name": "weather"})
     assert snapshot(tmp_path) == before
