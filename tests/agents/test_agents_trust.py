@@ -9,10 +9,10 @@ import json
 from pathlib import Path
 
 import pytest
-import responses
 import yaml
 from adapter_helpers import setting
-from skills_helpers import API, FakeRuntime, ctx, run
+from fault_helpers import API
+from skills_helpers import BASE, FakeRuntime, ctx, run
 
 from caldera.agents import trust, updates, window
 from caldera.agents.manifest import load_manifest
@@ -23,8 +23,8 @@ REVISIONS = Path(__file__).resolve().parent / "revisions"
 HOSTILE = sorted(REVISIONS.glob("hostile_*.yaml"))
 
 
-def _installed(tmp_path) -> FakeRuntime:
-    rt = FakeRuntime(tmp_path)
+def _installed(tmp_path, base_url: str = BASE) -> FakeRuntime:
+    rt = FakeRuntime(tmp_path, base_url=base_url)
     rt.paths.manifest_path.write_text((REVISIONS / "installed.yaml").read_text())
     return rt
 
@@ -36,10 +36,9 @@ def _envelope(content: dict, rev_id: int) -> bytes:
             % (rev_id, raw, checksum.encode()))
 
 
-def _apply(rt, rev_id: int, content: dict):
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.GET, f"{API}/config/revisions/{rev_id}", body=_envelope(content, rev_id), status=200)
-        return run(rt, "apply_config_revision", {"revision_id": rev_id})
+def _apply(rt, wire, rev_id: int, content: dict):
+    wire.route("GET", f"{API}/config/revisions/{rev_id}", body=_envelope(content, rev_id), status=200, times=1)
+    return run(rt, "apply_config_revision", {"revision_id": rev_id})
 
 
 def _key_of(fixture: Path) -> str:
@@ -47,14 +46,14 @@ def _key_of(fixture: Path) -> str:
 
 
 @pytest.mark.parametrize("fixture", HOSTILE, ids=lambda p: p.stem)
-def test_a_hostile_revision_is_refused_as_a_whole_naming_the_key(tmp_path, fixture):
-    rt = _installed(tmp_path)
+def test_a_hostile_revision_is_refused_as_a_whole_naming_the_key(tmp_path, fixture, wire):
+    rt = _installed(tmp_path, wire.url)
     rt.state.set("current_config_revision_id", 4)
     before = rt.paths.manifest_path.read_bytes()
     # The settings ride along in the same revision: refused as a whole means they are not applied either.
     content = {"manifest": fixture.read_text(), "settings": {"max_7d": 0.5}}
     with pytest.raises(CommandError) as err:
-        _apply(rt, 12, content)
+        _apply(rt, wire, 12, content)
     message = str(err.value)
     assert _key_of(fixture) in message and "refused as a whole, nothing applied" in message
     assert rt.paths.manifest_path.read_bytes() == before
@@ -64,18 +63,18 @@ def test_a_hostile_revision_is_refused_as_a_whole_naming_the_key(tmp_path, fixtu
     assert load_effective(rt.paths).command == load_manifest(rt.paths.manifest_path).command
 
 
-def test_runtime_keys_at_the_top_of_a_revision_are_refused_too(tmp_path):
-    rt = _installed(tmp_path)
+def test_runtime_keys_at_the_top_of_a_revision_are_refused_too(tmp_path, wire):
+    rt = _installed(tmp_path, wire.url)
     with pytest.raises(CommandError, match=r"refused as a whole.*env: changes what the host runs"):
-        _apply(rt, 5, {"env": {"LD_PRELOAD": "/tmp/x.so"}, "mode": "bundle"})
+        _apply(rt, wire, 5, {"env": {"LD_PRELOAD": "/tmp/x.so"}, "mode": "bundle"})
     with pytest.raises(CommandError, match=r"mcp\.shell\.command"):
-        _apply(rt, 6, {"mcp": {"shell": {"command": ["sh"]}}})
+        _apply(rt, wire, 6, {"mcp": {"shell": {"command": ["sh"]}}})
 
 
-def test_what_the_agent_is_told_is_applied_over_a_read_only_etc(tmp_path):
-    rt = _installed(tmp_path)
+def test_what_the_agent_is_told_is_applied_over_a_read_only_etc(tmp_path, wire):
+    rt = _installed(tmp_path, wire.url)
     installed = rt.paths.manifest_path.read_bytes()
-    result = _apply(rt, 7, {"manifest": (REVISIONS / "told.yaml").read_text()})
+    result = _apply(rt, wire, 7, {"manifest": (REVISIONS / "told.yaml").read_text()})
     assert result["manifest"]["changed"] is True and result["current_config_revision_id"] == 7
     # Kept in the state dir with its revision id; the installed file and its directory are untouched.
     assert rt.paths.manifest_path.read_bytes() == installed
@@ -90,9 +89,9 @@ def test_what_the_agent_is_told_is_applied_over_a_read_only_etc(tmp_path):
     assert effective.command == load_manifest(rt.paths.manifest_path).command
 
 
-def test_a_stored_update_that_no_longer_fits_the_installed_manifest_is_ignored(tmp_path):
-    rt = _installed(tmp_path)
-    _apply(rt, 7, {"manifest": (REVISIONS / "told.yaml").read_text()})
+def test_a_stored_update_that_no_longer_fits_the_installed_manifest_is_ignored(tmp_path, wire):
+    rt = _installed(tmp_path, wire.url)
+    _apply(rt, wire, 7, {"manifest": (REVISIONS / "told.yaml").read_text()})
     # The operator installs a blueprint with tighter bounds: the stored update would now widen them.
     rt.paths.manifest_path.write_text(rt.paths.manifest_path.read_text().replace("max: 0.95", "max: 0.8"))
     effective = load_effective(rt.paths)
@@ -173,15 +172,14 @@ def test_controls_only_as_a_subset_and_enum_options_only_fewer():
     assert "may not add" in trust.check_update(BASE, doc)[0]
 
 
-def test_a_revision_nested_too_deep_is_refused_with_a_sentence(tmp_path):
-    rt = _installed(tmp_path)
+def test_a_revision_nested_too_deep_is_refused_with_a_sentence(tmp_path, wire):
+    rt = _installed(tmp_path, wire.url)
     raw = b"[" * 20000 + b"]" * 20000
     body = (b'{"success":true,"data":{"revision":{"id":3,"content":%s,"checksum":"sha256:%s"}}}'
             % (raw, hashlib.sha256(raw).hexdigest().encode()))
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.GET, f"{API}/config/revisions/3", body=body, status=200)
-        with pytest.raises(CommandError, match="nested deeper than 64 levels"):
-            run(rt, "apply_config_revision", {"revision_id": 3})
+    wire.route("GET", f"{API}/config/revisions/3", body=body, status=200)
+    with pytest.raises(CommandError, match="nested deeper than 64 levels"):
+        run(rt, "apply_config_revision", {"revision_id": 3})
 
 
 def test_a_transient_failure_is_recorded_as_an_outcome_too(tmp_path, monkeypatch):

@@ -162,9 +162,20 @@ def _handler(plane: FaultPlane):
         def log_message(self, *args):
             pass
 
+        def _body(self) -> bytes:
+            if self.headers.get("Transfer-Encoding", "").lower() != "chunked":
+                length = int(self.headers.get("Content-Length") or 0)
+                return self.rfile.read(length) if length else b""
+            chunks = []  # a client streaming a body of unknown length (http.client does for an iterable)
+            while size := int(self.rfile.readline().split(b";")[0], 16):
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                pass  # the trailer
+            return b"".join(chunks)
+
         def _serve(self):
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""
+            body = self._body()
             seen = Seen(self.command, self.path, self.headers, body)
             plane.requests.append(seen)
             fault = plane._take_fault(self.command, self.path)

@@ -4,8 +4,8 @@ import hashlib
 import json
 
 import pytest
-import responses
-from skills_helpers import API, FakeRuntime, run
+from fault_helpers import API
+from skills_helpers import FakeRuntime, run
 
 from caldera.agents import revisions
 from caldera.errors import CommandError
@@ -42,11 +42,10 @@ def test_checksum_is_over_raw_bytes_not_reserialised():
     assert revisions.value_span(raw, ("data", "revision", "content")) == CONTENT
 
 
-def test_apply_stores_and_records(tmp_path):
-    rt = FakeRuntime(tmp_path)
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(CONTENT), status=200)
-        result = run(rt, "apply_config_revision", {"revision_id": 9, "snapshot_id": 2})
+def test_apply_stores_and_records(tmp_path, wire):
+    rt = FakeRuntime(tmp_path, base_url=wire.url)
+    wire.route("GET", f"{API}/config/revisions/9", body=envelope(CONTENT), status=200)
+    result = run(rt, "apply_config_revision", {"revision_id": 9, "snapshot_id": 2})
     assert result["current_config_revision_id"] == 9 and rt.state.get("current_config_revision_id") == 9
     assert result["bootstrap_manifest"] == {"mode": "bundle", "resources": 1, "recorded": True}
     stored = rt.paths.state_dir / "config-revisions"
@@ -55,45 +54,41 @@ def test_apply_stores_and_records(tmp_path):
     assert rt.reports == 1
 
 
-def test_checksum_mismatch_applies_nothing(tmp_path):
-    rt = FakeRuntime(tmp_path)
+def test_checksum_mismatch_applies_nothing(tmp_path, wire):
+    rt = FakeRuntime(tmp_path, base_url=wire.url)
     rt.state.set("current_config_revision_id", 4)
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(CONTENT, "sha256:" + "0" * 64), status=200)
-        with pytest.raises(CommandError, match="checksum mismatch"):
-            run(rt, "apply_config_revision", {"revision_id": 9})
-        rsps.add(responses.GET, f"{API}/config/revisions/10", status=404, body=b"")
-        with pytest.raises(CommandError, match="revision 10 not found"):
-            run(rt, "apply_config_revision", {"revision_id": 10})
+    wire.route("GET", f"{API}/config/revisions/9", body=envelope(CONTENT, "sha256:" + "0" * 64), status=200)
+    with pytest.raises(CommandError, match="checksum mismatch"):
+        run(rt, "apply_config_revision", {"revision_id": 9})
+    wire.route("GET", f"{API}/config/revisions/10", status=404, body=b"")
+    with pytest.raises(CommandError, match="revision 10 not found"):
+        run(rt, "apply_config_revision", {"revision_id": 10})
     assert rt.state.get("current_config_revision_id") == 4
     assert not (rt.paths.state_dir / "config-revisions").exists()
 
 
-def test_settings_go_through_the_adapter(tmp_path):
+def test_settings_go_through_the_adapter(tmp_path, wire):
     content = b'{"settings":{"threshold":0.5}}'
-    rt = FakeRuntime(tmp_path, driver=Driver())
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(content), status=200)
-        result = run(rt, "apply_config_revision", {"revision_id": "9"})
+    rt = FakeRuntime(tmp_path, base_url=wire.url, driver=Driver())
+    wire.route("GET", f"{API}/config/revisions/9", body=envelope(content), status=200)
+    result = run(rt, "apply_config_revision", {"revision_id": "9"})
     assert rt.driver.calls == [{"threshold": 0.5}] and result["settings"]["keys"] == ["threshold"]
     rt.driver = Driver(ok=False)
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.GET, f"{API}/config/revisions/11", body=envelope(content, rev_id=11), status=200)
-        with pytest.raises(CommandError, match="Threshold out of range"):
-            run(rt, "apply_config_revision", {"revision_id": 11})
+    wire.route("GET", f"{API}/config/revisions/11", body=envelope(content, rev_id=11), status=200)
+    with pytest.raises(CommandError, match="Threshold out of range"):
+        run(rt, "apply_config_revision", {"revision_id": 11})
     assert rt.state.get("current_config_revision_id") == 9
 
 
 MANIFEST = "name: demo\nversion: {v}\nruntime:\n  type: adapter\n  command: [python3, adapter.py]\n  workdir: .\n"
 
 
-def test_manifest_goes_through_the_blueprint_update(tmp_path):
-    rt = FakeRuntime(tmp_path)
+def test_manifest_goes_through_the_blueprint_update(tmp_path, wire):
+    rt = FakeRuntime(tmp_path, base_url=wire.url)
     rt.paths.manifest_path.write_text(MANIFEST.format(v="1.0.0"))
     content = json.dumps({"manifest": MANIFEST.format(v="1.1.0")}, separators=(",", ":")).encode()
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(content), status=200)
-        result = run(rt, "apply_config_revision", {"revision_id": 9})
+    wire.route("GET", f"{API}/config/revisions/9", body=envelope(content), status=200)
+    result = run(rt, "apply_config_revision", {"revision_id": 9})
     assert result["manifest"]["applied"] is True and result["manifest"]["version"] == "1.1.0"
     # Stored in the state dir over the installed manifest; /etc is never written (read-only there).
     assert "1.0.0" in rt.paths.manifest_path.read_text()
@@ -119,17 +114,16 @@ def test_reload_config_keeps_the_connection(tmp_path, caldera_env):
     assert result["manifest"]["version"] == "2.0.0"
 
 
-def test_process_told_keys_are_checked_before_anything_is_applied(tmp_path):
+def test_process_told_keys_are_checked_before_anything_is_applied(tmp_path, wire):
     """A revision whose `mcp` tries to change a command entry is refused whole: its settings
     are not applied either, and the current revision id stays (agents/process/told.py)."""
     driver = Driver()
-    rt = FakeRuntime(tmp_path, driver=driver)
+    rt = FakeRuntime(tmp_path, base_url=wire.url, driver=driver)
     rt.state.set("current_config_revision_id", 4)
     content = b'{"mcp":{"files":{"command":["sh","-c","x"]}},"settings":{"t":1}}'
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(content), status=200)
-        with pytest.raises(CommandError, match="refused as a whole, nothing applied: mcp.files.command"):
-            run(rt, "apply_config_revision", {"revision_id": 9})
+    wire.route("GET", f"{API}/config/revisions/9", body=envelope(content), status=200)
+    with pytest.raises(CommandError, match="refused as a whole, nothing applied: mcp.files.command"):
+        run(rt, "apply_config_revision", {"revision_id": 9})
     assert driver.calls == [] and rt.state.get("current_config_revision_id") == 4
 
 
@@ -148,24 +142,22 @@ class ToldDriver(Driver):
         return {"told": {"applied": sorted(k for k in ("instructions", "mcp") if k in content), "agent_told": True}}
 
 
-def test_a_process_agent_is_told_instructions_after_the_checks(tmp_path):
+def test_a_process_agent_is_told_instructions_after_the_checks(tmp_path, wire):
     driver = ToldDriver([])
-    rt = FakeRuntime(tmp_path, driver=driver)
+    rt = FakeRuntime(tmp_path, base_url=wire.url, driver=driver)
     content = b'{"instructions":"Be brief.","settings":{"t":1}}'
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(content), status=200)
-        result = run(rt, "apply_config_revision", {"revision_id": 9})
+    wire.route("GET", f"{API}/config/revisions/9", body=envelope(content), status=200)
+    result = run(rt, "apply_config_revision", {"revision_id": 9})
     assert result["told"] == {"applied": ["instructions"], "agent_told": True}
     assert driver.calls == [{"t": 1}] and rt.state.get("current_config_revision_id") == 9
 
 
-def test_a_process_agent_refusing_told_keys_refuses_the_whole_revision(tmp_path):
+def test_a_process_agent_refusing_told_keys_refuses_the_whole_revision(tmp_path, wire):
     driver = ToldDriver(["instructions: the installed manifest declares no instructions file"])
-    rt = FakeRuntime(tmp_path, driver=driver)
+    rt = FakeRuntime(tmp_path, base_url=wire.url, driver=driver)
     content = b'{"instructions":"x","settings":{"t":1}}'
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.GET, f"{API}/config/revisions/9", body=envelope(content), status=200)
-        with pytest.raises(CommandError, match="nothing applied: instructions: the installed manifest declares no"):
-            run(rt, "apply_config_revision", {"revision_id": 9})
+    wire.route("GET", f"{API}/config/revisions/9", body=envelope(content), status=200)
+    with pytest.raises(CommandError, match="nothing applied: instructions: the installed manifest declares no"):
+        run(rt, "apply_config_revision", {"revision_id": 9})
     assert driver.calls == [] and driver.applied == []
     assert not (rt.paths.state_dir / "config-revisions" / "9.content.json").exists()  # not even stored

@@ -6,17 +6,17 @@ import os
 import zipfile
 
 import pytest
-import responses
-from skills_helpers import API, FakeRuntime, content_md5_zip, multipart_fields, run, write_tree
+from fault_helpers import API
+from skills_helpers import FakeRuntime, content_md5_zip, multipart_fields, run, write_tree
 
 from caldera.errors import CommandError
 from caldera.skills import inventory, md5, watcher
 
 
 @pytest.fixture
-def rt(tmp_path):
+def rt(tmp_path, wire):
     extra = tmp_path / "agent-skills"
-    runtime = FakeRuntime(tmp_path, env={"CALDERA_SKILL_DIRS": f"{extra}:relative/dir"})
+    runtime = FakeRuntime(tmp_path, env={"CALDERA_SKILL_DIRS": f"{extra}:relative/dir"}, base_url=wire.url)
     skills = runtime.paths.state_dir / "skills"
     write_tree(skills / "notes", {"SKILL.md": "---\nname: Notes\nversion: 2.0.1\n---\nbody\n", "run.sh": "echo\n"})
     os.chmod(skills / "notes" / "run.sh", 0o755)
@@ -135,7 +135,7 @@ def test_missing_names_are_said(rt):
         run(rt, "disable_skill", {"target_name": "ghost"})
 
 
-def test_collect_skill_package_uploads_the_fingerprinted_files(rt):
+def test_collect_skill_package_uploads_the_fingerprinted_files(rt, wire):
     notes = rt.paths.state_dir / "skills" / "notes"
     write_tree(notes, {".git/config": "secret", "sub/.env": "KEY=1"})
     os.symlink("/etc/passwd", notes / "passwd")
@@ -143,15 +143,13 @@ def test_collect_skill_package_uploads_the_fingerprinted_files(rt):
     seen = {}
 
     def upload(request):
-        body = request.body if isinstance(request.body, bytes) else b"".join(request.body)
-        seen.update(multipart_fields(body, request.headers["Content-Type"]))
+        seen.update(multipart_fields(request.body, request.headers["Content-Type"]))
         return 201, {}, json.dumps({"success": True, "data": {"id": 5, "external_skill_id": "skill_5"}})
 
-    with responses.RequestsMock() as rsps:
-        rsps.add_callback(responses.POST, f"{API}/skills/upload", callback=upload)
-        result = run(rt, "collect_skill_package", {"skill_id": "Notes", "skill_version": "2.0.1",
-                                                   "identifier": "notes", "content_md5": expected,
-                                                   "source": "discovered_in_instance"})
+    wire.route("POST", f"{API}/skills/upload", callback=upload)
+    result = run(rt, "collect_skill_package", {"skill_id": "Notes", "skill_version": "2.0.1",
+                                               "identifier": "notes", "content_md5": expected,
+                                               "source": "discovered_in_instance"})
     assert result["content_md5"] == expected and result["uploaded"]["external_skill_id"] == "skill_5"
     filename, data = seen["file"]
     assert filename == "notes.zip"
@@ -233,7 +231,7 @@ def test_notifier_skips_stats_and_still_sees_changes(rt, monkeypatch):
 
 
 @pytest.mark.parametrize("plant", ["hardlink", "fifo"])
-def test_collect_refuses_hard_links_and_special_files(rt, tmp_path, plant):
+def test_collect_refuses_hard_links_and_special_files(rt, tmp_path, wire, plant):
     notes = rt.paths.state_dir / "skills" / "notes"
     if plant == "hardlink":
         outside = tmp_path / "credential.txt"  # a file the runtime may read, outside the skill
@@ -244,12 +242,11 @@ def test_collect_refuses_hard_links_and_special_files(rt, tmp_path, plant):
         os.mkfifo(notes / "pipe")
         expect = "'pipe' is a special file"
     expected = md5.content_md5_dir(notes)  # the fingerprint skips a FIFO and counts a hard link
-    with responses.RequestsMock() as rsps:  # no upload may happen: any request would fail here
-        with pytest.raises(CommandError, match=expect):
-            run(rt, "collect_skill_package", {"skill_id": "Notes", "skill_version": "2.0.1",
-                                              "identifier": "notes", "content_md5": expected,
-                                              "source": "discovered_in_instance"})
-        assert not rsps.calls
+    with pytest.raises(CommandError, match=expect):  # no upload may happen: no route is registered
+        run(rt, "collect_skill_package", {"skill_id": "Notes", "skill_version": "2.0.1",
+                                          "identifier": "notes", "content_md5": expected,
+                                          "source": "discovered_in_instance"})
+    assert not wire.requests
     assert not list((rt.paths.state_dir / "cache").glob(".skill-package-*"))
 
 
