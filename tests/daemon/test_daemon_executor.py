@@ -5,8 +5,8 @@ import threading
 import time
 
 import pytest
-import responses
 from core_helpers import BOOT, install_agent, make_parts
+from fault_helpers import API
 
 from caldera.daemon import life
 from caldera.daemon.executor import executor_for
@@ -14,8 +14,7 @@ from caldera.daemon.life import INTERRUPTED, life_for
 from caldera.protocol.command import parse_command
 from caldera.protocol.outbox import Outbox
 
-BASE = "http://127.0.0.1:9"
-API = BASE + "/api/v1/agent"
+BASE = "http://127.0.0.1:9"  # nothing listens: a test that talks to a plane asks for the `wire` fixture's
 
 
 def ok(data=None):
@@ -23,8 +22,8 @@ def ok(data=None):
 
 
 @pytest.fixture
-def runtime(caldera_env):
-    install_agent(caldera_env, base_url=BASE)
+def runtime(caldera_env, request):
+    install_agent(caldera_env, base_url=request.getfixturevalue("wire").url if "wire" in request.fixturenames else BASE)
     rt = make_parts(with_driver=False)
     yield rt
     rt.pool.shutdown(wait=False)
@@ -34,15 +33,14 @@ def finishes(rt):
     return [item for _, item in rt.outbox.items() if item["kind"] == "finish"]
 
 
-def mock_plane():
-    responses.add(responses.POST, API + "/register", json=ok({"session_token": "agt_sess_abcdef123"}))
-    responses.add(responses.POST, API + "/state/report", json=ok())
-    responses.add_callback(responses.POST, API + "/commands/1/start", callback=lambda r: (200, {}, "{}"))
+def mock_plane(wire):
+    wire.route("POST", API + "/register", json=ok({"session_token": "agt_sess_abcdef123"}), required=False)
+    wire.route("POST", API + "/state/report", json=ok(), required=False)
+    wire.route("POST", API + "/commands/1/start", body="{}", required=False)
 
 
-@responses.activate
-def test_unknown_type_is_finished_failed(runtime):
-    mock_plane()
+def test_unknown_type_is_finished_failed(runtime, wire):
+    mock_plane(wire)
     command = parse_command({"id": 1, "command_type": "make_coffee", "payload": {}})
     life_for(runtime).journal(command)
     assert life_for(runtime).run(command) == "failed"
@@ -50,50 +48,47 @@ def test_unknown_type_is_finished_failed(runtime):
     assert finish["body"]["error_message"] == "unsupported command type: make_coffee"
     assert finish["body"]["status"] == "failed" and finish["command_id"] == 1
     assert runtime.state.get("commands") == {}
-    assert any(c.request.url.endswith("/commands/1/start") for c in responses.calls)
+    assert wire.seen(r"/commands/1/start$")
 
 
-@responses.activate
-def test_collect_system_info_reports_and_returns_summary(runtime):
-    mock_plane()
+def test_collect_system_info_reports_and_returns_summary(runtime, wire):
+    mock_plane(wire)
     command = parse_command({"id": 1, "command_type": "collect_system_info", "payload": {}})
     life_for(runtime).journal(command)
     assert life_for(runtime).run(command) == "succeeded"
     [finish] = finishes(runtime)
-    report = json.loads([c for c in responses.calls if c.request.url.endswith("/state/report")][0].request.body)
+    report = wire.seen(r"/state/report$")[0].json()
     assert finish["body"]["result"]["system_info"]["cpu"]["cores"] == report["system_info"]["cpu"]["cores"]
     assert report["runtime"]["current_config_revision_id"] is None
     assert "openclaw_pid" in report["runtime"]
 
 
-@responses.activate
-def test_invalid_payload_is_refused_before_running(runtime):
-    mock_plane()
+def test_invalid_payload_is_refused_before_running(runtime, wire):
+    mock_plane(wire)
     command = parse_command({"id": 1, "command_type": "collect_system_info", "payload": ["not", "an", "object"]})
     life_for(runtime).journal(command)
     life_for(runtime).run(command)
     [finish] = finishes(runtime)
     assert "invalid payload for collect_system_info" in finish["body"]["error_message"]
-    assert not any(c.request.url.endswith("/state/report") for c in responses.calls)
+    assert not wire.seen(r"/state/report$")
 
 
-@responses.activate
-def test_404_on_start_finishes_failed_without_running(runtime):
-    responses.add(responses.POST, API + "/register", json=ok({"session_token": "agt_sess_abcdef123"}))
-    responses.add(responses.POST, API + "/commands/1/start", status=404,
-                  json={"success": False, "error": "no such command"})
+def test_404_on_start_finishes_failed_without_running(runtime, wire):
+    wire.route("POST", API + "/register", json=ok({"session_token": "agt_sess_abcdef123"}), required=False)
+    wire.route("POST", API + "/commands/1/start", status=404, json={"success": False, "error": "no such command"},
+               required=False)
     command = {"id": 1, "command_type": "collect_system_info", "payload": {}}
     life_for(runtime).journal(parse_command(command))
     life_for(runtime).run(parse_command(command))
     [finish] = finishes(runtime)
     assert "does not know this command" in finish["body"]["error_message"]
-    assert not any(c.request.url.endswith("/state/report") for c in responses.calls)
+    assert not wire.seen(r"/state/report$")  # (and the fixture fails on a request no route answers)
 
 
-@responses.activate
-def test_start_during_outage_is_queued_before_the_finish(runtime):
-    responses.add(responses.POST, API + "/register", json=ok({"session_token": "agt_sess_abcdef123"}))
-    responses.add(responses.POST, API + "/commands/1/start", status=503, json={"success": False, "error": "down"})
+def test_start_during_outage_is_queued_before_the_finish(runtime, wire):
+    wire.route("POST", API + "/register", json=ok({"session_token": "agt_sess_abcdef123"}), required=False)
+    wire.route("POST", API + "/commands/1/start", status=503, json={"success": False, "error": "down"},
+               required=False)
     command = parse_command({"id": 1, "command_type": "make_coffee", "payload": {}})
     life_for(runtime).journal(command)
     life_for(runtime).run(command)

@@ -7,9 +7,9 @@ import re
 import threading
 
 import pytest
-import responses
 from core_helpers import install_agent, make_parts
 from daemon_helpers import wait_for
+from fault_helpers import API
 from fault_inject_helpers import Faulty, enospc
 
 from caldera.daemon import lanes as lanes_module
@@ -20,22 +20,19 @@ from caldera.daemon.reporter import report_loop
 from caldera.protocol.command import parse_command
 from caldera.skills import store, watcher
 
-BASE = "http://127.0.0.1:9"
-API = BASE + "/api/v1/agent"
 WAIT = 30.0  # generous: the loops back off 1 s, then 2 s, between the injected faults
 
 
 @pytest.fixture
-def rsps():
-    with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
-        mock.add(responses.POST, API + "/register",
-                 json={"success": True, "data": {"session_token": "agt_sess_x1234567"}})
-        yield mock
+def registered(wire):
+    wire.route("POST", API + "/register", json={"success": True, "data": {"session_token": "agt_sess_x1234567"}},
+               required=False)
+    return wire
 
 
 @pytest.fixture
-def rt(caldera_env, rsps):
-    install_agent(caldera_env, base_url=BASE)
+def rt(caldera_env, registered):
+    install_agent(caldera_env, base_url=registered.url)
     parts = make_parts(with_driver=False)
     yield parts
     parts.wake.shutdown()
@@ -59,11 +56,11 @@ def start(rt):
         thread.join(WAIT)
 
 
-def test_reporter_survives_a_status_snapshot_that_cannot_be_written(rt, rsps, start):
+def test_reporter_survives_a_status_snapshot_that_cannot_be_written(rt, registered, start):
     """status.json on a full disk: before, the error ended the reporter for good."""
     reports = []
-    rsps.add_callback(responses.POST, API + "/state/report",
-                         callback=lambda request: (reports.append(1), (200, {}, '{"success":true}'))[1])
+    registered.route("POST", API + "/state/report",
+               callback=lambda request: (reports.append(1), (200, {}, '{"success":true}'))[1])
     snapshot = Faulty(lambda: None, times=2)
     thread = start("reporter", report_loop, rt.client, rt.reports, rt.wake, rt.live, lambda: 0.1,
                    rt.redactor, snapshot)
@@ -73,12 +70,12 @@ def test_reporter_survives_a_status_snapshot_that_cannot_be_written(rt, rsps, st
     assert thread.is_alive()
 
 
-def test_sender_survives_an_outbox_it_cannot_list_and_then_delivers_the_entry(rt, rsps, start):
+def test_sender_survives_an_outbox_it_cannot_list_and_then_delivers_the_entry(rt, registered, start):
     """No descriptors left (EMFILE): the pass fails, and so did the depth its log line asked
     for, inside the handler: the sender died and the finish stayed undelivered until a restart."""
     finishes = []
-    rsps.add_callback(responses.POST, re.compile(API + r"/commands/\d+/finish"),
-                         callback=lambda request: (finishes.append(request.url), (200, {}, '{"success":true}'))[1])
+    registered.route("POST", re.compile(API + r"/commands/\d+/finish$"),
+               callback=lambda request: (finishes.append(request.path), (200, {}, '{"success":true}'))[1])
     rt.outbox.put("finish", {"command_id": 41, "body": {"status": "succeeded"}})
     rt.outbox._names = Faulty(rt.outbox._names, times=2, error=lambda: OSError(errno.EMFILE, "Too many open files"))
     thread = start("sender", sender.sender_loop, rt.client, rt.outbox, rt.wake, rt.live, rt.redactor)
@@ -88,11 +85,11 @@ def test_sender_survives_an_outbox_it_cannot_list_and_then_delivers_the_entry(rt
     assert thread.is_alive()
 
 
-def test_sender_keeps_an_entry_it_failed_to_send(rt, rsps, start):
+def test_sender_keeps_an_entry_it_failed_to_send(rt, registered, start):
     """A bug in the delivery (not the plane's answer): the entry stays and goes out later."""
     finishes = []
-    rsps.add_callback(responses.POST, re.compile(API + r"/commands/\d+/finish"),
-                         callback=lambda request: (finishes.append(request.url), (200, {}, '{"success":true}'))[1])
+    registered.route("POST", re.compile(API + r"/commands/\d+/finish$"),
+               callback=lambda request: (finishes.append(request.path), (200, {}, '{"success":true}'))[1])
     rt.outbox.put("finish", {"command_id": 42, "body": {"status": "succeeded"}})
     rt.client.finish_command = Faulty(rt.client.finish_command, times=2, error=lambda: RuntimeError("a bug"))
     thread = start("sender", sender.sender_loop, rt.client, rt.outbox, rt.wake, rt.live, rt.redactor)
@@ -141,11 +138,11 @@ def test_a_lane_survives_failing_commands_says_so_once_and_runs_the_next(monkeyp
     assert executor.settled == [1, 2, 3]
 
 
-def test_skills_watcher_survives_a_failed_recovery_and_publishes_after(rt, rsps, start, monkeypatch):
+def test_skills_watcher_survives_a_failed_recovery_and_publishes_after(rt, registered, start, monkeypatch):
     """The swap recovery before the first scan raised outside any handler: no watcher, no inventory."""
     inventories = []
-    rsps.add_callback(responses.POST, API + "/skills/inventory",
-                         callback=lambda request: (inventories.append(1), (200, {}, '{"success":true}'))[1])
+    registered.route("POST", API + "/skills/inventory", required=False,
+               callback=lambda request: (inventories.append(1), (200, {}, '{"success":true}'))[1])
     recover = Faulty(store.recover, times=2)
     monkeypatch.setattr(store, "recover", recover)
     thread = start("skills", watcher.skills_loop, rt.publisher, rt.wake, rt.live)

@@ -1,16 +1,12 @@
 """Loops driven with a fast clock: each wait records its delay and returns at once."""
-import json
 import random
 import threading
 
-import responses
 from core_helpers import install_agent, make_parts
+from fault_helpers import API
 
 from caldera.daemon import sender
 from caldera.protocol.retry import Backoff
-
-BASE = "http://127.0.0.1:9"
-API = BASE + "/api/v1/agent"
 
 
 class RecordingEvent(threading.Event):
@@ -37,12 +33,10 @@ def test_backoff_schedule_with_jitter_bounds():
     assert backoff.next_delay() <= 1.2
 
 
-@responses.activate
-def test_sender_backs_off_through_an_outage_then_delivers_everything(caldera_env):
-    install_agent(caldera_env, base_url=BASE)
+def test_sender_backs_off_through_an_outage_then_delivers_everything(caldera_env, wire):
+    install_agent(caldera_env, base_url=wire.url)
     rt = make_parts(with_driver=False)
-    responses.add(responses.POST, API + "/register",
-                  json={"success": True, "data": {"session_token": "agt_sess_x1234567"}})
+    wire.route("POST", API + "/register", json={"success": True, "data": {"session_token": "agt_sess_x1234567"}})
     for i in range(3):
         rt.outbox.put("finish", {"command_id": i, "body": {"status": "succeeded"}})
     outage = {"left": 7}
@@ -53,7 +47,7 @@ def test_sender_backs_off_through_an_outage_then_delivers_everything(caldera_env
             return 503, {}, '{"success":false,"error":"down"}'
         return 200, {}, '{"success":true}'
 
-    responses.add_callback(responses.POST, __import__("re").compile(API + r"/commands/\d+/finish"), callback=finish)
+    wire.route("POST", __import__("re").compile(API + r"/commands/\d+/finish$"), callback=finish)
     rt.outbox.wakeup = RecordingEvent(stop_after=12, stop=rt.wake.stop)
     sender.sender_loop(rt.client, rt.outbox, rt.wake, rt.live, rt.redactor)
     delays = rt.outbox.wakeup.delays
@@ -62,28 +56,26 @@ def test_sender_backs_off_through_an_outage_then_delivers_everything(caldera_env
         assert base * 0.8 <= delay <= base * 1.2
     assert delays[len(bases)] == sender.IDLE_WAIT  # delivered: back to idle
     assert rt.outbox.depth() == 0
-    delivered = [c.request.url for c in responses.calls if c.response.status_code == 200 and "finish" in c.request.url]
+    delivered = [c.path for c in wire.seen("finish") if c.status == 200]
     assert [u.rsplit("/", 2)[-2] for u in delivered] == ["0", "1", "2"]  # in order, each once
     rt.pool.shutdown(wait=False)
 
 
-@responses.activate
-def test_sender_moves_permanently_refused_items_aside(caldera_env):
-    install_agent(caldera_env, base_url=BASE)
+def test_sender_moves_permanently_refused_items_aside(caldera_env, wire):
+    install_agent(caldera_env, base_url=wire.url)
     rt = make_parts(with_driver=False)
-    responses.add(responses.POST, API + "/register",
-                  json={"success": True, "data": {"session_token": "agt_sess_x1234567"}})
-    responses.add(responses.POST, API + "/commands/1/finish", status=400,
-                  json={"success": False, "error": "status must be succeeded or failed"})
-    responses.add(responses.POST, API + "/commands/2/finish", json={"success": True})
+    wire.route("POST", API + "/register", json={"success": True, "data": {"session_token": "agt_sess_x1234567"}})
+    wire.route("POST", API + "/commands/1/finish", status=400,
+               json={"success": False, "error": "status must be succeeded or failed"})
+    wire.route("POST", API + "/commands/2/finish", json={"success": True})
     rt.outbox.put("finish", {"command_id": 1, "body": {}})
     rt.outbox.put("finish", {"command_id": 2, "body": {}})
     assert sender.flush(rt.client, rt.outbox, rt.wake.stop) is True
     assert len(list((rt.outbox.dir / "rejected").glob("*.json"))) == 1
     assert "status must be" in next((rt.outbox.dir / "rejected").glob("*.reason")).read_text()
-    tries = [c for c in responses.calls if c.request.url.endswith("/commands/1/finish")]
+    tries = wire.seen(r"/commands/1/finish$")
     assert len(tries) == 2  # as queued, then cut to what the server accepts
-    assert json.loads(tries[1].request.body)["result"]["cut"] is True
+    assert tries[1].json()["result"]["cut"] is True
     rt.pool.shutdown(wait=False)
 
 

@@ -3,8 +3,8 @@ report, the error taxonomy as the CLI and the loops see it."""
 import threading
 
 import pytest
-import responses
 from core_helpers import install_agent, make_parts
+from fault_helpers import API
 
 from caldera import errors
 from caldera.cli import main as cli_main
@@ -15,13 +15,12 @@ from caldera.protocol import client as api
 from caldera.protocol.command import parse_command
 from caldera.protocol.retry import Backoff
 
-BASE = "http://127.0.0.1:9"
-API = BASE + "/api/v1/agent"
+BASE = "http://127.0.0.1:9"  # nothing listens: a test that talks to a plane asks for the `wire` fixture's
 
 
 @pytest.fixture
-def parts(caldera_env):
-    install_agent(caldera_env, base_url=BASE)
+def parts(caldera_env, request):
+    install_agent(caldera_env, base_url=request.getfixturevalue("wire").url if "wire" in request.fixturenames else BASE)
     built = make_parts(with_driver=False)
     yield built
     built.pool.shutdown(wait=False)
@@ -73,8 +72,7 @@ def test_an_unusable_desired_revision_is_ignored_with_one_line(parts, caplog):
     assert 9 not in seen  # the one in effect, though spelled as a string
 
 
-@responses.activate
-def test_drop_counters_reach_the_report_health_and_state_json(parts):
+def test_drop_counters_reach_the_report_health_and_state_json(parts, wire):  # no route: no request may go out
     parts.outbox.max_items = 1
     parts.outbox.put("inventory", {"body": {}})
     parts.outbox.put("inventory", {"body": {}})  # the older inventory is dropped to keep the bound
@@ -90,20 +88,17 @@ class RunningDriver:
                 "settings": None, "controls": []}
 
 
-@responses.activate
-def test_final_report_after_sigterm_says_stopping(parts):
+def test_final_report_after_sigterm_says_stopping(parts, wire):
     parts.current.replace(driver=RunningDriver())
     parts.reports.section()  # the agent said "running" in the last report
-    responses.add(responses.POST, API + "/register", json={"success": True, "data": {"session_token": "agt_sess_x1"}})
-    responses.add(responses.POST, API + "/state/report", json={"success": True})
+    wire.route("POST", API + "/register", json={"success": True, "data": {"session_token": "agt_sess_x1"}})
+    wire.route("POST", API + "/state/report", json={"success": True})
     daemon_run._final_flush(parts, __import__("time").monotonic() + 10)
-    import json
-    [call] = [c for c in responses.calls if c.request.url.endswith("/state/report")]
-    assert json.loads(call.request.body)["runtime"]["runtime_status"] == "stopping"
+    [call] = wire.seen(r"/state/report$")
+    assert call.json()["runtime"]["runtime_status"] == "stopping"
 
 
-@responses.activate
-def test_final_report_asks_the_declared_interface_not_an_attribute(parts):
+def test_final_report_asks_the_declared_interface_not_an_attribute(parts, wire):
     """Only a ProcessDriver gets a fresh section at the stop; an adapter-mode driver that
     happens to have a `supervise` attribute is not mistaken for one."""
     class LooksSupervised(RunningDriver):
@@ -117,8 +112,9 @@ def test_final_report_asks_the_declared_interface_not_an_attribute(parts):
     driver = LooksSupervised()
     parts.current.replace(driver=driver)
     parts.reports.section()  # the last report's section, which the final report repeats
-    responses.add(responses.POST, API + "/register", json={"success": True, "data": {"session_token": "agt_sess_x1"}})
-    responses.add(responses.POST, API + "/state/report", json={"success": True})
+    wire.route("POST", API + "/register", json={"success": True, "data": {"session_token": "agt_sess_x1"}},
+               required=False)
+    wire.route("POST", API + "/state/report", json={"success": True}, required=False)
     daemon_run._final_flush(parts, __import__("time").monotonic() + 10)
     assert driver.asked == 1  # not asked again at the stop
 
