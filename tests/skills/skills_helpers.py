@@ -76,7 +76,7 @@ class CountingWakeups(Wakeups):
 class FakeRuntime:
     """The parts a skill or revision handler uses, real except the Settings and Paths doubles."""
 
-    def __init__(self, tmp: Path, env=None, client=True, driver=None, base_url: str = BASE):
+    def __init__(self, tmp: Path, env=None, client=True, driver=None, base_url: str | None = None):
         self.paths = Paths(tmp / "state", tmp / "config")
         self.paths.state_dir.mkdir(parents=True, exist_ok=True)
         self.paths.config_dir.mkdir(parents=True, exist_ok=True)
@@ -90,7 +90,7 @@ class FakeRuntime:
         if client:
             from caldera.protocol.client import ControlPlaneClient, Transport
 
-            self.client = ControlPlaneClient(Transport(base_url), FakeAuth())
+            self.client = ControlPlaneClient(Transport(base_url or BASE), FakeAuth())
         self.publisher = Publisher(state_dir=self.paths.state_dir, env=lambda: self.current.settings.env,
                                    runtime_type="caldera", agent_id=self.agent_id, outbox=self.outbox,
                                    state=self.state, on_count=self.live.set_skill_count,
