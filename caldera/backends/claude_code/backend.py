@@ -28,7 +28,7 @@ from caldera.backends import leftovers
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
 from caldera.backends.claude_code import config as cc
 from caldera.backends.claude_code.normalize import Normalizer
-from caldera.backends.confine import runtime_roots
+from caldera.backends.confine import other_workspace_roots, own_roots_in, runtime_roots
 from caldera.backends.events import EVENT_TYPES, EventSink
 from caldera.backends.forwarder import Forwarder, TokenRoute, Upstream
 from caldera.backends.projection import Projection
@@ -194,9 +194,13 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
         if inside is not None:
             raise Refused(f"the workspace {run.workspace} lies inside the runtime's secrets ({inside}): "
                           "the agent's commands would read them")
+        # the other agents' workspace roots denied too; this agent's own roots inside one stay readable
+        own = [*config.workspace_roots(environment.env), workspace]
+        others = other_workspace_roots(environment.config_root, own)
         private_dir = _private_dir()
         try:
-            confinement = cc.confine([*roots, *secrets], [workspace, str(private_dir)],
+            allowed = dict.fromkeys([workspace, str(private_dir), *own_roots_in(own, others)])
+            confinement = cc.confine([*roots, *others, *secrets], list(allowed),
                                      cc.local_addresses() if run.policy.network else [])
             settings = cc.policy_settings(run.policy, run.workspace, confinement, plan.settings)
             for sub in ("home", "home/.claude", "tmp"):
