@@ -92,7 +92,11 @@ def hidden_paths(environment: Environment) -> tuple[list[str], list[str]]:
 
     def real(paths: Sequence[str | None]) -> list[str]:
         return sorted({os.path.realpath(p) for p in paths if p and os.path.lexists(p)})
-    return real(roots), real(secrets)
+    # The private root even when no run holds it yet: this run's own private dir makes it
+    # before the CLI starts, and runs started after this one put their HOME and TMPDIR in it
+    # (measured, bench_many: the first of three runs at once read the two others' HOMEs)
+    private = os.path.realpath(leftovers.private_root())
+    return sorted({*real(roots), private}), real(secrets)
 
 
 def sandbox_helpers(env: Mapping[str, str]) -> dict[str, str | None]:
