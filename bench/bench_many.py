@@ -324,7 +324,8 @@ def main() -> int:
         print(f"  note: {note}")
     for problem in problems:
         print(f"  PROBLEM: {problem}")
-    print(json.dumps({"bench": "many", "turns": len(results), "together_s": round(together, 2), "barrier_s": round(gated, 2),
+    print(json.dumps({"bench": "many", "turns": len(results), "together_s": round(together, 2),
+                      "barrier_s": round(gated, 2),
                       "singles_s": {b: round(s["wall"], 2) for b, s in singles.items()}, "homes_marked": alive,
                       "left_running": len(left), "problems": problems, "ok": not problems}))
     return 0 if not problems else 1
