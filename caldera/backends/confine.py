@@ -102,7 +102,8 @@ def other_workspace_roots(config_root: str | None, own: Iterable[str]) -> list[s
     `CALDERA_WORKSPACE_ROOTS` the agent.env of an agent installed under `config_root`
     (`<root>/agents/NAME/`) names, less `own` (this agent's roots and the run's workspace: a
     root two agents share stays theirs to share). No list of other agents is kept: one
-    installed later is found at the next run (OpenCode's: at its server's next start). An
+    installed later is found at the next run (OpenCode's: the set is part of its server's launch,
+    so a changed one gives the next turn a fresh server once the running turns end). An
     agent.env that cannot be read is passed over (its agent cannot start either); an agent run
     from a manifest outside the config root is not found."""
     if not config_root:
