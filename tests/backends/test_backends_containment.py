@@ -9,7 +9,8 @@ what the model was sent; the write and the connections must not have happened; a
 attempt must have run (its last line prints a marker the model receives).
 
 The tree lies outside /tmp (in HOME): a sandbox that hides /tmp must hide the runtime's roots
-for what they are, not because they happen to be there.
+for what they are, not because they happen to be there. Issue 41: `other`'s agent.env names its
+workspace root beside coder's; no backend's command may read it.
 """
 from __future__ import annotations
 
