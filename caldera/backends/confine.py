@@ -11,6 +11,8 @@ opencode/confine.py) in a mount namespace where those trees are empty:
   and unix sockets) and the runtime's roots (`runtime_roots`: the config root with every
   agent's agent.env, secrets.env and projection; the state root with every session.json,
   outbox and run dir; a ClawManager instance's persistent dir; Claude Code's private dirs);
+- covered too: the other agents' workspace roots (`other_workspace_roots`: those the agent.env
+  of every agent installed under the config root names), wherever they lie;
 - hidden (an empty tmpfs; a file: /dev/null) the agent's own private paths (`private_paths`),
   wherever they lie, and again after the binds where a bound dir holds them;
 - bound back: what the process needs of those trees (the run's own dir, its workspace, its
@@ -31,8 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from caldera import config
 from caldera.backends import failures as fk
 from caldera.backends import leftovers
+from caldera.errors import ConfigError
 from caldera.host import proc
 
 PROBE_TIMEOUT = 10.0
@@ -93,6 +97,38 @@ def runtime_roots(config_root: str | None, state_root: str | None, persistent_di
     return sorted({os.path.realpath(p) for p in found if p} - {"/"})
 
 
+def other_workspace_roots(config_root: str | None, own: Iterable[str]) -> list[str]:
+    """The workspace roots of the other agents on this host, real paths of dirs there: every
+    `CALDERA_WORKSPACE_ROOTS` the agent.env of an agent installed under `config_root`
+    (`<root>/agents/NAME/`) names, less `own` (this agent's roots and the run's workspace: a
+    root two agents share stays theirs to share). No list of other agents is kept: one
+    installed later is found at the next run (OpenCode's: the set is part of its server's launch,
+    so a changed one gives the next turn a fresh server once the running turns end). An
+    agent.env that cannot be read is passed over (its agent cannot start either); an agent run
+    from a manifest outside the config root is not found."""
+    if not config_root:
+        return []
+    try:
+        dirs = sorted(p for p in (Path(config_root) / "agents").iterdir() if p.is_dir())
+    except OSError:
+        return []
+    found: set[str] = set()
+    for agent in dirs:
+        try:
+            named = config.read_env_file(agent / "agent.env").get("CALDERA_WORKSPACE_ROOTS", "")
+        except (OSError, ConfigError, UnicodeDecodeError):
+            continue
+        found.update(os.path.realpath(p) for p in named.split(":") if os.path.isabs(p.strip()))
+    mine = {os.path.realpath(p) for p in own}
+    return sorted(p for p in found - mine - {"/"} if os.path.isdir(p))
+
+
+def own_roots_in(roots: Iterable[str], others: Sequence[str]) -> tuple[str, ...]:
+    """This agent's workspace roots (real paths) that lie in one of `others` (another agent's
+    root, covered): bound back read-only, as `/` shows them elsewhere."""
+    return tuple(sorted({r for r in (os.path.realpath(p) for p in roots) if within(r, others) and os.path.isdir(r)}))
+
+
 def private_paths(secrets_dir: str | None, state_dir: str, credentials_dir: str | None) -> list[str]:
     """The runtime's own files an agent's process must not read: the agent's config dir (the
     projection's parent when it is `secrets/`, its root when that is `<root>/agents/NAME`:
@@ -134,21 +170,30 @@ class Box:
     readable: tuple[str, ...] = ()  # bound back read-only where they exist (the binary, resolv.conf's target)
     flags: tuple[str, ...] = ()  # more of bwrap's options (Codex's: --unshare-ipc, --die-with-parent)
     userns: tuple[str, ...] = ()  # one of USERNS_CHOICES (`userns_here`)
+    others: tuple[str, ...] = ()  # other agents' workspace roots: covered as `covered` is (a binary may lie in one)
+    roots: tuple[str, ...] = ()  # this agent's roots inside one of `others`: bound back read-only
+
+    @property
+    def guarded(self) -> tuple[str, ...]:
+        """What no bind may be, and what is hidden again inside one."""
+        return (*SHARED, *self.covered, *self.others, *self.hidden)
 
     def argv(self, writable: Sequence[str], read_only: Sequence[str] = ()) -> list[str]:
         """`writable` and `read_only` (real paths) bound back over what hides them, the outer
         ones first: after each, the covered and hidden paths inside it are hidden again, and a
         bind inside one of those (the run's dir in a hidden state dir) comes after it. A bind
-        that is a covered or hidden path itself: BackendFailure (`refuse_exposing`)."""
-        covered = outermost([*SHARED, *self.covered])
+        that is a covered or hidden path itself: BackendFailure (`refuse_exposing`). `roots`
+        are added to `read_only` (not where a bind of the same path is already asked)."""
+        covered = outermost([*SHARED, *self.covered, *self.others])
         args = [self.bwrap, *self.userns, *FILESYSTEM, *self.flags, *hide(p for p in covered if os.path.isdir(p)),
                 *hide(self.hidden)]
         for path in self.readable:
             args += ["--ro-bind-try", path, path]
-        refuse_exposing([*writable, *read_only], [*SHARED, *self.covered, *self.hidden])
+        read_only = [*read_only, *(r for r in self.roots if r not in writable and r not in read_only)]
+        refuse_exposing([*writable, *read_only], self.guarded)
         binds = [("--bind", p) for p in writable] + [("--ro-bind", p) for p in read_only]
         for flag, path in sorted(binds, key=lambda bind: bind[1].rstrip("/").count("/")):  # outer first
-            again = outermost(p for p in (*SHARED, *self.covered, *self.hidden) if inside(p, path))
+            again = outermost(p for p in self.guarded if inside(p, path))
             args += [flag, path, path, *hide(again)]
         return [*args, "--"]
 

@@ -14,6 +14,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -196,6 +197,46 @@ def test_the_agent_reads_none_of_the_runtimes_credentials_nor_other_agents_nor_o
     assert "denied by your permission settings" in turn.posts[2]["body"]  # the Read of a2's key
     assert "WORKSPACEFILE" in turn.posts[4]["body"]
     turn.assert_no_leak()
+
+
+def test_a_run_started_before_the_private_root_exists_reads_no_later_runs_private_dir(tmp_path, monkeypatch):
+    """Issue 41 (bench_many): the first of several runs at once found no private root (the
+    last run's end had removed it) and so did not hide it; the runs started after it put their
+    HOME and TMPDIR there, and its commands read them. Now the root is hidden all the same."""
+    short = tempfile.mkdtemp(prefix="cc41-", dir="/tmp")  # the sandbox's sockets' paths are at most 108 bytes
+    monkeypatch.setenv("TMPDIR", short)  # a private root no run has made yet
+    try:
+        _without_a_private_root(tmp_path)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def _without_a_private_root(tmp_path: Path) -> None:
+    assert not leftovers.private_root().exists()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    later = leftovers.private_root() / "later"  # another run's, made while this one's command waits
+    (workspace / "probe.sh").write_text(
+        "touch ready; i=0; while [ ! -e go ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done\n"
+        f"cat {later}/home/notes 2>&1; ls -A {leftovers.private_root()} | sed 's/^/entry: /'; echo probe-done\n")
+    stop = threading.Event()
+
+    def other_run() -> None:
+        while not stop.is_set() and not (workspace / "ready").exists():
+            stop.wait(0.05)
+        _secret(later / "home" / "notes", "LATERRUNHOME")
+        (workspace / "go").touch()
+    thread = threading.Thread(target=other_run, daemon=True)
+    thread.start()
+    try:
+        turn = Turn(DRIVER, tmp_path, [DRIVER.command("sh probe.sh"), DRIVER.text("done")], workspace=workspace)
+    finally:
+        stop.set()
+        thread.join(5)
+    assert turn.terminal["status"] == "completed", turn.events
+    [output] = turn.of("command_output")
+    assert "probe-done" in output["output"] and (later / "home" / "notes").exists(), output
+    assert "LATERRUNHOME" not in output["output"] and "entry: later" not in output["output"], output
 
 
 LATE_WRITER = r"""#!PYTHON

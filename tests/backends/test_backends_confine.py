@@ -65,6 +65,45 @@ def test_a_bind_that_holds_a_root_or_a_secret_hides_it_again(tmp_path):
                           ("--bind", str(state / "a1" / "runs" / "r1"))]
 
 
+def test_other_agents_workspace_roots_are_found_in_their_agent_env_less_this_agents_own(tmp_path):
+    """Issue 41: the roots every agent.env under the config root names; this agent's own and a
+    root both share are left out, as are a root that is not there, `/` and a broken agent.env."""
+    etc = tmp_path / "etc"
+    roots = {name: tmp_path / "ws" / name for name in ("me", "b", "c", "shared")}
+    for path in roots.values():
+        path.mkdir(parents=True)
+    envs = {"me": f"CALDERA_WORKSPACE_ROOTS={roots['me']}:{roots['shared']}\n",
+            "b": f"CALDERA_WORKSPACE_ROOTS={roots['b']}:{roots['shared']}:/:{tmp_path}/gone\n",
+            "c": f"X=1\nCALDERA_WORKSPACE_ROOTS='{roots['c']}'\n", "broken": "not a line\n"}
+    for name, text in envs.items():
+        (etc / "agents" / name).mkdir(parents=True)
+        (etc / "agents" / name / "agent.env").write_text(text)
+    found = confine.other_workspace_roots(str(etc), [str(roots["me"]), str(roots["shared"])])
+    assert found == sorted([str(roots["b"]), str(roots["c"])])
+    assert confine.other_workspace_roots(None, []) == []
+    assert confine.other_workspace_roots(str(tmp_path / "no"), []) == []
+
+
+def test_the_box_covers_other_agents_roots_and_binds_back_this_agents_own_inside_one(tmp_path):
+    """Another agent's root above this agent's (`/srv` holding `/srv/me`): covered, then this
+    agent's root bound back read-only, the workspace writable inside it, and a third agent's
+    root inside this one's hidden again."""
+    srv = tmp_path / "srv"
+    mine, ws, third = srv / "me", srv / "me" / "ws", srv / "me" / "third"
+    for path in (ws, third, tmp_path / "run"):
+        path.mkdir(parents=True, exist_ok=True)
+    others = (str(srv), str(third))
+    box = confine.Box("/usr/bin/bwrap", (), (), others=others, roots=confine.own_roots_in([str(mine)], others))
+    argv = box.argv([str(ws), str(tmp_path / "run")])
+    order = [(argv[i], argv[i + 1]) for i in range(len(argv) - 1) if argv[i] in ("--bind", "--ro-bind", "--tmpfs")]
+    assert ("--tmpfs", "/tmp") in order  # it covers srv here (test_backends_containment.py: outside /tmp)
+    assert not any(path == str(srv) for flag, path in order if flag != "--tmpfs")
+    where = [order.index(pair) for pair in (("--ro-bind", str(mine)), ("--tmpfs", str(third)), ("--bind", str(ws)))]
+    assert where == sorted(where)
+    with pytest.raises(fk.BackendFailure, match="one of the runtime's roots or private paths"):
+        box.argv([str(srv)])  # another agent's root itself is never bound back
+
+
 def test_switched_off_or_without_bubblewrap_there_is_no_box_and_the_run_says_so(tmp_path):
     env = environment(tmp_path, None, None)
     assert sandbox.plan(env, "/bin/true", "/usr/bin:/bin", confined=False)[0] is None

@@ -9,7 +9,8 @@ what the model was sent; the write and the connections must not have happened; a
 attempt must have run (its last line prints a marker the model receives).
 
 The tree lies outside /tmp (in HOME): a sandbox that hides /tmp must hide the runtime's roots
-for what they are, not because they happen to be there.
+for what they are, not because they happen to be there. Issue 41: `other`'s agent.env names its
+workspace root beside coder's; no backend's command may read it.
 """
 from __future__ import annotations
 
@@ -95,6 +96,13 @@ class Host:
             path.write_text(f"CALDERA_TOKEN={self.marks[name]}\n")
         self.workspace.mkdir(parents=True)
         self.outside.mkdir()
+        # the other agent's workspace root (its agent.env names it), beside this agent's own
+        self.other_work = base / "otherwork"
+        self.marks["OTHERWORKSPACE"] = f"canary-OTHERWORKSPACE-{uuid.uuid4().hex}"
+        (self.other_work / "ws").mkdir(parents=True)
+        (self.other_work / "ws" / "marker").write_text(self.marks["OTHERWORKSPACE"] + "\n")
+        with (self.etc / "agents" / "other" / "agent.env").open("a") as env:
+            env.write(f"CALDERA_WORKSPACE_ROOTS={self.other_work}\n")
         self.marks["RUNTIMEENV"] = f"canary-RUNTIMEENV-{uuid.uuid4().hex}"
         # a runtime of this account: its environment holds its token (/proc/PID/environ)
         self.runtime = subprocess.Popen(["sleep", "600"], env={"CALDERA_TOKEN": self.marks["RUNTIMEENV"]})
@@ -156,6 +164,8 @@ def _attempts(host: Host, projection: Path) -> dict[str, str]:
         # a unix socket of this account in the shared /tmp, unmounting what hides the roots
         "other-run-home-tmp": f"cat {var}/other/runs/r9/home/notes {var}/other/runs/r9/tmp/scratch",
         "credentials-directory": f"cat {host.creds}/*",
+        # issue 41: another agent's workspace, outside the runtime's roots and /tmp
+        "other-agent-workspace": f"cat {host.other_work}/ws/marker; ls -R {host.other_work}",
         "unmount-what-hides": (f"grep CapEff /proc/self/status; for d in {host.etc} {var} {host.creds}; "
                                f"do umount -l $d; done 2>&1; cat {other}/secrets.env {var}/other/session.json"),
         "unix-socket": ("python3 -c 'import socket, sys; s = socket.socket(socket.AF_UNIX); "
@@ -165,7 +175,7 @@ def _attempts(host: Host, projection: Path) -> dict[str, str]:
 
 ATTEMPTS = ["other-secrets-env", "other-session-json", "own-projection", "environment", "proc-environ",
             "write-outside", "loopback-connect", "other-run-home-tmp", "credentials-directory", "unix-socket",
-            "unmount-what-hides"]
+            "unmount-what-hides", "other-agent-workspace"]
 
 
 @pytest.fixture(params=sorted(DRIVERS), ids=sorted(DRIVERS))

@@ -28,7 +28,7 @@ from caldera.backends import leftovers
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
 from caldera.backends.claude_code import config as cc
 from caldera.backends.claude_code.normalize import Normalizer
-from caldera.backends.confine import runtime_roots
+from caldera.backends.confine import other_workspace_roots, own_roots_in, runtime_roots
 from caldera.backends.events import EVENT_TYPES, EventSink
 from caldera.backends.forwarder import Forwarder, TokenRoute, Upstream
 from caldera.backends.projection import Projection
@@ -92,7 +92,11 @@ def hidden_paths(environment: Environment) -> tuple[list[str], list[str]]:
 
     def real(paths: Sequence[str | None]) -> list[str]:
         return sorted({os.path.realpath(p) for p in paths if p and os.path.lexists(p)})
-    return real(roots), real(secrets)
+    # The private root even when no run holds it yet: this run's own private dir makes it
+    # before the CLI starts, and runs started after this one put their HOME and TMPDIR in it
+    # (measured, bench_many: the first of three runs at once read the two others' HOMEs)
+    private = os.path.realpath(leftovers.private_root())
+    return sorted({*real(roots), private}), real(secrets)
 
 
 def sandbox_helpers(env: Mapping[str, str]) -> dict[str, str | None]:
@@ -194,9 +198,13 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
         if inside is not None:
             raise Refused(f"the workspace {run.workspace} lies inside the runtime's secrets ({inside}): "
                           "the agent's commands would read them")
+        # the other agents' workspace roots denied too; this agent's own roots inside one stay readable
+        own = [*config.workspace_roots(environment.env), workspace]
+        others = other_workspace_roots(environment.config_root, own)
         private_dir = _private_dir()
         try:
-            confinement = cc.confine([*roots, *secrets], [workspace, str(private_dir)],
+            allowed = dict.fromkeys([workspace, str(private_dir), *own_roots_in(own, others)])
+            confinement = cc.confine([*roots, *others, *secrets], list(allowed),
                                      cc.local_addresses() if run.policy.network else [])
             settings = cc.policy_settings(run.policy, run.workspace, confinement, plan.settings)
             for sub in ("home", "home/.claude", "tmp"):

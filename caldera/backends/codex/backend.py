@@ -143,7 +143,7 @@ class CodexBackend(Backend[CodexContext]):
         binary = find_binary(environment.env)
         # CALDERA_RUN_SANDBOX=external: the container is the sandbox, no bubblewrap of caldera's
         box, commands = sandbox.plan(environment, binary, environment.env.get("PATH") or DEFAULT_PATH,
-                                     confined=not run.policy.external)
+                                     confined=not run.policy.external, workspace=run.workspace)
         if plan.auth_json is not None:  # a ChatGPT login's or the built-in provider's (codex/config.py)
             commands += "; its commands can read the projection's auth.json in CODEX_HOME"
         sink.emit("backend_status", {

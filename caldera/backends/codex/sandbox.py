@@ -5,9 +5,11 @@ Codex's own sandbox (its bubblewrap, nested inside ours) confines the agent's co
 and network, and cannot deny a read: alone, a command of one agent read every agent's
 `secrets.env`, projection and `session.json` (issue 43). So the app-server itself, and with it
 every command, tool and helper it starts, runs in a mount namespace where the runtime's roots,
-`/tmp`, `/var/tmp` and `/run` are empty and the agent's private paths hidden; bound back are
-only the run's own dir (CODEX_HOME, HOME, TMPDIR: writable), the turn's workspace (writable for
-`workspace-write`, else read-only), the binary and its bundled resources (read-only).
+the other agents' workspace roots (confine.other_workspace_roots), `/tmp`, `/var/tmp` and `/run`
+are empty and the agent's private paths hidden; bound back are only the run's own dir
+(CODEX_HOME, HOME, TMPDIR: writable), the turn's workspace (writable for `workspace-write`,
+else read-only), the agent's own workspace roots where another's holds them, the binary and
+its bundled resources (read-only).
 
 Where bubblewrap is missing, cannot start (no user namespaces) or Codex's own sandbox cannot
 start inside it, the app-server runs as before, and `backend_status` `starting` says so
@@ -19,6 +21,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from caldera import config
 from caldera.backends import confine, leftovers
 from caldera.backends import failures as fk
 from caldera.backends.codex.binary import bundled_bwrap
@@ -30,9 +33,10 @@ FLAGS = ("--unshare-ipc", "--die-with-parent")  # the app-server's own IPC; gone
 RESOURCES = ("codex-resources", "codex-path")  # beside bin/ in the npm package's vendor dir: its bwrap
 
 
-def plan(environment: Environment, binary: str | None, path: str,
-         confined: bool = True) -> tuple[confine.Box | None, str]:
+def plan(environment: Environment, binary: str | None, path: str, confined: bool = True,
+         workspace: str | None = None) -> tuple[confine.Box | None, str]:
     """The app-server's Box (None: none) and what `backend_status` says of its commands.
+    `workspace`: the run's, never covered as another agent's root.
     `confined` False leaves it out (CALDERA_RUN_SANDBOX=external: the operator's container is
     the sandbox, and Codex's own is off too: `externalSandbox`)."""
     if not confined:
@@ -41,15 +45,19 @@ def plan(environment: Environment, binary: str | None, path: str,
     why = confine.unavailable(path, bundled)
     if why is not None:
         return None, (f"Codex's own sandbox only ({why}): its commands read every file this account can, "
-                      "other agents' secrets.env and session.json included")
+                      "other agents' secrets.env, session.json and workspaces included")
     found = confine.which(path, bundled)
     assert found is not None  # unavailable() said it is there
     state_dir = os.path.dirname(os.path.abspath(environment.logs_dir))
     hidden = confine.private_paths(environment.secrets_dir, state_dir, environment.credentials_dir)
     covered = confine.runtime_roots(environment.config_root, environment.state_root, environment.persistent_dir)
+    own = [*config.workspace_roots(environment.env), *([workspace] if workspace else [])]
+    others = confine.other_workspace_roots(environment.config_root, own)
     box = confine.Box(bwrap=found[0], covered=tuple(covered), hidden=tuple(hidden),
-                      readable=confine.resolv_binds((*confine.SHARED, *covered, *hidden)), flags=FLAGS)
-    return box, "confined (caldera's bubblewrap: the runtime's roots hidden; Codex's own sandbox inside it)"
+                      readable=confine.resolv_binds((*confine.SHARED, *covered, *others, *hidden)), flags=FLAGS,
+                      others=tuple(others), roots=confine.own_roots_in(own, others))
+    return box, ("confined (caldera's bubblewrap: the runtime's roots and other agents' workspaces hidden; "
+                 "Codex's own sandbox inside it)")
 
 
 def argv(box: confine.Box | None, run: RunRequest, run_dir: Path, command: list[str]) -> list[str]:

@@ -34,7 +34,7 @@ from caldera import config
 from caldera.backends import failures as fk
 from caldera.backends import leftovers
 from caldera.backends.base import APPROVALS, SANDBOXES, Backend, Environment, RunRequest, stop_reason
-from caldera.backends.confine import runtime_roots
+from caldera.backends.confine import other_workspace_roots, runtime_roots
 from caldera.backends.events import EVENT_TYPES, EventSink
 from caldera.backends.opencode import confine, project
 from caldera.backends.opencode import policy as policy_rules
@@ -204,11 +204,11 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         hidden = confine.private_paths(environment.secrets_dir, state_dir, environment.credentials_dir)
         # The runtime's TMPDIR whole, not only Claude Code's private root in it: that root exists
         # only while a Claude Code run does (removed after), and a dir missing at the server's
-        # launch is not covered
+        # launch is not covered. And the other agents' workspace roots (wherever they lie).
+        roots = _workspace_roots(env, run.workspace)
         covered = [*runtime_roots(environment.config_root, environment.state_root, environment.persistent_dir),
-                   str(leftovers.tmp_root())]
-        sandbox = None if run.policy.external else \
-            confine.plan(_workspace_roots(env, run.workspace), covered, hidden, run.policy.network, path)
+                   str(leftovers.tmp_root()), *other_workspace_roots(environment.config_root, [*roots, run.workspace])]
+        sandbox = None if run.policy.external else confine.plan(roots, covered, hidden, run.policy.network, path)
         sink.emit("backend_status", {
             "phase": "starting", "backend": "opencode", "profile": run.backend_profile, "binary": binary,
             "provider": provider, "model": model, "base_url": spec.base_url(provider),
