@@ -131,7 +131,11 @@ class Connection(http.client.HTTPConnection):
             self.set_tunnel(route.host, route.port, headers={"Proxy-Authorization": auth} if auth else None)
 
     def _open(self, address: tuple[str, int], timeout: float, source: Any = None) -> socket.socket:
-        sock = socket.create_connection(address, timeout, source)
+        host, port = address
+        # an ASCII name as bytes: getaddrinfo encodes a str with the "idna" codec, which would
+        # import encodings.idna, stringprep and unicodedata into every daemon (0.2 MiB)
+        peer = (host.encode("ascii") if host.isascii() else host, port)
+        sock = socket.create_connection(peer, timeout, source)  # type: ignore[arg-type]  # bytes: getaddrinfo's
         self.on_socket(sock)
         return sock
 

@@ -25,7 +25,9 @@ INSTANCE = 7
 # The runtime's dependencies: none is needed to answer a person at the terminal.
 DEPENDENCIES = ("requests", "jsonschema", "yaml")
 # requests and what it pulls in: 7 MiB of PSS per daemon (section 10); the client is http.client's.
-WITHOUT_REQUESTS = ("requests", "urllib3", "charset_normalizer", "idna", "certifi", "http.cookiejar")
+WITHOUT_REQUESTS = ("requests", "urllib3", "charset_normalizer", "idna", "certifi", "http.cookiejar",
+                    # what only they imported (and, for encodings.idna, a str host given to getaddrinfo)
+                    "urllib.request", "importlib.metadata", "http.cookies", "mimetypes", "encodings.idna")
 # Layers and modules the daemon runs without (an adapter agent, commands whose payload
 # schemas assert only an object): docs/performance.md, section 2.
 NOT_IN_THE_DAEMON = ("argparse", "gettext", "jsonschema", "yaml", "caldera.backends.base", "caldera.backends.service",
