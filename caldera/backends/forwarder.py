@@ -5,7 +5,7 @@ they can print. The CLI is pointed instead at `http://127.0.0.1:<port>` and give
 (a run token, placeholders); this forwarder, a thread of the runtime bound to loopback, takes
 each request, asks its `Route` what to do with it (check the stand-in, pick the provider, put
 the real credential in), sends it upstream (TLS verified, through the HTTPS_PROXY tunnel
-`requests` would choose) and streams the answer back as it comes. Nothing is buffered whole
+`host/proxies.py` chooses) and streams the answer back as it comes. Nothing is buffered whole
 either way: a long conversation's request reaches tens of MB.
 
 What differs between backends is their `Route` (a function `Incoming -> Outgoing`, raising
