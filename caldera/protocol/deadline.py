@@ -25,22 +25,22 @@ class Watch:
         self.fired: str | None = None
         self._lock = threading.Lock()
 
-    def attach(self, sock: socket.socket) -> None:
+    def attach(self, sock: socket.socket | None) -> None:
         """`sock` is this request's now (a new one, or a reused one): shut at once when the
-        watch already fired."""
-        with self._lock:
+        watch already fired. None: the request lets go of its socket (a connection going
+        back to the pool), which this watch never shuts after that."""
+        with self._lock:  # shut under the lock: fire() and a release never cross
             self.sock = sock
-            fired = self.fired
-        if fired:
-            _shut(sock)
+            if self.fired and sock is not None:
+                _shut(sock)
 
     def fire(self, reason: str) -> None:
         with self._lock:
             if self.fired:
                 return
-            self.fired, sock = reason, self.sock
-        if sock is not None:
-            _shut(sock)  # else no socket yet: attach() shuts it as soon as there is one
+            self.fired = reason
+            if self.sock is not None:
+                _shut(self.sock)  # else no socket yet: attach() shuts it as soon as there is one
 
 
 def _shut(sock: socket.socket) -> None:

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 from caldera.host.proxies import ProxyURL, parse_proxy, proxy_for
 
-OnSocket = Callable[[socket.socket], None]
+OnSocket = Callable[[socket.socket | None], None]
 Body = bytes | Iterable[bytes] | None
 IDLE_MAX = 50.0  # seconds a pooled connection may idle (many servers close at 60 s; nginx at 75)
 IDLE_PER_ROUTE = 4  # idle connections kept per route; the daemon's loops rarely overlap more
@@ -121,6 +121,8 @@ class Connection(http.client.HTTPConnection):
         peer = route.proxy or route
         super().__init__(peer.host, peer.port, timeout=timeout, blocksize=CHUNK)
         self.route, self.tls = route, tls
+        # the Host header leaves out the scheme's own port (https://plane/ is "plane", not "plane:443")
+        self.default_port = 443 if route.scheme == "https" else 80
         self.on_socket: OnSocket = lambda sock: None
         self.idle_since = 0.0
         # http.client opens its socket through this attribute: hooked so that the deadline
@@ -307,6 +309,7 @@ def exchange(pool: Pool, method: str, url: str, body: Body, headers: dict[str, s
         conn.close()
         raise
     if answer.reusable:
+        on_socket(None)  # first: the request's deadline may not shut a socket another request took
         pool.give_back(conn)
     else:
         conn.close()

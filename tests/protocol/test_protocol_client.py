@@ -308,6 +308,38 @@ def test_calls_share_one_keep_alive_connection(plane, tmp_path):
     assert len(plane.requests) == 3 and len(accepted) == 1
 
 
+def test_threads_never_share_a_connection_and_reuse_the_pools(plane):
+    accepted = count_connections(plane.server)
+    transport = Transport(plane.url)
+    barrier = threading.Barrier(4)
+    errors = []
+
+    def calls():
+        barrier.wait()
+        try:
+            for _ in range(5):
+                transport.request("POST", "/heartbeat", "t", body={})
+        except Exception as exc:  # noqa: BLE001  # any failure is the test's
+            errors.append(exc)
+
+    threads = [threading.Thread(target=calls) for _ in range(4)]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    assert errors == [] and len(plane.seen(r"/heartbeat$")) == 20
+    assert 1 <= len(accepted) <= 4  # one connection per thread at most, kept between calls
+
+
+def test_a_connection_idle_too_long_is_not_used(plane, monkeypatch):
+    from caldera.protocol import http
+
+    accepted = count_connections(plane.server)
+    transport = Transport(plane.url)
+    transport.request("POST", "/heartbeat", "t", body={})
+    monkeypatch.setattr(http, "IDLE_MAX", 0.0)
+    transport.request("POST", "/heartbeat", "t", body={})
+    assert len(accepted) == 2
+
+
 def test_an_answer_not_read_to_its_end_closes_its_connection(plane, tmp_path):
     accepted = count_connections(plane.server)
     client = make(plane.url, tmp_path)
@@ -565,3 +597,20 @@ def test_a_proxy_url_gives_host_port_and_never_shows_its_credentials():
     assert (proxy.host, proxy.port) == ("proxy.corp", 80)
     assert proxy.authorization == "Basic " + base64.b64encode(b"us@er:p:ss").decode()
     assert "p:ss" in proxy.secrets and "p:ss" not in repr(proxy) and proxy.shown == "proxy.corp:80"
+
+
+@pytest.mark.parametrize(("scheme", "port", "host"), [("https", 443, "plane"), ("https", 8443, "plane:8443"),
+                                                      ("http", 80, "plane"), ("http", 443, "plane:443")])
+def test_the_host_header_leaves_out_only_the_schemes_own_port(scheme, port, host):
+    from caldera.protocol.http import Connection, Route
+
+    class Sink:
+        data = b""
+
+        def sendall(self, data):
+            self.data += data
+
+    conn = Connection(Route(scheme, "plane", port), None, 1)
+    conn.sock = sink = Sink()
+    conn.request("GET", "/x")
+    assert f"\r\nHost: {host}\r\n".encode() in sink.data
