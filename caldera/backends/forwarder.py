@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from caldera.backends.failures import BACKEND_FAILED, SECRET_UNAVAILABLE, BackendFailure
 from caldera.config import is_loopback
 from caldera.errors import unexpected
-from caldera.host.proxies import parse_proxy, proxy_for
+from caldera.host.proxies import Proxy, parse_proxy, proxy_for
 
 log = logging.getLogger("caldera.backends")
 
@@ -86,20 +86,6 @@ class Limits:
 
 
 # ---------------------------------------------------------------- upstream and its proxy
-
-@dataclass(frozen=True)
-class Proxy:
-    """The HTTP proxy the forwarder tunnels the provider's requests through (CONNECT)."""
-    host: str
-    port: int
-    authorization: str | None = None  # the Proxy-Authorization value from the URL's credentials
-    secrets: tuple[str, ...] = ()  # the URL's password and the header: for the Redactor
-
-    @property
-    def shown(self) -> str:
-        """host:port, never the credentials (for events)."""
-        return f"{self.host}:{self.port}"
-
 
 @dataclass(frozen=True)
 class Upstream:
@@ -186,7 +172,7 @@ def upstream_proxy(upstream: str) -> Proxy | None:
         raise BackendFailure(BACKEND_FAILED, (
             f"the proxy for {parts.hostname} ({url.scheme}://{url.host}) is not supported: "
             "the runtime's forwarder reaches the provider through an http:// proxy (HTTPS_PROXY) only"))
-    return Proxy(url.host, url.port, url.authorization, url.secrets)
+    return url  # the HTTP proxy the forwarder tunnels the provider's requests through (CONNECT)
 
 
 def header_safe(value: str) -> bool:

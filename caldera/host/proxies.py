@@ -27,13 +27,14 @@ from urllib.parse import unquote, urlsplit
 
 
 @dataclass(frozen=True)
-class ProxyURL:
-    """A proxy as a client reaches it; `authorization` never shown (`shown` is host:port)."""
-    scheme: str
+class Proxy:
+    """A proxy as a client reaches it (the control-plane client, the backends' forwarder);
+    `authorization` is the `Proxy-Authorization` value, never shown (`shown` is host:port)."""
     host: str
     port: int
     authorization: str | None = field(default=None, repr=False)
     secrets: tuple[str, ...] = field(default=(), repr=False)  # the password and the header: for a Redactor
+    scheme: str = "http"
 
     @property
     def shown(self) -> str:
@@ -115,7 +116,7 @@ def proxy_for(url: str, environ: Mapping[str, str] | None = None) -> str | None:
     return proxies.get(urlsplit(url).scheme) or proxies.get("all")
 
 
-def parse_proxy(value: str) -> ProxyURL:
+def parse_proxy(value: str) -> Proxy:
     """A proxy URL as written (`host:port` is http://), or ValueError with a sentence that
     names scheme and host only (never its credentials)."""
     parts = urlsplit(value if "://" in value else "http://" + value)
@@ -127,8 +128,8 @@ def parse_proxy(value: str) -> ProxyURL:
     except ValueError:
         raise ValueError(f"the proxy {parts.hostname} has an invalid port") from None
     if parts.username is None or parts.password is None:  # as requests: a user alone sends nothing
-        return ProxyURL(scheme, parts.hostname, port)
+        return Proxy(parts.hostname, port, scheme=scheme)
     user, password = unquote(parts.username), unquote(parts.password)
     header = "Basic " + base64.b64encode(f"{user}:{password}".encode("latin-1", "replace")).decode()
     secrets = tuple(s for s in (password, parts.password, header, header[6:]) if s)
-    return ProxyURL(scheme, parts.hostname, port, header, secrets)
+    return Proxy(parts.hostname, port, header, secrets, scheme)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from caldera.host.proxies import ProxyURL, parse_proxy, proxy_for
+from caldera.host.proxies import Proxy, parse_proxy, proxy_for
 
 OnSocket = Callable[[socket.socket | None], None]
 Body = bytes | Iterable[bytes] | None
@@ -64,7 +64,7 @@ class Route:
     scheme: str
     host: str
     port: int
-    proxy: ProxyURL | None = None
+    proxy: Proxy | None = None
 
     @property
     def absolute_form(self) -> bool:
