@@ -282,8 +282,9 @@ def _send(conn: Connection, method: str, url: str, body: Body, headers: dict[str
     if conn.sock is None:
         try:
             conn.connect()
-        except (OSError, http.client.HTTPException) as exc:  # a proxy's refused CONNECT is an OSError
-            raise NoAnswer(_describe(exc), "connect" if isinstance(exc, TimeoutError) else None) from None
+        except (OSError, http.client.HTTPException) as exc:  # named with where it went: the log says which plane
+            raise NoAnswer(f"{_describe(exc)} ({conn.route.host}:{conn.route.port})",
+                           "connect" if isinstance(exc, TimeoutError) else None) from None
     else:
         on_socket(conn.sock)  # a reused connection: this request's watch holds it now
     assert conn.sock is not None

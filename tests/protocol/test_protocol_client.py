@@ -191,9 +191,10 @@ def test_body_over_cap_is_refused(plane, tmp_path):
         client.heartbeat({})
 
 
-def test_network_error_is_retryable():
-    transport = Transport(f"http://127.0.0.1:{dead_port()}")
-    with pytest.raises(Retryable, match="ConnectionRefused"):
+def test_network_error_is_retryable_and_names_where_it_went():
+    port = dead_port()
+    transport = Transport(f"http://127.0.0.1:{port}")
+    with pytest.raises(Retryable, match=rf"ConnectionRefusedError: .* \(127.0.0.1:{port}\)"):
         transport.request("POST", "/heartbeat", "t", body={})
 
 
