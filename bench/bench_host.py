@@ -8,7 +8,8 @@ waited for (cutime+cstime). Targets: <= 15 MiB PSS and <= 0.3 % of a core per ag
 
 The floors, N copies of each left sleeping beside them in the same run (so that they share
 pages as the daemons do): bare `python3 -c "import time; time.sleep(...)"`, and the same
-with `requests, jsonschema, yaml` imported (the runtime's dependencies).
+with `requests, jsonschema, yaml` imported (the runtime's dependencies before issue 41), with
+`requests` alone, and with the standard library the client needs (`http.client`, `ssl`, ...).
 
 `--before PATH` runs the same N agents from another checkout first (the tree before a
 change: `git worktree add /tmp/before main`), then this tree's, in one run: before/after.
@@ -36,8 +37,11 @@ from bench_runtime import install  # noqa: E402
 from caldera.plane.server import PlaneServer  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
-# the idle daemon imports requests but neither jsonschema nor yaml (tests/cli/test_cli_import_budgets.py)
+# the idle daemon imports neither requests (since issue 41: its client is http.client's) nor jsonschema
+# nor yaml (tests/cli/test_cli_import_budgets.py): its floor is the stdlib its client needs
 FLOORS = {"python3 (bare)": "import time; time.sleep(3600)",
+          "python3 + the client stdlib": ("import http.client, ssl, email.utils, logging, json, threading, "
+                                            "subprocess, time; time.sleep(3600)"),
           "python3 + requests": "import requests, time; time.sleep(3600)",
           "python3 + requests, jsonschema, yaml": "import requests, jsonschema, yaml, time; time.sleep(3600)"}
 
@@ -111,7 +115,8 @@ def main() -> int:
         print(f"{label} ({tree}): {args.count} agents, settle {args.settle:g} s, window {args.window:g} s")
         print(f"  PSS per agent {r['pss_mib']:.1f} MiB (max {r['pss_max_mib']:.1f}; target <= 15: "
               f"{'ok' if r['pss_mib'] <= 15 else 'MISSED'}); floors, {args.count} copies each: bare python3 "
-              f"{r['floor python3 (bare)']:.1f} MiB, with requests {own_floor:.1f} MiB "
+              f"{r['floor python3 (bare)']:.1f} MiB, with the client's stdlib "
+              f"{r['floor python3 + the client stdlib']:.1f} MiB, with requests {own_floor:.1f} MiB "
               f"({r['pss_mib'] / own_floor:.2f} x that), with requests, jsonschema, yaml {deps:.1f} MiB "
               f"({r['pss_mib'] / deps:.2f} x)")
         print(f"  CPU per agent {r['cpu_own_pct']:.2f} % of a core caldera's own (target <= 0.3: "

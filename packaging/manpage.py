@@ -53,7 +53,8 @@ ENVIRONMENT = (
      "the state then lives in DIR/caldera-agent/ (a ClawManager instance); disk figures come from here"),
     ("CALDERA_DISK_LIMIT_BYTES", "reported in summaries"),
     ("CALDERA_RUNTIME_TYPE", "host_info.runtime_type (default caldera)"),
-    ("CALDERA_CA_BUNDLE", "an extra CA file; TLS verification is never turned off"),
+    ("CALDERA_CA_BUNDLE", "the CA file (or directory) the control plane's certificate is verified against, "
+                          "instead of the system store; TLS verification is never turned off"),
     ("CALDERA_LOG_LEVEL", "debug, info (default), warning or error"),
     ("CALDERA_WORKSPACE_ROOTS",
      "colon-separated directories an agent_run's workspace must lie in; unset: in a ClawManager instance "

@@ -5,7 +5,7 @@ they can print. The CLI is pointed instead at `http://127.0.0.1:<port>` and give
 (a run token, placeholders); this forwarder, a thread of the runtime bound to loopback, takes
 each request, asks its `Route` what to do with it (check the stand-in, pick the provider, put
 the real credential in), sends it upstream (TLS verified, through the HTTPS_PROXY tunnel
-`requests` would choose) and streams the answer back as it comes. Nothing is buffered whole
+`host/proxies.py` chooses) and streams the answer back as it comes. Nothing is buffered whole
 either way: a long conversation's request reaches tens of MB.
 
 What differs between backends is their `Route` (a function `Incoming -> Outgoing`, raising
@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from caldera.backends.failures import BACKEND_FAILED, SECRET_UNAVAILABLE, BackendFailure
 from caldera.config import is_loopback
 from caldera.errors import unexpected
+from caldera.host.proxies import Proxy, parse_proxy, proxy_for
 
 log = logging.getLogger("caldera.backends")
 
@@ -85,20 +86,6 @@ class Limits:
 
 
 # ---------------------------------------------------------------- upstream and its proxy
-
-@dataclass(frozen=True)
-class Proxy:
-    """The HTTP proxy the forwarder tunnels the provider's requests through (CONNECT)."""
-    host: str
-    port: int
-    authorization: str | None = None  # the Proxy-Authorization value from the URL's credentials
-    secrets: tuple[str, ...] = ()  # the URL's password and the header: for the Redactor
-
-    @property
-    def shown(self) -> str:
-        """host:port, never the credentials (for events)."""
-        return f"{self.host}:{self.port}"
-
 
 @dataclass(frozen=True)
 class Upstream:
@@ -163,36 +150,29 @@ class Upstream:
 
 
 def upstream_proxy(upstream: str) -> Proxy | None:
-    """The proxy `requests` would use for the upstream URL: HTTPS_PROXY (https_proxy first),
-    ALL_PROXY, NO_PROXY, from the runtime's process environment, read by requests' own
-    functions (SPEC section 3: proxies are honoured as everywhere). One exception: a
-    loopback upstream (the only one plain http may use) is always reached directly, as
-    Go's clients do: a proxy elsewhere cannot reach this host's loopback, and a key would
-    cross the network in clear. Only an http:// proxy is supported (CONNECT over plain
-    HTTP, like requests with urllib3 1.26); an https:// or socks one is refused with a
+    """The proxy for the upstream URL: HTTPS_PROXY (https_proxy first), ALL_PROXY, NO_PROXY,
+    from the runtime's process environment, read as the control-plane client reads them
+    (`host/proxies.py`, as `requests` did; SPEC section 3: proxies are honoured as
+    everywhere). One exception: a loopback upstream (the only one plain http may use) is
+    always reached directly, as Go's clients do: a proxy elsewhere cannot reach this host's
+    loopback, and a key would cross the network in clear. Only an http:// proxy is
+    supported (CONNECT over plain HTTP); an https:// or socks one is refused with a
     sentence (backend-failed) rather than bypassed."""
     parts = urllib.parse.urlsplit(upstream)
     if parts.scheme != "https" or not parts.hostname or is_loopback(parts.hostname):
         return None
-    import requests.utils  # here: only a run with a forwarder reads proxies this way
-
-    found = requests.utils.select_proxy(upstream, requests.utils.get_environ_proxies(upstream))
+    found = proxy_for(upstream)
     if not found:
         return None
-    url = urllib.parse.urlsplit(requests.utils.prepend_scheme_if_needed(found, "http"))
-    if url.scheme != "http" or not url.hostname:
-        raise BackendFailure(BACKEND_FAILED, (
-            f"the proxy for {parts.hostname} ({url.scheme or 'no scheme'}://{url.hostname or ''}) is not supported: "
-            "the runtime's forwarder reaches the provider through an http:// proxy (HTTPS_PROXY) only"))
     try:
-        port = url.port or 80
-    except ValueError:
-        raise BackendFailure(BACKEND_FAILED, f"the proxy for {parts.hostname} has an invalid port") from None
-    user, password = requests.utils.get_auth_from_url(found)
-    if not user and not password:
-        return Proxy(url.hostname, port)
-    header = "Basic " + base64.b64encode(f"{user}:{password}".encode("latin-1", "replace")).decode()
-    return Proxy(url.hostname, port, header, tuple(s for s in (password, header, header[6:]) if s))
+        url = parse_proxy(found)
+    except ValueError as exc:
+        raise BackendFailure(BACKEND_FAILED, f"the proxy for {parts.hostname}: {exc}") from None
+    if url.scheme != "http":
+        raise BackendFailure(BACKEND_FAILED, (
+            f"the proxy for {parts.hostname} ({url.scheme}://{url.host}) is not supported: "
+            "the runtime's forwarder reaches the provider through an http:// proxy (HTTPS_PROXY) only"))
+    return url  # the HTTP proxy the forwarder tunnels the provider's requests through (CONNECT)
 
 
 def header_safe(value: str) -> bool:

@@ -4,7 +4,7 @@ The top layer. May import: everything below (daemon, agents, skills, backends, p
 protocol, host, base). It is the one place where exceptions become exit codes.
 
 Only the chosen sub-command's module is imported: a person typing `caldera pause` must
-not pay for the daemon's dependencies (requests, jsonschema; docs/performance.md). Each
+not pay for the daemon's dependencies (its HTTP client, jsonschema; docs/performance.md). Each
 sub-command module exposes `configure(parser)` (its arguments) and `main(args) -> int`
 (its exit code). The start-up shortcuts are all in caldera/cli/fastpath.py.
 """

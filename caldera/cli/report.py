@@ -20,7 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    # here, not at the top: the daemon's modules import requests; `caldera report --help` does without them
+    # here, not at the top: the daemon's modules import the HTTP client; `caldera report --help` does without them
     from caldera.cli.run import open_parts
     from caldera.daemon.report_once import report_once, take_lock
     from caldera.daemon.startnotes import start_warnings

@@ -26,7 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def open_parts(args: Args, role: str) -> Parts:
     """Paths, settings, logging and the runtime's parts, for the commands that talk to the control plane."""
-    # here, not at the top: the daemon's modules import requests; `caldera run --help` does without them
+    # here, not at the top: the daemon's modules import the HTTP client; `caldera run --help` does without them
     from caldera.config import (
         agent_from_args,
         gateway_from_env,

@@ -1,7 +1,7 @@
 """`caldera status [--json] [--watch [SECONDS]]`: the agent's state, gauges, held
 locks, the connection ("last successful was X ago"), the outbox depth and the
 last commands. Local only: it reads the state directory and asks the adapter;
-it never calls the control plane and imports neither requests nor jsonschema.
+it never calls the control plane and imports neither the HTTP client nor jsonschema.
 
 `--watch` draws it again every SECONDS (default 2): in place on a terminal
 (cursor home, each line erased to its end, the rest of the screen cleared),

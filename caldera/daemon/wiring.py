@@ -42,8 +42,6 @@ from caldera.skills.publish import Publisher
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    import requests
-
     from caldera.agents.manifest import Manifest
     from caldera.agents.process.driver import ProcessDriver
 
@@ -85,7 +83,7 @@ class Parts:
 
 
 def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = True, with_driver: bool = True,
-                transport_session: requests.Session | None = None, supervise: bool = True) -> Parts:
+                supervise: bool = True) -> Parts:
     """supervise: the daemon supervises a process-mode agent; `report --once` passes False
     and gets a driver that only reports what state.json and /proc say."""
     ensure_dir(paths.state_dir)
@@ -133,7 +131,7 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
     if with_driver and manifest is not None and manifest.runtime_type == "process":
         current.replace(driver=_process_driver(parts, manifest, supervise=supervise))
     if with_client and settings.enabled:
-        client, auth = _build_client(parts, transport_session)
+        client, auth = _build_client(parts)
         parts = replace(parts, client=client, auth=auth)
     return parts
 
@@ -179,13 +177,12 @@ def _load_manifest(paths: AgentPaths) -> Manifest | None:
     return load_effective(paths, cache_dir=paths.state_dir / "cache")
 
 
-def _build_client(parts: Parts, transport_session: requests.Session | None) -> tuple[ControlPlaneClient, Auth]:
+def _build_client(parts: Parts) -> tuple[ControlPlaneClient, Auth]:
     settings = parts.settings
     base_url, token, instance_id = settings.base_url, settings.bootstrap_token, settings.instance_id
     if base_url is None or token is None or instance_id is None:  # load_settings refuses that when enabled
         raise ConfigError("an enabled agent needs CALDERA_BASE_URL, CALDERA_TOKEN and CALDERA_INSTANCE_ID")
-    transport = Transport(base_url, ca_bundle=settings.ca_bundle, session=transport_session,
-                          on_reconnect=parts.wake.reconnected)
+    transport = Transport(base_url, ca_bundle=settings.ca_bundle, on_reconnect=parts.wake.reconnected)
     session_file = SessionFile(parts.paths.state_dir / "session.json", base_url, instance_id,
                                parts.identity.agent_id)
     client: ControlPlaneClient  # assigned below: register is called only after both exist

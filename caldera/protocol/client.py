@@ -1,10 +1,11 @@
 """The control-plane HTTP client (protocol v1).
 
-`Transport` is the one requests.Session: per-operation timeouts (connect 5 s,
-read 30 s) and a total deadline per request (connect + send + the whole answer,
-`deadline.py`), bounded by what the caller has left (`within()`); the
-`{success, message, data}` envelope (a bare object is accepted); answers capped
-at 1 MiB (`commands/next`: 8 MiB); downloads streamed to disk; no redirect
+`Transport` sends every call over one pool of keep-alive connections
+(`protocol/http.py`, the standard library's http.client; proxies from the environment,
+TLS always verified): per-operation timeouts (connect 5 s, read 30 s) and a total
+deadline per request (connect + send + the whole answer, `deadline.py`), bounded by
+what the caller has left (`within()`); the `{success, message, data}` envelope (a
+bare object is accepted); answers capped at 1 MiB (`commands/next`: 8 MiB); downloads streamed to disk; no redirect
 followed for an API call (a download follows one only on the plane's own
 origin); and errors typed so a caller knows whether to retry. A 429/503
 `Retry-After` (at most 300 s) is kept as state: until it passes, calls fail fast
@@ -35,11 +36,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urljoin, urlsplit
 
-import requests
-
 from caldera import __version__, errors
 from caldera.host.jsonlimits import loads as bounded_loads
-from caldera.protocol.deadline import Watch, WatchedAdapter, Watches
+from caldera.protocol.deadline import Watch, Watches
+from caldera.protocol.http import Answer, NoAnswer, Pool, Timeouts, exchange
 from caldera.protocol.jsonhead import command_head
 
 log = logging.getLogger("caldera.protocol.client")
@@ -235,17 +235,12 @@ class Download:
 
 
 class Transport:
-    def __init__(self, base_url: str, *, ca_bundle: str | None = None, session: requests.Session | None = None,
+    def __init__(self, base_url: str, *, ca_bundle: str | None = None,
                  on_reconnect: Callable[[], None] | None = None):
         self.base_url = base_url.rstrip("/")
-        self.session = session or requests.Session()
-        self.session.headers["User-Agent"] = f"caldera/{__version__}"
-        if ca_bundle:
-            self.session.verify = ca_bundle  # TLS verification is never turned off
+        self.pool = Pool(ca_bundle)  # TLS verification is never turned off
+        self.headers = {"User-Agent": f"caldera/{__version__}", "Accept": "*/*"}
         self.watches = Watches()
-        adapter = WatchedAdapter(self.watches)
-        self.session.mount("http://", adapter)
-        self.session.mount("https://", adapter)
         self.on_reconnect: list[Callable[[], None]] = [on_reconnect] if on_reconnect else []
         self._quiet_until = 0.0  # monotonic; from Retry-After
         self._reachable: bool | None = None  # None until the first call
@@ -297,6 +292,10 @@ class Transport:
         """Interrupt the requests in flight (the daemon is stopping); how many there were."""
         return self.watches.abort(reason)
 
+    def close(self) -> None:
+        """Close the idle pooled connections (a request in flight keeps its own)."""
+        self.pool.close()
+
     def _time_left(self, total: float) -> float:
         budget = getattr(self._budget, "deadline", None)
         left = total if budget is None else min(total, budget - time.monotonic())
@@ -326,17 +325,16 @@ class Transport:
             left = self._time_left(total)
             with self.watches.watch(left) as watch:
                 try:
-                    with self._send(method, url, data, hdrs, left) as resp:
+                    with self._send(method, url, data, hdrs, left, watch) as resp:
                         target = self._redirect_target(resp, url, same_origin_redirects)
                         if target is None:
                             answer = self._answer(resp, url, stream_to, cap, raw)
-                except requests.RequestException as exc:
+                except NoAnswer as exc:
                     # a timeout cut to the time left is the deadline too, whichever of it and the
                     # watch fired first
-                    at_deadline = ((isinstance(exc, requests.ConnectTimeout) and left < TIMEOUT[0])
-                                   or (isinstance(exc, requests.ReadTimeout) and left < TIMEOUT[1]))
-                    raise self._cut_short(watch, left, f"{type(exc).__name__}: {_short(exc)}",
-                                          at_deadline) from None
+                    at_deadline = ((exc.timeout == "connect" and left < TIMEOUT[0])
+                                   or (exc.timeout == "read" and left < TIMEOUT[1]))
+                    raise self._cut_short(watch, left, str(exc), at_deadline) from None
                 except ApiError:
                     if watch.fired:  # what was read is whatever arrived before the socket was shut
                         raise self._cut_short(watch, left, "answer cut short") from None
@@ -349,10 +347,14 @@ class Transport:
         raise Redirected(None, f"more than {MAX_REDIRECTS} redirects; last Location: {url}")
 
     def _send(self, method: str, url: str, data: bytes | MultipartFile | None, headers: dict[str, str],
-              left: float) -> requests.Response:
-        timeout = (min(TIMEOUT[0], left), min(TIMEOUT[1], left))
-        return self.session.request(method, url, data=data, headers=headers, timeout=timeout, stream=True,
-                                    allow_redirects=False, auth=_headers_as_given)
+              left: float, watch: Watch) -> AbstractContextManager[Answer]:
+        """The exchange (`protocol/http.py`); only the headers given here go out (no netrc,
+        no cookies), and a streamed form with its length (never chunked: Go's plane reads it)."""
+        headers = {**self.headers, **headers}
+        if isinstance(data, MultipartFile):
+            headers["Content-Length"] = str(len(data))
+        timeouts = Timeouts(min(TIMEOUT[0], left), min(TIMEOUT[1], left))
+        return exchange(self.pool, method, url, data, headers, timeouts, watch.attach)
 
     def _cut_short(self, watch: Watch, left: float, what: str, at_deadline: bool = False) -> Retryable:
         self._note_reachable(False)
@@ -362,29 +364,32 @@ class Transport:
             return Retryable(None, f"interrupted: {watch.fired}")
         return Retryable(None, what)
 
-    def _redirect_target(self, resp: requests.Response, url: str, allowed: bool) -> str | None:
+    def _redirect_target(self, resp: Answer, url: str, allowed: bool) -> str | None:
         """None for a final answer; the next URL for a redirect this request may follow."""
-        if not 300 <= resp.status_code < 400:
+        if not 300 <= resp.status < 400:
             return None
         self._note_reachable(True)
-        location = resp.headers.get("Location") or ""
+        location = resp.header("Location") or ""
         target = urljoin(url, location)
         if allowed and origin(target) == origin(self.base_url):
             return target
         why = "another origin" if allowed else "an API call follows no redirect"
-        raise Redirected(resp.status_code, f"redirect not followed ({why}); Location: {location or '(none)'}")
+        raise Redirected(resp.status, f"redirect not followed ({why}); Location: {location or '(none)'}")
 
-    def _answer(self, resp: requests.Response, url: str, stream_to: PathArg | None, cap: int, raw: bool) -> Any:
-        status = resp.status_code
+    def _answer(self, resp: Answer, url: str, stream_to: PathArg | None, cap: int, raw: bool) -> Any:
+        status = resp.status
         if status >= 400:
             content = _read_capped(resp, BODY_CAP, truncate=True)
-            retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+            retry_after = parse_retry_after(resp.header("Retry-After"))
             if retry_after is not None:
                 retry_after = min(retry_after, RETRY_AFTER_CAP)
             self._note_reachable(False if status in (502, 504) else None)
             if status in (429, 503):
                 self._note_retry_after(retry_after)
             raise classify(status, content, retry_after)
+        encoding = (resp.header("Content-Encoding") or "identity").strip().lower()
+        if encoding != "identity":  # http.client asks for identity: bytes we cannot take as sent
+            raise Unaccepted(status, f"the answer is {encoding[:40]}-encoded, which was not asked for; not taken")
         if stream_to is not None:
             size = _stream(resp, stream_to, cap)
             self._note_reachable(True)
@@ -394,44 +399,31 @@ class Transport:
         return content if raw else unwrap(content, status)
 
 
-def _read_capped(resp: requests.Response, cap: int, truncate: bool = False) -> bytes:
+def _read_capped(resp: Answer, cap: int, truncate: bool = False) -> bytes:
     chunks: list[bytes] = []
     size = 0
-    for chunk in resp.iter_content(65536):
+    for chunk in resp.chunks(65536):
         size += len(chunk)
         if size > cap:
             chunks.append(chunk[: len(chunk) - (size - cap)])
             if truncate:
                 break
-            raise TooLarge(resp.status_code, f"response body over {cap} bytes", b"".join(chunks))
+            raise TooLarge(resp.status, f"response body over {cap} bytes", b"".join(chunks))
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-def _stream(resp: requests.Response, dest: PathArg, cap: int) -> int:
+def _stream(resp: Answer, dest: PathArg, cap: int) -> int:
     size = 0
     with open(dest, "wb") as fh:
-        for chunk in resp.iter_content(1024 * 1024):
+        for chunk in resp.chunks(1024 * 1024):
             size += len(chunk)
             if size > cap:
-                raise Invalid(resp.status_code, f"download over {cap} bytes")
+                raise Invalid(resp.status, f"download over {cap} bytes")
             fh.write(chunk)
         fh.flush()
         os.fsync(fh.fileno())
     return size
-
-
-def _headers_as_given(prepared: requests.PreparedRequest) -> requests.PreparedRequest:
-    """The request's auth: its own headers (the Bearer token, set above). With no auth
-    given, requests reads ~/.netrc on every request (importing netrc and shlex into the
-    daemon for good: docs/performance.md, section 2) and a matching entry would replace
-    our Authorization header with Basic credentials."""
-    return prepared
-
-
-def _short(exc: Exception) -> str:
-    # requests' messages repeat the URL and pool; keep the first line.
-    return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
 
 
 def _quote_name(value: str) -> str:
@@ -443,8 +435,7 @@ def _quote_name(value: str) -> str:
 class MultipartFile:
     """A multipart/form-data body streamed from a file, with a known length.
 
-    requests builds `files=` bodies in memory; a skill archive can be large, so
-    the body is the form fields, the file read in chunks, and the trailer.
+    A skill archive can be large, so the body is the form fields, the file read in chunks, and the trailer.
     """
 
     def __init__(self, fields: dict[str, Any], field_name: str, path: PathArg, filename: str):
@@ -461,8 +452,7 @@ class MultipartFile:
                 f"{value}\r\n").encode()
 
     def __len__(self) -> int:
-        # requests takes Content-Length from len() and streams the iterable as it is
-        # (with no length it would add Transfer-Encoding: chunked).
+        # the Content-Length the transport sends; the iterable is streamed as it is
         return self.length
 
     @property

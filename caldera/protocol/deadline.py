@@ -1,13 +1,13 @@
 """A total deadline per request: connect, send and the whole answer.
 
-requests' timeouts bound each socket operation, not the call: a server that
-trickles one byte every few seconds holds a call for as long as it likes. Every
-request of the `Transport` is watched instead: when its deadline passes, or when
-the daemon stops (`Watches.abort`), the request's socket is shut down, so the
-blocked read returns at once and the caller gets a retryable error.
+Socket timeouts bound each operation, not the call: a server that trickles one
+byte every few seconds holds a call for as long as it likes. Every request of the
+`Transport` is watched instead: when its deadline passes, or when the daemon stops
+(`Watches.abort`), the request's socket is shut down, so the blocked connect, TLS
+handshake, send or read returns at once and the caller gets a retryable error.
 
-The socket is found through the connection class of the transport's own pools
-(`WatchedAdapter`); the watch of the request being made is per thread.
+The HTTP layer (`protocol/http.py`) hands each socket to the watch of the request
+being made (per thread) as soon as it exists, and a reused one before it is used.
 """
 from __future__ import annotations
 
@@ -15,42 +15,35 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
-
-import requests
-from urllib3.connection import HTTPConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.poolmanager import PoolManager
 
 
 class Watch:
     """One request's deadline; `fired` says why its socket was shut (None while it runs)."""
 
     def __init__(self) -> None:
-        self.conn: HTTPConnection | None = None
+        self.sock: socket.socket | None = None
         self.fired: str | None = None
         self._lock = threading.Lock()
 
-    def attach(self, conn: HTTPConnection) -> None:
-        with self._lock:
-            self.conn = conn
-            fired = self.fired
-        if fired:
-            _shut(conn)
+    def attach(self, sock: socket.socket | None) -> None:
+        """`sock` is this request's now (a new one, or a reused one): shut at once when the
+        watch already fired. None: the request lets go of its socket (a connection going
+        back to the pool), which this watch never shuts after that."""
+        with self._lock:  # shut under the lock: fire() and a release never cross
+            self.sock = sock
+            if self.fired and sock is not None:
+                _shut(sock)
 
     def fire(self, reason: str) -> None:
         with self._lock:
             if self.fired:
                 return
-            self.fired, conn = reason, self.conn
-        if conn is not None:
-            _shut(conn)
+            self.fired = reason
+            if self.sock is not None:
+                _shut(self.sock)  # else no socket yet: attach() shuts it as soon as there is one
 
 
-def _shut(conn: HTTPConnection) -> None:
-    sock = conn.sock
-    if sock is None:
-        return  # still connecting: the connect timeout bounds it, and connect() looks again
+def _shut(sock: socket.socket) -> None:
     try:
         socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the raw socket, TLS or not
     except OSError:
@@ -92,46 +85,3 @@ class Watches:
         for watch in active:
             watch.fire(reason)
         return len(active)
-
-
-def _connection_class(base: Any, watches: Watches) -> type[HTTPConnection]:
-    """`base`: a pool's connection class (urllib3's HTTPConnection or HTTPSConnection)."""
-    class WatchedConnection(base):
-        def connect(self) -> None:
-            super().connect()
-            watch = watches.current()
-            if watch is not None:
-                watch.attach(self)  # shuts the new socket at once when the deadline already passed
-
-        def request(self, *args: Any, **kwargs: Any) -> None:
-            watch = watches.current()
-            if watch is not None:
-                watch.attach(self)
-            super().request(*args, **kwargs)
-
-    return WatchedConnection
-
-
-def _pool_classes(watches: Watches) -> dict[str, type[HTTPConnectionPool]]:
-    out: dict[str, type[HTTPConnectionPool]] = {}
-    for scheme, pool in (("http", HTTPConnectionPool), ("https", HTTPSConnectionPool)):
-        out[scheme] = type(f"Watched{pool.__name__}", (pool,),
-                           {"ConnectionCls": _connection_class(pool.ConnectionCls, watches)})
-    return out
-
-
-class WatchedAdapter(requests.adapters.HTTPAdapter):
-    """requests' adapter whose pools make connections the watches can find."""
-
-    def __init__(self, watches: Watches, **kwargs: Any):
-        self._pool_classes = _pool_classes(watches)  # before super(): it builds the pool manager
-        super().__init__(**kwargs)
-
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = self._pool_classes
-
-    def proxy_manager_for(self, proxy: str, **kwargs: Any) -> PoolManager:
-        manager = super().proxy_manager_for(proxy, **kwargs)
-        manager.pool_classes_by_scheme = self._pool_classes
-        return manager
