@@ -20,8 +20,8 @@ def pytest_configure(config):
 
     urllib3 1.x (Debian 12's 1.26, `make test DEPS=debian12`) leaves the sockets of a
     connection pool open when the pool is garbage-collected, so a dropped requests Session
-    (a test's, or a Transport's: it has no close(), the daemon's lives as long as the process)
-    ends in the socket's own ResourceWarning at some later test. urllib3 2 closes them in a
+    (a test's client of the embedded plane; the runtime itself no longer uses requests) ends
+    in the socket's own ResourceWarning at some later test. urllib3 2 closes them in a
     finalizer of the pool: with it (the newest set, Debian 13's 2.3) a socket left open is
     still an error. Added here, after setup.cfg's `error`, so that it wins."""
     import urllib3
