@@ -14,7 +14,7 @@ with `requests, jsonschema, yaml` imported (the runtime's dependencies before is
 `--before PATH` runs the same N agents from another checkout first (the tree before a
 change: `git worktree add /tmp/before main`), then this tree's, in one run: before/after.
 
-Usage: bench/bench_host.py N [--settle 45] [--window 60] [--before PATH]
+Usage: bench/bench_host.py N [--settle 45] [--window 60] [--before PATH] [--python /usr/bin/python3]
 """
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ def cpu(pid: int) -> tuple[float, float]:
     return (int(fields[11]) + int(fields[12])) / TICK, (int(fields[13]) + int(fields[14])) / TICK
 
 
-def phase(label: str, tree: Path, count: int, settle: float, window: float) -> dict[str, float]:
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "caldera")], check=True)
+def phase(label: str, tree: Path, count: int, settle: float, window: float, python: str) -> dict[str, float]:
+    subprocess.run([python, "-m", "compileall", "-q", str(tree / "caldera")], check=True)
     with tempfile.TemporaryDirectory(prefix="bench-host-") as name:
         tmp = Path(name)
         tokens = {f"bench-host-token-{i:04d}-abcdef": i for i in range(1, count + 1)}
@@ -73,10 +73,10 @@ def phase(label: str, tree: Path, count: int, settle: float, window: float) -> d
             for token, n in tokens.items():
                 env = install(tmp / f"agent{n}", plane.url, tree=tree, instance=n, token=token)
                 # cwd: `python -m` puts the current dir first on sys.path, before PYTHONPATH's tree
-                procs.append(subprocess.Popen([sys.executable, "-m", "caldera.cli", "run", "--agent", "bench"],
+                procs.append(subprocess.Popen([python, "-m", "caldera.cli", "run", "--agent", "bench"],
                                               env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                 for key, code in FLOORS.items():
-                    floors[key].append(subprocess.Popen([sys.executable, "-c", code]))
+                    floors[key].append(subprocess.Popen([python, "-c", code]))
             wait = threading.Event()
             wait.wait(settle)
             before = [cpu(p.pid) for p in procs]
@@ -107,12 +107,15 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=45.0)
     parser.add_argument("--window", type=float, default=60.0)
     parser.add_argument("--before", type=Path, help="another checkout, run first (before/after)")
+    parser.add_argument("--python", default=sys.executable,
+                        help="the interpreter of the daemons and floors (the .deb's: /usr/bin/python3)")
     args = parser.parse_args()
     trees = ([("before", args.before.resolve())] if args.before else []) + [("this tree", ROOT)]
     for label, tree in trees:
-        r = phase(label, tree, args.count, args.settle, args.window)
+        r = phase(label, tree, args.count, args.settle, args.window, args.python)
         deps, own_floor = r["floor python3 + requests, jsonschema, yaml"], r["floor python3 + requests"]
-        print(f"{label} ({tree}): {args.count} agents, settle {args.settle:g} s, window {args.window:g} s")
+        print(f"{label} ({tree}, {args.python}): {args.count} agents, settle {args.settle:g} s, "
+              f"window {args.window:g} s")
         print(f"  PSS per agent {r['pss_mib']:.1f} MiB (max {r['pss_max_mib']:.1f}; target <= 15: "
               f"{'ok' if r['pss_mib'] <= 15 else 'MISSED'}); floors, {args.count} copies each: bare python3 "
               f"{r['floor python3 (bare)']:.1f} MiB, with the client's stdlib "
