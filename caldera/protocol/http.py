@@ -16,7 +16,10 @@ What the `Transport` needs of it, and no more:
 - TLS always verified (`tls_context`); every socket handed to `on_socket` (the request's
   deadline watch, `deadline.py`) the moment it exists;
 - an answer shorter than its Content-Length, a chunked answer cut off, a connection
-  closed or reset mid-answer: `NoAnswer`, never a short body taken as whole.
+  closed or reset mid-answer: `NoAnswer`, never a short body taken as whole; so is an
+  interim answer (101-199) where the final one was due;
+- a connection whose answer has no body by rule (1xx, 204, 304, a HEAD's) is closed, never
+  pooled: bytes sent after it would be the next request's answer.
 """
 from __future__ import annotations
 
@@ -231,9 +234,11 @@ def _close_idle(idle: dict[Route, list[Connection]]) -> None:
 class Answer:
     """A response being read; `chunks` raises NoAnswer when the body ends early."""
 
-    def __init__(self, resp: http.client.HTTPResponse):
+    def __init__(self, resp: http.client.HTTPResponse, method: str):
         self._resp = resp
         self.status = resp.status
+        # no body by rule (RFC 9110 6.4.1): http.client reads none, whatever bytes follow
+        self.bodiless = 100 <= resp.status < 200 or resp.status in (204, 304) or method == "HEAD"
 
     def header(self, name: str) -> str | None:
         return self._resp.getheader(name)
@@ -253,8 +258,12 @@ class Answer:
 
     @property
     def reusable(self) -> bool:
-        """Read to its end, and the server keeps the connection open."""
-        return self._resp.isclosed() and not self._resp.will_close and not self._resp.length
+        """Read to its end, the server keeps the connection open, and the answer had a body.
+        An answer without one by rule (a 204, a HEAD's) is read to its end at once, so bytes a
+        server sends after it anyway (a handler that writes a body after its 204) would be read
+        as the NEXT request's answer on that connection: such a connection is never reused."""
+        return self._resp.isclosed() and not self._resp.will_close and not self._resp.length \
+            and not self.bodiless
 
 
 def _describe(exc: BaseException) -> str:
@@ -303,7 +312,12 @@ def exchange(pool: Pool, method: str, url: str, body: Body, headers: dict[str, s
     """Send one request and yield its answer (headers read, body not); the connection goes
     back to the pool only when the caller read the answer to its end."""
     conn, resp = _request(pool, route_for(url), method, url, body, headers, timeouts, on_socket)
-    answer = Answer(resp)
+    if 100 < resp.status < 200:
+        # http.client skips a 100 only: a 102 or 103 (Early Hints, from a CDN) would be taken
+        # as the final answer (no body: a success), and the real one read by the next request
+        conn.close()
+        raise NoAnswer(f"an interim answer ({resp.status}) where the final one was due; not taken")
+    answer = Answer(resp, method)
     try:
         yield answer
     except BaseException:

@@ -1,0 +1,63 @@
+"""The client's HTTP layer against answers at the edges of HTTP/1.1, on real loopback
+sockets: interim (1xx) answers, answers without a body by rule followed by stray bytes, an
+answer sent before an upload was read, headers and URLs that cannot be sent, CA bundles,
+proxies (scripted raw answers: rawhttp_helpers.RawServer)."""
+import json
+import time
+
+import pytest
+from rawhttp_helpers import RawServer, answer
+
+from caldera.protocol.client import Retryable, Transport
+
+LATE = answer(500, b'{"success":false,"message":"the real answer"}')
+
+
+def _ok(data):
+    return answer(200, json.dumps({"success": True, "data": data}).encode())
+
+
+@pytest.mark.parametrize("interim", [b"102 Processing", b"103 Early Hints\r\nLink: </x>; rel=preload"])
+def test_an_interim_answer_is_no_answer_and_its_connection_is_closed(interim):
+    """A 102/103 (http.client skips only a 100) is not the final answer: its empty body is
+    not a success, and the real answer behind it is never read as the next request's."""
+    def serve(sock, number):
+        if server.read_request(sock) is None:
+            return
+        if number == 1:
+            sock.sendall(b"HTTP/1.1 " + interim + b"\r\n\r\n")
+            time.sleep(0.1)
+            sock.sendall(LATE)
+        else:
+            sock.sendall(_ok({"for": "request 2"}))
+        server.released.wait(5)
+
+    with RawServer(serve) as server:
+        transport = Transport(server.url)
+        with pytest.raises(Retryable, match="interim answer"):
+            transport.request("POST", "/commands/1/finish", "t", body={})
+        assert transport.request("GET", "/commands/next", "t") == {"for": "request 2"}
+    assert server.connections == 2
+
+
+@pytest.mark.parametrize("status", [204])
+def test_a_connection_whose_answer_has_no_body_by_rule_is_not_reused(status):
+    """Bytes a server writes after its 204 are never read as the next request's answer."""
+    def serve(sock, number):
+        if server.read_request(sock) is None:
+            return
+        if number == 1:
+            sock.sendall(f"HTTP/1.1 {status} X\r\n\r\n".encode())
+            time.sleep(0.1)
+            sock.sendall(_ok({"command": {"id": 666, "command_type": "stale-bytes"}}))
+            server.read_request(sock)
+            sock.sendall(_ok({"command": {"id": 666, "command_type": "stale-bytes"}}))
+        else:
+            sock.sendall(_ok({"command": None}))
+        server.released.wait(5)
+
+    with RawServer(serve) as server:
+        transport = Transport(server.url)
+        assert transport.request("POST", "/heartbeat", "t", body={}) is None
+        assert transport.request("GET", "/commands/next", "t") == {"command": None}
+    assert server.connections == 2
