@@ -298,8 +298,24 @@ def _send(conn: Connection, method: str, url: str, body: Body, headers: dict[str
         on_socket(conn.sock)  # a reused connection: this request's watch holds it now
     assert conn.sock is not None
     conn.sock.settimeout(timeouts.read)
-    conn.request(method, _target(conn.route, url), body=body, headers=_headers(conn.route, headers))
+    try:
+        conn.request(method, _target(conn.route, url), body=body, headers=_headers(conn.route, headers))
+    except (BrokenPipeError, ConnectionResetError) as exc:
+        return _early_answer(conn, exc)
     return conn.getresponse()
+
+
+def _early_answer(conn: Connection, broken: OSError) -> http.client.HTTPResponse:
+    """The answer a server sent before it read all of the body, then closed (a 413, a 401 for
+    an expired session: Go's net/http does that for an unread body over 256 KiB): the send
+    broke, but the plane's word is in our receive buffer. Read within the read timeout and
+    the request's deadline; none there: the send's error, as it was."""
+    try:
+        resp = conn.getresponse()
+    except (OSError, http.client.HTTPException):
+        raise broken from None
+    resp.will_close = True  # the server hung up on its side: the connection is closed after it
+    return resp
 
 
 # A connection broken before any byte of the answer came: the error is one of these.

@@ -3,12 +3,15 @@ sockets: interim (1xx) answers, answers without a body by rule followed by stray
 answer sent before an upload was read, headers and URLs that cannot be sent, CA bundles,
 proxies (scripted raw answers: rawhttp_helpers.RawServer)."""
 import json
+import os
+import socket
+import struct
 import time
 
 import pytest
 from rawhttp_helpers import RawServer, answer
 
-from caldera.protocol.client import Retryable, Transport
+from caldera.protocol.client import Invalid, MultipartFile, Retryable, Transport, Unauthorized
 
 LATE = answer(500, b'{"success":false,"message":"the real answer"}')
 
@@ -61,3 +64,25 @@ def test_a_connection_whose_answer_has_no_body_by_rule_is_not_reused(status):
         assert transport.request("POST", "/heartbeat", "t", body={}) is None
         assert transport.request("GET", "/commands/next", "t") == {"command": None}
     assert server.connections == 2
+
+
+@pytest.mark.parametrize("status, error", [(413, Invalid), (401, Unauthorized)])
+def test_an_answer_sent_before_the_upload_was_read_is_the_answer(tmp_path, status, error):
+    """The plane refuses an upload from its head and closes (reset): its answer is the
+    call's, not a retryable broken pipe (a 401 must renew the session, a 413 stop retrying)."""
+    archive = tmp_path / "s.zip"
+    archive.write_bytes(os.urandom(4 * 1024 * 1024))
+
+    def serve(sock, number):
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        sock.sendall(answer(status, b'{"success":false,"message":"refused unread"}', close=True))
+        time.sleep(0.1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset
+
+    with RawServer(serve) as server:
+        form = MultipartFile({"name": "s"}, "file", archive, "s.zip")
+        with pytest.raises(error, match="refused unread"):
+            Transport(server.url).request("POST", "/skills/upload", "t", data=form,
+                                          headers={"Content-Type": form.content_type})
