@@ -267,3 +267,15 @@ def test_every_recorded_agent_starts_again_enabled_or_not():
     for name in ("preinst", "postinst", "prerm", "postrm"):
         code = [line for line in _script(name).splitlines() if not line.lstrip().startswith("#")]
         assert not [line for line in code if "deb-systemd-invoke start" in line], name
+
+
+def test_the_package_depends_on_the_system_ca_store():
+    """The control-plane client verifies https against the system store (OpenSSL's): nothing
+    else brings ca-certificates since python3-requests is no dependency (a slim image with
+    --no-install-recommends would have no CA at all)."""
+    control = (ROOT / "debian" / "control").read_text()
+    binary = control.split("\nPackage: caldera\n", 1)[1]
+    depends = binary.split("\nDepends:", 1)[1].split("\nSuggests:", 1)[0]
+    names = [entry.strip().split(" ")[0] for entry in depends.split(",") if entry.strip()]
+    assert "ca-certificates" in names
+    assert "`ca-certificates`" in DOC.read_text()
