@@ -98,12 +98,20 @@ def route_for(url: str) -> Route:
     return Route(parts.scheme, parts.hostname.lower(), port, proxy)
 
 
-def ca_file(configured: str | None) -> str | None:
-    """The CA file (or directory) the plane's certificate is verified against:
-    CALDERA_CA_BUNDLE, else REQUESTS_CA_BUNDLE, else CURL_CA_BUNDLE (which requests
-    honoured), else None: the system store (OpenSSL's, so SSL_CERT_FILE and SSL_CERT_DIR
-    count). docs/runtime.md, "TLS"."""
-    return configured or os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or None
+CA_VARIABLES = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")  # honoured as requests honoured them
+
+
+def ca_file(configured: str | None) -> tuple[str | None, str]:
+    """The CA file (or directory of hashed certificates) the plane's certificate is verified
+    against, and the variable that named it: CALDERA_CA_BUNDLE, else REQUESTS_CA_BUNDLE, else
+    CURL_CA_BUNDLE, else (None, "the system store"): OpenSSL's, so SSL_CERT_FILE and
+    SSL_CERT_DIR count. docs/runtime.md, "TLS"."""
+    if configured:
+        return configured, "CALDERA_CA_BUNDLE"
+    for name in CA_VARIABLES:
+        if os.environ.get(name):
+            return os.environ[name], name
+    return None, "the system store"
 
 
 def tls_context(cafile: str | None) -> ssl.SSLContext:
@@ -114,6 +122,17 @@ def tls_context(cafile: str | None) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=cafile or None)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     return context
+
+
+def _stamp(path: str | None) -> tuple[int, int] | None:
+    """(mtime in ns, size) of the CA bundle: what tells a rotated one; None: none, or not there."""
+    if path is None:
+        return None
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_mtime_ns, info.st_size
 
 
 class Connection(http.client.HTTPConnection):
@@ -181,15 +200,27 @@ class Pool:
     def __init__(self, cafile: str | None = None):
         self.cafile = cafile
         self._tls: ssl.SSLContext | None = None  # built on the first https request (the CA store is not small)
+        self._tls_for: tuple[str | None, tuple[int, int] | None] | None = None  # the bundle and stamp it holds
         self._idle: dict[Route, list[Connection]] = {}
         self._lock = threading.Lock()
         # a pool dropped without close() closes its sockets (no ResourceWarning, no fd kept)
         weakref.finalize(self, _close_idle, self._idle)
 
     def tls(self) -> ssl.SSLContext:
+        """The TLS context of a new connection: rebuilt when the CA bundle's (mtime, size)
+        changed since it was built (a private CA renewed on disk is trusted without a restart;
+        one stat per new connection), or NoAnswer naming the variable and the path of a bundle
+        that cannot be read (REQUESTS_CA_BUNDLE and CURL_CA_BUNDLE are not checked at start)."""
+        path, variable = ca_file(self.cafile)
+        key = (path, _stamp(path))
         with self._lock:
-            if self._tls is None:
-                self._tls = tls_context(ca_file(self.cafile))
+            if self._tls is None or self._tls_for != key:
+                try:
+                    self._tls = tls_context(path)
+                except OSError as exc:  # ssl.SSLError too: a file that holds no certificate
+                    raise NoAnswer(f"the CA bundle {variable} names ({path}) cannot be used: "
+                                   f"{_describe(exc)}") from None
+                self._tls_for = key
             return self._tls
 
     def take(self, route: Route) -> Connection | None:

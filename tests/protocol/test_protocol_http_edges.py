@@ -5,13 +5,25 @@ proxies (scripted raw answers: rawhttp_helpers.RawServer)."""
 import json
 import os
 import socket
+import ssl
 import struct
 import time
 
 import pytest
+from backends_proxy import PROXIES, tls_certificate
 from rawhttp_helpers import RawServer, answer
 
 from caldera.protocol.client import Invalid, MultipartFile, Retryable, Transport, Unauthorized
+
+
+
+@pytest.fixture(autouse=True)
+def no_proxies(monkeypatch):
+    """No proxy or CA variable of the host's reaches a test unless the test sets it."""
+    for name in (*PROXIES, "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
 
 LATE = answer(500, b'{"success":false,"message":"the real answer"}')
 
@@ -86,3 +98,41 @@ def test_an_answer_sent_before_the_upload_was_read_is_the_answer(tmp_path, statu
         with pytest.raises(error, match="refused unread"):
             Transport(server.url).request("POST", "/skills/upload", "t", data=form,
                                           headers={"Content-Type": form.content_type})
+
+
+def test_a_ca_bundle_that_cannot_be_read_is_a_retryable_sentence(no_proxies, tmp_path):
+    """REQUESTS_CA_BUNDLE is not checked at start: a missing or broken one is named (the
+    variable and its path) in a retryable error, never a bare OSError out of the call."""
+    not_a_cert = tmp_path / "not-a-cert.pem"
+    not_a_cert.write_text("no certificate here\n")
+    for path in ("/nonexistent/ca.pem", str(not_a_cert)):
+        no_proxies.setenv("REQUESTS_CA_BUNDLE", path)
+        with pytest.raises(Retryable, match=f"the CA bundle REQUESTS_CA_BUNDLE names \\({path}\\) cannot be used"):
+            Transport("https://localhost:1").request("GET", "/x", "t")
+
+
+def test_a_ca_bundle_rotated_on_disk_is_read_again(tmp_path):
+    """The plane's private CA renewed (bundle and certificate together): the next new
+    connection verifies against the new bundle, without a restart."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    first, second = tls_certificate(tmp_path / "one", "localhost"), tls_certificate(tmp_path / "two", "localhost")
+    serving = [first]
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(first[0].read_bytes())
+
+    def serve(sock, number):
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*serving[0])
+        with context.wrap_socket(sock, server_side=True) as tls:
+            server.read_request(tls)
+            tls.sendall(_ok({"n": number}).replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1))
+
+    with RawServer(serve) as server:
+        transport = Transport(f"https://localhost:{server.port}", ca_bundle=str(bundle))
+        assert transport.request("GET", "/x", "t") == {"n": 1}
+        serving[0] = second
+        bundle.write_bytes(second[0].read_bytes())
+        later = bundle.stat().st_mtime_ns + 2_000_000_000  # a file system with coarse times
+        os.utime(bundle, ns=(later, later))
+        assert transport.request("GET", "/x", "t") == {"n": 2}
