@@ -777,6 +777,11 @@ def load_settings(paths: AgentPaths, environ: Environ = os.environ) -> Settings:
     enabled = _parse_bool(env, "CALDERA_AGENT_ENABLED")
     base_url = _parse_url(env, environ) if (enabled or lookup(env, "CALDERA_BASE_URL")) else None
     token = lookup(env, "CALDERA_TOKEN")
+    if token is not None and not header_safe(token):
+        # a secret file's trailing newline, as Kubernetes mounts it: refused as the backends
+        # refuse such a key, with a sentence that never quotes it
+        raise ConfigError(f"{_var('CALDERA_TOKEN')} is not one line of printable characters "
+                          "(a trailing newline or blank from a secret file?)")
     instance_id = _parse_int(env, "CALDERA_INSTANCE_ID", minimum=1)
     if enabled:
         for var, value in (("CALDERA_BASE_URL", base_url), ("CALDERA_TOKEN", token),
@@ -932,6 +937,12 @@ def injected_values(env: Environ, environ: Environ, names: Iterable[str]) -> dic
     plain-http rule (SPEC section 3) and the LLM-governance status (docs/container.md) read
     only what this returns."""
     return {name: environ[name] for name in names if environ.get(name) and env.get(name) == environ[name]}
+
+
+def header_safe(value: str) -> bool:
+    """Whether a credential can be a header value as it is (http.client would refuse another
+    with an error quoting it whole): one line of printable ASCII, no surrounding blanks."""
+    return value.isascii() and value.isprintable() and value == value.strip()
 
 
 def is_loopback(host: str) -> bool:

@@ -254,6 +254,17 @@ def test_enabled_requires_token_and_names_both_spellings(caldera_env):
     assert "CALDERA_TOKEN (or CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN)" in str(err.value)
 
 
+def test_a_bootstrap_token_with_a_line_break_is_refused_unquoted(caldera_env, monkeypatch):
+    """A Kubernetes secret's trailing newline in the environment: refused at load, as the
+    backends refuse such a key, never sent (http.client's error would quote it whole)."""
+    config = install_agent(caldera_env)
+    (config / "secrets.env").write_text("")
+    monkeypatch.setenv("CLAWMANAGER_AGENT_BOOTSTRAP_TOKEN", "cm-boot-secret\n")
+    with pytest.raises(ConfigError, match="not one line of printable characters") as err:
+        load_settings(agent_from_args(Args(agent="demo")))
+    assert "cm-boot-secret" not in str(err.value)
+
+
 def test_agent_selection(caldera_env, monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="none"):
         agent_from_args(Args())

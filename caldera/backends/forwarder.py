@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from caldera.backends.failures import BACKEND_FAILED, SECRET_UNAVAILABLE, BackendFailure
-from caldera.config import is_loopback
+from caldera.config import header_safe, is_loopback
 from caldera.errors import unexpected
 from caldera.host.proxies import Proxy, parse_proxy, proxy_for
 
@@ -173,12 +173,6 @@ def upstream_proxy(upstream: str) -> Proxy | None:
             f"the proxy for {parts.hostname} ({url.scheme}://{url.host}) is not supported: "
             "the runtime's forwarder reaches the provider through an http:// proxy (HTTPS_PROXY) only"))
     return url  # the HTTP proxy the forwarder tunnels the provider's requests through (CONNECT)
-
-
-def header_safe(value: str) -> bool:
-    """Whether a credential can be a header value as it is (http.client would refuse another
-    with an error quoting it whole)."""
-    return value.isascii() and value.isprintable() and value == value.strip()
 
 
 def gateway_key(key: str) -> str:

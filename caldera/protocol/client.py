@@ -39,7 +39,7 @@ from urllib.parse import urljoin, urlsplit
 from caldera import __version__, errors
 from caldera.host.jsonlimits import loads as bounded_loads
 from caldera.protocol.deadline import Watch, Watches
-from caldera.protocol.http import Answer, NoAnswer, Pool, Timeouts, exchange
+from caldera.protocol.http import Answer, NoAnswer, NotSendable, Pool, Timeouts, exchange
 from caldera.protocol.jsonhead import command_head
 
 log = logging.getLogger("caldera.protocol.client")
@@ -329,6 +329,8 @@ class Transport:
                         target = self._redirect_target(resp, url, same_origin_redirects)
                         if target is None:
                             answer = self._answer(resp, url, stream_to, cap, raw)
+                except NotSendable as exc:
+                    raise Unsendable(None, str(exc)) from None
                 except NoAnswer as exc:
                     # a timeout cut to the time left is the deadline too, whichever of it and the
                     # watch fired first

@@ -55,6 +55,11 @@ class NoAnswer(Exception):
         self.timeout = timeout
 
 
+class NotSendable(Exception):
+    """The request cannot be sent as it is: a header value or a URL that HTTP does not allow
+    (a line break, a control character). The sentence never quotes the value (a token)."""
+
+
 @dataclass(frozen=True)
 class Timeouts:
     connect: float  # TCP connect, a proxy's CONNECT and the TLS handshake, each operation
@@ -333,7 +338,18 @@ def _send(conn: Connection, method: str, url: str, body: Body, headers: dict[str
         conn.request(method, _target(conn.route, url), body=body, headers=_headers(conn.route, headers))
     except (BrokenPipeError, ConnectionResetError) as exc:
         return _early_answer(conn, exc)
+    except (ValueError, http.client.InvalidURL):  # from building the head: nothing was sent
+        raise NotSendable(_unsendable(headers)) from None
     return conn.getresponse()
+
+
+def _unsendable(headers: dict[str, str]) -> str:
+    """Why http.client refused to build the request, naming the header, never its value
+    (http.client's own error quotes it whole: `Bearer <token>`)."""
+    bad = [name for name, value in headers.items() if not (value.isprintable() and value.isascii())]
+    if bad:
+        return f"the {bad[0]} header holds a character HTTP does not allow (a line break or control character); not sent"
+    return "the URL or a header holds a character HTTP does not allow (a space, line break or control character); not sent"
 
 
 def _early_answer(conn: Connection, broken: OSError) -> http.client.HTTPResponse:

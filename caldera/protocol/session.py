@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from caldera.config import header_safe
 from caldera.errors import AuthBlocked  # noqa: F401 -- re-exported: callers catch it from here too
 from caldera.host.fsutil import atomic_write_json, read_json
 from caldera.protocol.client import Forbidden, Invalid, SessionMismatch, Unaccepted, Unauthorized
@@ -71,6 +72,9 @@ class SessionFile:
         if doc.get("agent_id") != self.agent_id:
             log.info("session.json was issued to agent %r, not %r; registering again", doc.get("agent_id"),
                      self.agent_id)
+            return None
+        if not isinstance(doc.get("session_token"), str) or not header_safe(doc["session_token"]):
+            log.warning("session.json holds no usable session token; registering again")
             return None
         return SessionInfo(doc["session_token"], doc.get("session_expires_at"),
                            doc.get("heartbeat_interval_seconds", 15), doc.get("command_poll_interval_seconds", 5))
@@ -188,6 +192,9 @@ class Auth:
         token = data.get("session_token")
         if not isinstance(token, str) or not token:
             raise Unaccepted(200, "register answered without a session_token")
+        if not header_safe(token):  # never quoted: it is a secret
+            raise Unaccepted(200, "register answered a session_token that is not one line of printable "
+                                  "characters (it could not be sent as a header); not taken")
         self._redactor.add(token)
         info = SessionInfo(token, data.get("session_expires_at"),
                            _interval(data.get("heartbeat_interval_seconds"), 15),

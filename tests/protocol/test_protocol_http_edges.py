@@ -13,7 +13,17 @@ import pytest
 from backends_proxy import PROXIES, tls_certificate
 from rawhttp_helpers import RawServer, answer
 
-from caldera.protocol.client import Invalid, MultipartFile, Retryable, Transport, Unauthorized
+from caldera.protocol.client import (
+    Invalid,
+    MultipartFile,
+    Retryable,
+    Transport,
+    Unaccepted,
+    Unauthorized,
+    Unsendable,
+)
+from caldera.protocol.session import Auth, SessionFile
+from caldera.redact import Redactor
 
 
 
@@ -136,3 +146,35 @@ def test_a_ca_bundle_rotated_on_disk_is_read_again(tmp_path):
         later = bundle.stat().st_mtime_ns + 2_000_000_000  # a file system with coarse times
         os.utime(bundle, ns=(later, later))
         assert transport.request("GET", "/x", "t") == {"n": 2}
+
+
+@pytest.mark.parametrize("token", ["s3cr3t-session-token\n", "s3cr3t\r\nX-Evil: 1"])
+def test_a_token_that_cannot_be_a_header_is_unsendable_and_never_quoted(token):
+    def serve(sock, number):
+        while server.read_request(sock):
+            sock.sendall(answer())
+
+    with RawServer(serve) as server:
+        with pytest.raises(Unsendable, match="the Authorization header holds a character") as err:
+            Transport(server.url).request("GET", "/commands/next", token)
+        assert not server.requests
+    assert "s3cr3t" not in str(err.value)
+
+
+def test_a_url_that_cannot_be_sent_is_unsendable():
+    def serve(sock, number):
+        while server.read_request(sock):
+            sock.sendall(answer())
+
+    with RawServer(serve) as server:
+        with pytest.raises(Unsendable, match="the URL or a header holds a character"):
+            Transport(server.url).request("GET", "/commands/a b\n", "t")
+        assert not server.requests
+
+
+def test_register_answering_a_token_that_cannot_be_a_header_is_not_taken(tmp_path):
+    auth = Auth(bootstrap_token="boot", session_file=SessionFile(tmp_path / "session.json", "http://p", 7),
+                register=lambda: {"session_token": "agt_sess_x\n"}, redactor=Redactor())
+    with pytest.raises(Unaccepted, match="not one line of printable characters") as err:
+        auth.token()
+    assert "agt_sess_x" not in str(err.value) and not (tmp_path / "session.json").exists()
