@@ -796,8 +796,8 @@ def load_settings(paths: AgentPaths, environ: Environ = os.environ) -> Settings:
     if log_level not in LOG_LEVELS:
         raise ConfigError(f"CALDERA_LOG_LEVEL={log_level!r}: one of {', '.join(LOG_LEVELS)}")
     ca_bundle = lookup(env, "CALDERA_CA_BUNDLE")
-    if ca_bundle and not os.path.isfile(ca_bundle):
-        raise ConfigError(f"CALDERA_CA_BUNDLE: no such file: {ca_bundle}")
+    if ca_bundle and not (os.path.isfile(ca_bundle) or os.path.isdir(ca_bundle)):  # a directory: hashed certificates
+        raise ConfigError(f"CALDERA_CA_BUNDLE: no such file or directory: {ca_bundle}")
     report_interval = _parse_float(env, "CALDERA_REPORT_INTERVAL_SECONDS", 5.0, minimum=2.0)
     persistent = lookup(env, "CALDERA_PERSISTENT_DIR")
     # ClawManager's gateway key and instance token travel in the environment: mask them too.

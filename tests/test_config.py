@@ -265,6 +265,15 @@ def test_a_bootstrap_token_with_a_line_break_is_refused_unquoted(caldera_env, mo
     assert "cm-boot-secret" not in str(err.value)
 
 
+def test_the_ca_bundle_may_be_a_directory_of_hashed_certificates(caldera_env, monkeypatch, tmp_path):
+    install_agent(caldera_env)
+    monkeypatch.setenv("CALDERA_CA_BUNDLE", str(tmp_path))
+    assert load_settings(agent_from_args(Args(agent="demo"))).ca_bundle == str(tmp_path)
+    monkeypatch.setenv("CALDERA_CA_BUNDLE", str(tmp_path / "absent"))
+    with pytest.raises(ConfigError, match="no such file or directory"):
+        load_settings(agent_from_args(Args(agent="demo")))
+
+
 def test_agent_selection(caldera_env, monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="none"):
         agent_from_args(Args())

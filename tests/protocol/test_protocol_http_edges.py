@@ -7,6 +7,7 @@ import os
 import socket
 import ssl
 import struct
+import subprocess
 import time
 
 import pytest
@@ -132,11 +133,7 @@ def test_a_ca_bundle_rotated_on_disk_is_read_again(tmp_path):
     bundle.write_bytes(first[0].read_bytes())
 
     def serve(sock, number):
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(*serving[0])
-        with context.wrap_socket(sock, server_side=True) as tls:
-            server.read_request(tls)
-            tls.sendall(_ok({"n": number}).replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1))
+        _tls_serve(serving[0])(sock, number)
 
     with RawServer(serve) as server:
         transport = Transport(f"https://localhost:{server.port}", ca_bundle=str(bundle))
@@ -178,3 +175,39 @@ def test_register_answering_a_token_that_cannot_be_a_header_is_not_taken(tmp_pat
     with pytest.raises(Unaccepted, match="not one line of printable characters") as err:
         auth.token()
     assert "agt_sess_x" not in str(err.value) and not (tmp_path / "session.json").exists()
+
+
+def _tls_serve(certificate):
+    """A RawServer script: TLS with `certificate` (cert, key), one answer, then close."""
+    def serve(sock, number):
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*certificate)
+        with context.wrap_socket(sock, server_side=True) as tls:
+            if _read_head(tls):
+                tls.sendall(_ok({"n": number}).replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1))
+    return serve
+
+
+def _read_head(sock):
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def test_a_ca_directory_of_hashed_certificates_verifies_the_plane(tmp_path):
+    cert, key = tls_certificate(tmp_path, "localhost")
+    directory = tmp_path / "cas"
+    directory.mkdir()
+    name = subprocess.run(["openssl", "x509", "-hash", "-noout", "-in", str(cert)], capture_output=True,
+                          text=True, check=True, timeout=30).stdout.strip()
+    (directory / f"{name}.0").write_bytes(cert.read_bytes())
+    with RawServer(_tls_serve((cert, key))) as server:
+        assert Transport(f"https://localhost:{server.port}", ca_bundle=str(directory)).request(
+            "GET", "/x", "t") == {"n": 1}
+        (directory / f"{name}.0").unlink()  # the same directory without it: not trusted
+        with pytest.raises(Retryable, match="CERTIFICATE_VERIFY_FAILED"):
+            Transport(f"https://localhost:{server.port}", ca_bundle=str(directory)).request("GET", "/x", "t")
