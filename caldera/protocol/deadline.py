@@ -7,7 +7,8 @@ byte every few seconds holds a call for as long as it likes. Every request of th
 handshake, send or read returns at once and the caller gets a retryable error.
 
 The HTTP layer (`protocol/http.py`) hands each socket to the watch of the request
-being made (per thread) as soon as it exists, and a reused one before it is used.
+being made (per thread) as soon as it exists (before its TCP connect), and a reused one
+before it is used. Only the name's resolution (getaddrinfo) cannot be interrupted.
 """
 from __future__ import annotations
 
@@ -45,9 +46,11 @@ class Watch:
 
 def _shut(sock: socket.socket) -> None:
     try:
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the raw socket, TLS or not
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the raw socket, TLS or not; ends a connect too
     except OSError:
-        pass  # already closed: nothing left to interrupt
+        # not connected: not yet (closed, so that its connect fails at once; the connection is
+        # this request's own, nobody else holds it), or already closed: nothing to interrupt
+        sock.close()
 
 
 class Watches:

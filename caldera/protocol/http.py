@@ -160,13 +160,28 @@ class Connection(http.client.HTTPConnection):
             self.set_tunnel(route.host, route.port, headers={"Proxy-Authorization": auth} if auth else None)
 
     def _open(self, address: tuple[str, int], timeout: float, source: Any = None) -> socket.socket:
+        """The TCP connection, each address of the name in turn (as socket.create_connection),
+        every socket handed to `on_socket` BEFORE its connect: the watch's shutdown (a deadline,
+        the daemon stopping) ends a connect that waits for an answer to its SYN at once. The
+        name's resolution itself cannot be interrupted."""
         host, port = address
         # an ASCII name as bytes: getaddrinfo encodes a str with the "idna" codec, which would
         # import encodings.idna, stringprep and unicodedata into every daemon (0.2 MiB)
-        peer = (host.encode("ascii") if host.isascii() else host, port)
-        sock = socket.create_connection(peer, timeout, source)  # type: ignore[arg-type]  # bytes: getaddrinfo's
-        self.on_socket(sock)
-        return sock
+        name = host.encode("ascii") if host.isascii() else host
+        error: OSError | None = None
+        for family, kind, proto, _, peer in socket.getaddrinfo(name, port, 0, socket.SOCK_STREAM):
+            sock = socket.socket(family, kind, proto)
+            self.on_socket(sock)
+            try:
+                sock.settimeout(timeout)
+                if source:
+                    sock.bind(source)
+                sock.connect(peer)
+                return sock
+            except OSError as exc:
+                error = exc
+                sock.close()
+        raise error or OSError(f"no address for {host}")
 
     def connect(self) -> None:
         try:

@@ -8,6 +8,7 @@ import socket
 import ssl
 import struct
 import subprocess
+import threading
 import time
 
 import pytest
@@ -211,3 +212,32 @@ def test_a_ca_directory_of_hashed_certificates_verifies_the_plane(tmp_path):
         (directory / f"{name}.0").unlink()  # the same directory without it: not trusted
         with pytest.raises(Retryable, match="CERTIFICATE_VERIFY_FAILED"):
             Transport(f"https://localhost:{server.port}", ca_bundle=str(directory)).request("GET", "/x", "t")
+
+
+def test_abort_interrupts_a_request_in_its_tcp_connect():
+    """A listener whose accept queue is full drops further SYNs: the connect waits. The
+    watch holds the socket before its connect, so stopping ends it at once, not after the
+    5 s connect timeout."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(8):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(("127.0.0.1", port))
+        fillers.append(filler)
+    try:
+        time.sleep(0.2)
+        transport = Transport(f"http://127.0.0.1:{port}")
+        timer = threading.Timer(0.3, transport.abort)
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(Retryable, match="interrupted: stopping"):
+            transport.request("GET", "/x", "t")
+        assert time.monotonic() - started < 2
+        timer.join()
+    finally:
+        for sock in (listener, *fillers):
+            sock.close()
