@@ -48,9 +48,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from caldera.backends.failures import BACKEND_FAILED, SECRET_UNAVAILABLE, BackendFailure
-from caldera.config import header_safe, is_loopback
+from caldera.config import header_safe
 from caldera.errors import unexpected
-from caldera.host.proxies import Proxy, parse_proxy, proxy_for
+from caldera.host.proxies import Proxy, chosen_proxy, parse_proxy
 
 log = logging.getLogger("caldera.backends")
 
@@ -159,9 +159,9 @@ def upstream_proxy(upstream: str) -> Proxy | None:
     supported (CONNECT over plain HTTP); an https:// or socks one is refused with a
     sentence (backend-failed) rather than bypassed."""
     parts = urllib.parse.urlsplit(upstream)
-    if parts.scheme != "https" or not parts.hostname or is_loopback(parts.hostname):
+    if parts.scheme != "https" or not parts.hostname:
         return None
-    found = proxy_for(upstream)
+    found = chosen_proxy(upstream)  # never for a loopback upstream
     if not found:
         return None
     try:

@@ -14,7 +14,9 @@ requests or urllib.request (docs/performance.md, section 10):
   CIDR network (`10.0.0.0/8`);
 - a proxy URL without a scheme is `http://` (`proxy.corp:3128`); its credentials
   (`http://user:pass@proxy:3128`, percent-decoded) become the `Proxy-Authorization`
-  value. `~/.netrc` is never read.
+  value. `~/.netrc` is never read;
+- one exception, for caldera's own clients (`chosen_proxy`): a loopback host is never
+  proxied.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
+
+from caldera.config import is_loopback
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,18 @@ def proxy_for(url: str, environ: Mapping[str, str] | None = None) -> str | None:
         return None
     proxies = environ_proxies(env)
     return proxies.get(urlsplit(url).scheme) or proxies.get("all")
+
+
+def chosen_proxy(url: str) -> str | None:
+    """The proxy for `url` as caldera's clients use one (the control-plane client, the
+    backends' forwarder): `proxy_for`, except that a loopback host is always reached
+    directly, as Go's clients do (requests did not): a proxy elsewhere cannot reach this
+    host's loopback, and the plain http that only loopback may use would carry the token
+    or key to the proxy in clear."""
+    host = urlsplit(url).hostname
+    if host and is_loopback(host):
+        return None
+    return proxy_for(url)
 
 
 def parse_proxy(value: str) -> Proxy:

@@ -346,7 +346,7 @@ class Transport:
             if target is None:
                 return answer
             url = target
-        raise Redirected(None, f"more than {MAX_REDIRECTS} redirects; last Location: {url}")
+        raise Redirected(None, f"more than {MAX_REDIRECTS} redirects; last Location: {_shown(url)}")
 
     def _send(self, method: str, url: str, data: bytes | MultipartFile | None, headers: dict[str, str],
               left: float, watch: Watch) -> AbstractContextManager[Answer]:
@@ -376,7 +376,7 @@ class Transport:
         if allowed and origin(target) == origin(self.base_url):
             return target
         why = "another origin" if allowed else "an API call follows no redirect"
-        raise Redirected(resp.status, f"redirect not followed ({why}); Location: {location or '(none)'}")
+        raise Redirected(resp.status, f"redirect not followed ({why}); Location: {_shown(location) or '(none)'}")
 
     def _answer(self, resp: Answer, url: str, stream_to: PathArg | None, cap: int, raw: bool) -> Any:
         status = resp.status
@@ -399,6 +399,13 @@ class Transport:
         content = _read_capped(resp, cap)
         self._note_reachable(True)
         return content if raw else unwrap(content, status)
+
+
+def _shown(location: str, limit: int = 200) -> str:
+    """A Location as a message may show it: the plane's (or a proxy's) untrusted text, cut
+    to `limit` characters, anything not printable (a terminal's escape) as "?"."""
+    cut = "".join(c if c.isprintable() else "?" for c in location[:limit])
+    return cut + "..." if len(location) > limit else cut
 
 
 def _read_capped(resp: Answer, cap: int, truncate: bool = False) -> bytes:

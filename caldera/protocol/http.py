@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from caldera.host.proxies import Proxy, parse_proxy, proxy_for
+from caldera.host.proxies import Proxy, chosen_proxy, parse_proxy
 
 OnSocket = Callable[[socket.socket | None], None]
 Body = bytes | Iterable[bytes] | None
@@ -90,7 +90,7 @@ def route_for(url: str) -> Route:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         raise NoAnswer(f"the port of {parts.hostname} is not a number from 1 to 65535") from None
-    found = proxy_for(url)
+    found = chosen_proxy(url)
     if found is None:
         return Route(parts.scheme, parts.hostname.lower(), port)
     try:
@@ -144,6 +144,8 @@ class Connection(http.client.HTTPConnection):
     """One connection of a route; TLS (over the proxy's tunnel or not) when `tls` is given.
     Every socket it makes goes to `on_socket` before it is used."""
 
+    _tunnel_host: str | None  # http.client's, set by set_tunnel (not in the stubs)
+
     def __init__(self, route: Route, tls: ssl.SSLContext | None, timeout: float):
         peer = route.proxy or route
         super().__init__(peer.host, peer.port, timeout=timeout, blocksize=CHUNK)
@@ -158,6 +160,17 @@ class Connection(http.client.HTTPConnection):
         if route.proxy is not None and route.scheme == "https":
             auth = route.proxy.authorization
             self.set_tunnel(route.host, route.port, headers={"Proxy-Authorization": auth} if auth else None)
+
+    def _tunnel(self) -> None:
+        """The proxy's CONNECT; an IPv6 host bracketed (`CONNECT [fd00::1]:8443`): Python 3.11
+        writes it as given, 3.12 and later bracket it themselves and leave a bracketed one."""
+        host = self._tunnel_host
+        if host and ":" in host and not host.startswith("["):
+            self._tunnel_host = f"[{host}]"
+        try:
+            super()._tunnel()  # type: ignore[misc]  # private in the stubs, http.client's own hook
+        finally:
+            self._tunnel_host = host  # 3.11's Host header of the requests inside brackets it itself
 
     def _open(self, address: tuple[str, int], timeout: float, source: Any = None) -> socket.socket:
         """The TCP connection, each address of the name in turn (as socket.create_connection),
@@ -363,8 +376,10 @@ def _unsendable(headers: dict[str, str]) -> str:
     (http.client's own error quotes it whole: `Bearer <token>`)."""
     bad = [name for name, value in headers.items() if not (value.isprintable() and value.isascii())]
     if bad:
-        return f"the {bad[0]} header holds a character HTTP does not allow (a line break or control character); not sent"
-    return "the URL or a header holds a character HTTP does not allow (a space, line break or control character); not sent"
+        return (f"the {bad[0]} header holds a character HTTP does not allow (a line break or control "
+                "character); not sent")
+    return ("the URL or a header holds a character HTTP does not allow (a space, line break or control "
+            "character); not sent")
 
 
 def _early_answer(conn: Connection, broken: OSError) -> http.client.HTTPResponse:

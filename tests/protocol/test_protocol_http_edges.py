@@ -18,6 +18,7 @@ from rawhttp_helpers import RawServer, answer
 from caldera.protocol.client import (
     Invalid,
     MultipartFile,
+    Redirected,
     Retryable,
     Transport,
     Unaccepted,
@@ -26,7 +27,6 @@ from caldera.protocol.client import (
 )
 from caldera.protocol.session import Auth, SessionFile
 from caldera.redact import Redactor
-
 
 
 @pytest.fixture(autouse=True)
@@ -241,3 +241,51 @@ def test_abort_interrupts_a_request_in_its_tcp_connect():
     finally:
         for sock in (listener, *fillers):
             sock.close()
+
+
+def _recording_proxy(seen):
+    """A proxy that records each request head and refuses it (407)."""
+    def serve(sock, number):
+        head = _read_head(sock)
+        if head:
+            seen.append(head)
+            sock.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
+    return RawServer(serve)
+
+
+def test_a_loopback_plane_is_never_reached_through_the_proxy(no_proxies):
+    """As the backends' forwarder: plain http to loopback would hand the token to the proxy."""
+    seen = []
+
+    def serve(sock, number):
+        while server.read_request(sock):
+            sock.sendall(_ok({"direct": True}))
+
+    with _recording_proxy(seen) as proxy, RawServer(serve) as server:
+        no_proxies.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
+        assert Transport(server.url).request("GET", "/x", "t") == {"direct": True}
+        assert Transport(f"http://localhost:{server.port}").request("GET", "/x", "t") == {"direct": True}
+    assert not seen and len(server.requests) == 2
+
+
+def test_an_ipv6_plane_is_bracketed_in_the_proxys_connect(no_proxies):
+    seen = []
+    with _recording_proxy(seen) as proxy:
+        no_proxies.setenv("HTTPS_PROXY", f"http://127.0.0.1:{proxy.port}")
+        with pytest.raises(Retryable, match="407"):
+            Transport("https://[fd00::1]:8443").request("GET", "/x", "t")
+    assert seen[0].split(b"\r\n")[0] in (b"CONNECT [fd00::1]:8443 HTTP/1.0", b"CONNECT [fd00::1]:8443 HTTP/1.1")
+
+
+def test_a_redirects_location_is_cut_and_shown_terminal_safe():
+    location = "https://elsewhere.example/\x1b[2J" + "a" * 5000
+
+    def serve(sock, number):
+        while server.read_request(sock):
+            sock.sendall(f"HTTP/1.1 302 Found\r\nLocation: {location}\r\nContent-Length: 0\r\n\r\n".encode())
+
+    with RawServer(serve) as server:
+        with pytest.raises(Redirected) as err:
+            Transport(server.url).request("GET", "/x", "t")
+    assert "Location: https://elsewhere.example/?[2Jaaa" in str(err.value)
+    assert len(str(err.value)) < 320 and "\x1b" not in str(err.value)
