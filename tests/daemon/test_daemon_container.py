@@ -97,12 +97,20 @@ def test_a_dead_proxy_with_the_gateway_in_no_proxy_reaches_the_plane(caldera_env
     done = _report_once(env)
     assert done.returncode == 0, done.stderr
     assert plane.store.reports(INSTANCE, last=True)["body"]["agent_id"] == f"hermes-{INSTANCE}-main"
-    # The control: without NO_PROXY the same dead proxy is used, and nothing arrives.
+    # A loopback plane is never proxied (host/proxies.chosen_proxy, the forwarder's rule too):
+    # without NO_PROXY the same dead proxy is not used for it either.
     plane_before = len(plane.requests)
     del env["NO_PROXY"]
+    assert _report_once(env, deadline=5).returncode == 0
+    assert len(plane.requests) > plane_before
+    # The control, with the gateway's own name: without NO_PROXY the dead proxy is used; with
+    # it in NO_PROXY, the name is looked up directly (and resolves nowhere here).
+    env["CLAWMANAGER_AGENT_BASE_URL"] = GATEWAY
     refused = _report_once(env, deadline=5)
     assert refused.returncode == 1 and "ProxyError" in refused.stderr, refused.stderr
-    assert len(plane.requests) == plane_before
+    env["NO_PROXY"] = GATEWAY_HOST
+    direct = _report_once(env, deadline=5)
+    assert direct.returncode == 1 and "gaierror" in direct.stderr and "ProxyError" not in direct.stderr, direct.stderr
 
 
 # ------------------------------------------------------------------ issue 34: names, ids, skill dirs
