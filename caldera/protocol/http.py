@@ -162,8 +162,8 @@ class Connection(http.client.HTTPConnection):
             self.set_tunnel(route.host, route.port, headers={"Proxy-Authorization": auth} if auth else None)
 
     def _tunnel(self) -> None:
-        """The proxy's CONNECT; an IPv6 host bracketed (`CONNECT [fd00::1]:8443`): Python 3.11
-        writes it as given, 3.12 and later bracket it themselves and leave a bracketed one."""
+        """The proxy's CONNECT; an IPv6 host bracketed (`CONNECT [fd00::1]:8443`): Python before 3.11.9
+        writes it as given, later ones bracket it themselves and leave a bracketed one."""
         host = self._tunnel_host
         if host and ":" in host and not host.startswith("["):
             self._tunnel_host = f"[{host}]"

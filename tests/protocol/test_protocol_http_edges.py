@@ -133,10 +133,7 @@ def test_a_ca_bundle_rotated_on_disk_is_read_again(tmp_path):
     bundle = tmp_path / "bundle.pem"
     bundle.write_bytes(first[0].read_bytes())
 
-    def serve(sock, number):
-        _tls_serve(serving[0])(sock, number)
-
-    with RawServer(serve) as server:
+    with _tls_server(serving) as server:
         transport = Transport(f"https://localhost:{server.port}", ca_bundle=str(bundle))
         assert transport.request("GET", "/x", "t") == {"n": 1}
         serving[0] = second
@@ -178,25 +175,18 @@ def test_register_answering_a_token_that_cannot_be_a_header_is_not_taken(tmp_pat
     assert "agt_sess_x" not in str(err.value) and not (tmp_path / "session.json").exists()
 
 
-def _tls_serve(certificate):
-    """A RawServer script: TLS with `certificate` (cert, key), one answer, then close."""
+def _tls_server(serving):
+    """A TLS plane with the certificate (cert, key) `serving[0]` names (a test may swap it):
+    one answer per connection, then close."""
     def serve(sock, number):
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(*certificate)
+        context.load_cert_chain(*serving[0])
         with context.wrap_socket(sock, server_side=True) as tls:
-            if _read_head(tls):
+            if server.read_request(tls):
                 tls.sendall(_ok({"n": number}).replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1))
-    return serve
 
-
-def _read_head(sock):
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return None
-        data += chunk
-    return data
+    server = RawServer(serve)
+    return server
 
 
 def test_a_ca_directory_of_hashed_certificates_verifies_the_plane(tmp_path):
@@ -206,7 +196,7 @@ def test_a_ca_directory_of_hashed_certificates_verifies_the_plane(tmp_path):
     name = subprocess.run(["openssl", "x509", "-hash", "-noout", "-in", str(cert)], capture_output=True,
                           text=True, check=True, timeout=30).stdout.strip()
     (directory / f"{name}.0").write_bytes(cert.read_bytes())
-    with RawServer(_tls_serve((cert, key))) as server:
+    with _tls_server([(cert, key)]) as server:
         assert Transport(f"https://localhost:{server.port}", ca_bundle=str(directory)).request(
             "GET", "/x", "t") == {"n": 1}
         (directory / f"{name}.0").unlink()  # the same directory without it: not trusted
@@ -243,38 +233,36 @@ def test_abort_interrupts_a_request_in_its_tcp_connect():
             sock.close()
 
 
-def _recording_proxy(seen):
-    """A proxy that records each request head and refuses it (407)."""
+def _recording_proxy():
+    """A proxy that refuses every request (407); `requests` holds what it was asked."""
     def serve(sock, number):
-        head = _read_head(sock)
-        if head:
-            seen.append(head)
+        if proxy.read_request(sock):
             sock.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
-    return RawServer(serve)
+
+    proxy = RawServer(serve)
+    return proxy
 
 
 def test_a_loopback_plane_is_never_reached_through_the_proxy(no_proxies):
     """As the backends' forwarder: plain http to loopback would hand the token to the proxy."""
-    seen = []
-
     def serve(sock, number):
         while server.read_request(sock):
             sock.sendall(_ok({"direct": True}))
 
-    with _recording_proxy(seen) as proxy, RawServer(serve) as server:
+    with _recording_proxy() as proxy, RawServer(serve) as server:
         no_proxies.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
         assert Transport(server.url).request("GET", "/x", "t") == {"direct": True}
         assert Transport(f"http://localhost:{server.port}").request("GET", "/x", "t") == {"direct": True}
-    assert not seen and len(server.requests) == 2
+    assert not proxy.requests and len(server.requests) == 2
 
 
 def test_an_ipv6_plane_is_bracketed_in_the_proxys_connect(no_proxies):
-    seen = []
-    with _recording_proxy(seen) as proxy:
+    with _recording_proxy() as proxy:
         no_proxies.setenv("HTTPS_PROXY", f"http://127.0.0.1:{proxy.port}")
         with pytest.raises(Retryable, match="407"):
             Transport("https://[fd00::1]:8443").request("GET", "/x", "t")
-    assert seen[0].split(b"\r\n")[0] in (b"CONNECT [fd00::1]:8443 HTTP/1.0", b"CONNECT [fd00::1]:8443 HTTP/1.1")
+    line = proxy.requests[0].split(b"\r\n")[0]
+    assert line in (b"CONNECT [fd00::1]:8443 HTTP/1.0", b"CONNECT [fd00::1]:8443 HTTP/1.1")
 
 
 def test_a_redirects_location_is_cut_and_shown_terminal_safe():
