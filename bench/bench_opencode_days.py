@@ -80,7 +80,9 @@ def main() -> int:
                 walls.append(time.perf_counter() - started)
                 if result["status"] != "completed":
                     failed += 1
-                    print(f"  turn {n}: {result['status']} {result.get('failure_kind')}: {result.get('message')}")
+                    print(f"  turn {n}: {result['status']} {result.get('failure_kind')}: {result.get('message')} "
+                          f"(after {walls[-1]:.1f} s, server {owner.starts}, load average "
+                          f"{os.getloadavg()[0]:.1f})", flush=True)
                 server = owner.server
                 if server is not None:  # else recycled as the turn ended: its last figures stand
                     pid = server.serving_pid() or 0
@@ -93,6 +95,8 @@ def main() -> int:
                     print(f"  after {n:4d} turns: server RSS {row['rss_mib']:7.1f} MiB (peak {row['hwm_mib']:7.1f}), "
                           f"servers started {owner.starts}{' (recycled as it ended)' if server is None else ''}, "
                           f"turn wall median {row['wall_s']:.3f} s", flush=True)
+            if owner.server is None:  # the last turn recycled its server: one more (a text answer) leaves one idle
+                service.execute(request(ws, run_id="days-idle", prompt="Say done"), env, roots=None)
             # the idle stop: from the last turn's end until the server is gone
             server, ended = owner.server, time.monotonic()
             stop = threading.Event()

@@ -86,13 +86,15 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--flat", type=int, default=0,
                         help="then run commands until this many: RSS at the 1,000th and the last (issue 41)")
+    parser.add_argument("--flat-every", type=int, default=1000,
+                        help="with --flat: RSS, and what grew by kind of mapping, after every this many commands")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         plane = PlaneServer(str(tmp / "plane.db"), tokens={TOKEN: 1}).start()
         try:
             env = install(tmp, plane.url)
-            idle(env, args.seconds, plane.store, flat=args.flat)
+            idle(env, args.seconds, plane.store, flat=args.flat, every=args.flat_every)
             report_once(env, args.runs)
         finally:
             plane.stop()
@@ -102,7 +104,7 @@ def main() -> int:
 COMMANDS = ("pause", "resume", "settings_get", "collect_system_info", "health_check")
 
 
-def idle(env, seconds: float, store, commands: int = 100, flat: int = 0) -> None:
+def idle(env, seconds: float, store, commands: int = 100, flat: int = 0, every: int = 1000) -> None:
     # Bytecode first, as a package install leaves it: compiling at start-up would inflate RSS.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "caldera")], env=env, check=True)
     floor = subprocess.Popen([sys.executable, "-c", "import requests, jsonschema, yaml, time; time.sleep(3600)"],
@@ -133,7 +135,7 @@ def idle(env, seconds: float, store, commands: int = 100, flat: int = 0) -> None
             wait.wait(1)
         wait.wait(5)
         rss_schema = proc_rss_mb(daemon.pid)
-        flat_rss = long_run(store, daemon.pid, flat, deadline + flat / 5) if flat else {}
+        flat_rss = long_run(store, daemon.pid, flat, deadline + flat / 5, every) if flat else {}
     finally:
         for proc in (daemon, floor):
             proc.terminate()
@@ -167,14 +169,37 @@ def idle(env, seconds: float, store, commands: int = 100, flat: int = 0) -> None
 FLAT_COMMAND = "collect_system_info"
 
 
-def long_run(store, pid: int, total: int, deadline: float) -> dict[int, float]:
+def smaps(pid: int) -> dict[str, int]:
+    """The daemon's resident KiB by kind of mapping (/proc/PID/smaps), read from outside: the
+    main heap (brk), anonymous mappings (malloc's thread arenas, Python's 1 MiB obmalloc
+    arenas, thread stacks: glibc's stacks are anonymous too), files; and the thread count."""
+    kinds: dict[str, int] = {"heap": 0, "anon": 0, "anon-maps": 0, "stack": 0, "file": 0}
+    name = ""
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            path = head[5] if len(head) > 5 else ""
+            name = ("heap" if path == "[heap]" else "stack" if path.startswith("[stack") else
+                    "anon" if not path else "file" if path.startswith("/") else "other")
+            if name == "anon":
+                kinds["anon-maps"] += 1
+        elif head[0] == "Rss:":
+            kinds[name] = kinds.get(name, 0) + int(head[1])
+    status = Path(f"/proc/{pid}/status").read_text()
+    kinds["threads"] = int(status.split("Threads:")[1].split()[0])
+    return kinds
+
+
+def long_run(store, pid: int, total: int, deadline: float, every: int = 1000) -> dict[int, float]:
     """Enqueue commands in batches until `total` have ended (the first 101 counted); the
-    daemon's RSS after each thousand, printed as it goes. A command the plane marked
-    dispatched that has not started 60 s later is counted lost and not waited for."""
+    daemon's RSS after each `every` commands (and what grew, by kind of mapping), printed
+    as it goes. A command the plane marked dispatched that has not started 60 s later is
+    counted lost and not waited for."""
     wait, rss, lost = threading.Event(), {}, set()
+    kinds = smaps(pid)
     finished = len(store.commands(1))
     while finished < total and time.monotonic() < deadline:
-        batch = min(500, total - finished)
+        batch = min(500, every, total - finished)
         for _ in range(batch):
             store.enqueue(1, FLAT_COMMAND, {}, 60)
         while time.monotonic() < deadline:
@@ -188,9 +213,13 @@ def long_run(store, pid: int, total: int, deadline: float) -> dict[int, float]:
                 break
             wait.wait(1)
         finished += batch
-        if finished % 1000 < batch or finished >= total:
+        if finished % every < batch or finished >= total:
             rss[finished] = proc_rss_mb(pid)
-            print(f"  after {finished} commands: RSS {rss[finished]:.1f} MiB"
+            now_kinds = smaps(pid)
+            grew = ", ".join(f"{k} {now_kinds[k] - kinds.get(k, 0):+d}" for k in now_kinds
+                             if now_kinds[k] != kinds.get(k, 0))
+            kinds = now_kinds
+            print(f"  after {finished} commands: RSS {rss[finished]:.1f} MiB (KiB by mapping: {grew or 'same'})"
                   + (f" ({len(lost)} dispatched, never started: {sorted(lost)[:5]})" if lost else ""), flush=True)
     return rss
 
