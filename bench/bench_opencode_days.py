@@ -49,6 +49,18 @@ def _status_kib(pid: int, key: str) -> int:
         return 0
 
 
+def keep_log(tmp: Path, n: int) -> None:
+    """A failed turn's run log, kept out of the bench's temporary dir (which goes at its end)."""
+    log = tmp / "state" / "logs" / f"run-days-{n}.log"
+    kept = Path(tempfile.gettempdir()) / f"bench-opencode-days-turn-{n}.log"
+    try:
+        kept.write_bytes(log.read_bytes())
+    except OSError as exc:
+        print(f"  (its run log could not be kept: {exc})")
+        return
+    print(f"  its run log: {kept}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=500)
@@ -83,6 +95,7 @@ def main() -> int:
                     print(f"  turn {n}: {result['status']} {result.get('failure_kind')}: {result.get('message')} "
                           f"(after {walls[-1]:.1f} s, server {owner.starts}, load average "
                           f"{os.getloadavg()[0]:.1f})", flush=True)
+                    keep_log(tmp, n)
                 server = owner.server
                 if server is not None:  # else recycled as the turn ended: its last figures stand
                     pid = server.serving_pid() or 0

@@ -86,6 +86,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--flat", type=int, default=0,
                         help="then run commands until this many: RSS at the 1,000th and the last (issue 41)")
+    parser.add_argument("--watch-modules", metavar="FILE",
+                        help="start the daemon through a wrapper that writes to FILE, every 5 s, the modules "
+                             "imported since, its threads and gc's object count")
     parser.add_argument("--flat-every", type=int, default=1000,
                         help="with --flat: RSS, and what grew by kind of mapping, after every this many commands")
     args = parser.parse_args()
@@ -94,7 +97,8 @@ def main() -> int:
         plane = PlaneServer(str(tmp / "plane.db"), tokens={TOKEN: 1}).start()
         try:
             env = install(tmp, plane.url)
-            idle(env, args.seconds, plane.store, flat=args.flat, every=args.flat_every)
+            idle(env, args.seconds, plane.store, flat=args.flat, every=args.flat_every,
+                 watch_file=args.watch_modules)
             report_once(env, args.runs)
         finally:
             plane.stop()
@@ -104,13 +108,33 @@ def main() -> int:
 COMMANDS = ("pause", "resume", "settings_get", "collect_system_info", "health_check")
 
 
-def idle(env, seconds: float, store, commands: int = 100, flat: int = 0, every: int = 1000) -> None:
+# --watch-modules: the daemon started through this wrapper (the bench's, not caldera's), which
+# writes every 5 s the modules imported since its last line, its threads and gc's object count:
+# what a one-time step of RSS coincides with, without tracemalloc's own weight.
+WATCHED = ("import gc, sys, threading, time\n"
+           "def watch(path):\n"
+           "    seen = set(sys.modules)\n"
+           "    while True:\n"
+           "        time.sleep(5)\n"
+           "        new = sorted(set(sys.modules) - seen)\n"
+           "        seen |= set(new)\n"
+           "        with open(path, 'a') as fh:\n"
+           "            fh.write(f'{time.time():.0f} modules {len(sys.modules)} threads {threading.active_count()} '\n"
+           "                     f'objects {len(gc.get_objects())} new {\" \".join(new)}\\n')\n"
+           "threading.Thread(target=watch, args=(sys.argv[1],), daemon=True).start()\n"
+           "from caldera.cli import main\n"
+           "sys.exit(main(['run', '--agent', 'bench']))\n")
+
+
+def idle(env, seconds: float, store, commands: int = 100, flat: int = 0, every: int = 1000,
+         watch_file: str | None = None) -> None:
     # Bytecode first, as a package install leaves it: compiling at start-up would inflate RSS.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "caldera")], env=env, check=True)
     floor = subprocess.Popen([sys.executable, "-c", "import requests, jsonschema, yaml, time; time.sleep(3600)"],
                              env=env)
-    daemon = subprocess.Popen([sys.executable, "-m", "caldera.cli", "run", "--agent", "bench"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv = [sys.executable, "-c", WATCHED, watch_file] if watch_file else \
+        [sys.executable, "-m", "caldera.cli", "run", "--agent", "bench"]
+    daemon = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait = threading.Event()
     try:
         wait.wait(5)  # start-up, register, first reports
@@ -219,7 +243,7 @@ def long_run(store, pid: int, total: int, deadline: float, every: int = 1000) ->
             grew = ", ".join(f"{k} {now_kinds[k] - kinds.get(k, 0):+d}" for k in now_kinds
                              if now_kinds[k] != kinds.get(k, 0))
             kinds = now_kinds
-            print(f"  after {finished} commands: RSS {rss[finished]:.1f} MiB (KiB by mapping: {grew or 'same'})"
+            print(f"  {time.strftime('%H:%M:%S')} after {finished} commands: RSS {rss[finished]:.1f} MiB (KiB by mapping: {grew or 'same'})"
                   + (f" ({len(lost)} dispatched, never started: {sorted(lost)[:5]})" if lost else ""), flush=True)
     return rss
 
