@@ -89,6 +89,9 @@ def main() -> int:
     parser.add_argument("--watch-modules", metavar="FILE",
                         help="start the daemon through a wrapper that writes to FILE, every 5 s, the modules "
                              "imported since, its threads and gc's object count")
+    parser.add_argument("--trace-malloc", action="store_true",
+                        help="with --watch-modules: tracemalloc in the daemon, and what grew by more than "
+                             "128 KiB in 5 s, by where (its RSS is then not the daemon's own)")
     parser.add_argument("--flat-every", type=int, default=1000,
                         help="with --flat: RSS, and what grew by kind of mapping, after every this many commands")
     args = parser.parse_args()
@@ -98,7 +101,7 @@ def main() -> int:
         try:
             env = install(tmp, plane.url)
             idle(env, args.seconds, plane.store, flat=args.flat, every=args.flat_every,
-                 watch_file=args.watch_modules)
+                 watch_file=args.watch_modules, trace=args.trace_malloc)
             report_once(env, args.runs)
         finally:
             plane.stop()
@@ -111,28 +114,42 @@ COMMANDS = ("pause", "resume", "settings_get", "collect_system_info", "health_ch
 # --watch-modules: the daemon started through this wrapper (the bench's, not caldera's), which
 # writes every 5 s the modules imported since its last line, its threads and gc's object count:
 # what a one-time step of RSS coincides with, without tracemalloc's own weight.
-WATCHED = ("import gc, sys, threading, time\n"
-           "def watch(path):\n"
-           "    seen = set(sys.modules)\n"
-           "    while True:\n"
-           "        time.sleep(5)\n"
-           "        new = sorted(set(sys.modules) - seen)\n"
-           "        seen |= set(new)\n"
-           "        with open(path, 'a') as fh:\n"
-           "            fh.write(f'{time.time():.0f} modules {len(sys.modules)} threads {threading.active_count()} '\n"
-           "                     f'objects {len(gc.get_objects())} new {\" \".join(new)}\\n')\n"
-           "threading.Thread(target=watch, args=(sys.argv[1],), daemon=True).start()\n"
-           "from caldera.cli import main\n"
-           "sys.exit(main(['run', '--agent', 'bench']))\n")
+WATCHED = """\
+import gc, sys, threading, time
+def watch(path, trace):
+    seen, before = set(sys.modules), None
+    if trace:
+        import tracemalloc
+        tracemalloc.start(6)
+    while True:
+        time.sleep(5)
+        new = sorted(set(sys.modules) - seen)
+        seen |= set(new)
+        line = f'{time.time():.0f} modules {len(sys.modules)} threads {threading.active_count()} '
+        line += f'objects {len(gc.get_objects())} new {" ".join(new)}'
+        if trace:  # what grew by more than 128 KiB in 5 s, by where it was allocated
+            now = tracemalloc.take_snapshot()
+            if before is not None:
+                grown = [d for d in now.compare_to(before, 'traceback')[:5] if d.size_diff > 128 * 1024]
+                for d in grown:
+                    line += f'\\n  {d.size_diff / 1024:+.0f} KiB {d.count_diff:+d} blocks at ' + ' <- '.join(
+                        f'{f.filename.rsplit("/", 2)[-1]}:{f.lineno}' for f in reversed(d.traceback))
+            before = now
+        with open(path, 'a') as fh:
+            fh.write(line + '\\n')
+threading.Thread(target=watch, args=(sys.argv[1], sys.argv[2] == 'trace'), daemon=True).start()
+from caldera.cli import main
+sys.exit(main(['run', '--agent', 'bench']))
+"""
 
 
 def idle(env, seconds: float, store, commands: int = 100, flat: int = 0, every: int = 1000,
-         watch_file: str | None = None) -> None:
+         watch_file: str | None = None, trace: bool = False) -> None:
     # Bytecode first, as a package install leaves it: compiling at start-up would inflate RSS.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "caldera")], env=env, check=True)
     floor = subprocess.Popen([sys.executable, "-c", "import requests, jsonschema, yaml, time; time.sleep(3600)"],
                              env=env)
-    argv = [sys.executable, "-c", WATCHED, watch_file] if watch_file else \
+    argv = [sys.executable, "-c", WATCHED, watch_file, "trace" if trace else ""] if watch_file else \
         [sys.executable, "-m", "caldera.cli", "run", "--agent", "bench"]
     daemon = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait = threading.Event()
