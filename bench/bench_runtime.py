@@ -260,7 +260,8 @@ def long_run(store, pid: int, total: int, deadline: float, every: int = 1000) ->
             grew = ", ".join(f"{k} {now_kinds[k] - kinds.get(k, 0):+d}" for k in now_kinds
                              if now_kinds[k] != kinds.get(k, 0))
             kinds = now_kinds
-            print(f"  {time.strftime('%H:%M:%S')} after {finished} commands: RSS {rss[finished]:.1f} MiB (KiB by mapping: {grew or 'same'})"
+            print(f"  {time.strftime('%H:%M:%S')} after {finished} commands: RSS {rss[finished]:.1f} MiB "
+                  f"(KiB by mapping: {grew or 'same'})"
                   + (f" ({len(lost)} dispatched, never started: {sorted(lost)[:5]})" if lost else ""), flush=True)
     return rss
 
