@@ -13,7 +13,15 @@
 2. `caldera report --once` CPU time (user+sys, median of N) against the floor of its own
    dependencies, `python -c "import requests, jsonschema, yaml"`. Target: <= 1.3x.
 
-Usage: bench/bench_runtime.py [--seconds 60] [--runs 5]
+3. With --flat N (issue 41): the same daemon then runs commands until N have ended; its RSS,
+   and what grew by kind of mapping (/proc/PID/smaps: heap, anonymous, files), after every
+   --flat-every commands. --watch-modules FILE [--trace-malloc] starts the daemon through a
+   wrapper of the bench's that writes what a step coincides with (modules, threads, gc
+   objects; with tracemalloc, the allocations that grew, by where): docs/performance.md,
+   section 10.
+
+Usage: bench/bench_runtime.py [--seconds 60] [--runs 5] [--flat 10000 [--flat-every 500]
+       [--watch-modules FILE [--trace-malloc]]]
 """
 import argparse
 import json
