@@ -55,8 +55,11 @@ def plane_command(plane, command_id):
     return next(c for c in plane.store.commands(1) if c["id"] == command_id)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="lost command, issue 41: protocol/client.py discards an answer read whole "
-                                       "when its deadline watch fires before the check (fix on i41t's branch)")
+LOST = ("lost command, issue 41: protocol/client.py discards an answer read whole when its deadline watch "
+        "fires before the check (fix on i41t's branch)")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=LOST)
 def test_a_next_answer_read_whole_is_kept_when_the_deadline_fires_just_after(plane, tmp_path, monkeypatch):
     client, life = connect(plane, tmp_path)
     command_id = plane.store.enqueue(1, "collect_system_info", {}, 60)
