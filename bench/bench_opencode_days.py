@@ -49,6 +49,18 @@ def _status_kib(pid: int, key: str) -> int:
         return 0
 
 
+def keep_log(tmp: Path, n: int) -> None:
+    """A failed turn's run log, kept out of the bench's temporary dir (which goes at its end)."""
+    log = tmp / "state" / "logs" / f"run-days-{n}.log"
+    kept = Path(tempfile.gettempdir()) / f"bench-opencode-days-turn-{n}.log"
+    try:
+        kept.write_bytes(log.read_bytes())
+    except OSError as exc:
+        print(f"  (its run log could not be kept: {exc})")
+        return
+    print(f"  its run log: {kept}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=500)
@@ -80,7 +92,10 @@ def main() -> int:
                 walls.append(time.perf_counter() - started)
                 if result["status"] != "completed":
                     failed += 1
-                    print(f"  turn {n}: {result['status']} {result.get('failure_kind')}: {result.get('message')}")
+                    print(f"  turn {n}: {result['status']} {result.get('failure_kind')}: {result.get('message')} "
+                          f"(after {walls[-1]:.1f} s, server {owner.starts}, load average "
+                          f"{os.getloadavg()[0]:.1f})", flush=True)
+                    keep_log(tmp, n)
                 server = owner.server
                 if server is not None:  # else recycled as the turn ended: its last figures stand
                     pid = server.serving_pid() or 0
@@ -93,6 +108,8 @@ def main() -> int:
                     print(f"  after {n:4d} turns: server RSS {row['rss_mib']:7.1f} MiB (peak {row['hwm_mib']:7.1f}), "
                           f"servers started {owner.starts}{' (recycled as it ended)' if server is None else ''}, "
                           f"turn wall median {row['wall_s']:.3f} s", flush=True)
+            if owner.server is None:  # the last turn recycled its server: one more (a text answer) leaves one idle
+                service.execute(request(ws, run_id="days-idle", prompt="Say done"), env, roots=None)
             # the idle stop: from the last turn's end until the server is gone
             server, ended = owner.server, time.monotonic()
             stop = threading.Event()

@@ -13,7 +13,15 @@
 2. `caldera report --once` CPU time (user+sys, median of N) against the floor of its own
    dependencies, `python -c "import requests, jsonschema, yaml"`. Target: <= 1.3x.
 
-Usage: bench/bench_runtime.py [--seconds 60] [--runs 5]
+3. With --flat N (issue 41): the same daemon then runs commands until N have ended; its RSS,
+   and what grew by kind of mapping (/proc/PID/smaps: heap, anonymous, files), after every
+   --flat-every commands. --watch-modules FILE [--trace-malloc] starts the daemon through a
+   wrapper of the bench's that writes what a step coincides with (modules, threads, gc
+   objects; with tracemalloc, the allocations that grew, by where): docs/performance.md,
+   section 10.
+
+Usage: bench/bench_runtime.py [--seconds 60] [--runs 5] [--flat 10000 [--flat-every 500]
+       [--watch-modules FILE [--trace-malloc]]]
 """
 import argparse
 import json
@@ -86,13 +94,22 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--flat", type=int, default=0,
                         help="then run commands until this many: RSS at the 1,000th and the last (issue 41)")
+    parser.add_argument("--watch-modules", metavar="FILE",
+                        help="start the daemon through a wrapper that writes to FILE, every 5 s, the modules "
+                             "imported since, its threads and gc's object count")
+    parser.add_argument("--trace-malloc", action="store_true",
+                        help="with --watch-modules: tracemalloc in the daemon, and what grew by more than "
+                             "128 KiB in 5 s, by where (its RSS is then not the daemon's own)")
+    parser.add_argument("--flat-every", type=int, default=1000,
+                        help="with --flat: RSS, and what grew by kind of mapping, after every this many commands")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         plane = PlaneServer(str(tmp / "plane.db"), tokens={TOKEN: 1}).start()
         try:
             env = install(tmp, plane.url)
-            idle(env, args.seconds, plane.store, flat=args.flat)
+            idle(env, args.seconds, plane.store, flat=args.flat, every=args.flat_every,
+                 watch_file=args.watch_modules, trace=args.trace_malloc)
             report_once(env, args.runs)
         finally:
             plane.stop()
@@ -102,13 +119,47 @@ def main() -> int:
 COMMANDS = ("pause", "resume", "settings_get", "collect_system_info", "health_check")
 
 
-def idle(env, seconds: float, store, commands: int = 100, flat: int = 0) -> None:
+# --watch-modules: the daemon started through this wrapper (the bench's, not caldera's), which
+# writes every 5 s the modules imported since its last line, its threads and gc's object count:
+# what a one-time step of RSS coincides with, without tracemalloc's own weight.
+WATCHED = """\
+import gc, sys, threading, time
+def watch(path, trace):
+    seen, before = set(sys.modules), None
+    if trace:
+        import tracemalloc
+        tracemalloc.start(6)
+    while True:
+        time.sleep(5)
+        new = sorted(set(sys.modules) - seen)
+        seen |= set(new)
+        line = f'{time.time():.0f} modules {len(sys.modules)} threads {threading.active_count()} '
+        line += f'objects {len(gc.get_objects())} new {" ".join(new)}'
+        if trace:  # what grew by more than 128 KiB in 5 s, by where it was allocated
+            now = tracemalloc.take_snapshot()
+            if before is not None:
+                grown = [d for d in now.compare_to(before, 'traceback')[:5] if d.size_diff > 128 * 1024]
+                for d in grown:
+                    line += f'\\n  {d.size_diff / 1024:+.0f} KiB {d.count_diff:+d} blocks at ' + ' <- '.join(
+                        f'{f.filename.rsplit("/", 2)[-1]}:{f.lineno}' for f in reversed(d.traceback))
+            before = now
+        with open(path, 'a') as fh:
+            fh.write(line + '\\n')
+threading.Thread(target=watch, args=(sys.argv[1], sys.argv[2] == 'trace'), daemon=True).start()
+from caldera.cli import main
+sys.exit(main(['run', '--agent', 'bench']))
+"""
+
+
+def idle(env, seconds: float, store, commands: int = 100, flat: int = 0, every: int = 1000,
+         watch_file: str | None = None, trace: bool = False) -> None:
     # Bytecode first, as a package install leaves it: compiling at start-up would inflate RSS.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "caldera")], env=env, check=True)
     floor = subprocess.Popen([sys.executable, "-c", "import requests, jsonschema, yaml, time; time.sleep(3600)"],
                              env=env)
-    daemon = subprocess.Popen([sys.executable, "-m", "caldera.cli", "run", "--agent", "bench"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv = [sys.executable, "-c", WATCHED, watch_file, "trace" if trace else ""] if watch_file else \
+        [sys.executable, "-m", "caldera.cli", "run", "--agent", "bench"]
+    daemon = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait = threading.Event()
     try:
         wait.wait(5)  # start-up, register, first reports
@@ -133,7 +184,7 @@ def idle(env, seconds: float, store, commands: int = 100, flat: int = 0) -> None
             wait.wait(1)
         wait.wait(5)
         rss_schema = proc_rss_mb(daemon.pid)
-        flat_rss = long_run(store, daemon.pid, flat, deadline + flat / 5) if flat else {}
+        flat_rss = long_run(store, daemon.pid, flat, deadline + flat / 5, every) if flat else {}
     finally:
         for proc in (daemon, floor):
             proc.terminate()
@@ -167,14 +218,37 @@ def idle(env, seconds: float, store, commands: int = 100, flat: int = 0) -> None
 FLAT_COMMAND = "collect_system_info"
 
 
-def long_run(store, pid: int, total: int, deadline: float) -> dict[int, float]:
+def smaps(pid: int) -> dict[str, int]:
+    """The daemon's resident KiB by kind of mapping (/proc/PID/smaps), read from outside: the
+    main heap (brk), anonymous mappings (malloc's thread arenas, Python's 1 MiB obmalloc
+    arenas, thread stacks: glibc's stacks are anonymous too), files; and the thread count."""
+    kinds: dict[str, int] = {"heap": 0, "anon": 0, "anon-maps": 0, "stack": 0, "file": 0}
+    name = ""
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            path = head[5] if len(head) > 5 else ""
+            name = ("heap" if path == "[heap]" else "stack" if path.startswith("[stack") else
+                    "anon" if not path else "file" if path.startswith("/") else "other")
+            if name == "anon":
+                kinds["anon-maps"] += 1
+        elif head[0] == "Rss:":
+            kinds[name] = kinds.get(name, 0) + int(head[1])
+    status = Path(f"/proc/{pid}/status").read_text()
+    kinds["threads"] = int(status.split("Threads:")[1].split()[0])
+    return kinds
+
+
+def long_run(store, pid: int, total: int, deadline: float, every: int = 1000) -> dict[int, float]:
     """Enqueue commands in batches until `total` have ended (the first 101 counted); the
-    daemon's RSS after each thousand, printed as it goes. A command the plane marked
-    dispatched that has not started 60 s later is counted lost and not waited for."""
+    daemon's RSS after each `every` commands (and what grew, by kind of mapping), printed
+    as it goes. A command the plane marked dispatched that has not started 60 s later is
+    counted lost and not waited for."""
     wait, rss, lost = threading.Event(), {}, set()
+    kinds = smaps(pid)
     finished = len(store.commands(1))
     while finished < total and time.monotonic() < deadline:
-        batch = min(500, total - finished)
+        batch = min(500, every, total - finished)
         for _ in range(batch):
             store.enqueue(1, FLAT_COMMAND, {}, 60)
         while time.monotonic() < deadline:
@@ -188,9 +262,14 @@ def long_run(store, pid: int, total: int, deadline: float) -> dict[int, float]:
                 break
             wait.wait(1)
         finished += batch
-        if finished % 1000 < batch or finished >= total:
+        if finished % every < batch or finished >= total:
             rss[finished] = proc_rss_mb(pid)
-            print(f"  after {finished} commands: RSS {rss[finished]:.1f} MiB"
+            now_kinds = smaps(pid)
+            grew = ", ".join(f"{k} {now_kinds[k] - kinds.get(k, 0):+d}" for k in now_kinds
+                             if now_kinds[k] != kinds.get(k, 0))
+            kinds = now_kinds
+            print(f"  {time.strftime('%H:%M:%S')} after {finished} commands: RSS {rss[finished]:.1f} MiB "
+                  f"(KiB by mapping: {grew or 'same'})"
                   + (f" ({len(lost)} dispatched, never started: {sorted(lost)[:5]})" if lost else ""), flush=True)
     return rss
 

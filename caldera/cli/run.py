@@ -63,13 +63,14 @@ def main(args: Args) -> int:
     # here, as above
     from caldera.daemon import run as daemon
     from caldera.daemon.signals import Signals
-    from caldera.host.memtune import limit_malloc_arenas
+    from caldera.host.memtune import fix_mmap_threshold, limit_malloc_arenas
 
     # First: a SIGTERM during start-up is then a graceful stop, and one held across a
     # restart in place reaches a handler (caldera.daemon.signals).
     signals = Signals()
     signals.install()
     limit_malloc_arenas()  # before any thread starts: see caldera/host/memtune.py
+    fix_mmap_threshold()
     code = daemon.run(open_parts(args, "daemon"), signals)
     if code == daemon.REEXEC:
         _restart_in_place(signals)  # returns only when a stop came at the last moment

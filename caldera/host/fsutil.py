@@ -50,9 +50,11 @@ def atomic_write_bytes(path: StrPath, data: bytes, mode: int = 0o600, *, durable
 def _temp_beside(path: Path) -> tuple[int, str]:
     """tempfile.mkstemp's guarantees without importing tempfile (it pulls in shutil, bz2,
     lzma and random, which a quick verb would pay for: docs/performance.md section 1):
-    a new file (O_EXCL: never an existing file nor a link), 0600, a random name beside `path`."""
+    a new file (O_EXCL: never an existing file nor a link), 0600, a random name beside `path`.
+    The name is joined as a string: pathlib interns every part of a path it parses, and a
+    random part per write churns the interned strings' table (docs/performance.md, section 10)."""
     for _ in range(100):
-        tmp = path.parent / f".{path.name}.{os.urandom(6).hex()}.tmp"
+        tmp = os.path.join(path.parent, f".{path.name}.{os.urandom(6).hex()}.tmp")
         try:
             return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600), str(tmp)
         except FileExistsError:

@@ -726,6 +726,36 @@ def test_a_worn_server_is_recycled_when_its_last_turn_ends_never_during_one_and_
     assert not list((tmp_path / "runs").iterdir())
 
 
+def test_a_turn_that_lands_while_the_worn_server_stops_waits_for_its_exit_and_gets_a_fresh_one(tmp_path):
+    """The recycle's stop runs in the releasing turn's thread and takes the server's time to
+    exit (this stand-in takes 0.5 s after its TERM); a turn that comes meanwhile is neither
+    refused nor given a second server beside the first: it waits, then starts the next one."""
+    script = tmp_path / "fake-opencode-slow-stop"
+    script.write_text(f"#!{sys.executable}\nimport signal, socket, sys, time\n"
+                      "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.5), sys.exit(0)))\n"
+                      "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+                      "print(f'opencode server listening on http://127.0.0.1:{s.getsockname()[1]}', flush=True)\n"
+                      "time.sleep(600)\n")
+    script.chmod(0o755)
+    owner = ServerOwner(tmp_path / "runs", idle_seconds=600, recycle_turns=1)
+    launch = _launch(str(script))
+    try:
+        lease = owner.get(launch)
+        first = lease.server
+        releaser = threading.Thread(target=lease.release)  # its one turn ends: recycled, stopping
+        releaser.start()
+        stop = threading.Event()
+        while owner.server is not None and releaser.is_alive():
+            stop.wait(0.01)
+        second = owner.get(launch)  # a turn arrives during the stop
+        assert first.proc is not None and first.proc.poll() is not None  # the old one had exited first
+        assert second.server is not first and owner.starts == 2 and owner.recycled["turns"] == 1
+        releaser.join(10)
+        second.release()
+    finally:
+        owner.close()
+
+
 def test_a_server_over_its_rss_limit_is_recycled_and_one_failing_its_health_check_is_replaced(tmp_path):
     owner = ServerOwner(tmp_path / "runs", idle_seconds=600, recycle_rss=1)  # any server is over 1 byte
     launch = _launch(_health_binary(tmp_path))
