@@ -28,6 +28,7 @@ from caldera.daemon.live import LiveStatus
 from caldera.daemon.wakeups import Wakeups, wait_any
 from caldera.errors import CalderaError
 from caldera.host.loopguard import LoopGuard
+from caldera.protocol.client import CutShort
 from caldera.protocol.command import Command, MalformedCommand, parse_command
 from caldera.protocol.retry import Backoff
 
@@ -100,6 +101,10 @@ def poll_once(client: ControlPlaneClient, auth: Auth, life: Life, lanes: Lanes, 
         return poll_interval(auth)
     try:
         command = fetch_one(client, life, wake.stop, tick=lambda: live.tick("poller"))
+    except CutShort as exc:  # asked, and no whole answer: a command it held is the plane's, never seen here
+        log.warning("command poll got no whole answer (%s): a command the plane handed out in it, if any, "
+                    "is lost (the plane gives a command out once)", life.redactor(str(exc)))
+        return backoff.after(exc)
     except CalderaError as exc:  # the plane or the network: the heartbeat says so, this retries quietly
         log.debug("command poll failed: %s", life.redactor(str(exc)))
         return backoff.after(exc)

@@ -125,6 +125,12 @@ class Retryable(ApiError, errors.Retryable):
     retryable = True
 
 
+class CutShort(Retryable):
+    """The request went out and its answer did not come whole (its deadline, a stop): what
+    the plane did with it is not known (a `commands/next` may have handed out a command
+    that no one will ever see: ClawManager gives a command out once)."""
+
+
 class Unaccepted(Retryable):
     """2xx whose body is not JSON, or says `success: false`: not taken, so not done."""
 
@@ -341,7 +347,11 @@ class Transport:
                     if watch.fired:  # what was read is whatever arrived before the socket was shut
                         raise self._cut_short(watch, left, "answer cut short") from None
                     raise
-                if watch.fired:  # the answer may have ended early without an error: not trusted
+                if watch.fired and (raw or stream_to is not None):
+                    # bytes as they came may have ended early at the shut socket without an error:
+                    # not trusted. A JSON answer that parsed is whole (a cut envelope does not
+                    # parse), and dropping it would lose what it carried: a command handed out
+                    # once (issue 41: the watch firing just after the read)
                     raise self._cut_short(watch, left, "answer cut short")
             if target is None:
                 return answer
@@ -361,9 +371,9 @@ class Transport:
     def _cut_short(self, watch: Watch, left: float, what: str, at_deadline: bool = False) -> Retryable:
         self._note_reachable(False)
         if watch.fired == "deadline" or (at_deadline and not watch.fired):
-            return Retryable(None, f"no complete answer within {left:.0f} s ({what})")
+            return CutShort(None, f"no complete answer within {left:.0f} s ({what})")
         if watch.fired:
-            return Retryable(None, f"interrupted: {watch.fired}")
+            return CutShort(None, f"interrupted: {watch.fired}")
         return Retryable(None, what)
 
     def _redirect_target(self, resp: Answer, url: str, allowed: bool) -> str | None:
