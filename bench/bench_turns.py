@@ -65,7 +65,6 @@ import requests  # noqa: E402
 from bench_many import BACKENDS, Agent  # noqa: E402
 
 from caldera.backends import base, service  # noqa: E402
-from caldera.backends.claude_code import config as cc  # noqa: E402
 
 MARK = "bench-turn-ok"
 KINDS = ("one-line", "one-command")
@@ -235,7 +234,9 @@ class BareServe:
 
     def turn(self, ws: Path, kind: str) -> None:
         params = {"directory": str(ws)}
-        session = self.http.post(f"{self.base}/session", params=params, json={"title": "bench"}, timeout=60).json()["id"]
+        # titled: an untitled session asks the model for a title, which would take the script's first answer
+        created = self.http.post(f"{self.base}/session", params=params, json={"title": "bench"}, timeout=60)
+        session = created.json()["id"]
         body = {"parts": [{"type": "text", "text": PROMPT}], "model": {"providerID": "fake", "modelID": "fake-model"}}
         answer = self.http.post(f"{self.base}/session/{session}/message", params=params, json=body, timeout=120)
         answer.raise_for_status()
