@@ -39,6 +39,7 @@ Usage: python bench/bench_turns.py [--rounds 10] [--memory-turns 100] [--backend
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import ctypes
 import json
@@ -212,6 +213,12 @@ def _check(ok: bool, what: str, out: bytes) -> None:
         raise SystemExit(f"{what} did not answer as expected: {out[-500:]!r}")
 
 
+def _drain(lines: Iterator[bytes]) -> None:
+    """Read a subscriber's event stream until it is closed under it (the turn's end)."""
+    with contextlib.suppress(AttributeError, OSError, requests.RequestException):
+        collections.deque(lines, 0)
+
+
 class BareServe:
     """A bare `opencode serve` (no caldera: no password, no sandbox, no forwarder), its turns
     over HTTP: the floor of a turn on a running server."""
@@ -232,7 +239,21 @@ class BareServe:
         threading.Thread(target=self.proc.stdout.read, daemon=True).start()
         self.http = requests.Session()
 
-    def turn(self, ws: Path, kind: str) -> None:
+    def turn(self, ws: Path, kind: str, as_caldera: bool = False) -> None:
+        """One turn; `as_caldera`: with what caldera's protocol adds on the server's side (its
+        health check, and the turn's events streamed to a subscriber while it runs)."""
+        if not as_caldera:
+            return self._turn(ws, kind)
+        assert self.http.get(f"{self.base}/global/health", timeout=60).json().get("healthy") is True
+        with requests.get(f"{self.base}/event", params={"directory": str(ws)}, stream=True, timeout=60) as events:
+            lines = events.iter_lines()
+            next(lines)  # server.connected: subscribed before the prompt, as caldera is
+            reader = threading.Thread(target=_drain, args=(lines,), daemon=True)
+            reader.start()
+            self._turn(ws, kind)
+        reader.join(timeout=5)
+
+    def _turn(self, ws: Path, kind: str) -> None:
         params = {"directory": str(ws)}
         # titled: an untitled session asks the model for a title, which would take the script's first answer
         created = self.http.post(f"{self.base}/session", params=params, json={"title": "bench"}, timeout=60)
@@ -294,7 +315,9 @@ def sides(backend: str, binary: str, root: Path, provider: Provider) -> Iterator
                        binary, provider.url, ws, root, n * 10 + KINDS.index(kind), PROMPT,
                        MARK.encode() if kind == "one-command" else b""), own=False),
                    "bare opencode serve over HTTP": lambda kind, n: measure(lambda: bare.turn(ws, kind),
-                                                                            lambda: bare.proc.pid)}, \
+                                                                            lambda: bare.proc.pid),
+                   "bare opencode serve, events streamed": lambda kind, n: measure(
+                       lambda: bare.turn(ws, kind, as_caldera=True), lambda: bare.proc.pid)}, \
                 ["opencode run", "bare opencode serve over HTTP"]
     finally:
         if bare is not None:
@@ -419,7 +442,7 @@ def main() -> int:
     subreaper()
     load = [os.getloadavg()[0]]
     results = []
-    for backend, binary in binaries.items():
+    for backend, binary in binaries.items() if args.rounds > 0 else ():  # --rounds 0: the memory rows alone
         results.append(bench_backend(backend, binary, args.rounds))
         load.append(os.getloadavg()[0])
     rows = table(results)
