@@ -184,16 +184,28 @@ def caldera_turn(agent: Agent, env: base.Environment, backend: str, kind: str, r
 
 # -- the CLIs alone ---------------------------------------------------------------------------------
 
-def codex_exec(binary: str, url: str, ws: Path, kind: str) -> None:
-    """`codex exec` with a fresh CODEX_HOME (as caldera's run has), outside /tmp: Codex refuses
-    to make its helper aliases (`codex-linux-sandbox`, its commands' sandbox) under a temporary dir."""
+@contextlib.contextmanager
+def codex_home_dir() -> Iterator[Path]:
+    """A dir for fresh CODEX_HOMEs (as caldera's run has), outside /tmp: Codex refuses to make
+    its helper aliases (`codex-linux-sandbox`, its commands' sandbox) under a temporary dir."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-turns-codex-home-", dir=cache) as name:
-        home = Path(name)
+        yield Path(name)
+
+
+def codex_exec(binary: str, url: str, ws: Path, kind: str) -> None:
+    with codex_home_dir() as home:
         bench_codex.write_bare_home(home, url)
         out = _codex_exec(binary, home, ws)
     _check(b"turn.completed" in out and (kind == "one-line" or MARK.encode() in out), "codex exec", out)
+
+
+def codex_app_server(binary: str, url: str, ws: Path) -> None:
+    """A bare loop driving `codex app-server` (bench_codex's: initialize, thread/start,
+    turn/start, turn/completed, stdin closed, its exit waited for): caldera's protocol alone."""
+    with codex_home_dir() as homes:
+        bench_codex._bare_turn(binary, url, bench_codex.CANARY, str(ws), homes)
 
 
 def _codex_exec(binary: str, home: Path, ws: Path) -> bytes:
@@ -296,6 +308,8 @@ def sides(backend: str, binary: str, root: Path, provider: Provider) -> Iterator
                 with bench_codex.unconfined():
                     return measure(lambda: caldera_turn(agent, env, backend, kind, f"u{n}-{kind}"))
             yield {"caldera": ours, "caldera without its box": no_box,
+                   "bare codex app-server": lambda kind, n: measure(lambda: codex_app_server(binary, provider.url, ws),
+                                                                    own=False),
                    "codex exec": lambda kind, n: measure(lambda: codex_exec(binary, provider.url, ws, kind),
                                                          own=False)}, ["codex exec"]
         elif backend == "claude-code":
