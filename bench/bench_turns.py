@@ -94,7 +94,7 @@ def serve(backend: str) -> None:
             print("ok", flush=True)
 
 
-class Provider:
+class Provider(bcc.Provider):  # its close(): stdin closed, the child waited for
     def __init__(self, backend: str):
         self.proc = subprocess.Popen([sys.executable, __file__, "--serve", backend],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -107,17 +107,10 @@ class Provider:
         self.proc.stdin.flush()
         assert self.proc.stdout.readline().strip() == "ok"
 
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-
 
 # -- measuring --------------------------------------------------------------------------------------
 
-def cpu(who: int) -> float:
-    usage = resource.getrusage(who)
-    return usage.ru_utime + usage.ru_stime
+cpu = bcc._cpu  # user + system of RUSAGE_SELF or RUSAGE_CHILDREN
 
 
 def tree_cpu(pid: int) -> float:
