@@ -134,9 +134,10 @@ def bare_env(url: str, tmp: Path) -> dict[str, str]:
             "CLAUDE_CODE_MAX_RETRIES": "0"}
 
 
-def bare_turn(binary: str, url: str, tmp: Path, ws: Path) -> None:
-    subprocess.run([binary, "-p", PROMPT, "--output-format", "stream-json", "--verbose"], env=bare_env(url, tmp),
-                   cwd=str(ws), capture_output=True, check=True, timeout=120)
+def bare_turn(binary: str, url: str, tmp: Path, ws: Path, extra: tuple[str, ...] = ()) -> bytes:
+    """`claude -p` as a person runs it (`extra`: more arguments); its stdout."""
+    return subprocess.run([binary, "-p", PROMPT, "--output-format", "stream-json", "--verbose", *extra],
+                          env=bare_env(url, tmp), cwd=str(ws), capture_output=True, check=True, timeout=120).stdout
 
 
 def policy_turn(binary: str, url: str, tmp: Path, ws: Path) -> None:

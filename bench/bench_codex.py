@@ -19,6 +19,7 @@ Usage: python bench/bench_codex.py [--lines N] [--turns N]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -152,15 +154,38 @@ def bench_json_floor(lines: int) -> int:
 
 # ---------------------------------------------------------------- overhead
 
-def _bare_turn(binary: str, base_url: str, key: str, ws: str, tmp: Path) -> float:
-    """Spawn -> initialize -> thread/start -> turn/start -> turn/completed -> exit, nothing else."""
-    started = time.perf_counter()
-    home = tempfile.mkdtemp(dir=tmp)
-    Path(home, "config.toml").write_text(
+def write_bare_home(home: Path, base_url: str) -> None:
+    """A bare CODEX_HOME's config.toml: the fake provider (its key in $K), no retries, nothing
+    optional (plugins, apps, analytics) — what caldera's private CODEX_HOME turns off too."""
+    (home / "config.toml").write_text(
         f'model = "gpt-5.5"\nmodel_provider = "fake"\n[model_providers.fake]\nname = "F"\nbase_url = "{base_url}"\n'
         f'env_key = "K"\nwire_api = "responses"\nrequest_max_retries = 0\nstream_max_retries = 0\n'
         '[features]\nunbounded_connection_retries = false\nplugins = false\nremote_plugin = false\n'
         'apps = false\ntool_suggest = false\n[analytics]\nenabled = false\n')
+
+
+@contextlib.contextmanager
+def unconfined(confined: bool = False) -> Iterator[None]:
+    """Caldera's Codex turns inside it run without caldera's box (`sandbox.plan(confined=False)`)
+    unless `confined`: what the box costs, apart."""
+    from caldera.backends.codex import sandbox
+
+    real = sandbox.plan
+
+    def plan(*args: Any, **kw: Any) -> Any:
+        return real(*args, **{**kw, "confined": confined and kw.get("confined", True)})
+    sandbox.plan = plan
+    try:
+        yield
+    finally:
+        sandbox.plan = real
+
+
+def _bare_turn(binary: str, base_url: str, key: str, ws: str, tmp: Path) -> float:
+    """Spawn -> initialize -> thread/start -> turn/start -> turn/completed -> exit, nothing else."""
+    started = time.perf_counter()
+    home = tempfile.mkdtemp(dir=tmp)
+    write_bare_home(Path(home), base_url)
     proc = subprocess.Popen([binary, "app-server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, cwd=ws,
                             env={"PATH": os.environ["PATH"], "HOME": home, "CODEX_HOME": home, "K": key,
@@ -195,22 +220,13 @@ def _bare_turn(binary: str, base_url: str, key: str, ws: str, tmp: Path) -> floa
 def _caldera_turn(binary: str, base_url: str, key: str, tmp: Path, n: int, confined: bool = True) -> float:
     from backends_helpers import environment, execute, request, write_projection
 
-    from caldera.backends.codex import sandbox
-
     started = time.perf_counter()
     root = tmp / f"c{n}{'' if confined else 'u'}"
     root.mkdir()
     sec = write_projection(root, base_url=base_url, key=key)
     env = environment(root, binary, sec)
-    real = sandbox.plan
-
-    def plan(*args: Any, **kw: Any) -> Any:
-        return real(*args, **{**kw, "confined": confined and kw.get("confined", True)})
-    sandbox.plan = plan
-    try:
+    with unconfined(confined):
         result, events = execute(request(tmp / "ws", run_id=f"b{n}"), env)
-    finally:
-        sandbox.plan = real
     assert result["status"] == "completed", result
     assert events[0]["data"]["commands"].startswith("confined") == confined, events[0]
     return time.perf_counter() - started

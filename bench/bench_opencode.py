@@ -66,9 +66,9 @@ def _self_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def one_run(binary: str, url: str, ws: Path, tmp: Path, n: int) -> dict[str, float]:
-    """`opencode run --format json` once, in dirs of its own, offline as caldera's server is."""
-    home = tmp / f"run{n}"
+def private_env(url: str, home: Path) -> dict[str, str]:
+    """Dirs of its own under `home` and an environment that uses them, offline as caldera's
+    server is, the fake provider configured (for `opencode run` and a bare `opencode serve`)."""
     for name in ("home", "config", "data", "cache", "state", "tmp"):
         (home / name).mkdir(parents=True)
     config = {"provider": {"fake": {"npm": "@ai-sdk/openai-compatible", "options": {
@@ -80,13 +80,21 @@ def one_run(binary: str, url: str, ws: Path, tmp: Path, n: int) -> dict[str, flo
            "XDG_CONFIG_HOME": str(home / "config"), "XDG_DATA_HOME": str(home / "data"),
            "XDG_CACHE_HOME": str(home / "cache"), "XDG_STATE_HOME": str(home / "state"), "TMPDIR": str(home / "tmp"),
            "OPENCODE_CONFIG": str(home / "opencode.json"), "BENCH_KEY": KEY, **OFFLINE_ENV}
+    return env
+
+
+def one_run(binary: str, url: str, ws: Path, tmp: Path, n: int, prompt: str = "Say hello",
+            expect: bytes = b"") -> dict[str, float]:
+    """`opencode run --format json` once, in dirs of its own, offline as caldera's server is;
+    its output must hold a text part (and `expect`)."""
+    env = private_env(url, tmp / f"run{n}")
     started = time.perf_counter()
-    proc = subprocess.Popen([binary, "run", "--format", "json", "--title", "bench", "Say hello"], cwd=str(ws),
+    proc = subprocess.Popen([binary, "run", "--format", "json", "--title", "bench", prompt], cwd=str(ws),
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     out = proc.stdout.read() if proc.stdout else b""
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - started
-    if status != 0 or b'"type":"text"' not in out.replace(b" ", b""):
+    if status != 0 or b'"type":"text"' not in out.replace(b" ", b"") or expect not in out:
         raise SystemExit(f"opencode run failed (status {status}): {out[-500:]!r}")
     return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss_mib": usage.ru_maxrss / 1024}
 

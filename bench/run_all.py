@@ -23,6 +23,7 @@ QUICK = {
     "bench_opencode.py": ["--rounds", "2", "--later", "3", "--idle", "10"],
     "bench_plane_load.py": ["--steps", "250", "--seconds", "20"],
     "bench_run_watch.py": ["--events", "120", "--big", "20000", "--runs", "2000"],
+    "bench_turns.py": ["--rounds", "2", "--memory-turns", "10"],
 }
 
 

@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import base64
 import collections
+import functools
 import hmac
 import http.client
 import json
 import logging
 import re
+import secrets
 import socket
 import ssl
 import threading
@@ -67,6 +69,24 @@ HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenti
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _TARGET = re.compile(r"^[!-~]+$")  # visible ASCII: http.client's refusal of another would quote the URL
+
+
+@functools.cache
+def process_secret() -> str:
+    """A random prefix, one per process, of every token a backend makes for one run or one
+    server (a run's token in the CLI's key variable, OpenCode's server password, route tokens
+    and placeholders): the Redactor masks it once as a prefix (`add(prefix=True)`), and with
+    it every one of them whole (it and the token characters after it). Adding each value
+    instead would add values to the daemon's one Redactor at every run, for ever: every log
+    line and event slower the longer the daemon ran, and its memory growing (Claude Code's
+    run token did: 11 MiB RSS per 100 turns, docs/performance.md section 10)."""
+    return secrets.token_hex(16)
+
+
+def run_token() -> str:
+    """A run's token for the forwarder's route: the CLI gets it in its key's place. Masked by
+    `process_secret()`, its prefix: whoever makes one adds that prefix to the Redactor."""
+    return "caldera-run-" + process_secret() + secrets.token_urlsafe(24)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ import pytest
 from caldera.backends import failures as fk
 from caldera.backends.base import Policy
 from caldera.backends.claude_code import config as cc
+from caldera.backends.forwarder import process_secret
 from caldera.backends.projection import Projection
+from caldera.redact import Redactor
 
 KEY = "sk-ant-secret-0123456789abcdef"
 PROXIES = ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "no_proxy", "NO_PROXY")
@@ -48,6 +50,18 @@ def test_the_key_goes_to_the_plan_and_the_cli_gets_names_only(tmp_path):
         "ANTHROPIC_AUTH_TOKEN", KEY, "https://gw.example/anthropic", "claude-x")
     assert plan.env == {"ANTHROPIC_MODEL": "claude-x"} and KEY in plan.secret_values
     assert plan.run_token.startswith("caldera-run-") and plan.run_token != _plan(tmp_path).run_token
+
+
+def test_run_tokens_are_masked_whole_by_one_prefix_not_one_redactor_value_per_run(tmp_path):
+    # Each run's token added to the daemon's one Redactor grew its memory 11 MiB per 100 turns
+    # and its regex with every run (docs/performance.md, section 10): the process's prefix masks all.
+    redactor = Redactor()
+    redactor.add(process_secret(), prefix=True)
+    tokens = {_plan(tmp_path).run_token for _ in range(3)}
+    assert len(tokens) == 3
+    for token in tokens:
+        assert token.startswith("caldera-run-" + process_secret())
+        assert redactor.text(f"sent {token} here") == "sent caldera-run-[REDACTED] here"
 
 
 @pytest.mark.parametrize("value", [KEY + "\nsecond line", KEY + "\rX", "\t" + KEY, KEY + "\x00x", KEY + "é"])

@@ -11,6 +11,7 @@ from backends_helpers import CANARY, KEY_ENV, write_projection
 from caldera.backends import failures as fk
 from caldera.backends.codex import catalogue
 from caldera.backends.codex import config as cc
+from caldera.backends.forwarder import process_secret
 
 
 def plan_for(tmp_path, environ=None, **kw):
@@ -99,7 +100,9 @@ def test_gateway_from_environment_when_no_projection(tmp_path):
     assert plan.source == "gateway" and plan.provider == cc.GATEWAY_PROVIDER and plan.model == "gpt-5.5"
     # Codex's environment holds the run's token; the key is the run's forwarder's alone.
     assert plan.env == {cc.GATEWAY_KEY_ENV: plan.run_token} and plan.run_token.startswith("caldera-run-")
-    assert plan.key == "gw-key-123456" and set(plan.secret_values) == {"gw-key-123456", plan.run_token}
+    assert plan.key == "gw-key-123456" and plan.secret_values == ["gw-key-123456"]
+    # the run token is masked by its prefix, one Redactor value for every run (not one more per run)
+    assert plan.run_token.startswith("caldera-run-" + process_secret())
     provider = plan.config["model_providers"][cc.GATEWAY_PROVIDER]
     assert provider["wire_api"] == "responses" and provider["env_key"] == cc.GATEWAY_KEY_ENV
     assert "gw-key-123456" not in cc.dump_toml(plan.config)

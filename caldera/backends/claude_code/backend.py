@@ -30,7 +30,7 @@ from caldera.backends.claude_code import config as cc
 from caldera.backends.claude_code.normalize import Normalizer
 from caldera.backends.confine import other_workspace_roots, own_roots_in, runtime_roots
 from caldera.backends.events import EVENT_TYPES, EventSink
-from caldera.backends.forwarder import Forwarder, TokenRoute, Upstream
+from caldera.backends.forwarder import Forwarder, TokenRoute, Upstream, process_secret
 from caldera.backends.projection import Projection
 from caldera.backends.registry import Refused, gateway_settings
 from caldera.backends.stdio import LINE_CAP, Handoff, HandoffItem, StdioProcess
@@ -170,8 +170,9 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
         redactor = environment.redactor
         projection = Projection.locate(environment.secrets_dir, environment.credentials_dir, backend=cc.PROFILE)
         plan = cc.plan_provider(projection, environment.env, run.model)
-        for value in [*plan.secret_values, plan.run_token]:
+        for value in plan.secret_values:
             redactor.add(value)
+        redactor.add(process_secret(), prefix=True)  # the run token, whole: one value for every run
         binary = find_binary(environment.env)
         sink.emit("backend_status", {
             "phase": "starting", "backend": cc.PROFILE, "profile": run.backend_profile, "binary": binary,

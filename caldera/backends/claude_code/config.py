@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import secrets
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +25,15 @@ from typing import Any
 
 from caldera.backends.base import Policy
 from caldera.backends.failures import BACKEND_FAILED, SECRET_UNAVAILABLE, BackendFailure
-from caldera.backends.forwarder import Proxy, Upstream, gateway_base, gateway_key, header_safe, upstream_proxy
+from caldera.backends.forwarder import (
+    Proxy,
+    Upstream,
+    gateway_base,
+    gateway_key,
+    header_safe,
+    run_token,
+    upstream_proxy,
+)
 from caldera.backends.projection import Projection
 from caldera.backends.registry import gateway_settings
 from caldera.config import Gateway, is_loopback
@@ -73,7 +80,7 @@ class ClaudePlan:
     secret_values: list[str] = field(default_factory=list)
     proxy: Proxy | None = None  # the HTTPS_PROXY the forwarder tunnels through (upstream_proxy)
     source: str = "projection"  # or "gateway"
-    run_token: str = field(default_factory=lambda: "caldera-run-" + secrets.token_urlsafe(32))
+    run_token: str = field(default_factory=lambda: run_token())  # masked by its prefix: process_secret()
 
 
 def plan_provider(projection: Projection, environ: Mapping[str, str], model: str | None = None,

@@ -31,6 +31,7 @@ from caldera.backends.codex.appserver import AppServer, Batch, Message
 from caldera.backends.codex.binary import DEFAULT_PATH, find_binary
 from caldera.backends.codex.normalize import Normalizer
 from caldera.backends.events import EVENT_TYPES, EventSink
+from caldera.backends.forwarder import process_secret
 from caldera.backends.registry import gateway_settings
 from caldera.errors import ConfigError
 from caldera.host import proc, runreaper
@@ -140,6 +141,8 @@ class CodexBackend(Backend[CodexContext]):
         plan = codex_config.plan_provider(projection, environment.env, run.model)
         for value in plan.secret_values:
             redactor.add(value)
+        if plan.run_token is not None:  # the gateway's: masked whole by its prefix, one value for every run
+            redactor.add(process_secret(), prefix=True)
         binary = find_binary(environment.env)
         # CALDERA_RUN_SANDBOX=external: the container is the sandbox, no bubblewrap of caldera's
         box, commands = sandbox.plan(environment, binary, environment.env.get("PATH") or DEFAULT_PATH,

@@ -16,7 +16,6 @@ import datetime
 import json
 import os
 import re
-import secrets
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from caldera.backends.failures import BACKEND_FAILED, SECRET_UNAVAILABLE, BackendFailure
-from caldera.backends.forwarder import gateway_base, gateway_key
+from caldera.backends.forwarder import gateway_base, gateway_key, run_token
 from caldera.backends.projection import Projection
 from caldera.backends.registry import gateway_settings
 from caldera.config import Gateway
@@ -111,7 +110,7 @@ def _gateway_plan(gateway: Gateway, model: str | None) -> ProviderPlan:
     reached through the run's loopback forwarder, which alone holds the gateway's key: Codex's
     environment (and so its commands', should the exclusion fail) holds a run token instead."""
     base_url, api_key = gateway.base_url or "", gateway_key(gateway.api_key or "")  # gateway_settings: both set
-    run_token = "caldera-run-" + secrets.token_urlsafe(32)
+    token = run_token()  # masked by its prefix (forwarder.process_secret), not one value per run
     provider = {"name": "AI gateway", "base_url": gateway_responses_base(base_url), "env_key": GATEWAY_KEY_ENV,
                 "wire_api": "responses"}
     config: dict[str, Any] = {"model_provider": GATEWAY_PROVIDER, "model_providers": {GATEWAY_PROVIDER: provider}}
@@ -119,9 +118,9 @@ def _gateway_plan(gateway: Gateway, model: str | None) -> ProviderPlan:
     if model:
         config["model"] = model
     models = list(dict.fromkeys([*(gateway.catalogue or ()), *([model] if model else [])]))
-    return ProviderPlan(config=config, env={GATEWAY_KEY_ENV: run_token}, secret_values=[api_key, run_token],
+    return ProviderPlan(config=config, env={GATEWAY_KEY_ENV: token}, secret_values=[api_key],
                         source="gateway", provider=GATEWAY_PROVIDER, model=model, base_url=provider["base_url"],
-                        key=api_key, upstream=provider["base_url"], run_token=run_token,
+                        key=api_key, upstream=provider["base_url"], run_token=token,
                         catalogue=[gateway_model_entry(m, i) for i, m in enumerate(models)] or None)
 
 

@@ -22,21 +22,20 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 
 from caldera.backends import failures as fk
-from caldera.backends.forwarder import Forwarder, Incoming, Outgoing, Refusal, Upstream, openai_error, upstream_proxy
+from caldera.backends.forwarder import (
+    Forwarder,
+    Incoming,
+    Outgoing,
+    Refusal,
+    Upstream,
+    openai_error,
+    process_secret,
+    upstream_proxy,
+)
 from caldera.redact import PREFIX_TAIL
 
 PREFIX = "/r/"
 METHODS = frozenset({"GET", "POST"})
-
-
-@functools.cache
-def process_secret() -> str:
-    """A random prefix, one per process, of every server password, route token and
-    placeholder it makes: the Redactor masks it once as a prefix (`add(prefix=True)`), and
-    with it every one of them whole (it and the token characters after it). Adding each
-    value instead would add three values to the daemon's one Redactor at every server start,
-    for ever: every log line and event would get slower the longer the daemon ran."""
-    return secrets.token_hex(16)
 
 
 class ProviderRoutes:
