@@ -54,7 +54,7 @@ class Sample:
                  disk_used_bytes: int | None = None, disk_limit_bytes: int | None = None) -> None:
         self.system_info = system_info
         self.metrics_collector = metrics_collector
-        self.reasons = list() if reasons is None else reasons
+        self.reasons = [] if reasons is None else reasons
         self.disk_used_bytes = disk_used_bytes
         self.disk_limit_bytes = disk_limit_bytes
 

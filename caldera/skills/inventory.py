@@ -62,9 +62,9 @@ class Scan:
 
     def __init__(self, records: list[dict[str, Any]] | None = None, complete: bool = True,
                  problems: list[str] | None = None, hashed: int = 0) -> None:
-        self.records = list() if records is None else records
+        self.records = [] if records is None else records
         self.complete = complete
-        self.problems = list() if problems is None else problems
+        self.problems = [] if problems is None else problems
         self.hashed = hashed
 
     @property
@@ -129,8 +129,8 @@ class Found:
 
     def __init__(self, skills: list[Path] | None = None, problems: list[str] | None = None,
                  complete: bool = True) -> None:
-        self.skills = list() if skills is None else skills
-        self.problems = list() if problems is None else problems
+        self.skills = [] if skills is None else skills
+        self.problems = [] if problems is None else problems
         self.complete = complete
 
 
