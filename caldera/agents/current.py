@@ -6,7 +6,6 @@ The daemon builds it (daemon/wiring.py); the reports read it, and the revision h
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 
 from caldera import TYPE_CHECKING
 
@@ -28,16 +27,24 @@ class _Unchanged:
 UNCHANGED = _Unchanged()
 
 
-@dataclass(eq=False, slots=True)
 class Current:
     """What may be replaced while the daemon runs (`reload_config`, a blueprint update):
     the settings, the manifest and the driver built from it. Readers take the value
     at the time they start; a replacement is one assignment under the lock."""
 
+    __slots__ = ("settings", "manifest", "driver", "_lock")
+
     settings: Settings
-    manifest: Manifest | None = None
-    driver: AgentDriver | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    manifest: Manifest | None
+    driver: AgentDriver | None
+    _lock: threading.Lock
+
+    def __init__(self, settings: Settings, manifest: Manifest | None = None,
+                 driver: AgentDriver | None = None) -> None:
+        self.settings = settings
+        self.manifest = manifest
+        self.driver = driver
+        self._lock = threading.Lock()
 
     def replace(self, *, settings: Settings | _Unchanged = UNCHANGED,
                 manifest: Manifest | None | _Unchanged = UNCHANGED,

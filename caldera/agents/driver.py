@@ -13,7 +13,6 @@ agents/adapter/commands.py, and start/stop/restart_openclaw, agents/process/comm
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from caldera.protocol.handlers import Call
@@ -23,6 +22,7 @@ if TYPE_CHECKING:
 
     from caldera.agents.adapter.answer import Answer
     from caldera.agents.manifest import Manifest
+    from caldera.protocol.command import Command
 
 
 class AgentDriver(Protocol):
@@ -72,10 +72,17 @@ class AgentDriver(Protocol):
         """Apply a checked revision's `instructions`/`mcp`; the finish result's part."""
 
 
-@dataclass(frozen=True, eq=False)
 class AgentCall(Call):
     """A command that acts through the agent's driver: the driver current when it started
     (None without a manifest) and how to ask for a state report now (the state changed)."""
 
+    __slots__ = ("driver", "report_now")
+
     driver: AgentDriver | None
     report_now: Callable[[], None]
+
+    def __init__(self, command: Command, cancel: threading.Event, deadline: float, driver: AgentDriver | None,
+                 report_now: Callable[[], None]) -> None:
+        super().__init__(command, cancel, deadline)
+        self.driver = driver
+        self.report_now = report_now

@@ -20,7 +20,6 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from caldera import TYPE_CHECKING
@@ -42,6 +41,7 @@ if TYPE_CHECKING:
     from caldera.config import AgentPaths, Settings
     from caldera.host.statefile import StateFile
     from caldera.protocol.client import ControlPlaneClient
+    from caldera.protocol.command import Command
     from caldera.redact import Redactor
 
     Path_ = tuple[str, ...]  # object keys from the top of a JSON document
@@ -221,11 +221,12 @@ def _prune(directory: Path) -> None:
 
 # ------------------------------------------------------------------ applying
 
-@dataclass(frozen=True, eq=False)
 class RevisionCall(Call):
     """What apply_config_revision and reload_config use. The driver is read from `current`
     each time: a blueprint update or a reload_config may have replaced it since the command
     started, and these handlers replace the settings and the manifest themselves."""
+
+    __slots__ = ("paths", "current", "state", "client", "redactor", "report_now")
 
     paths: AgentPaths
     current: Current
@@ -233,6 +234,17 @@ class RevisionCall(Call):
     client: ControlPlaneClient | None  # None when the agent is not connected
     redactor: Redactor
     report_now: Callable[[], None]
+
+    def __init__(self, command: Command, cancel: threading.Event, deadline: float, paths: AgentPaths,
+                 current: Current, state: StateFile, client: ControlPlaneClient | None, redactor: Redactor,
+                 report_now: Callable[[], None]) -> None:
+        super().__init__(command, cancel, deadline)
+        self.paths = paths
+        self.current = current
+        self.state = state
+        self.client = client
+        self.redactor = redactor
+        self.report_now = report_now
 
 
 def _refusal(revision_id: int, problems: list[str]) -> str:

@@ -15,6 +15,7 @@ import os
 import re
 
 from caldera import TYPE_CHECKING
+from caldera.host.fsutil import which
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -30,15 +31,6 @@ def script_of(command: Sequence[str]) -> str | None:
     if len(command) < 2 or not re.fullmatch(INTERPRETER, os.path.basename(command[0])):
         return None
     return None if command[1].startswith("-") else command[1]
-
-
-def which(program: str, path: str) -> str | None:
-    """`program` on `path` (shutil.which's answer, without importing shutil)."""
-    for directory in path.split(os.pathsep):
-        candidate = os.path.join(directory, program)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
 
 
 def probe(command: Sequence[str], workdir: Path, manifest_path: Path, path: str,

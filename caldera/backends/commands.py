@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from caldera.backends import base, service
@@ -17,19 +16,23 @@ from caldera.errors import CommandError
 from caldera.protocol.handlers import Call
 
 if TYPE_CHECKING:
+    import threading
+
     from caldera.config import AgentPaths
     from caldera.protocol.client import ControlPlaneClient
+    from caldera.protocol.command import Command
     from caldera.redact import Redactor
 
 log = logging.getLogger("caldera.backends")
 
 
-@dataclass(frozen=True, eq=False)
 class RunCall(Call):
     """What the run commands use: the agent's id, its paths (state and secrets dirs), its environment
     as current when the command started, the redactor, the client (None when not
     connected: events are not posted), the registry of the runs going on now, and what the
     backends keep for the agent between runs (OpenCode's server)."""
+
+    __slots__ = ("agent_id", "paths", "env", "redactor", "client", "runs", "servers")
 
     agent_id: str
     paths: AgentPaths
@@ -38,6 +41,18 @@ class RunCall(Call):
     client: ControlPlaneClient | None
     runs: ActiveRuns
     servers: BackendServers
+
+    def __init__(self, command: Command, cancel: threading.Event, deadline: float, agent_id: str, paths: AgentPaths,
+                 env: dict[str, str], redactor: Redactor, client: ControlPlaneClient | None, runs: ActiveRuns,
+                 servers: BackendServers) -> None:
+        super().__init__(command, cancel, deadline)
+        self.agent_id = agent_id
+        self.paths = paths
+        self.env = env
+        self.redactor = redactor
+        self.client = client
+        self.runs = runs
+        self.servers = servers
 
 
 def environment_for(ctx: RunCall) -> base.Environment:

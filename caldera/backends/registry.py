@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar, cast
 from caldera import config
 from caldera.config import Gateway, gateway_from_env
 from caldera.errors import ConfigError
+from caldera.host.fsutil import which
 from caldera.protocol.llm import EXTERNAL, LLMConfig, gateway_config
 
 if TYPE_CHECKING:
@@ -151,9 +152,7 @@ def installed(profile: str, env: Mapping[str, str]) -> bool:
     explicit = variable(env) if variable is not None else None
     if explicit:
         return os.access(explicit, os.X_OK)
-    import shutil  # here: a daemon that never registers a backend never needs it
-
-    return shutil.which(program, path=env.get("PATH") or os.defpath) is not None
+    return which(program, env.get("PATH") or os.defpath) is not None
 
 
 # the backends whose runs caldera's bubblewrap confines (backends/confine.py), and what their

@@ -2,25 +2,35 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from caldera.errors import CalderaError
 from caldera.protocol.handlers import Call
 
 if TYPE_CHECKING:
+    import threading
+
     from caldera.daemon.reporter import Reports
     from caldera.protocol.client import ControlPlaneClient
+    from caldera.protocol.command import Command
 
 
-@dataclass(frozen=True, eq=False)
 class BuiltinCall(Call):
     """What the built-in commands use: the client (None when not connected), the reports,
     and how to ask the reporter for a fresh report once the 2 s floor allows."""
 
+    __slots__ = ("client", "reports", "report_soon")
+
     client: ControlPlaneClient | None
     reports: Reports
     report_soon: Callable[[], None]
+
+    def __init__(self, command: Command, cancel: threading.Event, deadline: float, client: ControlPlaneClient | None,
+                 reports: Reports, report_soon: Callable[[], None]) -> None:
+        super().__init__(command, cancel, deadline)
+        self.client = client
+        self.reports = reports
+        self.report_soon = report_soon
 
 
 def _send_now(ctx: BuiltinCall) -> tuple[dict[str, Any], bool]:

@@ -9,7 +9,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from caldera.daemon import dispatch
@@ -28,13 +27,18 @@ CANCEL_GRACE = 5.0  # after the call's cancel is set, how long a handler gets to
 DEADLINE_GRACE = 1.0  # the same, when the caller's own deadline (report --once) has passed
 
 
-@dataclass(frozen=True, eq=False)
 class Executor:
     """Runs a command's handler. `bind(call)` gives the handler of the call's command type
     with its context (daemon/dispatch.py); `client` is the one its requests go through."""
 
+    __slots__ = ("client", "bind")
+
     client: ControlPlaneClient
     bind: Callable[[Call], Bound]
+
+    def __init__(self, client: ControlPlaneClient, bind: Callable[[Call], Bound]) -> None:
+        self.client = client
+        self.bind = bind
 
     def run_handler(self, command: Command, cancel: threading.Event | None = None,
                     deadline: float | None = None) -> tuple[str, dict[str, Any], str]:
@@ -71,13 +75,18 @@ class Executor:
         return "succeeded", result if isinstance(result, dict) else {"value": result}, ""
 
 
-@dataclass
 class Outcome:
     """What a command's thread left: the handler's result, or its error (then the result
     is the one a CommandError carries, if any)."""
 
-    result: Any = None
-    error: str | None = None
+    __slots__ = ("result", "error")
+
+    result: Any
+    error: str | None
+
+    def __init__(self, result: Any = None, error: str | None = None) -> None:
+        self.result = result
+        self.error = error
 
 
 def _call(handler: Bound, call: Call, client: ControlPlaneClient, outcome: Outcome) -> None:

@@ -44,7 +44,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from caldera.daemon.executor import Executor, executor_for
@@ -108,12 +107,14 @@ def step(command_id: object, source: State, target: State) -> None:
         raise IllegalTransition(f"command {command_id}: {source.value} -> {target.value}")
 
 
-@dataclass(frozen=True, eq=False)
 class Life:
     """Takes fetched commands to their durable finish; `states` holds the commands alive in
     this process (one a lane or the poller holds), by key. A command this process did not
     fetch (a test's, or one `recover` returned to another `Life`) is where its journal says:
     journaled."""
+
+    __slots__ = ("agent_id", "client", "state", "outbox", "redactor", "executor", "report_now", "runs", "report_soon",
+                 "stop", "states", "_lock")
 
     agent_id: str
     client: ControlPlaneClient
@@ -122,11 +123,28 @@ class Life:
     redactor: Redactor
     executor: Executor  # runs a handler under its timeout
     report_now: Callable[[], None]  # the state changed: a report now, no older one answers a command
-    runs: ActiveRuns | None = None  # accepted agent runs, for agent_interrupt
-    report_soon: Callable[[], None] = lambda: None  # a report now, the state unchanged
-    stop: threading.Event = field(default_factory=threading.Event)  # the runtime's stop: ends a wait for space
-    states: dict[str, State] = field(default_factory=dict, init=False, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    runs: ActiveRuns | None  # accepted agent runs, for agent_interrupt
+    report_soon: Callable[[], None]  # a report now, the state unchanged
+    stop: threading.Event  # the runtime's stop: ends a wait for space
+    states: dict[str, State]
+    _lock: threading.Lock
+
+    def __init__(self, agent_id: str, client: ControlPlaneClient, state: StateFile, outbox: Outbox,
+                 redactor: Redactor, executor: Executor, report_now: Callable[[], None],
+                 runs: ActiveRuns | None = None, report_soon: Callable[[], None] = lambda: None,
+                 stop: threading.Event | None = None) -> None:
+        self.agent_id = agent_id
+        self.client = client
+        self.state = state
+        self.outbox = outbox
+        self.redactor = redactor
+        self.executor = executor
+        self.report_now = report_now
+        self.runs = runs
+        self.report_soon = report_soon
+        self.stop = threading.Event() if stop is None else stop
+        self.states = {}
+        self._lock = threading.Lock()
 
     def _move(self, command: Command, target: State) -> None:
         """Every step of a command this process holds: legal by `STEPS`, else IllegalTransition.
@@ -356,7 +374,7 @@ class Life:
                 # space); refused with INTERRUPTED, it never runs and that is its one finish.
                 log.error("command %s: its finish cannot be recorded now (%s); a lane records it when it can",
                           key, exc.strerror or exc)
-                to_run.append(replace(command, refusal=INTERRUPTED))
+                to_run.append(command._replace(refusal=INTERRUPTED))
         return to_run
 
     # ------------------------------------------------------------ the writes

@@ -15,7 +15,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from caldera.agents import outcomes
@@ -89,9 +88,10 @@ class ReportFloor:
             self._lock.release()
 
 
-@dataclass(frozen=True, eq=False)
 class Reports:
     """Builds the heartbeat and state-report bodies from what the runtime knows now."""
+
+    __slots__ = ("identity", "current", "state", "sampler", "live", "redactor", "floor", "health_extra", "llm")
 
     identity: Identity
     current: Current  # the settings and the driver, as they are now
@@ -99,9 +99,22 @@ class Reports:
     sampler: Sampler
     live: LiveStatus
     redactor: Redactor
-    floor: ReportFloor = field(default_factory=ReportFloor)
-    health_extra: Callable[[], dict[str, Any]] = dict  # more health entries (the outbox's held-back items)
-    llm: Callable[[], dict[str, Any]] = dict  # runtime.llm_config_* (daemon/governance.LLMFields)
+    floor: ReportFloor
+    health_extra: Callable[[], dict[str, Any]]  # more health entries (the outbox's held-back items)
+    llm: Callable[[], dict[str, Any]]  # runtime.llm_config_* (daemon/governance.LLMFields)
+
+    def __init__(self, identity: Identity, current: Current, state: StateFile, sampler: Sampler, live: LiveStatus,
+                 redactor: Redactor, floor: ReportFloor | None = None,
+                 health_extra: Callable[[], dict[str, Any]] = dict, llm: Callable[[], dict[str, Any]] = dict) -> None:
+        self.identity = identity
+        self.current = current
+        self.state = state
+        self.sampler = sampler
+        self.live = live
+        self.redactor = redactor
+        self.floor = ReportFloor() if floor is None else floor
+        self.health_extra = health_extra
+        self.llm = llm
 
     def send(self, client: ControlPlaneClient, wait: threading.Event, section: dict[str, Any] | None = None,
              lock_timeout: float | None = None, coalesce: bool = False) -> tuple[dict[str, Any] | None, bool]:

@@ -6,24 +6,38 @@ Every loop waits on its own event with a timeout (`wait_any`); `shutdown()` sets
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 
 
 def _event() -> threading.Event:
     return threading.Event()
 
 
-@dataclass(eq=False)
 class Wakeups:
-    stop: threading.Event = field(default_factory=_event)
-    draining: threading.Event = field(default_factory=_event)  # the 1st SIGTERM: fetch nothing new
-    report: threading.Event = field(default_factory=_event)
-    poll: threading.Event = field(default_factory=_event)
-    heartbeat: threading.Event = field(default_factory=_event)
-    inventory: threading.Event = field(default_factory=_event)
-    outbox: threading.Event = field(default_factory=_event)  # the Outbox sets it on every put
-    changes: int = 0  # bumped by every report_now(): a report built before it is stale
-    _changes_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    __slots__ = ("stop", "draining", "report", "poll", "heartbeat", "inventory", "outbox", "changes", "_changes_lock")
+
+    stop: threading.Event
+    draining: threading.Event  # the 1st SIGTERM: fetch nothing new
+    report: threading.Event
+    poll: threading.Event
+    heartbeat: threading.Event
+    inventory: threading.Event
+    outbox: threading.Event  # the Outbox sets it on every put
+    changes: int  # bumped by every report_now(): a report built before it is stale
+    _changes_lock: threading.Lock
+
+    def __init__(self, stop: threading.Event | None = None, draining: threading.Event | None = None,
+                 report: threading.Event | None = None, poll: threading.Event | None = None,
+                 heartbeat: threading.Event | None = None, inventory: threading.Event | None = None,
+                 outbox: threading.Event | None = None, changes: int = 0) -> None:
+        self.stop = _event() if stop is None else stop
+        self.draining = _event() if draining is None else draining
+        self.report = _event() if report is None else report
+        self.poll = _event() if poll is None else poll
+        self.heartbeat = _event() if heartbeat is None else heartbeat
+        self.inventory = _event() if inventory is None else inventory
+        self.outbox = _event() if outbox is None else outbox
+        self.changes = changes
+        self._changes_lock = threading.Lock()
 
     def report_now(self) -> None:
         """The state changed (a mutating command or verb, the agent's own change): a report now,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from caldera.agents.adapter.driver import open_adapter_driver
@@ -50,8 +49,10 @@ SUBPROCESS_WORKERS = 4
 STATE_SUBDIRS = ("logs", "cache", "skills", "runs")
 
 
-@dataclass(frozen=True, eq=False)
 class Parts:
+    __slots__ = ("paths", "current", "redactor", "wake", "live", "outbox", "state", "sampler", "pool", "identity",
+                 "runs", "servers", "reports", "publisher", "client", "auth")
+
     paths: AgentPaths
     current: Current
     redactor: Redactor
@@ -66,12 +67,40 @@ class Parts:
     servers: BackendServers  # what the backends keep between runs (OpenCode's server): closed at stop
     reports: Reports
     publisher: Publisher
-    client: ControlPlaneClient | None = None  # when the agent is enabled
-    auth: Auth | None = None  # with the client
+    client: ControlPlaneClient | None  # when the agent is enabled
+    auth: Auth | None  # with the client
+
+    def __init__(self, paths: AgentPaths, current: Current, redactor: Redactor, wake: Wakeups, live: LiveStatus,
+                 outbox: Outbox, state: StateFile, sampler: Sampler, pool: ThreadPoolExecutor, identity: Identity,
+                 runs: ActiveRuns, servers: BackendServers, reports: Reports, publisher: Publisher,
+                 client: ControlPlaneClient | None = None, auth: Auth | None = None) -> None:
+        self.paths = paths
+        self.current = current
+        self.redactor = redactor
+        self.wake = wake
+        self.live = live
+        self.outbox = outbox
+        self.state = state
+        self.sampler = sampler
+        self.pool = pool
+        self.identity = identity
+        self.runs = runs
+        self.servers = servers
+        self.reports = reports
+        self.publisher = publisher
+        self.client = client
+        self.auth = auth
 
     @property
     def settings(self) -> Settings:
         return self.current.settings
+
+    def connected(self, client: ControlPlaneClient, auth: Auth) -> Parts:
+        """A copy with the client and its auth (as dataclasses.replace made: what holds this
+        one keeps it as it was)."""
+        return Parts(self.paths, self.current, self.redactor, self.wake, self.live, self.outbox, self.state,
+                     self.sampler, self.pool, self.identity, self.runs, self.servers, self.reports, self.publisher,
+                     client=client, auth=auth)
 
     def connection(self) -> tuple[ControlPlaneClient, Auth]:
         """The client and auth of a runtime that talks to the plane (`run`'s connected loop,
@@ -132,7 +161,7 @@ def build_parts(paths: AgentPaths, settings: Settings, *, with_client: bool = Tr
         current.replace(driver=_process_driver(parts, manifest, supervise=supervise))
     if with_client and settings.enabled:
         client, auth = _build_client(parts)
-        parts = replace(parts, client=client, auth=auth)
+        parts = parts.connected(client, auth)
     return parts
 
 

@@ -17,12 +17,13 @@ The rules (SPEC section 6, decisions in docs/system-figures.md):
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import NamedTuple
 
 from caldera import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Mapping
 
     from caldera.host.keptfiles import KeptFiles
 
@@ -144,8 +145,7 @@ def count_cpu_list(path: str, text: str) -> int:
 # --- discovery -----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Hierarchy:
+class Hierarchy(NamedTuple):
     """One mounted hierarchy as the process sees it."""
 
     version: int  # 1 or 2
@@ -156,11 +156,10 @@ class Hierarchy:
         return self.levels[0]
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):
     unified: Hierarchy | None = None
     unified_controllers: frozenset[str] = frozenset()
-    v1: dict[str, Hierarchy] = field(default_factory=dict)  # controller -> Hierarchy
+    v1: Mapping[str, Hierarchy] = MappingProxyType({})  # controller -> Hierarchy (read only)
 
     def for_controller(self, name: str) -> Hierarchy | None:
         """v1 when the controller is mounted there (hybrid hosts), else v2 when enabled."""
@@ -319,8 +318,7 @@ def cpuset_count(h: Hierarchy, read: Reader = read_text) -> int | None:
     return None
 
 
-@dataclass(frozen=True)
-class Memory:
+class Memory(NamedTuple):
     limit: int | None  # the tightest limit, None when unlimited
     usage: int | None  # usage of the level the limit is at (else the group)
     working_set: int | None  # usage - inactive_file, floored at 0

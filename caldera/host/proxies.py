@@ -24,25 +24,27 @@ import base64
 import os
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from typing import NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from caldera.config import is_loopback
 
 
-@dataclass(frozen=True)
-class Proxy:
+class Proxy(NamedTuple):
     """A proxy as a client reaches it (the control-plane client, the backends' forwarder);
     `authorization` is the `Proxy-Authorization` value, never shown (`shown` is host:port)."""
     host: str
     port: int
-    authorization: str | None = field(default=None, repr=False)
-    secrets: tuple[str, ...] = field(default=(), repr=False)  # the password and the header: for a Redactor
+    authorization: str | None = None  # never in repr()
+    secrets: tuple[str, ...] = ()  # the password and the header: for a Redactor; never in repr()
     scheme: str = "http"
 
     @property
     def shown(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def __repr__(self) -> str:
+        return f"Proxy(host={self.host!r}, port={self.port!r}, scheme={self.scheme!r})"
 
 
 def environ_proxies(environ: Mapping[str, str]) -> dict[str, str]:

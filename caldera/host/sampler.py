@@ -16,7 +16,6 @@ import socket
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 
 from caldera import TYPE_CHECKING
 from caldera.host import cgroups
@@ -42,13 +41,22 @@ IPV6_SKIP_SCOPES = (0x10, 0x20)  # host (::1) and link-local (fe80::/10)
 MEMINFO_KEYS = ("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached")
 
 
-@dataclass
 class Sample:
+    __slots__ = ("system_info", "metrics_collector", "reasons", "disk_used_bytes", "disk_limit_bytes")
+
     system_info: dict[str, Any]
     metrics_collector: str  # "ok" or "degraded"
-    reasons: list[str] = field(default_factory=list)
-    disk_used_bytes: int | None = None
-    disk_limit_bytes: int | None = None
+    reasons: list[str]
+    disk_used_bytes: int | None
+    disk_limit_bytes: int | None
+
+    def __init__(self, system_info: dict[str, Any], metrics_collector: str, reasons: list[str] | None = None,
+                 disk_used_bytes: int | None = None, disk_limit_bytes: int | None = None) -> None:
+        self.system_info = system_info
+        self.metrics_collector = metrics_collector
+        self.reasons = [] if reasons is None else reasons
+        self.disk_used_bytes = disk_used_bytes
+        self.disk_limit_bytes = disk_limit_bytes
 
     def health(self) -> dict[str, Any]:
         """The report's `health` keys this sample decides."""

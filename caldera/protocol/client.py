@@ -32,8 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 from caldera import __version__, errors
@@ -233,8 +232,7 @@ def origin(url: str) -> tuple[str, str, int | None]:
     return parts.scheme, (parts.hostname or "").lower(), port
 
 
-@dataclass(frozen=True)
-class Download:
+class Download(NamedTuple):
     size: int
     url: str  # where the bytes came from (the plane's own origin: nothing else is followed)
     same_origin: bool

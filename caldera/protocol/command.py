@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 DEFAULT_TIMEOUT_SECONDS = 300.0  # a command without a usable timeout_seconds (docs/runtime.md)
 
@@ -23,10 +22,11 @@ class MalformedCommand(ValueError):
     """The plane's answer is no command that can be named."""
 
 
-@dataclass(frozen=True)
-class Command:
+class Command(NamedTuple):
     """One command as the runtime uses it. `raw` is the plane's object as fetched: the
-    journal keeps it verbatim, and recovery after a restart parses it again."""
+    journal keeps it verbatim, and recovery after a restart parses it again: it is left out of
+    ==, hash() and repr(). (A NamedTuple, not a dataclass: `dataclasses` is 1.3 MiB of an idle
+    daemon's PSS, docs/performance.md section 10; `_replace()` makes a changed copy.)"""
 
     id: int | str  # as the plane sent it (digits): start and finish name it so
     type: str  # command_type; "" when missing (dispatch refuses it as unsupported)
@@ -36,12 +36,25 @@ class Command:
     refusal: str | None = None  # why it may not run: the error message it is finished with
     local: bool = False  # the runtime gave it itself (a desired config revision): no journal, start or finish
     too_large: str | None = None  # the fetch read only the answer's head ("over N bytes"); journaled with raw
-    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    raw: dict[str, Any] = {}  # noqa: RUF012 (never mutated: a NamedTuple's default)
 
     @property
     def key(self) -> str:
         """The id as text: the journal's key, and what the outbox compares."""
         return str(self.id)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Command) and self[:-1] == other[:-1]
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(self[:-1])
+
+    def __repr__(self) -> str:
+        shown = zip(self._fields[:-1], self, strict=False)
+        return "Command(" + ", ".join(f"{name}={value!r}" for name, value in shown) + ")"
 
 
 def parse_command(raw: Any, *, local: bool = False, too_large: str | None = None) -> Command:

@@ -2,7 +2,7 @@
 maps to its handler (SPEC section 8; docs/architecture.md, "Command handlers").
 
 A handler is a plain function `handler(ctx, payload) -> result`:
-- `ctx` is its domain's context: a frozen dataclass that extends `Call` (the command, its
+- `ctx` is its domain's context: a class with `__slots__` that extends `Call` (the command, its
   cancel, its deadline) with the few parts that domain's handlers use, nothing more. Each
   domain declares its own (agents/driver.AgentCall, agents/revisions.RevisionCall,
   skills/commands.SkillCall, backends/commands.RunCall, daemon/builtin.BuiltinCall); the
@@ -21,7 +21,6 @@ from __future__ import annotations
 import importlib
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, TypeVar
 
@@ -35,7 +34,6 @@ PartsT = TypeVar("PartsT", contravariant=True)
 ContextT = TypeVar("ContextT")
 
 
-@dataclass(frozen=True, eq=False)
 class Call:
     """What every handler is given, whatever its domain.
 
@@ -43,25 +41,41 @@ class Call:
     cancel:   set when the command's timeout passes or the operator cancels; long work
               checks it, and subprocesses are killed on it.
     deadline: time.monotonic() by which the command must be finished (0.0: none).
+
+    Plain classes with `__slots__`, not dataclasses: `dataclasses` (with `inspect`) is 1.3 MiB
+    of an idle daemon's PSS (docs/performance.md, section 10). A domain's context adds its
+    parts to `__slots__` and `__init__`; `fields(ctx)` names them all. Treat one as frozen:
+    nothing assigns to it after it is made.
     """
 
-    command: Command
-    cancel: threading.Event
-    deadline: float
+    __slots__ = ("command", "cancel", "deadline")
+
+    def __init__(self, command: Command, cancel: threading.Event, deadline: float) -> None:
+        self.command = command
+        self.cancel = cancel
+        self.deadline = deadline
+
+
+def fields(ctx: Call | type[Call]) -> tuple[str, ...]:
+    """The names a context is made with, its base's first (as `dataclasses.fields` gave them)."""
+    cls = ctx if isinstance(ctx, type) else type(ctx)
+    return tuple(name for klass in reversed(cls.__mro__) for name in klass.__dict__.get("__slots__", ()))
 
 
 Handler = Callable[[ContextT, Payload], Result]
 
 
-@dataclass(frozen=True, eq=False)
 class Route(Generic[PartsT, ContextT]):
     """One command type's way to its handler: `handler()` returns the function (importing
     its module on the first call), `context(parts, call)` builds what it is given from the
     runtime's parts. Made by `route()`, where mypy checks the pair: the handler must take
     what the builder makes."""
 
-    context: Callable[[PartsT, Call], ContextT]
-    handler: Callable[[], Handler[ContextT]]
+    __slots__ = ("context", "handler")
+
+    def __init__(self, context: Callable[[PartsT, Call], ContextT], handler: Callable[[], Handler[ContextT]]) -> None:
+        self.context = context
+        self.handler = handler
 
     def bind(self, parts: PartsT, call: Call) -> Bound:
         """The handler given its context: what the command's thread runs with the payload."""

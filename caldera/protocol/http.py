@@ -33,8 +33,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from caldera.host.proxies import Proxy, chosen_proxy, parse_proxy
@@ -60,14 +59,12 @@ class NotSendable(Exception):
     (a line break, a control character). The sentence never quotes the value (a token)."""
 
 
-@dataclass(frozen=True)
-class Timeouts:
+class Timeouts(NamedTuple):
     connect: float  # TCP connect, a proxy's CONNECT and the TLS handshake, each operation
     read: float  # each send and read after that
 
 
-@dataclass(frozen=True)
-class Route:
+class Route(NamedTuple):
     """Where a request's connection goes: the origin, through `proxy` when there is one."""
     scheme: str
     host: str

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import Any
 
 TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
@@ -21,14 +20,21 @@ PLACES = (("data", "command"), ("command",), ("data",), ())  # most specific fir
 Path = tuple[str | None, ...]  # the keys from the root to an object; None: not a place a command may be
 
 
-@dataclass(slots=True)
 class _Frame:
     """One open object or array of the prefix."""
+
+    __slots__ = ("is_obj", "path", "want_key", "key")
 
     is_obj: bool
     path: Path | None
     want_key: bool  # the next string is a key (in an object: after `{` or `,`)
-    key: str | None = None  # the object's key whose value comes next
+    key: str | None  # the object's key whose value comes next
+
+    def __init__(self, is_obj: bool, path: Path | None, want_key: bool, key: str | None = None) -> None:
+        self.is_obj = is_obj
+        self.path = path
+        self.want_key = want_key
+        self.key = key
 
 
 def _child_path(parent: _Frame | None) -> Path | None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 
 from caldera import TYPE_CHECKING, __version__
 from caldera.host.timefmt import rfc3339
@@ -77,14 +76,23 @@ def _arch() -> str:
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
 
 
-@dataclass(frozen=True)
 class Identity:
-    """Who this runtime is to the control plane; fixed for the life of the process."""
+    """Who this runtime is to the control plane; fixed for the life of the process. (A plain
+    class: a NamedTuple would bring `typing` into `caldera status`, docs/performance.md
+    section 1; a dataclass `dataclasses` into the daemon, section 10.)"""
 
-    agent_id: str
-    agent_name: str
-    runtime_name: str
-    capabilities: tuple[str, ...] = tuple(BASE_CAPABILITIES)
+    __slots__ = ("agent_id", "agent_name", "runtime_name", "capabilities")
+
+    def __init__(self, agent_id: str, agent_name: str, runtime_name: str,
+                 capabilities: tuple[str, ...] = tuple(BASE_CAPABILITIES)) -> None:
+        self.agent_id = agent_id
+        self.agent_name = agent_name
+        self.runtime_name = runtime_name
+        self.capabilities = capabilities
+
+    def __repr__(self) -> str:
+        return (f"Identity(agent_id={self.agent_id!r}, agent_name={self.agent_name!r}, "
+                f"runtime_name={self.runtime_name!r}, capabilities={self.capabilities!r})")
 
 
 def register_body(identity: Identity, settings: Settings) -> dict[str, Any]:

@@ -2,8 +2,11 @@
 
 The schemas travel inside the package (`caldera/schemas`, package data; in the source tree
 a link to the top-level `schemas/`, their one copy): a checkout, an editable install, a
-wheel and the Debian package all read them with importlib.resources from the caldera that
-runs (issue 35). CALDERA_SCHEMA_DIR wins over them.
+wheel and the Debian package all read them beside the caldera that runs (issue 35), as files
+next to its `__init__.py`: every install of caldera is one on disk (no zip import), and
+importlib.resources would bring `tempfile`, `shutil` (with bz2, lzma) and `zipfile` into the
+daemon on its first command, 0.9 MiB of its PSS (docs/performance.md, section 10).
+CALDERA_SCHEMA_DIR wins over them.
 
 jsonschema is costly to import, in CPU and in memory (docs/performance.md), so it
 is imported only when a validator is first asked for; local CLI verbs never ask.
@@ -12,11 +15,13 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+from pathlib import Path
 
+import caldera
 from caldera import TYPE_CHECKING, config
 
 if TYPE_CHECKING:
-    from importlib.resources.abc import Traversable
     from typing import Any
 
     from jsonschema.protocols import Validator
@@ -25,7 +30,7 @@ class SchemaError(ValueError):
     """A document does not match its schema; the message names the place."""
 
 
-def schema_dir() -> Traversable:
+def schema_dir() -> Path:
     override = config.schema_dir_override()
     if override:
         return override
@@ -33,10 +38,8 @@ def schema_dir() -> Traversable:
 
 
 @functools.cache
-def _packaged() -> Traversable:
-    from importlib.resources import files  # deferred: only a validation needs it
-
-    found = files("caldera") / "schemas"
+def _packaged() -> Path:
+    found = Path(os.path.dirname(caldera.__file__)) / "schemas"
     if not found.is_dir():
         raise FileNotFoundError(f"caldera's schemas are not in its package ({found}): a broken install")
     return found

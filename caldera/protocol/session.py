@@ -25,9 +25,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from caldera.config import header_safe
 from caldera.errors import AuthBlocked  # noqa: F401 -- re-exported: callers catch it from here too
@@ -44,16 +43,14 @@ log = logging.getLogger("caldera.protocol.session")
 BLOCKED_RETRY_SECONDS = 300
 
 
-@dataclass(frozen=True)
-class SessionInfo:
+class SessionInfo(NamedTuple):
     token: str
     expires_at: str | None
     heartbeat_interval: float
     poll_interval: float
 
 
-@dataclass(frozen=True)
-class SessionFile:
+class SessionFile(NamedTuple):
     """session.json, tied to the base URL, instance and agent_id it was issued for."""
 
     path: Path

@@ -12,7 +12,6 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -25,7 +24,10 @@ from caldera.skills import inventory, package, store
 from caldera.skills.inventory import DISABLED, DISCOVERED, MANAGED
 
 if TYPE_CHECKING:
+    import threading
+
     from caldera.protocol.client import ControlPlaneClient, Download
+    from caldera.protocol.command import Command
     from caldera.skills.publish import Publisher
 
 log = logging.getLogger("caldera.skills")
@@ -33,11 +35,12 @@ T = TypeVar("T")
 RISK_ACTIONS = {"disable": "disable", "quarantine": "quarantine", "remove": "remove", "uninstall": "remove"}
 
 
-@dataclass(frozen=True, eq=False)
 class SkillCall(Call):
     """What the skill commands use: the agent's id and state dir, its environment as current
     when the command started (discovery dirs), the client (None when not connected), the
     Publisher (scan and queue an inventory) and the skills watcher's wake-up."""
+
+    __slots__ = ("agent_id", "state_dir", "env", "client", "publisher", "inventory_changed")
 
     agent_id: str
     state_dir: Path
@@ -45,6 +48,17 @@ class SkillCall(Call):
     client: ControlPlaneClient | None
     publisher: Publisher
     inventory_changed: Callable[[], None]
+
+    def __init__(self, command: Command, cancel: threading.Event, deadline: float, agent_id: str, state_dir: Path,
+                 env: dict[str, str], client: ControlPlaneClient | None, publisher: Publisher,
+                 inventory_changed: Callable[[], None]) -> None:
+        super().__init__(command, cancel, deadline)
+        self.agent_id = agent_id
+        self.state_dir = state_dir
+        self.env = env
+        self.client = client
+        self.publisher = publisher
+        self.inventory_changed = inventory_changed
 
 
 def _state_dir(ctx: SkillCall) -> Path:

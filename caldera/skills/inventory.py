@@ -17,9 +17,8 @@ import os
 import re
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from caldera import config
 from caldera.host.fsutil import atomic_write_json, ensure_dir
@@ -48,18 +47,25 @@ META_CAP = 64 * 1024
 MAX_IDENTIFIER, MAX_KEY, MAX_PATH, MAX_FIELD = 120, 100, 1024, 255
 
 
-@dataclass(frozen=True)
-class Root:
+class Root(NamedTuple):
     path: Path
     kind: str  # managed | discovered | disabled
 
 
-@dataclass
 class Scan:
-    records: list[dict[str, Any]] = field(default_factory=list)  # the inventory records, in root order
-    complete: bool = True  # every skill root read without an I/O error
-    problems: list[str] = field(default_factory=list)  # human sentences
-    hashed: int = 0  # skills whose content was hashed in this scan
+    __slots__ = ("records", "complete", "problems", "hashed")
+
+    records: list[dict[str, Any]]  # the inventory records, in root order
+    complete: bool  # every skill root read without an I/O error
+    problems: list[str]  # human sentences
+    hashed: int  # skills whose content was hashed in this scan
+
+    def __init__(self, records: list[dict[str, Any]] | None = None, complete: bool = True,
+                 problems: list[str] | None = None, hashed: int = 0) -> None:
+        self.records = [] if records is None else records
+        self.complete = complete
+        self.problems = [] if problems is None else problems
+        self.hashed = hashed
 
     @property
     def active(self) -> list[dict[str, Any]]:
@@ -111,14 +117,21 @@ SKILL_MD = "skill.md"  # a skill's marker, any case (the control plane checks it
 CATEGORY_DEPTH = 4  # category folders inside category folders, at most this deep
 
 
-@dataclass
 class Found:
     """What one root holds: its skills, and what stood in the way (sentences); `complete` is
     False when a folder could not be read (skills may be missing: never a full inventory)."""
 
-    skills: list[Path] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    complete: bool = True
+    __slots__ = ("skills", "problems", "complete")
+
+    skills: list[Path]
+    problems: list[str]
+    complete: bool
+
+    def __init__(self, skills: list[Path] | None = None, problems: list[str] | None = None,
+                 complete: bool = True) -> None:
+        self.skills = [] if skills is None else skills
+        self.problems = [] if problems is None else problems
+        self.complete = complete
 
 
 def _listing(path: Path, what: str) -> tuple[list[Path], bool, list[str]]:

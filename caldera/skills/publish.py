@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,9 +34,10 @@ SENT_KEY = "skills_inventory_sent"  # state.json: digest of the last inventory q
 ACCEPTED_FILE = ".inventory-accepted"  # in the outbox dir (not an item: items start with a digit)
 
 
-@dataclass(frozen=True, eq=False)
 class Publisher:
     """What scanning and publishing the inventory needs, by name."""
+
+    __slots__ = ("state_dir", "env", "runtime_type", "agent_id", "outbox", "state", "on_count", "report_now")
 
     state_dir: Path
     env: Callable[[], dict[str, str]]  # the current settings' environment (reload_config may change skill dirs)
@@ -47,6 +47,18 @@ class Publisher:
     state: StateFile
     on_count: Callable[[int], None]  # the active skill count, for heartbeats
     report_now: Callable[[], None]
+
+    def __init__(self, state_dir: Path, env: Callable[[], dict[str, str]], runtime_type: str, agent_id: str,
+                 outbox: Outbox, state: StateFile, on_count: Callable[[int], None],
+                 report_now: Callable[[], None]) -> None:
+        self.state_dir = state_dir
+        self.env = env
+        self.runtime_type = runtime_type
+        self.agent_id = agent_id
+        self.outbox = outbox
+        self.state = state
+        self.on_count = on_count
+        self.report_now = report_now
 
     def scanner(self, notifier: Notifier | None = None) -> inventory.Inventory:
         return inventory.Inventory(self.state_dir, self.env() or {}, self.runtime_type, notifier=notifier)

@@ -8,13 +8,10 @@ swap leaves the previous version exactly as it was.
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import re
-import shutil
 import stat
-import tempfile
 from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -93,6 +90,8 @@ def _has_id(path: Path, wanted: str) -> bool:
 
 def _exchange(a: Path, b: Path) -> bool:
     """Swap two paths atomically (renameat2 RENAME_EXCHANGE); False where unsupported."""
+    import ctypes  # here: an idle daemon swaps nothing in (its PSS: docs/performance.md, section 10)
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.renameat2
@@ -148,6 +147,8 @@ def _remove_tree(path: Path) -> None:
     if path.is_symlink() or path.is_file():
         path.unlink()
     elif path.exists():
+        import shutil  # here: with bz2 and lzma, 0.3 MiB of an idle daemon's PSS (docs/performance.md, section 10)
+
         shutil.rmtree(path)
 
 
@@ -160,6 +161,9 @@ def move(src: Path, dest: Path) -> None:
     except OSError as exc:
         if exc.errno != errno.EXDEV:
             raise
+    import shutil  # here: with bz2 and lzma, 0.3 MiB of an idle daemon's PSS (docs/performance.md, section 10)
+    import tempfile  # here too: an idle daemon never moves across filesystems (its PSS: section 10)
+
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=STAGING_PREFIX))
     try:
         shutil.copytree(src, tmp / "x", symlinks=True)
@@ -187,6 +191,8 @@ def defang(path: Path) -> None:
 
 def stage(root: Path) -> Path:
     ensure_dir(root)
+    import tempfile  # here: an idle daemon never stages (its PSS: docs/performance.md, section 10)
+
     return Path(tempfile.mkdtemp(dir=root, prefix=STAGING_PREFIX))
 
 

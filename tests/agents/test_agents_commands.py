@@ -1,10 +1,9 @@
 """The control-plane handlers of adapter mode, with the real driver and a small runtime double."""
 import concurrent.futures as cf
-import dataclasses
 
 import pytest
 from adapter_helpers import calls, make_agent
-from core_helpers import command_context
+from core_helpers import command_context, replaced
 
 from caldera.agents.adapter import commands
 from caldera.agents.adapter.driver import open_adapter_driver
@@ -82,7 +81,7 @@ def test_process_only_and_no_driver(tmp_path, pool):
     _, ctx = _ctx(tmp_path, pool, kind="restart_openclaw")
     with pytest.raises(CommandError, match="restart_openclaw acts only in process mode"):
         process_commands.restart_openclaw(ctx, {})
-    ctx = dataclasses.replace(ctx, driver=None)
+    ctx = replaced(ctx, driver=None)
     with pytest.raises(CommandError, match="no adapter"):
         commands.pause(ctx, {})
 

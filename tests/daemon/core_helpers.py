@@ -62,17 +62,26 @@ def make_parts(name="demo", **build):
     return build_parts(paths, settings, **build)
 
 
+def replaced(context, **changes):
+    """A copy of a handler's context with `changes` (what dataclasses.replace gave)."""
+    from caldera.protocol.handlers import fields
+
+    values = {name: getattr(context, name) for name in fields(context)}
+    values.update(changes)
+    return type(context)(**values)
+
+
 def command_context(context_type, command_type="collect_system_info", command=None, **fields):
     """A handler's context of `context_type` (a domain's Call: AgentCall, SkillCall, RunCall,
     RevisionCall, BuiltinCall) with the given parts; every part not given is None (a handler
     that uses one fails loudly), the cancel a fresh event, no deadline. `command`: the plane's
     command object (default: id 1 of `command_type`)."""
     import threading
-    from dataclasses import fields as dataclass_fields
 
     from caldera.protocol.command import parse_command
+    from caldera.protocol.handlers import fields as context_fields
 
-    given = {f.name: None for f in dataclass_fields(context_type)}
+    given = {name: None for name in context_fields(context_type)}
     given.update(cancel=threading.Event(), deadline=0.0)
     given.update(fields, command=parse_command(command or {"id": 1, "command_type": command_type}))
     return context_type(**given)

@@ -1,7 +1,6 @@
 """The daemon's table of routes (daemon/dispatch.py): every command type reaches a handler
 that takes the context its route builds, each domain's module is imported only by its first
 command, and an unknown type is refused with the sentence the plane sees."""
-import dataclasses
 import inspect
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from caldera.daemon import dispatch
 from caldera.errors import CommandError
 from caldera.protocol import schemas
 from caldera.protocol.command import parse_command
-from caldera.protocol.handlers import Call
+from caldera.protocol.handlers import Call, fields
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,7 +39,7 @@ def test_every_route_binds_its_handler_to_the_context_it_takes(caldera_env):
             annotation = inspect.signature(handler).parameters["ctx"].annotation
             assert annotation == type(context).__name__, (command_type, annotation)
             assert isinstance(context, Call) and context.command.type == command_type
-            assert len(dataclasses.fields(context)) <= 10, (command_type, type(context))
+            assert len(fields(context)) <= 10, (command_type, type(context))
     finally:
         parts.pool.shutdown(wait=False)
 

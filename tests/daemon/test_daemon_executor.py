@@ -1,4 +1,3 @@
-import dataclasses
 import json
 import os
 import threading
@@ -9,7 +8,7 @@ from core_helpers import BOOT, install_agent, make_parts
 from fault_helpers import API
 
 from caldera.daemon import life
-from caldera.daemon.executor import executor_for
+from caldera.daemon.executor import Executor, executor_for
 from caldera.daemon.life import INTERRUPTED, life_for
 from caldera.protocol.command import parse_command
 from caldera.protocol.outbox import Outbox
@@ -334,7 +333,7 @@ def test_the_commands_deadline_bounds_every_request_its_handler_makes(runtime, m
     monkeypatch.setattr(dispatch, "routes", lambda: table)
     monkeypatch.setattr("caldera.daemon.executor.CANCEL_GRACE", 3.0)
     executor = executor_for(runtime)
-    executor = dataclasses.replace(executor, client=client)
+    executor = Executor(client=client, bind=executor.bind)
     try:
         status, _, error = executor.run_handler(parse_command({"id": 5, "command_type": "slow_plane",
                                                               "timeout_seconds": 1}))

@@ -2,12 +2,12 @@
 failing plane (issue 13): one-shot commands retried within their timeout, upload
 skill_id only as skill_<n>, SKILL.md checked first, archive metadata out of md5 and
 zip, Unicode names reported, column limits, one timestamp format, URL path values."""
-import dataclasses
 import time
 import zipfile
 
 import pytest
 import skills_helpers
+from core_helpers import replaced
 from fault_helpers import FaultPlane
 from skills_helpers import (
     FakeRuntime,
@@ -34,7 +34,7 @@ def served(tmp_path, monkeypatch):
 
 def run_timed(rt, command_type, payload, seconds=60):
     """Like skills_helpers.run, with the command's own deadline (the executor gives one)."""
-    context = dataclasses.replace(ctx(rt, command_type), deadline=time.monotonic() + seconds)
+    context = replaced(ctx(rt, command_type), deadline=time.monotonic() + seconds)
     return dispatch.routes()[command_type].handler()(context, payload)
 
 
