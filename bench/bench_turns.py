@@ -288,7 +288,7 @@ def sides(backend: str, binary: str, root: Path, provider: Provider) -> Iterator
     """The backend's sides (caldera's first) and the names of its CLI-alone references."""
     agent = Agent(root, "agent")
     ws = agent.workspaces[backend]
-    env = agent.environment(backend, binary, provider.url, str(root / "workspaces" / "agent"))
+    env = agent.environment(backend, binary, provider.url)
 
     def ours(kind: str, n: int) -> tuple[float, float]:
         return measure(lambda: caldera_turn(agent, env, backend, kind, f"t{n}-{kind}"), server)
@@ -399,7 +399,7 @@ def bench_memory(backend: str, binary: str, turns: int) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix=f"bench-turns-mem-{backend}-") as name:
             root = Path(name)
             agent = Agent(root, "agent")
-            env = agent.environment(backend, binary, provider.url, str(root / "workspaces" / "agent"))
+            env = agent.environment(backend, binary, provider.url)
 
             def turn(n: int) -> None:
                 provider.reset("one-command")
