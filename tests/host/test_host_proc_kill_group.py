@@ -1,5 +1,4 @@
 """proc.kill_group: the one TERM -> grace -> KILL, for long-lived children too (Codex, the demo)."""
-import os
 import signal
 import subprocess
 import sys
