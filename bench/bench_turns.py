@@ -10,7 +10,9 @@ Sides:
   codex        caldera's turn (`service.execute`: `codex app-server` in caldera's bubblewrap)
                against `codex exec --json -s workspace-write` with a fresh CODEX_HOME (as
                caldera's run has); and caldera's turn without its box (`sandbox.plan(confined=
-               False)`), to show what the box costs apart;
+               False)`), to show what the box costs apart; and caldera's turn with the run's
+               Codex making its state databases itself (before codex/seed.py made them once),
+               and `codex exec` with them made ahead too (caldera's CODEX_HOME, like for like);
   claude-code  caldera's turn against `claude -p PROMPT --output-format stream-json --verbose
                [--allowedTools Bash]`, the key in its environment; and the CLI with caldera's
                argv and settings (its bubblewrap sandbox for commands) driven by a bare loop;
@@ -66,6 +68,7 @@ import requests  # noqa: E402
 from bench_many import BACKENDS, Agent  # noqa: E402
 
 from caldera.backends import base, service  # noqa: E402
+from caldera.backends.codex import seed as codex_seed  # noqa: E402
 
 MARK = "bench-turn-ok"
 KINDS = ("one-line", "one-command")
@@ -175,6 +178,17 @@ def caldera_turn(agent: Agent, env: base.Environment, backend: str, kind: str, r
         raise SystemExit(f"caldera {backend} turn ran no command: {output[-300:]!r}")
 
 
+@contextlib.contextmanager
+def databases_by_codex() -> Iterator[None]:
+    """Caldera's Codex turn as before codex/seed.py: the run's Codex makes its own databases."""
+    saved = codex_seed.seed_home
+    codex_seed.seed_home = lambda binary, home, note=None: False
+    try:
+        yield
+    finally:
+        codex_seed.seed_home = saved
+
+
 # -- the CLIs alone ---------------------------------------------------------------------------------
 
 @contextlib.contextmanager
@@ -187,9 +201,12 @@ def codex_home_dir() -> Iterator[Path]:
         yield Path(name)
 
 
-def codex_exec(binary: str, url: str, ws: Path, kind: str) -> None:
+def codex_exec(binary: str, url: str, ws: Path, kind: str, seeded: bool = False) -> None:
+    """`seeded`: its CODEX_HOME with the state databases made ahead, as caldera's run has them."""
     with codex_home_dir() as home:
         bench_codex.write_bare_home(home, url)
+        if seeded:
+            codex_seed.seed_home(binary, home)
         out = _codex_exec(binary, home, ws)
     _check(b"turn.completed" in out and (kind == "one-line" or MARK.encode() in out), "codex exec", out)
 
@@ -288,7 +305,7 @@ def sides(backend: str, binary: str, root: Path, provider: Provider) -> Iterator
     """The backend's sides (caldera's first) and the names of its CLI-alone references."""
     agent = Agent(root, "agent")
     ws = agent.workspaces[backend]
-    env = agent.environment(backend, binary, provider.url, str(root / "workspaces" / "agent"))
+    env = agent.environment(backend, binary, provider.url)
 
     def ours(kind: str, n: int) -> tuple[float, float]:
         return measure(lambda: caldera_turn(agent, env, backend, kind, f"t{n}-{kind}"), server)
@@ -300,11 +317,17 @@ def sides(backend: str, binary: str, root: Path, provider: Provider) -> Iterator
             def no_box(kind: str, n: int) -> tuple[float, float]:
                 with bench_codex.unconfined():
                     return measure(lambda: caldera_turn(agent, env, backend, kind, f"u{n}-{kind}"))
+            def unseeded(kind: str, n: int) -> tuple[float, float]:
+                with databases_by_codex():
+                    return measure(lambda: caldera_turn(agent, env, backend, kind, f"d{n}-{kind}"), server)
             yield {"caldera": ours, "caldera without its box": no_box,
+                   "caldera, Codex making its databases (before)": unseeded,
                    "bare codex app-server": lambda kind, n: measure(lambda: codex_app_server(binary, provider.url, ws),
                                                                     own=False),
                    "codex exec": lambda kind, n: measure(lambda: codex_exec(binary, provider.url, ws, kind),
-                                                         own=False)}, ["codex exec"]
+                                                         own=False),
+                   "codex exec, its databases made ahead": lambda kind, n: measure(
+                       lambda: codex_exec(binary, provider.url, ws, kind, seeded=True), own=False)}, ["codex exec"]
         elif backend == "claude-code":
             yield {"caldera": ours,
                    "the CLI with caldera's settings": lambda kind, n: measure(
@@ -399,7 +422,7 @@ def bench_memory(backend: str, binary: str, turns: int) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix=f"bench-turns-mem-{backend}-") as name:
             root = Path(name)
             agent = Agent(root, "agent")
-            env = agent.environment(backend, binary, provider.url, str(root / "workspaces" / "agent"))
+            env = agent.environment(backend, binary, provider.url)
 
             def turn(n: int) -> None:
                 provider.reset("one-command")

@@ -183,10 +183,7 @@ class StdioProcess:
     def returncode(self, wait: float = 0.0) -> int | None:
         if self.proc is None:
             return None
-        try:
-            return self.proc.wait(timeout=wait) if wait else self.proc.poll()
-        except subprocess.TimeoutExpired:
-            return None
+        return proc.wait_exit(self.proc, wait) if wait else self.proc.poll()
 
     def stderr_summary(self, lines: int = 3, limit: int = 500, settle: float = 0.0) -> str:
         """The last stderr lines, redacted; `settle` waits that long for the reader to reach EOF.

@@ -89,13 +89,35 @@ def kill_group(proc: subprocess.Popen[bytes], grace: float, reap: float | None =
     returns its exit code, None if it has not gone yet. The one TERM -> grace -> KILL here:
     `run` uses it, and so do callers with long-lived children (Codex, the demo's runtime)."""
     signal_group(proc, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
+    wait_exit(proc, grace)
     signal_group(proc, signal.SIGKILL)
+    return wait_exit(proc, reap)
+
+
+def wait_exit(proc: subprocess.Popen[bytes], timeout: float | None) -> int | None:
+    """`proc.wait(timeout)` woken by the exit itself: its return code, None if it has not
+    exited within `timeout`. Popen's own wait with a timeout polls, sleeping up to 50 ms
+    between looks; a pidfd is readable the moment the process exits (docs/performance.md,
+    section 10). Without pidfds (Linux < 5.3), Popen's wait."""
+    if timeout is None or proc.returncode is not None:
+        return proc.wait()
     try:
-        return proc.wait(timeout=reap)
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfd_open here, or the pid was reaped already
+        return _popen_wait(proc, timeout)
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            exited = bool(selector.select(timeout))
+    finally:
+        os.close(fd)
+    # wait(), not poll(): poll gives None while another thread is reaping it
+    return proc.wait() if exited else proc.poll()
+
+
+def _popen_wait(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
+    try:
+        return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         return None
 

@@ -34,3 +34,27 @@ def test_a_group_already_gone_is_no_error():
     child = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
     child.wait()
     assert proc.kill_group(child, grace=0.1) == 0
+
+
+def test_wait_exit_is_woken_by_the_exit_not_a_polling_step(monkeypatch):
+    # Popen.wait(timeout) looks with WNOHANG, sleeping up to 50 ms between looks; a pidfd wakes
+    # at the exit itself, and the exited child is then reaped with one blocking waitpid.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"], start_new_session=True)
+    looks = []
+    try_wait = subprocess.Popen._try_wait
+    monkeypatch.setattr(subprocess.Popen, "_try_wait", lambda self, flags: looks.append(flags) or try_wait(self, flags))
+    assert proc.wait_exit(child, 0.05) is None  # still running: None after the timeout
+    assert proc.wait_exit(child, 30.0) == 0
+    assert looks == [0], looks  # no WNOHANG looks: one blocking reap, after the exit
+
+
+def test_wait_exit_without_pidfds_is_popens_wait(monkeypatch):
+    def no_pidfd(pid):
+        raise OSError(38, "Function not implemented")
+    monkeypatch.setattr(proc.os, "pidfd_open", no_pidfd)
+    child = _start(WAITS)
+    assert proc.wait_exit(child, 0.05) is None
+    child.terminate()
+    assert proc.wait_exit(child, 30.0) == -signal.SIGTERM
+    assert proc.wait_exit(child, 0.05) == -signal.SIGTERM  # already reaped: its code again
+    child.stdout.close()

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from caldera import config
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+T = TypeVar("T")
 TRIPLES = {"x86_64": ("codex-linux-x64", "x86_64-unknown-linux-musl"),
            "aarch64": ("codex-linux-arm64", "aarch64-unknown-linux-musl")}
 
@@ -42,3 +45,28 @@ def bundled_bwrap(binary: str | None) -> str | None:
     if not binary:
         return None
     return str(Path(os.path.realpath(binary)).parent.parent / "codex-resources" / "bwrap")
+
+
+class PerBinary(Generic[T]):
+    """What is read once per Codex binary (its path, mtime and size), each binary once even
+    with runs starting together: `read(binary)` gives (the value, whether it holds for this
+    binary: a timeout may be a loaded host's, and the next run then tries again)."""
+
+    def __init__(self, read: Callable[[str], tuple[T | None, bool]]):
+        self._read = read
+        self._lock = threading.Lock()
+        self._cache: dict[tuple[str, int, int], T | None] = {}
+
+    def get(self, binary: str) -> T | None:
+        try:
+            st = os.stat(binary)
+        except OSError:
+            return None
+        key = (os.path.realpath(binary), st.st_mtime_ns, st.st_size)
+        with self._lock:
+            if key in self._cache:
+                return self._cache[key]
+            value, lasting = self._read(binary)
+            if lasting:
+                self._cache[key] = value
+            return value

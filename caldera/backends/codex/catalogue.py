@@ -16,12 +16,11 @@ apply_patch) rather than one that would replace what Codex knows.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
-import threading
 from collections.abc import Callable
 from typing import Any
 
+from caldera.backends.codex.binary import PerBinary
 from caldera.host import proc
 from caldera.host.jsonlimits import loads
 
@@ -29,8 +28,6 @@ BUNDLED_TIMEOUT = 10.0
 BUNDLED_CAP = 16 * 1024 * 1024
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
-_lock = threading.Lock()
-_cache: dict[tuple[str, int, int], bytes | None] = {}  # (binary, mtime_ns, size) -> the bundled list's JSON
 
 
 def run_catalogue(binary: str, gateway: list[dict[str, Any]],
@@ -51,18 +48,7 @@ def run_catalogue(binary: str, gateway: list[dict[str, Any]],
 
 def bundled_models(binary: str) -> list[dict[str, Any]] | None:
     """Codex's bundled catalogue (each model a dict with a string `slug`), or None."""
-    try:
-        st = os.stat(binary)
-    except OSError:
-        return None
-    key = (os.path.realpath(binary), st.st_mtime_ns, st.st_size)
-    with _lock:  # one reading per binary, even with runs starting together
-        if key in _cache:
-            raw = _cache[key]
-        else:
-            raw, lasting = _read(binary)
-            if lasting:  # a timeout may be a loaded host's: the next run tries again
-                _cache[key] = raw
+    raw = _bundled.get(binary)
     return None if raw is None else _models(raw)
 
 
@@ -78,6 +64,9 @@ def _read(binary: str) -> tuple[bytes | None, bool]:
         return None, not result.timed_out
     models = _models(result.stdout)
     return (json.dumps(models).encode() if models else None), True
+
+
+_bundled: PerBinary[bytes] = PerBinary(_read)  # the bundled list's JSON, per binary
 
 
 def _models(raw: bytes) -> list[dict[str, Any]] | None:
