@@ -3,7 +3,8 @@
 
 1. `caldera run` at default intervals against the embedded plane runs 100 commands, then idles:
    RSS (VmRSS) at the end against the RSS of the floor `python -c "import requests, jsonschema,
-   yaml"` left sleeping (target <= 1.05 x), and CPU time over the idle window, its own and with
+   yaml"` left sleeping (target <= 1.05 x; since issue 41 also against the runtime's dependencies
+   as they are now, jsonschema, yaml and the client's stdlib), and CPU time over the idle window, its own and with
    the adapter calls it made (utime+stime and cutime+cstime from /proc/PID/stat: CPU time, not
    wall, so other loads on the machine do not count), as a percentage of one core, split into
    caldera's own (target <= 0.5 %) and the adapter's calls (a process per 5 s report: the
@@ -41,6 +42,8 @@ sys.path.insert(0, str(ROOT))
 from caldera.plane.server import PlaneServer  # noqa: E402
 
 TOKEN = "bench-bootstrap-token-1234"
+# The runtime's dependencies and the stdlib its HTTP client needs (issue 41: no requests).
+DEPENDENCIES = "jsonschema, yaml, http.client, ssl, email.utils"
 
 
 def child_cpu(argv, env) -> float:
@@ -151,12 +154,15 @@ sys.exit(main(['run', '--agent', 'bench']))
 """
 
 
+
 def idle(env, seconds: float, store, commands: int = 100, flat: int = 0, every: int = 1000,
          watch_file: str | None = None, trace: bool = False) -> None:
     # Bytecode first, as a package install leaves it: compiling at start-up would inflate RSS.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "caldera")], env=env, check=True)
     floor = subprocess.Popen([sys.executable, "-c", "import requests, jsonschema, yaml, time; time.sleep(3600)"],
                              env=env)
+    # since issue 41 the runtime's dependencies are jsonschema and yaml (its HTTP is http.client's)
+    deps = subprocess.Popen([sys.executable, "-c", f"import {DEPENDENCIES}, time; time.sleep(3600)"], env=env)
     argv = [sys.executable, "-c", WATCHED, watch_file, "trace" if trace else ""] if watch_file else \
         [sys.executable, "-m", "caldera.cli", "run", "--agent", "bench"]
     daemon = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -174,7 +180,7 @@ def idle(env, seconds: float, store, commands: int = 100, flat: int = 0, every: 
         own0, all0 = proc_cpu(daemon.pid), proc_cpu(daemon.pid, children=True)
         wait.wait(seconds)
         own, total = proc_cpu(daemon.pid) - own0, proc_cpu(daemon.pid, children=True) - all0
-        rss, floor_rss = proc_rss_mb(daemon.pid), proc_rss_mb(floor.pid)
+        rss, floor_rss, deps_rss = proc_rss_mb(daemon.pid), proc_rss_mb(floor.pid), proc_rss_mb(deps.pid)
         # For information, after the window: the bench's commands have payload schemas that
         # only assert an object (checked without jsonschema); one whose schema asserts more
         # imports jsonschema into the daemon for good (docs/performance.md, section 2).
@@ -186,7 +192,7 @@ def idle(env, seconds: float, store, commands: int = 100, flat: int = 0, every: 
         rss_schema = proc_rss_mb(daemon.pid)
         flat_rss = long_run(store, daemon.pid, flat, deadline + flat / 5, every) if flat else {}
     finally:
-        for proc in (daemon, floor):
+        for proc in (daemon, floor, deps):
             proc.terminate()
             proc.wait(60)
     if flat_rss:
@@ -202,12 +208,15 @@ def idle(env, seconds: float, store, commands: int = 100, flat: int = 0, every: 
     print(f"caldera run after {len(done)} of {commands} commands, idle {seconds:g} s at default intervals:")
     print(f"  RSS {rss:.1f} MiB vs floor {floor_rss:.1f} MiB (import requests, jsonschema, yaml): "
           f"{ratio:.3f} x (target <= 1.05: {'ok' if ratio <= 1.05 else 'MISSED'})")
+    print(f"  against the runtime's dependencies now ({DEPENDENCIES}) {deps_rss:.1f} MiB: "
+          f"{rss / deps_rss:.3f} x (target <= 1.05: {'ok' if rss / deps_rss <= 1.05 else 'MISSED'})")
     print(f"  then one log_get (its payload schema needs jsonschema): RSS {rss_schema:.1f} MiB, "
           f"{rss_schema / floor_rss:.3f} x the floor (for information)")
     print(f"  CPU {own_pct:.2f} % of a core caldera's own (target <= 0.5: {'ok' if own_pct <= 0.5 else 'MISSED'}), "
           f"{adapter_pct:.2f} % the adapter's calls, {total_pct:.2f} % together")
     print(json.dumps({"bench": "runtime-idle", "commands": len(done), "seconds": seconds, "rss_mib": round(rss, 1),
                       "floor_rss_mib": round(floor_rss, 1), "rss_ratio": round(ratio, 3),
+                      "deps_rss_mib": round(deps_rss, 1), "rss_ratio_deps": round(rss / deps_rss, 3),
                       "rss_after_jsonschema_mib": round(rss_schema, 1),
                       "cpu_own_pct": round(own_pct, 3), "cpu_adapter_pct": round(adapter_pct, 3),
                       "cpu_with_adapter_pct": round(total_pct, 3), "ok": ratio <= 1.05 and own_pct <= 0.5}))
