@@ -25,6 +25,9 @@ MIN_SECRET_LEN = 6  # shorter values would mask ordinary words
 # What follows a prefix secret (`Redactor.add(value, prefix=True)`) and is masked with it: the
 # characters of a token (hex, base64url), so that no part of the value it begins is left.
 PREFIX_TAIL = r"[A-Za-z0-9_\-]*"
+# What follows a prefix secret's base64 head (`_base64_heads`): the rest of a base64 blob, in the
+# standard and the URL-safe alphabet (as `_forms` spells a whole secret), padding included.
+BASE64_TAIL = r"[A-Za-z0-9+/=_\-]*"
 
 _SECRET_KEY = (
     r"(?i)^(authorization|proxy-authorization|api[_-]?key|apikey|token|access[_-]?token|"
@@ -127,19 +130,39 @@ def _has_trigger(low: str) -> bool:
     return False
 
 
+def _base64_forms(value: str) -> set[str]:
+    """A secret's base64 spellings: standard and URL-safe, with and without padding."""
+    import base64  # here: every quick verb imports this module, few add a secret (docs/performance.md, section 1)
+
+    raw = value.encode()
+    texts = (base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode())
+    return {*texts, *(t.rstrip("=") for t in texts)}
+
+
+def _base64_heads(value: str) -> set[str]:
+    """What the base64 of anything holding `value` (a prefix secret) holds for certain: for each
+    of the three byte alignments `value` can have in the encoded stream, the characters made of
+    its bytes alone. The ones around them mix in the neighbouring bytes (the token after a
+    prefix, "caldera-run-" before it), so the prefix's own base64 misses most tokens' base64."""
+    import base64
+
+    heads = set()
+    for pad in range(3):
+        bits = 8 * (pad + len(value.encode()))
+        first, end = -(-8 * pad // 6), bits // 6  # whole 6-bit characters after the padding
+        encoded = b"\0" * pad + value.encode()
+        for text in (base64.b64encode(encoded).decode(), base64.urlsafe_b64encode(encoded).decode()):
+            heads.add(text[first:end])
+    return {h for h in heads if len(h) >= MIN_SECRET_LEN}
+
+
 def _forms(value: str) -> set[str]:
     """The spellings a secret value can travel in."""
     forms = {value}
     for line in value.splitlines():
         if len(line.strip()) >= MIN_SECRET_LEN:
             forms.add(line.strip())
-    import base64  # here: every quick verb imports this module, few add a secret (docs/performance.md, section 1)
-
-    raw = value.encode()
-    for enc in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
-        text = enc.decode()
-        forms.add(text)
-        forms.add(text.rstrip("="))
+    forms |= _base64_forms(value)
     forms.add(json.dumps(value)[1:-1])
 
     forms.add(urllib.parse.quote(value, safe=""))
@@ -153,7 +176,9 @@ class Redactor:
     def __init__(self, values: Iterable[object] = ()) -> None:
         self._lock = threading.Lock()
         self._forms: list[str] = []
-        self._prefixes: set[str] = set()  # forms masked with the token characters that follow them
+        # form -> what is masked with it: the token characters after a prefix secret's forms, the
+        # rest of a base64 blob after its base64 heads
+        self._tails: dict[str, str] = {}
         # (regex of every form, _minimal(forms) as substring tests before it), replaced as one
         # object so that a reader never pairs a new regex with old probes.
         self._values: tuple[re.Pattern[str], tuple[str, ...]] | None = None
@@ -168,15 +193,22 @@ class Redactor:
         with self._lock:
             known = set(self._forms)
             forms = _forms(value)
-            new = forms - known
-            wider = forms - self._prefixes if prefix else set()
-            if not new and not wider:
+            tails = dict(self._tails)
+            # A prefix's base64 forms give way to its heads, which mask them and what follows (also
+            # when it comes again as a plain value: a longer form first would cut a blob short).
+            if prefix or value in tails:
+                encoded = _base64_forms(value)
+                heads = _base64_heads(value)
+                forms = (forms - encoded) | heads
+                known -= encoded
+                tails.update(dict.fromkeys(forms - heads, PREFIX_TAIL) | dict.fromkeys(heads, BASE64_TAIL))
+            if known | forms == set(self._forms) and tails == self._tails:
                 return
-            self._prefixes |= wider
+            self._tails = tails
             # Longest first, so a value is masked whole before any of its parts (one secret that
             # begins another: the longer one first).
-            self._forms = sorted(known | new, key=len, reverse=True)
-            alternatives = (re.escape(f) + (PREFIX_TAIL if f in self._prefixes else "") for f in self._forms)
+            self._forms = sorted(known | forms, key=len, reverse=True)
+            alternatives = (re.escape(f) + tails.get(f, "") for f in self._forms)
             self._values = (re.compile("|".join(alternatives)), _minimal(self._forms))
 
     def _mask_values(self, text: str) -> str:

@@ -1,10 +1,12 @@
 """The Redactor's fast path (a trigger pre-check) must still mask every credential shape."""
 import base64
 import json
+import os
 import urllib.parse
 
 import pytest
 
+from caldera.backends.forwarder import process_secret, run_token
 from caldera.redact import MASK, Redactor
 
 
@@ -142,3 +144,43 @@ def test_a_prefix_secret_masks_the_whole_token_it_begins():
     plain = Redactor([prefix])  # added as a plain value first: prefix=True still widens it
     plain.add(prefix, prefix=True)
     assert plain.text(f"{prefix}REST") == MASK
+
+
+def _b64(data: bytes, urlsafe: bool) -> str:
+    return (base64.urlsafe_b64encode if urlsafe else base64.b64encode)(data).decode()
+
+
+@pytest.mark.parametrize("urlsafe", [False, True])
+@pytest.mark.parametrize("lead", ["", "a", "ab"])  # the prefix at each byte alignment in the stream
+@pytest.mark.parametrize("where", ["{}", '{{"data": "{}", "n": 1}}', "seen {} in the middle of a line"])
+def test_a_run_token_in_base64_is_masked_at_every_alignment(urlsafe, lead, where):
+    """A run token is "caldera-run-" + the process prefix + random characters: its base64's
+    characters around the prefix depend on the bytes next to it, so the prefix's own base64
+    matched only some tokens' base64 (512 of 600 were left whole)."""
+    prefix = process_secret()
+    redactor = Redactor()
+    redactor.add(prefix, prefix=True)
+    before = len((lead + "caldera-run-").encode())
+    cut = -(-8 * before // 6)  # the first character made of the prefix's bytes alone
+    for _ in range(30):
+        blob = _b64((lead + run_token()).encode(), urlsafe)
+        assert redactor.text(where.format(blob)) == where.format(blob[:cut] + MASK)
+
+
+def test_ordinary_base64_of_a_run_tokens_length_is_not_masked():
+    redactor = Redactor()
+    redactor.add(process_secret(), prefix=True)
+    length = len(run_token())
+    for urlsafe in (False, True):
+        for _ in range(200):
+            blob = _b64(os.urandom(length), urlsafe)
+            assert redactor.text(f"seen {blob}") == f"seen {blob}"
+
+
+def test_a_prefix_added_again_as_a_plain_value_still_masks_a_whole_base64_blob():
+    prefix = "0123456789abcdef0123456789abcdef"
+    redactor = Redactor()
+    redactor.add(prefix, prefix=True)
+    redactor.add(prefix)  # its own base64 forms, longer than its heads, must not come back first
+    blob = base64.b64encode(f"{prefix}{'z' * 30}".encode()).decode()
+    assert redactor.text(f"x {blob} y") == f"x {MASK} y"
