@@ -100,7 +100,8 @@ def runtime_roots(config_root: str | None, state_root: str | None, persistent_di
     return sorted({os.path.realpath(p) for p in found if p} - {"/"})
 
 
-def other_workspace_roots(config_root: str | None, own: Iterable[str], programs: Iterable[str | None] = ()) -> list[str]:
+def other_workspace_roots(config_root: str | None, own: Iterable[str],
+                          programs: Iterable[str | None] = ()) -> list[str]:
     """The workspace roots of the other agents on this host, real paths of dirs there: every
     `CALDERA_WORKSPACE_ROOTS` the agent.env of an agent installed under `config_root`
     (`<root>/agents/NAME/`) names, less `own` (this agent's roots and the run's workspace: a
@@ -120,23 +121,7 @@ def other_workspace_roots(config_root: str | None, own: Iterable[str], programs:
     except OSError:
         return []
     kept = _programs([*programs, sys.executable])
-    found: set[str] = set()
-    for agent in dirs:
-        env = agent / "agent.env"
-        try:
-            named = config.read_foreign_env_file(env).get("CALDERA_WORKSPACE_ROOTS", "")
-        except (OSError, ConfigError, UnicodeDecodeError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            _warn_once((str(env), ""), f"{env} cannot be read ({why}): the workspace roots it names are "
-                       "not hidden from this agent's commands (file modes are the fence: docs/backends.md)")
-            continue
-        for root in (p.strip() for p in named.split(":")):
-            real = _real(root)
-            if real is not None and (why := kept_because(real, kept)):
-                _warn_once((str(env), real), f"{env} names {real} as a workspace root: not hidden from this "
-                           f"agent's commands ({why})")
-            elif real is not None:
-                found.add(real)
+    found = {root for agent in dirs for root in _named_roots(agent / "agent.env", kept)}
     mine = {os.path.realpath(p) for p in own}
     return sorted(p for p in found - mine if os.path.isdir(p))
 
@@ -147,6 +132,27 @@ SYSTEM = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"
 SYSTEM_TOPS = ("/var", "/opt", "/run", "/srv", "/home")  # the dir itself (a root below is a workspace's)
 _said: set[tuple[str, str]] = set()
 _said_lock = threading.Lock()
+
+
+def _named_roots(env: Path, kept: Sequence[str]) -> list[str]:
+    """The real paths of the workspace roots another agent's `env` names, less those it may
+    not hide (`kept_because`); [] where it cannot be read. Each left out is said once."""
+    try:
+        named = config.read_foreign_env_file(env).get("CALDERA_WORKSPACE_ROOTS", "")
+    except (OSError, ConfigError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        _warn_once((str(env), ""), f"{env} cannot be read ({why}): the workspace roots it names are "
+                   "not hidden from this agent's commands (file modes are the fence: docs/backends.md)")
+        return []
+    roots: list[str] = []
+    for real in (_real(p.strip()) for p in named.split(":")):
+        kept_why = kept_because(real, kept) if real is not None else None
+        if kept_why is not None:
+            _warn_once((str(env), str(real)), f"{env} names {real} as a workspace root: not hidden from "
+                       f"this agent's commands ({kept_why})")
+        elif real is not None:
+            roots.append(real)
+    return roots
 
 
 def _real(root: str) -> str | None:
