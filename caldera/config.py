@@ -7,6 +7,7 @@ set the CALDERA_* one wins. A bad value is a ConfigError naming the variable.
 """
 from __future__ import annotations
 
+import io
 import os
 import re
 import stat
@@ -66,6 +67,7 @@ RUNTIME_SKILL_DIRS = {
     "claude-code": ("/config/.claude/skills",),
     "opencode": ("/config/.opencode/skills",),
 }
+FOREIGN_ENV_LIMIT = 64 * 1024  # bytes of another agent's agent.env read at most
 _ENV_LINE_RE = r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$"
 
 
@@ -726,20 +728,44 @@ def read_env_file(path: Path, secret: bool = False) -> dict[str, str]:
         raise ConfigError(
             f"{path} is readable by group or others (mode {stat.S_IMODE(st.st_mode):o}): "
             f"run chmod 600 {path}")
-    values: dict[str, str] = {}
     with open(path, encoding="utf-8") as fh:
-        for number, raw in enumerate(fh, 1):
-            line = raw.strip()
-            if not line or line.startswith(("#", ";")):
-                continue
-            m = re.match(_ENV_LINE_RE, line)
-            if not m:
-                raise ConfigError(f"{path}:{number}: not a KEY=VALUE line")
-            key, value = m.group(1), m.group(2).strip()
-            if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-                value = value[1:-1]
-            values[key] = value
+        return parse_env_lines(fh, path)
+
+
+def parse_env_lines(lines: Iterable[str], path: Path) -> dict[str, str]:
+    """read_env_file's reading of `lines` (a text file's, `path` named in its errors)."""
+    values: dict[str, str] = {}
+    for number, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        m = re.match(_ENV_LINE_RE, line)
+        if not m:
+            raise ConfigError(f"{path}:{number}: not a KEY=VALUE line")
+        key, value = m.group(1), m.group(2).strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        values[key] = value
     return values
+
+
+def read_foreign_env_file(path: Path, limit: int = FOREIGN_ENV_LIMIT) -> dict[str, str]:
+    """read_env_file for a file another account may have planted (another agent's agent.env):
+    a link is followed (agent.env may be one) to a regular file of at most `limit` bytes, else
+    ConfigError; opened without blocking (a FIFO would hang the reader for good) and read with
+    that limit (a link to /dev/zero, a huge file). {} when absent; OSError when unreadable."""
+    try:
+        fd = os.open(os.path.realpath(path), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return {}
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{path} is not a regular file")
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise ConfigError(f"{path} is larger than {limit} bytes")
+    return parse_env_lines(io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"), path)
 
 
 def merged_env(paths: AgentPaths, environ: Environ = os.environ) -> tuple[dict[str, str], dict[str, str]]:

@@ -24,8 +24,10 @@ CLI's own sandbox starts inside it (`nests`); each backend adds its own binds.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -39,6 +41,7 @@ from caldera.backends import leftovers
 from caldera.errors import ConfigError
 from caldera.host import proc
 
+log = logging.getLogger("caldera.backends")
 PROBE_TIMEOUT = 10.0
 # what backend_status says of CALDERA_RUN_SANDBOX=external (no box, no pid namespace: docs/container.md)
 PROC1_READABLE = ("; its commands can read the runtime's environment in /proc/1/environ (its token "
@@ -97,30 +100,92 @@ def runtime_roots(config_root: str | None, state_root: str | None, persistent_di
     return sorted({os.path.realpath(p) for p in found if p} - {"/"})
 
 
-def other_workspace_roots(config_root: str | None, own: Iterable[str]) -> list[str]:
+def other_workspace_roots(config_root: str | None, own: Iterable[str],
+                          programs: Iterable[str | None] = ()) -> list[str]:
     """The workspace roots of the other agents on this host, real paths of dirs there: every
     `CALDERA_WORKSPACE_ROOTS` the agent.env of an agent installed under `config_root`
     (`<root>/agents/NAME/`) names, less `own` (this agent's roots and the run's workspace: a
     root two agents share stays theirs to share). No list of other agents is kept: one
     installed later is found at the next run (OpenCode's: the set is part of its server's launch,
-    so a changed one gives the next turn a fresh server once the running turns end). An
-    agent.env that cannot be read is passed over (its agent cannot start either); an agent run
-    from a manifest outside the config root is not found."""
+    so a changed one gives the next turn a fresh server once the running turns end). An agent
+    run from a manifest outside the config root is not found.
+
+    Another agent's agent.env is another account's file: read with a limit, never blocking
+    (config.read_foreign_env_file); one that cannot be read is passed over with a warning (once
+    per file and process: its roots are not hidden then), and so is a root that is a system dir
+    or holds one of `programs` (the run's binary) or the interpreter (`kept`)."""
     if not config_root:
         return []
     try:
         dirs = sorted(p for p in (Path(config_root) / "agents").iterdir() if p.is_dir())
     except OSError:
         return []
-    found: set[str] = set()
-    for agent in dirs:
-        try:
-            named = config.read_env_file(agent / "agent.env").get("CALDERA_WORKSPACE_ROOTS", "")
-        except (OSError, ConfigError, UnicodeDecodeError):
-            continue
-        found.update(os.path.realpath(p) for p in named.split(":") if os.path.isabs(p.strip()))
+    kept = _programs([*programs, sys.executable])
+    found = {root for agent in dirs for root in _named_roots(agent / "agent.env", kept)}
     mine = {os.path.realpath(p) for p in own}
-    return sorted(p for p in found - mine - {"/"} if os.path.isdir(p))
+    return sorted(p for p in found - mine if os.path.isdir(p))
+
+
+# never hidden as another agent's root: what every command needs (dir, inside, or above it)
+SYSTEM = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/dev", "/proc",
+          "/sys")
+SYSTEM_TOPS = ("/var", "/opt", "/run", "/srv", "/home")  # the dir itself (a root below is a workspace's)
+_said: set[tuple[str, str]] = set()
+_said_lock = threading.Lock()
+
+
+def _named_roots(env: Path, kept: Sequence[str]) -> list[str]:
+    """The real paths of the workspace roots another agent's `env` names, less those it may
+    not hide (`kept_because`); [] where it cannot be read. Each left out is said once."""
+    try:
+        named = config.read_foreign_env_file(env).get("CALDERA_WORKSPACE_ROOTS", "")
+    except (OSError, ConfigError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        _warn_once((str(env), ""), f"{env} cannot be read ({why}): the workspace roots it names are "
+                   "not hidden from this agent's commands (file modes are the fence: docs/backends.md)")
+        return []
+    roots: list[str] = []
+    for real in (_real(p.strip()) for p in named.split(":")):
+        kept_why = kept_because(real, kept) if real is not None else None
+        if kept_why is not None:
+            _warn_once((str(env), str(real)), f"{env} names {real} as a workspace root: not hidden from "
+                       f"this agent's commands ({kept_why})")
+        elif real is not None:
+            roots.append(real)
+    return roots
+
+
+def _real(root: str) -> str | None:
+    """`root`'s real path; None where it is not absolute or holds a NUL (another account's text)."""
+    if not os.path.isabs(root) or "\0" in root:
+        return None
+    try:
+        return os.path.realpath(root)
+    except (OSError, ValueError):
+        return None
+
+
+def _programs(paths: Iterable[str | None]) -> list[str]:
+    """The paths of `paths` (real and as named) that no other agent's root may hide."""
+    return sorted({q for p in paths if p for q in (os.path.abspath(p), os.path.realpath(p))})
+
+
+def kept_because(root: str, programs: Iterable[str]) -> str | None:
+    """Why another agent's `root` (a real path) is not hidden, else None: `/`, a system dir,
+    one inside or above one, or one that holds a program (the run's binary, the interpreter)."""
+    if root == "/" or within(root, SYSTEM) or any(inside(s, root) for s in SYSTEM) or root in SYSTEM_TOPS:
+        return "a system dir: an agent cannot hide the system from the others"
+    held = next((p for p in programs if inside(p, root)), None)
+    return f"it holds {held}, which the run needs" if held else None
+
+
+def _warn_once(key: tuple[str, str], message: str) -> None:
+    """A warning once per `key` in this process: each run reads the files again."""
+    with _said_lock:
+        if key in _said:
+            return
+        _said.add(key)
+    log.warning("%s", message)
 
 
 def own_roots_in(roots: Iterable[str], others: Sequence[str]) -> tuple[str, ...]:

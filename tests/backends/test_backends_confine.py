@@ -3,9 +3,11 @@ what the state report says of it, without the real CLI (test_backends_containmen
 real CLIs against it)."""
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -82,6 +84,110 @@ def test_other_agents_workspace_roots_are_found_in_their_agent_env_less_this_age
     assert found == sorted([str(roots["b"]), str(roots["c"])])
     assert confine.other_workspace_roots(None, []) == []
     assert confine.other_workspace_roots(str(tmp_path / "no"), []) == []
+
+
+@pytest.fixture
+def warnings():
+    """The warnings caldera.backends logs (a handler of its own: another test may stop propagation)."""
+    said: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("caldera.backends").addHandler(handler)
+    yield said
+    logging.getLogger("caldera.backends").removeHandler(handler)
+
+
+def _hostile(tmp_path, make) -> tuple[str, str]:
+    """A config root with agent `good` (its root a dir) and agent `bad`, whose agent.env `make`
+    makes: (the config root, good's root)."""
+    etc, good = tmp_path / "etc", tmp_path / "ws" / "good"
+    good.mkdir(parents=True)
+    for name in ("good", "bad"):
+        (etc / "agents" / name).mkdir(parents=True)
+    (etc / "agents" / "good" / "agent.env").write_text(f"CALDERA_WORKSPACE_ROOTS={good}\n")
+    make(etc / "agents" / "bad" / "agent.env")
+    return str(etc), str(good)
+
+
+def _soon(call, timeout: float = 5.0):
+    """call() in a thread: its result, or AssertionError where it is still running after `timeout`."""
+    done: list = []
+    worker = threading.Thread(target=lambda: done.append(call()), daemon=True)
+    worker.start()
+    worker.join(timeout)
+    assert done, f"still running after {timeout} s"
+    return done[0]
+
+
+def test_another_agents_agent_env_that_is_a_fifo_is_passed_over_at_once(tmp_path, warnings):
+    """rev41b: a FIFO blocked open() for good, and every run of every agent with it."""
+    etc, good = _hostile(tmp_path, os.mkfifo)
+    assert _soon(lambda: confine.other_workspace_roots(etc, [])) == [good]
+    assert [w for w in warnings if "bad/agent.env cannot be read (" in w and "not a regular file" in w]
+
+
+def test_another_agents_agent_env_that_is_dev_zero_or_huge_is_read_with_a_limit(tmp_path, warnings):
+    """rev41b: a link to /dev/zero was read whole (in a child with 300 MB of address space: no
+    MemoryError); one over 64 KiB is passed over; a link to a regular file is read as before."""
+    etc, good = _hostile(tmp_path, lambda p: p.symlink_to("/dev/zero"))
+    code = ("import resource\nresource.setrlimit(resource.RLIMIT_AS, (300 << 20, 300 << 20))\n"
+            f"from caldera.backends.confine import other_workspace_roots as o\nprint(o({etc!r}, []))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+    assert (done.returncode, done.stdout.strip()) == (0, str([good])), done.stderr[-300:]
+    big, linked = tmp_path / "big", tmp_path / "ws" / "linked"
+    linked.mkdir()
+    big.write_text(f"CALDERA_WORKSPACE_ROOTS={tmp_path / 'ws'}\n" + "#" * (64 * 1024) + "\n")
+    env = tmp_path / "etc" / "agents" / "bad" / "agent.env"
+    env.unlink()
+    env.symlink_to(big)
+    assert confine.other_workspace_roots(etc, []) == [good]
+    assert [w for w in warnings if "bad/agent.env cannot be read (" in w and "larger than 65536" in w]
+    big.write_text(f"CALDERA_WORKSPACE_ROOTS={linked}\n")
+    assert confine.other_workspace_roots(etc, []) == sorted([good, str(linked)])
+
+
+def test_a_nul_byte_or_a_relative_root_in_another_agents_agent_env_is_passed_over(tmp_path):
+    """rev41b: os.path.realpath raised ValueError on the NUL, and every run of this agent failed."""
+    other = tmp_path / "ws" / "other"
+    etc, good = _hostile(tmp_path, lambda p: p.write_bytes(
+        b"CALDERA_WORKSPACE_ROOTS=/srv/a\x00b:ws/rel:" + str(other).encode() + b"\n"))
+    other.mkdir()
+    assert confine.other_workspace_roots(etc, []) == sorted([good, str(other)])
+
+
+def test_another_agents_agent_env_this_account_cannot_read_is_said_once(tmp_path, warnings, monkeypatch):
+    """rev41b: with one account per agent (agent.env root:GROUP 0640) the roots it names were
+    left readable in silence; now a warning says so, once per file in a process. (As root,
+    which reads a file of mode 000, opening it is made to fail as it would for an account.)"""
+    etc, good = _hostile(tmp_path, lambda p: (p.write_text("CALDERA_WORKSPACE_ROOTS=/srv\n"), p.chmod(0)))
+    if os.geteuid() == 0:
+        real_open = os.open
+
+        def denied(path, flags, *args):
+            if str(path).endswith("bad/agent.env"):
+                raise PermissionError(13, "Permission denied", path)
+            return real_open(path, flags, *args)
+        monkeypatch.setattr(os, "open", denied)
+    assert confine.other_workspace_roots(etc, []) == [good]
+    assert confine.other_workspace_roots(etc, []) == [good]
+    said = [w for w in warnings if "bad/agent.env cannot be read (Permission denied)" in w]
+    assert len(said) == 1 and "not hidden from this agent's commands" in said[0], warnings
+
+
+def test_a_system_dir_or_one_holding_the_binary_is_never_hidden_as_another_agents_root(tmp_path, warnings):
+    """rev41b: another agent naming /usr (or the CLI's dir) hid bash or the CLI from every other
+    agent's runs; such a root is left visible, said once per (file, root)."""
+    cli = tmp_path / "opt" / "cli" / "bin" / "cli"
+    cli.parent.mkdir(parents=True)
+    cli.write_text("")
+    named = ["/", "/usr", "/etc/ssl", "/var", "/lib", str(tmp_path / "opt"), os.path.dirname(sys.executable)]
+    etc, good = _hostile(tmp_path, lambda p: p.write_text(f"CALDERA_WORKSPACE_ROOTS={':'.join(named)}\n"))
+    for _ in range(2):
+        assert confine.other_workspace_roots(etc, [], [str(cli)]) == [good]
+    said = [w for w in warnings if "bad/agent.env names " in w]
+    assert len(said) == len({os.path.realpath(p) for p in named}), said
+    assert any(f"holds {cli}" in w for w in said) and any("/usr as a workspace root" in w for w in said)
+    assert confine.kept_because("/var/lib/caldera/ws", []) is None  # a root below /var is a workspace's
 
 
 def test_the_box_covers_other_agents_roots_and_binds_back_this_agents_own_inside_one(tmp_path):

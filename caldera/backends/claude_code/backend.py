@@ -201,7 +201,7 @@ class ClaudeCodeBackend(Backend[ClaudeContext]):
                           "the agent's commands would read them")
         # the other agents' workspace roots denied too; this agent's own roots inside one stay readable
         own = [*config.workspace_roots(environment.env), workspace]
-        others = other_workspace_roots(environment.config_root, own)
+        others = other_workspace_roots(environment.config_root, own, [binary])
         private_dir = _private_dir()
         try:
             allowed = dict.fromkeys([workspace, str(private_dir), *own_roots_in(own, others)])

@@ -52,7 +52,7 @@ def plan(environment: Environment, binary: str | None, path: str, confined: bool
     hidden = confine.private_paths(environment.secrets_dir, state_dir, environment.credentials_dir)
     covered = confine.runtime_roots(environment.config_root, environment.state_root, environment.persistent_dir)
     own = [*config.workspace_roots(environment.env), *([workspace] if workspace else [])]
-    others = confine.other_workspace_roots(environment.config_root, own)
+    others = confine.other_workspace_roots(environment.config_root, own, [binary])
     box = confine.Box(bwrap=found[0], covered=tuple(covered), hidden=tuple(hidden),
                       readable=confine.resolv_binds((*confine.SHARED, *covered, *others, *hidden)), flags=FLAGS,
                       others=tuple(others), roots=confine.own_roots_in(own, others))

@@ -206,8 +206,9 @@ class OpenCodeBackend(Backend[OpenCodeContext]):
         # only while a Claude Code run does (removed after), and a dir missing at the server's
         # launch is not covered. And the other agents' workspace roots (wherever they lie).
         roots = _workspace_roots(env, run.workspace)
+        others = other_workspace_roots(environment.config_root, [*roots, run.workspace], [binary])
         covered = [*runtime_roots(environment.config_root, environment.state_root, environment.persistent_dir),
-                   str(leftovers.tmp_root()), *other_workspace_roots(environment.config_root, [*roots, run.workspace])]
+                   str(leftovers.tmp_root()), *others]
         sandbox = None if run.policy.external else confine.plan(roots, covered, hidden, run.policy.network, path)
         sink.emit("backend_status", {
             "phase": "starting", "backend": "opencode", "profile": run.backend_profile, "binary": binary,
