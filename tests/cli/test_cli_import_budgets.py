@@ -74,8 +74,12 @@ BUDGETS = {
 DAEMON_COMMANDS = ("pause", "resume", "settings_get", "collect_system_info", "health_check")
 # A process-mode agent the tests never start: its verbs run with the daemon down.
 PROCESS_MANIFEST = "name: worker\nruntime:\n  type: process\n  command: [python3, agent.py]\nstatus: status.json\n"
-PROBE = ("import json, sys\nfrom caldera.cli import main\ncode = main(sys.argv[2:])\n"
-         "with open(sys.argv[1], 'w') as fh:\n    json.dump({'code': code, 'modules': sorted(sys.modules)}, fh)\n")
+# Only what caldera imported counts: a module already there when the probe starts came with the
+# interpreter's own start (site and its .pth files: a host's may import certifi into every
+# python3, as the .deb's build machine's does).
+PROBE = ("import json, sys\nstarted = set(sys.modules)\nfrom caldera.cli import main\ncode = main(sys.argv[2:])\n"
+         "with open(sys.argv[1], 'w') as fh:\n"
+         "    json.dump({'code': code, 'modules': sorted(set(sys.modules) - started)}, fh)\n")
 
 
 @pytest.fixture(scope="module")
